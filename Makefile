@@ -1,0 +1,35 @@
+# Everything a newcomer needs: `make demo` and `make test` each build the
+# virtual environment on first use, install the pinned dependencies and run.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck venv clean bench
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, by exact version: the CPU build is installed from a local file
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/capc demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	@for b in benchmarks/*.py; do $(PY) $$b; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
