@@ -1,0 +1,63 @@
+"""Vote-aggregation mechanisms: pure functions from histograms and secure noise to labels."""
+
+from capc.privacy.mechanisms.multi_label import (
+    MAX_POWERSET_LABELS,
+    Confidence,
+    binary_counts,
+    binary_voting,
+    clip_votes,
+    multilabel_decide,
+    powerset_decide,
+    powerset_histogram,
+    powerset_voting,
+    subset_bits,
+    tau_counts,
+    tau_voting,
+)
+from capc.privacy.mechanisms.personalized import (
+    assign_upsampled,
+    participating_histogram,
+    sample_participation,
+    upsampling_replicas,
+    weighted_histogram,
+    weights_for_caps,
+)
+from capc.privacy.mechanisms.single_label import (
+    NOT_ANSWERED,
+    ConfidentResult,
+    confident_decide,
+    confident_gnmax,
+    gaussian_noise,
+    gnmax,
+    laplace_noisy_max,
+    noisy_argmax,
+)
+
+__all__ = [
+    "MAX_POWERSET_LABELS",
+    "NOT_ANSWERED",
+    "Confidence",
+    "ConfidentResult",
+    "assign_upsampled",
+    "binary_counts",
+    "binary_voting",
+    "clip_votes",
+    "confident_decide",
+    "confident_gnmax",
+    "gaussian_noise",
+    "gnmax",
+    "laplace_noisy_max",
+    "multilabel_decide",
+    "noisy_argmax",
+    "participating_histogram",
+    "powerset_decide",
+    "powerset_histogram",
+    "powerset_voting",
+    "sample_participation",
+    "subset_bits",
+    "tau_counts",
+    "tau_voting",
+    "upsampling_replicas",
+    "weighted_histogram",
+    "weights_for_caps",
+]

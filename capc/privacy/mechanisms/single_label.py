@@ -1,0 +1,108 @@
+"""Single-label aggregation: GNMax, Confident-GNMax and Laplace noisy max.
+
+Histograms have shape (queries, classes): entry [b, j] is the (possibly
+weighted) number of teachers voting class j on query b. Every mechanism has a
+``*_decide`` form that takes the noise explicitly (what the secure circuits
+must reproduce bit for bit) and a sampling form that draws the noise from a
+:class:`~capc.privacy.randomness.SecureRandom`. Ties go to the lowest class index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from capc.privacy import discrete_gaussian
+from capc.privacy import validation as check
+from capc.privacy.randomness import SecureRandom
+
+#: Label value for a query the mechanism declined to answer.
+NOT_ANSWERED = -1
+
+IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class ConfidentResult:
+    """Output of Confident-GNMax for a batch of queries.
+
+    ``labels``: shape (queries,), the noisy label or ``NOT_ANSWERED``.
+    ``answered``: shape (queries,), what the guardian may learn.
+    """
+
+    labels: IntArray
+    answered: NDArray[np.bool_]
+
+
+def gaussian_noise(
+    shape: tuple[int, ...], sigma: float, rng: SecureRandom, discrete: bool = False
+) -> FloatArray:
+    """Noise N(0, sigma**2) per entry; ``discrete`` draws the exact integer version."""
+    sd = check.positive(sigma, "sigma")
+    if discrete:
+        return discrete_gaussian.noise(shape, sd, rng).astype(np.float64)
+    return rng.normal(shape, sd)
+
+
+def _noise_like(hist: FloatArray, noise: ArrayLike, name: str) -> FloatArray:
+    n = np.asarray(noise, dtype=np.float64)
+    if n.shape != hist.shape:
+        raise ValueError(f"{name} must have the histograms' shape {hist.shape}, got {n.shape}")
+    if not np.isfinite(n).all():
+        raise ValueError(f"{name} must be finite")
+    return n
+
+
+def noisy_argmax(histograms: ArrayLike, noise: ArrayLike) -> IntArray:
+    """argmax(h + noise) per query; shapes (queries, classes) -> (queries,)."""
+    h = check.histograms(histograms)
+    return np.argmax(h + _noise_like(h, noise, "noise"), axis=1).astype(np.int64)
+
+
+def gnmax(histograms: ArrayLike, sigma: float, rng: SecureRandom, discrete: bool = False) -> IntArray:
+    """GNMax: argmax of the histogram plus N(0, sigma**2) on every count."""
+    h = check.histograms(histograms)
+    return noisy_argmax(h, gaussian_noise(h.shape, sigma, rng, discrete))
+
+
+def confident_decide(
+    histograms: ArrayLike, threshold: float, eta1: ArrayLike, eta2: ArrayLike
+) -> ConfidentResult:
+    """Confident-GNMax with explicit noise.
+
+    Query b is answered iff max(h[b]) + eta1[b] >= threshold; an answered query
+    gets argmax(h[b] + eta2[b]). Shapes: eta1 (queries,), eta2 (queries, classes).
+    """
+    h = check.histograms(histograms)
+    t = check.non_negative(threshold, "threshold")
+    e1 = np.asarray(eta1, dtype=np.float64)
+    if e1.shape != (h.shape[0],):
+        raise ValueError(f"eta1 must have shape ({h.shape[0]},), got {e1.shape}")
+    answered = h.max(axis=1) + e1 >= t
+    labels = np.where(answered, noisy_argmax(h, eta2), NOT_ANSWERED).astype(np.int64)
+    return ConfidentResult(labels=labels, answered=answered)
+
+
+def confident_gnmax(
+    histograms: ArrayLike,
+    threshold: float,
+    sigma1: float,
+    sigma2: float,
+    rng: SecureRandom,
+    discrete: bool = False,
+) -> ConfidentResult:
+    """Confident-GNMax (Papernot et al. 2018): a noisy threshold test, then GNMax."""
+    h = check.histograms(histograms)
+    eta1 = gaussian_noise((h.shape[0],), sigma1, rng, discrete)
+    eta2 = gaussian_noise(h.shape, sigma2, rng, discrete)
+    return confident_decide(h, threshold, eta1, eta2)
+
+
+def laplace_noisy_max(histograms: ArrayLike, scale: float, rng: SecureRandom) -> IntArray:
+    """LNMax (Papernot et al. 2017): argmax of the histogram plus Laplace(scale) noise."""
+    h = check.histograms(histograms)
+    b = check.positive(scale, "scale")
+    return noisy_argmax(h, rng.laplace(h.shape, b))

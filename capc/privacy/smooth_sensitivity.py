@@ -1,0 +1,185 @@
+"""Releasing a data-dependent epsilon with smooth sensitivity.
+
+A data-dependent epsilon is itself a function of the private votes, so it is
+released with noise (Papernot et al. 2018, appendix B): at one Renyi order
+lambda, the run's total data-dependent RDP R(H) is perturbed by
+SS_beta(H) * N(0, sigma_ss**2), where SS_beta is a beta-smooth upper bound on
+the local sensitivity of R. The release itself costs (their Theorem 23)
+lambda * exp(2 beta) / sigma_ss**2 + (beta lambda - log(1 - 2 lambda beta) / 2) / (lambda - 1)
+RDP at order lambda, for 1 < lambda < 1 / (2 beta); it is added before conversion.
+
+To make the local sensitivity exactly computable, the released R is built
+from two integer statistics of each histogram (vote counts of n teachers):
+- the threshold test's RDP depends only on round(max(votes)) (as in
+  :func:`capc.privacy.rdp.log_pr_answered`); one vote move changes it by <= 1;
+- GNMax is charged Theorem 6 at q <= min(1 - 1/K, (K - 1) * Pr[N(0, 2 sigma**2) >= g]),
+  with g the gap between the two largest counts: a valid upper bound on the
+  probability of a wrong answer (every other class is at least g behind), at
+  most K - 1 times the union bound of :func:`capc.privacy.rdp.log_q_gnmax`.
+  One vote move changes g by <= 2.
+Each statistic lives on {0, ..., n}, so the largest one-move change of the RDP
+anywhere within distance d is found by enumeration, with no approximation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats
+from numpy.typing import ArrayLike, NDArray
+
+from capc.privacy import rdp
+from capc.privacy import validation as check
+from capc.privacy.conversion import Conversion, convert
+from capc.privacy.randomness import SecureRandom
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class SanitisedEpsilon:
+    """A data-dependent epsilon released with smooth-sensitivity noise, and how."""
+
+    epsilon: float
+    expected_epsilon: float
+    epsilon_std: float
+    delta: float
+    order: float
+    beta: float
+    sigma_ss: float
+    smooth_sensitivity: float
+    data_dependent_rdp: float
+    release_rdp: float
+
+
+def release_rdp(beta: float, sigma_ss: float, order: float) -> float:
+    """RDP at ``order`` of adding SS_beta * N(0, sigma_ss**2) (Theorem 23)."""
+    b = check.positive(beta, "beta")
+    s = check.positive(sigma_ss, "sigma_ss")
+    lam = float(order)
+    if not 1.0 < lam < 1.0 / (2.0 * b):
+        raise ValueError(f"order {lam} must lie in (1, 1/(2 beta)) = (1, {1.0 / (2.0 * b):g})")
+    return lam * math.exp(2.0 * b) / (s * s) + (b * lam - 0.5 * math.log(1.0 - 2.0 * lam * b)) / (lam - 1.0)
+
+
+def gnmax_gap_table(num_teachers: int, num_classes: int, sigma: float, order: float) -> FloatArray:
+    """RDP at ``order`` of GNMax charged through the top-two gap g, for g = 0..n. Shape (n + 1,)."""
+    gaps = np.arange(num_teachers + 1, dtype=np.float64)
+    cap = math.log(1.0 - 1.0 / num_classes)
+    logq = np.minimum(
+        math.log(num_classes - 1) + scipy.stats.norm.logsf(gaps, scale=math.sqrt(2.0) * sigma), cap
+    )
+    o = np.array([order])
+    return np.array([rdp._rdp_from_logq(float(x), sigma, o)[0] for x in logq])
+
+
+def threshold_table(num_teachers: int, threshold: float, sigma1: float, order: float) -> FloatArray:
+    """RDP at ``order`` of the threshold test for max vote m = 0..n. Shape (n + 1,)."""
+    maxima = np.arange(num_teachers + 1, dtype=np.float64)
+    log_p = scipy.stats.norm.logsf(threshold - maxima, scale=sigma1)
+    o = np.array([order])
+    return np.array([rdp.threshold_from_log_pr(float(lp), sigma1, o)[0] for lp in log_p])
+
+
+def _one_move_change(table: FloatArray, step: int) -> FloatArray:
+    """Largest |table[x + s] - table[x]| over 0 < |s| <= step inside the table, per x."""
+    out = np.zeros_like(table)
+    for s in range(1, step + 1):
+        diff = np.abs(table[s:] - table[:-s])
+        out[:-s] = np.maximum(out[:-s], diff)
+        out[s:] = np.maximum(out[s:], diff)
+    return out
+
+
+class _WindowMax:
+    """max of a per-position array over [x - w*d, x + w*d], grown one d at a time."""
+
+    def __init__(self, values: FloatArray, positions: IntArray, width: int) -> None:
+        self.values = values
+        self.pos = positions
+        self.width = width
+        self.current = values[positions].copy()
+        self.d = 0
+
+    def grow(self) -> FloatArray:
+        self.d += 1
+        last = self.values.size - 1
+        for s in range(self.width * (self.d - 1) + 1, self.width * self.d + 1):
+            self.current = np.maximum(self.current, self.values[np.minimum(self.pos + s, last)])
+            self.current = np.maximum(self.current, self.values[np.maximum(self.pos - s, 0)])
+        return self.current
+
+
+def sanitise(
+    histograms: ArrayLike,
+    answered: ArrayLike,
+    num_teachers: int,
+    sigma2: float,
+    order: float,
+    delta: float,
+    rng: SecureRandom,
+    threshold: float | None = None,
+    sigma1: float | None = None,
+    beta: float | None = None,
+    sigma_ss: float = 10.0,
+) -> SanitisedEpsilon:
+    """Release the data-dependent epsilon of a GNMax or Confident-GNMax run.
+
+    ``histograms``: (queries, classes) integer vote counts of ``num_teachers``
+    teachers; ``answered``: (queries,) which queries released a label (all True
+    for plain GNMax). With ``threshold`` and ``sigma1`` each query is also
+    charged its threshold test. ``order``: the Renyi order lambda of the
+    release; ``beta`` defaults to 0.2 / lambda; ``delta`` in (0, 1).
+    """
+    h = check.histograms(histograms)
+    if not np.array_equal(h, np.rint(h)) or h.sum(axis=1).max() > num_teachers:
+        raise ValueError(f"histograms must hold integer vote counts of at most {num_teachers} teachers")
+    ans = np.asarray(answered, dtype=bool)
+    if ans.shape != (h.shape[0],):
+        raise ValueError(f"answered must have shape ({h.shape[0]},), got {ans.shape}")
+    s2 = check.positive(sigma2, "sigma2")
+    lam = float(check.orders([order])[0])
+    b = 0.2 / lam if beta is None else check.positive(beta, "beta")
+    cost = release_rdp(b, sigma_ss, lam)
+
+    srt = np.sort(h, axis=1)
+    gap = (srt[:, -1] - srt[:, -2]).astype(np.int64)[ans]
+    gn = gnmax_gap_table(num_teachers, h.shape[1], s2, lam)
+    total = float(gn[gap].sum())
+    windows = [_WindowMax(_one_move_change(gn, 2), gap, 2)]
+    if threshold is not None:
+        if sigma1 is None:
+            raise ValueError("a threshold test needs sigma1")
+        thr = threshold_table(num_teachers, check.non_negative(threshold, "threshold"), check.positive(sigma1, "sigma1"), lam)
+        mx = np.rint(srt[:, -1]).astype(np.int64)
+        total += float(thr[mx].sum())
+        windows.append(_WindowMax(_one_move_change(thr, 1), mx, 1))
+
+    # LS at distance 0, then grow the windows until the discount rules out any larger value.
+    global_bound = sum(float(w.values.max()) * w.pos.size for w in windows)
+    best = sum(float(w.current.sum()) for w in windows)
+    d = 0
+    while math.exp(-b * (d + 1)) * global_bound > best and d < 4 * num_teachers:
+        d += 1
+        ls = sum(float(w.grow().sum()) for w in windows)
+        best = max(best, math.exp(-b * d) * ls)
+
+    noisy = total + best * sigma_ss * float(rng.normal(1)[0])
+    o = np.array([lam])
+    eps = convert(np.array([max(0.0, noisy) + cost]), o, delta, Conversion.IMPROVED).epsilon
+    expected = convert(np.array([total + cost]), o, delta, Conversion.IMPROVED).epsilon
+    return SanitisedEpsilon(
+        epsilon=eps,
+        expected_epsilon=expected,
+        epsilon_std=best * sigma_ss,
+        delta=float(delta),
+        order=lam,
+        beta=b,
+        sigma_ss=float(sigma_ss),
+        smooth_sensitivity=best,
+        data_dependent_rdp=total,
+        release_rdp=cost,
+    )
