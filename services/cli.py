@@ -1,0 +1,29 @@
+"""The ``capc`` command: one entry point, one subcommand per role or tool."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from capc.privacy import cli as privacy_cli
+from services import demo
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``capc`` argument parser."""
+    parser = argparse.ArgumentParser(prog="capc", description="Confidential and private collaborative learning")
+    sub = parser.add_subparsers(dest="command", required=True)
+    privacy_cli.add_parser(sub)
+    demo.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen subcommand."""
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
