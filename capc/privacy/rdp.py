@@ -145,7 +145,9 @@ def threshold_from_log_pr(log_pr: float, sigma1: float, orders: FloatArray) -> F
     """Data-dependent RDP of the threshold test given log Pr[answered]."""
     logq = min(log_pr, _log1mexp(log_pr))
     # The tested statistic has sensitivity 1 against GNMax's sqrt(2): hence the sqrt(2).
-    return _rdp_from_logq(logq, math.sqrt(2.0) * sigma1, orders)
+    # The explicit cap keeps the promise exact: (sqrt(2) sigma1)**2 may round above 2 sigma1**2.
+    bound = _rdp_from_logq(logq, math.sqrt(2.0) * sigma1, orders)
+    return np.minimum(bound, orders / (2.0 * sigma1 * sigma1))
 
 
 def threshold(votes: ArrayLike, threshold: float, sigma1: float, orders: ArrayLike) -> FloatArray:
