@@ -12,7 +12,9 @@ from services import demo
 
 def build_parser() -> argparse.ArgumentParser:
     """The full ``capc`` argument parser."""
-    parser = argparse.ArgumentParser(prog="capc", description="Confidential and private collaborative learning")
+    parser = argparse.ArgumentParser(
+        prog="capc", description="Confidential and private collaborative learning"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     privacy_cli.add_parser(sub)
     demo.add_parser(sub)

@@ -48,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
     votes = _simulated_votes(rng)
     result = confident_gnmax(votes, THRESHOLD, SIGMA1, SIGMA2, rng)
     answered = int(result.answered.sum())
-    print(f"capc demo: {QUERIES} queries, {TEACHERS} teachers, Confident-GNMax "
-          f"(T={THRESHOLD:g}, sigma1={SIGMA1:g}, sigma2={SIGMA2:g}), delta={DELTA:g}")
+    print(
+        f"capc demo: {QUERIES} queries, {TEACHERS} teachers, Confident-GNMax "
+        f"(T={THRESHOLD:g}, sigma1={SIGMA1:g}, sigma2={SIGMA2:g}), delta={DELTA:g}"
+    )
     print(f"answered {answered} of {QUERIES} queries\n")
 
     per_query = events.threshold_test(THRESHOLD, SIGMA1).rdp + events.gnmax(SIGMA2).rdp

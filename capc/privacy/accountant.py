@@ -240,4 +240,3 @@ class Accountant:
         acc = cls()
         acc.load_state_dict(state)
         return acc
-

@@ -18,7 +18,7 @@ import scipy.stats
 
 from capc.privacy import events, planning, rdp
 from capc.privacy.accountant import Accountant
-from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion
+from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion, convert
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
 
@@ -35,7 +35,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     ):
         q = psub.add_parser(name, help=helptext)
         q.add_argument("--mechanism", choices=MECHANISMS, default="confident-gnmax")
-        q.add_argument("--teachers", type=int, help="number of teachers (checks vote files, bounds the threshold)")
+        q.add_argument(
+            "--teachers",
+            type=int,
+            help="number of teachers (checks vote files, bounds the threshold)",
+        )
         q.add_argument("--sigma", type=float, help="noise of gnmax / binary / tau / powerset")
         q.add_argument("--threshold", type=float, help="Confident-GNMax threshold T")
         q.add_argument("--sigma1", type=float, help="Confident-GNMax threshold-test noise")
@@ -49,11 +53,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         q.add_argument("--json", action="store_true", help="print JSON")
         if name == "plan":
             q.add_argument("--epsilon", type=float, required=True)
-            q.add_argument("--queries", type=int, help="also solve for the noise this many queries need")
+            q.add_argument(
+                "--queries", type=int, help="also solve for the noise this many queries need"
+            )
         else:
-            q.add_argument("--answered", type=Path, help=".npy of booleans: which queries were answered")
-            q.add_argument("--sanitise", action="store_true", help="release the data-dependent epsilon with smooth sensitivity")
-            q.add_argument("--seed", help="seed the sanitising noise (reproducible; never for real releases)")
+            q.add_argument(
+                "--answered", type=Path, help=".npy of booleans: which queries were answered"
+            )
+            q.add_argument(
+                "--sanitise",
+                action="store_true",
+                help="release the data-dependent epsilon with smooth sensitivity",
+            )
+            q.add_argument(
+                "--seed", help="seed the sanitising noise (reproducible; never for real releases)"
+            )
     p.set_defaults(handler=run)
 
 
@@ -95,15 +109,21 @@ def _load_votes(args: argparse.Namespace) -> np.ndarray:
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: cannot read --votes {args.votes}: {exc}") from None
     if votes.ndim != 2 or votes.shape[1] < 2:
-        raise SystemExit(f"error: --votes must hold a (queries, classes) histogram, got shape {votes.shape}")
+        raise SystemExit(
+            f"error: --votes must hold a (queries, classes) histogram, got shape {votes.shape}"
+        )
     if not np.isfinite(votes).all() or (votes < 0).any():
         raise SystemExit("error: --votes must be finite and non-negative")
     if args.teachers is not None and votes.sum(axis=1).max() > args.teachers:
-        raise SystemExit(f"error: a histogram in --votes has more than --teachers={args.teachers} votes")
-    return votes.astype(np.float64)
+        raise SystemExit(
+            f"error: a histogram in --votes has more than --teachers={args.teachers} votes"
+        )
+    return np.asarray(votes, dtype=np.float64)
 
 
-def _dd_curves(args: argparse.Namespace, votes: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _dd_curves(
+    args: argparse.Namespace, votes: np.ndarray, o: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per query: data-dependent threshold RDP (or zeros) and GNMax RDP. Shapes (queries, orders)."""
     if args.mechanism == "gnmax":
         gn = np.stack([rdp.gnmax(v, args.sigma, o) for v in votes])
@@ -112,19 +132,25 @@ def _dd_curves(args: argparse.Namespace, votes: np.ndarray, o: np.ndarray) -> tu
         thr = np.stack([rdp.threshold(v, args.threshold, args.sigma1, o) for v in votes])
         gn = np.stack([rdp.gnmax(v, args.sigma2, o) for v in votes])
         return thr, gn
-    raise SystemExit("error: data-dependent accounting is available for gnmax and confident-gnmax only")
+    raise SystemExit(
+        "error: data-dependent accounting is available for gnmax and confident-gnmax only"
+    )
 
 
 def _pr_answered(args: argparse.Namespace, votes: np.ndarray) -> np.ndarray:
     if args.mechanism != "confident-gnmax":
         return np.ones(votes.shape[0])
-    return np.asarray(scipy.stats.norm.sf(args.threshold - np.rint(votes.max(axis=1)), scale=args.sigma1))
+    return np.asarray(
+        scipy.stats.norm.sf(args.threshold - np.rint(votes.max(axis=1)), scale=args.sigma1)
+    )
 
 
-def _fits_in_order(curves: np.ndarray, o: np.ndarray, eps: float, delta: float, conv: Conversion) -> int:
+def _fits_in_order(
+    curves: np.ndarray, o: np.ndarray, eps: float, delta: float, conv: Conversion
+) -> int:
     total = np.cumsum(curves, axis=0)
     for i in range(total.shape[0]):
-        if planning.convert(total[i], o, delta, conv).epsilon > eps:
+        if convert(total[i], o, delta, conv).epsilon > eps:
             return i
     return int(total.shape[0])
 
@@ -141,7 +167,9 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "epsilon": args.epsilon,
         "delta": args.delta,
         "conversion": conv.value,
-        "data_independent": {"queries_fit": planning.max_queries(per_query, o, args.epsilon, args.delta, conv)},
+        "data_independent": {
+            "queries_fit": planning.max_queries(per_query, o, args.epsilon, args.delta, conv)
+        },
     }
     if args.mechanism == "confident-gnmax":
         unanswered = _data_independent(args, o, answered=False)
@@ -151,7 +179,14 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.queries is not None and args.mechanism != "laplace":
         if args.mechanism == "confident-gnmax":
             ratio = args.sigma1 / args.sigma2
-            s = planning.noise_scale_for(events.confident_gnmax_unit(ratio, o), o, args.queries, args.epsilon, args.delta, conv)
+            s = planning.noise_scale_for(
+                events.confident_gnmax_unit(ratio, o),
+                o,
+                args.queries,
+                args.epsilon,
+                args.delta,
+                conv,
+            )
             out["noise_for_queries"] = {"queries": args.queries, "sigma1": ratio * s, "sigma2": s}
         else:
             unit = per_query * args.sigma**2  # these curves scale as 1 / sigma**2
@@ -164,8 +199,12 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         expected = (thr + p[:, None] * gn).mean(axis=0)
         out["data_dependent"] = {
             "histograms": int(votes.shape[0]),
-            "queries_fit_at_mean_cost": planning.max_queries(expected, o, args.epsilon, args.delta, conv),
-            "file_queries_fit_if_all_answered": _fits_in_order(thr + gn, o, args.epsilon, args.delta, conv),
+            "queries_fit_at_mean_cost": planning.max_queries(
+                expected, o, args.epsilon, args.delta, conv
+            ),
+            "file_queries_fit_if_all_answered": _fits_in_order(
+                thr + gn, o, args.epsilon, args.delta, conv
+            ),
             "mean_pr_answered": float(p.mean()),
         }
     return out
@@ -181,7 +220,9 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
     if args.answered is not None:
         answered = np.load(args.answered, allow_pickle=False).astype(bool)
         if answered.shape != (votes.shape[0],):
-            raise SystemExit(f"error: --answered must have shape ({votes.shape[0]},), got {answered.shape}")
+            raise SystemExit(
+                f"error: --answered must have shape ({votes.shape[0]},), got {answered.shape}"
+            )
     else:
         answered = np.ones(votes.shape[0], dtype=bool)
     di = Accountant("data-independent", o, conv)
@@ -201,7 +242,9 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
         for v in votes[answered]:
             dd.compose(events.gnmax(args.sigma, o, votes=v))
     else:
-        raise SystemExit("error: cost from vote histograms is available for gnmax and confident-gnmax")
+        raise SystemExit(
+            "error: cost from vote histograms is available for gnmax and confident-gnmax"
+        )
     out: dict[str, Any] = {
         "queries": int(votes.shape[0]),
         "answered": n_ans,
@@ -215,7 +258,13 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
         rng = SecureRandom.from_seed(args.seed) if args.seed else SecureRandom()
         sigma = args.sigma2 if args.mechanism == "confident-gnmax" else args.sigma
         released = sanitise(
-            votes, answered, args.teachers, sigma, out["data_dependent"]["order"], args.delta, rng,
+            votes,
+            answered,
+            args.teachers,
+            sigma,
+            out["data_dependent"]["order"],
+            args.delta,
+            rng,
             threshold=args.threshold if args.mechanism == "confident-gnmax" else None,
             sigma1=args.sigma1 if args.mechanism == "confident-gnmax" else None,
         )
@@ -231,7 +280,10 @@ def _text(result: dict[str, Any], indent: int = 0) -> str:
             lines.append(" " * indent + f"{label}:")
             lines.append(_text(value, indent + 2))
         elif isinstance(value, float):
-            lines.append(" " * indent + (f"{label}: {value:.6g}" if math.isfinite(value) else f"{label}: inf"))
+            lines.append(
+                " " * indent
+                + (f"{label}: {value:.6g}" if math.isfinite(value) else f"{label}: inf")
+            )
         else:
             lines.append(" " * indent + f"{label}: {value}")
     return "\n".join(lines)
@@ -239,7 +291,10 @@ def _text(result: dict[str, Any], indent: int = 0) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``capc privacy plan|cost`` and print the result."""
-    actions: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"plan": plan, "cost": cost}
+    actions: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+        "plan": plan,
+        "cost": cost,
+    }
     try:
         result = actions[args.privacy_command](args)
     except ValueError as exc:

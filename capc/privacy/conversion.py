@@ -51,7 +51,9 @@ class Epsilon:
     tv_shortcut: bool = False
 
 
-def _per_order(rdp: FloatArray, orders: FloatArray, delta: float, conversion: Conversion) -> FloatArray:
+def _per_order(
+    rdp: FloatArray, orders: FloatArray, delta: float, conversion: Conversion
+) -> FloatArray:
     with np.errstate(over="ignore", invalid="ignore"):
         if conversion is Conversion.BASIC:
             return rdp - math.log(delta) / (orders - 1.0)

@@ -85,4 +85,6 @@ def noise(shape: int | tuple[int, ...], sigma: float, rng: SecureRandom) -> NDAr
     """An array of independent N_Z(0, sigma**2) samples (sigma read as its decimal value)."""
     sigma2 = variance_of(sigma)
     size = int(np.prod(shape))
-    return np.fromiter((sample(sigma2, rng) for _ in range(size)), dtype=np.int64, count=size).reshape(shape)
+    return np.fromiter(
+        (sample(sigma2, rng) for _ in range(size)), dtype=np.int64, count=size
+    ).reshape(shape)

@@ -69,40 +69,60 @@ class PrivacyEvent:
         )
 
 
-def gnmax(sigma: float, orders: ArrayLike = DEFAULT_ORDERS, votes: ArrayLike | None = None) -> PrivacyEvent:
+def gnmax(
+    sigma: float, orders: ArrayLike = DEFAULT_ORDERS, votes: ArrayLike | None = None
+) -> PrivacyEvent:
     """One answered GNMax query; data-dependent when the histogram ``votes`` is given."""
     o = check.orders(orders)
     if votes is None:
-        return PrivacyEvent("gnmax", rdp.gnmax_data_independent(sigma, o), o, {"sigma": float(sigma)})
-    return PrivacyEvent("gnmax", rdp.gnmax(votes, sigma, o), o, {"sigma": float(sigma)}, data_dependent=True)
+        return PrivacyEvent(
+            "gnmax", rdp.gnmax_data_independent(sigma, o), o, {"sigma": float(sigma)}
+        )
+    return PrivacyEvent(
+        "gnmax", rdp.gnmax(votes, sigma, o), o, {"sigma": float(sigma)}, data_dependent=True
+    )
 
 
 def threshold_test(
-    threshold: float, sigma1: float, orders: ArrayLike = DEFAULT_ORDERS, votes: ArrayLike | None = None
+    threshold: float,
+    sigma1: float,
+    orders: ArrayLike = DEFAULT_ORDERS,
+    votes: ArrayLike | None = None,
 ) -> PrivacyEvent:
     """One Confident-GNMax threshold test; data-dependent when ``votes`` is given."""
     o = check.orders(orders)
     params: dict[str, Param] = {"threshold": float(threshold), "sigma1": float(sigma1)}
     if votes is None:
         return PrivacyEvent("threshold", rdp.threshold_data_independent(sigma1, o), o, params)
-    return PrivacyEvent("threshold", rdp.threshold(votes, threshold, sigma1, o), o, params, data_dependent=True)
+    return PrivacyEvent(
+        "threshold", rdp.threshold(votes, threshold, sigma1, o), o, params, data_dependent=True
+    )
 
 
 def laplace_noisy_max(scale: float, orders: ArrayLike = DEFAULT_ORDERS) -> PrivacyEvent:
     """One Laplace noisy-max query with noise scale ``scale``."""
     o = check.orders(orders)
-    return PrivacyEvent("laplace-noisy-max", rdp.laplace_noisy_max(scale, o), o, {"scale": float(scale)})
-
-
-def multilabel_binary(num_labels: int, sigma: float, orders: ArrayLike = DEFAULT_ORDERS) -> PrivacyEvent:
-    """Binary voting decisions released on ``num_labels`` labels."""
-    o = check.orders(orders)
     return PrivacyEvent(
-        "binary-voting", rdp.multilabel_binary(num_labels, sigma, o), o, {"labels": int(num_labels), "sigma": float(sigma)}
+        "laplace-noisy-max", rdp.laplace_noisy_max(scale, o), o, {"scale": float(scale)}
     )
 
 
-def multilabel_tau(num_labels: int, tau: float, sigma: float, orders: ArrayLike = DEFAULT_ORDERS) -> PrivacyEvent:
+def multilabel_binary(
+    num_labels: int, sigma: float, orders: ArrayLike = DEFAULT_ORDERS
+) -> PrivacyEvent:
+    """Binary voting decisions released on ``num_labels`` labels."""
+    o = check.orders(orders)
+    return PrivacyEvent(
+        "binary-voting",
+        rdp.multilabel_binary(num_labels, sigma, o),
+        o,
+        {"labels": int(num_labels), "sigma": float(sigma)},
+    )
+
+
+def multilabel_tau(
+    num_labels: int, tau: float, sigma: float, orders: ArrayLike = DEFAULT_ORDERS
+) -> PrivacyEvent:
     """tau-voting decisions released on ``num_labels`` labels."""
     o = check.orders(orders)
     return PrivacyEvent(
@@ -116,7 +136,9 @@ def multilabel_tau(num_labels: int, tau: float, sigma: float, orders: ArrayLike 
 def multilabel_powerset(sigma: float, orders: ArrayLike = DEFAULT_ORDERS) -> PrivacyEvent:
     """One Powerset-voting query."""
     o = check.orders(orders)
-    return PrivacyEvent("powerset-voting", rdp.multilabel_powerset(sigma, o), o, {"sigma": float(sigma)})
+    return PrivacyEvent(
+        "powerset-voting", rdp.multilabel_powerset(sigma, o), o, {"sigma": float(sigma)}
+    )
 
 
 def scaled(event: PrivacyEvent, sensitivity_factor: float, tag: str) -> PrivacyEvent:
@@ -141,4 +163,3 @@ def confident_gnmax_unit(ratio: float, orders: ArrayLike = DEFAULT_ORDERS) -> Fl
     o = check.orders(orders)
     r = check.positive(ratio, "ratio")
     return rdp.threshold_data_independent(r, o) + rdp.gnmax_data_independent(1.0, o)
-

@@ -41,7 +41,7 @@ class SecureRandom:
         raw = seed if isinstance(seed, bytes) else str(seed).encode()
         return cls(hashlib.sha256(b"capc/SecureRandom/" + raw).digest())
 
-    def bytes(self, n: int) -> bytes:
+    def random_bytes(self, n: int) -> bytes:
         """``n`` fresh uniform bytes."""
         if n < 0:
             raise ValueError(f"byte count must be >= 0, got {n}")
@@ -51,7 +51,7 @@ class SecureRandom:
         # Python-level draws (the exact samplers) take a few bytes at a time;
         # buffering keeps the per-call cost of the cipher off that path.
         if self._pos + n > len(self._buf):
-            self._buf = self._buf[self._pos :] + self.bytes(max(_BUFFER, n))
+            self._buf = self._buf[self._pos :] + self.random_bytes(max(_BUFFER, n))
             self._pos = 0
         out = self._buf[self._pos : self._pos + n]
         self._pos += n
@@ -60,7 +60,9 @@ class SecureRandom:
     def uint64(self, shape: int | tuple[int, ...]) -> NDArray[np.uint64]:
         """Uniform 64-bit unsigned integers of the given shape."""
         size = int(np.prod(shape))
-        return np.frombuffer(self.bytes(8 * size), dtype="<u8").astype(np.uint64).reshape(shape)
+        return (
+            np.frombuffer(self.random_bytes(8 * size), dtype="<u8").astype(np.uint64).reshape(shape)
+        )
 
     def uniform(self, shape: int | tuple[int, ...]) -> NDArray[np.float64]:
         """Uniform floats in the open interval (0, 1), 53 random bits each."""
@@ -100,5 +102,7 @@ class SecureRandom:
     def bernoulli(self, numerator: int, denominator: int) -> bool:
         """True with probability numerator / denominator, exactly."""
         if denominator <= 0 or not 0 <= numerator <= denominator:
-            raise ValueError(f"bernoulli needs 0 <= {numerator} <= {denominator} and a positive denominator")
+            raise ValueError(
+                f"bernoulli needs 0 <= {numerator} <= {denominator} and a positive denominator"
+            )
         return self.randbelow(denominator) < numerator

@@ -62,7 +62,9 @@ def release_rdp(beta: float, sigma_ss: float, order: float) -> float:
     lam = float(order)
     if not 1.0 < lam < 1.0 / (2.0 * b):
         raise ValueError(f"order {lam} must lie in (1, 1/(2 beta)) = (1, {1.0 / (2.0 * b):g})")
-    return lam * math.exp(2.0 * b) / (s * s) + (b * lam - 0.5 * math.log(1.0 - 2.0 * lam * b)) / (lam - 1.0)
+    return lam * math.exp(2.0 * b) / (s * s) + (b * lam - 0.5 * math.log(1.0 - 2.0 * lam * b)) / (
+        lam - 1.0
+    )
 
 
 def gnmax_gap_table(num_teachers: int, num_classes: int, sigma: float, order: float) -> FloatArray:
@@ -136,7 +138,9 @@ def sanitise(
     """
     h = check.histograms(histograms)
     if not np.array_equal(h, np.rint(h)) or h.sum(axis=1).max() > num_teachers:
-        raise ValueError(f"histograms must hold integer vote counts of at most {num_teachers} teachers")
+        raise ValueError(
+            f"histograms must hold integer vote counts of at most {num_teachers} teachers"
+        )
     ans = np.asarray(answered, dtype=bool)
     if ans.shape != (h.shape[0],):
         raise ValueError(f"answered must have shape ({h.shape[0]},), got {ans.shape}")
@@ -153,7 +157,12 @@ def sanitise(
     if threshold is not None:
         if sigma1 is None:
             raise ValueError("a threshold test needs sigma1")
-        thr = threshold_table(num_teachers, check.non_negative(threshold, "threshold"), check.positive(sigma1, "sigma1"), lam)
+        thr = threshold_table(
+            num_teachers,
+            check.non_negative(threshold, "threshold"),
+            check.positive(sigma1, "sigma1"),
+            lam,
+        )
         mx = np.rint(srt[:, -1]).astype(np.int64)
         total += float(thr[mx].sum())
         windows.append(_WindowMax(_one_move_change(thr, 1), mx, 1))

@@ -85,7 +85,9 @@ def votes(values: ArrayLike, name: str = "votes") -> NDArray[np.float64]:
         raise ValueError(f"{name} needs at least 2 classes, got {arr.size}")
     bad = _first_bad(arr)
     if bad is not None:
-        raise ValueError(f"{name} must be finite and non-negative; {name}{list(bad[0])} = {bad[1]!r}")
+        raise ValueError(
+            f"{name} must be finite and non-negative; {name}{list(bad[0])} = {bad[1]!r}"
+        )
     return arr
 
 
@@ -103,7 +105,9 @@ def histograms(values: ArrayLike, name: str = "histograms") -> NDArray[np.float6
         raise ValueError(f"{name} needs at least 2 classes, got shape {arr.shape}")
     bad = _first_bad(arr)
     if bad is not None:
-        raise ValueError(f"{name} must be finite and non-negative; {name}{list(bad[0])} = {bad[1]!r}")
+        raise ValueError(
+            f"{name} must be finite and non-negative; {name}{list(bad[0])} = {bad[1]!r}"
+        )
     return arr
 
 

@@ -16,12 +16,16 @@ from numpy.typing import NDArray
 FloatArray = NDArray[np.float64]
 
 
-def argmax_probabilities(hist: FloatArray, noise: str, scale: float, points: int = 200_001) -> FloatArray:
+def argmax_probabilities(
+    hist: FloatArray, noise: str, scale: float, points: int = 200_001
+) -> FloatArray:
     """P[argmax(hist + noise) = i] for i.i.d. Gaussian (sd=scale) or Laplace noise, by quadrature.
 
     P[i] = integral of f(x - h_i) * prod_{j != i} F(x - h_j) dx on a fine grid.
     """
-    dist = scipy.stats.norm(scale=scale) if noise == "gaussian" else scipy.stats.laplace(scale=scale)
+    dist = (
+        scipy.stats.norm(scale=scale) if noise == "gaussian" else scipy.stats.laplace(scale=scale)
+    )
     width = 40.0 * scale
     x = np.linspace(hist.min() - width, hist.max() + width, points)
     dx = x[1] - x[0]
@@ -33,7 +37,7 @@ def argmax_probabilities(hist: FloatArray, noise: str, scale: float, points: int
         integrand = log_pdf[i] + total - log_cdf[i]
         probs.append(np.exp(scipy.special.logsumexp(integrand) + math.log(dx)))
     p = np.array(probs)
-    return p / p.sum()
+    return np.asarray(p / p.sum(), dtype=np.float64)
 
 
 def renyi(p: FloatArray, q: FloatArray, order: float) -> float:
@@ -43,14 +47,22 @@ def renyi(p: FloatArray, q: FloatArray, order: float) -> float:
     return float(scipy.special.logsumexp(terms) / (order - 1.0))
 
 
-def bernoulli_renyi(p: float | FloatArray, q: float | FloatArray, order: float) -> FloatArray:
+def bernoulli_renyi(
+    p: float | FloatArray, q: float | FloatArray, order: float | FloatArray
+) -> FloatArray:
     """D_order(Bern(p) || Bern(q)), elementwise, computed in log space."""
     p_arr, q_arr = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
-    return log_bernoulli_renyi(np.log(p_arr), np.log1p(-p_arr), np.log(q_arr), np.log1p(-q_arr), order)
+    return log_bernoulli_renyi(
+        np.log(p_arr), np.log1p(-p_arr), np.log(q_arr), np.log1p(-q_arr), order
+    )
 
 
 def log_bernoulli_renyi(
-    logp: FloatArray, log1mp: FloatArray, logq: FloatArray, log1mq: FloatArray, order: float
+    logp: FloatArray,
+    log1mp: FloatArray,
+    logq: FloatArray,
+    log1mq: FloatArray,
+    order: float | FloatArray,
 ) -> FloatArray:
     """D_order(Bern(p) || Bern(q)) from the logs of p, 1-p, q, 1-q (no cancellation anywhere)."""
     a = order * logp + (1.0 - order) * logq
@@ -66,7 +78,10 @@ def thresholded_gaussian_worst(shift: float, sigma: float, order: float) -> floa
     """
     t = np.linspace(-15 * sigma, 15 * sigma + shift, 6001)
     logp, log1mp = scipy.stats.norm.logsf(t, scale=sigma), scipy.stats.norm.logcdf(t, scale=sigma)
-    logq, log1mq = scipy.stats.norm.logsf(t - shift, scale=sigma), scipy.stats.norm.logcdf(t - shift, scale=sigma)
+    logq, log1mq = (
+        scipy.stats.norm.logsf(t - shift, scale=sigma),
+        scipy.stats.norm.logcdf(t - shift, scale=sigma),
+    )
     forward = log_bernoulli_renyi(logp, log1mp, logq, log1mq, order)
     backward = log_bernoulli_renyi(logq, log1mq, logp, log1mp, order)
     return float(max(forward.max(), backward.max()))

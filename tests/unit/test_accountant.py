@@ -20,7 +20,9 @@ def test_compose_matches_direct_sum() -> None:
     acc = Accountant("h1")
     acc.compose(events.threshold_test(200, 150), 10)
     acc.compose(events.gnmax(40), 4)
-    expected = 10 * rdp.threshold_data_independent(150, DEFAULT_ORDERS) + 4 * rdp.gnmax_data_independent(40, DEFAULT_ORDERS)
+    expected = 10 * rdp.threshold_data_independent(
+        150, DEFAULT_ORDERS
+    ) + 4 * rdp.gnmax_data_independent(40, DEFAULT_ORDERS)
     np.testing.assert_allclose(acc.rdp, expected)
     assert acc.spent(1e-5).epsilon == pytest.approx(epsilon(expected, DEFAULT_ORDERS, 1e-5)[0])
 
@@ -98,7 +100,9 @@ def test_bad_state_is_rejected() -> None:
         Accountant.from_state_dict(state)
 
 
-@pytest.mark.parametrize(("bad", "message"), [(float("nan"), "epsilon"), (-1.0, "epsilon"), (0.0, "epsilon")])
+@pytest.mark.parametrize(
+    ("bad", "message"), [(float("nan"), "epsilon"), (-1.0, "epsilon"), (0.0, "epsilon")]
+)
 def test_budget_validation(bad: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Budget(bad, 1e-5)
@@ -107,7 +111,10 @@ def test_budget_validation(bad: float, message: str) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.5, 1e4), st.integers(0, 500)), min_size=1, max_size=6), st.floats(1e-9, 1e-2))
+@given(
+    st.lists(st.tuples(st.floats(0.5, 1e4), st.integers(0, 500)), min_size=1, max_size=6),
+    st.floats(1e-9, 1e-2),
+)
 def test_composition_order_does_not_matter(plan: list[tuple[float, int]], delta: float) -> None:
     forward, backward = Accountant(), Accountant()
     for sigma, n in plan:

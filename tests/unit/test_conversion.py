@@ -61,7 +61,9 @@ def test_confident_histogram_b_and_tv_shortcut() -> None:
         ([0.1, 0.2], [2.0], 1e-5, "shapes"),
     ],
 )
-def test_bad_input_names_the_value(rdp_value: list[float], orders: list[float], delta: float, message: str) -> None:
+def test_bad_input_names_the_value(
+    rdp_value: list[float], orders: list[float], delta: float, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         epsilon(rdp_value, orders, delta)
 
@@ -74,7 +76,9 @@ curves = st.lists(st.floats(0, 50, allow_nan=False), min_size=GRID.size, max_siz
 @given(curves, st.floats(1e-12, 0.5))
 def test_improved_never_worse_than_basic(curve: list[float], delta: float) -> None:
     r = np.array(curve)
-    assert convert(r, GRID, delta).epsilon <= convert(r, GRID, delta, Conversion.BASIC).epsilon + 1e-12
+    assert (
+        convert(r, GRID, delta).epsilon <= convert(r, GRID, delta, Conversion.BASIC).epsilon + 1e-12
+    )
 
 
 @given(curves, curves, st.floats(1e-12, 0.5))
@@ -89,5 +93,7 @@ def test_composition_is_monotone(a: list[float], b: list[float], delta: float) -
 @given(st.floats(0.5, 1e4), st.integers(1, 10_000), st.floats(1e-10, 0.1))
 def test_gaussian_epsilon_shrinks_with_noise(sigma: float, n: int, delta: float) -> None:
     small = epsilon(n * rdp.gnmax_data_independent(sigma, DEFAULT_ORDERS), DEFAULT_ORDERS, delta)[0]
-    large = epsilon(n * rdp.gnmax_data_independent(2 * sigma, DEFAULT_ORDERS), DEFAULT_ORDERS, delta)[0]
+    large = epsilon(
+        n * rdp.gnmax_data_independent(2 * sigma, DEFAULT_ORDERS), DEFAULT_ORDERS, delta
+    )[0]
     assert large <= small

@@ -14,9 +14,16 @@ from capc.privacy.conversion import DEFAULT_ORDERS, convert
 
 @pytest.mark.parametrize(
     ("sensitivity", "sigma", "count", "delta"),
-    [(np.sqrt(2), 40.0, 1000, 1e-5), (1.0, 150.0, 5000, 1e-6), (np.sqrt(8), 20.0, 300, 1e-5), (np.sqrt(2), 2.0, 7, 1e-3)],
+    [
+        (np.sqrt(2), 40.0, 1000, 1e-5),
+        (1.0, 150.0, 5000, 1e-6),
+        (np.sqrt(8), 20.0, 300, 1e-5),
+        (np.sqrt(2), 2.0, 7, 1e-3),
+    ],
 )
-def test_gaussian_composition_matches(sensitivity: float, sigma: float, count: int, delta: float) -> None:
+def test_gaussian_composition_matches(
+    sensitivity: float, sigma: float, count: int, delta: float
+) -> None:
     theirs = rdp_privacy_accountant.RdpAccountant(list(DEFAULT_ORDERS))
     theirs.compose(dp_accounting.GaussianDpEvent(sigma / sensitivity), count)
     their_eps = theirs.get_epsilon(delta)

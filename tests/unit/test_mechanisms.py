@@ -157,5 +157,5 @@ def test_secure_noise_moments() -> None:
 
 
 def test_secure_random_seeding() -> None:
-    assert SecureRandom.from_seed(1).bytes(16) == SecureRandom.from_seed(1).bytes(16)
-    assert SecureRandom().bytes(16) != SecureRandom().bytes(16)
+    assert SecureRandom.from_seed(1).random_bytes(16) == SecureRandom.from_seed(1).random_bytes(16)
+    assert SecureRandom().random_bytes(16) != SecureRandom().random_bytes(16)

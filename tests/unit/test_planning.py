@@ -18,7 +18,12 @@ A = [200, 30, 20, 0, 0, 0, 0, 0, 0, 0]
 def test_reference_query_counts(eps: float, dd: int, di: int) -> None:
     basic = Conversion.BASIC
     assert planning.max_queries(rdp.gnmax(A, 40, PATE_ORDERS), PATE_ORDERS, eps, 1e-5, basic) == dd
-    assert planning.max_queries(rdp.gnmax_data_independent(40, PATE_ORDERS), PATE_ORDERS, eps, 1e-5, basic) == di
+    assert (
+        planning.max_queries(
+            rdp.gnmax_data_independent(40, PATE_ORDERS), PATE_ORDERS, eps, 1e-5, basic
+        )
+        == di
+    )
 
 
 @settings(max_examples=50, deadline=None)
@@ -36,16 +41,27 @@ def test_max_queries_is_exactly_the_boundary(sigma: float, eps: float, delta: fl
 def test_noise_scale_round_trip(queries: int, eps: float) -> None:
     unit = rdp.gnmax_data_independent(1.0, DEFAULT_ORDERS)
     s = planning.noise_scale_for(unit, DEFAULT_ORDERS, queries, eps, 1e-5)
-    fits = planning.max_queries(rdp.gnmax_data_independent(s * (1 + 1e-9), DEFAULT_ORDERS), DEFAULT_ORDERS, eps, 1e-5)
+    fits = planning.max_queries(
+        rdp.gnmax_data_independent(s * (1 + 1e-9), DEFAULT_ORDERS), DEFAULT_ORDERS, eps, 1e-5
+    )
     assert fits >= queries
-    assert planning.max_queries(rdp.gnmax_data_independent(s * 0.99, DEFAULT_ORDERS), DEFAULT_ORDERS, eps, 1e-5) < queries
+    assert (
+        planning.max_queries(
+            rdp.gnmax_data_independent(s * 0.99, DEFAULT_ORDERS), DEFAULT_ORDERS, eps, 1e-5
+        )
+        < queries
+    )
 
 
 def test_confident_noise_keeps_the_ratio() -> None:
     unit = events.confident_gnmax_unit(150 / 40)
     s = planning.noise_scale_for(unit, DEFAULT_ORDERS, 2000, 6.0, 1e-5)
-    per = rdp.threshold_data_independent(s * 150 / 40, DEFAULT_ORDERS) + rdp.gnmax_data_independent(s, DEFAULT_ORDERS)
-    assert planning.epsilon_after(per, DEFAULT_ORDERS, 2000, 1e-5).epsilon == pytest.approx(6.0, rel=1e-6)
+    per = rdp.threshold_data_independent(s * 150 / 40, DEFAULT_ORDERS) + rdp.gnmax_data_independent(
+        s, DEFAULT_ORDERS
+    )
+    assert planning.epsilon_after(per, DEFAULT_ORDERS, 2000, 1e-5).epsilon == pytest.approx(
+        6.0, rel=1e-6
+    )
 
 
 def test_impossible_targets() -> None:
@@ -53,7 +69,10 @@ def test_impossible_targets() -> None:
     assert planning.max_queries(r, DEFAULT_ORDERS, 0.01, 1e-10) == 0
     with pytest.raises(ValueError, match="raise epsilon or delta"):
         planning.noise_scale_for(r, DEFAULT_ORDERS, 10, 0.001, 1e-10)
-    assert planning.max_queries(np.zeros_like(DEFAULT_ORDERS), DEFAULT_ORDERS, 1.0, 1e-5) == planning.UNLIMITED
+    assert (
+        planning.max_queries(np.zeros_like(DEFAULT_ORDERS), DEFAULT_ORDERS, 1.0, 1e-5)
+        == planning.UNLIMITED
+    )
 
 
 def test_weights_exhaust_every_cap_together() -> None:
@@ -62,7 +81,9 @@ def test_weights_exhaust_every_cap_together() -> None:
     w = weights_for_caps(caps, 1e-5, 40.0, q)
     for cap, wi in zip(caps, w, strict=True):
         per = rdp.weighted_gnmax(float(wi), 40.0, DEFAULT_ORDERS)
-        assert planning.epsilon_after(per, DEFAULT_ORDERS, q, 1e-5).epsilon == pytest.approx(cap, rel=1e-6)
+        assert planning.epsilon_after(per, DEFAULT_ORDERS, q, 1e-5).epsilon == pytest.approx(
+            cap, rel=1e-6
+        )
 
 
 def test_upsampling_replicas_fit_caps() -> None:

@@ -34,7 +34,9 @@ def test_reference_has_rows() -> None:
     assert len(ROWS) >= 12
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['kind']}-{r['votes'][:9]}-{r['sigma']}-{r['threshold']}")
+@pytest.mark.parametrize(
+    "row", ROWS, ids=lambda r: f"{r['kind']}-{r['votes'][:9]}-{r['sigma']}-{r['threshold']}"
+)
 def test_matches_reference(row: dict[str, str]) -> None:
     votes = np.array([float(x) for x in row["votes"].split()])
     sigma = float(row["sigma"])

@@ -42,7 +42,9 @@ def _neighbours(hist: np.ndarray, amount: float) -> list[np.ndarray]:
     return out
 
 
-def _max_argmax_divergence(hists: list[np.ndarray], amount: float, noise: str, scale: float) -> np.ndarray:
+def _max_argmax_divergence(
+    hists: list[np.ndarray], amount: float, noise: str, scale: float
+) -> np.ndarray:
     worst = np.zeros_like(ORDERS)
     for h in hists:
         p = argmax_probabilities(h, noise, scale)
@@ -53,7 +55,12 @@ def _max_argmax_divergence(hists: list[np.ndarray], amount: float, noise: str, s
     return worst
 
 
-HISTS = [np.array([1.0, 0.0]), np.array([3.0, 2.0, 0.0]), np.array([2.0, 2.0, 1.0]), np.array([5.0, 0.0, 0.0, 0.0])]
+HISTS = [
+    np.array([1.0, 0.0]),
+    np.array([3.0, 2.0, 0.0]),
+    np.array([2.0, 2.0, 1.0]),
+    np.array([5.0, 0.0, 0.0, 0.0]),
+]
 
 
 @pytest.mark.parametrize("sigma", [0.5, 1.0, 2.0])
@@ -88,7 +95,9 @@ def test_weighted_gnmax_teeth() -> None:
 
 def test_upsampled_gnmax_bound() -> None:
     sigma, u = 1.0, 3
-    measured = _max_argmax_divergence([np.array([3.0, 0.0]), np.array([4.0, 3.0, 0.0])], float(u), "gaussian", sigma)
+    measured = _max_argmax_divergence(
+        [np.array([3.0, 0.0]), np.array([4.0, 3.0, 0.0])], float(u), "gaussian", sigma
+    )
     assert np.all(measured <= rdp.upsampled_gnmax(u, sigma, ORDERS) * (1 + 1e-6))
     assert (measured > rdp.gnmax_data_independent(sigma, ORDERS)).any()
 
@@ -144,7 +153,9 @@ def test_tau_voting_bound(k: int, tau: float) -> None:
                 continue
             key = round(float(delta), 12)
             if key not in per_shift:
-                per_shift[key] = np.array([thresholded_gaussian_worst(key, sigma, o) for o in ORDERS])
+                per_shift[key] = np.array(
+                    [thresholded_gaussian_worst(key, sigma, o) for o in ORDERS]
+                )
             total += per_shift[key]
         assert np.all(total <= claim * (1 + 1e-6)), (a, b)
 
@@ -173,7 +184,11 @@ def test_gnmax_monte_carlo_with_confidence_bound() -> None:
     order = 2.0
     lower = math.log(np.sum(p_lo[ok] ** order * q_hi[ok] ** (1 - order))) / (order - 1)
     assert lower <= rdp.gnmax_data_independent(sigma, [order])[0]
-    exact = renyi(argmax_probabilities(h, "gaussian", sigma), argmax_probabilities(h2, "gaussian", sigma), order)
+    exact = renyi(
+        argmax_probabilities(h, "gaussian", sigma),
+        argmax_probabilities(h2, "gaussian", sigma),
+        order,
+    )
     assert lower <= exact
 
 

@@ -40,8 +40,18 @@ def test_one_teacher_changes_total_by_at_most_local_sensitivity() -> None:
     gen = np.random.default_rng(7)
     hist = _random_hist(gen, 30)
     answered = np.ones(30, dtype=bool)
-    release = ss.sanitise(hist, answered, N, SIGMA2, ORDER, 1e-5, SecureRandom.from_seed(1),
-                          threshold=T, sigma1=SIGMA1, beta=1e-9)
+    release = ss.sanitise(
+        hist,
+        answered,
+        N,
+        SIGMA2,
+        ORDER,
+        1e-5,
+        SecureRandom.from_seed(1),
+        threshold=T,
+        sigma1=SIGMA1,
+        beta=1e-9,
+    )
     # With beta ~ 0 the smooth sensitivity is at least the local sensitivity at distance 0.
     base = _total(hist, answered)
     for _ in range(300):
@@ -56,8 +66,28 @@ def test_one_teacher_changes_total_by_at_most_local_sensitivity() -> None:
 def test_release_reports_its_parameters_and_is_reproducible() -> None:
     hist = _random_hist(np.random.default_rng(3), 20)
     answered = np.ones(20, dtype=bool)
-    a = ss.sanitise(hist, answered, N, SIGMA2, ORDER, 1e-5, SecureRandom.from_seed(5), threshold=T, sigma1=SIGMA1)
-    b = ss.sanitise(hist, answered, N, SIGMA2, ORDER, 1e-5, SecureRandom.from_seed(5), threshold=T, sigma1=SIGMA1)
+    a = ss.sanitise(
+        hist,
+        answered,
+        N,
+        SIGMA2,
+        ORDER,
+        1e-5,
+        SecureRandom.from_seed(5),
+        threshold=T,
+        sigma1=SIGMA1,
+    )
+    b = ss.sanitise(
+        hist,
+        answered,
+        N,
+        SIGMA2,
+        ORDER,
+        1e-5,
+        SecureRandom.from_seed(5),
+        threshold=T,
+        sigma1=SIGMA1,
+    )
     assert a == b
     assert a.beta == pytest.approx(0.2 / ORDER) and a.release_rdp > 0
     assert a.epsilon_std == pytest.approx(a.smooth_sensitivity * a.sigma_ss)

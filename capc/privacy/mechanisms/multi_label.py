@@ -43,7 +43,7 @@ def _votes(votes: ArrayLike) -> FloatArray:
 
 def binary_counts(votes: ArrayLike) -> FloatArray:
     """Per-label positive counts: (queries, teachers, k) -> (queries, k)."""
-    return _votes(votes).sum(axis=1)
+    return np.asarray(_votes(votes).sum(axis=1), dtype=np.float64)
 
 
 def clip_votes(votes: ArrayLike, tau: float) -> FloatArray:
@@ -51,13 +51,14 @@ def clip_votes(votes: ArrayLike, tau: float) -> FloatArray:
     v = _votes(votes)
     t = check.positive(tau, "tau")
     norms = np.linalg.norm(v, axis=2, keepdims=True)
-    scale = np.minimum(1.0, t / np.maximum(norms, np.finfo(np.float64).tiny))
-    return v * scale
+    # All-zero votes have norm 0 and need no scaling.
+    scale = np.minimum(1.0, np.divide(t, norms, out=np.ones_like(norms), where=norms > 0))
+    return np.asarray(v * scale, dtype=np.float64)
 
 
 def tau_counts(votes: ArrayLike, tau: float) -> FloatArray:
     """Per-label sums of tau-clipped votes: (queries, teachers, k) -> (queries, k)."""
-    return clip_votes(votes, tau).sum(axis=1)
+    return np.asarray(clip_votes(votes, tau).sum(axis=1), dtype=np.float64)
 
 
 def _per_label(value: ArrayLike, k: int, name: str) -> FloatArray:
@@ -179,9 +180,13 @@ def powerset_decide(histogram: ArrayLike, noise: ArrayLike, num_labels: int) -> 
     return subset_bits(noisy_argmax(histogram, noise), num_labels)
 
 
-def powerset_voting(histogram: ArrayLike, num_labels: int, sigma: float, rng: SecureRandom) -> LabelArray:
+def powerset_voting(
+    histogram: ArrayLike, num_labels: int, sigma: float, rng: SecureRandom
+) -> LabelArray:
     """Powerset voting: GNMax over the 2**k subsets of :func:`powerset_histogram`."""
     h = check.histograms(histogram)
     if h.shape[1] != 1 << num_labels:
-        raise ValueError(f"a powerset histogram over {num_labels} labels has {1 << num_labels} columns, got {h.shape[1]}")
+        raise ValueError(
+            f"a powerset histogram over {num_labels} labels has {1 << num_labels} columns, got {h.shape[1]}"
+        )
     return powerset_decide(h, gaussian_noise(h.shape, sigma, rng), num_labels)

@@ -17,7 +17,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from capc.privacy import rdp
-from capc.privacy import validation as check
 from capc.privacy.conversion import DEFAULT_ORDERS, Conversion
 from capc.privacy.planning import max_multiplier
 from capc.privacy.randomness import SecureRandom
@@ -28,7 +27,9 @@ FloatArray = NDArray[np.float64]
 def _labels(labels: ArrayLike, num_classes: int) -> NDArray[np.int64]:
     lab = np.asarray(labels)
     if lab.ndim != 2 or not np.issubdtype(lab.dtype, np.integer):
-        raise ValueError(f"labels must be integer class indices of shape (queries, teachers), got {lab.dtype} {lab.shape}")
+        raise ValueError(
+            f"labels must be integer class indices of shape (queries, teachers), got {lab.dtype} {lab.shape}"
+        )
     if ((lab < 0) | (lab >= num_classes)).any():
         raise ValueError(f"labels must lie in [0, {num_classes}); found {lab.min()}..{lab.max()}")
     return lab.astype(np.int64)
@@ -48,7 +49,9 @@ def weighted_histogram(labels: ArrayLike, weights: ArrayLike, num_classes: int) 
     return hist
 
 
-def sample_participation(participation: ArrayLike, queries: int, rng: SecureRandom) -> NDArray[np.bool_]:
+def sample_participation(
+    participation: ArrayLike, queries: int, rng: SecureRandom
+) -> NDArray[np.bool_]:
     """Who votes on which query: (teachers,) probabilities -> (queries, teachers) mask."""
     p = np.asarray(participation, dtype=np.float64)
     if p.ndim != 1 or not np.isfinite(p).all() or ((p < 0) | (p > 1)).any():
@@ -112,7 +115,7 @@ def upsampling_replicas(
     mult = np.array([max_multiplier(unit, orders, queries, float(e), delta, conversion) for e in c])
     # Floor of sqrt with a tiny tolerance so an exact square is not lost to rounding.
     u = np.floor(np.sqrt(mult) + 1e-12).astype(np.int64)
-    return np.minimum(u, max_replicas)
+    return np.asarray(np.minimum(u, max_replicas), dtype=np.int64)
 
 
 def assign_upsampled(

@@ -59,10 +59,12 @@ def _noise_like(hist: FloatArray, noise: ArrayLike, name: str) -> FloatArray:
 def noisy_argmax(histograms: ArrayLike, noise: ArrayLike) -> IntArray:
     """argmax(h + noise) per query; shapes (queries, classes) -> (queries,)."""
     h = check.histograms(histograms)
-    return np.argmax(h + _noise_like(h, noise, "noise"), axis=1).astype(np.int64)
+    return np.asarray(np.argmax(h + _noise_like(h, noise, "noise"), axis=1), dtype=np.int64)
 
 
-def gnmax(histograms: ArrayLike, sigma: float, rng: SecureRandom, discrete: bool = False) -> IntArray:
+def gnmax(
+    histograms: ArrayLike, sigma: float, rng: SecureRandom, discrete: bool = False
+) -> IntArray:
     """GNMax: argmax of the histogram plus N(0, sigma**2) on every count."""
     h = check.histograms(histograms)
     return noisy_argmax(h, gaussian_noise(h.shape, sigma, rng, discrete))

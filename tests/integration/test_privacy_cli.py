@@ -1,0 +1,111 @@
+"""``capc privacy`` as a user runs it: a separate process, text and JSON output, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+CONFIDENT = [
+    "--mechanism",
+    "confident-gnmax",
+    "--teachers",
+    "250",
+    "--threshold",
+    "200",
+    "--sigma1",
+    "150",
+    "--sigma2",
+    "40",
+    "--delta",
+    "1e-5",
+]
+
+
+def capc(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_plan_data_independent_and_dependent(tmp_path: Path) -> None:
+    votes = tmp_path / "votes.npy"
+    np.save(votes, np.array([[200, 30, 20, 0, 0, 0, 0, 0, 0, 0]] * 20, dtype=float))
+    out = capc(
+        "privacy",
+        "plan",
+        *CONFIDENT,
+        "--epsilon",
+        "6",
+        "--votes",
+        str(votes),
+        "--queries",
+        "1000",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["data_independent"]["queries_fit"] == 1164
+    assert (
+        result["data_dependent"]["queries_fit_at_mean_cost"]
+        > result["data_independent"]["queries_fit"]
+    )
+    assert result["noise_for_queries"]["sigma2"] < 40
+
+
+def test_plan_text_output() -> None:
+    out = capc("privacy", "plan", "--mechanism", "gnmax", "--sigma", "40", "--epsilon", "2")
+    assert out.returncode == 0, out.stderr
+    assert "queries fit:" in out.stdout
+
+
+def test_cost_with_sanitised_release(tmp_path: Path) -> None:
+    votes = tmp_path / "votes.npy"
+    answered = tmp_path / "answered.npy"
+    np.save(votes, np.array([[200, 30, 20, 0, 0, 0, 0, 0, 0, 0]] * 30, dtype=float))
+    np.save(answered, np.arange(30) % 2 == 0)
+    out = capc(
+        "privacy",
+        "cost",
+        *CONFIDENT,
+        "--votes",
+        str(votes),
+        "--answered",
+        str(answered),
+        "--sanitise",
+        "--seed",
+        "1",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["answered"] == 15 and result["answered_source"] == "file"
+    assert result["data_dependent"]["epsilon"] < result["data_independent"]["epsilon"]
+    assert result["sanitised"]["sigma_ss"] == 10.0
+
+
+def test_errors_say_what_to_fix(tmp_path: Path) -> None:
+    out = capc("privacy", "plan", "--mechanism", "gnmax", "--epsilon", "2")
+    assert out.returncode != 0 and "needs --sigma" in out.stderr
+    bad = tmp_path / "bad.npy"
+    np.save(bad, np.array([[1.0, np.nan]]))
+    out = capc("privacy", "cost", "--mechanism", "gnmax", "--sigma", "4", "--votes", str(bad))
+    assert out.returncode != 0 and "finite" in out.stderr
+    out = capc(
+        "privacy", "plan", "--mechanism", "gnmax", "--sigma", "4", "--epsilon", "2", "--delta", "3"
+    )
+    assert out.returncode != 0 and "delta" in out.stderr
+    missing = capc(
+        "privacy",
+        "cost",
+        "--mechanism",
+        "gnmax",
+        "--sigma",
+        "4",
+        "--votes",
+        str(tmp_path / "nope.npy"),
+    )
+    assert missing.returncode != 0 and "cannot read" in missing.stderr
