@@ -75,6 +75,21 @@ def max_queries(
     return n
 
 
+def _unit_and_slack(
+    unit_rdp: ArrayLike,
+    orders: ArrayLike,
+    queries: int,
+    epsilon: float,
+    delta: float,
+    conversion: Conversion,
+) -> tuple[np.ndarray, np.ndarray]:
+    # The per-order budget left once the conversion's offset is paid.
+    u, o = _rdp(unit_rdp, orders)
+    if queries < 1:
+        raise ValueError(f"queries must be >= 1, got {queries}")
+    return u, check.positive(epsilon, "epsilon") - conversion_offset(o, delta, conversion)
+
+
 def noise_scale_for(
     unit_rdp: ArrayLike,
     orders: ArrayLike,
@@ -89,11 +104,7 @@ def noise_scale_for(
     as 1 / s**2 (every Gaussian mechanism here; for Confident-GNMax scale both
     sigmas together). Solves queries * unit(order) / s**2 + offset(order) <= epsilon.
     """
-    u, o = _rdp(unit_rdp, orders)
-    if queries < 1:
-        raise ValueError(f"queries must be >= 1, got {queries}")
-    eps = check.positive(epsilon, "epsilon")
-    slack = eps - conversion_offset(o, delta, conversion)
+    u, slack = _unit_and_slack(unit_rdp, orders, queries, epsilon, delta, conversion)
     ok = slack > 0
     if not ok.any():
         raise ValueError(
@@ -116,11 +127,7 @@ def max_multiplier(
 
     Used for personalized budgets: a vote weight w multiplies a teacher's RDP by w**2.
     """
-    u, o = _rdp(unit_rdp, orders)
-    if queries < 1:
-        raise ValueError(f"queries must be >= 1, got {queries}")
-    eps = check.positive(epsilon, "epsilon")
-    slack = eps - conversion_offset(o, delta, conversion)
+    u, slack = _unit_and_slack(unit_rdp, orders, queries, epsilon, delta, conversion)
     ok = (slack >= 0) & (u > 0)
     if not ok.any():
         return 0.0

@@ -143,12 +143,10 @@ def tau_voting(
     """tau voting: Binary voting on sums of tau-clipped votes (from :func:`tau_counts`).
 
     The clipping bounds each teacher's influence by tau in L2, so the noise
-    needed no longer grows with sqrt(k) once tau < sqrt(k / 2).
+    needed no longer grows with sqrt(k) once tau < sqrt(k / 2). The decision is
+    the same per-label majority; only the counts (and the charge) differ.
     """
-    c = np.asarray(check.histograms(counts, "counts"))
-    if num_teachers < 1:
-        raise ValueError(f"num_teachers must be >= 1, got {num_teachers}")
-    return _vote_on_counts(c, num_teachers / 2.0, sigma, rng, confidence)
+    return binary_voting(counts, num_teachers, sigma, rng, confidence)
 
 
 def powerset_histogram(votes: ArrayLike) -> FloatArray:

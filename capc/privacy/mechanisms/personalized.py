@@ -43,10 +43,7 @@ def weighted_histogram(labels: ArrayLike, weights: ArrayLike, num_classes: int) 
         raise ValueError(f"weights must have shape ({lab.shape[1]},), got {w.shape}")
     if not np.isfinite(w).all() or (w < 0).any():
         raise ValueError("weights must be finite and non-negative")
-    hist = np.zeros((lab.shape[0], num_classes), dtype=np.float64)
-    rows = np.repeat(np.arange(lab.shape[0]), lab.shape[1])
-    np.add.at(hist, (rows, lab.ravel()), np.tile(w, lab.shape[0]))
-    return hist
+    return _accumulate(lab, np.broadcast_to(w, lab.shape), num_classes)
 
 
 def sample_participation(
@@ -65,9 +62,14 @@ def participating_histogram(labels: ArrayLike, mask: ArrayLike, num_classes: int
     m = np.asarray(mask, dtype=bool)
     if m.shape != lab.shape:
         raise ValueError(f"mask must have the labels' shape {lab.shape}, got {m.shape}")
+    return _accumulate(lab, m.astype(np.float64), num_classes)
+
+
+def _accumulate(lab: NDArray[np.int64], values: FloatArray, num_classes: int) -> FloatArray:
+    # Adds values[b, i] to hist[b, lab[b, i]] for every query b and teacher i.
     hist = np.zeros((lab.shape[0], num_classes), dtype=np.float64)
     rows = np.repeat(np.arange(lab.shape[0]), lab.shape[1])
-    np.add.at(hist, (rows, lab.ravel()), m.ravel().astype(np.float64))
+    np.add.at(hist, (rows, lab.ravel()), np.asarray(values, dtype=np.float64).ravel())
     return hist
 
 
@@ -86,11 +88,7 @@ def weights_for_caps(
     its cap). Returns (teachers,) weights; a teacher whose cap cannot cover even
     an infinitesimal share gets weight 0.
     """
-    c = np.asarray(caps, dtype=np.float64)
-    if c.ndim != 1 or not np.isfinite(c).all() or (c <= 0).any():
-        raise ValueError("caps must be a 1-D array of positive epsilons")
-    unit = rdp.gnmax_data_independent(sigma, orders)
-    return np.sqrt([max_multiplier(unit, orders, queries, float(e), delta, conversion) for e in c])
+    return np.sqrt(_multipliers(caps, "caps", delta, sigma, queries, orders, conversion))
 
 
 def upsampling_replicas(
@@ -106,16 +104,29 @@ def upsampling_replicas(
     u**2-scaled GNMax cost over ``queries`` queries fits the point's cap, at most
     ``max_replicas``; 0 where even one replica does not fit. (points,) -> (points,).
     """
-    c = np.asarray(point_caps, dtype=np.float64)
-    if c.ndim != 1 or not np.isfinite(c).all() or (c <= 0).any():
-        raise ValueError("point_caps must be a 1-D array of positive epsilons")
     if max_replicas < 1:
         raise ValueError(f"max_replicas must be >= 1, got {max_replicas}")
-    unit = rdp.gnmax_data_independent(sigma, orders)
-    mult = np.array([max_multiplier(unit, orders, queries, float(e), delta, conversion) for e in c])
+    mult = _multipliers(point_caps, "point_caps", delta, sigma, queries, orders, conversion)
     # Floor of sqrt with a tiny tolerance so an exact square is not lost to rounding.
     u = np.floor(np.sqrt(mult) + 1e-12).astype(np.int64)
     return np.asarray(np.minimum(u, max_replicas), dtype=np.int64)
+
+
+def _multipliers(
+    caps: ArrayLike,
+    name: str,
+    delta: float,
+    sigma: float,
+    queries: int,
+    orders: ArrayLike,
+    conversion: Conversion,
+) -> FloatArray:
+    """Per cap, the largest multiple of the GNMax RDP that ``queries`` queries can afford."""
+    c = np.asarray(caps, dtype=np.float64)
+    if c.ndim != 1 or not np.isfinite(c).all() or (c <= 0).any():
+        raise ValueError(f"{name} must be a 1-D array of positive epsilons")
+    unit = rdp.gnmax_data_independent(sigma, orders)
+    return np.array([max_multiplier(unit, orders, queries, float(e), delta, conversion) for e in c])
 
 
 def assign_upsampled(
