@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import scipy.stats
 
 from capc.privacy import events, planning, rdp
 from capc.privacy.accountant import Accountant
@@ -140,9 +139,7 @@ def _dd_curves(
 def _pr_answered(args: argparse.Namespace, votes: np.ndarray) -> np.ndarray:
     if args.mechanism != "confident-gnmax":
         return np.ones(votes.shape[0])
-    return np.asarray(
-        scipy.stats.norm.sf(args.threshold - np.rint(votes.max(axis=1)), scale=args.sigma1)
-    )
+    return np.asarray([np.exp(rdp.log_pr_answered(v, args.threshold, args.sigma1)) for v in votes])
 
 
 def _fits_in_order(

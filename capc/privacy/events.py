@@ -141,19 +141,6 @@ def multilabel_powerset(sigma: float, orders: ArrayLike = DEFAULT_ORDERS) -> Pri
     )
 
 
-def scaled(event: PrivacyEvent, sensitivity_factor: float, tag: str) -> PrivacyEvent:
-    """A data-independent Gaussian event with every vote scaled by ``sensitivity_factor``.
-
-    Gaussian RDP grows with the square of the sensitivity, so the curve is
-    multiplied by factor**2 (vote weights, upsampling replicas).
-    """
-    if event.data_dependent:
-        raise ValueError("only data-independent events can be rescaled by a sensitivity factor")
-    f = check.non_negative(sensitivity_factor, "sensitivity_factor")
-    params = {**event.params, tag: f}
-    return PrivacyEvent(event.mechanism, event.rdp * (f * f), event.orders, params)
-
-
 def confident_gnmax_unit(ratio: float, orders: ArrayLike = DEFAULT_ORDERS) -> FloatArray:
     """Per-query RDP of an answered Confident-GNMax query at sigma2 = 1, sigma1 = ratio.
 

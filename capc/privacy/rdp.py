@@ -84,7 +84,7 @@ def log_q_gnmax(votes: ArrayLike, sigma: float) -> float:
     return min(logq, math.log(1.0 - 1.0 / v.size))
 
 
-def _rdp_from_logq(logq: float, sigma: float, orders: FloatArray) -> FloatArray:
+def rdp_from_log_q(logq: float, sigma: float, orders: FloatArray) -> FloatArray:
     """Theorem 6 of Papernot et al. 2018 given log q, capped by orders / sigma**2.
 
     ``sigma`` is the scale at which the mechanism is (order, order/sigma**2)-RDP;
@@ -126,7 +126,7 @@ def gnmax(votes: ArrayLike, sigma: float, orders: ArrayLike) -> FloatArray:
     """
     o = check.orders(orders)
     sd = check.positive(sigma, "sigma")
-    return _rdp_from_logq(log_q_gnmax(votes, sd), sd, o)
+    return rdp_from_log_q(log_q_gnmax(votes, sd), sd, o)
 
 
 def log_pr_answered(votes: ArrayLike, threshold: float, sigma1: float) -> float:
@@ -146,7 +146,7 @@ def threshold_from_log_pr(log_pr: float, sigma1: float, orders: FloatArray) -> F
     logq = min(log_pr, _log1mexp(log_pr))
     # The tested statistic has sensitivity 1 against GNMax's sqrt(2): hence the sqrt(2).
     # The explicit cap keeps the promise exact: (sqrt(2) sigma1)**2 may round above 2 sigma1**2.
-    bound = _rdp_from_logq(logq, math.sqrt(2.0) * sigma1, orders)
+    bound = rdp_from_log_q(logq, math.sqrt(2.0) * sigma1, orders)
     return np.minimum(bound, orders / (2.0 * sigma1 * sigma1))
 
 

@@ -75,7 +75,7 @@ def gnmax_gap_table(num_teachers: int, num_classes: int, sigma: float, order: fl
         math.log(num_classes - 1) + scipy.stats.norm.logsf(gaps, scale=math.sqrt(2.0) * sigma), cap
     )
     o = np.array([order])
-    return np.array([rdp._rdp_from_logq(float(x), sigma, o)[0] for x in logq])
+    return np.array([rdp.rdp_from_log_q(float(x), sigma, o)[0] for x in logq])
 
 
 def threshold_table(num_teachers: int, threshold: float, sigma1: float, order: float) -> FloatArray:

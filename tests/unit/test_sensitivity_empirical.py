@@ -115,6 +115,19 @@ def test_threshold_test_bound(sigma1: float) -> None:
     assert np.all(measured <= rdp.threshold_data_independent(sigma1, ORDERS) * (1 + 1e-6))
 
 
+@pytest.mark.parametrize("factor", [0.5, 2.0, 3.0])
+def test_weighted_and_upsampled_threshold_bounds(factor: float) -> None:
+    # A weight-w teacher, or u replicas of one point, move max(votes) by w (or u).
+    sigma1 = 1.0
+    measured = np.array([thresholded_gaussian_worst(factor, sigma1, a) for a in ORDERS])
+    assert np.all(measured <= rdp.weighted_threshold(factor, sigma1, ORDERS) * (1 + 1e-6))
+    if factor.is_integer():
+        assert np.all(measured <= rdp.upsampled_threshold(int(factor), sigma1, ORDERS) * (1 + 1e-6))
+    if factor > 1:
+        # Charging it like an unweighted teacher would under-count.
+        assert (measured > rdp.threshold_data_independent(sigma1, ORDERS)).any()
+
+
 @pytest.mark.parametrize("k", [1, 4, 12])
 def test_binary_voting_bound(k: int) -> None:
     # k independent bits, each [count_j + eta >= n/2]; one teacher moves every count by one.

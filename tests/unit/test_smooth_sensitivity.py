@@ -63,31 +63,24 @@ def test_one_teacher_changes_total_by_at_most_local_sensitivity() -> None:
         assert abs(_total(moved, answered) - base) <= release.smooth_sensitivity + 1e-12
 
 
+def release(hist: np.ndarray, answered: np.ndarray, seed: int) -> ss.SanitisedEpsilon:
+    return ss.sanitise(
+        hist,
+        answered,
+        N,
+        SIGMA2,
+        ORDER,
+        1e-5,
+        SecureRandom.from_seed(seed),
+        threshold=T,
+        sigma1=SIGMA1,
+    )
+
+
 def test_release_reports_its_parameters_and_is_reproducible() -> None:
     hist = _random_hist(np.random.default_rng(3), 20)
     answered = np.ones(20, dtype=bool)
-    a = ss.sanitise(
-        hist,
-        answered,
-        N,
-        SIGMA2,
-        ORDER,
-        1e-5,
-        SecureRandom.from_seed(5),
-        threshold=T,
-        sigma1=SIGMA1,
-    )
-    b = ss.sanitise(
-        hist,
-        answered,
-        N,
-        SIGMA2,
-        ORDER,
-        1e-5,
-        SecureRandom.from_seed(5),
-        threshold=T,
-        sigma1=SIGMA1,
-    )
+    a, b = (release(hist, answered, 5) for _ in range(2))
     assert a == b
     assert a.beta == pytest.approx(0.2 / ORDER) and a.release_rdp > 0
     assert a.epsilon_std == pytest.approx(a.smooth_sensitivity * a.sigma_ss)
