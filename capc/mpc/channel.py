@@ -1,0 +1,239 @@
+"""Message channels and authenticated framing for two-party sessions.
+
+A session only needs something that moves byte strings in order between the
+two parties: :class:`Channel`. Tests and benchmarks use the in-memory pair
+below; the services carry the same frames over their gRPC streams.
+
+Every frame carries a header (protocol version, message kind, sequence
+number, round id, payload length) and a Poly1305 tag under a one-time key
+derived from the session key and the sequence number. A frame that was
+altered, cut short, replayed, reordered or taken from another session fails
+with a :class:`ProtocolError` that says which. Authenticity of the peer itself
+comes from mutual TLS in the services; this layer makes the 2PC messages
+tamper-evident end to end, whatever relays them.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import queue
+import struct
+from dataclasses import dataclass
+from typing import Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+PROTOCOL_VERSION = 1
+MAGIC = b"CPMC"
+_HEADER = struct.Struct(">4sBBBBQQI")
+HEADER_BYTES = _HEADER.size
+TAG_BYTES = 16
+#: Frames are at most this large; longer messages are split.
+DEFAULT_MAX_FRAME = 4 * 1024 * 1024
+#: A whole message (all its frames) may not exceed this.
+DEFAULT_MAX_MESSAGE = 512 * 1024 * 1024
+_LAST = 1
+
+
+class ProtocolError(Exception):
+    """A 2PC message could not be accepted; the text says why and what to do."""
+
+
+class TamperedMessageError(ProtocolError):
+    """The frame's tag does not verify: altered in transit, or from another session."""
+
+
+class ReplayError(ProtocolError):
+    """A frame or round arrived again or out of order."""
+
+
+class MessageSizeError(ProtocolError):
+    """A frame or message is truncated or larger than allowed."""
+
+
+class PeerAbortedError(ProtocolError):
+    """The other party gave up on the session and said why."""
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    BASE_OT_REQUEST = 2
+    BASE_OT_REPLY = 3
+    ROUND_REQUEST = 4
+    GARBLED = 5
+    OUTPUT_LABELS = 6
+    ABORT = 7
+
+
+class Channel(Protocol):
+    """An ordered, reliable pipe of byte strings to the other party."""
+
+    def send(self, frame: bytes) -> None: ...
+
+    def recv(self, timeout: float | None = None) -> bytes: ...
+
+
+class MemoryChannel:
+    """One end of an in-process channel (see :func:`memory_channel_pair`)."""
+
+    def __init__(self, inbox: queue.Queue[bytes], outbox: queue.Queue[bytes]) -> None:
+        self._inbox = inbox
+        self._outbox = outbox
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def send(self, frame: bytes) -> None:
+        self.bytes_sent += len(frame)
+        self._outbox.put(frame)
+
+    def recv(self, timeout: float | None = None) -> bytes:
+        try:
+            frame = self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            raise ProtocolError(
+                f"the other party sent nothing for {timeout} s; is it still running?"
+            ) from None
+        self.bytes_received += len(frame)
+        return frame
+
+
+def memory_channel_pair() -> tuple[MemoryChannel, MemoryChannel]:
+    """Two connected in-process channel ends."""
+    a: queue.Queue[bytes] = queue.Queue()
+    b: queue.Queue[bytes] = queue.Queue()
+    return MemoryChannel(a, b), MemoryChannel(b, a)
+
+
+@dataclass
+class Message:
+    kind: Kind
+    round_id: int
+    payload: bytes
+
+
+class FramedLink:
+    """Sends and receives whole messages as authenticated, numbered frames.
+
+    Before :meth:`set_key` (the hello exchange) frames carry a zero tag and are
+    accepted only as HELLO; afterwards every frame must verify.
+    """
+
+    def __init__(
+        self,
+        channel: Channel,
+        direction: int,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+        timeout: float | None = 300.0,
+    ) -> None:
+        self._channel = channel
+        self._direction = direction
+        self._max_frame = max_frame
+        self._max_message = max_message
+        self._timeout = timeout
+        self._key: bytes | None = None
+        self._send_seq = 0
+        self._recv_seq = 0
+
+    def set_key(self, key: bytes) -> None:
+        self._key = key
+
+    def _one_time_key(self, direction: int, seq: int) -> bytes:
+        assert self._key is not None
+        return hashlib.blake2b(
+            struct.pack(">BQ", direction, seq), key=self._key, digest_size=32
+        ).digest()
+
+    def _tag(self, direction: int, seq: int, data: bytes) -> bytes:
+        if self._key is None:
+            return bytes(TAG_BYTES)
+        return Poly1305.generate_tag(self._one_time_key(direction, seq), data)
+
+    def send(self, kind: Kind, round_id: int, payload: bytes) -> None:
+        """Send one message, split into frames of at most ``max_frame`` payload bytes."""
+        if len(payload) > self._max_message:
+            raise MessageSizeError(
+                f"message of {len(payload)} bytes exceeds the limit of {self._max_message}"
+            )
+        view = memoryview(payload)
+        start = 0
+        while True:
+            chunk = view[start : start + self._max_frame]
+            start += len(chunk)
+            last = start >= len(payload)
+            header = _HEADER.pack(
+                MAGIC,
+                PROTOCOL_VERSION,
+                kind,
+                _LAST if last else 0,
+                0,
+                self._send_seq,
+                round_id,
+                len(chunk),
+            )
+            body = header + chunk
+            self._channel.send(body + self._tag(self._direction, self._send_seq, body))
+            self._send_seq += 1
+            if last:
+                return
+
+    def recv(self, expected: Kind, round_id: int | None = None) -> Message:
+        """Receive one whole message of kind ``expected`` (for ``round_id`` if given)."""
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            frame = self._channel.recv(self._timeout)
+            if len(frame) < HEADER_BYTES + TAG_BYTES:
+                raise MessageSizeError(
+                    f"truncated frame: {len(frame)} bytes is shorter than a header and tag"
+                )
+            magic, version, kind, flags, _, seq, rid, length = _HEADER.unpack_from(frame)
+            if magic != MAGIC:
+                raise ProtocolError(
+                    "not a capc 2PC frame (bad magic); check that both ends run capc"
+                )
+            if version != PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"peer speaks 2PC protocol version {version}, this side {PROTOCOL_VERSION}; upgrade one side"
+                )
+            if len(frame) != HEADER_BYTES + length + TAG_BYTES:
+                raise MessageSizeError(
+                    f"frame {seq} announces {length} payload bytes but carries {len(frame) - HEADER_BYTES - TAG_BYTES}: truncated or padded"
+                )
+            body, tag = frame[:-TAG_BYTES], frame[-TAG_BYTES:]
+            if self._key is not None:
+                try:
+                    Poly1305.verify_tag(self._one_time_key(1 - self._direction, seq), body, tag)
+                except InvalidSignature:
+                    raise TamperedMessageError(
+                        f"frame {seq} failed authentication: it was altered in transit or belongs to another session"
+                    ) from None
+            if seq != self._recv_seq:
+                raise ReplayError(
+                    f"expected frame {self._recv_seq}, got frame {seq}: a replayed or reordered message"
+                )
+            self._recv_seq += 1
+            if kind == Kind.ABORT:
+                raise PeerAbortedError(
+                    f"the other party aborted: {frame[HEADER_BYTES:-TAG_BYTES].decode(errors='replace')}"
+                )
+            if kind != expected:
+                name = Kind(kind).name if kind in Kind._value2member_map_ else str(kind)
+                raise ProtocolError(f"expected a {expected.name} message, got {name}")
+            if round_id is not None and rid != round_id:
+                raise ReplayError(f"message for round {rid} arrived during round {round_id}")
+            total += length
+            if total > self._max_message:
+                raise MessageSizeError(f"message exceeds the limit of {self._max_message} bytes")
+            parts.append(body[HEADER_BYTES:])
+            if flags & _LAST:
+                return Message(Kind(kind), rid, b"".join(parts))
+
+    def abort(self, reason: str) -> None:
+        """Tell the other party why this side stops (best effort)."""
+        try:
+            self.send(Kind.ABORT, 0, reason.encode()[:4096])
+        except Exception:  # noqa: BLE001 - the session is already failing; the original error matters
+            pass

@@ -1,0 +1,354 @@
+"""The mechanism circuits the guardian (garbler) and student (evaluator) run.
+
+Each spec fixes the circuit and both parties' local input encodings:
+
+- the student's input is its share sum, scaled to the circuit's fixed point
+  and reduced modulo 2^l;
+- the guardian folds everything it owns into its words before garbling: its
+  share sum, its noise (rounded to the fixed-point grid) and the public
+  thresholds. Adding to one's own share is linear, so the circuit only has to
+  add two words and test a sign, which keeps the AND count low.
+
+Rounding the noise to the grid is post-processing of the Gaussian mechanism:
+counts are on the grid already, so h + round(eta) = round(h + eta). The
+secure noise sampler never exceeds 8.7 standard deviations; the width l leaves
+room for ``NOISE_BOUND_SIGMAS`` and encoding refuses anything beyond it.
+
+Outputs: the student receives labels (or "not answered"); the guardian
+receives only the answered bits.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from capc.mpc import library as lib
+from capc.mpc import ring
+from capc.mpc.circuit import Circuit, CircuitBuilder, Party
+
+U64 = NDArray[np.uint64]
+Inputs = dict[str, U64]
+
+#: Noise is confined to this many standard deviations (the sampler's own limit is 8.7).
+NOISE_BOUND_SIGMAS = 9.0
+#: Fixed-point fractional bits inside the circuits unless a task says otherwise.
+CIRCUIT_FRAC_BITS = 4
+#: Marks "not answered" in decoded labels, as in capc.privacy.
+NOT_ANSWERED = -1
+
+
+def width_for(max_abs: float, frac_bits: int) -> int:
+    """Smallest l such that every signed value and difference up to ``max_abs`` fits.
+
+    ``max_abs`` is in real units (votes); the result leaves one spare bit so
+    that a - b never wraps for |a|, |b| <= max_abs.
+    """
+    if not math.isfinite(max_abs) or max_abs < 0:
+        raise ValueError(f"max_abs must be finite and >= 0, got {max_abs}")
+    scaled = math.ceil(2.0 * max_abs * (1 << frac_bits)) + 1
+    bits = scaled.bit_length() + 1
+    if bits > 64:
+        raise ValueError(
+            f"values up to {max_abs:g} with {frac_bits} fractional bits need more than 64 bits"
+        )
+    return bits
+
+
+def _shares_word(
+    share_sum: ArrayLike, share_frac_bits: int, frac_bits: int, bits: int, shape: tuple[int, ...]
+) -> U64:
+    s = np.asarray(share_sum)
+    if s.dtype != np.uint64:
+        raise ValueError(f"share sums must be uint64 ring elements, got {s.dtype}")
+    if s.shape != shape:
+        raise ValueError(f"share sums must have shape {shape}, got {s.shape}")
+    return ring.reduce(s << np.uint64(frac_bits - share_frac_bits), bits)
+
+
+def _noise_word(
+    noise: ArrayLike, sigma: float, frac_bits: int, shape: tuple[int, ...], name: str
+) -> U64:
+    n = np.asarray(noise, dtype=np.float64)
+    if n.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {n.shape}")
+    if not np.isfinite(n).all():
+        raise ValueError(f"{name} contains NaN or infinity")
+    if (np.abs(n) > NOISE_BOUND_SIGMAS * sigma).any():
+        raise ValueError(
+            f"{name} exceeds {NOISE_BOUND_SIGMAS} standard deviations; the circuit has no room for it"
+        )
+    return ring.encode_fixed(n, frac_bits)
+
+
+def round_noise(noise: ArrayLike, frac_bits: int = CIRCUIT_FRAC_BITS) -> NDArray[np.float64]:
+    """The noise exactly as the circuit applies it: rounded to multiples of 2**-frac_bits."""
+    return np.rint(np.asarray(noise, dtype=np.float64) * (1 << frac_bits)) / (1 << frac_bits)
+
+
+@dataclass(frozen=True)
+class ConfidentGNMax:
+    """Confident-GNMax (or plain GNMax with ``confident=False``) over K classes.
+
+    Query answered iff max(h) + eta1 >= threshold; label argmax(h + eta2).
+    ``max_votes`` bounds any count (parties x largest vote weight). Powerset
+    voting is this circuit over K = 2**k subsets.
+    """
+
+    num_classes: int
+    max_votes: float
+    sigma2: float
+    threshold: float = 0.0
+    sigma1: float = 1.0
+    confident: bool = True
+    frac_bits: int = CIRCUIT_FRAC_BITS
+    share_frac_bits: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+        if self.share_frac_bits > self.frac_bits:
+            raise ValueError("share_frac_bits must not exceed the circuit's frac_bits")
+        for name in ("max_votes", "sigma2", "sigma1", "threshold"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be finite and >= 0, got {v}")
+
+    @property
+    def bits(self) -> int:
+        """Circuit word width l."""
+        arg = self.max_votes + 2 * NOISE_BOUND_SIGMAS * self.sigma2
+        thr = (
+            self.max_votes + NOISE_BOUND_SIGMAS * self.sigma1 + self.threshold
+            if self.confident
+            else 0.0
+        )
+        return width_for(max(arg, thr), self.frac_bits)
+
+    @property
+    def label_bits(self) -> int:
+        return lib.index_width(self.num_classes)
+
+    def circuit(self) -> Circuit:
+        return _confident_circuit(self.num_classes, self.bits, self.confident)
+
+    def evaluator_inputs(self, student_sum: ArrayLike) -> Inputs:
+        """Student side: its share sum (B, K) uint64 -> circuit words."""
+        s = np.asarray(student_sum)
+        shape = (s.shape[0] if s.ndim == 2 else -1, self.num_classes)
+        return {"shares": _shares_word(s, self.share_frac_bits, self.frac_bits, self.bits, shape)}
+
+    def garbler_inputs(
+        self, guardian_sum: ArrayLike, eta2: ArrayLike, eta1: ArrayLike | None = None
+    ) -> Inputs:
+        """Guardian side: share sum (B, K), eta2 (B, K) and, if confident, eta1 (B,)."""
+        g = np.asarray(guardian_sum)
+        batch = g.shape[0] if g.ndim == 2 else -1
+        shape = (batch, self.num_classes)
+        base = _shares_word(g, self.share_frac_bits, self.frac_bits, 64, shape)
+        e2 = _noise_word(eta2, self.sigma2, self.frac_bits, shape, "eta2")
+        out = {"argmax": ring.reduce(base + e2, self.bits)}
+        if self.confident:
+            if eta1 is None:
+                raise ValueError("Confident-GNMax needs eta1 for the threshold test")
+            e1 = _noise_word(eta1, self.sigma1, self.frac_bits, (batch,), "eta1")
+            t = ring.encode_fixed(self.threshold, self.frac_bits)
+            out["threshold"] = ring.reduce(base + (e1 - t)[:, None], self.bits)
+        return out
+
+    def decode(self, evaluator_out: dict[str, U64]) -> NDArray[np.int64]:
+        """Student's outputs -> labels (B,), NOT_ANSWERED where the threshold test failed."""
+        label = evaluator_out["label"][:, 0].astype(np.int64)
+        if not self.confident:
+            return label
+        answered = evaluator_out["answered"][:, 0].astype(bool)
+        return np.where(answered, label, NOT_ANSWERED)
+
+
+@functools.lru_cache(maxsize=32)
+def _confident_circuit(num_classes: int, bits: int, confident: bool) -> Circuit:
+    c = CircuitBuilder(f"{'confident-' if confident else ''}gnmax/K={num_classes}/l={bits}")
+    shares = c.input("shares", Party.EVALUATOR, num_classes, bits)
+    if confident:
+        thr = c.input("threshold", Party.GARBLER, num_classes, bits)
+    arg = c.input("argmax", Party.GARBLER, num_classes, bits)
+    noisy = [lib.add(c, s, a) for s, a in zip(shares, arg, strict=True)]
+    index, _ = lib.argmax(c, noisy)
+    if confident:
+        answered = lib.any_bit(
+            c, [lib.is_non_negative_sum(c, s, t) for s, t in zip(shares, thr, strict=True)]
+        )
+        c.output("label", Party.EVALUATOR, [lib.mask_word(c, answered, index)])
+        c.output("answered", Party.BOTH, [(answered,)])
+    else:
+        c.output("label", Party.EVALUATOR, [index])
+    return c.build()
+
+
+@dataclass(frozen=True)
+class MultiLabel:
+    """Binary or tau voting over k labels, optionally with a per-label confidence test.
+
+    Label j is 1 iff c_j + n_j >= theta_j; with a confidence test it is released
+    only if |c_j - theta_j| + n1_j >= t_j (see capc.privacy multilabel_decide).
+    For tau voting the shares carry ``share_frac_bits`` fractional bits.
+    """
+
+    num_labels: int
+    max_votes: float
+    sigma: float
+    decision_threshold: float
+    confidence_threshold: float | None = None
+    sigma1: float = 1.0
+    frac_bits: int = CIRCUIT_FRAC_BITS
+    share_frac_bits: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_labels < 1:
+            raise ValueError(f"num_labels must be >= 1, got {self.num_labels}")
+        if self.share_frac_bits > self.frac_bits:
+            raise ValueError("share_frac_bits must not exceed the circuit's frac_bits")
+
+    @property
+    def confident(self) -> bool:
+        return self.confidence_threshold is not None
+
+    @property
+    def bits(self) -> int:
+        m = self.max_votes + self.decision_threshold + NOISE_BOUND_SIGMAS * self.sigma
+        if self.confidence_threshold is not None:
+            m = max(
+                m,
+                self.max_votes
+                + self.decision_threshold
+                + NOISE_BOUND_SIGMAS * self.sigma1
+                + self.confidence_threshold,
+            )
+        return width_for(m, self.frac_bits)
+
+    def circuit(self) -> Circuit:
+        return _multilabel_circuit(self.num_labels, self.bits, self.confident)
+
+    def evaluator_inputs(self, student_sum: ArrayLike) -> Inputs:
+        s = np.asarray(student_sum)
+        shape = (s.shape[0] if s.ndim == 2 else -1, self.num_labels)
+        return {"shares": _shares_word(s, self.share_frac_bits, self.frac_bits, self.bits, shape)}
+
+    def garbler_inputs(
+        self, guardian_sum: ArrayLike, noise: ArrayLike, confidence_noise: ArrayLike | None = None
+    ) -> Inputs:
+        """Guardian side: share sum (B, k), decision noise (B, k), confidence noise (B, k)."""
+        g = np.asarray(guardian_sum)
+        shape = (g.shape[0] if g.ndim == 2 else -1, self.num_labels)
+        base = _shares_word(g, self.share_frac_bits, self.frac_bits, 64, shape)
+        theta = ring.encode_fixed(self.decision_threshold, self.frac_bits)
+        n = _noise_word(noise, self.sigma, self.frac_bits, shape, "noise")
+        out = {"decision": ring.reduce(base + n - theta, self.bits)}
+        if self.confidence_threshold is not None:
+            if confidence_noise is None:
+                raise ValueError("a confidence test needs confidence_noise")
+            e = _noise_word(
+                confidence_noise, self.sigma1, self.frac_bits, shape, "confidence_noise"
+            ) - ring.encode_fixed(self.confidence_threshold, self.frac_bits)
+            # |d| + e >= 0  <=>  d + e >= 0  or  -d + e >= 0, with d = c - theta.
+            out["confidence_pos"] = ring.reduce(base - theta + e, self.bits)
+            # -s_S = NOT(s_S) + 1: the circuit complements the student's word for free.
+            out["confidence_neg"] = ring.reduce(np.uint64(1) + e - base + theta, self.bits)
+        return out
+
+    def decode(self, evaluator_out: dict[str, U64]) -> NDArray[np.int8]:
+        """Student's outputs -> (B, k) labels in {1, 0, NOT_ANSWERED}."""
+        labels = evaluator_out["labels"].astype(np.int8)
+        if self.confidence_threshold is None:
+            return labels
+        answered = evaluator_out["answered"].astype(bool)
+        return np.where(answered, labels, np.int8(NOT_ANSWERED)).astype(np.int8)
+
+
+@functools.lru_cache(maxsize=32)
+def _multilabel_circuit(num_labels: int, bits: int, confident: bool) -> Circuit:
+    c = CircuitBuilder(f"multilabel/k={num_labels}/l={bits}/confident={confident}")
+    shares = c.input("shares", Party.EVALUATOR, num_labels, bits)
+    dec = c.input("decision", Party.GARBLER, num_labels, bits)
+    positive = [lib.is_non_negative_sum(c, s, d) for s, d in zip(shares, dec, strict=True)]
+    if not confident:
+        c.output("labels", Party.EVALUATOR, [(p,) for p in positive])
+        return c.build()
+    pos = c.input("confidence_pos", Party.GARBLER, num_labels, bits)
+    neg = c.input("confidence_neg", Party.GARBLER, num_labels, bits)
+    answered = [
+        c.or_(
+            lib.is_non_negative_sum(c, s, p), lib.is_non_negative_sum(c, lib.negate_bits(c, s), n)
+        )
+        for s, p, n in zip(shares, pos, neg, strict=True)
+    ]
+    c.output(
+        "labels",
+        Party.EVALUATOR,
+        [(c.and_(p, a),) for p, a in zip(positive, answered, strict=True)],
+    )
+    c.output("answered", Party.BOTH, [(a,) for a in answered])
+    return c.build()
+
+
+@dataclass(frozen=True)
+class LogitsToShares:
+    """Encrypted-query mode: (masked logits, mask) -> additive shares of onehot(argmax).
+
+    The evaluator (student) holds y = z + m mod 2^bits after decrypting; the
+    garbler (answering party) holds the mask m and draws a fresh share r. The
+    evaluator learns onehot(argmax z) - r modulo 2^64 and the garbler keeps r:
+    the same two additive shares of the vote as in plain mode.
+    """
+
+    num_classes: int
+    bits: int
+
+    def __post_init__(self) -> None:
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+        if not 2 <= self.bits <= 64:
+            raise ValueError(f"bits must lie in [2, 64], got {self.bits}")
+
+    def circuit(self) -> Circuit:
+        return _logits_circuit(self.num_classes, self.bits)
+
+    def evaluator_inputs(self, masked_logits: ArrayLike) -> Inputs:
+        y = np.asarray(masked_logits)
+        if y.dtype != np.uint64 or y.ndim != 2 or y.shape[1] != self.num_classes:
+            raise ValueError(
+                f"masked logits must be uint64 of shape (B, {self.num_classes}), got {y.dtype} {y.shape}"
+            )
+        return {"masked_logits": ring.reduce(y, self.bits)}
+
+    def garbler_inputs(self, mask: ArrayLike, share: ArrayLike) -> Inputs:
+        """Answering party: mask (B, K) mod 2^bits and its fresh output share (B, K) mod 2^64."""
+        m = np.asarray(mask)
+        r = np.asarray(share)
+        for name, arr in (("mask", m), ("share", r)):
+            if arr.dtype != np.uint64 or arr.ndim != 2 or arr.shape[1] != self.num_classes:
+                raise ValueError(
+                    f"{name} must be uint64 of shape (B, {self.num_classes}), got {arr.dtype} {arr.shape}"
+                )
+        return {"neg_mask": ring.reduce(np.uint64(0) - m, self.bits), "neg_share": np.uint64(0) - r}
+
+
+@functools.lru_cache(maxsize=32)
+def _logits_circuit(num_classes: int, bits: int) -> Circuit:
+    c = CircuitBuilder(f"logits-to-shares/K={num_classes}/l={bits}")
+    masked = c.input("masked_logits", Party.EVALUATOR, num_classes, bits)
+    neg_mask = c.input("neg_mask", Party.GARBLER, num_classes, bits)
+    neg_share = c.input("neg_share", Party.GARBLER, num_classes, 64)
+    logits = [lib.add(c, y, m) for y, m in zip(masked, neg_mask, strict=True)]
+    index, _ = lib.argmax(c, logits)
+    hot = lib.one_hot(c, index, num_classes)
+    c.output(
+        "vote_share",
+        Party.EVALUATOR,
+        [lib.add_bit(c, r, h) for r, h in zip(neg_share, hot, strict=True)],
+    )
+    return c.build()
