@@ -63,18 +63,28 @@ class FixedKeyHash:
 
     def __call__(self, x: Blocks, tweak_lo: NDArray[np.uint64], tweak_hi: int) -> Blocks:
         """Hash blocks ``x`` (..., 2) with tweaks (tweak_lo (...), tweak_hi scalar)."""
-        sig = np.empty(x.shape, dtype=np.uint64)
-        np.bitwise_xor(x[..., 0], x[..., 1], out=sig[..., 0])
-        sig[..., 1] = x[..., 0]
-        inp = sig.copy()
-        inp[..., 0] ^= tweak_lo
-        inp[..., 1] ^= np.uint64(tweak_hi)
+        return self.hash_sigma(sigma(x), tweak_lo, tweak_hi)
+
+    def hash_sigma(self, sig: Blocks, tweak_lo: NDArray[np.uint64], tweak_hi: int) -> Blocks:
+        """H for inputs already mapped through :func:`sigma` (linear, so callers can
+        derive sigma(x xor R) = sigma(x) xor sigma(R) without recomputing). Overwrites ``sig``."""
+        inp = np.empty_like(sig)
+        np.bitwise_xor(sig[..., 0], tweak_lo, out=inp[..., 0])
+        np.bitwise_xor(sig[..., 1], np.uint64(tweak_hi), out=inp[..., 1])
         nbytes = inp.nbytes
         if self._out.size < nbytes + 15:
             self._out = np.empty(nbytes + 15, dtype=np.uint8)
         self._enc.update_into(memoryview(inp).cast("B"), self._out)
-        out = self._out[:nbytes].view(np.uint64).reshape(x.shape)
-        return out ^ sig
+        np.bitwise_xor(self._out[:nbytes].view(np.uint64).reshape(sig.shape), sig, out=sig)
+        return sig
+
+
+def sigma(x: Blocks, out: Blocks | None = None) -> Blocks:
+    """The orthomorphism sigma(lo, hi) = (lo xor hi, lo), blockwise; same shape."""
+    res = np.empty(x.shape, dtype=np.uint64) if out is None else out
+    np.bitwise_xor(x[..., 0], x[..., 1], out=res[..., 0])
+    res[..., 1] = x[..., 0]
+    return res
 
 
 def bits_to_bytes(bits: NDArray[np.uint8]) -> bytes:

@@ -15,10 +15,12 @@ tamper-evident end to end, whatever relays them.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import hashlib
 import queue
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,6 +37,10 @@ DEFAULT_MAX_FRAME = 4 * 1024 * 1024
 #: A whole message (all its frames) may not exceed this.
 DEFAULT_MAX_MESSAGE = 512 * 1024 * 1024
 _LAST = 1
+
+
+Buffer = bytes | bytearray | memoryview
+Payload = Buffer | Sequence[Buffer]
 
 
 class ProtocolError(Exception):
@@ -146,23 +152,37 @@ class FramedLink:
             struct.pack(">BQ", direction, seq), key=self._key, digest_size=32
         ).digest()
 
-    def _tag(self, direction: int, seq: int, data: bytes) -> bytes:
+    def _tag(self, direction: int, seq: int, header: bytes, body: memoryview) -> bytes:
         if self._key is None:
             return bytes(TAG_BYTES)
-        return Poly1305.generate_tag(self._one_time_key(direction, seq), data)
+        mac = Poly1305(self._one_time_key(direction, seq))
+        mac.update(header)
+        mac.update(body)
+        return mac.finalize()
 
-    def send(self, kind: Kind, round_id: int, payload: bytes) -> None:
-        """Send one message, split into frames of at most ``max_frame`` payload bytes."""
-        if len(payload) > self._max_message:
+    def send(self, kind: Kind, round_id: int, payload: Payload) -> None:
+        """Send one message, split into frames of at most ``max_frame`` payload bytes.
+
+        ``payload`` is bytes or a sequence of buffers sent back to back, so
+        large numpy arrays go out without being joined first.
+        """
+        parts = (
+            [memoryview(payload)]
+            if isinstance(payload, bytes | bytearray | memoryview)
+            else [memoryview(p).cast("B") for p in payload]
+        )
+        size = sum(p.nbytes for p in parts)
+        if size > self._max_message:
             raise MessageSizeError(
-                f"message of {len(payload)} bytes exceeds the limit of {self._max_message}"
+                f"message of {size} bytes exceeds the limit of {self._max_message}"
             )
-        view = memoryview(payload)
-        start = 0
-        while True:
-            chunk = view[start : start + self._max_frame]
-            start += len(chunk)
-            last = start >= len(payload)
+        chunks = [
+            p[i : i + self._max_frame] for p in parts for i in range(0, p.nbytes, self._max_frame)
+        ]
+        if not chunks:
+            chunks = [memoryview(b"")]
+        for n, chunk in enumerate(chunks):
+            last = n == len(chunks) - 1
             header = _HEADER.pack(
                 MAGIC,
                 PROTOCOL_VERSION,
@@ -171,17 +191,16 @@ class FramedLink:
                 0,
                 self._send_seq,
                 round_id,
-                len(chunk),
+                chunk.nbytes,
             )
-            body = header + chunk
-            self._channel.send(body + self._tag(self._direction, self._send_seq, body))
+            self._channel.send(
+                b"".join((header, chunk, self._tag(self._direction, self._send_seq, header, chunk)))
+            )
             self._send_seq += 1
-            if last:
-                return
 
     def recv(self, expected: Kind, round_id: int | None = None) -> Message:
         """Receive one whole message of kind ``expected`` (for ``round_id`` if given)."""
-        parts: list[bytes] = []
+        parts: list[memoryview] = []
         total = 0
         while True:
             frame = self._channel.recv(self._timeout)
@@ -202,10 +221,13 @@ class FramedLink:
                 raise MessageSizeError(
                     f"frame {seq} announces {length} payload bytes but carries {len(frame) - HEADER_BYTES - TAG_BYTES}: truncated or padded"
                 )
-            body, tag = frame[:-TAG_BYTES], frame[-TAG_BYTES:]
+            view = memoryview(frame)
+            body, tag = view[:-TAG_BYTES], frame[-TAG_BYTES:]
             if self._key is not None:
                 try:
-                    Poly1305.verify_tag(self._one_time_key(1 - self._direction, seq), body, tag)
+                    mac = Poly1305(self._one_time_key(1 - self._direction, seq))
+                    mac.update(body)
+                    mac.verify(tag)
                 except InvalidSignature:
                     raise TamperedMessageError(
                         f"frame {seq} failed authentication: it was altered in transit or belongs to another session"
@@ -227,13 +249,11 @@ class FramedLink:
             total += length
             if total > self._max_message:
                 raise MessageSizeError(f"message exceeds the limit of {self._max_message} bytes")
-            parts.append(body[HEADER_BYTES:])
+            parts.append(view[HEADER_BYTES:-TAG_BYTES])
             if flags & _LAST:
                 return Message(Kind(kind), rid, b"".join(parts))
 
     def abort(self, reason: str) -> None:
         """Tell the other party why this side stops (best effort)."""
-        try:
+        with contextlib.suppress(Exception):
             self.send(Kind.ABORT, 0, reason.encode()[:4096])
-        except Exception:  # noqa: BLE001 - the session is already failing; the original error matters
-            pass

@@ -67,7 +67,7 @@ class IOSpec:
 
 @dataclass(frozen=True)
 class Layer:
-    """Gates of one kind that can run together: output[i] = a[i] op b[i].
+    """Gates of one kind that can run together: wire start + i = a[i] op b[i].
 
     For AND layers ``and_index`` numbers the gates across the whole circuit;
     it fixes where their garbled tables sit and the hash tweaks they use.
@@ -76,8 +76,14 @@ class Layer:
     op: Op
     a: IntArray
     b: IntArray
-    out: IntArray
+    start: int
+    stop: int
     and_index: IntArray
+
+    @property
+    def out(self) -> slice:
+        """The contiguous wires this layer writes."""
+        return slice(self.start, self.stop)
 
 
 @dataclass(frozen=True)
@@ -332,25 +338,25 @@ class CircuitBuilder:
                 x = max(la[1] if la[0] == d else 0, lb[1] if lb[0] == d else 0) + 1
                 lv = (d, x)
             level[out] = lv
-            remap[out] = nxt
-            nxt += 1
-            gates_by_level.setdefault(lv, []).append(
-                (op, int(remap[a]), int(remap[b]), int(remap[out]))
-            )
+            gates_by_level.setdefault(lv, []).append((op, a, b, out))
 
+        # New wire numbers follow the layer order, so a layer writes one
+        # contiguous slice of the wire array instead of scattering.
         layers: list[Layer] = []
         and_count = 0
         xor_count = 0
         for lv in sorted(gates_by_level):
             gs = np.array(gates_by_level[lv], dtype=np.int64)
             op = Op(int(gs[0, 0]))
+            remap[gs[:, 3]] = np.arange(nxt, nxt + len(gs))
             if op == Op.AND:
                 idx = np.arange(and_count, and_count + len(gs), dtype=np.int64)
                 and_count += len(gs)
             else:
                 idx = np.zeros(0, dtype=np.int64)
                 xor_count += len(gs)
-            layers.append(Layer(op, gs[:, 1].copy(), gs[:, 2].copy(), gs[:, 3].copy(), idx))
+            layers.append(Layer(op, remap[gs[:, 1]], remap[gs[:, 2]], nxt, nxt + len(gs), idx))
+            nxt += len(gs)
 
         def spec(name: str, party: Party, wires: IntArray) -> IOSpec:
             mapped = np.where(wires >= 0, remap[np.maximum(wires, 0)], wires)
@@ -365,8 +371,7 @@ class CircuitBuilder:
             h.update(io.wires.tobytes())
         for layer in layers:
             h.update(bytes([layer.op]))
-            for arr in (layer.a, layer.b, layer.out):
-                h.update(arr.tobytes())
+            h.update(layer.a.tobytes() + layer.b.tobytes() + f"{layer.start}:{layer.stop}".encode())
         return Circuit(
             name=self.name,
             num_wires=nxt,

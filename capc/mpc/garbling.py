@@ -19,29 +19,32 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.mpc.blocks import Blocks, FixedKeyHash, lsb, random_blocks, select
+from capc.mpc.blocks import Blocks, FixedKeyHash, lsb, random_blocks, select, sigma
 from capc.mpc.circuit import Circuit, Op, Party
 
 Bits = NDArray[np.uint8]
+
+
+def _mask(labels: Blocks) -> Blocks:
+    """All-ones blocks where the label's point-and-permute bit is 1, else zero; same shape."""
+    bit = labels[..., :1] & np.uint64(1)
+    return np.repeat(np.uint64(0) - bit, 2, axis=-1)
 
 
 class OutputLabelError(ValueError):
     """An output label the garbler received is neither of the two valid labels."""
 
 
-def _tweaks(and_index: NDArray[np.int64], batch: int) -> NDArray[np.uint64]:
-    base = (
-        and_index.astype(np.uint64)[:, None] * np.uint64(batch)
-        + np.arange(batch, dtype=np.uint64)[None, :]
-    )
-    return base << np.uint64(1)
+def _tweaks(num_and: int, batch: int) -> NDArray[np.uint64]:
+    """Low tweak words 2 (g B + q) for every AND gate g and query q: (gates, B)."""
+    return (np.arange(num_and * batch, dtype=np.uint64) << np.uint64(1)).reshape(num_and, batch)
 
 
 @dataclass
 class GarbledTables:
     """What the evaluator needs besides its own input labels.
 
-    ``tables`` (AND gates, B, 2, 2): the two half-gate ciphertexts per gate.
+    ``tables`` (2, AND gates, B, 2): the two half-gate ciphertexts per gate.
     ``garbler_labels`` (garbler input wires, B, 2): labels of the garbler's bits.
     ``decode`` (evaluator output wires, B): permute bits that reveal the
     evaluator's outputs and nothing else.
@@ -81,36 +84,47 @@ class Garbler:
         self._zero[e_wires] = inputs[g_wires.size :]
 
     def garble(self) -> Blocks:
-        """Garble every gate; returns the tables (AND gates, B, 2, 2)."""
+        """Garble every gate; returns the tables (2, AND gates, B, 2)."""
         w = self._zero
-        r = self.delta
-        tables = np.empty((self.circuit.num_and, self.batch, 2, 2), dtype=np.uint64)
+        batch = self.batch
+        # Full-shape copies: numpy is slow when a size-2 axis is broadcast.
+        r = np.ascontiguousarray(np.broadcast_to(self.delta, (batch, 2)))
+        sig_r = sigma(r)
+        half4 = np.array([0, 0, 1, 1], dtype=np.uint64)[:, None, None]
+        tweaks = _tweaks(self.circuit.num_and, batch)
+        tables = np.empty((2, self.circuit.num_and, batch, 2), dtype=np.uint64)
         for layer in self.circuit.layers:
+            out = w[layer.out]
             if layer.op == Op.XOR:
-                w[layer.out] = w[layer.a] ^ w[layer.b]
+                np.bitwise_xor(w[layer.a], w[layer.b], out=out)
                 continue
             a0 = w[layer.a]
             b0 = w[layer.b]
             g = a0.shape[0]
-            tw = _tweaks(layer.and_index, self.batch)
-            hashed = self._hash(
-                np.concatenate([a0, a0 ^ r, b0, b0 ^ r]),
-                np.concatenate([tw, tw, tw + np.uint64(1), tw + np.uint64(1)]),
-                self._tweak,
-            )
-            ha0, ha1, hb0, hb1 = (
-                hashed[:g],
-                hashed[g : 2 * g],
-                hashed[2 * g : 3 * g],
-                hashed[3 * g :],
-            )
-            pa = lsb(a0)
-            pb = lsb(b0)
-            tg = ha0 ^ ha1 ^ select(pb, np.broadcast_to(r, a0.shape))
-            te = hb0 ^ hb1 ^ a0
-            w[layer.out] = ha0 ^ select(pa, tg) ^ hb0 ^ select(pb, te ^ a0)
-            tables[layer.and_index, :, 0] = tg
-            tables[layer.and_index, :, 1] = te
+            gates = slice(int(layer.and_index[0]), int(layer.and_index[-1]) + 1)
+            # sigma is linear: sigma(A1) = sigma(A0) ^ sigma(R), one XOR instead of three passes.
+            sig = np.empty((4, g, batch, 2), dtype=np.uint64)
+            sigma(a0, out=sig[0])
+            np.bitwise_xor(sig[0], sig_r, out=sig[1])
+            sigma(b0, out=sig[2])
+            np.bitwise_xor(sig[2], sig_r, out=sig[3])
+            h = self._hash.hash_sigma(sig, tweaks[gates] + half4, self._tweak)
+            mask_b = _mask(b0)
+            tg = tables[0, gates]
+            te = tables[1, gates]
+            # Garbler half: TG = H(A0) ^ H(A1) ^ pb R, WG0 = H(A0) ^ pa TG.
+            np.bitwise_xor(h[0], h[1], out=tg)
+            tmp = np.bitwise_and(mask_b, r)
+            tg ^= tmp
+            mask_a = _mask(a0)
+            mask_a &= tg
+            np.bitwise_xor(h[0], mask_a, out=out)
+            # Evaluator half: TE = H(B0) ^ H(B1) ^ A0, WE0 = H(B0) ^ pb (TE ^ A0).
+            np.bitwise_xor(h[2], h[3], out=te)
+            out ^= h[2]
+            mask_b &= te
+            out ^= mask_b
+            te ^= a0
         return tables
 
     def garbler_labels(self, bits: Bits) -> Blocks:
@@ -169,9 +183,9 @@ def evaluate(
     """
     g_wires = circuit.garbler_input_wires
     e_wires = circuit.evaluator_input_wires
-    if tables.shape != (circuit.num_and, batch, 2, 2):
+    if tables.shape != (2, circuit.num_and, batch, 2):
         raise ValueError(
-            f"garbled tables must have shape {(circuit.num_and, batch, 2, 2)}, got {tables.shape}"
+            f"garbled tables must have shape {(2, circuit.num_and, batch, 2)}, got {tables.shape}"
         )
     if input_labels.shape != (g_wires.size + e_wires.size, batch, 2):
         raise ValueError(
@@ -180,22 +194,25 @@ def evaluate(
     w = np.empty((circuit.num_wires, batch, 2), dtype=np.uint64)
     w[g_wires] = input_labels[: g_wires.size]
     w[e_wires] = input_labels[g_wires.size :]
+    tweaks = _tweaks(circuit.num_and, batch)
     for layer in circuit.layers:
+        out = w[layer.out]
         if layer.op == Op.XOR:
-            w[layer.out] = w[layer.a] ^ w[layer.b]
+            np.bitwise_xor(w[layer.a], w[layer.b], out=out)
             continue
         wa = w[layer.a]
         wb = w[layer.b]
         g = wa.shape[0]
-        tw = _tweaks(layer.and_index, batch)
-        hashed = hasher(np.concatenate([wa, wb]), np.concatenate([tw, tw + np.uint64(1)]), tweak)
-        tab = tables[layer.and_index]
-        w[layer.out] = (
-            hashed[:g]
-            ^ select(lsb(wa), tab[:, :, 0])
-            ^ hashed[g:]
-            ^ select(lsb(wb), tab[:, :, 1] ^ wa)
-        )
+        gates = slice(int(layer.and_index[0]), int(layer.and_index[-1]) + 1)
+        tw = tweaks[gates]
+        h = hasher(np.concatenate([wa, wb]), np.concatenate([tw, tw + np.uint64(1)]), tweak)
+        np.bitwise_xor(h[:g], h[g:], out=out)
+        mask = _mask(wa)
+        mask &= tables[0, gates]
+        out ^= mask
+        te = tables[1, gates] ^ wa
+        te &= _mask(wb)
+        out ^= te
     return w
 
 

@@ -40,6 +40,7 @@ from capc.mpc.blocks import FixedKeyHash
 from capc.mpc.channel import (
     DEFAULT_MAX_FRAME,
     DEFAULT_MAX_MESSAGE,
+    Buffer,
     Channel,
     FramedLink,
     Kind,
@@ -64,6 +65,12 @@ Values = Mapping[str, U64]
 _HELLO = struct.Struct(">B16s32s")
 _ROUND = struct.Struct(">I32s")
 SESSION_ID_BYTES = 16
+
+
+def _wire(blocks: U64) -> Buffer:
+    """Little-endian bytes of a uint64 array without a copy where the host is little-endian."""
+    arr = np.ascontiguousarray(blocks, dtype="<u8")
+    return memoryview(arr).cast("B")
 
 
 @dataclass
@@ -262,14 +269,12 @@ class GarblerSession(_Session):
             self._link.send(
                 Kind.GARBLED,
                 round_id,
-                b"".join(
-                    (
-                        tables.astype("<u8").tobytes(),
-                        labels.astype("<u8").tobytes(),
-                        ot_reply,
-                        np.packbits(decode, bitorder="little").tobytes(),
-                    )
-                ),
+                [
+                    _wire(tables),
+                    _wire(labels),
+                    ot_reply,
+                    np.packbits(decode, bitorder="little").tobytes(),
+                ],
             )
             n_out = circuit.output_wires(Party.GARBLER).size
             reply = self._link.recv(Kind.OUTPUT_LABELS, round_id).payload
@@ -278,7 +283,9 @@ class GarblerSession(_Session):
                     f"output labels must be {n_out * batch * 16} bytes, got {len(reply)}"
                 )
             out_labels = (
-                np.frombuffer(reply, dtype="<u8").astype(np.uint64).reshape(n_out, batch, 2)
+                np.frombuffer(reply, dtype="<u8")
+                .astype(np.uint64, copy=False)
+                .reshape(n_out, batch, 2)
             )
             try:
                 out_bits = garbler.decode_garbler_outputs(out_labels)
@@ -342,13 +349,18 @@ class EvaluatorSession(_Session):
                     f"garbled circuit for {batch} queries of {circuit.name} must be {sum(sizes)} bytes, got {len(payload)}"
                 )
             offsets = np.cumsum((0, *sizes))
-            part = [payload[offsets[i] : offsets[i + 1]] for i in range(4)]
+            view = memoryview(payload)
+            part = [view[offsets[i] : offsets[i + 1]] for i in range(4)]
             tables = (
                 np.frombuffer(part[0], dtype="<u8")
-                .astype(np.uint64)
-                .reshape(circuit.num_and, batch, 2, 2)
+                .astype(np.uint64, copy=False)
+                .reshape(2, circuit.num_and, batch, 2)
             )
-            g_labels = np.frombuffer(part[1], dtype="<u8").astype(np.uint64).reshape(n_g, batch, 2)
+            g_labels = (
+                np.frombuffer(part[1], dtype="<u8")
+                .astype(np.uint64, copy=False)
+                .reshape(n_g, batch, 2)
+            )
             t0 = time.perf_counter()
             e_labels = self._ext.finish(ot_state, part[2]).reshape(n_e, batch, 2)
             t_ot += time.perf_counter() - t0
@@ -370,7 +382,7 @@ class EvaluatorSession(_Session):
             self._link.send(
                 Kind.OUTPUT_LABELS,
                 round_id,
-                garbler_output_labels(circuit, wires).astype("<u8").tobytes(),
+                [_wire(garbler_output_labels(circuit, wires))],
             )
         except BaseException as err:
             self._fail(err)
@@ -386,42 +398,75 @@ def new_session_id() -> bytes:
 
 @dataclass
 class LocalResult:
-    """Outputs of an in-process run and both sides' costs."""
+    """Outputs of an in-process round and both sides' costs."""
 
     garbler: dict[str, U64]
     evaluator: dict[str, U64]
     garbler_stats: RoundStats
     evaluator_stats: RoundStats
-    base_ot_s: float
+
+
+class LocalPair:
+    """A garbler and an evaluator session in one process, joined by a memory channel.
+
+    For tests, benchmarks and central-mode experiments: the same code paths as
+    over the network, with the garbler on a helper thread.
+    """
+
+    def __init__(self, timeout: float | None = 300.0) -> None:
+        ch_g, ch_e = memory_channel_pair()
+        sid = new_session_id()
+        self.garbler = GarblerSession(ch_g, sid, timeout=timeout)
+        self.evaluator = EvaluatorSession(ch_e, sid, timeout=timeout)
+        self._both(self.garbler.setup, self.evaluator.setup)
+        self._next_round = 0
+
+    @property
+    def base_ot_s(self) -> float:
+        """Wall time of the hello and base OTs, garbler side."""
+        return self.garbler.base_ot_s
+
+    @staticmethod
+    def _both(
+        garbler_side: Callable[[], object], evaluator_side: Callable[[], object]
+    ) -> tuple[object, object]:
+        box: dict[str, object] = {}
+        errors: list[BaseException] = []
+
+        def run_garbler() -> None:
+            try:
+                box["g"] = garbler_side()
+            except BaseException as err:
+                errors.append(err)
+
+        thread = threading.Thread(target=run_garbler, name="capc-garbler")
+        thread.start()
+        try:
+            box["e"] = evaluator_side()
+        except BaseException as err:
+            errors.append(err)
+        finally:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return box["g"], box["e"]
+
+    def run(
+        self, circuit: Circuit, garbler_inputs: Values, evaluator_inputs: Values, batch: int
+    ) -> LocalResult:
+        """One round of ``circuit`` over ``batch`` queries."""
+        rid = self._next_round
+        self._next_round += 1
+        g, e = self._both(
+            lambda: self.garbler.run_round(rid, circuit, garbler_inputs, batch),
+            lambda: self.evaluator.run_round(rid, circuit, evaluator_inputs, batch),
+        )
+        assert isinstance(g, dict) and isinstance(e, dict)
+        return LocalResult(g, e, self.garbler.last_stats, self.evaluator.last_stats)
 
 
 def run_local(
     circuit: Circuit, garbler_inputs: Values, evaluator_inputs: Values, batch: int
 ) -> LocalResult:
-    """Run one round of ``circuit`` between two in-process parties (tests, benchmarks, central mode)."""
-    ch_g, ch_e = memory_channel_pair()
-    sid = new_session_id()
-    garbler = GarblerSession(ch_g, sid)
-    evaluator = EvaluatorSession(ch_e, sid)
-    result: dict[str, dict[str, U64]] = {}
-    errors: list[BaseException] = []
-
-    def garble() -> None:
-        try:
-            garbler.setup()
-            result["g"] = garbler.run_round(0, circuit, garbler_inputs, batch)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            errors.append(err)
-
-    thread = threading.Thread(target=garble, name="capc-garbler")
-    thread.start()
-    try:
-        evaluator.setup()
-        result["e"] = evaluator.run_round(0, circuit, evaluator_inputs, batch)
-    finally:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return LocalResult(
-        result["g"], result["e"], garbler.last_stats, evaluator.last_stats, garbler.base_ot_s
-    )
+    """Run one round of ``circuit`` between two fresh in-process parties."""
+    return LocalPair().run(circuit, garbler_inputs, evaluator_inputs, batch)
