@@ -70,6 +70,8 @@ SESSION_ID_BYTES = 16
 def _wire(blocks: U64) -> Buffer:
     """Little-endian bytes of a uint64 array without a copy where the host is little-endian."""
     arr = np.ascontiguousarray(blocks, dtype="<u8")
+    if arr.size == 0:
+        return b""
     return memoryview(arr).cast("B")
 
 
@@ -413,12 +415,19 @@ class LocalPair:
     over the network, with the garbler on a helper thread.
     """
 
-    def __init__(self, timeout: float | None = 300.0) -> None:
+    def __init__(
+        self,
+        timeout: float | None = 300.0,
+        wrap: Callable[[Channel, Party], Channel] | None = None,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+    ) -> None:
         ch_g, ch_e = memory_channel_pair()
+        g_chan: Channel = ch_g if wrap is None else wrap(ch_g, Party.GARBLER)
+        e_chan: Channel = ch_e if wrap is None else wrap(ch_e, Party.EVALUATOR)
         sid = new_session_id()
-        self.garbler = GarblerSession(ch_g, sid, timeout=timeout)
-        self.evaluator = EvaluatorSession(ch_e, sid, timeout=timeout)
-        self._both(self.garbler.setup, self.evaluator.setup)
+        self.garbler = GarblerSession(g_chan, sid, timeout=timeout, max_message=max_message)
+        self.evaluator = EvaluatorSession(e_chan, sid, timeout=timeout, max_message=max_message)
+        self.both(self.garbler.setup, self.evaluator.setup)
         self._next_round = 0
 
     @property
@@ -427,9 +436,10 @@ class LocalPair:
         return self.garbler.base_ot_s
 
     @staticmethod
-    def _both(
+    def both(
         garbler_side: Callable[[], object], evaluator_side: Callable[[], object]
     ) -> tuple[object, object]:
+        """Run the two sides concurrently; re-raises the first error of either."""
         box: dict[str, object] = {}
         errors: list[BaseException] = []
 
@@ -457,7 +467,7 @@ class LocalPair:
         """One round of ``circuit`` over ``batch`` queries."""
         rid = self._next_round
         self._next_round += 1
-        g, e = self._both(
+        g, e = self.both(
             lambda: self.garbler.run_round(rid, circuit, garbler_inputs, batch),
             lambda: self.evaluator.run_round(rid, circuit, evaluator_inputs, batch),
         )
