@@ -74,7 +74,7 @@ class FixedKeyHash:
         nbytes = inp.nbytes
         if self._out.size < nbytes + 15:
             self._out = np.empty(nbytes + 15, dtype=np.uint8)
-        self._enc.update_into(memoryview(inp).cast("B"), self._out)
+        self._enc.update_into(inp.data.cast("B"), self._out.data)
         np.bitwise_xor(self._out[:nbytes].view(np.uint64).reshape(sig.shape), sig, out=sig)
         return sig
 

@@ -165,7 +165,7 @@ class Garbler:
             raise OutputLabelError(
                 "an output label returned by the evaluator is not a valid label of its wire"
             )
-        return is1.astype(np.uint8)
+        return np.asarray(is1, dtype=np.uint8)
 
 
 def evaluate(
@@ -221,7 +221,7 @@ def decode_evaluator_outputs(circuit: Circuit, wires: Blocks, decode: Bits) -> B
     out = wires[circuit.output_wires(Party.EVALUATOR)]
     if decode.shape != out.shape[:2]:
         raise ValueError(f"decode bits must have shape {out.shape[:2]}, got {decode.shape}")
-    return (lsb(out).astype(np.uint8) ^ decode).astype(np.uint8)
+    return np.asarray(lsb(out).astype(np.uint8) ^ decode, dtype=np.uint8)
 
 
 def garbler_output_labels(circuit: Circuit, wires: Blocks) -> Blocks:

@@ -146,7 +146,7 @@ class ExtensionReceiver:
         self._counter += m
         return u.tobytes(), state
 
-    def finish(self, state: ExtensionState, reply: bytes) -> Blocks:
+    def finish(self, state: ExtensionState, reply: bytes | memoryview) -> Blocks:
         """The chosen blocks (m, 2) from the sender's reply (m x 2 blocks)."""
         m = state.choices.size
         if len(reply) != m * 32:

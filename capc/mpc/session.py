@@ -72,7 +72,7 @@ def _wire(blocks: U64) -> Buffer:
     arr = np.ascontiguousarray(blocks, dtype="<u8")
     if arr.size == 0:
         return b""
-    return memoryview(arr).cast("B")
+    return arr.data.cast("B")
 
 
 @dataclass

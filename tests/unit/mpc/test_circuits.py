@@ -134,13 +134,13 @@ def test_argmax_ties_go_to_the_lowest_index(pair: LocalPair) -> None:
 
 def test_mux_one_hot_and_increment(pair: LocalPair) -> None:
     c = CircuitBuilder("misc")
-    (x,) = c.input("x", Party.GARBLER, 1, L)
-    (y,) = c.input("y", Party.EVALUATOR, 1, L)
-    sel = y[0]
-    c.output("mux", Party.EVALUATOR, [lib.mux(c, sel, x, y)])
-    c.output("hot", Party.EVALUATOR, [(b,) for b in lib.one_hot(c, x[:3], 6)])
-    c.output("inc", Party.EVALUATOR, [lib.add_bit(c, x, sel)])
-    c.output("masked", Party.EVALUATOR, [lib.mask_word(c, sel, x)])
+    (wx,) = c.input("x", Party.GARBLER, 1, L)
+    (wy,) = c.input("y", Party.EVALUATOR, 1, L)
+    sel = wy[0]
+    c.output("mux", Party.EVALUATOR, [lib.mux(c, sel, wx, wy)])
+    c.output("hot", Party.EVALUATOR, [(b,) for b in lib.one_hot(c, wx[:3], 6)])
+    c.output("inc", Party.EVALUATOR, [lib.add_bit(c, wx, sel)])
+    c.output("masked", Party.EVALUATOR, [lib.mask_word(c, sel, wx)])
     circuit = c.build()
     rng = np.random.default_rng(2)
     x = edge_words(rng, 100)

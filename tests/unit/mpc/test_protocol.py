@@ -124,10 +124,10 @@ def test_tampered_garbled_circuit_is_detected(where: int) -> None:
 
 
 def test_truncated_frame_is_detected() -> None:
-    g_err, e_err = meddled(GARBLED_FRAME, lambda f: [f[:-100]])
+    _, e_err = meddled(GARBLED_FRAME, lambda f: [f[:-100]])
     assert isinstance(e_err, MessageSizeError)
     assert "truncated" in str(e_err)
-    g_err, e_err = meddled(GARBLED_FRAME, lambda f: [f[:10]])
+    _g_err, e_err = meddled(GARBLED_FRAME, lambda f: [f[:10]])
     assert isinstance(e_err, MessageSizeError)
 
 

@@ -103,7 +103,7 @@ def recorded() -> Round:
 
 def balanced(agree: np.ndarray) -> bool:
     """Agreement rate of n bits with a hidden value is 1/2 within 6 standard errors."""
-    return abs(float(agree.mean()) - 0.5) < 6 * 0.5 / np.sqrt(agree.size)
+    return bool(abs(float(agree.mean()) - 0.5) < 6 * 0.5 / np.sqrt(agree.size))
 
 
 def test_evaluator_transcript_holds_no_garbler_input_in_plaintext(recorded: Round) -> None:
