@@ -60,13 +60,14 @@ def width_for(max_abs: float, frac_bits: int) -> int:
 
 
 def _shares_word(
-    share_sum: ArrayLike, share_frac_bits: int, frac_bits: int, bits: int, shape: tuple[int, ...]
+    share_sum: ArrayLike, count: int, share_frac_bits: int, frac_bits: int, bits: int
 ) -> U64:
+    """A party's share sum (B, count) uint64, scaled to ``frac_bits`` and reduced mod 2^bits."""
     s = np.asarray(share_sum)
     if s.dtype != np.uint64:
         raise ValueError(f"share sums must be uint64 ring elements, got {s.dtype}")
-    if s.shape != shape:
-        raise ValueError(f"share sums must have shape {shape}, got {s.shape}")
+    if s.ndim != 2 or s.shape[1] != count:
+        raise ValueError(f"share sums must have shape (queries, {count}), got {s.shape}")
     return ring.reduce(s << np.uint64(frac_bits - share_frac_bits), bits)
 
 
@@ -138,18 +139,21 @@ class ConfidentGNMax:
 
     def evaluator_inputs(self, student_sum: ArrayLike) -> Inputs:
         """Student side: its share sum (B, K) uint64 -> circuit words."""
-        s = np.asarray(student_sum)
-        shape = (s.shape[0] if s.ndim == 2 else -1, self.num_classes)
-        return {"shares": _shares_word(s, self.share_frac_bits, self.frac_bits, self.bits, shape)}
+        return {
+            "shares": _shares_word(
+                student_sum, self.num_classes, self.share_frac_bits, self.frac_bits, self.bits
+            )
+        }
 
     def garbler_inputs(
         self, guardian_sum: ArrayLike, eta2: ArrayLike, eta1: ArrayLike | None = None
     ) -> Inputs:
         """Guardian side: share sum (B, K), eta2 (B, K) and, if confident, eta1 (B,)."""
-        g = np.asarray(guardian_sum)
-        batch = g.shape[0] if g.ndim == 2 else -1
+        base = _shares_word(
+            guardian_sum, self.num_classes, self.share_frac_bits, self.frac_bits, 64
+        )
+        batch = base.shape[0]
         shape = (batch, self.num_classes)
-        base = _shares_word(g, self.share_frac_bits, self.frac_bits, 64, shape)
         e2 = _noise_word(eta2, self.sigma2, self.frac_bits, shape, "eta2")
         out = {"argmax": ring.reduce(base + e2, self.bits)}
         if self.confident:
@@ -234,17 +238,18 @@ class MultiLabel:
         return _multilabel_circuit(self.num_labels, self.bits, self.confident)
 
     def evaluator_inputs(self, student_sum: ArrayLike) -> Inputs:
-        s = np.asarray(student_sum)
-        shape = (s.shape[0] if s.ndim == 2 else -1, self.num_labels)
-        return {"shares": _shares_word(s, self.share_frac_bits, self.frac_bits, self.bits, shape)}
+        return {
+            "shares": _shares_word(
+                student_sum, self.num_labels, self.share_frac_bits, self.frac_bits, self.bits
+            )
+        }
 
     def garbler_inputs(
         self, guardian_sum: ArrayLike, noise: ArrayLike, confidence_noise: ArrayLike | None = None
     ) -> Inputs:
         """Guardian side: share sum (B, k), decision noise (B, k), confidence noise (B, k)."""
-        g = np.asarray(guardian_sum)
-        shape = (g.shape[0] if g.ndim == 2 else -1, self.num_labels)
-        base = _shares_word(g, self.share_frac_bits, self.frac_bits, 64, shape)
+        base = _shares_word(guardian_sum, self.num_labels, self.share_frac_bits, self.frac_bits, 64)
+        shape = base.shape
         theta = ring.encode_fixed(self.decision_threshold, self.frac_bits)
         n = _noise_word(noise, self.sigma, self.frac_bits, shape, "noise")
         out = {"decision": ring.reduce(base + n - theta, self.bits)}

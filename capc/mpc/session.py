@@ -142,6 +142,21 @@ class _Session:
         self._state = _State()
         self._ready = False
 
+    def _base_ots(self) -> None:
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        """Hello and the session's base OTs; once per session, before any round."""
+        start = time.perf_counter()
+        try:
+            self._hello()
+            self._base_ots()
+        except BaseException as err:
+            self._fail(err)
+            raise
+        self._ready = True
+        self._state.base_ot_s = time.perf_counter() - start
+
     @property
     def base_ot_s(self) -> float:
         """Seconds spent in the hello and base OTs."""
@@ -212,21 +227,13 @@ class GarblerSession(_Session):
 
     role = Party.GARBLER
 
-    def setup(self) -> None:
-        """Hello and the session's base OTs (as base-OT receiver)."""
-        start = time.perf_counter()
-        try:
-            self._hello()
-            choices = ot.random_choices(ot.KAPPA)
-            receiver, request = ot.BaseOTReceiver.start(choices)
-            self._link.send(Kind.BASE_OT_REQUEST, 0, request)
-            seeds = receiver.finish(self._link.recv(Kind.BASE_OT_REPLY).payload)
-            self._ext = ot.ExtensionSender(choices, seeds, self._hash)
-        except BaseException as err:
-            self._fail(err)
-            raise
-        self._ready = True
-        self._state.base_ot_s = time.perf_counter() - start
+    def _base_ots(self) -> None:
+        """As base-OT receiver: learn one seed of each of the evaluator's pairs."""
+        choices = ot.random_choices(ot.KAPPA)
+        receiver, request = ot.BaseOTReceiver.start(choices)
+        self._link.send(Kind.BASE_OT_REQUEST, 0, request)
+        seeds = receiver.finish(self._link.recv(Kind.BASE_OT_REPLY).payload)
+        self._ext = ot.ExtensionSender(choices, seeds, self._hash)
 
     def run_round(
         self,
@@ -307,20 +314,12 @@ class EvaluatorSession(_Session):
 
     role = Party.EVALUATOR
 
-    def setup(self) -> None:
-        """Hello and the session's base OTs (as base-OT sender of seed pairs)."""
-        start = time.perf_counter()
-        try:
-            self._hello()
-            request = self._link.recv(Kind.BASE_OT_REQUEST).payload
-            pairs = ot.base_seeds()
-            self._link.send(Kind.BASE_OT_REPLY, 0, ot.base_ot_send(pairs, request))
-            self._ext = ot.ExtensionReceiver(pairs, self._hash)
-        except BaseException as err:
-            self._fail(err)
-            raise
-        self._ready = True
-        self._state.base_ot_s = time.perf_counter() - start
+    def _base_ots(self) -> None:
+        """As base-OT sender of fresh seed pairs."""
+        request = self._link.recv(Kind.BASE_OT_REQUEST).payload
+        pairs = ot.base_seeds()
+        self._link.send(Kind.BASE_OT_REPLY, 0, ot.base_ot_send(pairs, request))
+        self._ext = ot.ExtensionReceiver(pairs, self._hash)
 
     def run_round(
         self, round_id: int, circuit: Circuit, inputs: Values, batch: int
