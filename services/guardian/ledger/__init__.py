@@ -1,0 +1,25 @@
+"""The guardian's persistent privacy ledger (SQLAlchemy 2 + Alembic; SQLite or PostgreSQL)."""
+
+from services.guardian.ledger.store import (
+    DuplicateRoundError,
+    Ledger,
+    LedgerError,
+    PartyBudget,
+    QuorumError,
+    Reservation,
+    RoundStateError,
+    UnknownPartyError,
+    UnknownTaskError,
+)
+
+__all__ = [
+    "DuplicateRoundError",
+    "Ledger",
+    "LedgerError",
+    "PartyBudget",
+    "QuorumError",
+    "Reservation",
+    "RoundStateError",
+    "UnknownPartyError",
+    "UnknownTaskError",
+]

@@ -1,0 +1,117 @@
+"""Ledger tables (SQLAlchemy 2). The Alembic migrations create exactly these.
+
+RDP vectors are stored as JSON arrays of floats over the ledger's order grid
+(Python's float repr round-trips exactly). ``party_spend`` keeps each party's
+running total of reservations and charges, so a budget check locks one row
+per party instead of summing history.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RoundState(enum.StrEnum):
+    RESERVED = "reserved"
+    RELEASED = "released"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class ChargeKind(enum.StrEnum):
+    RESERVATION = "reservation"
+    CHARGE = "charge"
+
+
+class Setting(Base):
+    __tablename__ = "ledger_settings"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class PartyRow(Base):
+    __tablename__ = "parties"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    role: Mapped[str] = mapped_column(String(32), default="answerer")
+    epsilon_cap: Mapped[float] = mapped_column(Float)
+    certificate_fingerprint: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    status: Mapped[str] = mapped_column(String(32), default="active")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class SpendRow(Base):
+    __tablename__ = "party_spend"
+    party: Mapped[str] = mapped_column(ForeignKey("parties.name"), primary_key=True)
+    rdp: Mapped[list[float]] = mapped_column(JSON)
+    rounds: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class TaskRow(Base):
+    __tablename__ = "tasks"
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    config: Mapped[dict[str, object]] = mapped_column(JSON)
+    config_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RoundRow(Base):
+    __tablename__ = "rounds"
+    __table_args__ = (UniqueConstraint("round_key", name="uq_rounds_round_key"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    round_key: Mapped[str] = mapped_column(String(128))
+    task: Mapped[str] = mapped_column(ForeignKey("tasks.name"))
+    querier: Mapped[str] = mapped_column(String(128))
+    queries: Mapped[int] = mapped_column(Integer)
+    state: Mapped[RoundState] = mapped_column(
+        Enum(RoundState, name="round_state", native_enum=False, length=16)
+    )
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ChargeRow(Base):
+    __tablename__ = "charges"
+    __table_args__ = (UniqueConstraint("round_id", "party", name="uq_charges_round_party"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id"), index=True)
+    party: Mapped[str] = mapped_column(ForeignKey("parties.name"), index=True)
+    kind: Mapped[ChargeKind] = mapped_column(
+        Enum(ChargeKind, name="charge_kind", native_enum=False, length=16)
+    )
+    mechanism: Mapped[str] = mapped_column(String(64))
+    rdp: Mapped[list[float]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AuditRow(Base):
+    __tablename__ = "audit_log"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[dict[str, object]] = mapped_column(JSON)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))

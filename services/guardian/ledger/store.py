@@ -1,0 +1,713 @@
+"""The persistent privacy ledger: budgets checked before anything is spent.
+
+Round life cycle (design section 2):
+
+    reserve -> (release) -> commit      or      reserve -> abort
+
+- ``reserve`` computes nothing itself: the caller passes each answering
+  party's worst-case RDP for the round. In one transaction the ledger locks
+  those parties' spend rows (``SELECT ... FOR UPDATE`` on PostgreSQL, an
+  immediate write lock on SQLite), leaves out every party the charge would
+  take past its cap, refuses the round below quorum, and otherwise records the
+  reservation. Racing rounds therefore serialise on the party rows and can
+  never overspend.
+- ``release`` is written durably before the guardian sends anything that
+  depends on its noise. From then on the round can only be committed.
+- ``commit`` replaces the reservation with the actual charge.
+- ``recover`` (at start-up) aborts rounds that were never released and
+  commits released ones at their reservation: after a crash the ledger may
+  over-count, never under-count.
+
+Every change appends to a hash-chained audit log in the same transaction.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from numpy.typing import ArrayLike, NDArray
+from sqlalchemy import Engine, create_engine, delete, event, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from capc.privacy.conversion import DEFAULT_ORDERS, epsilon
+from services.guardian.ledger.models import (
+    AuditRow,
+    ChargeKind,
+    ChargeRow,
+    PartyRow,
+    RoundRow,
+    RoundState,
+    Setting,
+    SpendRow,
+    TaskRow,
+    utcnow,
+)
+
+FloatArray = NDArray[np.float64]
+_MIGRATIONS = Path(__file__).with_name("migrations")
+_GENESIS = "0" * 64
+HEAD_REVISION = "0001"
+_MIGRATION_LOCK = threading.Lock()
+
+
+class LedgerError(Exception):
+    """A ledger operation was refused; the message says why and what to do."""
+
+
+class UnknownPartyError(LedgerError):
+    pass
+
+
+class UnknownTaskError(LedgerError):
+    pass
+
+
+class DuplicateRoundError(LedgerError):
+    """A round key was used before: a replayed or duplicated round."""
+
+
+class RoundStateError(LedgerError):
+    """The round is not in a state that allows this transition."""
+
+
+class QuorumError(LedgerError):
+    """Too few parties can afford the round. ``remaining`` maps every excluded party to its epsilon left."""
+
+    def __init__(self, message: str, remaining: Mapping[str, float]) -> None:
+        super().__init__(message)
+        self.remaining = dict(remaining)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    round_id: int
+    included: tuple[str, ...]
+    #: excluded party -> epsilon it has left (at the ledger's delta)
+    excluded: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class PartyBudget:
+    """A party's position, epsilon at the ledger's delta (improved conversion)."""
+
+    name: str
+    role: str
+    status: str
+    cap: float
+    spent: float
+    remaining: float
+    best_order: float
+    rounds: int
+    last_seen: dt.datetime | None
+
+
+def normalise_url(url: str) -> str:
+    """``postgresql://`` URLs use the psycopg 3 driver; a bare path means a SQLite file."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if "://" not in url:
+        return f"sqlite:///{Path(url).resolve()}"
+    return url
+
+
+def _engine(url: str) -> Engine:
+    url = normalise_url(url)
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            # Take the write lock up front: budget checks must not interleave.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _vec(values: ArrayLike, n: int, what: str) -> FloatArray:
+    v = np.asarray(values, dtype=np.float64)
+    if v.shape != (n,):
+        raise LedgerError(
+            f"{what} must be an RDP vector over the ledger's {n} orders, got shape {v.shape}"
+        )
+    if not np.isfinite(v).all() or (v < 0).any():
+        raise LedgerError(f"{what} must be finite and non-negative")
+    return v
+
+
+def _round_up(x: FloatArray) -> FloatArray:
+    """Two ulps up after a subtraction, so float error never shrinks a total; exact zeros stay zero."""
+    up = np.nextafter(np.nextafter(x, np.inf), np.inf)
+    return np.where(x > 0, up, 0.0)
+
+
+class Ledger:
+    """The guardian's ledger at ``url`` (SQLite path/URL or PostgreSQL URL).
+
+    ``orders`` and ``delta`` are fixed when the ledger is created; opening it
+    later with other values is refused, because stored RDP vectors are only
+    meaningful on their own grid.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        orders: ArrayLike | None = None,
+        delta: float = 1e-5,
+        migrate: bool = True,
+    ) -> None:
+        self.url = normalise_url(url)
+        self.engine = _engine(self.url)
+        if migrate:
+            self.migrate()
+        self._check_revision()
+        self.orders, self.delta = self._settings(
+            np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=np.float64),
+            delta,
+            orders is None,
+        )
+
+    # -- schema ---------------------------------------------------------------
+    def migrate(self) -> None:
+        """Bring the schema to the newest Alembic revision."""
+        with _MIGRATION_LOCK:  # Alembic's op/context proxies are process-global
+            self._migrate()
+
+    def _migrate(self) -> None:
+        cfg = Config()
+        cfg.set_main_option("script_location", str(_MIGRATIONS))
+        with self.engine.connect() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+
+    def _check_revision(self) -> None:
+        with self.engine.connect() as conn:
+            rev = MigrationContext.configure(conn).get_current_revision()
+        if rev != HEAD_REVISION:
+            raise LedgerError(
+                f"ledger schema is at revision {rev}, this guardian needs {HEAD_REVISION}; run `capc guardian --migrate`"
+            )
+
+    def _settings(
+        self, orders: FloatArray, delta: float, default_orders: bool
+    ) -> tuple[FloatArray, float]:
+        if not (0 < delta < 1):
+            raise LedgerError(f"delta must lie in (0, 1), got {delta}")
+        with self._tx() as s:
+            stored = {row.key: row.value for row in s.scalars(select(Setting))}
+            if "orders" not in stored:
+                s.add(Setting(key="orders", value=json.dumps(orders.tolist())))
+                s.add(Setting(key="delta", value=repr(float(delta))))
+                s.add(Setting(key="audit_head", value=json.dumps([0, _GENESIS])))
+                return orders, float(delta)
+        have_orders = np.asarray(json.loads(stored["orders"]), dtype=np.float64)
+        have_delta = float(stored["delta"])
+        if not default_orders and not np.array_equal(have_orders, orders):
+            raise LedgerError(
+                "this ledger was created with another order grid; open it without `orders`"
+            )
+        if have_delta != delta:
+            raise LedgerError(f"this ledger accounts at delta={have_delta}, not {delta}")
+        return have_orders, have_delta
+
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        with Session(self.engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    # -- audit ----------------------------------------------------------------
+    @staticmethod
+    def _digest(
+        prev: str, seq: int, at: dt.datetime, actor: str, action: str, detail: Mapping[str, object]
+    ) -> str:
+        body = json.dumps(
+            [seq, at.isoformat(), actor, action, detail], sort_keys=True, separators=(",", ":")
+        )
+        return hashlib.sha256((prev + body).encode()).hexdigest()
+
+    def _audit(self, s: Session, actor: str, action: str, detail: Mapping[str, object]) -> None:
+        head = s.scalars(select(Setting).where(Setting.key == "audit_head").with_for_update()).one()
+        seq, prev = json.loads(head.value)
+        seq += 1
+        at = utcnow().replace(microsecond=utcnow().microsecond)
+        digest = self._digest(prev, seq, at, actor, action, dict(detail))
+        s.add(
+            AuditRow(
+                seq=seq,
+                at=at,
+                actor=actor,
+                action=action,
+                detail=dict(detail),
+                prev_hash=prev,
+                hash=digest,
+            )
+        )
+        head.value = json.dumps([seq, digest])
+
+    def verify_audit(self) -> int:
+        """Check the whole hash chain; returns its length, raises LedgerError at the first broken link."""
+        prev = _GENESIS
+        n = 0
+        with Session(self.engine) as s:
+            for row in s.scalars(select(AuditRow).order_by(AuditRow.seq)):
+                n += 1
+                at = row.at if row.at.tzinfo else row.at.replace(tzinfo=dt.UTC)
+                if (
+                    row.seq != n
+                    or row.prev_hash != prev
+                    or self._digest(prev, row.seq, at, row.actor, row.action, row.detail)
+                    != row.hash
+                ):
+                    raise LedgerError(
+                        f"audit log broken at entry {row.seq}: it was altered or removed"
+                    )
+                prev = row.hash
+        return n
+
+    def audit_entries(self, limit: int = 100, offset: int = 0) -> list[dict[str, object]]:
+        """Newest first."""
+        with Session(self.engine) as s:
+            rows = s.scalars(
+                select(AuditRow).order_by(AuditRow.seq.desc()).limit(limit).offset(offset)
+            )
+            return [
+                {
+                    "seq": r.seq,
+                    "at": r.at.isoformat(),
+                    "actor": r.actor,
+                    "action": r.action,
+                    "detail": r.detail,
+                    "hash": r.hash,
+                }
+                for r in rows
+            ]
+
+    # -- registry -------------------------------------------------------------
+    def register_party(
+        self,
+        name: str,
+        epsilon_cap: float,
+        *,
+        role: str = "answerer",
+        fingerprint: str | None = None,
+        actor: str = "admin",
+    ) -> None:
+        """Add a party with an epsilon cap (at the ledger's delta); idempotent for the same cap."""
+        if not name or len(name) > 128:
+            raise LedgerError("party names are 1 to 128 characters")
+        if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
+            raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
+        with self._tx() as s:
+            row = s.get(PartyRow, name)
+            if row is not None:
+                if fingerprint and row.certificate_fingerprint != fingerprint:
+                    row.certificate_fingerprint = fingerprint
+                return
+            s.add(
+                PartyRow(
+                    name=name,
+                    role=role,
+                    epsilon_cap=float(epsilon_cap),
+                    certificate_fingerprint=fingerprint,
+                    status="active",
+                )
+            )
+            s.add(SpendRow(party=name, rdp=[0.0] * len(self.orders), rounds=0))
+            self._audit(
+                s,
+                actor,
+                "register_party",
+                {"party": name, "epsilon_cap": float(epsilon_cap), "role": role},
+            )
+
+    def set_cap(self, name: str, epsilon_cap: float, *, actor: str) -> None:
+        """Change a party's cap (audited). Lowering it below what is spent stops the party from answering."""
+        if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
+            raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
+        with self._tx() as s:
+            row = s.get(PartyRow, name, with_for_update=True)
+            if row is None:
+                raise UnknownPartyError(f"no party named {name!r}; register it first")
+            old = row.epsilon_cap
+            row.epsilon_cap = float(epsilon_cap)
+            self._audit(s, actor, "set_cap", {"party": name, "old": old, "new": float(epsilon_cap)})
+
+    def touch(self, name: str) -> None:
+        """Record that a party was seen now."""
+        with self._tx() as s:
+            row = s.get(PartyRow, name)
+            if row is None:
+                raise UnknownPartyError(f"no party named {name!r}")
+            row.last_seen = utcnow()
+
+    def create_task(self, name: str, config: Mapping[str, object], *, actor: str = "admin") -> str:
+        """Register a task's configuration; returns its hash. Re-registering must not change it."""
+        blob = json.dumps(config, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(blob.encode()).hexdigest()
+        with self._tx() as s:
+            row = s.get(TaskRow, name)
+            if row is not None:
+                if row.config_hash != digest:
+                    raise LedgerError(
+                        f"task {name!r} exists with another configuration; use a new task name"
+                    )
+                return digest
+            s.add(TaskRow(name=name, config=json.loads(blob), config_hash=digest))
+            self._audit(s, actor, "create_task", {"task": name, "config_hash": digest})
+        return digest
+
+    # -- budgets --------------------------------------------------------------
+    def _eps(self, rdp: Sequence[float] | FloatArray) -> tuple[float, float]:
+        arr = np.asarray(rdp, dtype=np.float64)
+        if not arr.any():
+            return 0.0, float(self.orders[0])
+        return epsilon(arr, self.orders, self.delta)
+
+    def budgets(self) -> list[PartyBudget]:
+        """Every party's cap, spend and remaining epsilon (reservations count as spent)."""
+        with Session(self.engine) as s:
+            rows = s.execute(
+                select(PartyRow, SpendRow)
+                .join(SpendRow, SpendRow.party == PartyRow.name)
+                .order_by(PartyRow.name)
+            )
+            out = []
+            for party, spend in rows:
+                eps, order = self._eps(spend.rdp)
+                out.append(
+                    PartyBudget(
+                        party.name,
+                        party.role,
+                        party.status,
+                        party.epsilon_cap,
+                        eps,
+                        max(0.0, party.epsilon_cap - eps),
+                        order,
+                        spend.rounds,
+                        party.last_seen,
+                    )
+                )
+            return out
+
+    def budget(self, name: str) -> PartyBudget:
+        for b in self.budgets():
+            if b.name == name:
+                return b
+        raise UnknownPartyError(f"no party named {name!r}")
+
+    def spent_rdp(self, name: str) -> FloatArray:
+        with Session(self.engine) as s:
+            row = s.get(SpendRow, name)
+            if row is None:
+                raise UnknownPartyError(f"no party named {name!r}")
+            return np.asarray(row.rdp, dtype=np.float64)
+
+    # -- rounds ---------------------------------------------------------------
+    def reserve(
+        self,
+        round_key: str,
+        task: str,
+        querier: str,
+        queries: int,
+        worst_case: Mapping[str, ArrayLike],
+        *,
+        mechanism: str,
+        quorum: int,
+    ) -> Reservation:
+        """Reserve each party's worst-case RDP for a round, leaving out parties it would take past their cap.
+
+        Raises QuorumError (nothing written) if fewer than ``quorum`` remain,
+        DuplicateRoundError if ``round_key`` was used before.
+        """
+        if queries < 1:
+            raise LedgerError(f"a round has at least one query, got {queries}")
+        if quorum < 1:
+            raise LedgerError(f"quorum must be >= 1, got {quorum}")
+        n = len(self.orders)
+        costs = {p: _vec(v, n, f"worst-case RDP of {p}") for p, v in worst_case.items()}
+        names = sorted(costs)
+        try:
+            with self._tx() as s:
+                if s.scalar(select(RoundRow.id).where(RoundRow.round_key == round_key)) is not None:
+                    raise DuplicateRoundError(
+                        f"round {round_key!r} was opened before; a round key is used once"
+                    )
+                if s.get(TaskRow, task) is None:
+                    raise UnknownTaskError(f"no task named {task!r}")
+                spends = {
+                    r.party: r
+                    for r in s.scalars(
+                        select(SpendRow)
+                        .where(SpendRow.party.in_(names))
+                        .order_by(SpendRow.party)
+                        .with_for_update()
+                    )
+                }
+                parties = {
+                    r.name: r for r in s.scalars(select(PartyRow).where(PartyRow.name.in_(names)))
+                }
+                unknown = [p for p in names if p not in parties]
+                if unknown:
+                    raise UnknownPartyError(f"unknown parties {unknown}; register them first")
+                included: list[str] = []
+                excluded: dict[str, float] = {}
+                for p in names:
+                    current = np.asarray(spends[p].rdp, dtype=np.float64)
+                    cap = parties[p].epsilon_cap
+                    if parties[p].status != "active":
+                        excluded[p] = 0.0
+                        continue
+                    after, _ = self._eps(current + costs[p])
+                    if after <= cap:
+                        included.append(p)
+                    else:
+                        excluded[p] = max(0.0, cap - self._eps(current)[0])
+                if len(included) < quorum:
+                    detail = ", ".join(f"{p}: {e:.4g} eps left" for p, e in excluded.items())
+                    raise QuorumError(
+                        f"only {len(included)} of {len(names)} parties can afford this round, quorum is {quorum}; excluded: {detail}",
+                        excluded,
+                    )
+                rnd = RoundRow(
+                    round_key=round_key,
+                    task=task,
+                    querier=querier,
+                    queries=queries,
+                    state=RoundState.RESERVED,
+                )
+                s.add(rnd)
+                s.flush()
+                for p in included:
+                    s.add(
+                        ChargeRow(
+                            round_id=rnd.id,
+                            party=p,
+                            kind=ChargeKind.RESERVATION,
+                            mechanism=mechanism,
+                            rdp=costs[p].tolist(),
+                        )
+                    )
+                    spends[p].rdp = (np.asarray(spends[p].rdp) + costs[p]).tolist()
+                    spends[p].rounds += 1
+                self._audit(
+                    s,
+                    querier,
+                    "reserve",
+                    {
+                        "round": rnd.id,
+                        "key": round_key,
+                        "task": task,
+                        "queries": queries,
+                        "included": included,
+                        "excluded": sorted(excluded),
+                    },
+                )
+                return Reservation(rnd.id, tuple(included), excluded)
+        except IntegrityError as err:
+            raise DuplicateRoundError(
+                f"round {round_key!r} was opened before; a round key is used once"
+            ) from err
+
+    def _round(self, s: Session, round_id: int) -> RoundRow:
+        rnd = s.get(RoundRow, round_id, with_for_update=True)
+        if rnd is None:
+            raise RoundStateError(f"no round {round_id}")
+        return rnd
+
+    def release(self, round_id: int, *, actor: str = "guardian") -> None:
+        """Mark a reserved round released, durably: call before any noisy output leaves."""
+        with self._tx() as s:
+            rnd = self._round(s, round_id)
+            if rnd.state != RoundState.RESERVED:
+                raise RoundStateError(
+                    f"round {round_id} is {rnd.state.value}; only a reserved round can be released"
+                )
+            rnd.state = RoundState.RELEASED
+            rnd.updated_at = utcnow()
+            self._audit(s, actor, "release", {"round": round_id})
+
+    def commit(
+        self, round_id: int, actual: Mapping[str, ArrayLike], *, actor: str = "guardian"
+    ) -> None:
+        """Replace a released round's reservations with the actual charges.
+
+        Parties with a reservation but no entry in ``actual`` took no part in
+        the result (they dropped out) and are charged nothing. An actual
+        charge above the reservation is still charged in full and audited.
+        """
+        n = len(self.orders)
+        costs = {p: _vec(v, n, f"charge of {p}") for p, v in actual.items()}
+        with self._tx() as s:
+            rnd = self._round(s, round_id)
+            if rnd.state != RoundState.RELEASED:
+                raise RoundStateError(
+                    f"round {round_id} is {rnd.state.value}; only a released round can be committed"
+                )
+            reservations = {
+                c.party: c
+                for c in s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id))
+            }
+            extra = sorted(set(costs) - set(reservations))
+            if extra:
+                raise LedgerError(
+                    f"round {round_id} reserved nothing for {extra}; they cannot be charged in it"
+                )
+            names = sorted(reservations)
+            spends = {
+                r.party: r
+                for r in s.scalars(
+                    select(SpendRow)
+                    .where(SpendRow.party.in_(names))
+                    .order_by(SpendRow.party)
+                    .with_for_update()
+                )
+            }
+            over = []
+            for p in names:
+                reserved = np.asarray(reservations[p].rdp, dtype=np.float64)
+                charge = costs.get(p, np.zeros(n))
+                if (charge > reserved * (1 + 1e-12)).any():
+                    over.append(p)
+                spends[p].rdp = _round_up(np.asarray(spends[p].rdp) - reserved + charge).tolist()
+                if p not in costs:
+                    spends[p].rounds -= 1
+                reservations[p].kind = ChargeKind.CHARGE
+                reservations[p].rdp = charge.tolist()
+            rnd.state = RoundState.COMMITTED
+            rnd.updated_at = utcnow()
+            self._audit(
+                s,
+                actor,
+                "commit",
+                {"round": round_id, "charged": sorted(costs), "above_reservation": over},
+            )
+
+    def abort(self, round_id: int, *, actor: str = "guardian", reason: str = "") -> None:
+        """Cancel a reserved (never released) round and return its reservations."""
+        with self._tx() as s:
+            rnd = self._round(s, round_id)
+            if rnd.state != RoundState.RESERVED:
+                raise RoundStateError(
+                    f"round {round_id} is {rnd.state.value}; only a round that was never released can be aborted"
+                )
+            reservations = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
+            names = sorted(c.party for c in reservations)
+            spends = {
+                r.party: r
+                for r in s.scalars(
+                    select(SpendRow)
+                    .where(SpendRow.party.in_(names))
+                    .order_by(SpendRow.party)
+                    .with_for_update()
+                )
+            }
+            for c in reservations:
+                spends[c.party].rdp = _round_up(
+                    np.asarray(spends[c.party].rdp) - np.asarray(c.rdp)
+                ).tolist()
+                spends[c.party].rounds -= 1
+            s.execute(delete(ChargeRow).where(ChargeRow.round_id == round_id))
+            rnd.state = RoundState.ABORTED
+            rnd.updated_at = utcnow()
+            self._audit(s, actor, "abort", {"round": round_id, "reason": reason})
+
+    def recover(self) -> tuple[int, int]:
+        """After a restart: abort never-released rounds, commit released ones at their reservation.
+
+        Returns (aborted, committed).
+        """
+        with Session(self.engine) as s:
+            pending = list(
+                s.execute(
+                    select(RoundRow.id, RoundRow.state).where(
+                        RoundRow.state.in_([RoundState.RESERVED, RoundState.RELEASED])
+                    )
+                )
+            )
+        aborted = committed = 0
+        for rid, state in pending:
+            if state == RoundState.RESERVED:
+                self.abort(rid, actor="recovery", reason="guardian restarted before release")
+                aborted += 1
+            else:
+                with Session(self.engine) as s:
+                    res = {
+                        c.party: c.rdp
+                        for c in s.scalars(select(ChargeRow).where(ChargeRow.round_id == rid))
+                    }
+                self.commit(rid, res, actor="recovery")
+                committed += 1
+        return aborted, committed
+
+    def round_state(self, round_id: int) -> RoundState:
+        with Session(self.engine) as s:
+            rnd = s.get(RoundRow, round_id)
+            if rnd is None:
+                raise RoundStateError(f"no round {round_id}")
+            return rnd.state
+
+    def entries(
+        self,
+        *,
+        party: str | None = None,
+        round_id: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[dict[str, object]]:
+        """Charges and reservations, newest first, with epsilon of each entry alone."""
+        q = select(ChargeRow, RoundRow).join(RoundRow, RoundRow.id == ChargeRow.round_id)
+        if party is not None:
+            q = q.where(ChargeRow.party == party)
+        if round_id is not None:
+            q = q.where(ChargeRow.round_id == round_id)
+        q = q.order_by(ChargeRow.id.desc()).limit(limit).offset(offset)
+        with Session(self.engine) as s:
+            return [
+                {
+                    "round": c.round_id,
+                    "party": c.party,
+                    "kind": c.kind.value,
+                    "mechanism": c.mechanism,
+                    "round_state": r.state.value,
+                    "task": r.task,
+                    "queries": r.queries,
+                    "epsilon_alone": self._eps(c.rdp)[0],
+                    "at": c.created_at.isoformat(),
+                }
+                for c, r in s.execute(q)
+            ]
+
+    def count_rounds(self, state: RoundState | None = None) -> int:
+        with Session(self.engine) as s:
+            q = select(func.count(RoundRow.id))
+            if state is not None:
+                q = q.where(RoundRow.state == state)
+            return int(s.scalar(q) or 0)
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,238 @@
+"""The guardian's ledger on SQLite and PostgreSQL: life cycle, caps, races, crashes, audit."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+
+from capc.privacy import events
+from capc.privacy.accountant import Accountant
+from capc.privacy.conversion import DEFAULT_ORDERS, epsilon
+from services.guardian.ledger import (
+    DuplicateRoundError,
+    Ledger,
+    LedgerError,
+    QuorumError,
+    RoundStateError,
+    UnknownPartyError,
+)
+from services.guardian.ledger.models import Base, RoundState
+
+ORDERS = DEFAULT_ORDERS
+DELTA = 1e-5
+
+
+def gnmax_cost(queries: int, sigma: float = 40.0) -> np.ndarray:
+    """Data-independent worst case of a GNMax batch: queries * alpha / sigma^2."""
+    return np.asarray(events.gnmax(sigma).rdp * queries, dtype=np.float64)
+
+
+def fresh(url: str) -> Ledger:
+    ledger = Ledger(url, delta=DELTA)
+    ledger.create_task("digits", {"classes": 10, "mechanism": "gnmax", "sigma": 40.0})
+    return ledger
+
+
+def test_round_life_cycle_and_independent_recomputation(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    for name, cap in (("h1", 3.0), ("h2", 8.0), ("h3", 8.0)):
+        ledger.register_party(name, cap)
+    acct = {p: Accountant(p, ORDERS) for p in ("h1", "h2", "h3")}
+    for k in range(4):
+        cost = gnmax_cost(50)
+        res = ledger.reserve(
+            f"r{k}", "digits", "student", 50, {p: cost for p in acct}, mechanism="gnmax", quorum=2
+        )
+        ledger.release(res.round_id)
+        used = res.included[:2] if k == 3 else res.included  # in the last round h3 drops out
+        ledger.commit(res.round_id, {p: cost for p in used})
+        for p in used:
+            acct[p].compose(events.gnmax(40.0), 50)
+    for b in ledger.budgets():
+        expect = acct[b.name].spent(DELTA).epsilon if acct[b.name].history else 0.0
+        assert b.spent == pytest.approx(expect, rel=1e-9)
+        assert b.remaining == pytest.approx(max(0.0, b.cap - b.spent))
+    assert ledger.count_rounds(RoundState.COMMITTED) == 4
+    assert ledger.verify_audit() >= 3 + 1 + 4 * 3
+    rows = ledger.entries(party="h3")
+    assert {r["kind"] for r in rows} == {"charge"} and len(rows) == 4
+    assert ledger.entries(round_id=4, party="h3")[0]["epsilon_alone"] == 0.0
+
+
+def test_cap_excludes_parties_and_quorum_refuses_without_writing(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("small", 0.5)
+    ledger.register_party("big", 50.0)
+    cost = gnmax_cost(200)
+    assert epsilon(cost, ORDERS, DELTA)[0] > 0.5
+    res = ledger.reserve(
+        "a", "digits", "student", 200, {"small": cost, "big": cost}, mechanism="gnmax", quorum=1
+    )
+    assert res.included == ("big",)
+    assert res.excluded == {"small": pytest.approx(0.5)}
+    before = ledger.spent_rdp("big").copy()
+    rounds = ledger.count_rounds()
+    with pytest.raises(QuorumError, match=r"small: 0\.5 eps left") as err:
+        ledger.reserve(
+            "b", "digits", "student", 200, {"small": cost, "big": cost}, mechanism="gnmax", quorum=2
+        )
+    assert err.value.remaining == {"small": pytest.approx(0.5)}
+    np.testing.assert_array_equal(ledger.spent_rdp("big"), before)
+    assert ledger.count_rounds() == rounds
+    # The refused key was not consumed.
+    ledger.reserve("b", "digits", "student", 1, {"big": gnmax_cost(1)}, mechanism="gnmax", quorum=1)
+
+
+def test_replays_unknowns_and_wrong_transitions_are_refused(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 5.0)
+    res = ledger.reserve("k", "digits", "s", 1, {"h1": gnmax_cost(1)}, mechanism="gnmax", quorum=1)
+    with pytest.raises(DuplicateRoundError, match="used once"):
+        ledger.reserve("k", "digits", "s", 1, {"h1": gnmax_cost(1)}, mechanism="gnmax", quorum=1)
+    with pytest.raises(UnknownPartyError, match="ghost"):
+        ledger.reserve(
+            "k2", "digits", "s", 1, {"ghost": gnmax_cost(1)}, mechanism="gnmax", quorum=1
+        )
+    with pytest.raises(LedgerError, match="no task"):
+        ledger.reserve("k3", "nope", "s", 1, {"h1": gnmax_cost(1)}, mechanism="gnmax", quorum=1)
+    with pytest.raises(LedgerError, match="orders"):
+        ledger.reserve("k4", "digits", "s", 1, {"h1": np.ones(3)}, mechanism="gnmax", quorum=1)
+    with pytest.raises(LedgerError, match="finite"):
+        ledger.reserve(
+            "k5",
+            "digits",
+            "s",
+            1,
+            {"h1": np.full(len(ORDERS), np.nan)},
+            mechanism="gnmax",
+            quorum=1,
+        )
+    with pytest.raises(RoundStateError, match="only a released round"):
+        ledger.commit(res.round_id, {"h1": gnmax_cost(1)})
+    ledger.release(res.round_id)
+    with pytest.raises(RoundStateError, match="never released"):
+        ledger.abort(res.round_id)
+    with pytest.raises(RoundStateError, match="only a reserved round"):
+        ledger.release(res.round_id)
+    with pytest.raises(LedgerError, match="delta"):
+        Ledger(ledger_url, delta=1e-6)
+
+
+def test_recovery_never_undercounts(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 10.0)
+    cost = gnmax_cost(100)
+    a = ledger.reserve("a", "digits", "s", 100, {"h1": cost}, mechanism="gnmax", quorum=1)
+    b = ledger.reserve("b", "digits", "s", 100, {"h1": cost}, mechanism="gnmax", quorum=1)
+    ledger.release(b.round_id)
+    ledger.close()  # the guardian "crashes" here
+    reopened = Ledger(ledger_url, delta=DELTA)
+    assert reopened.recover() == (1, 1)
+    assert reopened.round_state(a.round_id) == RoundState.ABORTED
+    assert reopened.round_state(b.round_id) == RoundState.COMMITTED
+    np.testing.assert_allclose(reopened.spent_rdp("h1"), cost, rtol=1e-12)
+    assert (reopened.spent_rdp("h1") >= cost).all()
+
+
+def test_audit_chain_detects_tampering(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 1.0)
+    ledger.set_cap("h1", 2.0, actor="data-office")
+    n = ledger.verify_audit()
+    assert ledger.audit_entries(limit=1)[0]["action"] == "set_cap"
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE audit_log SET actor = 'someone-else' WHERE seq = :s"), {"s": n})
+    with pytest.raises(LedgerError, match=f"entry {n}"):
+        ledger.verify_audit()
+
+
+def test_migrations_match_the_models(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    with ledger.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+
+
+def _race(url: str, key: str, results: list[str]) -> None:
+    ledger = Ledger(url, delta=DELTA)
+    try:
+        ledger.reserve(
+            key,
+            "digits",
+            "s",
+            100,
+            {"h1": gnmax_cost(100), "h2": gnmax_cost(100)},
+            mechanism="gnmax",
+            quorum=2,
+        )
+        results.append("ok")
+    except QuorumError:
+        results.append("refused")
+    finally:
+        ledger.close()
+
+
+def _affordable_rounds(cap: float) -> int:
+    k = 0
+    while epsilon(gnmax_cost(100) * (k + 1), ORDERS, DELTA)[0] <= cap:
+        k += 1
+    return k
+
+
+def test_racing_threads_never_overspend(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    cap = 2.5
+    ledger.register_party("h1", cap)
+    ledger.register_party("h2", 100.0)
+    k = _affordable_rounds(cap)
+    assert 1 <= k < 12
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=_race, args=(ledger_url, f"t{i}", results)) for i in range(12)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count("ok") == k
+    assert ledger.budget("h1").spent <= cap
+
+
+def _race_process(url: str, key: str, queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    out: list[str] = []
+    _race(url, key, out)
+    queue.put(out[0])
+
+
+@pytest.mark.slow
+def test_racing_processes_never_overspend(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    cap = 2.0
+    ledger.register_party("h1", cap)
+    ledger.register_party("h2", 100.0)
+    ledger.close()
+    k = _affordable_rounds(cap)
+    ctx = mp.get_context("spawn")
+    queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_race_process, args=(ledger_url, f"p{i}", queue)) for i in range(8)]
+    for p in procs:
+        p.start()
+    outcomes = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert outcomes.count("ok") == k
+    assert Ledger(ledger_url, delta=DELTA).budget("h1").spent <= cap
+
+
+def test_sqlite_path_and_url_forms(tmp_path: Path) -> None:
+    a = Ledger(str(tmp_path / "x.db"))
+    b = Ledger(f"sqlite:///{tmp_path / 'x.db'}")
+    a.register_party("h", 1.0)
+    assert [p.name for p in b.budgets()] == ["h"]
