@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from capc.privacy import cli as privacy_cli
 from services import demo
+from services.common import pki
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     privacy_cli.add_parser(sub)
     demo.add_parser(sub)
+    pki.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Pieces every service shares: PKI, TLS credentials, interceptors, configuration."""
