@@ -1,0 +1,1 @@
+"""Generated code: do not edit; run python -m services.proto.generate."""

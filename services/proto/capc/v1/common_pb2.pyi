@@ -1,0 +1,79 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Header(_message.Message):
+    __slots__ = ("protocol_version", "task", "config_hash", "request_id")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_HASH_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    task: str
+    config_hash: str
+    request_id: str
+    def __init__(self, protocol_version: _Optional[int] = ..., task: _Optional[str] = ..., config_hash: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Recipe(_message.Message):
+    __slots__ = ("generator", "params_json", "seed", "start", "count", "shape", "batch_hash")
+    GENERATOR_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_HASH_FIELD_NUMBER: _ClassVar[int]
+    generator: str
+    params_json: str
+    seed: int
+    start: int
+    count: int
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    batch_hash: bytes
+    def __init__(self, generator: _Optional[str] = ..., params_json: _Optional[str] = ..., seed: _Optional[int] = ..., start: _Optional[int] = ..., count: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., batch_hash: _Optional[bytes] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("shape", "dtype", "data")
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    data: bytes
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class QueryBatch(_message.Message):
+    __slots__ = ("recipe", "tensor", "ciphertexts", "context_hash")
+    RECIPE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    CIPHERTEXTS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_HASH_FIELD_NUMBER: _ClassVar[int]
+    recipe: Recipe
+    tensor: Tensor
+    ciphertexts: bytes
+    context_hash: bytes
+    def __init__(self, recipe: _Optional[_Union[Recipe, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., ciphertexts: _Optional[bytes] = ..., context_hash: _Optional[bytes] = ...) -> None: ...
+
+class Mechanism(_message.Message):
+    __slots__ = ("name", "num_classes", "num_labels", "sigma", "threshold", "sigma1", "tau", "confidence_threshold")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
+    SIGMA_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    SIGMA1_FIELD_NUMBER: _ClassVar[int]
+    TAU_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_classes: int
+    num_labels: int
+    sigma: float
+    threshold: float
+    sigma1: float
+    tau: float
+    confidence_threshold: float
+    def __init__(self, name: _Optional[str] = ..., num_classes: _Optional[int] = ..., num_labels: _Optional[int] = ..., sigma: _Optional[float] = ..., threshold: _Optional[float] = ..., sigma1: _Optional[float] = ..., tau: _Optional[float] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,299 @@
+from services.proto.capc.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PartyMessage(_message.Message):
+    __slots__ = ("header", "register", "shares", "heartbeat", "failure")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    register: Register
+    shares: Shares
+    heartbeat: Heartbeat
+    failure: RoundFailure
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., shares: _Optional[_Union[Shares, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., failure: _Optional[_Union[RoundFailure, _Mapping]] = ...) -> None: ...
+
+class TeacherInfo(_message.Message):
+    __slots__ = ("architecture", "input_shape", "num_classes", "model_hash")
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    architecture: str
+    input_shape: _containers.RepeatedScalarFieldContainer[int]
+    num_classes: int
+    model_hash: str
+    def __init__(self, architecture: _Optional[str] = ..., input_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
+
+class Register(_message.Message):
+    __slots__ = ("teachers",)
+    TEACHERS_FIELD_NUMBER: _ClassVar[int]
+    teachers: _containers.RepeatedCompositeFieldContainer[TeacherInfo]
+    def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ...) -> None: ...
+
+class Shares(_message.Message):
+    __slots__ = ("round_id", "shape", "guardian_share", "sealed_seed", "batch_hash")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    GUARDIAN_SHARE_FIELD_NUMBER: _ClassVar[int]
+    SEALED_SEED_FIELD_NUMBER: _ClassVar[int]
+    BATCH_HASH_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    guardian_share: bytes
+    sealed_seed: bytes
+    batch_hash: bytes
+    def __init__(self, round_id: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., guardian_share: _Optional[bytes] = ..., sealed_seed: _Optional[bytes] = ..., batch_hash: _Optional[bytes] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("sent_unix_ms",)
+    SENT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    sent_unix_ms: int
+    def __init__(self, sent_unix_ms: _Optional[int] = ...) -> None: ...
+
+class RoundFailure(_message.Message):
+    __slots__ = ("round_id", "reason")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    reason: str
+    def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class HubMessage(_message.Message):
+    __slots__ = ("header", "registered", "work", "cancelled")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    WORK_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    registered: Registered
+    work: RoundWork
+    cancelled: RoundCancelled
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., work: _Optional[_Union[RoundWork, _Mapping]] = ..., cancelled: _Optional[_Union[RoundCancelled, _Mapping]] = ...) -> None: ...
+
+class Registered(_message.Message):
+    __slots__ = ("party", "epsilon_cap")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    epsilon_cap: float
+    def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ...) -> None: ...
+
+class RoundWork(_message.Message):
+    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    STUDENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    VOTE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    queries: _common_pb2.QueryBatch
+    mechanism: _common_pb2.Mechanism
+    student_public_key: bytes
+    vote_weight: float
+    frac_bits: int
+    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ...) -> None: ...
+
+class RoundCancelled(_message.Message):
+    __slots__ = ("round_id", "reason")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    reason: str
+    def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class OpenRoundRequest(_message.Message):
+    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_KEY_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    STUDENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    round_key: str
+    queries: _common_pb2.QueryBatch
+    mechanism: _common_pb2.Mechanism
+    student_public_key: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ...) -> None: ...
+
+class SealedSeed(_message.Message):
+    __slots__ = ("party", "sealed")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    sealed: bytes
+    def __init__(self, party: _Optional[str] = ..., sealed: _Optional[bytes] = ...) -> None: ...
+
+class OpenRoundReply(_message.Message):
+    __slots__ = ("round_id", "included", "excluded_remaining_epsilon", "seeds", "session_id")
+    class ExcludedRemainingEpsilonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_REMAINING_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    SEEDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    included: _containers.RepeatedScalarFieldContainer[str]
+    excluded_remaining_epsilon: _containers.ScalarMap[str, float]
+    seeds: _containers.RepeatedCompositeFieldContainer[SealedSeed]
+    session_id: bytes
+    def __init__(self, round_id: _Optional[int] = ..., included: _Optional[_Iterable[str]] = ..., excluded_remaining_epsilon: _Optional[_Mapping[str, float]] = ..., seeds: _Optional[_Iterable[_Union[SealedSeed, _Mapping]]] = ..., session_id: _Optional[bytes] = ...) -> None: ...
+
+class MpcFrame(_message.Message):
+    __slots__ = ("header", "round_id", "frame")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    round_id: int
+    frame: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
+
+class PartyStatus(_message.Message):
+    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    BEST_ORDER_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: str
+    status: str
+    connected: bool
+    epsilon_cap: float
+    epsilon_spent: float
+    epsilon_remaining: float
+    best_order: float
+    rounds: int
+    last_seen: str
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ...) -> None: ...
+
+class ListPartiesRequest(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ...) -> None: ...
+
+class ListPartiesReply(_message.Message):
+    __slots__ = ("parties", "delta", "accounting")
+    PARTIES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    parties: _containers.RepeatedCompositeFieldContainer[PartyStatus]
+    delta: float
+    accounting: str
+    def __init__(self, parties: _Optional[_Iterable[_Union[PartyStatus, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ...) -> None: ...
+
+class LedgerEntry(_message.Message):
+    __slots__ = ("round_id", "party", "kind", "mechanism", "round_state", "task", "queries", "epsilon_alone", "at")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_STATE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_ALONE_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    party: str
+    kind: str
+    mechanism: str
+    round_state: str
+    task: str
+    queries: int
+    epsilon_alone: float
+    at: str
+    def __init__(self, round_id: _Optional[int] = ..., party: _Optional[str] = ..., kind: _Optional[str] = ..., mechanism: _Optional[str] = ..., round_state: _Optional[str] = ..., task: _Optional[str] = ..., queries: _Optional[int] = ..., epsilon_alone: _Optional[float] = ..., at: _Optional[str] = ...) -> None: ...
+
+class ListLedgerRequest(_message.Message):
+    __slots__ = ("header", "party", "round_id", "limit", "offset")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    party: str
+    round_id: int
+    limit: int
+    offset: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., round_id: _Optional[int] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListLedgerReply(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[LedgerEntry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ...) -> None: ...
+
+class AuditEntry(_message.Message):
+    __slots__ = ("seq", "at", "actor", "action", "detail_json", "hash")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    at: str
+    actor: str
+    action: str
+    detail_json: str
+    hash: str
+    def __init__(self, seq: _Optional[int] = ..., at: _Optional[str] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., detail_json: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
+
+class ListAuditRequest(_message.Message):
+    __slots__ = ("header", "limit", "offset")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    limit: int
+    offset: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListAuditReply(_message.Message):
+    __slots__ = ("entries", "chain_valid")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_VALID_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
+    chain_valid: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., chain_valid: _Optional[bool] = ...) -> None: ...
+
+class SetCapRequest(_message.Message):
+    __slots__ = ("header", "party", "epsilon_cap", "actor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    party: str
+    epsilon_cap: float
+    actor: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class SetCapReply(_message.Message):
+    __slots__ = ("party",)
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    party: PartyStatus
+    def __init__(self, party: _Optional[_Union[PartyStatus, _Mapping]] = ...) -> None: ...
