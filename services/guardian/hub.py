@@ -1,0 +1,212 @@
+"""The guardian's gRPC hub: admin reads and cap changes over the ledger, behind mutual TLS.
+
+The round RPCs (Connect, OpenRound, Compute) are declared in the protocol and
+guarded by the same role policy; their servicer is the round engine, which is
+not built yet, so they answer UNIMPLEMENTED with a message saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.common import tls
+from services.guardian.ledger import Ledger, LedgerError, PartyBudget, UnknownPartyError
+from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+
+log = logging.getLogger("capc.guardian")
+
+PROTOCOL_VERSION = 1
+SERVICE = "capc.v1.GuardianHub"
+POLICY: dict[str, tuple[str, ...]] = {
+    f"/{SERVICE}/Connect": ("answerer",),
+    f"/{SERVICE}/OpenRound": ("student",),
+    f"/{SERVICE}/Compute": ("student",),
+    f"/{SERVICE}/ListParties": ("gateway", "guardian"),
+    f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
+    f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
+    f"/{SERVICE}/SetCap": ("gateway",),
+}
+MAX_PAGE = 1000
+
+
+def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> None:
+    """Refuse messages from another protocol version."""
+    if header.protocol_version != PROTOCOL_VERSION:
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"protocol version {header.protocol_version} is not supported; this guardian speaks {PROTOCOL_VERSION}",
+        )
+
+
+def _status(b: PartyBudget, connected: bool = False) -> guardian_pb2.PartyStatus:
+    return guardian_pb2.PartyStatus(
+        name=b.name,
+        role=b.role,
+        status=b.status,
+        connected=connected,
+        epsilon_cap=b.cap,
+        epsilon_spent=b.spent,
+        epsilon_remaining=b.remaining,
+        best_order=b.best_order,
+        rounds=b.rounds,
+        last_seen=b.last_seen.isoformat() if b.last_seen else "",
+    )
+
+
+class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
+    """Admin side of the hub over a :class:`Ledger`."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+
+    def ListParties(
+        self, request: guardian_pb2.ListPartiesRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.ListPartiesReply:
+        check_header(request.header, context)
+        return guardian_pb2.ListPartiesReply(
+            parties=[_status(b) for b in self.ledger.budgets()],
+            delta=self.ledger.delta,
+            accounting="Renyi DP, improved conversion (Balle et al. 2020), data-independent charges",
+        )
+
+    def ListLedger(
+        self, request: guardian_pb2.ListLedgerRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.ListLedgerReply:
+        check_header(request.header, context)
+        limit = request.limit or 100
+        if limit > MAX_PAGE:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}, got {limit}"
+            )
+        rows = self.ledger.entries(
+            party=request.party or None,
+            round_id=request.round_id or None,
+            limit=limit,
+            offset=request.offset,
+        )
+        return guardian_pb2.ListLedgerReply(
+            entries=[
+                guardian_pb2.LedgerEntry(
+                    round_id=int(str(r["round"])),
+                    party=str(r["party"]),
+                    kind=str(r["kind"]),
+                    mechanism=str(r["mechanism"]),
+                    round_state=str(r["round_state"]),
+                    task=str(r["task"]),
+                    queries=int(str(r["queries"])),
+                    epsilon_alone=float(str(r["epsilon_alone"])),
+                    at=str(r["at"]),
+                )
+                for r in rows
+            ]
+        )
+
+    def ListAudit(
+        self, request: guardian_pb2.ListAuditRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.ListAuditReply:
+        check_header(request.header, context)
+        limit = request.limit or 100
+        if limit > MAX_PAGE:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}, got {limit}"
+            )
+        try:
+            self.ledger.verify_audit()
+            valid = True
+        except LedgerError:
+            valid = False
+        return guardian_pb2.ListAuditReply(
+            entries=[
+                guardian_pb2.AuditEntry(
+                    seq=int(str(e["seq"])),
+                    at=str(e["at"]),
+                    actor=str(e["actor"]),
+                    action=str(e["action"]),
+                    detail_json=json.dumps(e["detail"], sort_keys=True),
+                    hash=str(e["hash"]),
+                )
+                for e in self.ledger.audit_entries(limit, request.offset)
+            ],
+            chain_valid=valid,
+        )
+
+    def SetCap(
+        self, request: guardian_pb2.SetCapRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.SetCapReply:
+        check_header(request.header, context)
+        who = tls.peer_identity(context)
+        actor = request.actor or (who.name if who else "insecure-dev")
+        try:
+            self.ledger.set_cap(request.party, request.epsilon_cap, actor=actor)
+        except UnknownPartyError as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        except LedgerError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party)))
+
+    def _not_built(self, context: grpc.ServicerContext) -> None:
+        context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "labelling rounds are not available in this guardian build yet",
+        )
+
+    def Connect(
+        self, request_iterator: Iterator[guardian_pb2.PartyMessage], context: grpc.ServicerContext
+    ) -> Iterator[guardian_pb2.HubMessage]:
+        self._not_built(context)
+        yield from ()
+
+    def OpenRound(
+        self, request: guardian_pb2.OpenRoundRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.OpenRoundReply:
+        self._not_built(context)
+        return guardian_pb2.OpenRoundReply()
+
+    def Compute(
+        self, request_iterator: Iterator[guardian_pb2.MpcFrame], context: grpc.ServicerContext
+    ) -> Iterator[guardian_pb2.MpcFrame]:
+        self._not_built(context)
+        yield from ()
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    port: int
+    health: health.HealthServicer
+
+    def stop(self, grace: float = 1.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+
+
+def serve(
+    ledger: Ledger, address: str, files: tls.TLSFiles | None, workers: int = 16
+) -> RunningServer:
+    """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers),
+        interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
+        options=list(tls.SERVER_OPTIONS),
+    )
+    guardian_pb2_grpc.add_GuardianHubServicer_to_server(GuardianHub(ledger), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if files is None:
+        log.warning(tls.INSECURE_WARNING)
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, tls.server_credentials(files))
+    if port == 0:
+        raise OSError(f"could not listen on {address}")
+    server.start()
+    health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return RunningServer(server, port, health_servicer)
