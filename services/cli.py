@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from capc.privacy import cli as privacy_cli
 from services import demo
 from services.common import pki
+from services.guardian import main as guardian_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy_cli.add_parser(sub)
     demo.add_parser(sub)
     pki.add_parser(sub)
+    guardian_main.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,86 @@
+"""``capc guardian``: open the ledger, recover after a crash, serve the hub."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from services.common import pki, tls
+from services.guardian.hub import serve
+from services.guardian.ledger import Ledger, LedgerError
+
+log = logging.getLogger("capc.guardian")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("guardian", help="run the privacy guardian hub")
+    p.add_argument(
+        "--db",
+        default="guardian.db",
+        help="SQLite path or URL, or postgresql://... (default: guardian.db)",
+    )
+    p.add_argument("--listen", default="0.0.0.0:50051", help="host:port to serve on")
+    p.add_argument(
+        "--pki", type=Path, default=Path("pki"), help="directory with ca.pem and NAME.pem/.key"
+    )
+    p.add_argument("--name", default="guardian", help="certificate name of this guardian")
+    p.add_argument(
+        "--delta", type=float, default=1e-5, help="delta the ledger accounts at (fixed at creation)"
+    )
+    p.add_argument(
+        "--register",
+        action="append",
+        default=[],
+        metavar="PARTY=EPS",
+        help="register an answering party with its epsilon cap (repeatable; idempotent)",
+    )
+    p.add_argument(
+        "--migrate", action="store_true", help="only bring the ledger schema up to date, then exit"
+    )
+    p.add_argument(
+        "--insecure-dev",
+        action="store_true",
+        help="plaintext gRPC without certificates (development only)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        ledger = Ledger(args.db, delta=args.delta)
+        if args.migrate:
+            print(f"ledger at {ledger.url} is at the newest schema")
+            return 0
+        for item in args.register:
+            name, _, eps = item.partition("=")
+            try:
+                cap = float(eps)
+            except ValueError:
+                print(f"error: --register expects PARTY=EPS, got {item!r}", file=sys.stderr)
+                return 2
+            ledger.register_party(name, cap, actor="guardian-cli")
+        aborted, committed = ledger.recover()
+        if aborted or committed:
+            log.warning(
+                "recovered after a restart: %d unreleased rounds aborted, %d released rounds charged",
+                aborted,
+                committed,
+            )
+        files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
+        server = serve(ledger, args.listen, files)
+    except (LedgerError, pki.PKIError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"guardian serving on port {server.port} (ledger {ledger.url})", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+    ledger.close()
+    return 0
