@@ -45,6 +45,16 @@ def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> No
         )
 
 
+def page_limit(requested: int, context: grpc.ServicerContext) -> int:
+    """Entries per page: 100 by default, at most MAX_PAGE."""
+    limit = requested or 100
+    if limit > MAX_PAGE:
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}, got {limit}"
+        )
+    return limit
+
+
 def _status(b: PartyBudget, connected: bool = False) -> guardian_pb2.PartyStatus:
     return guardian_pb2.PartyStatus(
         name=b.name,
@@ -80,11 +90,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, request: guardian_pb2.ListLedgerRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.ListLedgerReply:
         check_header(request.header, context)
-        limit = request.limit or 100
-        if limit > MAX_PAGE:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}, got {limit}"
-            )
+        limit = page_limit(request.limit, context)
         rows = self.ledger.entries(
             party=request.party or None,
             round_id=request.round_id or None,
@@ -112,11 +118,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, request: guardian_pb2.ListAuditRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.ListAuditReply:
         check_header(request.header, context)
-        limit = request.limit or 100
-        if limit > MAX_PAGE:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}, got {limit}"
-            )
+        limit = page_limit(request.limit, context)
         try:
             self.ledger.verify_audit()
             valid = True

@@ -158,6 +158,14 @@ def _vec(values: ArrayLike, n: int, what: str) -> FloatArray:
     return v
 
 
+def _lock_spends(s: Session, names: Sequence[str]) -> dict[str, SpendRow]:
+    """Spend rows of ``names``, locked for this transaction in a fixed order (no deadlocks)."""
+    rows = s.scalars(
+        select(SpendRow).where(SpendRow.party.in_(names)).order_by(SpendRow.party).with_for_update()
+    )
+    return {r.party: r for r in rows}
+
+
 def _round_up(x: FloatArray) -> FloatArray:
     """Two ulps up after a subtraction, so float error never shrinks a total; exact zeros stay zero."""
     up = np.nextafter(np.nextafter(x, np.inf), np.inf)
@@ -459,15 +467,7 @@ class Ledger:
                     )
                 if s.get(TaskRow, task) is None:
                     raise UnknownTaskError(f"no task named {task!r}")
-                spends = {
-                    r.party: r
-                    for r in s.scalars(
-                        select(SpendRow)
-                        .where(SpendRow.party.in_(names))
-                        .order_by(SpendRow.party)
-                        .with_for_update()
-                    )
-                }
+                spends = _lock_spends(s, names)
                 parties = {
                     r.name: r for r in s.scalars(select(PartyRow).where(PartyRow.name.in_(names)))
                 }
@@ -578,15 +578,7 @@ class Ledger:
                     f"round {round_id} reserved nothing for {extra}; they cannot be charged in it"
                 )
             names = sorted(reservations)
-            spends = {
-                r.party: r
-                for r in s.scalars(
-                    select(SpendRow)
-                    .where(SpendRow.party.in_(names))
-                    .order_by(SpendRow.party)
-                    .with_for_update()
-                )
-            }
+            spends = _lock_spends(s, names)
             over = []
             for p in names:
                 reserved = np.asarray(reservations[p].rdp, dtype=np.float64)
@@ -617,15 +609,7 @@ class Ledger:
                 )
             reservations = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
             names = sorted(c.party for c in reservations)
-            spends = {
-                r.party: r
-                for r in s.scalars(
-                    select(SpendRow)
-                    .where(SpendRow.party.in_(names))
-                    .order_by(SpendRow.party)
-                    .with_for_update()
-                )
-            }
+            spends = _lock_spends(s, names)
             for c in reservations:
                 spends[c.party].rdp = _round_up(
                     np.asarray(spends[c.party].rdp) - np.asarray(c.rdp)
