@@ -1,14 +1,16 @@
-"""The guardian's gRPC hub: admin reads and cap changes over the ledger, behind mutual TLS.
+"""The guardian's gRPC hub, behind mutual TLS.
 
-The round RPCs (Connect, OpenRound, Compute) are declared in the protocol and
-guarded by the same role policy; their servicer is the round engine, which is
-not built yet, so they answer UNIMPLEMENTED with a message saying so.
+Answering parties hold a Connect stream and receive work over it; the student
+opens rounds and runs the 2PC over one long-lived Compute stream; the gateway
+reads budgets, ledger and audit log and sets caps. The round logic itself is
+:mod:`services.guardian.rounds`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
@@ -17,7 +19,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common import tls
-from services.guardian.ledger import Ledger, LedgerError, PartyBudget, UnknownPartyError
+from services.common.mpc_stream import StreamChannel
+from services.guardian.ledger import (
+    DuplicateRoundError,
+    Ledger,
+    LedgerError,
+    PartyBudget,
+    QuorumError,
+    UnknownPartyError,
+    UnknownTaskError,
+)
+from services.guardian.rounds import RoundEngine, RoundInputError, RoundRefusedError
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.guardian")
@@ -34,6 +46,7 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/SetCap": ("gateway",),
 }
 MAX_PAGE = 1000
+HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION)
 
 
 def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> None:
@@ -73,8 +86,9 @@ def _status(b: PartyBudget, connected: bool = False) -> guardian_pb2.PartyStatus
 class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     """Admin side of the hub over a :class:`Ledger`."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, engine: RoundEngine | None = None) -> None:
         self.ledger = ledger
+        self.engine = engine or RoundEngine(ledger)
 
     def ListParties(
         self, request: guardian_pb2.ListPartiesRequest, context: grpc.ServicerContext
@@ -153,29 +167,124 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party)))
 
-    def _not_built(self, context: grpc.ServicerContext) -> None:
-        context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "labelling rounds are not available in this guardian build yet",
-        )
+    def _caller(self, context: grpc.ServicerContext, metadata_key: str) -> str:
+        who = tls.peer_identity(context)
+        if who is not None:
+            return who.name
+        # --insecure-dev only: no certificate, so the caller names itself.
+        meta = dict(context.invocation_metadata())
+        name = meta.get(metadata_key)
+        if not isinstance(name, str) or not name:
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"without TLS the caller must send its name in {metadata_key!r}",
+            )
+        assert isinstance(name, str)
+        return name
 
     def Connect(
         self, request_iterator: Iterator[guardian_pb2.PartyMessage], context: grpc.ServicerContext
     ) -> Iterator[guardian_pb2.HubMessage]:
-        self._not_built(context)
-        yield from ()
+        name = self._caller(context, "capc-party")
+        try:
+            cap = self.ledger.budget(name).cap
+        except UnknownPartyError:
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{name} is not a registered answering party; ask the guardian's operator to register it",
+            )
+        link = self.engine.attach(name)
+        log.info("answering party %s connected", name)
+
+        def read() -> None:
+            try:
+                for msg in request_iterator:
+                    kind = msg.WhichOneof("body")
+                    if msg.header.protocol_version != PROTOCOL_VERSION:
+                        log.warning(
+                            "%s speaks protocol %d; ignoring its message",
+                            name,
+                            msg.header.protocol_version,
+                        )
+                        continue
+                    if kind == "shares":
+                        try:
+                            self.engine.receive_shares(name, msg.shares)
+                        except RoundInputError as err:
+                            log.warning("refused shares from %s: %s", name, err)
+                            link.outbox.put(
+                                guardian_pb2.HubMessage(
+                                    header=HEADER,
+                                    cancelled=guardian_pb2.RoundCancelled(
+                                        round_id=msg.shares.round_id, reason=str(err)
+                                    ),
+                                )
+                            )
+                    elif kind == "failure":
+                        self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
+                    elif kind in ("heartbeat", "register"):
+                        self.ledger.touch(name)
+            except grpc.RpcError:
+                pass
+            finally:
+                self.engine.detach(link)
+                link.outbox.put(None)
+                log.info("answering party %s disconnected", name)
+
+        threading.Thread(target=read, name=f"capc-party-{name}", daemon=True).start()
+        yield guardian_pb2.HubMessage(
+            header=HEADER, registered=guardian_pb2.Registered(party=name, epsilon_cap=cap)
+        )
+        while True:
+            item = link.outbox.get()
+            if item is None:
+                return
+            yield item
 
     def OpenRound(
         self, request: guardian_pb2.OpenRoundRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.OpenRoundReply:
-        self._not_built(context)
-        return guardian_pb2.OpenRoundReply()
+        querier = self._caller(context, "capc-student")
+        try:
+            return self.engine.open_round(querier, request)
+        except (RoundInputError, UnknownTaskError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except QuorumError as err:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        except DuplicateRoundError as err:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
+        except (RoundRefusedError, LedgerError) as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        raise AssertionError("unreachable")
 
     def Compute(
         self, request_iterator: Iterator[guardian_pb2.MpcFrame], context: grpc.ServicerContext
     ) -> Iterator[guardian_pb2.MpcFrame]:
-        self._not_built(context)
-        yield from ()
+        querier = self._caller(context, "capc-student")
+        meta = dict(context.invocation_metadata())
+        sid = meta.get("capc-session-id")
+        try:
+            session_id = bytes.fromhex(sid) if isinstance(sid, str) else b""
+        except ValueError:
+            session_id = b""
+        if len(session_id) != 16:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Compute needs a 16-byte hex 'capc-session-id' in its metadata",
+            )
+        chan = StreamChannel(HEADER)
+        chan.attach(request_iterator)
+
+        def work() -> None:
+            try:
+                self.engine.serve_compute(querier, chan, session_id)
+            except Exception as err:
+                log.warning("2PC session with %s ended: %s", querier, err)
+            finally:
+                chan.close()
+
+        threading.Thread(target=work, name=f"capc-compute-{querier}", daemon=True).start()
+        yield from chan.outgoing()
 
 
 @dataclass
@@ -190,7 +299,11 @@ class RunningServer:
 
 
 def serve(
-    ledger: Ledger, address: str, files: tls.TLSFiles | None, workers: int = 16
+    ledger: Ledger,
+    address: str,
+    files: tls.TLSFiles | None,
+    workers: int = 64,
+    share_timeout: float = 60.0,
 ) -> RunningServer:
     """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev."""
     server = grpc.server(
@@ -198,7 +311,9 @@ def serve(
         interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
         options=list(tls.SERVER_OPTIONS),
     )
-    guardian_pb2_grpc.add_GuardianHubServicer_to_server(GuardianHub(ledger), server)
+    guardian_pb2_grpc.add_GuardianHubServicer_to_server(
+        GuardianHub(ledger, RoundEngine(ledger, share_timeout)), server
+    )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if files is None:

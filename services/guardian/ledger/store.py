@@ -389,6 +389,14 @@ class Ledger:
             self._audit(s, actor, "create_task", {"task": name, "config_hash": digest})
         return digest
 
+    def task(self, name: str) -> tuple[dict[str, object], str]:
+        """(configuration, config hash) of a task."""
+        with Session(self.engine) as s:
+            row = s.get(TaskRow, name)
+            if row is None:
+                raise UnknownTaskError(f"no task named {name!r}")
+            return dict(row.config), row.config_hash
+
     # -- budgets --------------------------------------------------------------
     def _eps(self, rdp: Sequence[float] | FloatArray) -> tuple[float, float]:
         arr = np.asarray(rdp, dtype=np.float64)

@@ -1,0 +1,353 @@
+"""The guardian's round engine (design section 2), independent of gRPC.
+
+open_round: check the request, reserve every connected party's worst case in
+the ledger (parties that cannot afford it are left out; below quorum nothing
+is spent), send the work to the included parties, collect their guardian
+shares and sealed seeds until all arrive or the share timeout passes, abort
+below quorum, and hand the student the sealed seeds of the parties used.
+
+compute: run the garbled circuit as garbler on the student's stream, with the
+guardian's secure noise folded into its share sum; record the round as
+released right before the first garbled input leaves; charge the actual cost
+after the outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.mpc.channel import Channel
+from capc.mpc.mechanism_circuits import ConfidentGNMax
+from capc.mpc.session import GarblerSession
+from capc.privacy.mechanisms.single_label import gaussian_noise
+from capc.privacy.randomness import SecureRandom
+from capc.privacy.round_cost import MechanismSpec
+from services.guardian.ledger import Ledger, LedgerError, QuorumError
+from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+log = logging.getLogger("capc.guardian.rounds")
+
+PROTOCOL_VERSION = 1
+#: Largest batch a round may carry.
+MAX_BATCH = 8192
+
+
+class RoundInputError(ValueError):
+    """A request or share message is malformed; maps to INVALID_ARGUMENT."""
+
+
+class RoundRefusedError(RuntimeError):
+    """The round cannot run (quorum lost, unknown round); maps to FAILED_PRECONDITION."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """A task as registered in the ledger: label space, inputs, mechanism, quorum."""
+
+    name: str
+    config_hash: str
+    num_classes: int
+    input_shape: tuple[int, ...]
+    mechanism: MechanismSpec
+    quorum: int
+
+    @classmethod
+    def parse(cls, name: str, config: dict[str, object], config_hash: str) -> TaskConfig:
+        try:
+            mech = config["mechanism"]
+            assert isinstance(mech, dict)
+            shape = config["input_shape"]
+            assert isinstance(shape, list)
+            return cls(
+                name=name,
+                config_hash=config_hash,
+                num_classes=int(str(config["num_classes"])),
+                input_shape=tuple(int(x) for x in shape),
+                mechanism=MechanismSpec(
+                    name=str(mech["name"]),
+                    sigma=float(mech["sigma"]),
+                    threshold=float(mech.get("threshold", 0.0)),
+                    sigma1=float(mech.get("sigma1", 0.0)),
+                ),
+                quorum=int(str(config.get("quorum", 1))),
+            )
+        except (KeyError, AssertionError, TypeError, ValueError) as err:
+            raise LedgerError(f"task {name!r} has an invalid configuration: {err}") from err
+
+    def circuit_spec(self, parties: int) -> ConfidentGNMax:
+        m = self.mechanism
+        return ConfidentGNMax(
+            num_classes=self.num_classes,
+            max_votes=parties,
+            sigma2=m.sigma,
+            threshold=m.threshold,
+            sigma1=m.sigma1 if m.name == "confident-gnmax" else 1.0,
+            confident=m.name == "confident-gnmax",
+        )
+
+
+@dataclass
+class PartyLink:
+    """An answering party's live stream: what the hub sends it goes through ``outbox``."""
+
+    name: str
+    outbox: queue.Queue[guardian_pb2.HubMessage | None] = field(default_factory=queue.Queue)
+
+
+@dataclass
+class _Round:
+    round_id: int
+    task: TaskConfig
+    querier: str
+    batch: int
+    included: tuple[str, ...]
+    shares: dict[str, NDArray[np.uint64]] = field(default_factory=dict)
+    seeds: dict[str, bytes] = field(default_factory=dict)
+    failed: set[str] = field(default_factory=set)
+    complete: threading.Event = field(default_factory=threading.Event)
+    guardian_sum: NDArray[np.uint64] | None = None
+    used: tuple[str, ...] = ()
+
+
+class RoundEngine:
+    """Rounds in flight and the answering parties' links."""
+
+    def __init__(
+        self, ledger: Ledger, share_timeout: float = 60.0, rng: SecureRandom | None = None
+    ) -> None:
+        self.ledger = ledger
+        self.share_timeout = share_timeout
+        self._rng = rng or SecureRandom()
+        self._links: dict[str, PartyLink] = {}
+        self._rounds: dict[int, _Round] = {}
+        self._ready: dict[str, queue.Queue[int]] = {}
+        self._lock = threading.Lock()
+
+    # -- answering parties ----------------------------------------------------
+    def attach(self, name: str) -> PartyLink:
+        """A party's stream opened (a reconnect replaces the old link)."""
+        link = PartyLink(name)
+        with self._lock:
+            old = self._links.get(name)
+            self._links[name] = link
+        if old is not None:
+            old.outbox.put(None)
+        self.ledger.touch(name)
+        return link
+
+    def detach(self, link: PartyLink) -> None:
+        """A party's stream closed: it is left out of rounds still waiting for it."""
+        with self._lock:
+            if self._links.get(link.name) is link:
+                del self._links[link.name]
+            waiting = [
+                r
+                for r in self._rounds.values()
+                if link.name in r.included and not r.complete.is_set()
+            ]
+        for r in waiting:
+            self._party_failed(r, link.name)
+
+    def connected(self) -> list[str]:
+        with self._lock:
+            return sorted(self._links)
+
+    def _party_failed(self, rnd: _Round, name: str) -> None:
+        rnd.failed.add(name)
+        if set(rnd.shares) | rnd.failed >= set(rnd.included):
+            rnd.complete.set()
+
+    def report_failure(self, name: str, round_id: int, reason: str) -> None:
+        with self._lock:
+            rnd = self._rounds.get(round_id)
+        if rnd is not None and name in rnd.included:
+            log.warning("party %s could not answer round %d: %s", name, round_id, reason)
+            self._party_failed(rnd, name)
+
+    def receive_shares(self, name: str, msg: guardian_pb2.Shares) -> None:
+        """Accept one party's shares for a round; replays and wrong shapes are refused."""
+        with self._lock:
+            rnd = self._rounds.get(msg.round_id)
+        if rnd is None or name not in rnd.included:
+            raise RoundInputError(f"round {msg.round_id} did not ask {name} for shares")
+        expected = (rnd.batch, rnd.task.num_classes)
+        if tuple(msg.shape) != expected:
+            raise RoundInputError(
+                f"shares for round {msg.round_id} must have shape {expected}, got {tuple(msg.shape)}"
+            )
+        if len(msg.guardian_share) != 8 * rnd.batch * rnd.task.num_classes:
+            raise RoundInputError(
+                f"guardian share must be {8 * rnd.batch * rnd.task.num_classes} bytes, got {len(msg.guardian_share)}"
+            )
+        if not msg.sealed_seed:
+            raise RoundInputError("shares without a sealed seed cannot be used")
+        with self._lock:
+            if name in rnd.shares or rnd.complete.is_set():
+                raise RoundInputError(
+                    f"{name} already sent shares for round {msg.round_id}, or the round closed: duplicate refused"
+                )
+            rnd.shares[name] = (
+                np.frombuffer(msg.guardian_share, dtype="<u8").astype(np.uint64).reshape(expected)
+            )
+            rnd.seeds[name] = bytes(msg.sealed_seed)
+            if set(rnd.shares) | rnd.failed >= set(rnd.included):
+                rnd.complete.set()
+
+    # -- student --------------------------------------------------------------
+    def open_round(
+        self, querier: str, request: guardian_pb2.OpenRoundRequest
+    ) -> guardian_pb2.OpenRoundReply:
+        """Reserve, distribute, collect; raises QuorumError, RoundInputError or RoundRefusedError."""
+        header = request.header
+        if header.protocol_version != PROTOCOL_VERSION:
+            raise RoundInputError(
+                f"protocol version {header.protocol_version} is not supported; this guardian speaks {PROTOCOL_VERSION}"
+            )
+        config, digest = self.ledger.task(header.task)
+        task = TaskConfig.parse(header.task, config, digest)
+        if header.config_hash != digest:
+            raise RoundInputError(
+                f"task {task.name} has config hash {digest}, the request {header.config_hash or 'none'}; fetch the task again"
+            )
+        if not request.round_key:
+            raise RoundInputError("a round needs a round_key chosen by the student, used once")
+        if len(request.student_public_key) != 32:
+            raise RoundInputError("student_public_key must be a 32-byte X25519 key")
+        batch = _check_queries(request.queries, task)
+        candidates = self.connected()
+        worst = task.mechanism.worst_case(batch, self.ledger.orders)
+        reservation = self.ledger.reserve(
+            request.round_key,
+            task.name,
+            querier,
+            batch,
+            {p: worst for p in candidates},
+            mechanism=task.mechanism.name,
+            quorum=task.quorum,
+        )
+        rnd = _Round(reservation.round_id, task, querier, batch, reservation.included)
+        with self._lock:
+            self._rounds[rnd.round_id] = rnd
+            links = {p: self._links.get(p) for p in rnd.included}
+        work = guardian_pb2.HubMessage(
+            header=common_pb2.Header(
+                protocol_version=PROTOCOL_VERSION, task=task.name, config_hash=digest
+            ),
+            work=guardian_pb2.RoundWork(
+                round_id=rnd.round_id,
+                queries=request.queries,
+                student_public_key=request.student_public_key,
+                vote_weight=1.0,
+            ),
+        )
+        for name, link in links.items():
+            if link is None:
+                self._party_failed(rnd, name)
+            else:
+                link.outbox.put(work)
+        rnd.complete.wait(self.share_timeout)
+        with self._lock:
+            rnd.complete.set()  # late shares are refused from here on
+            used = tuple(sorted(rnd.shares))
+        if len(used) < task.quorum:
+            self.ledger.abort(
+                rnd.round_id, reason=f"only {len(used)} parties answered, quorum {task.quorum}"
+            )
+            with self._lock:
+                del self._rounds[rnd.round_id]
+            missing = sorted(set(rnd.included) - set(used))
+            raise RoundRefusedError(
+                f"round aborted: {len(used)} of {len(rnd.included)} parties answered (quorum {task.quorum}); missing {missing}; nothing was charged"
+            )
+        rnd.used = used
+        total = np.zeros((batch, task.num_classes), dtype=np.uint64)
+        for p in used:
+            total += rnd.shares[p]
+        rnd.guardian_sum = total
+        rnd.shares.clear()
+        self._ready.setdefault(querier, queue.Queue()).put(rnd.round_id)
+        return guardian_pb2.OpenRoundReply(
+            round_id=rnd.round_id,
+            included=list(used),
+            excluded_remaining_epsilon=dict(reservation.excluded),
+            seeds=[guardian_pb2.SealedSeed(party=p, sealed=rnd.seeds[p]) for p in used],
+        )
+
+    def serve_compute(
+        self, querier: str, channel: Channel, session_id: bytes, idle_timeout: float = 600.0
+    ) -> int:
+        """Garble every round this querier opens, over one 2PC session; returns rounds done."""
+        session = GarblerSession(channel, session_id, timeout=self.share_timeout + 60)
+        session.setup()
+        ready = self._ready.setdefault(querier, queue.Queue())
+        done = 0
+        while True:
+            try:
+                round_id = ready.get(timeout=idle_timeout)
+            except queue.Empty:
+                return done
+            self._compute(session, round_id)
+            done += 1
+
+    def _compute(self, session: GarblerSession, round_id: int) -> None:
+        with self._lock:
+            rnd = self._rounds.get(round_id)
+        if rnd is None or rnd.guardian_sum is None:
+            raise RoundRefusedError(f"round {round_id} is not ready for the 2PC")
+        spec = rnd.task.circuit_spec(len(rnd.used))
+        b, k = rnd.batch, rnd.task.num_classes
+        eta2 = gaussian_noise((b, k), spec.sigma2, self._rng)
+        eta1 = gaussian_noise((b,), spec.sigma1, self._rng) if spec.confident else None
+        inputs = spec.garbler_inputs(rnd.guardian_sum, eta2, eta1)
+        start = time.perf_counter()
+        out = session.run_round(
+            round_id, spec.circuit(), inputs, b, on_release=lambda: self.ledger.release(round_id)
+        )
+        answered = int(out["answered"].sum()) if spec.confident else b
+        charge = rnd.task.mechanism.actual(b, answered, self.ledger.orders)
+        self.ledger.commit(round_id, {p: charge for p in rnd.used})
+        log.info(
+            "round %d: %d of %d answered by %d parties in %.2f s",
+            round_id,
+            answered,
+            b,
+            len(rnd.used),
+            time.perf_counter() - start,
+        )
+        with self._lock:
+            del self._rounds[round_id]
+
+
+def _check_queries(queries: common_pb2.QueryBatch, task: TaskConfig) -> int:
+    if queries.WhichOneof("source") != "tensor":
+        raise RoundInputError(
+            "this guardian takes plain tensor queries; recipes and ciphertexts are not supported yet"
+        )
+    t = queries.tensor
+    if t.dtype != "float32":
+        raise RoundInputError(f"queries must be float32, got {t.dtype!r}")
+    shape = tuple(t.shape)
+    if len(shape) != 1 + len(task.input_shape) or shape[1:] != task.input_shape:
+        raise RoundInputError(
+            f"queries must have shape (B, {', '.join(map(str, task.input_shape))}), got {shape}"
+        )
+    batch = shape[0]
+    if not 1 <= batch <= MAX_BATCH:
+        raise RoundInputError(f"a round holds 1 to {MAX_BATCH} queries, got {batch}")
+    if len(t.data) != 4 * int(np.prod(shape)):
+        raise RoundInputError(
+            f"query data must be {4 * int(np.prod(shape))} bytes for shape {shape}, got {len(t.data)}"
+        )
+    if not np.isfinite(np.frombuffer(t.data, dtype="<f4")).all():
+        raise RoundInputError("queries contain NaN or infinity")
+    return batch
+
+
+__all__ = ["QuorumError", "RoundEngine", "RoundInputError", "RoundRefusedError", "TaskConfig"]
