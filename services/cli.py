@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from capc.privacy import cli as privacy_cli
 from services import demo
+from services.answerer import main as answerer_main
 from services.common import pki
 from services.guardian import main as guardian_main
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(sub)
     pki.add_parser(sub)
     guardian_main.add_parser(sub)
+    answerer_main.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""Training loops (supervised now; the DIET pipeline builds on them)."""

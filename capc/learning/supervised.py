@@ -1,0 +1,56 @@
+"""Plain supervised training of a classifier on arrays, batched, on GPU when present."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+
+def fit(
+    model: nn.Module,
+    x: NDArray[np.float32],
+    y: NDArray[np.int64],
+    *,
+    epochs: int = 10,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    device: str | None = None,
+) -> nn.Module:
+    """Train ``model`` with Adam and cross-entropy on (N, *shape) inputs and (N,) labels."""
+    if len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"need as many labels as inputs (>0), got {len(x)} and {len(y)}")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model.to(dev).train()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+    xt = torch.from_numpy(np.asarray(x, dtype=np.float32))
+    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    for _ in range(epochs):
+        order = torch.randperm(len(xt), generator=gen)
+        for i in range(0, len(xt), batch_size):
+            idx = order[i : i + batch_size]
+            if len(idx) < 2:
+                continue  # BatchNorm needs two samples
+            opt.zero_grad()
+            loss = loss_fn(model(xt[idx].to(dev)), yt[idx].to(dev))
+            loss.backward()
+            opt.step()
+    return model.eval()
+
+
+def accuracy(model: nn.Module, x: NDArray[np.float32], y: NDArray[np.int64]) -> float:
+    """Top-1 accuracy with the model's training statistics."""
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        pred = (
+            model.eval()(torch.from_numpy(np.asarray(x, dtype=np.float32)).to(dev))
+            .argmax(1)
+            .cpu()
+            .numpy()
+        )
+    return float((pred == y).mean())

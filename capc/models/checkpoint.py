@@ -1,0 +1,105 @@
+"""Teacher checkpoints: a state dict, its architecture name and a model card.
+
+A checkpoint is a ``torch.save`` of plain data (loaded with
+``weights_only=True``, so a file cannot run code): architecture, input shape,
+number of classes, state dict and a card (data description, metrics).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+from capc.models.registry import build
+
+
+@dataclass
+class Teacher:
+    """A model ready for batched inference on (B, *input_shape) float32 queries."""
+
+    architecture: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    model: nn.Module
+    card: dict[str, Any] = field(default_factory=dict)
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def __post_init__(self) -> None:
+        self.model.to(self.device).eval()
+
+    @property
+    def model_hash(self) -> str:
+        h = hashlib.sha256(self.architecture.encode())
+        for k, v in sorted(self.model.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().cpu().numpy().tobytes())
+        return h.hexdigest()
+
+    def predict(
+        self, queries: NDArray[np.float32], current_statistics: bool = False, chunk: int = 1024
+    ) -> NDArray[np.int64]:
+        """Predicted classes (B,). ``current_statistics``: BatchNorm normalises with the
+        statistics of the query batch itself (for synthetic queries), not the training ones."""
+        x = np.asarray(queries, dtype=np.float32)
+        if x.shape[1:] != self.input_shape:
+            raise ValueError(
+                f"queries must have shape (B, {', '.join(map(str, self.input_shape))}), got {x.shape}"
+            )
+        if not np.isfinite(x).all():
+            raise ValueError("queries contain NaN or infinity")
+        out = []
+        self.model.eval()
+        if current_statistics:
+            for m in self.model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.train()
+                    m.momentum = 0.0  # use, never update, the running statistics
+        try:
+            with torch.no_grad():
+                # Current statistics need the whole batch in one pass.
+                step = x.shape[0] if current_statistics else chunk
+                for i in range(0, x.shape[0], step):
+                    logits = self.model(torch.from_numpy(x[i : i + step]).to(self.device))
+                    out.append(logits.argmax(dim=1).cpu().numpy())
+        finally:
+            self.model.eval()
+        return np.concatenate(out).astype(np.int64)
+
+
+def save_teacher(path: Path, teacher: Teacher) -> None:
+    torch.save(
+        {
+            "architecture": teacher.architecture,
+            "input_shape": list(teacher.input_shape),
+            "num_classes": teacher.num_classes,
+            "state_dict": {k: v.cpu() for k, v in teacher.model.state_dict().items()},
+            "card": teacher.card,
+        },
+        path,
+    )
+
+
+def load_teacher(path: Path) -> Teacher:
+    """Load a checkpoint written by :func:`save_teacher`; raises ValueError with the reason."""
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        model = build(data["architecture"], tuple(data["input_shape"]), int(data["num_classes"]))
+        model.load_state_dict(data["state_dict"])
+    except FileNotFoundError:
+        raise ValueError(f"no model checkpoint at {path}") from None
+    except (KeyError, RuntimeError, TypeError) as err:
+        raise ValueError(f"{path} is not a capc teacher checkpoint: {err}") from err
+    return Teacher(
+        data["architecture"],
+        tuple(data["input_shape"]),
+        int(data["num_classes"]),
+        model,
+        dict(data.get("card", {})),
+    )

@@ -1,0 +1,1 @@
+"""The answering party (one per hospital)."""

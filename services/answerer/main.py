@@ -1,0 +1,51 @@
+"""``capc answerer``: load a teacher checkpoint and serve the guardian's rounds."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from capc.models import load_teacher
+from services.answerer.party import AnsweringParty
+from services.common import pki, tls
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("answerer", help="run a hospital's answering party")
+    p.add_argument(
+        "--model", type=Path, required=True, help="teacher checkpoint (capc.models.save_teacher)"
+    )
+    p.add_argument("--guardian", required=True, help="guardian address host:port")
+    p.add_argument("--name", required=True, help="this party's certificate name")
+    p.add_argument("--pki", type=Path, default=Path("pki"))
+    p.add_argument(
+        "--server-name", default=None, help="expected name in the guardian's certificate"
+    )
+    p.add_argument("--insecure-dev", action="store_true", help="plaintext gRPC (development only)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        teacher = load_teacher(args.model)
+        files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
+        if files is not None:
+            files.read()
+    except (ValueError, pki.PKIError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    party = AnsweringParty(args.name, teacher, args.guardian, files, args.server_name)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(
+        f"answering party {args.name} dialling {args.guardian} ({teacher.architecture}, device {teacher.device})",
+        flush=True,
+    )
+    party.run(stop)
+    return 0

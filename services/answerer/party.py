@@ -1,0 +1,181 @@
+"""An answering party: dials out to the guardian, answers rounds with vote shares.
+
+The hospital opens no port. It keeps one Connect stream to the guardian;
+when the stream breaks (guardian restart, network) it reconnects with
+exponential backoff and jitter, so the hospital never needs a restart.
+For each round it runs batched inference, turns predictions into one-hot
+votes, and sends the guardian share in the clear and the seed sealed to the
+student (capc.mpc.votes).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+
+from capc.models import Teacher
+from capc.mpc.votes import one_hot_votes, share_votes
+from services.common import tls
+from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+
+log = logging.getLogger("capc.answerer")
+
+PROTOCOL_VERSION = 1
+HEARTBEAT_S = 10.0
+
+
+class AnsweringParty:
+    """One hospital's party process."""
+
+    def __init__(
+        self,
+        name: str,
+        teacher: Teacher,
+        guardian: str,
+        files: tls.TLSFiles | None,
+        server_name: str | None = None,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.name = name
+        self.teacher = teacher
+        self.guardian = guardian
+        self.files = files
+        self.server_name = server_name
+        self.max_backoff = max_backoff
+        self.rounds_answered = 0
+        self.connected = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capc-inference")
+
+    def _header(self, task: str = "") -> common_pb2.Header:
+        return common_pb2.Header(protocol_version=PROTOCOL_VERSION, task=task)
+
+    def run(self, stop: threading.Event) -> None:
+        """Stay connected until ``stop`` is set, reconnecting with backoff."""
+        delay = 0.5
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self._session(stop)
+            except grpc.RpcError as err:
+                code = err.code() if hasattr(err, "code") else None
+                if code == grpc.StatusCode.PERMISSION_DENIED:
+                    log.error(
+                        "guardian refused %s: %s",
+                        self.name,
+                        err.details() if hasattr(err, "details") else err,
+                    )
+                else:
+                    log.warning("stream to the guardian broke (%s); reconnecting", code)
+            finally:
+                self.connected.clear()
+            if time.monotonic() - started > 30:
+                delay = 0.5  # it had been up for a while: start backing off afresh
+            stop.wait(delay * (0.5 + random.random()))
+            delay = min(self.max_backoff, delay * 2)
+
+    def _session(self, stop: threading.Event) -> None:
+        channel = tls.secure_channel(self.guardian, self.files, self.server_name)
+        outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+        info = guardian_pb2.TeacherInfo(
+            architecture=self.teacher.architecture,
+            input_shape=list(self.teacher.input_shape),
+            num_classes=self.teacher.num_classes,
+            model_hash=self.teacher.model_hash,
+        )
+        outgoing.put(
+            guardian_pb2.PartyMessage(
+                header=self._header(), register=guardian_pb2.Register(teachers=[info])
+            )
+        )
+
+        def requests() -> Iterator[guardian_pb2.PartyMessage]:
+            while True:
+                item = outgoing.get()
+                if item is None:
+                    return
+                yield item
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_S) and self.connected.is_set():
+                outgoing.put(
+                    guardian_pb2.PartyMessage(
+                        header=self._header(),
+                        heartbeat=guardian_pb2.Heartbeat(sent_unix_ms=int(time.time() * 1000)),
+                    )
+                )
+
+        metadata = None if self.files is not None else [("capc-party", self.name)]
+        responses = guardian_pb2_grpc.GuardianHubStub(channel).Connect(
+            requests(), metadata=metadata
+        )
+        watcher = threading.Thread(target=lambda: (stop.wait(), responses.cancel()), daemon=True)
+        watcher.start()
+        try:
+            for msg in responses:
+                kind = msg.WhichOneof("body")
+                if kind == "registered":
+                    log.info(
+                        "%s connected to the guardian (cap %.3g eps)",
+                        self.name,
+                        msg.registered.epsilon_cap,
+                    )
+                    self.connected.set()
+                    threading.Thread(target=beat, daemon=True).start()
+                elif kind == "work":
+                    work = msg.work
+                    task = msg.header.task
+                    self._pool.submit(self._answer, work, task, outgoing)
+                elif kind == "cancelled":
+                    log.warning(
+                        "guardian cancelled round %d: %s",
+                        msg.cancelled.round_id,
+                        msg.cancelled.reason,
+                    )
+        finally:
+            outgoing.put(None)
+            channel.close()
+
+    def _answer(
+        self,
+        work: guardian_pb2.RoundWork,
+        task: str,
+        outgoing: queue.Queue[guardian_pb2.PartyMessage | None],
+    ) -> None:
+        try:
+            t = work.queries.tensor
+            if work.queries.WhichOneof("source") != "tensor" or t.dtype != "float32":
+                raise ValueError("only float32 tensor queries are supported by this party")
+            x = np.frombuffer(t.data, dtype="<f4").reshape(tuple(t.shape))
+            preds = self.teacher.predict(x)
+            votes = one_hot_votes(preds, self.teacher.num_classes)
+            share, sealed = share_votes(
+                votes, bytes(work.student_public_key), work.round_id, self.name
+            )
+            outgoing.put(
+                guardian_pb2.PartyMessage(
+                    header=self._header(task),
+                    shares=guardian_pb2.Shares(
+                        round_id=work.round_id,
+                        shape=list(share.shape),
+                        guardian_share=share.astype("<u8").tobytes(),
+                        sealed_seed=sealed,
+                    ),
+                )
+            )
+            self.rounds_answered += 1
+        except Exception as err:
+            log.warning("could not answer round %d: %s", work.round_id, err)
+            outgoing.put(
+                guardian_pb2.PartyMessage(
+                    header=self._header(task),
+                    failure=guardian_pb2.RoundFailure(round_id=work.round_id, reason=str(err)),
+                )
+            )
