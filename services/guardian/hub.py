@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.mpc_stream import StreamChannel
+from services.common.task import TaskError
 from services.guardian.ledger import (
     DuplicateRoundError,
     Ledger,
@@ -253,7 +255,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         except DuplicateRoundError as err:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
-        except (RoundRefusedError, LedgerError) as err:
+        except (RoundRefusedError, LedgerError, TaskError) as err:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         raise AssertionError("unreachable")
 
@@ -304,6 +306,7 @@ def serve(
     files: tls.TLSFiles | None,
     workers: int = 64,
     share_timeout: float = 60.0,
+    rng: SecureRandom | None = None,
 ) -> RunningServer:
     """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev."""
     server = grpc.server(
@@ -312,7 +315,7 @@ def serve(
         options=list(tls.SERVER_OPTIONS),
     )
     guardian_pb2_grpc.add_GuardianHubServicer_to_server(
-        GuardianHub(ledger, RoundEngine(ledger, share_timeout)), server
+        GuardianHub(ledger, RoundEngine(ledger, share_timeout, rng)), server
     )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

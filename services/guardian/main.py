@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.guardian.hub import serve
 from services.guardian.ledger import Ledger, LedgerError
@@ -72,7 +73,13 @@ def run(args: argparse.Namespace) -> int:
                 committed,
             )
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
-        server = serve(ledger, args.listen, files)
+        rng = None
+        if args.noise_seed is not None:
+            log.warning(
+                "--noise-seed: the guardian's noise is predictable. This is for tests only."
+            )
+            rng = SecureRandom.from_seed(args.noise_seed)
+        server = serve(ledger, args.listen, files, share_timeout=args.share_timeout, rng=rng)
     except (LedgerError, pki.PKIError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -24,12 +24,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.mpc.channel import Channel
-from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.session import GarblerSession
 from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
-from capc.privacy.round_cost import MechanismSpec
-from services.guardian.ledger import Ledger, LedgerError, QuorumError
+from services.common.task import TaskConfig
+from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
@@ -45,52 +44,6 @@ class RoundInputError(ValueError):
 
 class RoundRefusedError(RuntimeError):
     """The round cannot run (quorum lost, unknown round); maps to FAILED_PRECONDITION."""
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """A task as registered in the ledger: label space, inputs, mechanism, quorum."""
-
-    name: str
-    config_hash: str
-    num_classes: int
-    input_shape: tuple[int, ...]
-    mechanism: MechanismSpec
-    quorum: int
-
-    @classmethod
-    def parse(cls, name: str, config: dict[str, object], config_hash: str) -> TaskConfig:
-        try:
-            mech = config["mechanism"]
-            assert isinstance(mech, dict)
-            shape = config["input_shape"]
-            assert isinstance(shape, list)
-            return cls(
-                name=name,
-                config_hash=config_hash,
-                num_classes=int(str(config["num_classes"])),
-                input_shape=tuple(int(x) for x in shape),
-                mechanism=MechanismSpec(
-                    name=str(mech["name"]),
-                    sigma=float(mech["sigma"]),
-                    threshold=float(mech.get("threshold", 0.0)),
-                    sigma1=float(mech.get("sigma1", 0.0)),
-                ),
-                quorum=int(str(config.get("quorum", 1))),
-            )
-        except (KeyError, AssertionError, TypeError, ValueError) as err:
-            raise LedgerError(f"task {name!r} has an invalid configuration: {err}") from err
-
-    def circuit_spec(self, parties: int) -> ConfidentGNMax:
-        m = self.mechanism
-        return ConfidentGNMax(
-            num_classes=self.num_classes,
-            max_votes=parties,
-            sigma2=m.sigma,
-            threshold=m.threshold,
-            sigma1=m.sigma1 if m.name == "confident-gnmax" else 1.0,
-            confident=m.name == "confident-gnmax",
-        )
 
 
 @dataclass

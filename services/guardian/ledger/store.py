@@ -44,6 +44,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from capc.privacy.conversion import DEFAULT_ORDERS, epsilon
+from services.common.task import config_hash
 from services.guardian.ledger.models import (
     AuditRow,
     ChargeKind,
@@ -376,7 +377,7 @@ class Ledger:
     def create_task(self, name: str, config: Mapping[str, object], *, actor: str = "admin") -> str:
         """Register a task's configuration; returns its hash. Re-registering must not change it."""
         blob = json.dumps(config, sort_keys=True, separators=(",", ":"))
-        digest = hashlib.sha256(blob.encode()).hexdigest()
+        digest = config_hash(dict(config))
         with self._tx() as s:
             row = s.get(TaskRow, name)
             if row is not None:

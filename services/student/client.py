@@ -1,0 +1,135 @@
+"""The student party's side of a labelling round.
+
+Holds the student's X25519 key (seeds are sealed to it), one long-lived 2PC
+session with the guardian over the Compute stream (base OTs once), and opens
+rounds batch by batch: OpenRound, open the sealed seeds, sum the expanded
+shares, evaluate the garbled circuit, keep the labels.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from numpy.typing import NDArray
+
+from capc.mpc.session import EvaluatorSession, new_session_id
+from capc.mpc.votes import student_share_sum
+from services.common import tls
+from services.common.mpc_stream import StreamChannel
+from services.common.task import TaskConfig
+from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+
+log = logging.getLogger("capc.student")
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class RoundResult:
+    """One round's outcome from the student's side."""
+
+    round_id: int
+    labels: NDArray[np.int64]
+    parties: tuple[str, ...]
+    excluded: dict[str, float]
+    open_s: float
+    mpc_s: float
+
+
+@dataclass
+class StudentClient:
+    """Connects to the guardian as the student; ``name`` is used only with --insecure-dev."""
+
+    guardian: str
+    files: tls.TLSFiles | None
+    task: TaskConfig
+    server_name: str | None = None
+    name: str = "student"
+    timeout: float = 300.0
+    key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
+
+    def __post_init__(self) -> None:
+        self._channel = tls.secure_channel(self.guardian, self.files, self.server_name)
+        self._stub = guardian_pb2_grpc.GuardianHubStub(self._channel)
+        self._meta = [] if self.files is not None else [("capc-student", self.name)]
+        self._session: EvaluatorSession | None = None
+        self._stream: StreamChannel | None = None
+
+    @property
+    def header(self) -> common_pb2.Header:
+        return common_pb2.Header(
+            protocol_version=PROTOCOL_VERSION,
+            task=self.task.name,
+            config_hash=self.task.config_hash,
+        )
+
+    def _ensure_session(self) -> EvaluatorSession:
+        if self._session is None:
+            sid = new_session_id()
+            stream = StreamChannel(self.header)
+            responses = self._stub.Compute(
+                stream.outgoing(), metadata=[*self._meta, ("capc-session-id", sid.hex())]
+            )
+            stream.attach(responses)
+            session = EvaluatorSession(stream, sid, timeout=self.timeout)
+            session.setup()
+            self._session, self._stream = session, stream
+        return self._session
+
+    def label_batch(self, queries: NDArray[np.float32]) -> RoundResult:
+        """Label one batch (B, *input_shape) through one round; -1 where not answered."""
+        x = np.ascontiguousarray(queries, dtype="<f4")
+        session = self._ensure_session()
+        start = time.perf_counter()
+        reply = self._stub.OpenRound(
+            guardian_pb2.OpenRoundRequest(
+                header=self.header,
+                round_key=uuid.uuid4().hex,
+                queries=common_pb2.QueryBatch(
+                    tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+                ),
+                student_public_key=self.key.public_key().public_bytes_raw(),
+            ),
+            metadata=self._meta,
+            timeout=self.timeout,
+        )
+        opened = time.perf_counter()
+        batch, k = x.shape[0], self.task.num_classes
+        sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
+        if set(sealed) != set(reply.included):
+            raise RuntimeError("the guardian's seeds do not match the parties it reports")
+        student_sum = student_share_sum(self.key, sealed, reply.round_id, (batch, k))
+        spec = self.task.circuit_spec(len(reply.included))
+        out = session.run_round(
+            reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
+        )
+        return RoundResult(
+            round_id=reply.round_id,
+            labels=spec.decode(out),
+            parties=tuple(reply.included),
+            excluded=dict(reply.excluded_remaining_epsilon),
+            open_s=opened - start,
+            mpc_s=time.perf_counter() - opened,
+        )
+
+    def label(
+        self, queries: NDArray[np.float32], batch_size: int = 256
+    ) -> tuple[NDArray[np.int64], list[RoundResult]]:
+        """Label every query, batch by batch; stops with the RpcError when the consortium refuses."""
+        results = [
+            self.label_batch(queries[i : i + batch_size])
+            for i in range(0, len(queries), batch_size)
+        ]
+        labels = (
+            np.concatenate([r.labels for r in results]) if results else np.zeros(0, dtype=np.int64)
+        )
+        return labels, results
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+        self._channel.close()
