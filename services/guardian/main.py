@@ -40,6 +40,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="register an answering party with its epsilon cap (repeatable; idempotent)",
     )
     p.add_argument(
+        "--share-timeout", type=float, default=60.0, help="seconds to wait for parties' shares"
+    )
+    p.add_argument(
+        "--noise-seed",
+        default=None,
+        help="TESTS ONLY: draw noise from a seeded stream so a test can replay it; never with real data",
+    )
+    p.add_argument(
         "--migrate", action="store_true", help="only bring the ledger schema up to date, then exit"
     )
     p.add_argument(
