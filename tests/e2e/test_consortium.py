@@ -32,6 +32,7 @@ from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger import Ledger
+from services.guardian.ledger.models import RoundState
 from services.student.client import StudentClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,6 +215,12 @@ def test_labels_equal_the_plaintext_mechanism_and_the_ledger_is_exact(
     assert answered.mean() > 0.5 and (labels[answered] == truth[answered]).mean() > 0.8
 
     ledger = Ledger(str(consortium["db"]))
+    # The guardian commits a round after the student's last message; until then
+    # the ledger holds the (larger) reservation.
+    deadline = time.monotonic() + 30
+    while ledger.count_rounds(RoundState.COMMITTED) < len(rounds) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ledger.count_rounds(RoundState.COMMITTED) == len(rounds)
     for i in range(PARTIES):
         acct = Accountant(f"hospital-{i}")
         for r in rounds:
