@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from capc.privacy import cli as privacy_cli
-from services import demo
+from services import demo, local
 from services.answerer import main as answerer_main
 from services.common import pki
 from services.guardian import main as guardian_main
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     pki.add_parser(sub)
     guardian_main.add_parser(sub)
     answerer_main.add_parser(sub)
+    local.add_parser(sub)
     return parser
 
 

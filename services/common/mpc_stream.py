@@ -27,6 +27,7 @@ class StreamChannel:
         self._out: queue.Queue[object] = queue.Queue()
         self._in: queue.Queue[object] = queue.Queue()
         self._error: BaseException | None = None
+        self.ended = threading.Event()
 
     def attach(self, incoming: Iterable[guardian_pb2.MpcFrame]) -> None:
         """Start reading the other side's messages."""
@@ -39,6 +40,7 @@ class StreamChannel:
                 self._error = err
             finally:
                 self._in.put(_CLOSED)
+                self.ended.set()
 
         threading.Thread(target=pump, name="capc-mpc-stream", daemon=True).start()
 

@@ -279,7 +279,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
 
         def work() -> None:
             try:
-                self.engine.serve_compute(querier, chan, session_id)
+                self.engine.serve_compute(querier, chan, session_id, ended=chan.ended.is_set)
             except Exception as err:
                 log.warning("2PC session with %s ended: %s", querier, err)
             finally:

@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -234,20 +235,32 @@ class RoundEngine:
         )
 
     def serve_compute(
-        self, querier: str, channel: Channel, session_id: bytes, idle_timeout: float = 600.0
+        self,
+        querier: str,
+        channel: Channel,
+        session_id: bytes,
+        ended: Callable[[], bool] = lambda: False,
+        idle_timeout: float = 600.0,
     ) -> int:
-        """Garble every round this querier opens, over one 2PC session; returns rounds done."""
+        """Garble every round this querier opens, over one 2PC session; returns rounds done.
+
+        Returns when the student ends its stream (``ended``) or stays idle for ``idle_timeout`` s.
+        """
         session = GarblerSession(channel, session_id, timeout=self.share_timeout + 60)
         session.setup()
         ready = self._ready.setdefault(querier, queue.Queue())
         done = 0
+        idle_since = time.monotonic()
         while True:
             try:
-                round_id = ready.get(timeout=idle_timeout)
+                round_id = ready.get(timeout=0.25)
             except queue.Empty:
-                return done
+                if ended() or time.monotonic() - idle_since > idle_timeout:
+                    return done
+                continue
             self._compute(session, round_id)
             done += 1
+            idle_since = time.monotonic()
 
     def _compute(self, session: GarblerSession, round_id: int) -> None:
         with self._lock:

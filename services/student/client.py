@@ -129,7 +129,9 @@ class StudentClient:
         )
         return labels, results
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30.0) -> None:
+        """Half-close the 2PC stream, let the guardian finish its last round, then disconnect."""
         if self._stream is not None:
             self._stream.close()
+            self._stream.ended.wait(timeout)
         self._channel.close()

@@ -1,0 +1,1 @@
+"""Offline datasets and partitioning (programmatic query generators come with DIET)."""

@@ -1,0 +1,280 @@
+"""``capc up``: a local consortium of real processes on this machine.
+
+Creates the consortium PKI, trains a quick teacher per hospital on a disjoint
+part of the offline data (unless checkpoints exist), registers a task in a
+SQLite ledger, and starts the guardian and N answering parties as separate
+processes over mutual TLS. The e2e tests, the consortium benchmark and the
+demo use it; on the command line it runs until interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.data.offline import digits, partition
+from capc.learning.supervised import fit
+from capc.models import Teacher, build, save_teacher
+from services.common import pki, tls
+from services.common.task import TaskConfig, config_hash
+from services.guardian.ledger import Ledger
+from services.student.client import StudentClient
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TASK: dict[str, Any] = {
+    "num_classes": 10,
+    "input_shape": [1, 28, 28],
+    "mechanism": {"name": "confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
+    "quorum": 3,
+}
+#: Held out from every hospital: the student's queries and test set.
+HELD_OUT = 400
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """A child process whose output is drained into ``lines``."""
+
+    name: str
+    popen: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.append(line)
+
+    def wait_for(self, text: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            if self.popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not report {text!r}: {''.join(self.lines)[-2000:]}")
+
+
+def _spawn(name: str, *args: str) -> Process:
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return Process(name, popen)
+
+
+@dataclass
+class LocalConsortium:
+    """Guardian and answering parties as local processes; see the module docstring."""
+
+    directory: Path
+    parties: int = 5
+    task: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
+    epsilon_cap: float = 1e6
+    noise_seed: str | None = None
+    share_timeout: float = 30.0
+    epochs: int = 8
+    log: Any = None
+    port: int = 0
+    procs: list[Process] = field(default_factory=list)
+    queries: NDArray[np.float32] = field(
+        default_factory=lambda: np.zeros((0, 1, 28, 28), dtype=np.float32)
+    )
+    truth: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.directory / "pki"
+
+    @property
+    def db(self) -> str:
+        return str(self.directory / "ledger.db")
+
+    @property
+    def task_config(self) -> TaskConfig:
+        return TaskConfig.parse("digits", self.task, config_hash(self.task))
+
+    def model_path(self, i: int) -> Path:
+        return self.directory / f"hospital-{i}.pt"
+
+    def _say(self, text: str) -> None:
+        if self.log is not None:
+            self.log(text)
+
+    def prepare(self) -> None:
+        """PKI, teachers and ledger; reuses what an earlier run left in ``directory``."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not (self.pki_dir / pki.CA_CERT).exists():
+            pki.init_ca(self.pki_dir)
+            pki.issue(self.pki_dir, "guardian", "guardian")
+            pki.issue(self.pki_dir, "student", "student")
+            pki.issue(self.pki_dir, "gateway", "gateway")
+        x, y = digits(int(self.task["input_shape"][-1]))
+        rng = np.random.default_rng(7)
+        order = rng.permutation(len(x))
+        test, train = order[:HELD_OUT], order[HELD_OUT:]
+        self.queries, self.truth = x[test], y[test]
+        for i, part in enumerate(partition(len(train), self.parties, seed=1)):
+            name = f"hospital-{i}"
+            if not (self.pki_dir / f"{name}.pem").exists():
+                pki.issue(self.pki_dir, "answerer", name)
+            if self.model_path(i).exists():
+                continue
+            idx = train[part]
+            self._say(f"training {name}'s teacher on {len(idx)} private images")
+            model = fit(
+                build("small-cnn", tuple(self.task["input_shape"]), 10),
+                x[idx],
+                y[idx],
+                epochs=self.epochs,
+                seed=i,
+            )
+            save_teacher(
+                self.model_path(i),
+                Teacher(
+                    "small-cnn",
+                    tuple(self.task["input_shape"]),
+                    10,
+                    model,
+                    {"data": f"digits, partition {i} of {self.parties}", "examples": len(idx)},
+                ),
+            )
+        ledger = Ledger(self.db)
+        ledger.create_task("digits", self.task)
+        ledger.close()
+
+    def start(self) -> None:
+        """Start the guardian and every answering party; returns once all are connected."""
+        self.port = self.port or _free_port()
+        register = [
+            a
+            for i in range(self.parties)
+            for a in ("--register", f"hospital-{i}={self.epsilon_cap}")
+        ]
+        extra = ["--noise-seed", self.noise_seed] if self.noise_seed else []
+        guardian = _spawn(
+            "guardian",
+            "guardian",
+            "--db",
+            self.db,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--pki",
+            str(self.pki_dir),
+            "--share-timeout",
+            str(self.share_timeout),
+            *register,
+            *extra,
+        )
+        self.procs.append(guardian)
+        guardian.wait_for("guardian serving")
+        self._say(f"guardian listening on 127.0.0.1:{self.port}")
+        for i in range(self.parties):
+            self.start_party(i)
+        for p in self.procs[1:]:
+            p.wait_for("connected to the guardian")
+        self._say(f"{self.parties} answering parties connected (no inbound ports)")
+
+    def start_party(self, i: int) -> Process:
+        proc = _spawn(
+            f"hospital-{i}",
+            "answerer",
+            "--model",
+            str(self.model_path(i)),
+            "--guardian",
+            f"127.0.0.1:{self.port}",
+            "--name",
+            f"hospital-{i}",
+            "--pki",
+            str(self.pki_dir),
+            "--server-name",
+            "localhost",
+        )
+        self.procs.append(proc)
+        return proc
+
+    def student(self) -> StudentClient:
+        return StudentClient(
+            f"127.0.0.1:{self.port}",
+            tls.TLSFiles.in_dir(self.pki_dir, "student"),
+            self.task_config,
+            server_name="localhost",
+        )
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.popen.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait(timeout=5)
+        self.procs.clear()
+
+    def __enter__(self) -> LocalConsortium:
+        self.prepare()
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "up", help="run a local consortium (guardian + N hospitals) until interrupted"
+    )
+    p.add_argument("--parties", type=int, default=5)
+    p.add_argument("--dir", type=Path, default=Path("consortium"))
+    p.add_argument("--epsilon", type=float, default=10.0, help="each hospital's epsilon cap")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    c = LocalConsortium(
+        args.dir, parties=args.parties, epsilon_cap=args.epsilon, log=lambda s: print(s, flush=True)
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with c:
+        print(
+            json.dumps(
+                {
+                    "guardian": f"127.0.0.1:{c.port}",
+                    "pki": str(c.pki_dir),
+                    "ledger": c.db,
+                    "task": c.task,
+                }
+            ),
+            flush=True,
+        )
+        print("consortium is up; Ctrl-C stops it", flush=True)
+        stop.wait()
+    return 0
