@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -40,3 +42,28 @@ def test_secure_argmax_benchmark_reports_correct_outputs() -> None:
         "base_ot_s",
     ):
         assert report[key] > 0, key
+
+
+@pytest.mark.slow
+def test_consortium_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/consortium.py",
+            "--parties",
+            "3",
+            "--queries",
+            "128",
+            "--batch",
+            "64",
+            "--dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["rounds"] == 2 and report["queries_per_s"] > 0 and report["secure_over_plain"] > 0

@@ -1,0 +1,171 @@
+"""End-to-end labelling throughput of a local consortium over mutual TLS.
+
+Guardian and P answering parties run as separate processes (capc up), each
+hospital with a small CNN on 28x28 inputs; the student labels Q queries in
+rounds of B. Prints one JSON object: labelled queries per second, round
+latency percentiles, a time split, and ``secure_over_plain``: the secure
+run's wall time over an in-process plaintext PATE aggregation with the same
+teachers, queries and mechanism.
+
+The split: ``inference_s`` and ``sharing_s`` are measured on the same
+teachers and batches in this process (the parties run them in parallel with
+each other); ``ledger_s`` times the reserve/release/commit transactions of as
+many rounds on a scratch ledger; ``mpc_s`` is the student's 2PC time;
+``network_s`` is what remains of the round-opening time: transfers and
+waiting for the slowest party, which on a small machine includes the
+parties' inference competing for the same cores.
+
+Usage: python benchmarks/consortium.py [--parties 10] [--queries 2048] [--batch 512] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from capc.models import load_teacher
+from capc.mpc.votes import one_hot_votes, share_votes
+from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise
+from capc.privacy.randomness import SecureRandom
+from services.guardian.ledger import Ledger
+from services.local import LocalConsortium
+
+
+def plain_pate(c: LocalConsortium, queries: np.ndarray, batch: int) -> float:
+    """Seconds for in-process PATE: every teacher predicts, histogram, noise, Confident-GNMax."""
+    teachers = [load_teacher(c.model_path(i)) for i in range(c.parties)]
+    task = c.task_config
+    spec = task.circuit_spec(c.parties)
+    rng = SecureRandom()
+    start = time.perf_counter()
+    for i in range(0, len(queries), batch):
+        xb = queries[i : i + batch]
+        hist = np.zeros((len(xb), task.num_classes))
+        for t in teachers:
+            hist[np.arange(len(xb)), t.predict(xb)] += 1
+        confident_decide(
+            hist,
+            spec.threshold,
+            gaussian_noise((len(xb),), spec.sigma1, rng),
+            gaussian_noise(hist.shape, spec.sigma2, rng),
+        )
+    return time.perf_counter() - start
+
+
+def local_costs(
+    c: LocalConsortium, queries: np.ndarray, batch: int, rounds: int
+) -> dict[str, float]:
+    """Per-run inference and sharing time of one party, and ledger time of ``rounds`` rounds."""
+    teacher = load_teacher(c.model_path(0))
+    key = os.urandom(32)
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    pub = X25519PrivateKey.from_private_bytes(key).public_key().public_bytes_raw()
+    inference = sharing = 0.0
+    for i in range(0, len(queries), batch):
+        t0 = time.perf_counter()
+        preds = teacher.predict(queries[i : i + batch])
+        t1 = time.perf_counter()
+        share_votes(one_hot_votes(preds, 10), pub, i, "hospital-0")
+        sharing += time.perf_counter() - t1
+        inference += t1 - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        ledger = Ledger(str(Path(tmp) / "scratch.db"))
+        ledger.create_task("digits", c.task)
+        for p in range(c.parties):
+            ledger.register_party(f"h{p}", 1e9)
+        cost = c.task_config.mechanism.worst_case(batch, ledger.orders)
+        t0 = time.perf_counter()
+        for r in range(rounds):
+            res = ledger.reserve(
+                f"r{r}",
+                "digits",
+                "student",
+                batch,
+                {f"h{p}": cost for p in range(c.parties)},
+                mechanism="confident-gnmax",
+                quorum=1,
+            )
+            ledger.release(res.round_id)
+            ledger.commit(res.round_id, {f"h{p}": cost for p in range(c.parties)})
+        ledger_s = time.perf_counter() - t0
+    return {"inference_s": inference, "sharing_s": sharing, "ledger_s": ledger_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parties", type=int, default=10)
+    ap.add_argument("--queries", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument(
+        "--dir", type=Path, default=None, help="keep PKI and teachers here between runs"
+    )
+    args = ap.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    directory = args.dir or Path(tmp.name)
+    c = LocalConsortium(directory / f"p{args.parties}", parties=args.parties, epsilon_cap=1e9)
+    t_setup = time.perf_counter()
+    with c:
+        setup_s = time.perf_counter() - t_setup
+        reps = -(-args.queries // len(c.queries))
+        queries = np.concatenate([c.queries] * reps)[: args.queries]
+        student = c.student()
+        student.label(queries[: args.batch], batch_size=args.batch)  # warm-up: base OTs, caches
+        start = time.perf_counter()
+        labels, rounds = student.label(queries, batch_size=args.batch)
+        wall = time.perf_counter() - start
+        student.close()
+        plain_s = plain_pate(c, queries, args.batch)
+        costs = local_costs(c, queries, args.batch, len(rounds))
+    per_round = [r.open_s + r.mpc_s for r in rounds]
+    mpc_s = sum(r.mpc_s for r in rounds)
+    open_s = sum(r.open_s for r in rounds)
+    truth = np.concatenate([c.truth] * reps)[: args.queries]
+    answered = labels >= 0
+    q = sorted(per_round)
+    print(
+        json.dumps(
+            {
+                "benchmark": "consortium",
+                "parties": args.parties,
+                "queries": args.queries,
+                "batch": args.batch,
+                "rounds": len(rounds),
+                "cores": os.cpu_count(),
+                "queries_per_s": round(args.queries / wall, 1),
+                "wall_s": round(wall, 3),
+                "round_p50_s": round(statistics.median(per_round), 3),
+                "round_p95_s": round(q[min(len(q) - 1, int(0.95 * len(q)))], 3),
+                "inference_s": round(costs["inference_s"], 3),
+                "sharing_s": round(costs["sharing_s"], 3),
+                "ledger_s": round(costs["ledger_s"], 3),
+                "mpc_s": round(mpc_s, 3),
+                "network_s": round(
+                    max(
+                        0.0, open_s - costs["inference_s"] - costs["sharing_s"] - costs["ledger_s"]
+                    ),
+                    3,
+                ),
+                "plain_pate_s": round(plain_s, 3),
+                "secure_over_plain": round(wall / plain_s, 2),
+                "answered_fraction": round(float(answered.mean()), 3),
+                "label_accuracy": round(float((labels[answered] == truth[answered]).mean()), 3)
+                if answered.any()
+                else None,
+                "setup_s": round(setup_s, 1),
+                "targets": {"queries_per_s_min": 100, "secure_over_plain_max": 3},
+            }
+        )
+    )
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
