@@ -169,6 +169,17 @@ class LocalConsortium:
 
     def start(self) -> None:
         """Start the guardian and every answering party; returns once all are connected."""
+        self.start_guardian()
+        self._say(f"guardian listening on 127.0.0.1:{self.port}")
+        for i in range(self.parties):
+            self.start_party(i)
+        for p in self.procs:
+            if p.name.startswith("hospital-"):
+                p.wait_for("connected to the guardian")
+        self._say(f"{self.parties} answering parties connected (no inbound ports)")
+
+    def start_guardian(self) -> Process:
+        """(Re)start the guardian on the same port and ledger; it recovers on start-up."""
         self.port = self.port or _free_port()
         register = [
             a
@@ -192,12 +203,14 @@ class LocalConsortium:
         )
         self.procs.append(guardian)
         guardian.wait_for("guardian serving")
-        self._say(f"guardian listening on 127.0.0.1:{self.port}")
-        for i in range(self.parties):
-            self.start_party(i)
-        for p in self.procs[1:]:
-            p.wait_for("connected to the guardian")
-        self._say(f"{self.parties} answering parties connected (no inbound ports)")
+        return guardian
+
+    def kill_guardian(self) -> None:
+        """SIGKILL the running guardian (crash tests)."""
+        for p in self.procs:
+            if p.name == "guardian" and p.popen.poll() is None:
+                p.popen.kill()
+                p.popen.wait(timeout=10)
 
     def start_party(self, i: int) -> Process:
         proc = _spawn(

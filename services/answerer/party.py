@@ -60,6 +60,7 @@ class AnsweringParty:
     def run(self, stop: threading.Event) -> None:
         """Stay connected until ``stop`` is set, reconnecting with backoff."""
         delay = 0.5
+        was_up = False
         while not stop.is_set():
             started = time.monotonic()
             try:
@@ -75,9 +76,10 @@ class AnsweringParty:
                 else:
                     log.warning("stream to the guardian broke (%s); reconnecting", code)
             finally:
+                was_up = self.connected.is_set()
                 self.connected.clear()
-            if time.monotonic() - started > 30:
-                delay = 0.5  # it had been up for a while: start backing off afresh
+            if was_up or time.monotonic() - started > 30:
+                delay = 0.5  # the guardian had accepted us: start backing off afresh
             stop.wait(delay * (0.5 + random.random()))
             delay = min(self.max_backoff, delay * 2)
 

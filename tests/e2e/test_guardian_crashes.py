@@ -1,0 +1,88 @@
+"""The guardian is SIGKILLed at random points during 50 rounds: no label is ever delivered uncharged."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from capc.mpc.channel import ProtocolError
+from capc.privacy.conversion import epsilon
+from services.guardian.ledger import Ledger
+from services.guardian.ledger.models import RoundState
+from services.local import LocalConsortium
+from services.student.client import RoundResult
+
+ROUNDS = 50
+BATCH = 32
+
+
+@pytest.fixture
+def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsortium]:
+    with LocalConsortium(tmp_path_factory.mktemp("crashes"), parties=4, share_timeout=10.0) as c:
+        yield c
+
+
+@pytest.mark.slow
+def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> None:
+    delivered: list[RoundResult] = []
+    stop = threading.Event()
+    kills = 0
+
+    def killer() -> None:
+        nonlocal kills
+        rng = random.Random(2026)
+        while kills < 6 and not stop.wait(rng.uniform(1.5, 5.0)):
+            consortium.kill_guardian()
+            kills += 1
+            consortium.start_guardian()
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    student = consortium.student()
+    deadline = time.monotonic() + 600
+    i = 0
+    try:
+        while len(delivered) < ROUNDS and time.monotonic() < deadline:
+            batch = consortium.queries[(i * BATCH) % 384 :][:BATCH]
+            i += 1
+            try:
+                delivered.append(student.label_batch(batch))
+            except (grpc.RpcError, ProtocolError, RuntimeError):
+                student.close(timeout=1)
+                student = consortium.student()
+                time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join()
+        student.close(timeout=5)
+    assert len(delivered) == ROUNDS
+    assert kills >= 3
+
+    # One last crash and restart: recovery settles every round still open.
+    consortium.kill_guardian()
+    consortium.start_guardian()
+    ledger = Ledger(consortium.db)
+    assert ledger.count_rounds(RoundState.RESERVED) == 0
+    assert ledger.count_rounds(RoundState.RELEASED) == 0
+    mech = consortium.task_config.mechanism
+    for r in delivered:
+        assert ledger.round_state(r.round_id) == RoundState.COMMITTED
+        owed = epsilon(
+            mech.actual(len(r.labels), int((r.labels >= 0).sum()), ledger.orders),
+            ledger.orders,
+            ledger.delta,
+        )[0]
+        entries = ledger.entries(round_id=r.round_id)
+        charged = {str(e["party"]): float(str(e["epsilon_alone"])) for e in entries}
+        for party in r.parties:
+            assert charged[party] >= owed * (1 - 1e-9), (r.round_id, party)
+    # Every party's total covers at least the rounds the student saw.
+    for b in ledger.budgets():
+        assert np.isfinite(b.spent)
+    assert ledger.verify_audit() > 0
