@@ -43,7 +43,7 @@ DEFAULT_TASK: dict[str, Any] = {
 HELD_OUT = 400
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -58,7 +58,14 @@ class Process:
     lines: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def output(self, timeout: float = 10.0) -> str:
+        """Everything the process printed, once it has exited and its output is drained."""
+        self.popen.wait(timeout=timeout)
+        self._reader.join(timeout)
+        return "".join(self.lines)
 
     def _pump(self) -> None:
         assert self.popen.stdout is not None
@@ -76,7 +83,8 @@ class Process:
         raise RuntimeError(f"{self.name} did not report {text!r}: {''.join(self.lines)[-2000:]}")
 
 
-def _spawn(name: str, *args: str) -> Process:
+def spawn(name: str, *args: str) -> Process:
+    """Run ``capc ARGS...`` as a child process with its output drained."""
     popen = subprocess.Popen(
         [sys.executable, "-m", "services.cli", *args],
         cwd=ROOT,
@@ -180,14 +188,14 @@ class LocalConsortium:
 
     def start_guardian(self) -> Process:
         """(Re)start the guardian on the same port and ledger; it recovers on start-up."""
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         register = [
             a
             for i in range(self.parties)
             for a in ("--register", f"hospital-{i}={self.epsilon_cap}")
         ]
         extra = ["--noise-seed", self.noise_seed] if self.noise_seed else []
-        guardian = _spawn(
+        guardian = spawn(
             "guardian",
             "guardian",
             "--db",
@@ -213,7 +221,7 @@ class LocalConsortium:
                 p.popen.wait(timeout=10)
 
     def start_party(self, i: int) -> Process:
-        proc = _spawn(
+        proc = spawn(
             f"hospital-{i}",
             "answerer",
             "--model",

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,64 +14,30 @@ from services.common import pki, tls
 from services.guardian.hub import PROTOCOL_VERSION
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
+from services.local import Process, free_port, spawn
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION)
 
 
-def start_guardian(pki_dir: Path, db: str, port: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli",
-            "guardian",
-            "--db",
-            db,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--pki",
-            str(pki_dir),
-            "--register",
-            "hospital-a=3",
-            "--register",
-            "hospital-b=3",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+def start_guardian(pki_dir: Path, db: str, port: int) -> Process:
+    proc = spawn(
+        "guardian",
+        "guardian",
+        "--db",
+        db,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--pki",
+        str(pki_dir),
+        "--register",
+        "hospital-a=3",
+        "--register",
+        "hospital-b=3",
     )
-    wait_for_line(proc, "guardian serving")
+    proc.wait_for("guardian serving")
     return proc
-
-
-def wait_for_line(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> str:
-    """Read the process's output until ``text`` appears; keep draining it afterwards."""
-    assert proc.stdout is not None
-    stream = proc.stdout
-    seen: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in stream:
-            seen.append(line)
-            if text in line:
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(timeout):
-        raise AssertionError(f"{text!r} not seen; output so far: {''.join(seen)}")
-    return "".join(seen)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -87,17 +49,17 @@ def pki_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
+def procs() -> Iterator[list[Process]]:
+    started: list[Process] = []
     yield started
     for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=10)
+        if p.popen.poll() is None:
+            p.popen.kill()
+        p.popen.wait(timeout=10)
 
 
 def test_guardian_survives_sigkill_without_undercounting(
-    pki_dir: Path, tmp_path: Path, procs: list[subprocess.Popen[str]]
+    pki_dir: Path, tmp_path: Path, procs: list[Process]
 ) -> None:
     db = str(tmp_path / "ledger.db")
     port = free_port()
@@ -118,8 +80,8 @@ def test_guardian_survives_sigkill_without_undercounting(
     released = ledger.reserve("r", "t", "student", 100, both, mechanism="gnmax", quorum=2)
     ledger.release(released.round_id)
     ledger.close()
-    procs[0].send_signal(signal.SIGKILL)
-    procs[0].wait(timeout=10)
+    procs[0].popen.send_signal(signal.SIGKILL)
+    procs[0].popen.wait(timeout=10)
 
     procs.append(start_guardian(pki_dir, db, port))
     reply = hub.ListParties(
@@ -137,50 +99,34 @@ def test_guardian_survives_sigkill_without_undercounting(
 
 
 def test_guardian_refuses_to_start_without_certificates(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "services.cli",
-            "guardian",
-            "--db",
-            str(tmp_path / "l.db"),
-            "--pki",
-            str(tmp_path),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ},
+    proc = spawn(
+        "guardian",
+        "guardian",
+        "--db",
+        str(tmp_path / "l.db"),
+        "--pki",
+        str(tmp_path),
+        "--listen",
+        "127.0.0.1:0",
     )
-    assert out.returncode == 2
-    assert "capc pki issue" in out.stderr
+    assert "capc pki issue" in proc.output(timeout=60)
+    assert proc.popen.returncode == 2
 
 
 def test_insecure_dev_warns_loudly(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli",
-            "guardian",
-            "--db",
-            str(tmp_path / "l.db"),
-            "--listen",
-            "127.0.0.1:0",
-            "--insecure-dev",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = spawn(
+        "guardian",
+        "guardian",
+        "--db",
+        str(tmp_path / "l.db"),
+        "--listen",
+        "127.0.0.1:0",
+        "--insecure-dev",
     )
     try:
-        seen = wait_for_line(proc, "guardian serving")
+        proc.wait_for("guardian serving")
+        seen = "".join(proc.lines)
         assert "insecure-dev" in seen and "Never use this with real patient data" in seen
     finally:
-        proc.kill()
-        proc.wait(timeout=10)
+        proc.popen.kill()
+        proc.popen.wait(timeout=10)
