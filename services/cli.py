@@ -11,6 +11,7 @@ from services import demo, local
 from services.answerer import main as answerer_main
 from services.common import pki
 from services.guardian import main as guardian_main
+from services.student import main as student_main
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     guardian_main.add_parser(sub)
     answerer_main.add_parser(sub)
     local.add_parser(sub)
+    student_main.add_parser(sub)
     return parser
 
 

@@ -108,6 +108,7 @@ class LocalConsortium:
     epochs: int = 8
     log: Any = None
     port: int = 0
+    student_port: int = 0
     procs: list[Process] = field(default_factory=list)
     queries: NDArray[np.float32] = field(
         default_factory=lambda: np.zeros((0, 1, 28, 28), dtype=np.float32)
@@ -212,6 +213,31 @@ class LocalConsortium:
         self.procs.append(guardian)
         guardian.wait_for("guardian serving")
         return guardian
+
+    def start_student(self) -> Process:
+        """Start ``capc student`` (the jobs API) on a free port; sets ``student_port``."""
+        task_file = self.directory / "digits.json"
+        task_file.write_text(json.dumps(self.task))
+        self.student_port = free_port()
+        proc = spawn(
+            "student",
+            "student",
+            "--guardian",
+            f"127.0.0.1:{self.port}",
+            "--task",
+            str(task_file),
+            "--db",
+            str(self.directory / "student.db"),
+            "--listen",
+            f"127.0.0.1:{self.student_port}",
+            "--pki",
+            str(self.pki_dir),
+            "--server-name",
+            "localhost",
+        )
+        self.procs.append(proc)
+        proc.wait_for("student serving jobs")
+        return proc
 
     def kill_guardian(self) -> None:
         """SIGKILL the running guardian (crash tests)."""

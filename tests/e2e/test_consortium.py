@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -22,9 +23,11 @@ from capc.privacy import events
 from capc.privacy.accountant import Accountant
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise
 from capc.privacy.randomness import SecureRandom
+from services.common import tls
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
+from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 
 PARTIES = 5
 NOISE_SEED = "e2e-consortium"
@@ -125,3 +128,78 @@ def test_a_party_that_drops_is_left_out_and_not_charged(
     assert ledger.budget("hospital-0").spent > 0
     # The hospital comes back without anyone restarting the guardian.
     consortium.start_party(4).wait_for("connected to the guardian")
+
+
+def test_student_service_runs_a_job_for_the_gateway(consortium: LocalConsortium) -> None:
+    consortium.start_student()
+    channel = tls.secure_channel(
+        f"127.0.0.1:{consortium.student_port}",
+        tls.TLSFiles.in_dir(consortium.pki_dir, "gateway"),
+        "localhost",
+    )
+    jobs = student_pb2_grpc.StudentPartyStub(channel)
+    header = common_pb2.Header(protocol_version=1, task="digits")
+    x = np.ascontiguousarray(consortium.queries[:100], dtype="<f4")
+    job = jobs.CreateJob(
+        student_pb2.CreateJobRequest(
+            header=header,
+            queries=common_pb2.QueryBatch(
+                tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+            ),
+            batch_size=40,
+        ),
+        timeout=30,
+    )
+    states = [
+        j.state
+        for j in jobs.WatchJob(student_pb2.WatchJobRequest(header=header, id=job.id), timeout=120)
+    ]
+    assert states[-1] == "done", states
+    results = jobs.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=30)
+    labels = np.frombuffer(results.labels.data, dtype="<i8")
+    assert len(labels) == 100 and results.job.rounds == 3
+    assert results.job.answered == int((labels >= 0).sum()) > 50
+    # Bad uploads are refused with a reason; nothing is queued.
+    bad = np.full((4, 1, 28, 28), np.nan, dtype="<f4")
+    with pytest.raises(grpc.RpcError) as err:
+        jobs.CreateJob(
+            student_pb2.CreateJobRequest(
+                header=header,
+                queries=common_pb2.QueryBatch(
+                    tensor=common_pb2.Tensor(
+                        shape=[4, 1, 28, 28], dtype="float32", data=bad.tobytes()
+                    )
+                ),
+            ),
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "NaN" in str(
+        err.value.details()
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        jobs.CreateJob(
+            student_pb2.CreateJobRequest(
+                header=header,
+                queries=common_pb2.QueryBatch(
+                    tensor=common_pb2.Tensor(shape=[2, 3], dtype="float32", data=bytes(24))
+                ),
+            ),
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "shape" in str(
+        err.value.details()
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        jobs.GetResults(student_pb2.GetResultsRequest(header=header, id="nope"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    # Hospitals may not use the student's jobs API.
+    hospital = student_pb2_grpc.StudentPartyStub(
+        tls.secure_channel(
+            f"127.0.0.1:{consortium.student_port}",
+            tls.TLSFiles.in_dir(consortium.pki_dir, "hospital-0"),
+            "localhost",
+        )
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        hospital.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=10)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -1,0 +1,1 @@
+"""The student party: labelling rounds with the guardian, jobs for the gateway."""

@@ -1,0 +1,91 @@
+"""``capc student``: run labelling jobs for the gateway against the guardian."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.common import pki, tls
+from services.common.task import TaskConfig, TaskError, config_hash
+from services.proto.capc.v1 import student_pb2_grpc
+from services.student.client import StudentClient
+from services.student.servicer import POLICY, SERVICE, JobRunner, StudentParty
+from services.student.store import JobStore
+
+log = logging.getLogger("capc.student")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("student", help="run the student party (jobs API for the gateway)")
+    p.add_argument("--guardian", required=True, help="guardian address host:port")
+    p.add_argument(
+        "--task",
+        type=Path,
+        required=True,
+        help="task configuration JSON (as registered with the guardian)",
+    )
+    p.add_argument("--task-name", default=None, help="task name (default: the file's stem)")
+    p.add_argument("--db", default="student.db", help="SQLite path or URL, or postgresql://...")
+    p.add_argument("--listen", default="127.0.0.1:50061", help="host:port of the jobs API")
+    p.add_argument("--pki", type=Path, default=Path("pki"))
+    p.add_argument("--name", default="student")
+    p.add_argument(
+        "--server-name", default=None, help="expected name in the guardian's certificate"
+    )
+    p.add_argument("--insecure-dev", action="store_true", help="plaintext gRPC (development only)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config = json.loads(args.task.read_text())
+        task = TaskConfig.parse(args.task_name or args.task.stem, config, config_hash(config))
+        files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
+        creds = None if files is None else tls.server_credentials(files)
+    except (OSError, ValueError, TaskError, pki.PKIError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    store = JobStore(args.db)
+    runner = JobRunner(
+        store,
+        lambda: StudentClient(
+            args.guardian, files, task, server_name=args.server_name, name=args.name
+        ),
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16),
+        interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
+        options=list(tls.SERVER_OPTIONS),
+    )
+    student_pb2_grpc.add_StudentPartyServicer_to_server(StudentParty(store, runner, task), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = (
+        server.add_insecure_port(args.listen)
+        if creds is None
+        else server.add_secure_port(args.listen, creds)
+    )
+    if port == 0:
+        print(f"error: could not listen on {args.listen}", file=sys.stderr)
+        return 2
+    if files is None:
+        log.warning(tls.INSECURE_WARNING)
+    server.start()
+    health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    print(f"student serving jobs on port {port} for task {task.name}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop(2).wait()
+    return 0

@@ -1,0 +1,170 @@
+"""The student party's store of labelling jobs and their labelled queries (SQLite or PostgreSQL)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from sqlalchemy import (
+    DateTime,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    create_engine,
+    select,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from services.guardian.ledger.store import normalise_url
+
+TERMINAL = ("done", "failed")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    task: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))
+    requested: Mapped[int] = mapped_column(Integer)
+    processed: Mapped[int] = mapped_column(Integer, default=0)
+    answered: Mapped[int] = mapped_column(Integer, default=0)
+    rounds: Mapped[int] = mapped_column(Integer, default=0)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    error: Mapped[str] = mapped_column(Text, default="")
+    queries: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class BatchRow(Base):
+    __tablename__ = "job_batches"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(Integer)
+    labels: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+def _pack(arr: NDArray[np.generic]) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _unpack(blob: bytes) -> NDArray[np.generic]:
+    return np.asarray(np.load(io.BytesIO(blob), allow_pickle=False))
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    task: str
+    state: str
+    requested: int
+    processed: int
+    answered: int
+    rounds: int
+    batch_size: int
+    error: str
+
+
+class JobStore:
+    """Jobs, their queries and the labels each round produced."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_engine(normalise_url(url))
+        Base.metadata.create_all(self.engine)
+
+    @staticmethod
+    def _job(row: JobRow) -> Job:
+        return Job(
+            row.id,
+            row.task,
+            row.state,
+            row.requested,
+            row.processed,
+            row.answered,
+            row.rounds,
+            row.batch_size,
+            row.error,
+        )
+
+    def create(self, task: str, queries: NDArray[np.float32], batch_size: int) -> Job:
+        with Session(self.engine) as s, s.begin():
+            row = JobRow(
+                id=str(uuid.uuid4()),
+                task=task,
+                state="queued",
+                requested=len(queries),
+                batch_size=batch_size,
+                queries=_pack(queries),
+                error="",
+                processed=0,
+                answered=0,
+                rounds=0,
+            )
+            s.add(row)
+            s.flush()
+            return self._job(row)
+
+    def get(self, job_id: str) -> Job | None:
+        with Session(self.engine) as s:
+            row = s.get(JobRow, job_id)
+            return None if row is None else self._job(row)
+
+    def queries(self, job_id: str) -> NDArray[np.float32]:
+        with Session(self.engine) as s:
+            row = s.get(JobRow, job_id)
+            if row is None:
+                raise KeyError(job_id)
+            return np.asarray(_unpack(row.queries), dtype=np.float32)
+
+    def record_batch(
+        self, job_id: str, index: int, round_id: int, labels: NDArray[np.int64]
+    ) -> None:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(JobRow, job_id, with_for_update=True)
+            assert row is not None
+            s.add(BatchRow(job_id=job_id, index=index, round_id=round_id, labels=_pack(labels)))
+            row.processed += len(labels)
+            row.answered += int((labels >= 0).sum())
+            row.rounds += 1
+            row.state = "running"
+
+    def finish(self, job_id: str, error: str = "") -> None:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(JobRow, job_id, with_for_update=True)
+            assert row is not None
+            row.state = "failed" if error else "done"
+            row.error = error
+
+    def labels(self, job_id: str) -> NDArray[np.int64]:
+        """Labels in query order; queries not yet processed are absent."""
+        with Session(self.engine) as s:
+            rows = s.scalars(
+                select(BatchRow).where(BatchRow.job_id == job_id).order_by(BatchRow.index)
+            )
+            parts = [np.asarray(_unpack(r.labels), dtype=np.int64) for r in rows]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def resume_points(self) -> list[tuple[str, int]]:
+        """Unfinished jobs and the batch index each should continue from."""
+        with Session(self.engine) as s:
+            jobs = list(s.scalars(select(JobRow).where(JobRow.state.in_(["queued", "running"]))))
+            out = []
+            for j in jobs:
+                done = len(list(s.scalars(select(BatchRow.index).where(BatchRow.job_id == j.id))))
+                out.append((j.id, done))
+            return out
