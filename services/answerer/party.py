@@ -24,6 +24,7 @@ import numpy as np
 from capc.models import Teacher
 from capc.mpc.votes import one_hot_votes, share_votes
 from services.common import tls
+from services.common.recipes import regenerate
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.answerer")
@@ -152,11 +153,17 @@ class AnsweringParty:
         outgoing: queue.Queue[guardian_pb2.PartyMessage | None],
     ) -> None:
         try:
-            t = work.queries.tensor
-            if work.queries.WhichOneof("source") != "tensor" or t.dtype != "float32":
-                raise ValueError("only float32 tensor queries are supported by this party")
-            x = np.frombuffer(t.data, dtype="<f4").reshape(tuple(t.shape))
-            preds = self.teacher.predict(x)
+            source = work.queries.WhichOneof("source")
+            if source == "recipe":
+                # Synthetic queries: regenerate, check the hash, normalise with their own statistics.
+                x = regenerate(work.queries.recipe)
+                preds = self.teacher.predict(x, current_statistics=True)
+            elif source == "tensor" and work.queries.tensor.dtype == "float32":
+                t = work.queries.tensor
+                x = np.frombuffer(t.data, dtype="<f4").reshape(tuple(t.shape))
+                preds = self.teacher.predict(x)
+            else:
+                raise ValueError("this party answers float32 tensors and recipes")
             votes = one_hot_votes(preds, self.teacher.num_classes)
             share, sealed = share_votes(
                 votes, bytes(work.student_public_key), work.round_id, self.name

@@ -28,6 +28,7 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
+from services.common.recipes import RecipeError, recipe_from_proto
 from services.common.task import TaskConfig
 from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -292,9 +293,26 @@ class RoundEngine:
 
 
 def _check_queries(queries: common_pb2.QueryBatch, task: TaskConfig) -> int:
-    if queries.WhichOneof("source") != "tensor":
+    source = queries.WhichOneof("source")
+    if source == "recipe":
+        try:
+            recipe = recipe_from_proto(queries.recipe)
+        except RecipeError as err:
+            raise RoundInputError(str(err)) from err
+        if recipe.shape != task.input_shape:
+            raise RoundInputError(
+                f"recipe shape {recipe.shape} is not the task's input shape {task.input_shape}"
+            )
+        if recipe.count > MAX_BATCH:
+            raise RoundInputError(f"a round holds 1 to {MAX_BATCH} queries, got {recipe.count}")
+        if len(queries.recipe.batch_hash) != 32:
+            raise RoundInputError(
+                "a recipe must carry the 32-byte SHA-256 of its batch, for every party to check"
+            )
+        return recipe.count
+    if source != "tensor":
         raise RoundInputError(
-            "this guardian takes plain tensor queries; recipes and ciphertexts are not supported yet"
+            "queries must be a float32 tensor or a recipe; encrypted queries are not supported yet"
         )
     t = queries.tensor
     if t.dtype != "float32":

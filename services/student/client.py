@@ -17,10 +17,12 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import NDArray
 
+from capc.data.generators import Recipe
 from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import student_share_sum
 from services.common import tls
 from services.common.mpc_stream import StreamChannel
+from services.common.recipes import recipe_to_proto
 from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
@@ -83,22 +85,28 @@ class StudentClient:
     def label_batch(self, queries: NDArray[np.float32]) -> RoundResult:
         """Label one batch (B, *input_shape) through one round; -1 where not answered."""
         x = np.ascontiguousarray(queries, dtype="<f4")
+        tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+        return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0])
+
+    def label_recipe(self, recipe: Recipe) -> RoundResult:
+        """Label a batch of programmatic queries: every party regenerates it from the recipe."""
+        return self._round(common_pb2.QueryBatch(recipe=recipe_to_proto(recipe)), recipe.count)
+
+    def _round(self, batch_msg: common_pb2.QueryBatch, batch: int) -> RoundResult:
         session = self._ensure_session()
         start = time.perf_counter()
         reply = self._stub.OpenRound(
             guardian_pb2.OpenRoundRequest(
                 header=self.header,
                 round_key=uuid.uuid4().hex,
-                queries=common_pb2.QueryBatch(
-                    tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-                ),
+                queries=batch_msg,
                 student_public_key=self.key.public_key().public_bytes_raw(),
             ),
             metadata=self._meta,
             timeout=self.timeout,
         )
         opened = time.perf_counter()
-        batch, k = x.shape[0], self.task.num_classes
+        k = self.task.num_classes
         sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
         if set(sealed) != set(reply.included):
             raise RuntimeError("the guardian's seeds do not match the parties it reports")

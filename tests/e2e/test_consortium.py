@@ -17,6 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
+from capc.data.generators import Recipe
 from capc.models import load_teacher
 from capc.mpc.mechanism_circuits import round_noise
 from capc.privacy import events
@@ -24,6 +25,7 @@ from capc.privacy.accountant import Accountant
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
+from services.common.recipes import recipe_to_proto
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
@@ -203,3 +205,21 @@ def test_student_service_runs_a_job_for_the_gateway(consortium: LocalConsortium)
     with pytest.raises(grpc.RpcError) as err:
         hospital.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=10)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_programmatic_queries_travel_as_recipes(consortium: LocalConsortium) -> None:
+    """Answering parties regenerate the batch from the recipe, check its hash, and vote on it."""
+    student = consortium.student()
+    recipe = Recipe("dead_leaves", seed=11, start=0, count=48, shape=(1, 28, 28))
+    result = student.label_recipe(recipe)
+    student.close()
+    assert len(result.labels) == 48 and len(result.parties) >= 3
+    # A recipe whose hash does not match what the parties regenerate is refused by every party.
+    student = consortium.student()
+    forged = recipe_to_proto(Recipe("spectral", seed=11, start=0, count=8, shape=(1, 28, 28)))
+    forged.batch_hash = bytes(32)
+    with pytest.raises(grpc.RpcError) as err:
+        student._round(common_pb2.QueryBatch(recipe=forged), 8)
+    student.close()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "nothing was charged" in str(err.value.details())

@@ -1,0 +1,212 @@
+"""Programmatic queries: procedural images from a recipe, identical on every party.
+
+A :class:`Recipe` (generator, parameters, seed, index range, shape) names a
+batch; image ``i`` depends only on (generator, parameters, seed, i), so any
+party regenerates exactly the same images for any index range, and
+:func:`batch_hash` lets them check it. Pixel work is vectorised over the
+batch; Python loops run only over images' random parameters or over a few
+layers (discs, IFS iterations), never over pixels.
+
+Generators (values in [0, 1], float32, shape (count, C, H, W)):
+- ``gaussian``: clipped Gaussian noise, mean 0.5, std ``std``;
+- ``spectral``: 1/f^alpha noise with a random exponent and orientation
+  (oriented textures when ``anisotropy`` > 0);
+- ``dead_leaves``: ``discs`` occluding discs with power-law radii;
+- ``fractal``: attractors of random 2-D iterated function systems;
+- ``mix``: each image from one of the above, chosen by its index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatImages = NDArray[np.float32]
+MAX_COUNT = 65_536
+
+
+def _rngs(seed: int, start: int, count: int, salt: int = 0) -> list[np.random.Generator]:
+    return [np.random.default_rng([seed, salt, start + i]) for i in range(count)]
+
+
+def _normalise(x: NDArray[np.float64]) -> FloatImages:
+    lo = x.min(axis=(1, 2, 3), keepdims=True)
+    hi = x.max(axis=(1, 2, 3), keepdims=True)
+    return np.asarray((x - lo) / np.maximum(hi - lo, 1e-12), dtype=np.float32)
+
+
+def gaussian(
+    seed: int, start: int, count: int, shape: tuple[int, int, int], std: float = 0.25
+) -> FloatImages:
+    z = np.stack([r.standard_normal(shape) for r in _rngs(seed, start, count)])
+    return np.asarray(np.clip(0.5 + std * z, 0.0, 1.0), dtype=np.float32)
+
+
+def spectral(
+    seed: int,
+    start: int,
+    count: int,
+    shape: tuple[int, int, int],
+    alpha_range: tuple[float, float] = (1.0, 2.5),
+    anisotropy: float = 0.5,
+) -> FloatImages:
+    _, h, w = shape
+    rngs = _rngs(seed, start, count)
+    white = np.stack([r.standard_normal(shape) for r in rngs])
+    params = np.array(
+        [[r.uniform(*alpha_range), r.uniform(0, np.pi), r.uniform(0, anisotropy)] for r in rngs]
+    )
+    fy = np.fft.fftfreq(h)[:, None]
+    fx = np.fft.rfftfreq(w)[None, :]
+    theta = params[:, 1][:, None, None]
+    u = fx * np.cos(theta) + fy * np.sin(theta)
+    v = -fx * np.sin(theta) + fy * np.cos(theta)
+    stretch = 1.0 + params[:, 2][:, None, None] * 4.0
+    f = np.sqrt((u * stretch) ** 2 + v**2)
+    f[:, 0, 0] = 1.0
+    gain = f ** (-params[:, 0][:, None, None])
+    gain[:, 0, 0] = 0.0
+    spectrum = np.fft.rfft2(white) * gain[:, None]
+    return _normalise(np.fft.irfft2(spectrum, s=(h, w)))
+
+
+def dead_leaves(
+    seed: int, start: int, count: int, shape: tuple[int, int, int], discs: int = 60
+) -> FloatImages:
+    c, h, w = shape
+    rngs = _rngs(seed, start, count)
+    # Per image and disc: centre, radius (power law), colour per channel.
+    cy = np.stack([r.uniform(0, h, discs) for r in rngs])
+    cx = np.stack([r.uniform(0, w, discs) for r in rngs])
+    rad = np.stack([(0.03 + 0.5 * r.pareto(2.0, discs) / 3.0) * max(h, w) * 0.25 for r in rngs])
+    col = np.stack([r.uniform(0, 1, (discs, c)) for r in rngs])
+    img = np.stack([np.broadcast_to(r.uniform(0, 1, (c, 1, 1)), shape) for r in rngs]).astype(
+        np.float64
+    )
+    yy, xx = np.mgrid[0:h, 0:w]
+    for k in range(discs):  # later discs fall on top of earlier ones
+        inside = (yy[None] - cy[:, k, None, None]) ** 2 + (
+            xx[None] - cx[:, k, None, None]
+        ) ** 2 <= rad[:, k, None, None] ** 2
+        img = np.where(inside[:, None], col[:, k, :, None, None], img)
+    return img.astype(np.float32)
+
+
+def fractal(
+    seed: int,
+    start: int,
+    count: int,
+    shape: tuple[int, int, int],
+    maps: int = 4,
+    points: int = 4000,
+    steps: int = 24,
+) -> FloatImages:
+    c, h, w = shape
+    rngs = _rngs(seed, start, count)
+    # Contractive affine maps: A = R(theta) diag(s1, s2) R(phi), |s| < 1.
+    a = np.zeros((count, maps, 2, 2))
+    b = np.zeros((count, maps, 2))
+    for n, r in enumerate(rngs):
+        for m in range(maps):
+            s = r.uniform(0.25, 0.8, 2) * r.choice([-1, 1], 2)
+            t1, t2 = r.uniform(0, 2 * np.pi, 2)
+            r1 = np.array([[np.cos(t1), -np.sin(t1)], [np.sin(t1), np.cos(t1)]])
+            r2 = np.array([[np.cos(t2), -np.sin(t2)], [np.sin(t2), np.cos(t2)]])
+            a[n, m] = r1 @ np.diag(s) @ r2
+            b[n, m] = r.uniform(-1, 1, 2)
+    choice = np.stack(
+        [r.integers(0, maps, (steps, points)) for r in rngs], axis=1
+    )  # (steps, count, points)
+    p = np.stack([r.uniform(-1, 1, (points, 2)) for r in rngs])
+    idx = np.arange(count)[:, None]
+    for t in range(steps):
+        m = choice[t]
+        p = np.einsum("npij,npj->npi", a[idx, m], p) + b[idx, m]
+    p = p[:, points // 10 :]  # drop the burn-in
+    lo = p.min(axis=1, keepdims=True)
+    hi = p.max(axis=1, keepdims=True)
+    q = (p - lo) / np.maximum(hi - lo, 1e-9)
+    iy = np.clip((q[..., 1] * (h - 1)).round().astype(np.int64), 0, h - 1)
+    ix = np.clip((q[..., 0] * (w - 1)).round().astype(np.int64), 0, w - 1)
+    img = np.zeros((count, h, w))
+    np.add.at(img, (np.broadcast_to(idx, iy.shape), iy, ix), 1.0)
+    img = np.log1p(img)
+    return _normalise(np.repeat(img[:, None], c, axis=1))
+
+
+GENERATORS: dict[str, Callable[..., FloatImages]] = {
+    "gaussian": gaussian,
+    "spectral": spectral,
+    "dead_leaves": dead_leaves,
+    "fractal": fractal,
+}
+
+
+def mix(
+    seed: int,
+    start: int,
+    count: int,
+    shape: tuple[int, int, int],
+    names: tuple[str, ...] = ("spectral", "dead_leaves", "fractal"),
+) -> FloatImages:
+    out = np.empty((count, *shape), dtype=np.float32)
+    which = np.array(
+        [np.random.default_rng([seed, 1, start + i]).integers(len(names)) for i in range(count)]
+    )
+    for g, name in enumerate(names):
+        sel = np.flatnonzero(which == g)
+        for i in sel:  # keep each image a function of its own index
+            out[i] = GENERATORS[name](seed, start + int(i), 1, shape)[0]
+    return out
+
+
+GENERATORS["mix"] = mix
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A batch of programmatic queries: images start..start+count-1 of (generator, params, seed)."""
+
+    generator: str
+    seed: int
+    start: int
+    count: int
+    shape: tuple[int, int, int]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.generator not in GENERATORS:
+            raise ValueError(
+                f"unknown generator {self.generator!r}; known: {', '.join(sorted(GENERATORS))}"
+            )
+        if not 1 <= self.count <= MAX_COUNT or self.start < 0 or self.seed < 0:
+            raise ValueError(f"a recipe needs seed >= 0, start >= 0 and 1 <= count <= {MAX_COUNT}")
+        if len(self.shape) != 3 or min(self.shape) < 1 or self.shape[1] < 4 or self.shape[2] < 4:
+            raise ValueError(
+                f"shape must be (channels, height, width) with sides >= 4, got {self.shape}"
+            )
+
+    @property
+    def params_json(self) -> str:
+        return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
+
+    def generate(self) -> FloatImages:
+        """The images, (count, C, H, W) float32 in [0, 1]."""
+        try:
+            return GENERATORS[self.generator](
+                self.seed, self.start, self.count, self.shape, **self.params
+            )
+        except TypeError as err:
+            raise ValueError(f"bad parameters for {self.generator}: {err}") from err
+
+
+def batch_hash(images: FloatImages) -> bytes:
+    """SHA-256 of the images' float32 bytes with their shape: what parties compare."""
+    x = np.ascontiguousarray(images, dtype="<f4")
+    return hashlib.sha256(json.dumps(list(x.shape)).encode() + x.tobytes()).digest()

@@ -1,0 +1,55 @@
+"""Programmatic-query recipes on the wire (common.proto Recipe <-> capc.data Recipe)."""
+
+from __future__ import annotations
+
+import json
+
+from capc.data.generators import FloatImages, Recipe, batch_hash
+from services.proto.capc.v1 import common_pb2
+
+
+class RecipeError(ValueError):
+    """A recipe message is malformed or its batch does not match its hash."""
+
+
+def recipe_from_proto(msg: common_pb2.Recipe) -> Recipe:
+    try:
+        params = json.loads(msg.params_json) if msg.params_json else {}
+        if not isinstance(params, dict):
+            raise ValueError("params_json must be a JSON object")
+        shape = tuple(int(x) for x in msg.shape)
+        if len(shape) != 3:
+            raise ValueError(f"shape must be (channels, height, width), got {shape}")
+        return Recipe(
+            msg.generator,
+            int(msg.seed),
+            int(msg.start),
+            int(msg.count),
+            (shape[0], shape[1], shape[2]),
+            params,
+        )
+    except (ValueError, TypeError) as err:
+        raise RecipeError(f"bad recipe: {err}") from err
+
+
+def recipe_to_proto(recipe: Recipe, with_hash: bool = True) -> common_pb2.Recipe:
+    """The wire form; ``with_hash`` generates the batch once to attach its SHA-256."""
+    return common_pb2.Recipe(
+        generator=recipe.generator,
+        params_json=recipe.params_json,
+        seed=recipe.seed,
+        start=recipe.start,
+        count=recipe.count,
+        shape=list(recipe.shape),
+        batch_hash=batch_hash(recipe.generate()) if with_hash else b"",
+    )
+
+
+def regenerate(msg: common_pb2.Recipe) -> FloatImages:
+    """The recipe's images, after checking them against the hash the student sent."""
+    images = recipe_from_proto(msg).generate()
+    if batch_hash(images) != bytes(msg.batch_hash):
+        raise RecipeError(
+            "regenerated batch does not match the recipe's hash: this party's generator differs from the student's"
+        )
+    return images
