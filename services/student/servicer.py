@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -11,7 +12,9 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
+from capc.data.generators import Recipe
 from capc.mpc.channel import ProtocolError
+from services.common.recipes import RecipeError, recipe_from_proto
 from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
@@ -66,14 +69,28 @@ class JobRunner:
         if job is None:
             return
         queries = self.store.queries(job_id)
+        recipe = self.store.recipe(job_id)
+        spec = json.loads(recipe) if recipe else None
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
-            batch = queries[index * job.batch_size : (index + 1) * job.batch_size]
+            lo, hi = index * job.batch_size, min(len(queries), (index + 1) * job.batch_size)
+            batch = queries[lo:hi]
             for attempt in range(3):
                 try:
                     if self._client is None:
                         self._client = self._make_client()
-                    result = self._client.label_batch(batch)
+                    if spec is not None:
+                        part = Recipe(
+                            spec["generator"],
+                            spec["seed"],
+                            spec["start"] + lo,
+                            hi - lo,
+                            tuple(spec["shape"]),
+                            spec["params"],
+                        )
+                        result = self._client.label_recipe(part)
+                    else:
+                        result = self._client.label_batch(batch)
                     self.store.record_batch(job_id, index, result.round_id, result.labels)
                     break
                 except grpc.RpcError as err:
@@ -127,12 +144,51 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self, request: student_pb2.CreateJobRequest, context: grpc.ServicerContext
     ) -> student_pb2.Job:
         self._check(request.header, context)
-        if request.queries.WhichOneof("source") != "tensor":
+        source = request.queries.WhichOneof("source")
+        recipe_json = None
+        if source == "recipe":
+            try:
+                recipe = recipe_from_proto(request.queries.recipe)
+            except RecipeError as err:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            if recipe.shape != self.task.input_shape:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"recipe shape {recipe.shape} is not the task's input shape {self.task.input_shape}",
+                )
+            if recipe.count > MAX_QUERIES:
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a job holds 1 to {MAX_QUERIES} queries, got {recipe.count}",
+                )
+            x = recipe.generate()
+            recipe_json = json.dumps(
+                {
+                    "generator": recipe.generator,
+                    "seed": recipe.seed,
+                    "start": recipe.start,
+                    "count": recipe.count,
+                    "shape": list(recipe.shape),
+                    "params": recipe.params,
+                }
+            )
+        elif source == "tensor":
+            x = self._tensor(request.queries.tensor, context)
+        else:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "jobs take an uploaded float32 tensor or a recipe"
+            )
+        batch = request.batch_size or 256
+        if not 1 <= batch <= MAX_BATCH:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "jobs take an uploaded float32 tensor of queries; recipes are not supported yet",
+                f"batch_size must lie in [1, {MAX_BATCH}], got {batch}",
             )
-        t = request.queries.tensor
+        job = self.store.create(self.task.name, x.astype(np.float32), batch, recipe_json)
+        self.runner.submit(job.id)
+        return to_proto(job)
+
+    def _tensor(self, t: common_pb2.Tensor, context: grpc.ServicerContext) -> np.ndarray:
         shape = tuple(t.shape)
         if (
             t.dtype != "float32"
@@ -156,15 +212,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         x = np.frombuffer(t.data, dtype="<f4").reshape(shape)
         if not np.isfinite(x).all():
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "queries contain NaN or infinity")
-        batch = request.batch_size or 256
-        if not 1 <= batch <= MAX_BATCH:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"batch_size must lie in [1, {MAX_BATCH}], got {batch}",
-            )
-        job = self.store.create(self.task.name, x.astype(np.float32), batch)
-        self.runner.submit(job.id)
-        return to_proto(job)
+        return x
 
     def _job(self, job_id: str, context: grpc.ServicerContext) -> Job:
         job = self.store.get(job_id)

@@ -46,6 +46,8 @@ class JobRow(Base):
     batch_size: Mapped[int] = mapped_column(Integer)
     error: Mapped[str] = mapped_column(Text, default="")
     queries: Mapped[bytes] = mapped_column(LargeBinary)
+    #: For programmatic queries: the recipe (JSON) the rounds are sent as.
+    recipe: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
@@ -101,7 +103,9 @@ class JobStore:
             row.error,
         )
 
-    def create(self, task: str, queries: NDArray[np.float32], batch_size: int) -> Job:
+    def create(
+        self, task: str, queries: NDArray[np.float32], batch_size: int, recipe: str | None = None
+    ) -> Job:
         with Session(self.engine) as s, s.begin():
             row = JobRow(
                 id=str(uuid.uuid4()),
@@ -110,6 +114,7 @@ class JobStore:
                 requested=len(queries),
                 batch_size=batch_size,
                 queries=_pack(queries),
+                recipe=recipe,
                 error="",
                 processed=0,
                 answered=0,
@@ -123,6 +128,11 @@ class JobStore:
         with Session(self.engine) as s:
             row = s.get(JobRow, job_id)
             return None if row is None else self._job(row)
+
+    def recipe(self, job_id: str) -> str | None:
+        with Session(self.engine) as s:
+            row = s.get(JobRow, job_id)
+            return None if row is None else row.recipe
 
     def queries(self, job_id: str) -> NDArray[np.float32]:
         with Session(self.engine) as s:

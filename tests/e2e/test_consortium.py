@@ -161,6 +161,24 @@ def test_student_service_runs_a_job_for_the_gateway(consortium: LocalConsortium)
     labels = np.frombuffer(results.labels.data, dtype="<i8")
     assert len(labels) == 100 and results.job.rounds == 3
     assert results.job.answered == int((labels >= 0).sum()) > 50
+    # A job of programmatic queries: each round travels as a recipe.
+    recipe = recipe_to_proto(
+        Recipe("spectral", seed=5, start=0, count=50, shape=(1, 28, 28)), with_hash=False
+    )
+    job = jobs.CreateJob(
+        student_pb2.CreateJobRequest(
+            header=header, queries=common_pb2.QueryBatch(recipe=recipe), batch_size=25
+        ),
+        timeout=30,
+    )
+    states = [
+        j.state
+        for j in jobs.WatchJob(student_pb2.WatchJobRequest(header=header, id=job.id), timeout=120)
+    ]
+    assert states[-1] == "done", states
+    results = jobs.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=30)
+    assert results.job.rounds == 2 and len(np.frombuffer(results.labels.data, dtype="<i8")) == 50
+    assert tuple(results.queries.shape) == (50, 1, 28, 28)
     # Bad uploads are refused with a reason; nothing is queued.
     bad = np.full((4, 1, 28, 28), np.nan, dtype="<f4")
     with pytest.raises(grpc.RpcError) as err:
