@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, by exact version: the CPU build is installed from a local file
 	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	# offline images: only the data files are read, so its TensorFlow dependency is skipped
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt animal-mnist==0.4
 	@touch $(STAMP)
 
 demo: $(STAMP)

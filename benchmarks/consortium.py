@@ -35,7 +35,7 @@ from capc.mpc.votes import one_hot_votes, share_votes
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.guardian.ledger import Ledger
-from services.local import LocalConsortium
+from services.local import TASK_NAME, LocalConsortium
 
 
 def plain_pate(c: LocalConsortium, queries: np.ndarray, batch: int) -> float:
@@ -78,7 +78,7 @@ def local_costs(
         inference += t1 - t0
     with tempfile.TemporaryDirectory() as tmp:
         ledger = Ledger(str(Path(tmp) / "scratch.db"))
-        ledger.create_task("digits", c.task)
+        ledger.create_task(TASK_NAME, c.task)
         for p in range(c.parties):
             ledger.register_party(f"h{p}", 1e9)
         cost = c.task_config.mechanism.worst_case(batch, ledger.orders)
@@ -86,7 +86,7 @@ def local_costs(
         for r in range(rounds):
             res = ledger.reserve(
                 f"r{r}",
-                "digits",
+                TASK_NAME,
                 "student",
                 batch,
                 {f"h{p}": cost for p in range(c.parties)},

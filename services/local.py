@@ -1,7 +1,7 @@
 """``capc up``: a local consortium of real processes on this machine.
 
 Creates the consortium PKI, trains a quick teacher per hospital on a disjoint
-part of the offline data (unless checkpoints exist), registers a task in a
+part of the offline data (animal-mnist by default) (unless checkpoints exist), registers a task in a
 SQLite ledger, and starts the guardian and N answering parties as separate
 processes over mutual TLS. The e2e tests, the consortium benchmark and the
 demo use it; on the command line it runs until interrupted.
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.data.offline import digits, partition
+from capc.data.offline import animal_mnist, digits, partition
 from capc.learning.supervised import fit
 from capc.models import Teacher, build, save_teacher
 from services.common import pki, tls
@@ -33,6 +33,7 @@ from services.guardian.ledger import Ledger
 from services.student.client import StudentClient
 
 ROOT = Path(__file__).resolve().parents[1]
+TASK_NAME = "images"
 DEFAULT_TASK: dict[str, Any] = {
     "num_classes": 10,
     "input_shape": [1, 28, 28],
@@ -101,6 +102,7 @@ class LocalConsortium:
 
     directory: Path
     parties: int = 5
+    dataset: str = "animal-mnist"
     task: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASK))
     epsilon_cap: float = 1e6
     noise_seed: str | None = None
@@ -125,7 +127,7 @@ class LocalConsortium:
 
     @property
     def task_config(self) -> TaskConfig:
-        return TaskConfig.parse("digits", self.task, config_hash(self.task))
+        return TaskConfig.parse(TASK_NAME, self.task, config_hash(self.task))
 
     def model_path(self, i: int) -> Path:
         return self.directory / f"hospital-{i}.pt"
@@ -142,7 +144,11 @@ class LocalConsortium:
             pki.issue(self.pki_dir, "guardian", "guardian")
             pki.issue(self.pki_dir, "student", "student")
             pki.issue(self.pki_dir, "gateway", "gateway")
-        x, y = digits(int(self.task["input_shape"][-1]))
+        x, y = (
+            animal_mnist()
+            if self.dataset == "animal-mnist"
+            else digits(int(self.task["input_shape"][-1]))
+        )
         rng = np.random.default_rng(7)
         order = rng.permutation(len(x))
         test, train = order[:HELD_OUT], order[HELD_OUT:]
@@ -169,11 +175,14 @@ class LocalConsortium:
                     tuple(self.task["input_shape"]),
                     10,
                     model,
-                    {"data": f"digits, partition {i} of {self.parties}", "examples": len(idx)},
+                    {
+                        "data": f"{self.dataset}, partition {i} of {self.parties}",
+                        "examples": len(idx),
+                    },
                 ),
             )
         ledger = Ledger(self.db)
-        ledger.create_task("digits", self.task)
+        ledger.create_task(TASK_NAME, self.task)
         ledger.close()
 
     def start(self) -> None:
@@ -216,7 +225,7 @@ class LocalConsortium:
 
     def start_student(self) -> Process:
         """Start ``capc student`` (the jobs API) on a free port; sets ``student_port``."""
-        task_file = self.directory / "digits.json"
+        task_file = self.directory / f"{TASK_NAME}.json"
         task_file.write_text(json.dumps(self.task))
         self.student_port = free_port()
         proc = spawn(

@@ -1,6 +1,18 @@
-"""Offline datasets: scikit-learn digits (upsampled) and disjoint partitions for hospitals."""
+"""Offline datasets and disjoint partitions for hospitals.
+
+- animal-mnist: 10,000 real 28x28 grey images in 10 classes (MIT licence),
+  read straight from the gzipped pickles inside the installed wheel (its own
+  loader imports TensorFlow, so it is not used);
+- scikit-learn digits: 1,797 8x8 digits, upsampled to 28x28 if asked.
+Nothing is downloaded.
+"""
 
 from __future__ import annotations
+
+import gzip
+import importlib.util
+import pickle
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,6 +29,27 @@ def digits(size: int = 28) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
     if size != 8:
         x = functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
     return x.numpy().astype(np.float32), d.target.astype(np.int64)
+
+
+ANIMAL_MNIST_CLASSES = 10
+
+
+def animal_mnist() -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    """animal-mnist as (10000, 1, 28, 28) floats in [0, 1] and (10000,) labels."""
+    spec = importlib.util.find_spec("animal_mnist")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the animal-mnist package is not installed (pip install animal-mnist)"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "data" / "Animal_MNIST"
+    # The wheel ships its arrays as gzipped pickles; they come from the installed package only.
+    with gzip.open(folder / "animal_data_version_3.gz", "rb") as f:
+        images = np.asarray(pickle.load(f))
+    with gzip.open(folder / "animal_label_version_3.gz", "rb") as f:
+        labels = np.asarray(pickle.load(f))
+    if images.shape != (10_000, 28, 28) or labels.shape != (10_000,):
+        raise ValueError(f"unexpected animal-mnist arrays: {images.shape}, {labels.shape}")
+    return (images.astype(np.float32) / 255.0)[:, None], labels.astype(np.int64)
 
 
 def partition(n: int, parts: int, seed: int = 0) -> list[NDArray[np.int64]]:

@@ -1,6 +1,6 @@
 """A real local consortium: guardian and five answering parties as separate processes over mutual TLS.
 
-The student labels held-out digits through the network. With the guardian's
+The student labels held-out animal-mnist images through the network. With the guardian's
 test-only noise seed the test replays the noise and checks every label
 against capc.privacy's plaintext Confident-GNMax on the same teachers, and
 checks the ledger against an independent accountant.
@@ -28,7 +28,7 @@ from services.common import tls
 from services.common.recipes import recipe_to_proto
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
-from services.local import LocalConsortium
+from services.local import TASK_NAME, LocalConsortium
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 
 PARTIES = 5
@@ -81,7 +81,7 @@ def test_labels_equal_the_plaintext_mechanism_and_the_ledger_is_exact(
     )
     np.testing.assert_array_equal(labels, expected)
     answered = labels >= 0
-    assert answered.mean() > 0.5 and (labels[answered] == truth[answered]).mean() > 0.8
+    assert answered.mean() > 0.5 and (labels[answered] == truth[answered]).mean() > 0.6
 
     ledger = Ledger(consortium.db)
     # The guardian commits a round after the student's last message; until then
@@ -140,7 +140,7 @@ def test_student_service_runs_a_job_for_the_gateway(consortium: LocalConsortium)
         "localhost",
     )
     jobs = student_pb2_grpc.StudentPartyStub(channel)
-    header = common_pb2.Header(protocol_version=1, task="digits")
+    header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
     x = np.ascontiguousarray(consortium.queries[:100], dtype="<f4")
     job = jobs.CreateJob(
         student_pb2.CreateJobRequest(
