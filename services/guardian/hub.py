@@ -60,6 +60,21 @@ def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> No
         )
 
 
+def _session_id(context: grpc.ServicerContext) -> bytes:
+    """The student's 2PC session named in the call's metadata: rounds run on that session only."""
+    sid = dict(context.invocation_metadata()).get("capc-session-id")
+    try:
+        session_id = bytes.fromhex(sid) if isinstance(sid, str) else b""
+    except ValueError:
+        session_id = b""
+    if len(session_id) != 16:
+        context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "open a Compute stream first and send its 16-byte hex 'capc-session-id' in the metadata",
+        )
+    return session_id
+
+
 def page_limit(requested: int, context: grpc.ServicerContext) -> int:
     """Entries per page: 100 by default, at most MAX_PAGE."""
     limit = requested or 100
@@ -247,8 +262,9 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, request: guardian_pb2.OpenRoundRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.OpenRoundReply:
         querier = self._caller(context, "capc-student")
+        session_id = _session_id(context)
         try:
-            return self.engine.open_round(querier, request)
+            return self.engine.open_round(querier, request, session_id)
         except (RoundInputError, UnknownTaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except QuorumError as err:
@@ -263,17 +279,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, request_iterator: Iterator[guardian_pb2.MpcFrame], context: grpc.ServicerContext
     ) -> Iterator[guardian_pb2.MpcFrame]:
         querier = self._caller(context, "capc-student")
-        meta = dict(context.invocation_metadata())
-        sid = meta.get("capc-session-id")
-        try:
-            session_id = bytes.fromhex(sid) if isinstance(sid, str) else b""
-        except ValueError:
-            session_id = b""
-        if len(session_id) != 16:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "Compute needs a 16-byte hex 'capc-session-id' in its metadata",
-            )
+        session_id = _session_id(context)
         chan = StreamChannel(HEADER)
         chan.attach(request_iterator)
 

@@ -82,7 +82,8 @@ class RoundEngine:
         self._rng = rng or SecureRandom()
         self._links: dict[str, PartyLink] = {}
         self._rounds: dict[int, _Round] = {}
-        self._ready: dict[str, queue.Queue[int]] = {}
+        # Opened rounds wait here for the 2PC session the student named.
+        self._ready: dict[tuple[str, bytes], queue.Queue[int]] = {}
         self._lock = threading.Lock()
 
     # -- answering parties ----------------------------------------------------
@@ -157,7 +158,7 @@ class RoundEngine:
 
     # -- student --------------------------------------------------------------
     def open_round(
-        self, querier: str, request: guardian_pb2.OpenRoundRequest
+        self, querier: str, request: guardian_pb2.OpenRoundRequest, session_id: bytes
     ) -> guardian_pb2.OpenRoundReply:
         """Reserve, distribute, collect; raises QuorumError, RoundInputError or RoundRefusedError."""
         header = request.header
@@ -227,7 +228,7 @@ class RoundEngine:
             total += rnd.shares[p]
         rnd.guardian_sum = total
         rnd.shares.clear()
-        self._ready.setdefault(querier, queue.Queue()).put(rnd.round_id)
+        self._ready_queue(querier, session_id).put(rnd.round_id)
         return guardian_pb2.OpenRoundReply(
             round_id=rnd.round_id,
             included=list(used),
@@ -249,7 +250,7 @@ class RoundEngine:
         """
         session = GarblerSession(channel, session_id, timeout=self.share_timeout + 60)
         session.setup()
-        ready = self._ready.setdefault(querier, queue.Queue())
+        ready = self._ready_queue(querier, session_id)
         done = 0
         idle_since = time.monotonic()
         while True:
@@ -262,6 +263,10 @@ class RoundEngine:
             self._compute(session, round_id)
             done += 1
             idle_since = time.monotonic()
+
+    def _ready_queue(self, querier: str, session_id: bytes) -> queue.Queue[int]:
+        with self._lock:
+            return self._ready.setdefault((querier, session_id), queue.Queue())
 
     def _compute(self, session: GarblerSession, round_id: int) -> None:
         with self._lock:

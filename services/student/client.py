@@ -59,6 +59,7 @@ class StudentClient:
         self._stub = guardian_pb2_grpc.GuardianHubStub(self._channel)
         self._meta = [] if self.files is not None else [("capc-student", self.name)]
         self._session: EvaluatorSession | None = None
+        self._sid = b""
         self._stream: StreamChannel | None = None
 
     @property
@@ -79,7 +80,7 @@ class StudentClient:
             stream.attach(responses)
             session = EvaluatorSession(stream, sid, timeout=self.timeout)
             session.setup()
-            self._session, self._stream = session, stream
+            self._session, self._stream, self._sid = session, stream, sid
         return self._session
 
     def label_batch(self, queries: NDArray[np.float32]) -> RoundResult:
@@ -102,7 +103,7 @@ class StudentClient:
                 queries=batch_msg,
                 student_public_key=self.key.public_key().public_bytes_raw(),
             ),
-            metadata=self._meta,
+            metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
         )
         opened = time.perf_counter()

@@ -241,3 +241,93 @@ def test_programmatic_queries_travel_as_recipes(consortium: LocalConsortium) -> 
     student.close()
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "nothing was charged" in str(err.value.details())
+
+
+def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
+    consortium: LocalConsortium,
+) -> None:
+    """Runs last: it lowers every cap."""
+    from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
+
+    student = consortium.student()
+    hub = guardian_pb2_grpc.GuardianHubStub(
+        tls.secure_channel(
+            f"127.0.0.1:{consortium.port}",
+            tls.TLSFiles.in_dir(consortium.pki_dir, "student"),
+            "localhost",
+        )
+    )
+    header = student.header
+    key = student.key.public_key().public_bytes_raw()
+
+    def open_round(
+        tensor: common_pb2.Tensor, round_key: str, hdr: common_pb2.Header = header
+    ) -> None:
+        hub.OpenRound(
+            guardian_pb2.OpenRoundRequest(
+                header=hdr,
+                round_key=round_key,
+                queries=common_pb2.QueryBatch(tensor=tensor),
+                student_public_key=key,
+            ),
+            metadata=[("capc-session-id", "ab" * 16)],
+            timeout=60,
+        )
+
+    nan = np.full((2, 1, 28, 28), np.nan, dtype="<f4")
+    cases = [
+        (common_pb2.Tensor(shape=[2, 1, 28, 28], dtype="float32", data=nan.tobytes()), "NaN"),
+        (common_pb2.Tensor(shape=[2, 1, 28, 28], dtype="float32", data=bytes(100)), "bytes"),
+        (
+            common_pb2.Tensor(
+                shape=[2, 3, 28, 28], dtype="float32", data=bytes(2 * 3 * 28 * 28 * 4)
+            ),
+            "shape",
+        ),
+        (
+            common_pb2.Tensor(shape=[2, 1, 28, 28], dtype="float64", data=bytes(2 * 784 * 8)),
+            "float32",
+        ),
+    ]
+    for tensor, reason in cases:
+        with pytest.raises(grpc.RpcError) as err:
+            open_round(tensor, f"bad-{reason}")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and reason in str(
+            err.value.details()
+        )
+    good = np.ascontiguousarray(consortium.queries[:2], dtype="<f4")
+    tensor = common_pb2.Tensor(shape=[2, 1, 28, 28], dtype="float32", data=good.tobytes())
+    with pytest.raises(grpc.RpcError) as err:
+        open_round(
+            tensor,
+            "x",
+            common_pb2.Header(protocol_version=1, task=header.task, config_hash="0" * 64),
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "config hash" in str(
+        err.value.details()
+    )
+
+    # Exhausted budgets: every party is left out, the round is refused and names them.
+    admin = guardian_pb2_grpc.GuardianHubStub(
+        tls.secure_channel(
+            f"127.0.0.1:{consortium.port}",
+            tls.TLSFiles.in_dir(consortium.pki_dir, "gateway"),
+            "localhost",
+        )
+    )
+    for i in range(consortium.parties):
+        admin.SetCap(
+            guardian_pb2.SetCapRequest(
+                header=common_pb2.Header(protocol_version=1),
+                party=f"hospital-{i}",
+                epsilon_cap=1e-3,
+            ),
+            timeout=10,
+        )
+    rounds_before = Ledger(consortium.db).count_rounds()
+    with pytest.raises(grpc.RpcError) as err:
+        open_round(tensor, "exhausted")
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "hospital-0" in str(err.value.details()) and "eps left" in str(err.value.details())
+    assert Ledger(consortium.db).count_rounds() == rounds_before
+    student.close()

@@ -162,10 +162,22 @@ def test_health_service_answers_any_consortium_member(hub: RunningServer, pki_di
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_open_round_without_a_session_is_invalid(hub: RunningServer, pki_dir: Path) -> None:
+    s = stub(hub, tls.TLSFiles.in_dir(pki_dir, "student"))
+    with pytest.raises(grpc.RpcError) as err:
+        s.OpenRound(guardian_pb2.OpenRoundRequest(header=HEADER), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "capc-session-id" in str(err.value.details())
+
+
 def test_open_round_for_an_unknown_task_is_invalid(hub: RunningServer, pki_dir: Path) -> None:
     s = stub(hub, tls.TLSFiles.in_dir(pki_dir, "student"))
     header = common_pb2.Header(protocol_version=PROTOCOL_VERSION, task="no-such-task")
     with pytest.raises(grpc.RpcError) as err:
-        s.OpenRound(guardian_pb2.OpenRoundRequest(header=header), timeout=5)
+        s.OpenRound(
+            guardian_pb2.OpenRoundRequest(header=header),
+            metadata=[("capc-session-id", "ab" * 16)],
+            timeout=5,
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "no-such-task" in str(err.value.details())
