@@ -1,0 +1,112 @@
+"""The guardian's round engine on a real ledger: shares are checked, duplicates and strangers refused."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from capc.mpc.votes import one_hot_votes, share_votes
+from services.common.task import config_hash
+from services.guardian.ledger import Ledger
+from services.guardian.ledger.models import RoundState
+from services.guardian.rounds import RoundEngine, RoundInputError, RoundRefusedError
+from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+TASK = {
+    "num_classes": 3,
+    "input_shape": [2],
+    "mechanism": {"name": "gnmax", "sigma": 5.0},
+    "quorum": 2,
+}
+SID = b"s" * 16
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> RoundEngine:
+    ledger = Ledger(str(tmp_path / "l.db"))
+    ledger.create_task("t", TASK)
+    for p in ("a", "b", "c"):
+        ledger.register_party(p, 100.0)
+    return RoundEngine(ledger, share_timeout=3.0)
+
+
+def request(batch: int = 4) -> guardian_pb2.OpenRoundRequest:
+    x = np.zeros((batch, 2), dtype="<f4")
+    return guardian_pb2.OpenRoundRequest(
+        header=common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(TASK)),
+        round_key=f"k{batch}",
+        queries=common_pb2.QueryBatch(
+            tensor=common_pb2.Tensor(shape=[batch, 2], dtype="float32", data=x.tobytes())
+        ),
+        student_public_key=X25519PrivateKey.generate().public_key().public_bytes_raw(),
+    )
+
+
+def shares(round_id: int, party: str, batch: int = 4) -> guardian_pb2.Shares:
+    key = X25519PrivateKey.generate().public_key().public_bytes_raw()
+    share, sealed = share_votes(
+        one_hot_votes(np.zeros(batch, dtype=np.int64), 3), key, round_id, party
+    )
+    return guardian_pb2.Shares(
+        round_id=round_id,
+        shape=[batch, 3],
+        guardian_share=share.astype("<u8").tobytes(),
+        sealed_seed=sealed,
+    )
+
+
+def test_duplicates_strangers_and_bad_shapes_are_refused(engine: RoundEngine) -> None:
+    links = {p: engine.attach(p) for p in ("a", "b", "c")}
+    box: dict[str, object] = {}
+    t = threading.Thread(
+        target=lambda: box.update(reply=engine.open_round("student", request(), SID))
+    )
+    t.start()
+    work = links["a"].outbox.get(timeout=5)
+    assert work is not None
+    rid = work.work.round_id
+    engine.receive_shares("a", shares(rid, "a"))
+    with pytest.raises(RoundInputError, match="duplicate"):
+        engine.receive_shares("a", shares(rid, "a"))
+    with pytest.raises(RoundInputError, match="did not ask"):
+        engine.receive_shares("mallory", shares(rid, "mallory"))
+    with pytest.raises(RoundInputError, match="did not ask"):
+        engine.receive_shares("b", shares(rid + 99, "b"))
+    with pytest.raises(RoundInputError, match="shape"):
+        engine.receive_shares("b", shares(rid, "b", batch=5))
+    bad = shares(rid, "b")
+    bad.guardian_share = bad.guardian_share[:-8]
+    with pytest.raises(RoundInputError, match="bytes"):
+        engine.receive_shares("b", bad)
+    engine.receive_shares("b", shares(rid, "b"))
+    engine.report_failure("c", rid, "model crashed")
+    t.join(timeout=10)
+    reply = box["reply"]
+    assert isinstance(reply, guardian_pb2.OpenRoundReply)
+    assert list(reply.included) == ["a", "b"] and {s.party for s in reply.seeds} == {"a", "b"}
+
+
+def test_below_quorum_after_dropouts_aborts_and_charges_nothing(engine: RoundEngine) -> None:
+    links = {p: engine.attach(p) for p in ("a", "b")}
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            engine.open_round("student", request(), SID)
+        except BaseException as err:
+            box["err"] = err
+
+    t = threading.Thread(target=run)
+    t.start()
+    work = links["a"].outbox.get(timeout=5)
+    assert work is not None
+    engine.receive_shares("a", shares(work.work.round_id, "a"))
+    engine.detach(links["b"])  # b drops mid-round
+    t.join(timeout=10)
+    assert isinstance(box["err"], RoundRefusedError) and "nothing was charged" in str(box["err"])
+    assert engine.ledger.round_state(work.work.round_id) == RoundState.ABORTED
+    assert engine.ledger.budget("a").spent == 0.0
