@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: --register expects PARTY=EPS, got {item!r}", file=sys.stderr)
                 return 2
             ledger.register_party(name, cap, actor="guardian-cli")
+        for item in args.allowance:
+            querier, _, eps = item.partition("=")
+            try:
+                ledger.set_allowance(querier, float(eps), actor="guardian-cli")
+            except ValueError:
+                print(f"error: --allowance expects QUERIER=EPS, got {item!r}", file=sys.stderr)
+                return 2
         aborted, committed = ledger.recover()
         if aborted or committed:
             log.warning(

@@ -236,3 +236,38 @@ def test_sqlite_path_and_url_forms(tmp_path: Path) -> None:
     b = Ledger(f"sqlite:///{tmp_path / 'x.db'}")
     a.register_party("h", 1.0)
     assert [p.name for p in b.budgets()] == ["h"]
+
+
+def test_querier_allowance_is_a_fair_share(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 50.0)
+    ledger.register_party("h2", 50.0)
+    cost = gnmax_cost(100)
+    one = epsilon(cost, ORDERS, DELTA)[0]
+    ledger.set_allowance("lab-a", one * 1.2, actor="data-office")  # one round fits, two do not
+    both = {"h1": cost, "h2": cost}
+    first = ledger.reserve("a1", "digits", "lab-a", 100, both, mechanism="gnmax", quorum=1)
+    assert first.included == ("h1", "h2")
+    with pytest.raises(QuorumError) as err:
+        ledger.reserve("a2", "digits", "lab-a", 100, both, mechanism="gnmax", quorum=1)
+    assert set(err.value.remaining) == {"h1", "h2"}
+    assert all(0 < v < 0.2 * one + 1e-9 for v in err.value.remaining.values())
+    # Another querier still has the rest of the parties' budgets.
+    assert ledger.reserve(
+        "b1", "digits", "lab-b", 100, both, mechanism="gnmax", quorum=2
+    ).included == ("h1", "h2")
+    # Aborting returns the querier's share too.
+    ledger.abort(first.round_id)
+    assert ledger.querier_spent("lab-a", "h1") == 0.0
+    assert ledger.reserve(
+        "a3", "digits", "lab-a", 100, both, mechanism="gnmax", quorum=2
+    ).included == ("h1", "h2")
+    assert ledger.audit_entries(limit=10)[-1]["action"] in {
+        "register_party",
+        "create_task",
+        "set_allowance",
+        "reserve",
+        "abort",
+    }
+    with pytest.raises(LedgerError, match="positive"):
+        ledger.set_allowance("lab-a", -1.0, actor="x")

@@ -115,3 +115,20 @@ class AuditRow(Base):
     detail: Mapped[dict[str, object]] = mapped_column(JSON)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
+
+
+class AllowanceRow(Base):
+    """Optional fair share: the most epsilon one querier may make any single party spend."""
+
+    __tablename__ = "querier_allowances"
+    querier: Mapped[str] = mapped_column(String(128), primary_key=True)
+    epsilon_cap: Mapped[float] = mapped_column(Float)
+
+
+class QuerierSpendRow(Base):
+    """RDP a querier's rounds have charged (or reserved) on each party."""
+
+    __tablename__ = "querier_spend"
+    querier: Mapped[str] = mapped_column(String(128), primary_key=True)
+    party: Mapped[str] = mapped_column(ForeignKey("parties.name"), primary_key=True)
+    rdp: Mapped[list[float]] = mapped_column(JSON)

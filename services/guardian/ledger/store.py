@@ -46,10 +46,12 @@ from sqlalchemy.orm import Session
 from capc.privacy.conversion import DEFAULT_ORDERS, epsilon
 from services.common.task import config_hash
 from services.guardian.ledger.models import (
+    AllowanceRow,
     AuditRow,
     ChargeKind,
     ChargeRow,
     PartyRow,
+    QuerierSpendRow,
     RoundRow,
     RoundState,
     Setting,
@@ -61,7 +63,7 @@ from services.guardian.ledger.models import (
 FloatArray = NDArray[np.float64]
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _GENESIS = "0" * 64
-HEAD_REVISION = "0001"
+HEAD_REVISION = "0002"
 _MIGRATION_LOCK = threading.Lock()
 
 
@@ -163,6 +165,19 @@ def _lock_spends(s: Session, names: Sequence[str]) -> dict[str, SpendRow]:
     """Spend rows of ``names``, locked for this transaction in a fixed order (no deadlocks)."""
     rows = s.scalars(
         select(SpendRow).where(SpendRow.party.in_(names)).order_by(SpendRow.party).with_for_update()
+    )
+    return {r.party: r for r in rows}
+
+
+def _lock_querier_spends(
+    s: Session, querier: str, names: Sequence[str]
+) -> dict[str, QuerierSpendRow]:
+    """A querier's per-party spend rows, locked in a fixed order."""
+    rows = s.scalars(
+        select(QuerierSpendRow)
+        .where(QuerierSpendRow.querier == querier, QuerierSpendRow.party.in_(names))
+        .order_by(QuerierSpendRow.party)
+        .with_for_update()
     )
     return {r.party: r for r in rows}
 
@@ -366,6 +381,32 @@ class Ledger:
             row.epsilon_cap = float(epsilon_cap)
             self._audit(s, actor, "set_cap", {"party": name, "old": old, "new": float(epsilon_cap)})
 
+    def set_allowance(self, querier: str, epsilon_cap: float | None, *, actor: str) -> None:
+        """Cap what ``querier``'s rounds may charge any one party (epsilon); None removes the cap. Audited."""
+        if epsilon_cap is not None and not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
+            raise LedgerError(
+                f"an allowance must be a positive number of epsilon, got {epsilon_cap}"
+            )
+        with self._tx() as s:
+            row = s.get(AllowanceRow, querier, with_for_update=True)
+            old = None if row is None else row.epsilon_cap
+            if epsilon_cap is None:
+                if row is not None:
+                    s.delete(row)
+            elif row is None:
+                s.add(AllowanceRow(querier=querier, epsilon_cap=float(epsilon_cap)))
+            else:
+                row.epsilon_cap = float(epsilon_cap)
+            self._audit(
+                s, actor, "set_allowance", {"querier": querier, "old": old, "new": epsilon_cap}
+            )
+
+    def querier_spent(self, querier: str, party: str) -> float:
+        """Epsilon ``querier``'s rounds have charged or reserved on ``party``."""
+        with Session(self.engine) as s:
+            row = s.get(QuerierSpendRow, (querier, party))
+            return 0.0 if row is None else self._eps(row.rdp)[0]
+
     def touch(self, name: str) -> None:
         """Record that a party was seen now."""
         with self._tx() as s:
@@ -483,6 +524,8 @@ class Ledger:
                 unknown = [p for p in names if p not in parties]
                 if unknown:
                     raise UnknownPartyError(f"unknown parties {unknown}; register them first")
+                allowance = s.get(AllowanceRow, querier)
+                shares = _lock_querier_spends(s, querier, names)
                 included: list[str] = []
                 excluded: dict[str, float] = {}
                 for p in names:
@@ -491,11 +534,18 @@ class Ledger:
                     if parties[p].status != "active":
                         excluded[p] = 0.0
                         continue
-                    after, _ = self._eps(current + costs[p])
-                    if after <= cap:
+                    left = cap - self._eps(current)[0]
+                    fits = self._eps(current + costs[p])[0] <= cap
+                    if allowance is not None:
+                        mine = np.asarray(
+                            shares[p].rdp if p in shares else np.zeros(len(self.orders))
+                        )
+                        left = min(left, allowance.epsilon_cap - self._eps(mine)[0])
+                        fits = fits and self._eps(mine + costs[p])[0] <= allowance.epsilon_cap
+                    if fits:
                         included.append(p)
                     else:
-                        excluded[p] = max(0.0, cap - self._eps(current)[0])
+                        excluded[p] = max(0.0, left)
                 if len(included) < quorum:
                     detail = ", ".join(f"{p}: {e:.4g} eps left" for p, e in excluded.items())
                     raise QuorumError(
@@ -523,6 +573,13 @@ class Ledger:
                     )
                     spends[p].rdp = (np.asarray(spends[p].rdp) + costs[p]).tolist()
                     spends[p].rounds += 1
+                    if allowance is not None:
+                        if p not in shares:
+                            shares[p] = QuerierSpendRow(
+                                querier=querier, party=p, rdp=[0.0] * len(self.orders)
+                            )
+                            s.add(shares[p])
+                        shares[p].rdp = (np.asarray(shares[p].rdp) + costs[p]).tolist()
                 self._audit(
                     s,
                     querier,
@@ -588,6 +645,7 @@ class Ledger:
                 )
             names = sorted(reservations)
             spends = _lock_spends(s, names)
+            shares = _lock_querier_spends(s, rnd.querier, names)
             over = []
             for p in names:
                 reserved = np.asarray(reservations[p].rdp, dtype=np.float64)
@@ -595,6 +653,10 @@ class Ledger:
                 if (charge > reserved * (1 + 1e-12)).any():
                     over.append(p)
                 spends[p].rdp = _round_up(np.asarray(spends[p].rdp) - reserved + charge).tolist()
+                if p in shares:
+                    shares[p].rdp = _round_up(
+                        np.asarray(shares[p].rdp) - reserved + charge
+                    ).tolist()
                 if p not in costs:
                     spends[p].rounds -= 1
                 reservations[p].kind = ChargeKind.CHARGE
@@ -619,11 +681,16 @@ class Ledger:
             reservations = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
             names = sorted(c.party for c in reservations)
             spends = _lock_spends(s, names)
+            shares = _lock_querier_spends(s, rnd.querier, names)
             for c in reservations:
                 spends[c.party].rdp = _round_up(
                     np.asarray(spends[c.party].rdp) - np.asarray(c.rdp)
                 ).tolist()
                 spends[c.party].rounds -= 1
+                if c.party in shares:
+                    shares[c.party].rdp = _round_up(
+                        np.asarray(shares[c.party].rdp) - np.asarray(c.rdp)
+                    ).tolist()
             s.execute(delete(ChargeRow).where(ChargeRow.round_id == round_id))
             rnd.state = RoundState.ABORTED
             rnd.updated_at = utcnow()
