@@ -40,6 +40,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="register an answering party with its epsilon cap (repeatable; idempotent)",
     )
     p.add_argument(
+        "--allowance",
+        action="append",
+        default=[],
+        metavar="QUERIER=EPS",
+        help="optional fair share: the most epsilon QUERIER's rounds may charge any one party (repeatable)",
+    )
+    p.add_argument(
         "--share-timeout", type=float, default=60.0, help="seconds to wait for parties' shares"
     )
     p.add_argument(
