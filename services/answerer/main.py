@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -12,6 +11,7 @@ from pathlib import Path
 from capc.models import load_teacher
 from services.answerer.party import AnsweringParty
 from services.common import pki, tls
+from services.common.cli_args import add_tls_args, setup_logging
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,16 +21,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
     p.add_argument("--name", required=True, help="this party's certificate name")
-    p.add_argument("--pki", type=Path, default=Path("pki"))
-    p.add_argument(
-        "--server-name", default=None, help="expected name in the guardian's certificate"
-    )
-    p.add_argument("--insecure-dev", action="store_true", help="plaintext gRPC (development only)")
+    add_tls_args(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging()
     try:
         teacher = load_teacher(args.model)
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
+from services.common.cli_args import setup_logging
 from services.guardian.hub import serve
 from services.guardian.ledger import Ledger, LedgerError
 
@@ -66,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging()
     try:
         ledger = Ledger(args.db, delta=args.delta)
         if args.migrate:

@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common import pki, tls
+from services.common.cli_args import add_tls_args, setup_logging
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
@@ -36,17 +37,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--task-name", default=None, help="task name (default: the file's stem)")
     p.add_argument("--db", default="student.db", help="SQLite path or URL, or postgresql://...")
     p.add_argument("--listen", default="127.0.0.1:50061", help="host:port of the jobs API")
-    p.add_argument("--pki", type=Path, default=Path("pki"))
     p.add_argument("--name", default="student")
-    p.add_argument(
-        "--server-name", default=None, help="expected name in the guardian's certificate"
-    )
-    p.add_argument("--insecure-dev", action="store_true", help="plaintext gRPC (development only)")
+    add_tls_args(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging()
     try:
         config = json.loads(args.task.read_text())
         task = TaskConfig.parse(args.task_name or args.task.stem, config, config_hash(config))
