@@ -29,10 +29,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.models import load_teacher
 from capc.mpc.votes import one_hot_votes, share_votes
-from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise
+from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.guardian.ledger import Ledger
 from services.local import TASK_NAME, LocalConsortium
@@ -47,9 +48,7 @@ def plain_pate(c: LocalConsortium, queries: np.ndarray, batch: int) -> float:
     start = time.perf_counter()
     for i in range(0, len(queries), batch):
         xb = queries[i : i + batch]
-        hist = np.zeros((len(xb), task.num_classes))
-        for t in teachers:
-            hist[np.arange(len(xb)), t.predict(xb)] += 1
+        hist = vote_histogram(np.stack([t.predict(xb) for t in teachers], axis=1), task.num_classes)
         confident_decide(
             hist,
             spec.threshold,
@@ -64,10 +63,7 @@ def local_costs(
 ) -> dict[str, float]:
     """Per-run inference and sharing time of one party, and ledger time of ``rounds`` rounds."""
     teacher = load_teacher(c.model_path(0))
-    key = os.urandom(32)
-    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-
-    pub = X25519PrivateKey.from_private_bytes(key).public_key().public_bytes_raw()
+    pub = X25519PrivateKey.generate().public_key().public_bytes_raw()
     inference = sharing = 0.0
     for i in range(0, len(queries), batch):
         t0 = time.perf_counter()

@@ -21,11 +21,12 @@ import statistics
 import time
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from capc.mpc import ring
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.mpc.session import LocalPair
-from capc.privacy.mechanisms.single_label import confident_decide
+from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
+from capc.privacy.mechanisms.single_label import confident_decide, vote_histogram
 from capc.privacy.randomness import SecureRandom
 
 #: The issue's reference point: a per-gate Python loop garbling one AND gate.
@@ -40,14 +41,20 @@ def make_shares(
     truth = rng.integers(0, classes, batch)
     agree = rng.random((batch, parties)) < rng.uniform(0.3, 0.95, (batch, 1))
     votes = np.where(agree, truth[:, None], rng.integers(0, classes, (batch, parties)))
-    student = np.zeros((batch, classes), dtype=np.uint64)
+    # Each party shares its one-hot votes exactly as an answering party does.
+    key = X25519PrivateKey.generate()
     guardian = np.zeros((batch, classes), dtype=np.uint64)
-    eye = np.eye(classes, dtype=np.uint64)
+    sealed = {}
     for p in range(parties):
-        seed = ring.new_seed()
-        guardian += ring.share(eye[votes[:, p]], seed)
-        student += ring.expand_seed(seed, (batch, classes))
-    hist = np.stack([np.bincount(v, minlength=classes) for v in votes])
+        share, sealed[f"party-{p}"] = share_votes(
+            one_hot_votes(votes[:, p], classes),
+            key.public_key().public_bytes_raw(),
+            0,
+            f"party-{p}",
+        )
+        guardian += share
+    student = student_share_sum(key, sealed, 0, (batch, classes))
+    hist = vote_histogram(votes, classes)
     return hist, student, guardian
 
 

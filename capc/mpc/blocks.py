@@ -87,11 +87,6 @@ def sigma(x: Blocks, out: Blocks | None = None) -> Blocks:
     return res
 
 
-def bits_to_bytes(bits: NDArray[np.uint8]) -> bytes:
-    """Pack a flat 0/1 array little-endian into bytes (length ceil(n/8))."""
-    return np.packbits(bits.astype(np.uint8), bitorder="little").tobytes()
-
-
 def transpose_bits(matrix: NDArray[np.uint8], rows: int) -> NDArray[np.uint8]:
     """Transpose a bit matrix.
 

@@ -87,11 +87,8 @@ class MemoryChannel:
     def __init__(self, inbox: queue.Queue[bytes], outbox: queue.Queue[bytes]) -> None:
         self._inbox = inbox
         self._outbox = outbox
-        self.bytes_sent = 0
-        self.bytes_received = 0
 
     def send(self, frame: bytes) -> None:
-        self.bytes_sent += len(frame)
         self._outbox.put(frame)
 
     def recv(self, timeout: float | None = None) -> bytes:
@@ -101,7 +98,6 @@ class MemoryChannel:
             raise ProtocolError(
                 f"the other party sent nothing for {timeout} s; is it still running?"
             ) from None
-        self.bytes_received += len(frame)
         return frame
 
 

@@ -14,8 +14,6 @@ tweak, so no tweak is used twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -38,21 +36,6 @@ class OutputLabelError(ValueError):
 def _tweaks(num_and: int, batch: int) -> NDArray[np.uint64]:
     """Low tweak words 2 (g B + q) for every AND gate g and query q: (gates, B)."""
     return (np.arange(num_and * batch, dtype=np.uint64) << np.uint64(1)).reshape(num_and, batch)
-
-
-@dataclass
-class GarbledTables:
-    """What the evaluator needs besides its own input labels.
-
-    ``tables`` (2, AND gates, B, 2): the two half-gate ciphertexts per gate.
-    ``garbler_labels`` (garbler input wires, B, 2): labels of the garbler's bits.
-    ``decode`` (evaluator output wires, B): permute bits that reveal the
-    evaluator's outputs and nothing else.
-    """
-
-    tables: Blocks
-    garbler_labels: Blocks
-    decode: Bits
 
 
 class Garbler:

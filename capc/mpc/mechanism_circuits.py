@@ -30,6 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 from capc.mpc import library as lib
 from capc.mpc import ring
 from capc.mpc.circuit import Circuit, CircuitBuilder, Party
+from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 
 U64 = NDArray[np.uint64]
 Inputs = dict[str, U64]
@@ -38,8 +39,6 @@ Inputs = dict[str, U64]
 NOISE_BOUND_SIGMAS = 9.0
 #: Fixed-point fractional bits inside the circuits unless a task says otherwise.
 CIRCUIT_FRAC_BITS = 4
-#: Marks "not answered" in decoded labels, as in capc.privacy.
-NOT_ANSWERED = -1
 
 
 def width_for(max_abs: float, frac_bits: int) -> int:

@@ -472,10 +472,3 @@ class LocalPair:
         )
         assert isinstance(g, dict) and isinstance(e, dict)
         return LocalResult(g, e, self.garbler.last_stats, self.evaluator.last_stats)
-
-
-def run_local(
-    circuit: Circuit, garbler_inputs: Values, evaluator_inputs: Values, batch: int
-) -> LocalResult:
-    """Run one round of ``circuit`` between two fresh in-process parties."""
-    return LocalPair().run(circuit, garbler_inputs, evaluator_inputs, batch)

@@ -22,7 +22,7 @@ from capc.models import load_teacher
 from capc.mpc.mechanism_circuits import round_noise
 from capc.privacy import events
 from capc.privacy.accountant import Accountant
-from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise
+from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.recipes import recipe_to_proto
@@ -55,9 +55,9 @@ def replay(
     for b, used in zip(batches, parties, strict=True):
         xb = queries[start : start + b]
         start += b
-        hist = np.zeros((b, task.num_classes))
-        for name in used:
-            hist[np.arange(b), teachers[name].predict(xb)] += 1
+        hist = vote_histogram(
+            np.stack([teachers[n].predict(xb) for n in used], axis=1), task.num_classes
+        )
         spec = task.circuit_spec(len(used))
         eta2 = gaussian_noise((b, task.num_classes), spec.sigma2, rng)
         eta1 = gaussian_noise((b,), spec.sigma1, rng)

@@ -13,7 +13,7 @@ import numpy as np
 
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.mpc.session import EvaluatorSession, GarblerSession
-from capc.privacy.mechanisms.single_label import confident_decide
+from capc.privacy.mechanisms.single_label import confident_decide, vote_histogram
 from services.common import pki, tls
 from services.common.mpc_stream import StreamChannel
 from services.guardian.hub import POLICY, PROTOCOL_VERSION
@@ -27,9 +27,7 @@ SESSION = b"s" * 16
 
 def problem() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(11)
-    hist = np.stack([np.bincount(v, minlength=K) for v in rng.integers(0, 3, (B, N))]).astype(
-        np.uint64
-    )
+    hist = vote_histogram(rng.integers(0, 3, (B, N)), K).astype(np.uint64)
     student = rng.integers(0, 2**64 - 1, (B, K), dtype=np.uint64, endpoint=True)
     eta1 = np.clip(rng.normal(0, SPEC.sigma1, B), -8 * SPEC.sigma1, 8 * SPEC.sigma1)
     eta2 = np.clip(rng.normal(0, SPEC.sigma2, (B, K)), -8 * SPEC.sigma2, 8 * SPEC.sigma2)

@@ -31,6 +31,7 @@ from capc.privacy.mechanisms.single_label import (
     gnmax,
     laplace_noisy_max,
     noisy_argmax,
+    vote_histogram,
 )
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "tau_counts",
     "tau_voting",
     "upsampling_replicas",
+    "vote_histogram",
     "weighted_histogram",
     "weights_for_caps",
 ]

@@ -18,32 +18,22 @@ from numpy.typing import ArrayLike, NDArray
 
 from capc.privacy import rdp
 from capc.privacy.conversion import DEFAULT_ORDERS, Conversion
+from capc.privacy.mechanisms.single_label import accumulate_votes, teacher_labels
 from capc.privacy.planning import max_multiplier
 from capc.privacy.randomness import SecureRandom
 
 FloatArray = NDArray[np.float64]
 
 
-def _labels(labels: ArrayLike, num_classes: int) -> NDArray[np.int64]:
-    lab = np.asarray(labels)
-    if lab.ndim != 2 or not np.issubdtype(lab.dtype, np.integer):
-        raise ValueError(
-            f"labels must be integer class indices of shape (queries, teachers), got {lab.dtype} {lab.shape}"
-        )
-    if ((lab < 0) | (lab >= num_classes)).any():
-        raise ValueError(f"labels must lie in [0, {num_classes}); found {lab.min()}..{lab.max()}")
-    return lab.astype(np.int64)
-
-
 def weighted_histogram(labels: ArrayLike, weights: ArrayLike, num_classes: int) -> FloatArray:
     """Histogram of weighted votes: (queries, teachers) labels, (teachers,) weights -> (queries, classes)."""
-    lab = _labels(labels, num_classes)
+    lab = teacher_labels(labels, num_classes)
     w = np.asarray(weights, dtype=np.float64)
     if w.shape != (lab.shape[1],):
         raise ValueError(f"weights must have shape ({lab.shape[1]},), got {w.shape}")
     if not np.isfinite(w).all() or (w < 0).any():
         raise ValueError("weights must be finite and non-negative")
-    return _accumulate(lab, np.broadcast_to(w, lab.shape), num_classes)
+    return accumulate_votes(lab, np.broadcast_to(w, lab.shape), num_classes)
 
 
 def sample_participation(
@@ -58,19 +48,11 @@ def sample_participation(
 
 def participating_histogram(labels: ArrayLike, mask: ArrayLike, num_classes: int) -> FloatArray:
     """Histogram of the votes of participating teachers only (vanishing)."""
-    lab = _labels(labels, num_classes)
+    lab = teacher_labels(labels, num_classes)
     m = np.asarray(mask, dtype=bool)
     if m.shape != lab.shape:
         raise ValueError(f"mask must have the labels' shape {lab.shape}, got {m.shape}")
-    return _accumulate(lab, m.astype(np.float64), num_classes)
-
-
-def _accumulate(lab: NDArray[np.int64], values: FloatArray, num_classes: int) -> FloatArray:
-    # Adds values[b, i] to hist[b, lab[b, i]] for every query b and teacher i.
-    hist = np.zeros((lab.shape[0], num_classes), dtype=np.float64)
-    rows = np.repeat(np.arange(lab.shape[0]), lab.shape[1])
-    np.add.at(hist, (rows, lab.ravel()), np.asarray(values, dtype=np.float64).ravel())
-    return hist
+    return accumulate_votes(lab, m.astype(np.float64), num_classes)
 
 
 def weights_for_caps(

@@ -37,6 +37,32 @@ class ConfidentResult:
     answered: NDArray[np.bool_]
 
 
+def teacher_labels(labels: ArrayLike, num_classes: int) -> NDArray[np.int64]:
+    """Check teacher predictions: integer classes in [0, num_classes), shape (queries, teachers)."""
+    lab = np.asarray(labels)
+    if lab.ndim != 2 or not np.issubdtype(lab.dtype, np.integer):
+        raise ValueError(
+            f"labels must be integer class indices of shape (queries, teachers), got {lab.dtype} {lab.shape}"
+        )
+    if ((lab < 0) | (lab >= num_classes)).any():
+        raise ValueError(f"labels must lie in [0, {num_classes}); found {lab.min()}..{lab.max()}")
+    return lab.astype(np.int64)
+
+
+def accumulate_votes(lab: NDArray[np.int64], values: FloatArray, num_classes: int) -> FloatArray:
+    """Add values[b, i] to hist[b, lab[b, i]] for every query b and teacher i: -> (queries, classes)."""
+    hist = np.zeros((lab.shape[0], num_classes), dtype=np.float64)
+    rows = np.repeat(np.arange(lab.shape[0]), lab.shape[1])
+    np.add.at(hist, (rows, lab.ravel()), np.asarray(values, dtype=np.float64).ravel())
+    return hist
+
+
+def vote_histogram(labels: ArrayLike, num_classes: int) -> FloatArray:
+    """Plain vote counts: (queries, teachers) class indices -> (queries, classes)."""
+    lab = teacher_labels(labels, num_classes)
+    return accumulate_votes(lab, np.ones(lab.shape), num_classes)
+
+
 def gaussian_noise(
     shape: tuple[int, ...], sigma: float, rng: SecureRandom, discrete: bool = False
 ) -> FloatArray:

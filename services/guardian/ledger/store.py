@@ -278,7 +278,7 @@ class Ledger:
         head = s.scalars(select(Setting).where(Setting.key == "audit_head").with_for_update()).one()
         seq, prev = json.loads(head.value)
         seq += 1
-        at = utcnow().replace(microsecond=utcnow().microsecond)
+        at = utcnow()
         digest = self._digest(prev, seq, at, actor, action, dict(detail))
         s.add(
             AuditRow(
@@ -417,7 +417,6 @@ class Ledger:
 
     def create_task(self, name: str, config: Mapping[str, object], *, actor: str = "admin") -> str:
         """Register a task's configuration; returns its hash. Re-registering must not change it."""
-        blob = json.dumps(config, sort_keys=True, separators=(",", ":"))
         digest = config_hash(dict(config))
         with self._tx() as s:
             row = s.get(TaskRow, name)
@@ -427,7 +426,7 @@ class Ledger:
                         f"task {name!r} exists with another configuration; use a new task name"
                     )
                 return digest
-            s.add(TaskRow(name=name, config=json.loads(blob), config_hash=digest))
+            s.add(TaskRow(name=name, config=dict(config), config_hash=digest))
             self._audit(s, actor, "create_task", {"task": name, "config_hash": digest})
         return digest
 

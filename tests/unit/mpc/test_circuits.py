@@ -17,7 +17,7 @@ from capc.privacy.mechanisms.multi_label import (
     powerset_decide,
     powerset_histogram,
 )
-from capc.privacy.mechanisms.single_label import confident_decide, noisy_argmax
+from capc.privacy.mechanisms.single_label import confident_decide, noisy_argmax, vote_histogram
 
 L = 8
 MOD = 1 << L
@@ -184,9 +184,7 @@ def test_confident_gnmax_matches_the_plaintext_mechanism(confident: bool, pair: 
     rng = np.random.default_rng(3)
     b, k, n = 256, 10, 50
     spec = ConfidentGNMax(k, n, sigma2=8.0, threshold=40.0, sigma1=30.0, confident=confident)
-    hist = np.stack([np.bincount(v, minlength=k) for v in rng.integers(0, k, (b, n))]).astype(
-        np.float64
-    )
+    hist = vote_histogram(rng.integers(0, k, (b, n)), k)
     hist[:8] = 0  # empty histograms: every count ties
     hist[8:16] = 0
     hist[8:16, 4] = n  # unanimous

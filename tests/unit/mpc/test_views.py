@@ -20,6 +20,7 @@ from capc.mpc.circuit import Circuit, Op, Party
 from capc.mpc.garbling import Garbler, evaluate
 from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.session import LocalPair
+from capc.privacy.mechanisms.single_label import vote_histogram
 
 B, K, N = 512, 10, 50
 SPEC = ConfidentGNMax(K, N, sigma2=8.0, threshold=40.0, sigma1=30.0)
@@ -69,9 +70,7 @@ class Round:
 @pytest.fixture(scope="module")
 def recorded() -> Round:
     rng = np.random.default_rng(7)
-    hist = np.stack([np.bincount(v, minlength=K) for v in rng.integers(0, K, (B, N))]).astype(
-        np.uint64
-    )
+    hist = vote_histogram(rng.integers(0, K, (B, N)), K).astype(np.uint64)
     student = rng.integers(0, 2**64 - 1, (B, K), dtype=np.uint64, endpoint=True)
     guardian = hist - student
     eta1 = rng.normal(0, SPEC.sigma1, B)
@@ -160,9 +159,7 @@ def test_internal_wires_are_not_decodable_by_the_evaluator() -> None:
     c = SPEC.circuit()
     b = 128
     student = rng.integers(0, 2**64 - 1, (b, K), dtype=np.uint64, endpoint=True)
-    hist = np.stack([np.bincount(v, minlength=K) for v in rng.integers(0, K, (b, N))]).astype(
-        np.uint64
-    )
+    hist = vote_histogram(rng.integers(0, K, (b, N)), K).astype(np.uint64)
     g_in = SPEC.garbler_inputs(hist - student, rng.normal(0, 8.0, (b, K)), rng.normal(0, 30.0, b))
     e_in = SPEC.evaluator_inputs(student)
     hasher = FixedKeyHash()
