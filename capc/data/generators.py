@@ -196,6 +196,33 @@ class Recipe:
     def params_json(self) -> str:
         return json.dumps(self.params, sort_keys=True, separators=(",", ":"))
 
+    def to_json(self) -> str:
+        """Canonical JSON of every field (what a job store keeps)."""
+        return json.dumps(
+            {
+                "generator": self.generator,
+                "seed": self.seed,
+                "start": self.start,
+                "count": self.count,
+                "shape": list(self.shape),
+                "params": self.params,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Recipe:
+        d = json.loads(text)
+        c, h, w = (int(x) for x in d["shape"])
+        return cls(
+            d["generator"],
+            int(d["seed"]),
+            int(d["start"]),
+            int(d["count"]),
+            (c, h, w),
+            dict(d["params"]),
+        )
+
     def generate(self) -> FloatImages:
         """The images, (count, C, H, W) float32 in [0, 1]."""
         try:

@@ -23,13 +23,12 @@ import numpy as np
 
 from capc.models import Teacher
 from capc.mpc.votes import one_hot_votes, share_votes
-from services.common import tls
+from services.common import protocol, tls
 from services.common.recipes import regenerate
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.answerer")
 
-PROTOCOL_VERSION = 1
 HEARTBEAT_S = 10.0
 
 
@@ -56,7 +55,7 @@ class AnsweringParty:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capc-inference")
 
     def _header(self, task: str = "") -> common_pb2.Header:
-        return common_pb2.Header(protocol_version=PROTOCOL_VERSION, task=task)
+        return protocol.header(task)
 
     def run(self, stop: threading.Event) -> None:
         """Stay connected until ``stop`` is set, reconnecting with backoff."""

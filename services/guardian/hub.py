@@ -19,8 +19,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
-from services.common import tls
+from services.common import protocol, tls
 from services.common.mpc_stream import StreamChannel
+from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
 from services.common.task import TaskError
 from services.guardian.ledger import (
     DuplicateRoundError,
@@ -36,7 +37,6 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.guardian")
 
-PROTOCOL_VERSION = 1
 SERVICE = "capc.v1.GuardianHub"
 POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/Connect": ("answerer",),
@@ -48,16 +48,15 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/SetCap": ("gateway",),
 }
 MAX_PAGE = 1000
-HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION)
+HEADER = protocol.header()
 
 
 def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> None:
     """Refuse messages from another protocol version."""
-    if header.protocol_version != PROTOCOL_VERSION:
-        context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"protocol version {header.protocol_version} is not supported; this guardian speaks {PROTOCOL_VERSION}",
-        )
+    try:
+        check_version(header, "guardian")
+    except RequestError as err:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
 
 def _session_id(context: grpc.ServicerContext) -> bytes:
@@ -265,7 +264,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         session_id = _session_id(context)
         try:
             return self.engine.open_round(querier, request, session_id)
-        except (RoundInputError, UnknownTaskError) as err:
+        except (RequestError, UnknownTaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except QuorumError as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))

@@ -28,20 +28,20 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
-from services.common.recipes import RecipeError, recipe_from_proto
+from services.common import protocol
+from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
 from services.common.task import TaskConfig
 from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
 
-PROTOCOL_VERSION = 1
 #: Largest batch a round may carry.
 MAX_BATCH = 8192
 
 
-class RoundInputError(ValueError):
-    """A request or share message is malformed; maps to INVALID_ARGUMENT."""
+class RoundInputError(RequestError):
+    """A share message is malformed or does not belong to the round; maps to INVALID_ARGUMENT."""
 
 
 class RoundRefusedError(RuntimeError):
@@ -162,20 +162,17 @@ class RoundEngine:
     ) -> guardian_pb2.OpenRoundReply:
         """Reserve, distribute, collect; raises QuorumError, RoundInputError or RoundRefusedError."""
         header = request.header
-        if header.protocol_version != PROTOCOL_VERSION:
-            raise RoundInputError(
-                f"protocol version {header.protocol_version} is not supported; this guardian speaks {PROTOCOL_VERSION}"
-            )
+        check_version(header, "guardian")
         config, digest = self.ledger.task(header.task)
         task = TaskConfig.parse(header.task, config, digest)
         if header.config_hash != digest:
-            raise RoundInputError(
+            raise RequestError(
                 f"task {task.name} has config hash {digest}, the request {header.config_hash or 'none'}; fetch the task again"
             )
         if not request.round_key:
-            raise RoundInputError("a round needs a round_key chosen by the student, used once")
+            raise RequestError("a round needs a round_key chosen by the student, used once")
         if len(request.student_public_key) != 32:
-            raise RoundInputError("student_public_key must be a 32-byte X25519 key")
+            raise RequestError("student_public_key must be a 32-byte X25519 key")
         batch = _check_queries(request.queries, task)
         candidates = self.connected()
         worst = task.mechanism.worst_case(batch, self.ledger.orders)
@@ -193,9 +190,7 @@ class RoundEngine:
             self._rounds[rnd.round_id] = rnd
             links = {p: self._links.get(p) for p in rnd.included}
         work = guardian_pb2.HubMessage(
-            header=common_pb2.Header(
-                protocol_version=PROTOCOL_VERSION, task=task.name, config_hash=digest
-            ),
+            header=protocol.header(task.name, digest),
             work=guardian_pb2.RoundWork(
                 round_id=rnd.round_id,
                 queries=request.queries,
@@ -298,45 +293,20 @@ class RoundEngine:
 
 
 def _check_queries(queries: common_pb2.QueryBatch, task: TaskConfig) -> int:
+    """Batch size of a valid query batch; recipes must carry the batch hash parties check."""
     source = queries.WhichOneof("source")
     if source == "recipe":
-        try:
-            recipe = recipe_from_proto(queries.recipe)
-        except RecipeError as err:
-            raise RoundInputError(str(err)) from err
-        if recipe.shape != task.input_shape:
-            raise RoundInputError(
-                f"recipe shape {recipe.shape} is not the task's input shape {task.input_shape}"
-            )
-        if recipe.count > MAX_BATCH:
-            raise RoundInputError(f"a round holds 1 to {MAX_BATCH} queries, got {recipe.count}")
+        recipe = query_recipe(queries.recipe, task.input_shape, MAX_BATCH)
         if len(queries.recipe.batch_hash) != 32:
-            raise RoundInputError(
+            raise RequestError(
                 "a recipe must carry the 32-byte SHA-256 of its batch, for every party to check"
             )
         return recipe.count
     if source != "tensor":
-        raise RoundInputError(
+        raise RequestError(
             "queries must be a float32 tensor or a recipe; encrypted queries are not supported yet"
         )
-    t = queries.tensor
-    if t.dtype != "float32":
-        raise RoundInputError(f"queries must be float32, got {t.dtype!r}")
-    shape = tuple(t.shape)
-    if len(shape) != 1 + len(task.input_shape) or shape[1:] != task.input_shape:
-        raise RoundInputError(
-            f"queries must have shape (B, {', '.join(map(str, task.input_shape))}), got {shape}"
-        )
-    batch = shape[0]
-    if not 1 <= batch <= MAX_BATCH:
-        raise RoundInputError(f"a round holds 1 to {MAX_BATCH} queries, got {batch}")
-    if len(t.data) != 4 * int(np.prod(shape)):
-        raise RoundInputError(
-            f"query data must be {4 * int(np.prod(shape))} bytes for shape {shape}, got {len(t.data)}"
-        )
-    if not np.isfinite(np.frombuffer(t.data, dtype="<f4")).all():
-        raise RoundInputError("queries contain NaN or infinity")
-    return batch
+    return len(query_tensor(queries.tensor, task.input_shape, MAX_BATCH))
 
 
 __all__ = ["QuorumError", "RoundEngine", "RoundInputError", "RoundRefusedError", "TaskConfig"]

@@ -20,14 +20,13 @@ from numpy.typing import NDArray
 from capc.data.generators import Recipe
 from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import student_share_sum
-from services.common import tls
+from services.common import protocol, tls
 from services.common.mpc_stream import StreamChannel
 from services.common.recipes import recipe_to_proto
 from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.student")
-PROTOCOL_VERSION = 1
 
 
 @dataclass
@@ -64,11 +63,7 @@ class StudentClient:
 
     @property
     def header(self) -> common_pb2.Header:
-        return common_pb2.Header(
-            protocol_version=PROTOCOL_VERSION,
-            task=self.task.name,
-            config_hash=self.task.config_hash,
-        )
+        return protocol.header(self.task.name, self.task.config_hash)
 
     def _ensure_session(self) -> EvaluatorSession:
         if self._session is None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import queue
 import threading
@@ -14,14 +14,13 @@ import numpy as np
 
 from capc.data.generators import Recipe
 from capc.mpc.channel import ProtocolError
-from services.common.recipes import RecipeError, recipe_from_proto
+from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
 from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.store import TERMINAL, Job, JobStore
 
 log = logging.getLogger("capc.student")
-PROTOCOL_VERSION = 1
 MAX_QUERIES = 100_000
 MAX_BATCH = 4096
 SERVICE = "capc.v1.StudentParty"
@@ -70,7 +69,7 @@ class JobRunner:
             return
         queries = self.store.queries(job_id)
         recipe = self.store.recipe(job_id)
-        spec = json.loads(recipe) if recipe else None
+        base = Recipe.from_json(recipe) if recipe else None
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
             lo, hi = index * job.batch_size, min(len(queries), (index + 1) * job.batch_size)
@@ -79,15 +78,8 @@ class JobRunner:
                 try:
                     if self._client is None:
                         self._client = self._make_client()
-                    if spec is not None:
-                        part = Recipe(
-                            spec["generator"],
-                            spec["seed"],
-                            spec["start"] + lo,
-                            hi - lo,
-                            tuple(spec["shape"]),
-                            spec["params"],
-                        )
+                    if base is not None:
+                        part = dataclasses.replace(base, start=base.start + lo, count=hi - lo)
                         result = self._client.label_recipe(part)
                     else:
                         result = self._client.label_batch(batch)
@@ -129,11 +121,10 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self.task = task
 
     def _check(self, header: common_pb2.Header, context: grpc.ServicerContext) -> None:
-        if header.protocol_version != PROTOCOL_VERSION:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"protocol version {header.protocol_version} is not supported; this student speaks {PROTOCOL_VERSION}",
-            )
+        try:
+            check_version(header, "student party")
+        except RequestError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         if header.task and header.task != self.task.name:
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -146,73 +137,23 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self._check(request.header, context)
         source = request.queries.WhichOneof("source")
         recipe_json = None
-        if source == "recipe":
-            try:
-                recipe = recipe_from_proto(request.queries.recipe)
-            except RecipeError as err:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            if recipe.shape != self.task.input_shape:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"recipe shape {recipe.shape} is not the task's input shape {self.task.input_shape}",
-                )
-            if recipe.count > MAX_QUERIES:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"a job holds 1 to {MAX_QUERIES} queries, got {recipe.count}",
-                )
-            x = recipe.generate()
-            recipe_json = json.dumps(
-                {
-                    "generator": recipe.generator,
-                    "seed": recipe.seed,
-                    "start": recipe.start,
-                    "count": recipe.count,
-                    "shape": list(recipe.shape),
-                    "params": recipe.params,
-                }
-            )
-        elif source == "tensor":
-            x = self._tensor(request.queries.tensor, context)
-        else:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "jobs take an uploaded float32 tensor or a recipe"
-            )
-        batch = request.batch_size or 256
-        if not 1 <= batch <= MAX_BATCH:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"batch_size must lie in [1, {MAX_BATCH}], got {batch}",
-            )
+        try:
+            if source == "recipe":
+                recipe = query_recipe(request.queries.recipe, self.task.input_shape, MAX_QUERIES)
+                x = recipe.generate()
+                recipe_json = recipe.to_json()
+            elif source == "tensor":
+                x = query_tensor(request.queries.tensor, self.task.input_shape, MAX_QUERIES)
+            else:
+                raise RequestError("jobs take an uploaded float32 tensor or a recipe")
+            batch = request.batch_size or 256
+            if not 1 <= batch <= MAX_BATCH:
+                raise RequestError(f"batch_size must lie in [1, {MAX_BATCH}], got {batch}")
+        except RequestError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         job = self.store.create(self.task.name, x.astype(np.float32), batch, recipe_json)
         self.runner.submit(job.id)
         return to_proto(job)
-
-    def _tensor(self, t: common_pb2.Tensor, context: grpc.ServicerContext) -> np.ndarray:
-        shape = tuple(t.shape)
-        if (
-            t.dtype != "float32"
-            or len(shape) != 1 + len(self.task.input_shape)
-            or shape[1:] != self.task.input_shape
-        ):
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"queries must be float32 of shape (N, {', '.join(map(str, self.task.input_shape))}), got {t.dtype} {shape}",
-            )
-        if not 1 <= shape[0] <= MAX_QUERIES:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"a job holds 1 to {MAX_QUERIES} queries, got {shape[0]}",
-            )
-        if len(t.data) != 4 * int(np.prod(shape)):
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"query data must be {4 * int(np.prod(shape))} bytes for shape {shape}, got {len(t.data)}",
-            )
-        x = np.frombuffer(t.data, dtype="<f4").reshape(shape)
-        if not np.isfinite(x).all():
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "queries contain NaN or infinity")
-        return x
 
     def _job(self, job_id: str, context: grpc.ServicerContext) -> Job:
         job = self.store.get(job_id)

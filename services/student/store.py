@@ -16,12 +16,11 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
-    create_engine,
     select,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from services.guardian.ledger.store import normalise_url
+from services.common.db import make_engine
 
 TERMINAL = ("done", "failed")
 
@@ -86,7 +85,7 @@ class JobStore:
     """Jobs, their queries and the labels each round produced."""
 
     def __init__(self, url: str) -> None:
-        self.engine = create_engine(normalise_url(url))
+        self.engine = make_engine(url)
         Base.metadata.create_all(self.engine)
 
     @staticmethod

@@ -11,7 +11,7 @@ import pytest
 
 from capc.privacy import events
 from services.common import pki, tls
-from services.guardian.hub import PROTOCOL_VERSION
+from services.common.protocol import PROTOCOL_VERSION
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
 from services.local import Process, free_port, spawn

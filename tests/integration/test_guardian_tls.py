@@ -11,7 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import pki, tls
-from services.guardian.hub import PROTOCOL_VERSION, RunningServer, serve
+from services.common.protocol import PROTOCOL_VERSION
+from services.guardian.hub import RunningServer, serve
 from services.guardian.ledger import Ledger
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 

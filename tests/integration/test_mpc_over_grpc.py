@@ -16,7 +16,8 @@ from capc.mpc.session import EvaluatorSession, GarblerSession
 from capc.privacy.mechanisms.single_label import confident_decide, vote_histogram
 from services.common import pki, tls
 from services.common.mpc_stream import StreamChannel
-from services.guardian.hub import POLICY, PROTOCOL_VERSION
+from services.common.protocol import PROTOCOL_VERSION
+from services.guardian.hub import POLICY
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 B, K, N = 256, 10, 20

@@ -32,18 +32,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from numpy.typing import ArrayLike, NDArray
-from sqlalchemy import Engine, create_engine, delete, event, func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from capc.privacy.conversion import DEFAULT_ORDERS, epsilon
+from services.common.db import make_engine, normalise_url
 from services.common.task import config_hash
 from services.guardian.ledger.models import (
     AllowanceRow,
@@ -118,38 +118,6 @@ class PartyBudget:
     last_seen: dt.datetime | None
 
 
-def normalise_url(url: str) -> str:
-    """``postgresql://`` URLs use the psycopg 3 driver; a bare path means a SQLite file."""
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
-        return "postgresql+psycopg://" + url.split("://", 1)[1]
-    if "://" not in url:
-        return f"sqlite:///{Path(url).resolve()}"
-    return url
-
-
-def _engine(url: str) -> Engine:
-    url = normalise_url(url)
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 60, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=FULL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Any) -> None:
-            # Take the write lock up front: budget checks must not interleave.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-        return engine
-    return create_engine(url, pool_pre_ping=True)
-
-
 def _vec(values: ArrayLike, n: int, what: str) -> FloatArray:
     v = np.asarray(values, dtype=np.float64)
     if v.shape != (n,):
@@ -205,7 +173,7 @@ class Ledger:
         migrate: bool = True,
     ) -> None:
         self.url = normalise_url(url)
-        self.engine = _engine(self.url)
+        self.engine = make_engine(self.url)
         if migrate:
             self.migrate()
         self._check_revision()
