@@ -8,6 +8,7 @@ reads budgets, ledger and audit log and sets caps. The round logic itself is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -128,20 +129,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             offset=request.offset,
         )
         return guardian_pb2.ListLedgerReply(
-            entries=[
-                guardian_pb2.LedgerEntry(
-                    round_id=int(str(r["round"])),
-                    party=str(r["party"]),
-                    kind=str(r["kind"]),
-                    mechanism=str(r["mechanism"]),
-                    round_state=str(r["round_state"]),
-                    task=str(r["task"]),
-                    queries=int(str(r["queries"])),
-                    epsilon_alone=float(str(r["epsilon_alone"])),
-                    at=str(r["at"]),
-                )
-                for r in rows
-            ]
+            entries=[guardian_pb2.LedgerEntry(**dataclasses.asdict(r)) for r in rows]
         )
 
     def ListAudit(
@@ -157,12 +145,12 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         return guardian_pb2.ListAuditReply(
             entries=[
                 guardian_pb2.AuditEntry(
-                    seq=int(str(e["seq"])),
-                    at=str(e["at"]),
-                    actor=str(e["actor"]),
-                    action=str(e["action"]),
-                    detail_json=json.dumps(e["detail"], sort_keys=True),
-                    hash=str(e["hash"]),
+                    seq=e.seq,
+                    at=e.at,
+                    actor=e.actor,
+                    action=e.action,
+                    detail_json=json.dumps(e.detail, sort_keys=True),
+                    hash=e.hash,
                 )
                 for e in self.ledger.audit_entries(limit, request.offset)
             ],

@@ -86,10 +86,19 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
             ledger.delta,
         )[0]
         entries = ledger.entries(round_id=r.round_id)
-        charged = {str(e["party"]): float(str(e["epsilon_alone"])) for e in entries}
+        charged = {e.party: e.epsilon_alone for e in entries}
         for party in r.parties:
             assert charged[party] >= owed * (1 - 1e-9), (r.round_id, party)
-    # Every party's total covers at least the rounds the student saw.
+    # Every party's running total covers at least the rounds the student saw, at every order.
     for b in ledger.budgets():
         assert np.isfinite(b.spent)
+        seen = sum(
+            (
+                mech.actual(len(r.labels), int((r.labels >= 0).sum()), ledger.orders)
+                for r in delivered
+                if b.name in r.parties
+            ),
+            np.zeros(len(ledger.orders)),
+        )
+        assert (ledger.spent_rdp(b.name) >= seen * (1 - 1e-9)).all(), b.name
     assert ledger.verify_audit() > 0

@@ -104,6 +104,31 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class LedgerEntry:
+    """One reservation or charge; ``epsilon_alone`` is that entry's epsilon on its own."""
+
+    round_id: int
+    party: str
+    kind: str
+    mechanism: str
+    round_state: str
+    task: str
+    queries: int
+    epsilon_alone: float
+    at: str
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    seq: int
+    at: str
+    actor: str
+    action: str
+    detail: dict[str, object]
+    hash: str
+
+
+@dataclass(frozen=True)
 class PartyBudget:
     """A party's position, epsilon at the ledger's delta (improved conversion)."""
 
@@ -281,21 +306,14 @@ class Ledger:
                 prev = row.hash
         return n
 
-    def audit_entries(self, limit: int = 100, offset: int = 0) -> list[dict[str, object]]:
+    def audit_entries(self, limit: int = 100, offset: int = 0) -> list[AuditEntry]:
         """Newest first."""
         with Session(self.engine) as s:
             rows = s.scalars(
                 select(AuditRow).order_by(AuditRow.seq.desc()).limit(limit).offset(offset)
             )
             return [
-                {
-                    "seq": r.seq,
-                    "at": r.at.isoformat(),
-                    "actor": r.actor,
-                    "action": r.action,
-                    "detail": r.detail,
-                    "hash": r.hash,
-                }
+                AuditEntry(r.seq, r.at.isoformat(), r.actor, r.action, dict(r.detail), r.hash)
                 for r in rows
             ]
 
@@ -705,7 +723,7 @@ class Ledger:
         round_id: int | None = None,
         limit: int = 100,
         offset: int = 0,
-    ) -> list[dict[str, object]]:
+    ) -> list[LedgerEntry]:
         """Charges and reservations, newest first, with epsilon of each entry alone."""
         q = select(ChargeRow, RoundRow).join(RoundRow, RoundRow.id == ChargeRow.round_id)
         if party is not None:
@@ -715,17 +733,17 @@ class Ledger:
         q = q.order_by(ChargeRow.id.desc()).limit(limit).offset(offset)
         with Session(self.engine) as s:
             return [
-                {
-                    "round": c.round_id,
-                    "party": c.party,
-                    "kind": c.kind.value,
-                    "mechanism": c.mechanism,
-                    "round_state": r.state.value,
-                    "task": r.task,
-                    "queries": r.queries,
-                    "epsilon_alone": self._eps(c.rdp)[0],
-                    "at": c.created_at.isoformat(),
-                }
+                LedgerEntry(
+                    round_id=c.round_id,
+                    party=c.party,
+                    kind=c.kind.value,
+                    mechanism=c.mechanism,
+                    round_state=r.state.value,
+                    task=r.task,
+                    queries=r.queries,
+                    epsilon_alone=self._eps(c.rdp)[0],
+                    at=c.created_at.isoformat(),
+                )
                 for c, r in s.execute(q)
             ]
 

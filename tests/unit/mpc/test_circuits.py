@@ -205,7 +205,10 @@ def test_confident_gnmax_matches_the_plaintext_mechanism(confident: bool, pair: 
         assert 0 < ref.answered.sum() < b
     else:
         np.testing.assert_array_equal(labels, noisy_argmax(hist, round_noise(eta2)))
-    assert (labels[16:24] == 0).all() or confident
+    # Exact two-way ties with no noise go to the lower index (when answered at all).
+    assert set(labels[16:24].tolist()) <= {0, -1}
+    if not confident:
+        assert (labels[16:24] == 0).all()
 
 
 def test_powerset_is_gnmax_over_subsets(pair: LocalPair) -> None:
@@ -262,7 +265,8 @@ def test_multilabel_matches_the_plaintext_mechanism(
         round_noise(conf_noise, f) if confidence is not None else None,
     )
     np.testing.assert_array_equal(spec.decode(out), ref)
-    assert (spec.decode(out)[:5] == 1).all() or confidence is not None
+    if confidence is None:  # counts exactly at the threshold with zero noise are positive
+        assert (spec.decode(out)[:5] == 1).all()
 
 
 def test_logits_to_shares(pair: LocalPair) -> None:
