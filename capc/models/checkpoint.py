@@ -55,12 +55,14 @@ class Teacher:
         if not np.isfinite(x).all():
             raise ValueError("queries contain NaN or infinity")
         out = []
+        norms = [m for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         self.model.eval()
         if current_statistics:
-            for m in self.model.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.train()
-                    m.momentum = 0.0  # use, never update, the running statistics
+            # Training mode without tracking: normalise with the batch's own
+            # statistics and leave the stored ones (and their counter) untouched.
+            for m in norms:
+                m.train()
+                m.track_running_stats = False
         try:
             with torch.no_grad():
                 # Current statistics need the whole batch in one pass.
@@ -69,6 +71,8 @@ class Teacher:
                     logits = self.model(torch.from_numpy(x[i : i + step]).to(self.device))
                     out.append(logits.argmax(dim=1).cpu().numpy())
         finally:
+            for m in norms:
+                m.track_running_stats = True
             self.model.eval()
         return np.concatenate(out).astype(np.int64)
 

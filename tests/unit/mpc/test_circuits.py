@@ -118,6 +118,7 @@ def test_argmax_ties_go_to_the_lowest_index(pair: LocalPair) -> None:
     idx, best = lib.argmax(c, words)
     c.output("index", Party.EVALUATOR, [idx])
     c.output("max", Party.EVALUATOR, [best])
+    c.output("maximum", Party.EVALUATOR, [lib.maximum(c, words)])
     circuit = c.build()
     rng = np.random.default_rng(1)
     values = rng.integers(-60, 60, (300, k))
@@ -130,6 +131,7 @@ def test_argmax_ties_go_to_the_lowest_index(pair: LocalPair) -> None:
     out = run_both(circuit, pair, {"x": x}, {"y": y})
     np.testing.assert_array_equal(out["index"][:, 0], np.argmax(values, axis=1))
     np.testing.assert_array_equal(signed(out["max"][:, 0]), values.max(axis=1))
+    np.testing.assert_array_equal(out["maximum"], out["max"])
 
 
 def test_mux_one_hot_and_increment(pair: LocalPair) -> None:

@@ -17,7 +17,7 @@ import pytest
 from capc.mpc.blocks import FixedKeyHash, lsb
 from capc.mpc.channel import HEADER_BYTES, TAG_BYTES, Channel, Kind
 from capc.mpc.circuit import Circuit, Op, Party
-from capc.mpc.garbling import Garbler, evaluate
+from capc.mpc.garbling import Garbler, OutputLabelError, evaluate, garbler_output_labels
 from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.session import LocalPair
 from capc.privacy.mechanisms.single_label import vote_histogram
@@ -208,3 +208,31 @@ def test_garbler_transcript_hides_the_evaluator_input(recorded: Round) -> None:
         len(recorded.g_rec.messages(Kind.OUTPUT_LABELS))
         == c.output_wires(Party.GARBLER).size * B * 16
     )
+
+
+def test_evaluator_cannot_forge_the_garblers_output() -> None:
+    """The answered bit the guardian learns comes with a label the student cannot fake."""
+    rng = np.random.default_rng(9)
+    c = SPEC.circuit()
+    b = 16
+    student = rng.integers(0, 2**64 - 1, (b, K), dtype=np.uint64, endpoint=True)
+    hist = vote_histogram(rng.integers(0, K, (b, N)), K).astype(np.uint64)
+    g_in = SPEC.garbler_inputs(hist - student, rng.normal(0, 8.0, (b, K)), rng.normal(0, 30.0, b))
+    hasher = FixedKeyHash()
+    garbler = Garbler(c, b, os.urandom(16), 0, hasher)
+    tables = garbler.garble()
+    e_bits = c.input_bits(Party.EVALUATOR, SPEC.evaluator_inputs(student), b)
+    l0, l1 = garbler.evaluator_label_pairs()
+    labels = np.concatenate(
+        [
+            garbler.garbler_labels(c.input_bits(Party.GARBLER, g_in, b)),
+            np.where(e_bits[..., None].astype(bool), l1, l0),
+        ]
+    )
+    out = garbler_output_labels(c, evaluate(c, b, 0, hasher, tables, labels))
+    honest = garbler.decode_garbler_outputs(out)
+    flipped = out.copy()
+    flipped[..., 0] ^= np.uint64(1)  # claim the other answered bit by flipping the permute bit
+    with pytest.raises(OutputLabelError, match="not a valid label"):
+        garbler.decode_garbler_outputs(flipped)
+    assert honest.shape == (1, b)

@@ -1,0 +1,52 @@
+"""Teacher checkpoints and inference with training or current BatchNorm statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capc.learning.supervised import fit
+from capc.models import Teacher, build, load_teacher, save_teacher
+
+
+def trained(tmp_path: Path) -> Teacher:
+    rng = np.random.default_rng(0)
+    x = rng.random((64, 1, 8, 8)).astype(np.float32)
+    y = (x.mean(axis=(1, 2, 3)) > 0.5).astype(np.int64)
+    return Teacher(
+        "small-cnn",
+        (1, 8, 8),
+        2,
+        fit(build("small-cnn", (1, 8, 8), 2), x, y, epochs=2),
+        {"data": "toy"},
+    )
+
+
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    t = trained(tmp_path)
+    save_teacher(tmp_path / "t.pt", t)
+    back = load_teacher(tmp_path / "t.pt")
+    x = np.random.default_rng(1).random((10, 1, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(back.predict(x), t.predict(x))
+    assert back.model_hash == t.model_hash and back.card == {"data": "toy"}
+    with pytest.raises(ValueError, match="no model checkpoint"):
+        load_teacher(tmp_path / "missing.pt")
+
+
+def test_current_statistics_leave_the_model_unchanged(tmp_path: Path) -> None:
+    t = trained(tmp_path)
+    before = t.model_hash
+    shifted = (np.random.default_rng(2).random((32, 1, 8, 8)) * 5 + 3).astype(np.float32)
+    t.predict(shifted, current_statistics=True)
+    assert t.model_hash == before  # running statistics and their counters untouched
+    assert not t.model.training
+
+
+def test_bad_queries(tmp_path: Path) -> None:
+    t = trained(tmp_path)
+    with pytest.raises(ValueError, match="shape"):
+        t.predict(np.zeros((2, 1, 4, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="NaN"):
+        t.predict(np.full((2, 1, 8, 8), np.nan, dtype=np.float32))
