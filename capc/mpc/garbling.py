@@ -14,6 +14,8 @@ tweak, so no tweak is used twice.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -33,9 +35,16 @@ class OutputLabelError(ValueError):
     """An output label the garbler received is neither of the two valid labels."""
 
 
+@functools.lru_cache(maxsize=8)
 def _tweaks(num_and: int, batch: int) -> NDArray[np.uint64]:
-    """Low tweak words 2 (g B + q) for every AND gate g and query q: (gates, B)."""
-    return (np.arange(num_and * batch, dtype=np.uint64) << np.uint64(1)).reshape(num_and, batch)
+    """Low tweak words 2 (g B + q) for every AND gate g and query q: (gates, B).
+
+    The same for every round of a circuit and batch size (the round goes in the
+    high word), so it is built once and shared read-only.
+    """
+    t = (np.arange(num_and * batch, dtype=np.uint64) << np.uint64(1)).reshape(num_and, batch)
+    t.flags.writeable = False
+    return t
 
 
 class Garbler:
