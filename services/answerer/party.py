@@ -60,9 +60,7 @@ class AnsweringParty:
     def run(self, stop: threading.Event) -> None:
         """Stay connected until ``stop`` is set, reconnecting with backoff."""
         delay = 0.5
-        was_up = False
         while not stop.is_set():
-            started = time.monotonic()
             try:
                 self._session(stop)
             except grpc.RpcError as err:
@@ -78,7 +76,7 @@ class AnsweringParty:
             finally:
                 was_up = self.connected.is_set()
                 self.connected.clear()
-            if was_up or time.monotonic() - started > 30:
+            if was_up:
                 delay = 0.5  # the guardian had accepted us: start backing off afresh
             stop.wait(delay * (0.5 + random.random()))
             delay = min(self.max_backoff, delay * 2)
@@ -118,8 +116,16 @@ class AnsweringParty:
         responses = guardian_pb2_grpc.GuardianHubStub(channel).Connect(
             requests(), metadata=metadata
         )
-        watcher = threading.Thread(target=lambda: (stop.wait(), responses.cancel()), daemon=True)
-        watcher.start()
+        ended = threading.Event()
+
+        def watch() -> None:
+            # Cancel the stream when the party stops; return when this session ends.
+            while not ended.is_set():
+                if stop.wait(0.5):
+                    responses.cancel()
+                    return
+
+        threading.Thread(target=watch, daemon=True).start()
         try:
             for msg in responses:
                 kind = msg.WhichOneof("body")
@@ -142,6 +148,7 @@ class AnsweringParty:
                         msg.cancelled.reason,
                     )
         finally:
+            ended.set()
             outgoing.put(None)
             channel.close()
 
