@@ -32,6 +32,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.models import load_teacher
+from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.votes import one_hot_votes, share_votes
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
@@ -44,6 +45,7 @@ def plain_pate(c: LocalConsortium, queries: np.ndarray, batch: int) -> float:
     teachers = [load_teacher(c.model_path(i)) for i in range(c.parties)]
     task = c.task_config
     spec = task.circuit_spec(c.parties)
+    assert isinstance(spec, ConfidentGNMax)
     rng = SecureRandom()
     start = time.perf_counter()
     for i in range(0, len(queries), batch):

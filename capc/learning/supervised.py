@@ -1,4 +1,8 @@
-"""Plain supervised training of a classifier on arrays, batched, on GPU when present."""
+"""Plain supervised training on arrays, batched, on GPU when present.
+
+Labels of shape (N,) are classes (cross-entropy); labels of shape (N, k) in
+{0, 1} are multi-label targets (one sigmoid per label, binary cross-entropy).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from torch import nn
 def fit(
     model: nn.Module,
     x: NDArray[np.float32],
-    y: NDArray[np.int64],
+    y: NDArray[np.integer],
     *,
     epochs: int = 10,
     batch_size: int = 64,
@@ -19,7 +23,7 @@ def fit(
     seed: int = 0,
     device: str | None = None,
 ) -> nn.Module:
-    """Train ``model`` with Adam and cross-entropy on (N, *shape) inputs and (N,) labels."""
+    """Train ``model`` with Adam on (N, *shape) inputs and (N,) class or (N, k) 0/1 labels."""
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"need as many labels as inputs (>0), got {len(x)} and {len(y)}")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -27,9 +31,10 @@ def fit(
     torch.manual_seed(seed)
     model.to(dev).train()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss()
+    multi = np.ndim(y) == 2
+    loss_fn: nn.Module = nn.BCEWithLogitsLoss() if multi else nn.CrossEntropyLoss()
     xt = torch.from_numpy(np.asarray(x, dtype=np.float32))
-    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    yt = torch.from_numpy(np.asarray(y, dtype=np.float32 if multi else np.int64))
     for _ in range(epochs):
         order = torch.randperm(len(xt), generator=gen)
         for i in range(0, len(xt), batch_size):
@@ -43,14 +48,10 @@ def fit(
     return model.eval()
 
 
-def accuracy(model: nn.Module, x: NDArray[np.float32], y: NDArray[np.int64]) -> float:
-    """Top-1 accuracy with the model's training statistics."""
+def accuracy(model: nn.Module, x: NDArray[np.float32], y: NDArray[np.integer]) -> float:
+    """Top-1 accuracy for (N,) classes, per-label accuracy for (N, k) 0/1 labels (training statistics)."""
     dev = next(model.parameters()).device
     with torch.no_grad():
-        pred = (
-            model.eval()(torch.from_numpy(np.asarray(x, dtype=np.float32)).to(dev))
-            .argmax(1)
-            .cpu()
-            .numpy()
-        )
+        logits = model.eval()(torch.from_numpy(np.asarray(x, dtype=np.float32)).to(dev)).cpu()
+    pred = (logits > 0).numpy().astype(np.int64) if np.ndim(y) == 2 else logits.argmax(1).numpy()
     return float((pred == y).mean())

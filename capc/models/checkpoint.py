@@ -2,7 +2,8 @@
 
 A checkpoint is a ``torch.save`` of plain data (loaded with
 ``weights_only=True``, so a file cannot run code): architecture, input shape,
-number of classes, state dict and a card (data description, metrics).
+number of outputs, whether they are classes or independent labels, state
+dict and a card (data description, metrics).
 """
 
 from __future__ import annotations
@@ -22,7 +23,11 @@ from capc.models.registry import build
 
 @dataclass
 class Teacher:
-    """A model ready for batched inference on (B, *input_shape) float32 queries."""
+    """A model ready for batched inference on (B, *input_shape) float32 queries.
+
+    ``multi_label``: the ``num_classes`` outputs are independent labels (one
+    logit each, positive above 0) rather than mutually exclusive classes.
+    """
 
     architecture: str
     input_shape: tuple[int, ...]
@@ -30,6 +35,7 @@ class Teacher:
     model: nn.Module
     card: dict[str, Any] = field(default_factory=dict)
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    multi_label: bool = False
 
     def __post_init__(self) -> None:
         self.model.to(self.device).eval()
@@ -45,8 +51,11 @@ class Teacher:
     def predict(
         self, queries: NDArray[np.float32], current_statistics: bool = False, chunk: int = 1024
     ) -> NDArray[np.int64]:
-        """Predicted classes (B,). ``current_statistics``: BatchNorm normalises with the
-        statistics of the query batch itself (for synthetic queries), not the training ones."""
+        """Predicted classes (B,), or 0/1 labels (B, k) for a multi-label teacher.
+
+        ``current_statistics``: BatchNorm normalises with the statistics of the
+        query batch itself (for synthetic queries), not the training ones.
+        """
         x = np.asarray(queries, dtype=np.float32)
         if x.shape[1:] != self.input_shape:
             raise ValueError(
@@ -69,7 +78,8 @@ class Teacher:
                 step = x.shape[0] if current_statistics else chunk
                 for i in range(0, x.shape[0], step):
                     logits = self.model(torch.from_numpy(x[i : i + step]).to(self.device))
-                    out.append(logits.argmax(dim=1).cpu().numpy())
+                    hard = logits > 0 if self.multi_label else logits.argmax(dim=1)
+                    out.append(hard.cpu().numpy())
         finally:
             for m in norms:
                 m.track_running_stats = True
@@ -83,6 +93,7 @@ def save_teacher(path: Path, teacher: Teacher) -> None:
             "architecture": teacher.architecture,
             "input_shape": list(teacher.input_shape),
             "num_classes": teacher.num_classes,
+            "multi_label": teacher.multi_label,
             "state_dict": {k: v.cpu() for k, v in teacher.model.state_dict().items()},
             "card": teacher.card,
         },
@@ -106,4 +117,5 @@ def load_teacher(path: Path) -> Teacher:
         int(data["num_classes"]),
         model,
         dict(data.get("card", {})),
+        multi_label=bool(data.get("multi_label", False)),
     )

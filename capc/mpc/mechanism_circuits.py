@@ -216,20 +216,24 @@ class MultiLabel:
         if self.share_frac_bits > self.frac_bits:
             raise ValueError("share_frac_bits must not exceed the circuit's frac_bits")
 
+        if not 0 <= self.decision_threshold <= self.max_votes:
+            raise ValueError(
+                f"decision_threshold must lie in [0, max_votes={self.max_votes}], got {self.decision_threshold}"
+            )
+
     @property
     def confident(self) -> bool:
         return self.confidence_threshold is not None
 
     @property
     def bits(self) -> int:
-        m = self.max_votes + self.decision_threshold + NOISE_BOUND_SIGMAS * self.sigma
+        """Circuit word width l; bounds the decision threshold by ``max_votes`` so that
+        the student, which does not know the guardian's exact threshold, gets the same l."""
+        m = 2 * self.max_votes + NOISE_BOUND_SIGMAS * self.sigma
         if self.confidence_threshold is not None:
             m = max(
                 m,
-                self.max_votes
-                + self.decision_threshold
-                + NOISE_BOUND_SIGMAS * self.sigma1
-                + self.confidence_threshold,
+                2 * self.max_votes + NOISE_BOUND_SIGMAS * self.sigma1 + self.confidence_threshold,
             )
         return width_for(m, self.frac_bits)
 
@@ -244,12 +248,28 @@ class MultiLabel:
         }
 
     def garbler_inputs(
-        self, guardian_sum: ArrayLike, noise: ArrayLike, confidence_noise: ArrayLike | None = None
+        self,
+        guardian_sum: ArrayLike,
+        noise: ArrayLike,
+        confidence_noise: ArrayLike | None = None,
+        decision_threshold: ArrayLike | None = None,
     ) -> Inputs:
-        """Guardian side: share sum (B, k), decision noise (B, k), confidence noise (B, k)."""
+        """Guardian side: share sum (B, k), decision noise (B, k), confidence noise (B, k).
+
+        ``decision_threshold`` (B,): per-query thresholds in votes, in [0, max_votes], in place
+        of the spec's (when who votes varies by query); rounded to the fixed-point grid.
+        """
         base = _shares_word(guardian_sum, self.num_labels, self.share_frac_bits, self.frac_bits, 64)
         shape = base.shape
-        theta = ring.encode_fixed(self.decision_threshold, self.frac_bits)
+        if decision_threshold is None:
+            theta = ring.encode_fixed(self.decision_threshold, self.frac_bits)
+        else:
+            t = np.asarray(decision_threshold, dtype=np.float64)
+            if t.shape != (shape[0],) or not np.isfinite(t).all():
+                raise ValueError(f"decision_threshold must be finite with shape ({shape[0]},)")
+            if ((t < 0) | (t > self.max_votes)).any():
+                raise ValueError(f"decision thresholds must lie in [0, {self.max_votes}]")
+            theta = ring.encode_fixed(t, self.frac_bits)[:, None]
         n = _noise_word(noise, self.sigma, self.frac_bits, shape, "noise")
         out = {"decision": ring.reduce(base + n - theta, self.bits)}
         if self.confidence_threshold is not None:

@@ -50,15 +50,19 @@ def max_queries(
     epsilon: float,
     delta: float,
     conversion: Conversion = Conversion.IMPROVED,
+    spent_rdp: ArrayLike | None = None,
 ) -> int:
     """The largest number of identical queries whose composition stays within (epsilon, delta).
 
+    ``spent_rdp`` (one value per order, nats): what was composed already, so
+    the answer is how many more queries fit (a party's projected exhaustion).
     Returns 0 if not even one fits and :data:`UNLIMITED` if a query costs
     nothing at an order whose offset already fits.
     """
     r, o = _rdp(per_query_rdp, orders)
+    base = np.zeros_like(r) if spent_rdp is None else _rdp(spent_rdp, o)[0]
     eps = check.positive(epsilon, "epsilon")
-    slack = eps - conversion_offset(o, delta, conversion)
+    slack = eps - conversion_offset(o, delta, conversion) - base
     ok = slack >= 0
     if not ok.any():
         return 0
@@ -68,9 +72,9 @@ def max_queries(
         per_order = np.where(ok, np.floor(slack / np.where(r > 0, r, 1.0)), -1.0)
     n = int(per_order.max())
     # Guard the float floor against rounding on either side.
-    while n > 0 and convert(n * r, o, delta, conversion).epsilon > eps:
+    while n > 0 and convert(base + n * r, o, delta, conversion).epsilon > eps:
         n -= 1
-    while convert((n + 1) * r, o, delta, conversion).epsilon <= eps:
+    while convert(base + (n + 1) * r, o, delta, conversion).epsilon <= eps:
         n += 1
     return n
 

@@ -3,8 +3,10 @@
 The hospital opens no port. It keeps one Connect stream to the guardian;
 when the stream breaks (guardian restart, network) it reconnects with
 exponential backoff and jitter, so the hospital never needs a restart.
-For each round it runs batched inference, turns predictions into one-hot
-votes, and sends the guardian share in the clear and the seed sealed to the
+For each round it runs batched inference, turns predictions into the votes
+the round's mechanism asks for (one-hot, k-hot, tau-clipped or one-hot over
+label subsets; weighted and zeroed where it sits a query out under
+personalized budgets), and sends the guardian share in the clear and the seed sealed to the
 student (capc.mpc.votes).
 """
 
@@ -22,7 +24,7 @@ import grpc
 import numpy as np
 
 from capc.models import Teacher
-from capc.mpc.votes import one_hot_votes, share_votes
+from capc.mpc.votes import encode_votes, share_votes
 from services.common import protocol, tls
 from services.common.recipes import regenerate
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
@@ -170,7 +172,7 @@ class AnsweringParty:
                 preds = self.teacher.predict(x)
             else:
                 raise ValueError("this party answers float32 tensors and recipes")
-            votes = one_hot_votes(preds, self.teacher.num_classes)
+            votes = round_votes(work, preds, self.teacher.num_classes)
             share, sealed = share_votes(
                 votes, bytes(work.student_public_key), work.round_id, self.name
             )
@@ -194,3 +196,30 @@ class AnsweringParty:
                     failure=guardian_pb2.RoundFailure(round_id=work.round_id, reason=str(err)),
                 )
             )
+
+
+def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int) -> np.ndarray:
+    """The votes (B, width) uint64 a round asks for, from this teacher's predictions."""
+    mech = work.mechanism
+    name = mech.name or "gnmax"
+    expected = mech.num_labels or mech.num_classes or outputs
+    if expected != outputs:
+        raise ValueError(
+            f"the task has {expected} {'labels' if mech.num_labels else 'classes'}, this teacher {outputs}"
+        )
+    participation = None
+    if work.participation:
+        batch = len(predictions)
+        bits = np.frombuffer(work.participation, dtype=np.uint8)
+        if len(bits) != (batch + 7) // 8:
+            raise ValueError(f"participation must carry {batch} bits, got {8 * len(bits)}")
+        participation = np.unpackbits(bits, count=batch, bitorder="little").astype(bool)
+    return encode_votes(
+        predictions,
+        name,
+        num_classes=outputs,
+        weight=work.vote_weight,
+        frac_bits=work.frac_bits,
+        tau=mech.tau,
+        participation=participation,
+    )

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from capc.privacy.planning import max_queries
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
-from services.common.task import TaskError
+from services.common.task import TaskConfig, TaskError
 from services.guardian.ledger import (
     DuplicateRoundError,
     Ledger,
@@ -85,8 +86,16 @@ def page_limit(requested: int, context: grpc.ServicerContext) -> int:
     return limit
 
 
-def _status(b: PartyBudget, connected: bool = False) -> guardian_pb2.PartyStatus:
+def _status(
+    b: PartyBudget,
+    connected: bool = False,
+    projection: tuple[float, float, int] = (1.0, 1.0, -1),
+) -> guardian_pb2.PartyStatus:
+    weight, participation, queries_left = projection
     return guardian_pb2.PartyStatus(
+        vote_weight=weight,
+        participation=participation,
+        queries_left=queries_left,
         name=b.name,
         role=b.role,
         status=b.status,
@@ -111,11 +120,40 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, request: guardian_pb2.ListPartiesRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.ListPartiesReply:
         check_header(request.header, context)
+        projections: dict[str, tuple[float, float, int]] = {}
+        if request.header.task:
+            try:
+                projections = self._projections(request.header.task)
+            except (UnknownTaskError, TaskError) as err:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        online = set(self.engine.connected())
         return guardian_pb2.ListPartiesReply(
-            parties=[_status(b) for b in self.ledger.budgets()],
+            parties=[
+                _status(b, b.name in online, projections.get(b.name, (1.0, 1.0, -1)))
+                for b in self.ledger.budgets()
+            ],
             delta=self.ledger.delta,
             accounting="Renyi DP, improved conversion (Balle et al. 2020), data-independent charges",
         )
+
+    def _projections(self, task_name: str) -> dict[str, tuple[float, float, int]]:
+        """Per answering party: (vote weight, participation rate, queries its remaining
+        budget covers at ``task_name``'s worst case, in expectation under vanishing)."""
+        config, digest = self.ledger.task(task_name)
+        task = TaskConfig.parse(task_name, config, digest)
+        orders = self.ledger.orders
+        out = {}
+        for name, (weight, rate) in self.engine.rates(task).items():
+            per_query = rate * task.mechanism.worst_case(1, orders, weight)
+            left = max_queries(
+                per_query,
+                orders,
+                self.ledger.budget(name).cap,
+                self.ledger.delta,
+                spent_rdp=self.ledger.spent_rdp(name),
+            )
+            out[name] = (weight, rate, left)
+        return out
 
     def ListLedger(
         self, request: guardian_pb2.ListLedgerRequest, context: grpc.ServicerContext

@@ -10,6 +10,12 @@ compute: run the garbled circuit as garbler on the student's stream, with the
 guardian's secure noise folded into its share sum; record the round as
 released right before the first garbled input leaves; charge the actual cost
 after the outputs.
+
+Personalized budgets: with weighting, each party's vote weight comes from its
+cap (``vote_weights``) and it is charged w**2 times; with vanishing, the
+guardian draws per query who votes (``participation_rates``) and charges a
+party only for the queries it voted on. Both are functions of the caps and of
+the guardian's randomness, never of the data.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.mpc.channel import Channel
+from capc.mpc.mechanism_circuits import MultiLabel
 from capc.mpc.session import GarblerSession
+from capc.privacy.mechanisms.personalized import participation_rates, vote_weights
 from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol
 from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
-from services.common.task import TaskConfig
+from services.common.task import TaskConfig, mechanism_message
 from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
@@ -69,6 +77,17 @@ class _Round:
     complete: threading.Event = field(default_factory=threading.Event)
     guardian_sum: NDArray[np.uint64] | None = None
     used: tuple[str, ...] = ()
+    # Personalized budgets: vote weight and, with vanishing, who votes on which query.
+    weights: dict[str, float] = field(default_factory=dict)
+    votes_on: dict[str, NDArray[np.bool_]] = field(default_factory=dict)
+
+    def weight(self, party: str) -> float:
+        return self.weights.get(party, 1.0)
+
+    def voting(self, party: str) -> NDArray[np.bool_]:
+        """(batch,) mask of the queries ``party`` voted on."""
+        mask = self.votes_on.get(party)
+        return np.ones(self.batch, dtype=bool) if mask is None else mask
 
 
 class RoundEngine:
@@ -133,14 +152,14 @@ class RoundEngine:
             rnd = self._rounds.get(msg.round_id)
         if rnd is None or name not in rnd.included:
             raise RoundInputError(f"round {msg.round_id} did not ask {name} for shares")
-        expected = (rnd.batch, rnd.task.num_classes)
+        expected = (rnd.batch, rnd.task.vote_width)
         if tuple(msg.shape) != expected:
             raise RoundInputError(
                 f"shares for round {msg.round_id} must have shape {expected}, got {tuple(msg.shape)}"
             )
-        if len(msg.guardian_share) != 8 * rnd.batch * rnd.task.num_classes:
+        if len(msg.guardian_share) != 8 * rnd.batch * rnd.task.vote_width:
             raise RoundInputError(
-                f"guardian share must be {8 * rnd.batch * rnd.task.num_classes} bytes, got {len(msg.guardian_share)}"
+                f"guardian share must be {8 * rnd.batch * rnd.task.vote_width} bytes, got {len(msg.guardian_share)}"
             )
         if not msg.sealed_seed:
             raise RoundInputError("shares without a sealed seed cannot be used")
@@ -175,34 +194,61 @@ class RoundEngine:
             raise RequestError("student_public_key must be a 32-byte X25519 key")
         batch = _check_queries(request.queries, task)
         candidates = self.connected()
-        worst = task.mechanism.worst_case(batch, self.ledger.orders)
+        weights, votes_on = self.personalize(task, candidates, batch)
+        worst = {
+            p: task.mechanism.charge(
+                np.ones(
+                    task.mechanism.answer_shape(int(votes_on[p].sum()) if p in votes_on else batch),
+                    dtype=bool,
+                ),
+                self.ledger.orders,
+                weights.get(p, 1.0),
+            )
+            for p in candidates
+        }
         reservation = self.ledger.reserve(
             request.round_key,
             task.name,
             querier,
             batch,
-            {p: worst for p in candidates},
+            worst,
             mechanism=task.mechanism.name,
             quorum=task.quorum,
         )
-        rnd = _Round(reservation.round_id, task, querier, batch, reservation.included)
+        rnd = _Round(
+            reservation.round_id,
+            task,
+            querier,
+            batch,
+            reservation.included,
+            weights=weights,
+            votes_on=votes_on,
+        )
         with self._lock:
             self._rounds[rnd.round_id] = rnd
             links = {p: self._links.get(p) for p in rnd.included}
-        work = guardian_pb2.HubMessage(
-            header=protocol.header(task.name, digest),
-            work=guardian_pb2.RoundWork(
-                round_id=rnd.round_id,
-                queries=request.queries,
-                student_public_key=request.student_public_key,
-                vote_weight=1.0,
-            ),
-        )
+        header = protocol.header(task.name, digest)
         for name, link in links.items():
             if link is None:
                 self._party_failed(rnd, name)
-            else:
-                link.outbox.put(work)
+                continue
+            mask = votes_on.get(name)
+            link.outbox.put(
+                guardian_pb2.HubMessage(
+                    header=header,
+                    work=guardian_pb2.RoundWork(
+                        round_id=rnd.round_id,
+                        queries=request.queries,
+                        mechanism=mechanism_message(task),
+                        student_public_key=request.student_public_key,
+                        vote_weight=rnd.weight(name),
+                        frac_bits=task.frac_bits,
+                        participation=b""
+                        if mask is None
+                        else np.packbits(mask, bitorder="little").tobytes(),
+                    ),
+                )
+            )
         rnd.complete.wait(self.share_timeout)
         with self._lock:
             rnd.complete.set()  # late shares are refused from here on
@@ -218,7 +264,7 @@ class RoundEngine:
                 f"round aborted: {len(used)} of {len(rnd.included)} parties answered (quorum {task.quorum}); missing {missing}; nothing was charged"
             )
         rnd.used = used
-        total = np.zeros((batch, task.num_classes), dtype=np.uint64)
+        total = np.zeros((batch, task.vote_width), dtype=np.uint64)
         for p in used:
             total += rnd.shares[p]
         rnd.guardian_sum = total
@@ -259,6 +305,46 @@ class RoundEngine:
             done += 1
             idle_since = time.monotonic()
 
+    def rates(
+        self, task: TaskConfig, parties: list[str] | None = None
+    ) -> dict[str, tuple[float, float]]:
+        """(vote weight, participation rate) per party for ``task``, from the parties' caps.
+
+        ``parties`` default to every registered answering party. Weights are
+        rounded down to the shares' fixed-point grid, so a party is charged for
+        exactly the weight it votes with. Without personalization: (1, 1).
+        """
+        budgets = {b.name: b for b in self.ledger.budgets()}
+        names = (
+            [n for n, b in budgets.items() if b.role == "answerer"] if parties is None else parties
+        )
+        pers = task.personalization
+        if pers is None or not names:
+            return {n: (1.0, 1.0) for n in names}
+        caps = np.array([max(budgets[n].cap if n in budgets else 0.0, 1e-12) for n in names])
+        unit = task.mechanism.worst_case(1, self.ledger.orders)
+        args = (caps, unit, self.ledger.orders, pers.planned_queries, self.ledger.delta)
+        if pers.mode == "weighting":
+            grid = float(1 << task.frac_bits)
+            w = np.floor(vote_weights(*args, max_weight=pers.max_weight) * grid) / grid
+            return {n: (float(x), 1.0) for n, x in zip(names, w, strict=True)}
+        return {n: (1.0, float(p)) for n, p in zip(names, participation_rates(*args), strict=True)}
+
+    def personalize(
+        self, task: TaskConfig, parties: list[str], batch: int
+    ) -> tuple[dict[str, float], dict[str, NDArray[np.bool_]]]:
+        """This round's vote weights (weighting) or (batch,) participation masks (vanishing).
+
+        Both empty without personalization; masks come from the guardian's secure randomness.
+        """
+        if task.personalization is None or not parties:
+            return {}, {}
+        rates = self.rates(task, parties)
+        if task.weighting:
+            return {p: rates[p][0] for p in parties}, {}
+        draws = self._rng.uniform((batch, len(parties)))
+        return {}, {p: draws[:, i] < rates[p][1] for i, p in enumerate(parties)}
+
     def _ready_queue(self, querier: str, session_id: bytes) -> queue.Queue[int]:
         with self._lock:
             return self._ready.setdefault((querier, session_id), queue.Queue())
@@ -268,22 +354,40 @@ class RoundEngine:
             rnd = self._rounds.get(round_id)
         if rnd is None or rnd.guardian_sum is None:
             raise RoundRefusedError(f"round {round_id} is not ready for the 2PC")
-        spec = rnd.task.circuit_spec(len(rnd.used))
-        b, k = rnd.batch, rnd.task.num_classes
-        eta2 = gaussian_noise((b, k), spec.sigma2, self._rng)
-        eta1 = gaussian_noise((b,), spec.sigma1, self._rng) if spec.confident else None
-        inputs = spec.garbler_inputs(rnd.guardian_sum, eta2, eta1)
+        task, b = rnd.task, rnd.batch
+        total = sum(rnd.weight(p) for p in rnd.used)
+        spec = task.circuit_spec(len(rnd.used), total)
+        shape = (b, task.vote_width)
+        if isinstance(spec, MultiLabel):
+            noise = gaussian_noise(shape, spec.sigma, self._rng)
+            conf = gaussian_noise(shape, spec.sigma1, self._rng) if spec.confident else None
+            # Majority of the weight that actually voted on each query.
+            voted = sum(rnd.voting(p) * rnd.weight(p) for p in rnd.used)
+            theta = np.asarray(voted, dtype=np.float64) / 2.0 if rnd.votes_on else None
+            inputs = spec.garbler_inputs(rnd.guardian_sum, noise, conf, decision_threshold=theta)
+        else:
+            eta2 = gaussian_noise(shape, spec.sigma2, self._rng)
+            eta1 = gaussian_noise((b,), spec.sigma1, self._rng) if spec.confident else None
+            inputs = spec.garbler_inputs(rnd.guardian_sum, eta2, eta1)
         start = time.perf_counter()
         out = session.run_round(
             round_id, spec.circuit(), inputs, b, on_release=lambda: self.ledger.release(round_id)
         )
-        answered = int(out["answered"].sum()) if spec.confident else b
-        charge = rnd.task.mechanism.actual(b, answered, self.ledger.orders)
-        self.ledger.commit(round_id, {p: charge for p in rnd.used})
+        mech = task.mechanism
+        answered = (
+            out["answered"].astype(bool).reshape(mech.answer_shape(b))
+            if spec.confident
+            else np.ones(mech.answer_shape(b), dtype=bool)
+        )
+        charges = {
+            p: mech.charge(answered[rnd.voting(p)], self.ledger.orders, rnd.weight(p))
+            for p in rnd.used
+        }
+        self.ledger.commit(round_id, charges)
         log.info(
             "round %d: %d of %d answered by %d parties in %.2f s",
             round_id,
-            answered,
+            int(answered.reshape(b, -1).any(axis=1).sum()),
             b,
             len(rnd.used),
             time.perf_counter() - start,

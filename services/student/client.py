@@ -31,7 +31,8 @@ log = logging.getLogger("capc.student")
 
 @dataclass
 class RoundResult:
-    """One round's outcome from the student's side."""
+    """One round's outcome from the student's side: ``labels`` (B,) classes or (B, k) 0/1
+    labels for a multi-label task, -1 where not answered."""
 
     round_id: int
     labels: NDArray[np.int64]
@@ -79,7 +80,10 @@ class StudentClient:
         return self._session
 
     def label_batch(self, queries: NDArray[np.float32]) -> RoundResult:
-        """Label one batch (B, *input_shape) through one round; -1 where not answered."""
+        """Label one batch (B, *input_shape) through one round; -1 where not answered.
+
+        Labels are (B,) classes, or (B, k) 0/1 vectors for a multi-label task
+        with -1 on each label not answered."""
         x = np.ascontiguousarray(queries, dtype="<f4")
         tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
         return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0])
@@ -102,18 +106,19 @@ class StudentClient:
             timeout=self.timeout,
         )
         opened = time.perf_counter()
-        k = self.task.num_classes
         sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
         if set(sealed) != set(reply.included):
             raise RuntimeError("the guardian's seeds do not match the parties it reports")
-        student_sum = student_share_sum(self.key, sealed, reply.round_id, (batch, k))
+        student_sum = student_share_sum(
+            self.key, sealed, reply.round_id, (batch, self.task.vote_width)
+        )
         spec = self.task.circuit_spec(len(reply.included))
         out = session.run_round(
             reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
         )
         return RoundResult(
             round_id=reply.round_id,
-            labels=spec.decode(out),
+            labels=self.task.decode(spec, out),
             parties=tuple(reply.included),
             excluded=dict(reply.excluded_remaining_epsilon),
             open_s=opened - start,

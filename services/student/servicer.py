@@ -186,7 +186,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         return student_pb2.JobResults(
             job=to_proto(job),
             labels=common_pb2.Tensor(
-                shape=[len(labels)], dtype="int64", data=labels.astype("<i8").tobytes()
+                shape=list(labels.shape), dtype="int64", data=labels.astype("<i8").tobytes()
             ),
             queries=common_pb2.Tensor(
                 shape=list(queries.shape), dtype="float32", data=queries.astype("<f4").tobytes()

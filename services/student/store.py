@@ -148,7 +148,8 @@ class JobStore:
             assert row is not None
             s.add(BatchRow(job_id=job_id, index=index, round_id=round_id, labels=_pack(labels)))
             row.processed += len(labels)
-            row.answered += int((labels >= 0).sum())
+            # A multi-label query counts as answered when any of its labels is.
+            row.answered += int((labels >= 0).reshape(len(labels), -1).any(axis=1).sum())
             row.rounds += 1
             row.state = "running"
 

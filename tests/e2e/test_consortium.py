@@ -19,7 +19,7 @@ import pytest
 
 from capc.data.generators import Recipe
 from capc.models import load_teacher
-from capc.mpc.mechanism_circuits import round_noise
+from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.privacy import events
 from capc.privacy.accountant import Accountant
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
@@ -59,6 +59,7 @@ def replay(
             np.stack([teachers[n].predict(xb) for n in used], axis=1), task.num_classes
         )
         spec = task.circuit_spec(len(used))
+        assert isinstance(spec, ConfidentGNMax)
         eta2 = gaussian_noise((b, task.num_classes), spec.sigma2, rng)
         eta1 = gaussian_noise((b,), spec.sigma1, rng)
         out.append(

@@ -81,7 +81,7 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
     for r in delivered:
         assert ledger.round_state(r.round_id) == RoundState.COMMITTED
         owed = epsilon(
-            mech.actual(len(r.labels), int((r.labels >= 0).sum()), ledger.orders),
+            mech.charge(r.labels >= 0, ledger.orders),
             ledger.orders,
             ledger.delta,
         )[0]
@@ -93,11 +93,7 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
     for b in ledger.budgets():
         assert np.isfinite(b.spent)
         seen = sum(
-            (
-                mech.actual(len(r.labels), int((r.labels >= 0).sum()), ledger.orders)
-                for r in delivered
-                if b.name in r.parties
-            ),
+            (mech.charge(r.labels >= 0, ledger.orders) for r in delivered if b.name in r.parties),
             np.zeros(len(ledger.orders)),
         )
         assert (ledger.spent_rdp(b.name) >= seen * (1 - 1e-9)).all(), b.name

@@ -17,8 +17,10 @@ from capc.privacy.mechanisms.multi_label import (
 from capc.privacy.mechanisms.personalized import (
     assign_upsampled,
     participating_histogram,
+    participation_rates,
     sample_participation,
     upsampling_replicas,
+    vote_weights,
     weighted_histogram,
     weights_for_caps,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "multilabel_decide",
     "noisy_argmax",
     "participating_histogram",
+    "participation_rates",
     "powerset_decide",
     "powerset_histogram",
     "powerset_voting",
@@ -60,6 +63,7 @@ __all__ = [
     "tau_voting",
     "upsampling_replicas",
     "vote_histogram",
+    "vote_weights",
     "weighted_histogram",
     "weights_for_caps",
 ]

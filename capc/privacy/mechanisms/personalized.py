@@ -70,7 +70,46 @@ def weights_for_caps(
     its cap). Returns (teachers,) weights; a teacher whose cap cannot cover even
     an infinitesimal share gets weight 0.
     """
-    return np.sqrt(_multipliers(caps, "caps", delta, sigma, queries, orders, conversion))
+    unit = rdp.gnmax_data_independent(sigma, orders)
+    return np.sqrt(_multipliers(caps, "caps", delta, unit, queries, orders, conversion))
+
+
+def vote_weights(
+    caps: ArrayLike,
+    unit_rdp: ArrayLike,
+    orders: ArrayLike,
+    queries: int,
+    delta: float,
+    max_weight: float = np.inf,
+) -> FloatArray:
+    """Weighting: (teachers,) eps caps at ``delta`` -> (teachers,) vote weights with mean 1.
+
+    ``unit_rdp``: one query's RDP at weight 1 (any mechanism; weights scale it
+    by w**2). Weights are proportional to the square root of what each cap
+    affords, so every teacher reaches its cap after the same number of
+    queries, and normalised to mean 1 so the histogram keeps its scale (the
+    noise and thresholds of the task stay meaningful); then capped at
+    ``max_weight``, which only slows a teacher's spending.
+    """
+    unit = np.asarray(unit_rdp, dtype=np.float64)
+    root = np.sqrt(_multipliers(caps, "caps", delta, unit, queries, orders, Conversion.IMPROVED))
+    if not root.any():
+        return np.zeros_like(root)
+    return np.asarray(np.minimum(root / root.mean(), max_weight), dtype=np.float64)
+
+
+def participation_rates(
+    caps: ArrayLike, unit_rdp: ArrayLike, orders: ArrayLike, queries: int, delta: float
+) -> FloatArray:
+    """Vanishing: (teachers,) eps caps -> (teachers,) probabilities of voting on a query.
+
+    Proportional to what each cap affords, the largest at 1, so every teacher
+    is expected to reach its cap after the same number of queries.
+    """
+    unit = np.asarray(unit_rdp, dtype=np.float64)
+    mult = _multipliers(caps, "caps", delta, unit, queries, orders, Conversion.IMPROVED)
+    top = float(mult.max())
+    return mult / top if top > 0 else np.zeros_like(mult)
 
 
 def upsampling_replicas(
@@ -88,7 +127,8 @@ def upsampling_replicas(
     """
     if max_replicas < 1:
         raise ValueError(f"max_replicas must be >= 1, got {max_replicas}")
-    mult = _multipliers(point_caps, "point_caps", delta, sigma, queries, orders, conversion)
+    unit = rdp.gnmax_data_independent(sigma, orders)
+    mult = _multipliers(point_caps, "point_caps", delta, unit, queries, orders, conversion)
     # Floor of sqrt with a tiny tolerance so an exact square is not lost to rounding.
     u = np.floor(np.sqrt(mult) + 1e-12).astype(np.int64)
     return np.asarray(np.minimum(u, max_replicas), dtype=np.int64)
@@ -98,16 +138,15 @@ def _multipliers(
     caps: ArrayLike,
     name: str,
     delta: float,
-    sigma: float,
+    unit: ArrayLike,
     queries: int,
     orders: ArrayLike,
     conversion: Conversion,
 ) -> FloatArray:
-    """Per cap, the largest multiple of the GNMax RDP that ``queries`` queries can afford."""
+    """Per cap, the largest multiple of the per-query RDP ``unit`` that ``queries`` queries afford."""
     c = np.asarray(caps, dtype=np.float64)
     if c.ndim != 1 or not np.isfinite(c).all() or (c <= 0).any():
         raise ValueError(f"{name} must be a 1-D array of positive epsilons")
-    unit = rdp.gnmax_data_independent(sigma, orders)
     return np.array([max_multiplier(unit, orders, queries, float(e), delta, conversion) for e in c])
 
 

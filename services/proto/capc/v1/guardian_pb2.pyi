@@ -88,20 +88,22 @@ class Registered(_message.Message):
     def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ...) -> None: ...
 
 class RoundWork(_message.Message):
-    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits")
+    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits", "participation")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     STUDENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     VOTE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPATION_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     queries: _common_pb2.QueryBatch
     mechanism: _common_pb2.Mechanism
     student_public_key: bytes
     vote_weight: float
     frac_bits: int
-    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ...) -> None: ...
+    participation: bytes
+    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ..., participation: _Optional[bytes] = ...) -> None: ...
 
 class RoundCancelled(_message.Message):
     __slots__ = ("round_id", "reason")
@@ -165,7 +167,7 @@ class MpcFrame(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class PartyStatus(_message.Message):
-    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen")
+    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +178,9 @@ class PartyStatus(_message.Message):
     BEST_ORDER_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_FIELD_NUMBER: _ClassVar[int]
+    VOTE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPATION_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_LEFT_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     status: str
@@ -186,7 +191,10 @@ class PartyStatus(_message.Message):
     best_order: float
     rounds: int
     last_seen: str
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ...) -> None: ...
+    vote_weight: float
+    participation: float
+    queries_left: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ...) -> None: ...
 
 class ListPartiesRequest(_message.Message):
     __slots__ = ("header",)
