@@ -1,7 +1,8 @@
 """``capc up``: a local consortium of real processes on this machine.
 
 Creates the consortium PKI, trains a quick teacher per hospital on a disjoint
-part of the offline data (animal-mnist by default) (unless checkpoints exist), registers a task in a
+part of the offline data (animal-mnist by default; animal-attributes for a
+multi-label task) unless checkpoints exist, registers a task in a
 SQLite ledger, and starts the guardian and N answering parties as separate
 processes over mutual TLS. The e2e tests, the consortium benchmark and the
 demo use it; on the command line it runs until interrupted.
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.data.multilabel import animal_attributes
 from capc.data.offline import animal_mnist, digits, partition
 from capc.learning.supervised import fit
 from capc.models import Teacher, build, save_teacher
@@ -42,6 +44,20 @@ DEFAULT_TASK: dict[str, Any] = {
 }
 #: Held out from every hospital: the student's queries and test set.
 HELD_OUT = 400
+
+
+DATASETS = ("animal-mnist", "animal-attributes", "digits")
+
+
+def load_dataset(name: str, size: int = 28) -> tuple[NDArray[np.float32], NDArray[np.integer]]:
+    """Images (N, 1, size, size) and labels: (N,) classes, or (N, k) 0/1 for animal-attributes."""
+    if name == "animal-mnist":
+        return animal_mnist()
+    if name == "animal-attributes":
+        return animal_attributes()
+    if name == "digits":
+        return digits(size)
+    raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
 
 
 def free_port() -> int:
@@ -115,7 +131,12 @@ class LocalConsortium:
     queries: NDArray[np.float32] = field(
         default_factory=lambda: np.zeros((0, 1, 28, 28), dtype=np.float32)
     )
-    truth: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    truth: NDArray[np.integer] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: Per-hospital eps caps (personalized budgets); ``epsilon_cap`` for all when unset.
+    epsilon_caps: list[float] | None = None
+
+    def cap(self, i: int) -> float:
+        return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
 
     @property
     def pki_dir(self) -> Path:
@@ -144,11 +165,8 @@ class LocalConsortium:
             pki.issue(self.pki_dir, "guardian", "guardian")
             pki.issue(self.pki_dir, "student", "student")
             pki.issue(self.pki_dir, "gateway", "gateway")
-        x, y = (
-            animal_mnist()
-            if self.dataset == "animal-mnist"
-            else digits(int(self.task["input_shape"][-1]))
-        )
+        x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]))
+        outputs = int(y.shape[1]) if y.ndim == 2 else 10
         rng = np.random.default_rng(7)
         order = rng.permutation(len(x))
         test, train = order[:HELD_OUT], order[HELD_OUT:]
@@ -162,7 +180,7 @@ class LocalConsortium:
             idx = train[part]
             self._say(f"training {name}'s teacher on {len(idx)} private images")
             model = fit(
-                build("small-cnn", tuple(self.task["input_shape"]), 10),
+                build("small-cnn", tuple(self.task["input_shape"]), outputs),
                 x[idx],
                 y[idx],
                 epochs=self.epochs,
@@ -173,12 +191,13 @@ class LocalConsortium:
                 Teacher(
                     "small-cnn",
                     tuple(self.task["input_shape"]),
-                    10,
+                    outputs,
                     model,
                     {
                         "data": f"{self.dataset}, partition {i} of {self.parties}",
                         "examples": len(idx),
                     },
+                    multi_label=y.ndim == 2,
                 ),
             )
         ledger = Ledger(self.db)
@@ -200,9 +219,7 @@ class LocalConsortium:
         """(Re)start the guardian on the same port and ledger; it recovers on start-up."""
         self.port = self.port or free_port()
         register = [
-            a
-            for i in range(self.parties)
-            for a in ("--register", f"hospital-{i}={self.epsilon_cap}")
+            a for i in range(self.parties) for a in ("--register", f"hospital-{i}={self.cap(i)}")
         ]
         extra = ["--noise-seed", self.noise_seed] if self.noise_seed else []
         guardian = spawn(

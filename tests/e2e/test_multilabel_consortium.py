@@ -1,0 +1,268 @@
+"""Multi-label rounds and personalized budgets through the secure path, end to end.
+
+Four hospitals (separate processes, mutual TLS) hold multi-label teachers
+trained on disjoint parts of animal-attributes (five attributes per animal).
+Their caps differ: two hospitals accept four times the epsilon of the other
+two. One student labels held-out images under five tasks in turn: Binary
+voting with a per-label confidence test, tau voting, confident Powerset
+voting, and Binary voting with personalized weighting and with vanishing.
+
+The guardian's noise is seeded (a test-only flag), so the test replays every
+draw in order and checks each label vector against capc.privacy's plaintext
+mechanism on the same teachers, and checks every party's ledger charge
+against the mechanism's proven sensitivity (scaled by its weight, or only
+for the queries it voted on).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from capc.models import Teacher, load_teacher
+from capc.mpc.mechanism_circuits import round_noise
+from capc.privacy.conversion import DEFAULT_ORDERS
+from capc.privacy.mechanisms.multi_label import (
+    clip_votes,
+    multilabel_decide,
+    powerset_histogram,
+    subset_bits,
+)
+from capc.privacy.mechanisms.personalized import participation_rates, vote_weights
+from capc.privacy.mechanisms.single_label import NOT_ANSWERED, confident_decide, gaussian_noise
+from capc.privacy.randomness import SecureRandom
+from services.common import tls
+from services.common.protocol import header
+from services.common.task import TaskConfig, config_hash
+from services.guardian.ledger import Ledger
+from services.guardian.ledger.models import RoundState
+from services.local import LocalConsortium
+from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
+from services.student.client import StudentClient
+
+PARTIES = 4
+NOISE_SEED = "e2e-multilabel"
+CAPS = [20000.0, 20000.0, 80000.0, 80000.0]
+K = 5
+BATCH = 64
+
+
+def task(
+    mechanism: dict[str, Any], personalization: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "num_labels": K,
+        "input_shape": [1, 28, 28],
+        "mechanism": mechanism,
+        "quorum": 3,
+    }
+    if personalization:
+        config["personalization"] = personalization
+    return config
+
+
+TASKS = {
+    "attr-binary": task({"name": "binary", "sigma": 0.7, "threshold": 1.0, "sigma1": 0.8}),
+    "attr-tau": task({"name": "tau", "sigma": 0.6, "tau": 1.5}),
+    "attr-powerset": task({"name": "powerset", "sigma": 0.8, "threshold": 2.0, "sigma1": 1.0}),
+    "attr-weighted": task(
+        {"name": "binary", "sigma": 0.7},
+        {"mode": "weighting", "planned_queries": 500, "max_weight": 4.0},
+    ),
+    "attr-vanishing": task(
+        {"name": "binary", "sigma": 0.7}, {"mode": "vanishing", "planned_queries": 500}
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsortium]:
+    c = LocalConsortium(
+        tmp_path_factory.mktemp("multilabel"),
+        parties=PARTIES,
+        dataset="animal-attributes",
+        task=TASKS["attr-binary"],
+        epsilon_caps=CAPS,
+        noise_seed=NOISE_SEED,
+        epochs=4,
+    )
+    c.prepare()
+    ledger = Ledger(c.db)
+    for name, config in TASKS.items():
+        ledger.create_task(name, config)
+    ledger.close()
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def student_for(c: LocalConsortium, name: str) -> StudentClient:
+    config = TASKS[name]
+    return StudentClient(
+        f"127.0.0.1:{c.port}",
+        tls.TLSFiles.in_dir(c.pki_dir, "student"),
+        TaskConfig.parse(name, config, config_hash(config)),
+        server_name="localhost",
+    )
+
+
+@dataclass
+class Replay:
+    """The guardian's draws, in order, and the plaintext mechanisms on the same teachers."""
+
+    teachers: list[Teacher]
+    rng: SecureRandom
+
+    def votes(self, x: np.ndarray) -> np.ndarray:
+        """(B, parties, k) 0/1 predictions."""
+        return np.stack([t.predict(x) for t in self.teachers], axis=1).astype(np.float64)
+
+
+def spent_rdp(ledger: Ledger) -> dict[str, np.ndarray]:
+    return {f"hospital-{i}": ledger.spent_rdp(f"hospital-{i}") for i in range(PARTIES)}
+
+
+def wait_committed(ledger: Ledger, rounds: int) -> None:
+    deadline = time.monotonic() + 30
+    while ledger.count_rounds(RoundState.COMMITTED) < rounds and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ledger.count_rounds(RoundState.COMMITTED) == rounds
+
+
+def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
+    consortium: LocalConsortium,
+) -> None:
+    replay = Replay(
+        [load_teacher(consortium.model_path(i)) for i in range(PARTIES)],
+        SecureRandom.from_seed(NOISE_SEED),
+    )
+    assert all(t.multi_label and t.num_classes == K for t in replay.teachers)
+    ledger = Ledger(consortium.db)
+    orders = ledger.orders
+    names = [f"hospital-{i}" for i in range(PARTIES)]
+    queries, truth = consortium.queries, consortium.truth
+    quality = {}
+    committed = 0
+    for n, name in enumerate(TASKS):
+        cfg = TaskConfig.parse(name, TASKS[name], config_hash(TASKS[name]))
+        x = queries[n * BATCH : (n + 1) * BATCH]
+        before = spent_rdp(ledger)
+        student = student_for(consortium, name)
+        result = student.label_batch(x)
+        student.close()
+        committed += 1
+        wait_committed(ledger, committed)
+        assert result.parties == tuple(names)
+        assert result.labels.shape == (BATCH, K)
+        votes = replay.votes(x)
+        mech = cfg.mechanism
+        weights = np.ones(PARTIES)
+        voting = np.ones((BATCH, PARTIES), dtype=bool)
+        unit = mech.worst_case(1, orders)
+        if cfg.vanishing:
+            rates = participation_rates(CAPS, unit, orders, 500, ledger.delta)
+            voting = replay.rng.uniform((BATCH, PARTIES)) < rates
+            assert 0.1 < rates[0] < 0.5 and rates[2] == 1.0
+        if cfg.weighting:
+            weights = np.floor(vote_weights(CAPS, unit, orders, 500, ledger.delta, 4.0) * 256) / 256
+            assert weights[0] < 1.0 < weights[2]
+        if mech.name == "powerset":
+            hist = powerset_histogram(votes)
+            eta2 = gaussian_noise(hist.shape, mech.sigma, replay.rng)
+            eta1 = gaussian_noise((BATCH,), mech.sigma1, replay.rng)
+            chosen = confident_decide(hist, mech.threshold, round_noise(eta1), round_noise(eta2))
+            expected = np.where(
+                (chosen.labels == NOT_ANSWERED)[:, None],
+                NOT_ANSWERED,
+                subset_bits(np.maximum(chosen.labels, 0), K),
+            )
+            answered = chosen.labels != NOT_ANSWERED
+        else:
+            frac = 8 if mech.name == "tau" or cfg.weighting else 4
+            if mech.name == "tau":
+                # The parties' fixed point rounds each clipped vote down to the 2**-8 grid.
+                votes = np.floor(clip_votes(votes, mech.tau) * 256) / 256
+            scaled = votes * (weights[None, :, None] * voting[:, :, None])
+            counts = scaled.sum(axis=1)
+            theta = (voting * weights).sum(axis=1) / 2.0
+            noise = round_noise(gaussian_noise(counts.shape, mech.sigma, replay.rng), frac)
+            if mech.confident:
+                conf = round_noise(gaussian_noise(counts.shape, mech.sigma1, replay.rng), frac)
+                expected = np.stack(
+                    [
+                        multilabel_decide(
+                            counts[b : b + 1],
+                            theta[b],
+                            noise[b : b + 1],
+                            mech.threshold,
+                            conf[b : b + 1],
+                        )[0]
+                        for b in range(BATCH)
+                    ]
+                )
+            else:
+                expected = (counts + noise >= theta[:, None]).astype(np.int8)
+            answered = expected != NOT_ANSWERED
+        np.testing.assert_array_equal(result.labels, expected, err_msg=name)
+        got = result.labels
+        released = got != NOT_ANSWERED
+        quality[name] = (
+            float(released.mean()),
+            float((got[released] == truth[n * BATCH : (n + 1) * BATCH][released]).mean()),
+        )
+        after = spent_rdp(ledger)
+        for i, party in enumerate(names):
+            owed = mech.charge(answered[voting[:, i]], DEFAULT_ORDERS, weights[i])
+            np.testing.assert_allclose(
+                after[party] - before[party], owed, rtol=1e-9, atol=1e-12, err_msg=f"{name} {party}"
+            )
+        if cfg.vanishing:
+            # A hospital that sat most queries out paid for fewer than a hospital that voted on all.
+            assert (
+                after["hospital-0"] - before["hospital-0"]
+                < after["hospital-2"] - before["hospital-2"]
+            ).all()
+    print(quality)
+    for name, (released, accuracy) in quality.items():
+        assert released > 0.3, (name, released)
+        assert accuracy > 0.75, (name, accuracy)
+    assert ledger.verify_audit() > 0
+
+
+def test_admin_view_shows_caps_spend_weights_and_projected_exhaustion(
+    consortium: LocalConsortium,
+) -> None:
+    hub = guardian_pb2_grpc.GuardianHubStub(
+        tls.secure_channel(
+            f"127.0.0.1:{consortium.port}",
+            tls.TLSFiles.in_dir(consortium.pki_dir, "gateway"),
+            "localhost",
+        )
+    )
+    weighted = TASKS["attr-weighted"]
+    reply = hub.ListParties(
+        guardian_pb2.ListPartiesRequest(header=header("attr-weighted", config_hash(weighted))),
+        timeout=30,
+    )
+    parties = {p.name: p for p in reply.parties if p.role == "answerer"}
+    assert [parties[f"hospital-{i}"].epsilon_cap for i in range(PARTIES)] == CAPS
+    assert all(p.connected for p in parties.values())
+    low, high = parties["hospital-0"], parties["hospital-2"]
+    assert low.vote_weight < 1.0 < high.vote_weight and low.participation == 1.0
+    assert 0 < low.queries_left and 0 < high.queries_left
+    assert low.epsilon_spent > 0
+    vanishing = hub.ListParties(
+        guardian_pb2.ListPartiesRequest(header=header("attr-vanishing", "")), timeout=30
+    )
+    rates = {p.name: p.participation for p in vanishing.parties}
+    assert rates["hospital-0"] < 1.0 == rates["hospital-2"]
+    # No task named: no projection.
+    plain = hub.ListParties(guardian_pb2.ListPartiesRequest(header=header("", "")), timeout=30)
+    assert all(p.queries_left == -1 for p in plain.parties)
