@@ -35,6 +35,7 @@ from capc.privacy.mechanisms.multi_label import (
 )
 from capc.privacy.mechanisms.personalized import participation_rates, vote_weights
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED, confident_decide, gaussian_noise
+from capc.privacy.planning import max_queries
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.protocol import header
@@ -149,7 +150,6 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
     names = [f"hospital-{i}" for i in range(PARTIES)]
     queries, truth = consortium.queries, consortium.truth
     quality = {}
-    committed = 0
     for n, name in enumerate(TASKS):
         cfg = TaskConfig.parse(name, TASKS[name], config_hash(TASKS[name]))
         x = queries[n * BATCH : (n + 1) * BATCH]
@@ -157,8 +157,7 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
         student = student_for(consortium, name)
         result = student.label_batch(x)
         student.close()
-        committed += 1
-        wait_committed(ledger, committed)
+        wait_committed(ledger, n + 1)
         assert result.parties == tuple(names)
         assert result.labels.shape == (BATCH, K)
         votes = replay.votes(x)
@@ -256,7 +255,18 @@ def test_admin_view_shows_caps_spend_weights_and_projected_exhaustion(
     assert all(p.connected for p in parties.values())
     low, high = parties["hospital-0"], parties["hospital-2"]
     assert low.vote_weight < 1.0 < high.vote_weight and low.participation == 1.0
-    assert 0 < low.queries_left and 0 < high.queries_left
+    assert low.queries_left > 0 and high.queries_left > 0
+    # The projection is the worst case at the party's own weight: it matches the ledger.
+    cfg = TaskConfig.parse("attr-weighted", weighted, config_hash(weighted))
+    ledger = Ledger(consortium.db)
+    per_query = cfg.mechanism.worst_case(1, ledger.orders, low.vote_weight)
+    assert low.queries_left == max_queries(
+        per_query,
+        ledger.orders,
+        low.epsilon_cap,
+        ledger.delta,
+        spent_rdp=ledger.spent_rdp("hospital-0"),
+    )
     assert low.epsilon_spent > 0
     vanishing = hub.ListParties(
         guardian_pb2.ListPartiesRequest(header=header("attr-vanishing", "")), timeout=30

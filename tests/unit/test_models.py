@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capc.learning.supervised import fit
+from capc.learning.supervised import accuracy, fit
 from capc.models import Teacher, build, load_teacher, save_teacher
 
 
@@ -50,3 +50,26 @@ def test_bad_queries(tmp_path: Path) -> None:
         t.predict(np.zeros((2, 1, 4, 4), dtype=np.float32))
     with pytest.raises(ValueError, match="NaN"):
         t.predict(np.full((2, 1, 8, 8), np.nan, dtype=np.float32))
+
+
+def test_multi_label_teacher_learns_and_round_trips(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    x = rng.random((256, 1, 8, 8)).astype(np.float32)
+    # Label 0: bright left half; label 1: bright top half; label 2: always off.
+    y = np.stack(
+        [
+            x[:, 0, :, :4].mean(axis=(1, 2)) > 0.5,
+            x[:, 0, :4].mean(axis=(1, 2)) > 0.5,
+            np.zeros(256, bool),
+        ],
+        axis=1,
+    ).astype(np.int64)
+    model = fit(build("small-cnn", (1, 8, 8), 3), x, y, epochs=15, lr=3e-3)
+    assert accuracy(model, x, y) > 0.85
+    t = Teacher("small-cnn", (1, 8, 8), 3, model, multi_label=True)
+    pred = t.predict(x)
+    assert pred.shape == (256, 3) and set(np.unique(pred)) <= {0, 1}
+    save_teacher(tmp_path / "m.pt", t)
+    back = load_teacher(tmp_path / "m.pt")
+    assert back.multi_label
+    np.testing.assert_array_equal(back.predict(x), pred)

@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 
 from capc.privacy import events, planning, rdp
 from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion
-from capc.privacy.mechanisms import upsampling_replicas, weights_for_caps
+from capc.privacy.mechanisms import (
+    participation_rates,
+    upsampling_replicas,
+    vote_weights,
+    weights_for_caps,
+)
 
 A = [200, 30, 20, 0, 0, 0, 0, 0, 0, 0]
 
@@ -95,3 +100,36 @@ def test_upsampling_replicas_fit_caps() -> None:
             assert planning.epsilon_after(per, DEFAULT_ORDERS, 200, 1e-5).epsilon <= cap
             per_more = rdp.upsampled_gnmax(int(ui) + 1, 40.0, DEFAULT_ORDERS)
             assert planning.epsilon_after(per_more, DEFAULT_ORDERS, 200, 1e-5).epsilon > cap
+
+
+def test_max_queries_counts_what_is_left_after_spending() -> None:
+    per = rdp.gnmax_data_independent(30.0, DEFAULT_ORDERS)
+    fresh = planning.max_queries(per, DEFAULT_ORDERS, 4.0, 1e-5)
+    left = planning.max_queries(per, DEFAULT_ORDERS, 4.0, 1e-5, spent_rdp=100 * per)
+    assert left == fresh - 100
+    assert planning.max_queries(per, DEFAULT_ORDERS, 4.0, 1e-5, spent_rdp=fresh * per) == 0
+
+
+def test_cap_derived_weights_and_rates_exhaust_every_cap_together() -> None:
+    """Any mechanism's unit (here Binary voting over 5 labels): w**2 or p times it fits each cap
+    after the same number of queries; weights average 1, the largest rate is 1."""
+    caps = np.array([np.log(2), np.log(2), np.log(8), np.log(8)])
+    unit = rdp.multilabel_binary(5, 20.0, DEFAULT_ORDERS)
+    w = vote_weights(caps, unit, DEFAULT_ORDERS, 400, 1e-5)
+    p = participation_rates(caps, unit, DEFAULT_ORDERS, 400, 1e-5)
+    assert w.mean() == pytest.approx(1.0) and w[0] < 1.0 < w[2]
+    assert p.max() == 1.0 and 0 < p[0] < p[2]
+    q_weighted = [
+        planning.max_queries(wi**2 * unit, DEFAULT_ORDERS, c, 1e-5)
+        for wi, c in zip(w, caps, strict=True)
+    ]
+    q_vanishing = [
+        planning.max_queries(pi * unit, DEFAULT_ORDERS, c, 1e-5)
+        for pi, c in zip(p, caps, strict=True)
+    ]
+    assert max(q_weighted) - min(q_weighted) <= 0.01 * min(q_weighted)
+    assert max(q_vanishing) - min(q_vanishing) <= 0.01 * min(q_vanishing)
+    # Against everyone at the smallest cap with weight 1, the low-cap parties last longer.
+    baseline = planning.max_queries(unit, DEFAULT_ORDERS, float(caps.min()), 1e-5)
+    assert min(q_weighted) > 1.5 * baseline
+    assert (vote_weights(caps, unit, DEFAULT_ORDERS, 400, 1e-5, max_weight=1.2) <= 1.2).all()

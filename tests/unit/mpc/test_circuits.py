@@ -308,3 +308,25 @@ def test_mechanism_specs_reject_bad_inputs() -> None:
         circuit.input_bits(Party.EVALUATOR, {"wrong": good}, 3)
     with pytest.raises(ValueError, match="wider"):
         circuit.input_bits(Party.EVALUATOR, {"shares": np.full((3, 4), 2**40, dtype=np.uint64)}, 3)
+
+
+def test_multilabel_per_query_thresholds_for_vanishing(pair: LocalPair) -> None:
+    """Who votes varies by query: the majority threshold follows the voters of each query."""
+    rng = np.random.default_rng(9)
+    b, k, n = 120, 4, 10
+    voters = rng.integers(1, n + 1, b)
+    counts = np.minimum(rng.integers(0, n + 1, (b, k)), voters[:, None]).astype(np.float64)
+    theta = voters / 2.0
+    spec = MultiLabel(k, n, sigma=2.0, decision_threshold=n / 2)
+    noise = rng.normal(0, 2.0, (b, k))
+    student, guardian = shares_of(counts.astype(np.uint64), rng)
+    g = spec.garbler_inputs(guardian, noise, decision_threshold=theta)
+    out = run_both(spec.circuit(), pair, g, spec.evaluator_inputs(student))
+    expect = (counts + round_noise(noise) >= theta[:, None]).astype(np.int8)
+    np.testing.assert_array_equal(spec.decode(out), expect)
+    # The student's spec (any threshold within max_votes) builds the same circuit.
+    assert MultiLabel(k, n, sigma=2.0, decision_threshold=0.0).bits == spec.bits
+    with pytest.raises(ValueError, match="decision thresholds"):
+        spec.garbler_inputs(guardian, noise, decision_threshold=np.full(b, n + 1.0))
+    with pytest.raises(ValueError, match="decision_threshold"):
+        MultiLabel(k, n, sigma=2.0, decision_threshold=n + 1.0)

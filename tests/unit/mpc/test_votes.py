@@ -8,7 +8,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.mpc import ring
 from capc.mpc.sealing import SealError
-from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
+from capc.mpc.votes import encode_votes, one_hot_votes, share_votes, student_share_sum
+from capc.privacy import rdp
 from capc.privacy.mechanisms.single_label import vote_histogram
 
 
@@ -49,3 +50,49 @@ def test_bad_predictions() -> None:
         share_votes(
             np.ones((2, 2)), X25519PrivateKey.generate().public_key().public_bytes_raw(), 1, "h"
         )
+
+
+def test_encode_votes_for_every_mechanism() -> None:
+    classes = np.array([2, 0, 1])
+    np.testing.assert_array_equal(
+        encode_votes(classes, "gnmax", num_classes=3, weight=1.5, frac_bits=8),
+        np.eye(3, dtype=np.uint64)[classes] * np.uint64(384),
+    )
+    labels = np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1]])
+    np.testing.assert_array_equal(encode_votes(labels, "binary"), labels.astype(np.uint64))
+    power = encode_votes(labels, "powerset")
+    assert power.shape == (3, 8) and list(power.argmax(axis=1)) == [5, 0, 7]
+    assert (power.sum(axis=1) == 1).all()
+    # Vanishing: a party that sits a query out sends zeros for it.
+    sat_out = encode_votes(labels, "binary", participation=np.array([True, True, False]))
+    assert not sat_out[2].any() and (sat_out[0] == labels[0]).all()
+
+
+@pytest.mark.parametrize(("tau", "weight"), [(1.0, 1.0), (1.5, 0.75), (0.6, 2.25)])
+def test_tau_votes_in_fixed_point_keep_the_proven_sensitivity(tau: float, weight: float) -> None:
+    """Every pair of encoded votes differs by at most weight * min(sqrt(2) tau, sqrt(k)) in l2."""
+    k, frac = 5, 8
+    every = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(np.int64)
+    votes = encode_votes(every, "tau", weight=weight, frac_bits=frac, tau=tau).astype(np.float64)
+    votes /= 1 << frac
+    assert (np.linalg.norm(votes, axis=1) <= weight * tau + 1e-12).all()
+    diff = np.linalg.norm(votes[:, None, :] - votes[None, :, :], axis=2).max()
+    bound = weight * rdp.tau_sensitivity(k, tau)
+    assert diff <= bound + 1e-12
+    # The bound is nearly attained (two disjoint clipped votes), so the check has teeth.
+    assert diff > 0.95 * min(bound, weight * np.sqrt(k))
+
+
+def test_encode_votes_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="0/1"):
+        encode_votes(np.array([[0, 2]]), "binary")
+    with pytest.raises(ValueError, match="shape"):
+        encode_votes(np.array([1, 0]), "tau", tau=1.0)
+    with pytest.raises(ValueError, match="tau > 0"):
+        encode_votes(np.array([[1, 0]]), "tau")
+    with pytest.raises(ValueError, match="weight"):
+        encode_votes(np.array([1]), "gnmax", num_classes=2, weight=-1.0)
+    with pytest.raises(ValueError, match="participation"):
+        encode_votes(np.array([[1, 0]]), "binary", participation=np.array([True, False]))
+    with pytest.raises(ValueError, match="no vote encoding"):
+        encode_votes(np.array([[1, 0]]), "median")

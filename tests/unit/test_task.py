@@ -1,0 +1,106 @@
+"""Task configurations: multi-label and personalized tasks, and what parties derive from them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from capc.data.multilabel import ATTRIBUTE_TABLE, attributes_of
+from capc.mpc.mechanism_circuits import ConfidentGNMax, MultiLabel
+from services.answerer.party import round_votes
+from services.common.task import TaskConfig, TaskError, config_hash, mechanism_message
+from services.proto.capc.v1 import guardian_pb2
+
+
+def parse(config: dict[str, Any]) -> TaskConfig:
+    return TaskConfig.parse("t", config, config_hash(config))
+
+
+def ml(mechanism: dict[str, Any], k: int = 5, **extra: Any) -> dict[str, Any]:
+    return {"num_labels": k, "input_shape": [1, 28, 28], "mechanism": mechanism, **extra}
+
+
+def test_multi_label_tasks_size_votes_and_circuits() -> None:
+    binary = parse(ml({"name": "binary", "sigma": 2.0, "threshold": 1.0, "sigma1": 3.0}))
+    assert binary.multi_label and binary.vote_width == 5 and binary.frac_bits == 0
+    spec = binary.circuit_spec(6)
+    assert isinstance(spec, MultiLabel) and spec.confident
+    # The student does not know the guardian's vote total; both build the same circuit.
+    assert binary.circuit_spec(6, vote_total=5.25).circuit().name == spec.circuit().name
+    tau = parse(ml({"name": "tau", "sigma": 2.0, "tau": 1.5}))
+    assert tau.frac_bits == 8 and not tau.mechanism.confident
+    power = parse(ml({"name": "powerset", "sigma": 2.0, "threshold": 3.0, "sigma1": 2.0}, k=3))
+    pspec = power.circuit_spec(4)
+    assert power.vote_width == 8 and isinstance(pspec, ConfidentGNMax) and pspec.num_classes == 8
+    out = {
+        "label": np.array([[5], [0], [7]], dtype=np.uint64),
+        "answered": np.array([[1], [0], [1]], dtype=np.uint64),
+    }
+    np.testing.assert_array_equal(power.decode(pspec, out), [[1, 0, 1], [-1, -1, -1], [1, 1, 1]])
+
+
+def test_personalized_tasks() -> None:
+    weighted = parse(
+        ml({"name": "binary", "sigma": 2.0}, personalization={"mode": "weighting", "max_weight": 3})
+    )
+    assert weighted.weighting and weighted.frac_bits == 8 and weighted.max_weight == 3.0
+    assert weighted.circuit_spec(4).max_votes == 12.0
+    vanishing = parse(ml({"name": "binary", "sigma": 2.0}, personalization={"mode": "vanishing"}))
+    assert vanishing.vanishing and vanishing.max_weight == 1.0
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        (
+            {"num_classes": 5, "input_shape": [4], "mechanism": {"name": "binary", "sigma": 1}},
+            "num_labels",
+        ),
+        (ml({"name": "powerset", "sigma": 1.0}, k=11), "1 to 10 labels"),
+        (ml({"name": "tau", "sigma": 1.0}), "tau > 0"),
+        (ml({"name": "binary", "sigma": 1.0}, personalization={"mode": "boost"}), "mode"),
+        (
+            ml(
+                {"name": "binary", "sigma": 1.0},
+                personalization={"mode": "weighting", "max_weight": 0.5},
+            ),
+            "max_weight",
+        ),
+        (
+            {"num_classes": 1, "input_shape": [4], "mechanism": {"name": "gnmax", "sigma": 1}},
+            "num_classes",
+        ),
+    ],
+)
+def test_bad_task_configurations_say_what_is_wrong(config: dict[str, Any], reason: str) -> None:
+    with pytest.raises(TaskError, match=reason):
+        parse(config)
+
+
+def test_answering_party_votes_follow_the_round() -> None:
+    task = parse(ml({"name": "binary", "sigma": 2.0}, k=3))
+    preds = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 1]])
+    work = guardian_pb2.RoundWork(
+        mechanism=mechanism_message(task),
+        vote_weight=0.5,
+        frac_bits=8,
+        participation=np.packbits([1, 0, 1], bitorder="little").tobytes(),
+    )
+    votes = round_votes(work, preds, 3)
+    np.testing.assert_array_equal(votes, [[128, 0, 128], [0, 0, 0], [128, 128, 128]])
+    with pytest.raises(ValueError, match="3 labels, this teacher 5"):
+        round_votes(work, preds, 5)
+    work.participation = b"\x01\x00"
+    with pytest.raises(ValueError, match="3 bits"):
+        round_votes(work, preds, 3)
+
+
+def test_animal_attributes_are_a_fixed_function_of_the_class() -> None:
+    y = attributes_of(np.array([0, 2, 4, 9]))
+    np.testing.assert_array_equal(y[1], y[2])  # cat and dog share a vector
+    assert y.shape == (4, 5) and set(np.unique(ATTRIBUTE_TABLE)) == {0, 1}
+    assert ATTRIBUTE_TABLE.mean(axis=0).min() >= 0.25 and ATTRIBUTE_TABLE.mean(axis=0).max() <= 0.6
+    with pytest.raises(ValueError, match="indices"):
+        attributes_of(np.array([10]))
