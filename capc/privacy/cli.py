@@ -17,6 +17,7 @@ import numpy as np
 
 from capc.privacy import events, planning, rdp
 from capc.privacy.accountant import Accountant
+from capc.privacy.advisor import LabelStatistics, recommend
 from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion, convert
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
@@ -67,6 +68,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             q.add_argument(
                 "--seed", help="seed the sanitising noise (reproducible; never for real releases)"
             )
+    a = psub.add_parser(
+        "advise",
+        help="recommend Binary, tau or Powerset voting and its noise from label statistics",
+    )
+    a.add_argument(
+        "--labels-file", type=Path, help=".npy of (N, k) 0/1 non-sensitive label vectors"
+    )
+    a.add_argument("--labels", type=int, help="k, if no labels file")
+    a.add_argument("--mean-l2", type=float, help="mean l2 norm of a label vector, if no file")
+    a.add_argument("--subsets", type=int, help="how many label subsets occur, if no file")
+    a.add_argument("--teachers", type=int, required=True, help="answering parties voting")
+    a.add_argument("--queries", type=int, required=True, help="queries the plan must answer")
+    a.add_argument("--epsilon", type=float, required=True, help="each party's epsilon")
+    a.add_argument("--delta", type=float, default=1e-5)
+    a.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
 
 
@@ -286,11 +302,38 @@ def _text(result: dict[str, Any], indent: int = 0) -> str:
     return "\n".join(lines)
 
 
+def advise(args: argparse.Namespace) -> dict[str, Any]:
+    """The advisor's recommendation (capc.privacy.advisor) from a label file or its statistics."""
+    if args.labels_file is not None:
+        try:
+            labels = np.load(args.labels_file, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"error: cannot read {args.labels_file}: {err}") from None
+        stats = LabelStatistics.from_labels(labels)
+    else:
+        missing = [
+            f"--{n.replace('_', '-')}"
+            for n in ("labels", "mean_l2", "subsets")
+            if getattr(args, n) is None
+        ]
+        if missing:
+            raise SystemExit(f"error: give --labels-file, or {', '.join(missing)}")
+        stats = LabelStatistics(args.labels, args.mean_l2, args.subsets)
+    rec = recommend(stats, args.teachers, args.queries, args.epsilon, args.delta)
+    return {
+        "statistics": vars(stats),
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        **rec.to_dict(),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``capc privacy plan|cost`` and print the result."""
+    """Run ``capc privacy plan|cost|advise`` and print the result."""
     actions: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
         "plan": plan,
         "cost": cost,
+        "advise": advise,
     }
     try:
         result = actions[args.privacy_command](args)
