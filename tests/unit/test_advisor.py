@@ -50,11 +50,14 @@ def test_advised_noise_spends_exactly_the_budget(mechanism: str) -> None:
     stats = LabelStatistics(5, 1.4, 7)
     rec = recommend(stats, 50, 600, 6.0, 1e-5)
     opt = next(o for o in rec.options if o.mechanism == mechanism)
-    unit = {
-        "binary": lambda s: rdp.multilabel_binary(5, s, DEFAULT_ORDERS),
-        "tau": lambda s: rdp.multilabel_tau(5, float(opt.tau or 0), s, DEFAULT_ORDERS),
-        "powerset": lambda s: rdp.multilabel_powerset(s, DEFAULT_ORDERS),
-    }[mechanism]
+
+    def unit(s: float) -> np.ndarray:
+        if mechanism == "binary":
+            return rdp.multilabel_binary(5, s, DEFAULT_ORDERS)
+        if mechanism == "tau":
+            return rdp.multilabel_tau(5, float(opt.tau or 0), s, DEFAULT_ORDERS)
+        return rdp.multilabel_powerset(s, DEFAULT_ORDERS)
+
     spent = planning.epsilon_after(unit(opt.sigma), DEFAULT_ORDERS, 600, 1e-5).epsilon
     assert spent == pytest.approx(6.0, rel=1e-6)
     assert planning.epsilon_after(unit(0.99 * opt.sigma), DEFAULT_ORDERS, 600, 1e-5).epsilon > 6.0
