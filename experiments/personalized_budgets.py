@@ -1,0 +1,167 @@
+"""Personalized budgets: labels produced before any party's budget runs out.
+
+Central-mode simulation on animal-mnist with GNMax (sigma fixed). Half the
+teachers accept eps = log 2, half eps = log 4 or log 8 (delta = 1e-5). The
+baseline gives every teacher the smallest budget, log 2, and weight 1; the
+personalized runs use the guardian's own rules (capc.privacy.mechanisms:
+``vote_weights`` and ``participation_rates`` from the caps). Queries stream
+from held-out images (cycled with fresh noise) until the next query would
+take some teacher past its cap; we report the labels produced, their
+accuracy and the ratio to the baseline, under two accountings:
+
+- data-independent: what the distributed guardian charges (alpha w**2 / sigma**2
+  per query, or per query voted on);
+- data-dependent (central mode, as in the published PATE analyses): the
+  scalable-PATE bound on each query's histogram; a teacher with weight w is
+  charged the bound of the histogram divided by w at noise sigma / w (its
+  vote moves w). The released epsilon would still need smooth-sensitivity
+  sanitisation; it is reported unsanitised, as such comparisons usually are.
+
+Run: python -m experiments.personalized_budgets [--teachers 100] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.data.offline import animal_mnist, partition
+from capc.learning.ensemble import ensemble_predictions, train_teachers
+from capc.privacy import rdp
+from capc.privacy.conversion import DEFAULT_ORDERS, convert
+from capc.privacy.mechanisms import participation_rates, vote_weights
+
+DELTA = 1e-5
+ORDERS = DEFAULT_ORDERS
+
+
+def stop_index(cumulative: NDArray[np.float64], cap: float) -> int:
+    """How many queries fit: the first prefix whose epsilon exceeds ``cap`` (binary search)."""
+    lo, hi = 0, cumulative.shape[0]
+    if convert(cumulative[-1], ORDERS, DELTA).epsilon <= cap:
+        return hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if convert(cumulative[mid], ORDERS, DELTA).epsilon <= cap:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def run_stream(
+    preds: NDArray[np.int64],
+    truth: NDArray[np.int64],
+    caps: NDArray[np.float64],
+    weights: NDArray[np.float64],
+    voting: NDArray[np.bool_],
+    sigma: float,
+    rng: np.random.Generator,
+    data_dependent: bool,
+) -> dict[str, Any]:
+    """Labels answered before any teacher would exceed its cap. ``voting``: (Q, n) participation."""
+    q, n = voting.shape
+    hist = np.zeros((q, 10))
+    for i in range(n):
+        np.add.at(hist, (np.arange(q), preds[:, i]), weights[i] * voting[:, i])
+    labels = np.argmax(hist + rng.normal(0.0, sigma, hist.shape), axis=1)
+    groups: dict[float, NDArray[np.float64]] = {}
+    for w in np.unique(weights):
+        if w == 0:
+            continue
+        if data_dependent:
+            per = np.stack([rdp.gnmax(h / w, sigma / w, ORDERS) for h in hist])
+        else:
+            per = np.broadcast_to(rdp.weighted_gnmax(float(w), sigma, ORDERS), (q, len(ORDERS)))
+        groups[float(w)] = per
+    fits = q
+    for i in range(n):
+        if weights[i] == 0:
+            continue
+        per = groups[float(weights[i])] * voting[:, i : i + 1]
+        fits = min(fits, stop_index(np.cumsum(per, axis=0), float(caps[i])))
+    return {
+        "labels": int(fits),
+        "accuracy": float((labels[:fits] == truth[:fits]).mean()) if fits else None,
+        "stream_exhausted": fits == q,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--teachers", type=int, default=100)
+    ap.add_argument("--sigma", type=float, default=40.0)
+    ap.add_argument("--stream", type=int, default=20000, help="longest query stream simulated")
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--out", type=Path, default=Path("experiments/results/personalized_budgets.json")
+    )
+    args = ap.parse_args()
+    start = time.perf_counter()
+    x, y = animal_mnist()
+    order = np.random.default_rng(args.seed).permutation(len(x))
+    held, train = order[:2000], order[2000:]
+    parts = [train[p] for p in partition(len(train), args.teachers, seed=args.seed)]
+    models = train_teachers(x, y, parts, epochs=args.epochs, seed=args.seed)
+    pool = ensemble_predictions(models, x[held])
+    teacher_accuracy = float((pool == y[held][:, None]).mean())
+    rng = np.random.default_rng(args.seed + 1)
+    idx = rng.integers(0, len(held), args.stream)
+    preds, truth = pool[idx], y[held][idx]
+    n = args.teachers
+    unit = rdp.gnmax_data_independent(args.sigma, ORDERS)
+    results: dict[str, Any] = {}
+    for high in (math.log(4), math.log(8)):
+        caps = np.where(np.arange(n) < n // 2, math.log(2), high)
+        row: dict[str, Any] = {}
+        for accounting in ("data_independent", "data_dependent"):
+            dd = accounting == "data_dependent"
+            every = np.ones((args.stream, n), dtype=bool)
+            base = run_stream(
+                preds, truth, np.full(n, caps.min()), np.ones(n), every, args.sigma, rng, dd
+            )
+            w = np.floor(vote_weights(caps, unit, ORDERS, 1000, DELTA) * 256) / 256
+            weighted = run_stream(preds, truth, caps, w, every, args.sigma, rng, dd)
+            p = participation_rates(caps, unit, ORDERS, 1000, DELTA)
+            voting = rng.random((args.stream, n)) < p
+            vanishing = run_stream(preds, truth, caps, np.ones(n), voting, args.sigma, rng, dd)
+            row[accounting] = {
+                "baseline_all_at_log2": base,
+                "weighting": {**weighted, "weights": sorted({float(v) for v in w})},
+                "vanishing": {
+                    **vanishing,
+                    "participation": sorted({round(float(v), 4) for v in p}),
+                },
+                "weighting_over_baseline": weighted["labels"] / max(base["labels"], 1),
+                "vanishing_over_baseline": vanishing["labels"] / max(base["labels"], 1),
+            }
+        results[f"half_log2_half_log{round(math.exp(high))}"] = row
+    out = {
+        "experiment": "personalized budgets (GNMax, central-mode simulation)",
+        "dataset": "animal-mnist",
+        "teachers": n,
+        "teacher_examples": int(len(train) // n),
+        "teacher_accuracy": teacher_accuracy,
+        "sigma": args.sigma,
+        "delta": DELTA,
+        "stream": args.stream,
+        "seed": args.seed,
+        "results": results,
+        "published_reference": "Individualized PATE on MNIST: about 2.4x (half at log 4) and 4.2x (half at log 8) more labels",
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
