@@ -10,7 +10,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.mpc.votes import one_hot_votes, share_votes
-from services.common.task import config_hash
+from capc.privacy.conversion import epsilon
+from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
 from services.guardian.rounds import RoundEngine, RoundInputError, RoundRefusedError
@@ -110,3 +111,70 @@ def test_below_quorum_after_dropouts_aborts_and_charges_nothing(engine: RoundEng
     assert isinstance(box["err"], RoundRefusedError) and "nothing was charged" in str(box["err"])
     assert engine.ledger.round_state(work.work.round_id) == RoundState.ABORTED
     assert engine.ledger.budget("a").spent == 0.0
+
+
+@pytest.mark.parametrize("mode", ["weighting", "vanishing"])
+def test_personalized_rounds_send_each_party_its_weight_or_mask_and_reserve_its_own_cost(
+    tmp_path: Path, mode: str
+) -> None:
+    task = {
+        "num_labels": 2,
+        "input_shape": [2],
+        "mechanism": {"name": "powerset", "sigma": 100.0},
+        "quorum": 2,
+        "personalization": {"mode": mode, "planned_queries": 100},
+    }
+    ledger = Ledger(str(tmp_path / "p.db"))
+    ledger.create_task("t", task)
+    for p, cap in (("a", 2.0), ("b", 2.0), ("c", 8.0)):
+        ledger.register_party(p, cap)
+    engine = RoundEngine(ledger, share_timeout=3.0)
+    links = {p: engine.attach(p) for p in ("a", "b", "c")}
+    req = request(batch=64)
+    req.header.config_hash = config_hash(task)
+    refused: list[Exception] = []
+
+    def open_round() -> None:
+        try:
+            engine.open_round("student", req, SID)
+        except RoundRefusedError as err:
+            refused.append(err)
+
+    thread = threading.Thread(target=open_round)
+    thread.start()
+    works = {p: link.outbox.get(timeout=5) for p, link in links.items()}
+    rid = works["a"].work.round_id
+    cfg = TaskConfig.parse("t", task, config_hash(task))
+    reserved = {e.party: e.epsilon_alone for e in ledger.entries(round_id=rid)}
+    for p, msg in works.items():
+        work = msg.work
+        assert work.mechanism.name == "powerset" and work.mechanism.num_labels == 2
+        voted = 64
+        if mode == "weighting":
+            assert not work.participation and work.frac_bits == 8
+        else:
+            assert work.vote_weight == 1.0
+            voted = int(np.unpackbits(np.frombuffer(work.participation, np.uint8)).sum())
+        worst = cfg.mechanism.charge(np.ones(voted, dtype=bool), ledger.orders, work.vote_weight)
+        assert reserved[p] == pytest.approx(
+            epsilon(worst, ledger.orders, ledger.delta)[0], rel=1e-9
+        )
+    w = {p: m.work.vote_weight for p, m in works.items()}
+    if mode == "weighting":
+        assert w["a"] == w["b"] < 1.0 < w["c"]
+    else:
+        masks = {
+            p: np.unpackbits(np.frombuffer(m.work.participation, np.uint8))
+            for p, m in works.items()
+        }
+        assert masks["c"].all() and 0 < masks["a"].sum() < 48
+    # A powerset task takes votes over the 2**k subsets: k-wide shares are refused.
+    bad = shares(rid, "a", batch=64)
+    bad.shape[:] = [64, 2]
+    with pytest.raises(RoundInputError, match=r"shape \(64, 4\)"):
+        engine.receive_shares("a", bad)
+    for p in links:
+        engine.report_failure(p, rid, "test over")
+    thread.join(timeout=10)
+    assert refused and "nothing was charged" in str(refused[0])
+    assert ledger.count_rounds(RoundState.ABORTED) == 1
