@@ -142,7 +142,11 @@ def test_personalized_rounds_send_each_party_its_weight_or_mask_and_reserve_its_
 
     thread = threading.Thread(target=open_round)
     thread.start()
-    works = {p: link.outbox.get(timeout=5) for p, link in links.items()}
+    works: dict[str, guardian_pb2.HubMessage] = {}
+    for p, link in links.items():
+        msg = link.outbox.get(timeout=5)
+        assert msg is not None
+        works[p] = msg
     rid = works["a"].work.round_id
     cfg = TaskConfig.parse("t", task, config_hash(task))
     reserved = {e.party: e.epsilon_alone for e in ledger.entries(round_id=rid)}
