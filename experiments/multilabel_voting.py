@@ -26,7 +26,6 @@ Run: python -m experiments.multilabel_voting [--teachers 50] [--out FILE]
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -49,6 +48,7 @@ from capc.privacy.mechanisms.multi_label import (
     tau_counts,
 )
 from capc.privacy.round_cost import MechanismSpec
+from experiments.report import save
 
 DELTA = 1e-5
 
@@ -148,9 +148,7 @@ def main() -> None:
         "results": rows,
         "seconds": round(time.perf_counter() - start, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(out, args.out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ Run: python -m experiments.personalized_budgets [--teachers 100] [--out FILE]
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from capc.learning.ensemble import ensemble_predictions, train_teachers
 from capc.privacy import rdp
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
 from capc.privacy.mechanisms import participation_rates, vote_weights
+from experiments.report import save
 
 DELTA = 1e-5
 ORDERS = DEFAULT_ORDERS
@@ -158,9 +158,7 @@ def main() -> None:
         "published_reference": "Individualized PATE on MNIST: about 2.4x (half at log 4) and 4.2x (half at log 8) more labels",
         "seconds": round(time.perf_counter() - start, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    save(out, args.out)
 
 
 if __name__ == "__main__":
