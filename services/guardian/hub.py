@@ -142,13 +142,14 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         config, digest = self.ledger.task(task_name)
         task = TaskConfig.parse(task_name, config, digest)
         orders = self.ledger.orders
+        caps = {b.name: b.cap for b in self.ledger.budgets()}
         out = {}
         for name, (weight, rate) in self.engine.rates(task).items():
             per_query = rate * task.mechanism.worst_case(1, orders, weight)
             left = max_queries(
                 per_query,
                 orders,
-                self.ledger.budget(name).cap,
+                caps[name],
                 self.ledger.delta,
                 spent_rdp=self.ledger.spent_rdp(name),
             )
