@@ -67,3 +67,28 @@ def test_consortium_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     )
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["rounds"] == 2 and report["queries_per_s"] > 0 and report["secure_over_plain"] > 0
+
+
+def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/diet_throughput.py",
+            "--images",
+            "16",
+            "--batch",
+            "64",
+            "--repeat",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    generators = {r["generator"] for r in rows if r["bench"] == "generator"}
+    assert generators == {"gaussian", "spectral", "dead_leaves", "fractal", "mix"}
+    inference = [r for r in rows if r["bench"] == "teacher_inference"]
+    assert inference and all(r["images_per_s_current_statistics"] > 0 for r in inference)

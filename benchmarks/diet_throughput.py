@@ -1,0 +1,83 @@
+"""Throughput of DIET's two hot paths: programmatic query generation and teacher inference.
+
+Prints one JSON object per result: images/s per generator (with its ratio to
+the fastest), and a teacher's batched inference in images/s with training
+and with current BatchNorm statistics, on the CPU and on CUDA when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from capc.data.generators import GENERATORS, Recipe
+from capc.models import Teacher, build
+
+
+def _best(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=1024, help="images per generator call")
+    ap.add_argument("--batch", type=int, default=4096, help="queries per inference batch")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    shape = (1, 28, 28)
+    rates = {}
+    for name in sorted(GENERATORS):
+        recipe = Recipe(name, seed=1, start=0, count=args.images, shape=shape)
+        rates[name] = args.images / _best(recipe.generate, args.repeat)
+    fastest = max(rates.values())
+    for name, rate in rates.items():
+        print(
+            json.dumps(
+                {
+                    "bench": "generator",
+                    "generator": name,
+                    "shape": list(shape),
+                    "images_per_s": round(rate, 1),
+                    "ratio_to_fastest": round(rate / fastest, 4),
+                }
+            )
+        )
+    x = Recipe("mix", seed=2, start=0, count=args.batch, shape=shape).generate()
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        teacher = Teacher("small-cnn", shape, 10, build("small-cnn", shape, 10), device=device)
+        teacher.predict(x[:64])  # warm-up (CUDA context, kernels)
+        stored = args.batch / _best(lambda: teacher.predict(x), args.repeat)  # noqa: B023
+        current = args.batch / _best(
+            lambda: teacher.predict(x, current_statistics=True),  # noqa: B023
+            args.repeat,
+        )
+        print(
+            json.dumps(
+                {
+                    "bench": "teacher_inference",
+                    "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                    "architecture": "small-cnn",
+                    "batch": args.batch,
+                    "threads": torch.get_num_threads(),
+                    "images_per_s_training_statistics": round(stored, 1),
+                    "images_per_s_current_statistics": round(current, 1),
+                    "current_over_training": round(current / stored, 3),
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    np.seterr(all="raise")
+    main()
