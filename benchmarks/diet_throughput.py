@@ -9,23 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable
 
 import numpy as np
 import torch
+from timing import best_time
 
 from capc.data.generators import GENERATORS, Recipe
 from capc.models import Teacher, build
-
-
-def _best(fn: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -38,7 +28,7 @@ def main() -> None:
     rates = {}
     for name in sorted(GENERATORS):
         recipe = Recipe(name, seed=1, start=0, count=args.images, shape=shape)
-        rates[name] = args.images / _best(recipe.generate, args.repeat)
+        rates[name] = args.images / best_time(recipe.generate, args.repeat)
     fastest = max(rates.values())
     for name, rate in rates.items():
         print(
@@ -57,8 +47,8 @@ def main() -> None:
     for device in devices:
         teacher = Teacher("small-cnn", shape, 10, build("small-cnn", shape, 10), device=device)
         teacher.predict(x[:64])  # warm-up (CUDA context, kernels)
-        stored = args.batch / _best(lambda: teacher.predict(x), args.repeat)  # noqa: B023
-        current = args.batch / _best(
+        stored = args.batch / best_time(lambda: teacher.predict(x), args.repeat)  # noqa: B023
+        current = args.batch / best_time(
             lambda: teacher.predict(x, current_statistics=True),  # noqa: B023
             args.repeat,
         )

@@ -6,24 +6,14 @@ Prints one JSON object per result, with ratios beside absolute times.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 
 import numpy as np
+from timing import best_time
 
 from capc.privacy import discrete_gaussian, events, rdp
 from capc.privacy.accountant import Accountant
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
 from capc.privacy.randomness import SecureRandom
-
-
-def _time(fn: Callable[[], object], repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def main() -> None:
@@ -32,8 +22,8 @@ def main() -> None:
     hists = np.zeros((1000, 10))
     hists[:, 0] = 200
     hists[:, 1] = np.arange(1000) % 150
-    dd = _time(lambda: [rdp.gnmax(h, 40.0, DEFAULT_ORDERS) for h in hists])
-    di = _time(lambda: [rdp.gnmax_data_independent(40.0, DEFAULT_ORDERS) for _ in range(1000)])
+    dd = best_time(lambda: [rdp.gnmax(h, 40.0, DEFAULT_ORDERS) for h in hists])
+    di = best_time(lambda: [rdp.gnmax_data_independent(40.0, DEFAULT_ORDERS) for _ in range(1000)])
     print(
         json.dumps(
             {
@@ -53,8 +43,8 @@ def main() -> None:
             acc.compose(events.gnmax(40.0, votes=h))
         acc.spent(1e-5)
 
-    comp = _time(compose)
-    conv = _time(lambda: convert(np.ones_like(DEFAULT_ORDERS), DEFAULT_ORDERS, 1e-5), repeat=20)
+    comp = best_time(compose)
+    conv = best_time(lambda: convert(np.ones_like(DEFAULT_ORDERS), DEFAULT_ORDERS, 1e-5), repeat=20)
     print(
         json.dumps(
             {
@@ -67,8 +57,8 @@ def main() -> None:
         )
     )
 
-    cont = _time(lambda: rng.normal((1024, 10), 40.0))
-    disc = _time(lambda: discrete_gaussian.noise((1024, 10), 40.0, rng), repeat=1)
+    cont = best_time(lambda: rng.normal((1024, 10), 40.0))
+    disc = best_time(lambda: discrete_gaussian.noise((1024, 10), 40.0, rng), repeat=1)
     print(
         json.dumps(
             {

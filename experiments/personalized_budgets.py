@@ -44,7 +44,7 @@ ORDERS = DEFAULT_ORDERS
 
 def stop_index(cumulative: NDArray[np.float64], cap: float) -> int:
     """How many queries fit: the first prefix whose epsilon exceeds ``cap`` (binary search)."""
-    lo, hi = 0, cumulative.shape[0]
+    lo, hi = 0, int(cumulative.shape[0])
     if convert(cumulative[-1], ORDERS, DELTA).epsilon <= cap:
         return hi
     while lo < hi:
