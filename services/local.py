@@ -166,7 +166,7 @@ class LocalConsortium:
             pki.issue(self.pki_dir, "student", "student")
             pki.issue(self.pki_dir, "gateway", "gateway")
         x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]))
-        outputs = int(y.shape[1]) if y.ndim == 2 else 10
+        outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
         rng = np.random.default_rng(7)
         order = rng.permutation(len(x))
         test, train = order[:HELD_OUT], order[HELD_OUT:]

@@ -201,8 +201,9 @@ class AnsweringParty:
 def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int) -> np.ndarray:
     """The votes (B, width) uint64 a round asks for, from this teacher's predictions."""
     mech = work.mechanism
-    name = mech.name or "gnmax"
-    expected = mech.num_labels or mech.num_classes or outputs
+    expected = mech.num_labels or mech.num_classes
+    if not mech.name or not expected:
+        raise ValueError("the round names no mechanism or label space; is the guardian current?")
     if expected != outputs:
         raise ValueError(
             f"the task has {expected} {'labels' if mech.num_labels else 'classes'}, this teacher {outputs}"
@@ -216,7 +217,7 @@ def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: 
         participation = np.unpackbits(bits, count=batch, bitorder="little").astype(bool)
     return encode_votes(
         predictions,
-        name,
+        mech.name,
         num_classes=outputs,
         weight=work.vote_weight,
         frac_bits=work.frac_bits,

@@ -195,12 +195,10 @@ class RoundEngine:
         batch = _check_queries(request.queries, task)
         candidates = self.connected()
         weights, votes_on = self.personalize(task, candidates, batch)
+        # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
-            p: task.mechanism.charge(
-                np.ones(
-                    task.mechanism.answer_shape(int(votes_on[p].sum()) if p in votes_on else batch),
-                    dtype=bool,
-                ),
+            p: task.mechanism.worst_case(
+                int(votes_on[p].sum()) if p in votes_on else batch,
                 self.ledger.orders,
                 weights.get(p, 1.0),
             )
@@ -361,9 +359,9 @@ class RoundEngine:
         if isinstance(spec, MultiLabel):
             noise = gaussian_noise(shape, spec.sigma, self._rng)
             conf = gaussian_noise(shape, spec.sigma1, self._rng) if spec.confident else None
-            # Majority of the weight that actually voted on each query.
-            voted = sum(rnd.voting(p) * rnd.weight(p) for p in rnd.used)
-            theta = np.asarray(voted, dtype=np.float64) / 2.0 if rnd.votes_on else None
+            theta = None
+            if rnd.votes_on:  # vanishing: the majority of those who voted on each query
+                theta = np.sum([rnd.voting(p) for p in rnd.used], axis=0) / 2.0
             inputs = spec.garbler_inputs(rnd.guardian_sum, noise, conf, decision_threshold=theta)
         else:
             eta2 = gaussian_noise(shape, spec.sigma2, self._rng)

@@ -92,6 +92,8 @@ def test_answering_party_votes_follow_the_round() -> None:
     np.testing.assert_array_equal(votes, [[128, 0, 128], [0, 0, 0], [128, 128, 128]])
     with pytest.raises(ValueError, match="3 labels, this teacher 5"):
         round_votes(work, preds, 5)
+    with pytest.raises(ValueError, match="names no mechanism"):
+        round_votes(guardian_pb2.RoundWork(vote_weight=1.0), preds, 3)
     work.participation = b"\x01\x00"
     with pytest.raises(ValueError, match="3 bits"):
         round_votes(work, preds, 3)
