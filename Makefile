@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, by exact version: the CPU build is installed from a local file
 	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]" -e ./clients
 	# offline images: only the data files are read, so its TensorFlow dependency is skipped
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt animal-mnist==0.4
 	@touch $(STAMP)

@@ -10,6 +10,7 @@ from capc.privacy import cli as privacy_cli
 from services import demo, local
 from services.answerer import main as answerer_main
 from services.common import pki
+from services.gateway import main as gateway_main
 from services.guardian import main as guardian_main
 from services.student import main as student_main
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     answerer_main.add_parser(sub)
     local.add_parser(sub)
     student_main.add_parser(sub)
+    gateway_main.add_parser(sub)
     return parser
 
 

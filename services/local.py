@@ -31,6 +31,7 @@ from capc.learning.supervised import fit
 from capc.models import Teacher, build, save_teacher
 from services.common import pki, tls
 from services.common.task import TaskConfig, config_hash
+from services.gateway.tokens import TokenStore
 from services.guardian.ledger import Ledger
 from services.student.client import StudentClient
 
@@ -127,6 +128,7 @@ class LocalConsortium:
     log: Any = None
     port: int = 0
     student_port: int = 0
+    gateway_port: int = 0
     procs: list[Process] = field(default_factory=list)
     queries: NDArray[np.float32] = field(
         default_factory=lambda: np.zeros((0, 1, 28, 28), dtype=np.float32)
@@ -241,9 +243,13 @@ class LocalConsortium:
         return guardian
 
     def start_student(self) -> Process:
-        """Start ``capc student`` (the jobs API) on a free port; sets ``student_port``."""
+        """Start ``capc student`` (the jobs API) on a free port; sets ``student_port``.
+
+        The held-out images are the student's own labelled test set."""
         task_file = self.directory / f"{TASK_NAME}.json"
         task_file.write_text(json.dumps(self.task))
+        test_file = self.directory / "student-test.npz"
+        np.savez(test_file, x=self.queries, y=self.truth)
         self.student_port = free_port()
         proc = spawn(
             "student",
@@ -260,10 +266,50 @@ class LocalConsortium:
             str(self.pki_dir),
             "--server-name",
             "localhost",
+            "--test-data",
+            str(test_file),
         )
         self.procs.append(proc)
         proc.wait_for("student serving jobs")
         return proc
+
+    @property
+    def gateway_db(self) -> str:
+        return str(self.directory / "gateway.db")
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def start_gateway(self) -> Process:
+        """Start ``capc gateway serve`` over the student and guardian; sets ``gateway_port``."""
+        self.gateway_port = free_port()
+        proc = spawn(
+            "gateway",
+            "gateway",
+            "serve",
+            "--student",
+            f"127.0.0.1:{self.student_port}",
+            "--guardian",
+            f"127.0.0.1:{self.port}",
+            "--task",
+            TASK_NAME,
+            "--listen",
+            f"127.0.0.1:{self.gateway_port}",
+            "--db",
+            self.gateway_db,
+            "--pki",
+            str(self.pki_dir),
+            "--server-name",
+            "localhost",
+        )
+        self.procs.append(proc)
+        proc.wait_for("Application startup complete")
+        return proc
+
+    def token(self, role: str, name: str = "", days: float = 1.0) -> str:
+        """A fresh bearer token for the local gateway."""
+        return TokenStore(self.gateway_db).create(role, name or role, days)[0]
 
     def kill_guardian(self) -> None:
         """SIGKILL the running guardian (crash tests)."""

@@ -172,6 +172,47 @@ def mix(
 
 GENERATORS["mix"] = mix
 
+#: Every parameter a recipe may set, with its bounds: a recipe arrives from the
+#: network and every party regenerates it, so none may ask for unbounded work.
+PARAMETERS: dict[str, dict[str, tuple[str, float, float]]] = {
+    "gaussian": {"std": ("float", 0.0, 10.0)},
+    "spectral": {"alpha_range": ("pair", 0.0, 5.0), "anisotropy": ("float", 0.0, 1.0)},
+    "dead_leaves": {"discs": ("int", 1, 1000)},
+    "fractal": {"maps": ("int", 2, 8), "points": ("int", 1, 20_000), "steps": ("int", 1, 100)},
+    "mix": {"names": ("names", 1, 4)},
+}
+
+
+def check_params(generator: str, params: dict[str, Any]) -> None:
+    """Raise ValueError naming the first parameter that is unknown, mistyped or out of bounds."""
+    allowed = PARAMETERS[generator]
+    for key, value in params.items():
+        if key not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise ValueError(f"{generator} takes no parameter {key!r}; it takes: {known}")
+        kind, lo, hi = allowed[key]
+        if kind == "names":
+            ok = (
+                isinstance(value, list | tuple)
+                and lo <= len(value) <= hi
+                and all(isinstance(v, str) and v in GENERATORS and v != "mix" for v in value)
+            )
+            what = f"a list of {int(lo)} to {int(hi)} generator names other than mix"
+        elif kind == "pair":
+            ok = (
+                isinstance(value, list | tuple)
+                and len(value) == 2
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+                and lo <= value[0] <= value[1] <= hi
+            )
+            what = f"[low, high] with {lo:g} <= low <= high <= {hi:g}"
+        else:
+            number = int if kind == "int" else int | float
+            ok = isinstance(value, number) and not isinstance(value, bool) and lo <= value <= hi
+            what = f"{'an integer' if kind == 'int' else 'a number'} in [{lo:g}, {hi:g}]"
+        if not ok:
+            raise ValueError(f"{generator} parameter {key!r} must be {what}, got {value!r}")
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -195,6 +236,7 @@ class Recipe:
             raise ValueError(
                 f"shape must be (channels, height, width) with sides >= 4, got {self.shape}"
             )
+        check_params(self.generator, self.params)
 
     @property
     def params_json(self) -> str:

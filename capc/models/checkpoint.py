@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -87,7 +87,8 @@ class Teacher:
         return np.concatenate(out).astype(np.int64)
 
 
-def save_teacher(path: Path, teacher: Teacher) -> None:
+def save_teacher(path: Path | BinaryIO, teacher: Teacher) -> None:
+    """Write a checkpoint (state dict, architecture, input spec, model card) to a path or file."""
     torch.save(
         {
             "architecture": teacher.architecture,

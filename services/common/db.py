@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,13 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def as_utc(t: dt.datetime) -> dt.datetime:
+    """A stored time with its zone: SQLite returns the UTC times it stored without one."""
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def iso_utc(t: dt.datetime) -> str:
+    """ISO 8601 of a stored time, zone included."""
+    return as_utc(t).isoformat()

@@ -7,8 +7,10 @@ task are refused rather than computing different circuits.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +152,56 @@ class TaskConfig:
     def max_weight(self) -> float:
         return self.personalization.max_weight if self.weighting and self.personalization else 1.0
 
+    def overridden(self, msg: common_pb2.Mechanism | None) -> TaskConfig:
+        """This task with a request's mechanism overrides, checked against the task's policy.
+
+        An override may only make rounds more private: a larger ``sigma`` (the
+        answer's noise std, in votes), a larger ``sigma1`` (the confidence test's
+        noise std) or a higher confidence ``threshold`` (votes). Zero or absent
+        fields keep the task's value; the mechanism, its labels and tau cannot change.
+        Raises TaskError saying which field broke the policy.
+        """
+        if msg is None or msg.ByteSize() == 0:
+            return self
+        m = self.mechanism
+        fixed = {
+            "name": (msg.name, m.name, ""),
+            "num_classes": (msg.num_classes, 0 if self.multi_label else self.num_classes, 0),
+            "num_labels": (msg.num_labels, self.num_classes if self.multi_label else 0, 0),
+            "tau": (msg.tau, m.tau, 0.0),
+        }
+        for field_name, (given, own, unset) in fixed.items():
+            if given != unset and given != own:
+                raise TaskError(
+                    f"task {self.name!r} fixes {field_name} = {own!r}; a job cannot change it (got {given!r})"
+                )
+        changes: dict[str, float] = {}
+        for field_name in ("sigma", "sigma1", "threshold"):
+            given = float(getattr(msg, field_name))
+            own = float(getattr(m, field_name))
+            if given == 0.0:
+                continue
+            if not math.isfinite(given) or given > MAX_OVERRIDE:
+                raise TaskError(f"{field_name} must be finite and at most {MAX_OVERRIDE:g}")
+            if given < own:
+                raise TaskError(
+                    f"{field_name} = {given:g} is below the task's {own:g}: overrides may only add noise or raise the threshold"
+                )
+            if field_name != "sigma" and not m.confident:
+                raise TaskError(f"{field_name} applies only to a confident mechanism")
+            changes[field_name] = given
+        if msg.confidence_threshold:
+            raise TaskError("confidence_threshold is not a job override; use threshold")
+        if not changes:
+            return self
+        mech = dataclasses.replace(
+            m,
+            sigma=changes.get("sigma", m.sigma),
+            sigma1=changes.get("sigma1", m.sigma1),
+            threshold=changes.get("threshold", m.threshold),
+        )
+        return dataclasses.replace(self, mechanism=mech)
+
     def circuit_spec(self, parties: int, vote_total: float | None = None) -> CircuitSpec:
         """The round's circuit for ``parties`` voters. ``vote_total``: the sum of their weights
         (the guardian's; it sets the majority threshold of Binary and tau voting and
@@ -208,3 +260,5 @@ CircuitSpec = ConfidentGNMax | MultiLabel
 Labels = NDArray[np.int64]
 #: Largest label count per multi-label mechanism (Powerset's circuit has 2**k classes).
 MAX_LABELS = {"binary": 64, "tau": 64, "powerset": 10}
+#: Largest sigma, sigma1 or threshold a job may ask for (votes): beyond it no query is answered.
+MAX_OVERRIDE = 1e6

@@ -48,6 +48,7 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
     f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
     f"/{SERVICE}/SetCap": ("gateway",),
+    f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
 }
 MAX_PAGE = 1000
 HEADER = protocol.header()
@@ -196,6 +197,33 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             chain_valid=valid,
         )
 
+    def BudgetHistory(
+        self, request: guardian_pb2.BudgetHistoryRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.BudgetHistoryReply:
+        check_header(request.header, context)
+        caps = {b.name: b.cap for b in self.ledger.budgets()}
+        if request.party and request.party not in caps:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no party named {request.party!r}")
+        points = request.max_points or 500
+        if points > 10_000:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_points must be at most 10000")
+        history = self.ledger.history(request.party or None, points)
+        names = [request.party] if request.party else sorted(caps)
+        return guardian_pb2.BudgetHistoryReply(
+            series=[
+                guardian_pb2.BudgetSeries(
+                    party=name,
+                    epsilon_cap=caps[name],
+                    points=[
+                        guardian_pb2.BudgetPoint(at=at, epsilon=eps, round_id=rid)
+                        for at, eps, rid in history.get(name, [])
+                    ],
+                )
+                for name in names
+            ],
+            delta=self.ledger.delta,
+        )
+
     def SetCap(
         self, request: guardian_pb2.SetCapRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.SetCapReply:
@@ -208,7 +236,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         except LedgerError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party)))
+        online = request.party in set(self.engine.connected())
+        return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party), online))
 
     def _caller(self, context: grpc.ServicerContext, metadata_key: str) -> str:
         who = tls.peer_identity(context)

@@ -38,7 +38,7 @@ from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol
 from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
-from services.common.task import TaskConfig, mechanism_message
+from services.common.task import TaskConfig, TaskError, mechanism_message
 from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
@@ -192,6 +192,10 @@ class RoundEngine:
             raise RequestError("a round needs a round_key chosen by the student, used once")
         if len(request.student_public_key) != 32:
             raise RequestError("student_public_key must be a 32-byte X25519 key")
+        try:
+            task = task.overridden(request.mechanism if request.HasField("mechanism") else None)
+        except TaskError as err:
+            raise RequestError(str(err)) from err
         batch = _check_queries(request.queries, task)
         candidates = self.connected()
         weights, votes_on = self.personalize(task, candidates, batch)

@@ -79,20 +79,34 @@ class StudentClient:
             self._session, self._stream, self._sid = session, stream, sid
         return self._session
 
-    def label_batch(self, queries: NDArray[np.float32]) -> RoundResult:
+    def label_batch(
+        self, queries: NDArray[np.float32], mechanism: common_pb2.Mechanism | None = None
+    ) -> RoundResult:
         """Label one batch (B, *input_shape) through one round; -1 where not answered.
 
         Labels are (B,) classes, or (B, k) 0/1 vectors for a multi-label task
-        with -1 on each label not answered."""
+        with -1 on each label not answered. ``mechanism``: overrides within the
+        task's policy (see :meth:`TaskConfig.overridden`)."""
         x = np.ascontiguousarray(queries, dtype="<f4")
         tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-        return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0])
+        return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0], mechanism)
 
-    def label_recipe(self, recipe: Recipe) -> RoundResult:
+    def label_recipe(
+        self, recipe: Recipe, mechanism: common_pb2.Mechanism | None = None
+    ) -> RoundResult:
         """Label a batch of programmatic queries: every party regenerates it from the recipe."""
-        return self._round(common_pb2.QueryBatch(recipe=recipe_to_proto(recipe)), recipe.count)
+        return self._round(
+            common_pb2.QueryBatch(recipe=recipe_to_proto(recipe)), recipe.count, mechanism
+        )
 
-    def _round(self, batch_msg: common_pb2.QueryBatch, batch: int) -> RoundResult:
+    def _round(
+        self,
+        batch_msg: common_pb2.QueryBatch,
+        batch: int,
+        mechanism: common_pb2.Mechanism | None = None,
+    ) -> RoundResult:
+        # The circuit's noise and thresholds follow the overrides, as the guardian's do.
+        task = self.task.overridden(mechanism)
         session = self._ensure_session()
         start = time.perf_counter()
         reply = self._stub.OpenRound(
@@ -101,6 +115,7 @@ class StudentClient:
                 round_key=uuid.uuid4().hex,
                 queries=batch_msg,
                 student_public_key=self.key.public_key().public_bytes_raw(),
+                mechanism=mechanism,
             ),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
@@ -109,16 +124,14 @@ class StudentClient:
         sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
         if set(sealed) != set(reply.included):
             raise RuntimeError("the guardian's seeds do not match the parties it reports")
-        student_sum = student_share_sum(
-            self.key, sealed, reply.round_id, (batch, self.task.vote_width)
-        )
-        spec = self.task.circuit_spec(len(reply.included))
+        student_sum = student_share_sum(self.key, sealed, reply.round_id, (batch, task.vote_width))
+        spec = task.circuit_spec(len(reply.included))
         out = session.run_round(
             reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
         )
         return RoundResult(
             round_id=reply.round_id,
-            labels=self.task.decode(spec, out),
+            labels=task.decode(spec, out),
             parties=tuple(reply.included),
             excluded=dict(reply.excluded_remaining_epsilon),
             open_s=opened - start,

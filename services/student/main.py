@@ -21,6 +21,7 @@ from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.servicer import POLICY, SERVICE, JobRunner, StudentParty
 from services.student.store import JobStore
+from services.student.training import ModelTrainer, load_test_set
 
 log = logging.getLogger("capc.student")
 
@@ -38,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--db", default="student.db", help="SQLite path or URL, or postgresql://...")
     p.add_argument("--listen", default="127.0.0.1:50061", help="host:port of the jobs API")
     p.add_argument("--name", default="student")
+    p.add_argument(
+        "--test-data",
+        type=Path,
+        default=None,
+        help="the student's own labelled test set (.npz with x and y) to evaluate student models",
+    )
     add_tls_args(p)
     p.set_defaults(handler=run)
 
@@ -49,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         task = TaskConfig.parse(args.task_name or args.task.stem, config, config_hash(config))
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
         creds = None if files is None else tls.server_credentials(files)
+        test_set = None if args.test_data is None else load_test_set(args.test_data, task)
     except (OSError, ValueError, TaskError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -64,7 +72,10 @@ def run(args: argparse.Namespace) -> int:
         interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
         options=list(tls.SERVER_OPTIONS),
     )
-    student_pb2_grpc.add_StudentPartyServicer_to_server(StudentParty(store, runner, task), server)
+    trainer = ModelTrainer(store, task, test_set)
+    student_pb2_grpc.add_StudentPartyServicer_to_server(
+        StudentParty(store, runner, task, trainer), server
+    )
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = (

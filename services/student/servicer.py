@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import queue
 import threading
@@ -15,24 +16,42 @@ import numpy as np
 from capc.data.generators import Recipe
 from capc.mpc.channel import ProtocolError
 from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
-from services.common.task import TaskConfig
+from services.common.task import TaskConfig, TaskError, mechanism_message
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
-from services.student.store import TERMINAL, Job, JobStore
+from services.student.store import TERMINAL, Job, JobStore, StudentModel
+from services.student.training import ModelTrainer, TrainingError
 
 log = logging.getLogger("capc.student")
 MAX_QUERIES = 100_000
 MAX_BATCH = 4096
 SERVICE = "capc.v1.StudentParty"
+RESULTS_PAGE = 4096
+MAX_PAGE = 1000
 POLICY: dict[str, tuple[str, ...]] = {
-    f"/{SERVICE}/CreateJob": ("gateway", "student"),
-    f"/{SERVICE}/WatchJob": ("gateway", "student"),
-    f"/{SERVICE}/GetResults": ("gateway", "student"),
+    f"/{SERVICE}/{rpc}": ("gateway", "student")
+    for rpc in (
+        "CreateJob",
+        "WatchJob",
+        "GetResults",
+        "ListJobs",
+        "TrainModel",
+        "GetModel",
+        "ListModels",
+        "DownloadModel",
+    )
 }
 
 
-def to_proto(job: Job) -> student_pb2.Job:
-    return student_pb2.Job(
+def mechanism_overrides(msg: common_pb2.Mechanism) -> dict[str, object] | None:
+    """The set fields of a job's mechanism message, as stored with the job (None: none set)."""
+    fields = {f.name: v for f, v in msg.ListFields()}
+    return fields or None
+
+
+def to_proto(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
+    """A job as the jobs API returns it; with ``task``, the mechanism its rounds run."""
+    msg = student_pb2.Job(
         id=job.id,
         state=job.state,
         requested=job.requested,
@@ -40,6 +59,28 @@ def to_proto(job: Job) -> student_pb2.Job:
         answered=job.answered,
         rounds=job.rounds,
         error=job.error,
+        task=job.task,
+        source=job.source,
+        created_at=job.created_at,
+        round_seconds=job.round_seconds,
+    )
+    if task is not None:
+        effective = task.overridden(common_pb2.Mechanism(**(job.mechanism or {})))  # type: ignore[arg-type]
+        msg.mechanism.CopyFrom(mechanism_message(effective))
+    return msg
+
+
+def model_proto(model: StudentModel) -> student_pb2.StudentModel:
+    return student_pb2.StudentModel(
+        id=model.id,
+        state=model.state,
+        job_ids=list(model.job_ids),
+        architecture=model.architecture,
+        epochs=model.epochs,
+        examples=model.examples,
+        metrics_json=json.dumps(model.metrics, sort_keys=True),
+        error=model.error,
+        created_at=model.created_at,
     )
 
 
@@ -70,6 +111,7 @@ class JobRunner:
         queries = self.store.queries(job_id)
         recipe = self.store.recipe(job_id)
         base = Recipe.from_json(recipe) if recipe else None
+        mechanism = common_pb2.Mechanism(**(job.mechanism or {})) if job.mechanism else None  # type: ignore[arg-type]
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
             lo, hi = index * job.batch_size, min(len(queries), (index + 1) * job.batch_size)
@@ -80,10 +122,16 @@ class JobRunner:
                         self._client = self._make_client()
                     if base is not None:
                         part = dataclasses.replace(base, start=base.start + lo, count=hi - lo)
-                        result = self._client.label_recipe(part)
+                        result = self._client.label_recipe(part, mechanism)
                     else:
-                        result = self._client.label_batch(batch)
-                    self.store.record_batch(job_id, index, result.round_id, result.labels)
+                        result = self._client.label_batch(batch, mechanism)
+                    self.store.record_batch(
+                        job_id,
+                        index,
+                        result.round_id,
+                        result.labels,
+                        result.open_s + result.mpc_s,
+                    )
                     break
                 except grpc.RpcError as err:
                     code = err.code() if hasattr(err, "code") else None
@@ -115,10 +163,13 @@ class JobRunner:
 
 
 class StudentParty(student_pb2_grpc.StudentPartyServicer):
-    def __init__(self, store: JobStore, runner: JobRunner, task: TaskConfig) -> None:
+    def __init__(
+        self, store: JobStore, runner: JobRunner, task: TaskConfig, trainer: ModelTrainer
+    ) -> None:
         self.store = store
         self.runner = runner
         self.task = task
+        self.trainer = trainer
 
     def _check(self, header: common_pb2.Header, context: grpc.ServicerContext) -> None:
         try:
@@ -139,8 +190,13 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         recipe_json = None
         try:
             if source == "recipe":
+                if not request.queries.recipe.shape:  # the gateway leaves it to the task
+                    request.queries.recipe.shape.extend(self.task.input_shape)
                 recipe = query_recipe(request.queries.recipe, self.task.input_shape, MAX_QUERIES)
-                x = recipe.generate()
+                try:
+                    x = recipe.generate()
+                except ValueError as err:
+                    raise RequestError(str(err)) from err
                 recipe_json = recipe.to_json()
             elif source == "tensor":
                 x = query_tensor(request.queries.tensor, self.task.input_shape, MAX_QUERIES)
@@ -149,11 +205,13 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             batch = request.batch_size or 256
             if not 1 <= batch <= MAX_BATCH:
                 raise RequestError(f"batch_size must lie in [1, {MAX_BATCH}], got {batch}")
-        except RequestError as err:
+            overrides = mechanism_overrides(request.mechanism)
+            self.task.overridden(request.mechanism)
+        except (RequestError, TaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        job = self.store.create(self.task.name, x.astype(np.float32), batch, recipe_json)
+        job = self.store.create(self.task.name, x.astype(np.float32), batch, recipe_json, overrides)
         self.runner.submit(job.id)
-        return to_proto(job)
+        return to_proto(job, self.task)
 
     def _job(self, job_id: str, context: grpc.ServicerContext) -> Job:
         job = self.store.get(job_id)
@@ -170,7 +228,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         while context.is_active():
             job = self._job(request.id, context)
             if job != last:
-                yield to_proto(job)
+                yield to_proto(job, self.task)
                 last = job
             if job.state in TERMINAL:
                 return
@@ -181,14 +239,84 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
     ) -> student_pb2.JobResults:
         self._check(request.header, context)
         job = self._job(request.id, context)
-        labels = self.store.labels(job.id)
-        queries = self.store.queries(job.id)[: len(labels)]
+        limit = request.limit or RESULTS_PAGE
+        if limit > RESULTS_PAGE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {RESULTS_PAGE}")
+        all_labels = self.store.labels(job.id)
+        lo, hi = request.offset, min(len(all_labels), request.offset + limit)
+        labels = all_labels[lo:hi]
+        queries = self.store.queries(job.id)[lo:hi]
         return student_pb2.JobResults(
-            job=to_proto(job),
+            total=len(all_labels),
+            job=to_proto(job, self.task),
             labels=common_pb2.Tensor(
                 shape=list(labels.shape), dtype="int64", data=labels.astype("<i8").tobytes()
             ),
             queries=common_pb2.Tensor(
                 shape=list(queries.shape), dtype="float32", data=queries.astype("<f4").tobytes()
             ),
+        )
+
+    def ListJobs(
+        self, request: student_pb2.ListJobsRequest, context: grpc.ServicerContext
+    ) -> student_pb2.ListJobsReply:
+        self._check(request.header, context)
+        limit = request.limit or 100
+        if limit > MAX_PAGE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}")
+        jobs = self.store.jobs(limit, request.offset)
+        return student_pb2.ListJobsReply(jobs=[to_proto(j, self.task) for j in jobs])
+
+    def TrainModel(
+        self, request: student_pb2.TrainModelRequest, context: grpc.ServicerContext
+    ) -> student_pb2.StudentModel:
+        self._check(request.header, context)
+        arch = request.architecture or "small-cnn"
+        epochs = request.epochs or 10
+        try:
+            self.trainer.check(list(request.job_ids), arch, epochs)
+        except TrainingError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        model = self.store.create_model(
+            list(request.job_ids), arch, epochs, int(request.seed % (1 << 31))
+        )
+        self.trainer.submit(model.id)
+        return model_proto(model)
+
+    def _model(self, model_id: str, context: grpc.ServicerContext) -> StudentModel:
+        model = self.store.model(model_id)
+        if model is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no student model {model_id!r}")
+        assert model is not None
+        return model
+
+    def GetModel(
+        self, request: student_pb2.GetModelRequest, context: grpc.ServicerContext
+    ) -> student_pb2.StudentModel:
+        self._check(request.header, context)
+        return model_proto(self._model(request.id, context))
+
+    def ListModels(
+        self, request: student_pb2.ListModelsRequest, context: grpc.ServicerContext
+    ) -> student_pb2.ListModelsReply:
+        self._check(request.header, context)
+        return student_pb2.ListModelsReply(models=[model_proto(m) for m in self.store.models()])
+
+    def DownloadModel(
+        self, request: student_pb2.GetModelRequest, context: grpc.ServicerContext
+    ) -> student_pb2.ModelFile:
+        self._check(request.header, context)
+        model = self._model(request.id, context)
+        found = self.store.model_file(model.id)
+        if found is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model {model.id} is {model.state}; its weights exist once it is done",
+            )
+        assert found is not None
+        checkpoint, card = found
+        return student_pb2.ModelFile(
+            model=model_proto(model),
+            checkpoint=checkpoint,
+            card_json=json.dumps(card, sort_keys=True),
         )

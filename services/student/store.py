@@ -10,7 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 from sqlalchemy import (
+    JSON,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     LargeBinary,
@@ -47,6 +49,9 @@ class JobRow(Base):
     queries: Mapped[bytes] = mapped_column(LargeBinary)
     #: For programmatic queries: the recipe (JSON) the rounds are sent as.
     recipe: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: Mechanism overrides within the task's policy (JSON of the non-zero fields), or none.
+    mechanism: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
+    round_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
@@ -56,6 +61,24 @@ class BatchRow(Base):
     index: Mapped[int] = mapped_column(Integer, primary_key=True)
     round_id: Mapped[int] = mapped_column(Integer)
     labels: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ModelRow(Base):
+    """A student model trained on the labels of finished jobs."""
+
+    __tablename__ = "student_models"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))
+    job_ids: Mapped[list[str]] = mapped_column(JSON)
+    architecture: Mapped[str] = mapped_column(String(64))
+    epochs: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+    examples: Mapped[int] = mapped_column(Integer, default=0)
+    metrics: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    error: Mapped[str] = mapped_column(Text, default="")
+    checkpoint: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    card: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
 def _pack(arr: NDArray[np.generic]) -> bytes:
@@ -79,6 +102,24 @@ class Job:
     rounds: int
     batch_size: int
     error: str
+    source: str = "upload"
+    mechanism: dict[str, object] | None = None
+    round_seconds: float = 0.0
+    created_at: str = ""
+
+
+@dataclass(frozen=True)
+class StudentModel:
+    id: str
+    state: str
+    job_ids: tuple[str, ...]
+    architecture: str
+    epochs: int
+    seed: int
+    examples: int
+    metrics: dict[str, object]
+    error: str
+    created_at: str
 
 
 class JobStore:
@@ -100,10 +141,19 @@ class JobStore:
             row.rounds,
             row.batch_size,
             row.error,
+            "recipe" if row.recipe else "upload",
+            row.mechanism,
+            row.round_seconds,
+            row.created_at.isoformat(),
         )
 
     def create(
-        self, task: str, queries: NDArray[np.float32], batch_size: int, recipe: str | None = None
+        self,
+        task: str,
+        queries: NDArray[np.float32],
+        batch_size: int,
+        recipe: str | None = None,
+        mechanism: dict[str, object] | None = None,
     ) -> Job:
         with Session(self.engine) as s, s.begin():
             row = JobRow(
@@ -114,6 +164,9 @@ class JobStore:
                 batch_size=batch_size,
                 queries=_pack(queries),
                 recipe=recipe,
+                mechanism=mechanism,
+                round_seconds=0.0,
+                created_at=_now(),
                 error="",
                 processed=0,
                 answered=0,
@@ -140,8 +193,19 @@ class JobStore:
                 raise KeyError(job_id)
             return np.asarray(_unpack(row.queries), dtype=np.float32)
 
+    def jobs(self, limit: int = 100, offset: int = 0) -> list[Job]:
+        """Jobs, newest first."""
+        with Session(self.engine) as s:
+            q = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
+            return [self._job(r) for r in s.scalars(q.limit(limit).offset(offset))]
+
     def record_batch(
-        self, job_id: str, index: int, round_id: int, labels: NDArray[np.int64]
+        self,
+        job_id: str,
+        index: int,
+        round_id: int,
+        labels: NDArray[np.int64],
+        seconds: float = 0.0,
     ) -> None:
         with Session(self.engine) as s, s.begin():
             row = s.get(JobRow, job_id, with_for_update=True)
@@ -151,6 +215,7 @@ class JobStore:
             # A multi-label query counts as answered when any of its labels is.
             row.answered += int((labels >= 0).reshape(len(labels), -1).any(axis=1).sum())
             row.rounds += 1
+            row.round_seconds += seconds
             row.state = "running"
 
     def finish(self, job_id: str, error: str = "") -> None:
@@ -163,6 +228,7 @@ class JobStore:
     def labels(self, job_id: str) -> NDArray[np.int64]:
         """Labels in query order; queries not yet processed are absent."""
         with Session(self.engine) as s:
+            # Batches are recorded in order, so the prefix is what has been processed.
             rows = s.scalars(
                 select(BatchRow).where(BatchRow.job_id == job_id).order_by(BatchRow.index)
             )
@@ -178,3 +244,84 @@ class JobStore:
                 done = len(list(s.scalars(select(BatchRow.index).where(BatchRow.job_id == j.id))))
                 out.append((j.id, done))
             return out
+
+    # -- student models -------------------------------------------------------
+    @staticmethod
+    def _model(row: ModelRow) -> StudentModel:
+        return StudentModel(
+            row.id,
+            row.state,
+            tuple(row.job_ids),
+            row.architecture,
+            row.epochs,
+            row.seed,
+            row.examples,
+            dict(row.metrics),
+            row.error,
+            row.created_at.isoformat(),
+        )
+
+    def create_model(
+        self, job_ids: list[str], architecture: str, epochs: int, seed: int
+    ) -> StudentModel:
+        with Session(self.engine) as s, s.begin():
+            row = ModelRow(
+                id=str(uuid.uuid4()),
+                state="queued",
+                job_ids=list(job_ids),
+                architecture=architecture,
+                epochs=epochs,
+                seed=seed,
+                examples=0,
+                metrics={},
+                error="",
+                card={},
+                created_at=_now(),
+            )
+            s.add(row)
+            s.flush()
+            return self._model(row)
+
+    def model(self, model_id: str) -> StudentModel | None:
+        with Session(self.engine) as s:
+            row = s.get(ModelRow, model_id)
+            return None if row is None else self._model(row)
+
+    def models(self) -> list[StudentModel]:
+        with Session(self.engine) as s:
+            q = select(ModelRow).order_by(ModelRow.created_at.desc(), ModelRow.id)
+            return [self._model(r) for r in s.scalars(q)]
+
+    def update_model(
+        self,
+        model_id: str,
+        *,
+        state: str,
+        examples: int = 0,
+        metrics: dict[str, object] | None = None,
+        error: str = "",
+        checkpoint: bytes | None = None,
+        card: dict[str, object] | None = None,
+    ) -> None:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(ModelRow, model_id, with_for_update=True)
+            assert row is not None
+            row.state = state
+            row.examples = examples or row.examples
+            row.metrics = metrics if metrics is not None else row.metrics
+            row.error = error
+            row.checkpoint = checkpoint if checkpoint is not None else row.checkpoint
+            row.card = card if card is not None else row.card
+
+    def model_file(self, model_id: str) -> tuple[bytes, dict[str, object]] | None:
+        """The checkpoint bytes and model card of a trained model; None until it is done."""
+        with Session(self.engine) as s:
+            row = s.get(ModelRow, model_id)
+            if row is None or row.checkpoint is None:
+                return None
+            return bytes(row.checkpoint), dict(row.card)
+
+    def unfinished_models(self) -> list[str]:
+        with Session(self.engine) as s:
+            q = select(ModelRow.id).where(ModelRow.state.in_(["queued", "training"]))
+            return list(s.scalars(q))

@@ -42,8 +42,8 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from capc.privacy.conversion import DEFAULT_ORDERS, epsilon
-from services.common.db import make_engine, normalise_url
+from capc.privacy.conversion import DEFAULT_ORDERS, Conversion, conversion_offset, epsilon
+from services.common.db import iso_utc, make_engine, normalise_url
 from services.common.task import config_hash
 from services.guardian.ledger.models import (
     AllowanceRow,
@@ -742,10 +742,39 @@ class Ledger:
                     task=r.task,
                     queries=r.queries,
                     epsilon_alone=self._eps(c.rdp)[0],
-                    at=c.created_at.isoformat(),
+                    at=iso_utc(c.created_at),
                 )
                 for c, r in s.execute(q)
             ]
+
+    def history(
+        self, party: str | None = None, max_points: int = 500
+    ) -> dict[str, list[tuple[str, float, int]]]:
+        """Per party: (time, epsilon at the ledger's delta, round id) after each entry that
+        still counts, oldest first. Reservations count until their round commits or aborts,
+        as they do in :meth:`budgets`, so the curve never lies below the true spend.
+
+        At most ``max_points`` per party: earlier points are thinned evenly, the newest kept.
+        """
+        q = select(ChargeRow.party, ChargeRow.rdp, ChargeRow.created_at, ChargeRow.round_id)
+        if party is not None:
+            q = q.where(ChargeRow.party == party)
+        with Session(self.engine) as s:
+            rows = list(s.execute(q.order_by(ChargeRow.id)))
+        by_party: dict[str, list[tuple[list[float], dt.datetime, int]]] = {}
+        for name, rdp, at, round_id in rows:
+            by_party.setdefault(name, []).append((rdp, at, round_id))
+        offset = conversion_offset(self.orders, self.delta, Conversion.IMPROVED)
+        out: dict[str, list[tuple[str, float, int]]] = {}
+        for name, items in by_party.items():
+            # Composition is a running sum of RDP curves; epsilon is its best order each time.
+            total = np.cumsum(np.asarray([r for r, _, _ in items], dtype=np.float64), axis=0)
+            eps = np.maximum(0.0, (total + offset).min(axis=1))
+            keep = np.unique(
+                np.linspace(0, len(items) - 1, min(len(items), max(1, max_points))).round()
+            ).astype(int)
+            out[name] = [(iso_utc(items[i][1]), float(eps[i]), items[i][2]) for i in keep]
+        return out
 
     def count_rounds(self, state: RoundState | None = None) -> int:
         with Session(self.engine) as s:

@@ -305,3 +305,41 @@ class SetCapReply(_message.Message):
     PARTY_FIELD_NUMBER: _ClassVar[int]
     party: PartyStatus
     def __init__(self, party: _Optional[_Union[PartyStatus, _Mapping]] = ...) -> None: ...
+
+class BudgetHistoryRequest(_message.Message):
+    __slots__ = ("header", "party", "max_points")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_POINTS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    party: str
+    max_points: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., max_points: _Optional[int] = ...) -> None: ...
+
+class BudgetPoint(_message.Message):
+    __slots__ = ("at", "epsilon", "round_id")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    at: str
+    epsilon: float
+    round_id: int
+    def __init__(self, at: _Optional[str] = ..., epsilon: _Optional[float] = ..., round_id: _Optional[int] = ...) -> None: ...
+
+class BudgetSeries(_message.Message):
+    __slots__ = ("party", "epsilon_cap", "points")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    epsilon_cap: float
+    points: _containers.RepeatedCompositeFieldContainer[BudgetPoint]
+    def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ..., points: _Optional[_Iterable[_Union[BudgetPoint, _Mapping]]] = ...) -> None: ...
+
+class BudgetHistoryReply(_message.Message):
+    __slots__ = ("series", "delta")
+    SERIES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    series: _containers.RepeatedCompositeFieldContainer[BudgetSeries]
+    delta: float
+    def __init__(self, series: _Optional[_Iterable[_Union[BudgetSeries, _Mapping]]] = ..., delta: _Optional[float] = ...) -> None: ...

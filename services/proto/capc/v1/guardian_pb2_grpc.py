@@ -69,6 +69,11 @@ class GuardianHubStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.SetCapRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.SetCapReply.FromString,
                 _registered_method=True)
+        self.BudgetHistory = channel.unary_unary(
+                '/capc.v1.GuardianHub/BudgetHistory',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryReply.FromString,
+                _registered_method=True)
 
 
 class GuardianHubServicer:
@@ -120,6 +125,12 @@ class GuardianHubServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BudgetHistory(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GuardianHubServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +168,11 @@ def add_GuardianHubServicer_to_server(servicer, server):
                     servicer.SetCap,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.SetCapRequest.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.SetCapReply.SerializeToString,
+            ),
+            'BudgetHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.BudgetHistory,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,6 +364,33 @@ class GuardianHub:
             '/capc.v1.GuardianHub/SetCap',
             capc_dot_v1_dot_guardian__pb2.SetCapRequest.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.SetCapReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BudgetHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianHub/BudgetHistory',
+            capc_dot_v1_dot_guardian__pb2.BudgetHistoryRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.BudgetHistoryReply.FromString,
             options,
             channel_credentials,
             insecure,

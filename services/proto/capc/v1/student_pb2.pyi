@@ -1,7 +1,8 @@
 from services.proto.capc.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -21,7 +22,7 @@ class CreateJobRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., count: _Optional[int] = ..., batch_size: _Optional[int] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "requested", "processed", "answered", "rounds", "error")
+    __slots__ = ("id", "state", "requested", "processed", "answered", "rounds", "error", "task", "source", "created_at", "mechanism", "round_seconds")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +30,11 @@ class Job(_message.Message):
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     requested: int
@@ -36,7 +42,12 @@ class Job(_message.Message):
     answered: int
     rounds: int
     error: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., requested: _Optional[int] = ..., processed: _Optional[int] = ..., answered: _Optional[int] = ..., rounds: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    task: str
+    source: str
+    created_at: str
+    mechanism: _common_pb2.Mechanism
+    round_seconds: float
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., requested: _Optional[int] = ..., processed: _Optional[int] = ..., answered: _Optional[int] = ..., rounds: _Optional[int] = ..., error: _Optional[str] = ..., task: _Optional[str] = ..., source: _Optional[str] = ..., created_at: _Optional[str] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., round_seconds: _Optional[float] = ...) -> None: ...
 
 class WatchJobRequest(_message.Message):
     __slots__ = ("header", "id")
@@ -47,6 +58,82 @@ class WatchJobRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., id: _Optional[str] = ...) -> None: ...
 
 class GetResultsRequest(_message.Message):
+    __slots__ = ("header", "id", "offset", "limit")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    id: str
+    offset: int
+    limit: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., id: _Optional[str] = ..., offset: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class JobResults(_message.Message):
+    __slots__ = ("job", "labels", "queries", "total")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    QUERIES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    labels: _common_pb2.Tensor
+    queries: _common_pb2.Tensor
+    total: int
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., labels: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., queries: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("header", "limit", "offset")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    limit: int
+    offset: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+
+class TrainModelRequest(_message.Message):
+    __slots__ = ("header", "job_ids", "architecture", "epochs", "seed")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    architecture: str
+    epochs: int
+    seed: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class StudentModel(_message.Message):
+    __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    state: str
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    architecture: str
+    epochs: int
+    examples: int
+    metrics_json: str
+    error: str
+    created_at: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., examples: _Optional[int] = ..., metrics_json: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+
+class GetModelRequest(_message.Message):
     __slots__ = ("header", "id")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -54,12 +141,24 @@ class GetResultsRequest(_message.Message):
     id: str
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., id: _Optional[str] = ...) -> None: ...
 
-class JobResults(_message.Message):
-    __slots__ = ("job", "labels", "queries")
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    LABELS_FIELD_NUMBER: _ClassVar[int]
-    QUERIES_FIELD_NUMBER: _ClassVar[int]
-    job: Job
-    labels: _common_pb2.Tensor
-    queries: _common_pb2.Tensor
-    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ..., labels: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., queries: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+class ListModelsRequest(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ...) -> None: ...
+
+class ListModelsReply(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[StudentModel]
+    def __init__(self, models: _Optional[_Iterable[_Union[StudentModel, _Mapping]]] = ...) -> None: ...
+
+class ModelFile(_message.Message):
+    __slots__ = ("model", "checkpoint", "card_json")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    CARD_JSON_FIELD_NUMBER: _ClassVar[int]
+    model: StudentModel
+    checkpoint: bytes
+    card_json: str
+    def __init__(self, model: _Optional[_Union[StudentModel, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., card_json: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,31 @@ class StudentPartyStub:
                 request_serializer=capc_dot_v1_dot_student__pb2.GetResultsRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_student__pb2.JobResults.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/capc.v1.StudentParty/ListJobs',
+                request_serializer=capc_dot_v1_dot_student__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.ListJobsReply.FromString,
+                _registered_method=True)
+        self.TrainModel = channel.unary_unary(
+                '/capc.v1.StudentParty/TrainModel',
+                request_serializer=capc_dot_v1_dot_student__pb2.TrainModelRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.StudentModel.FromString,
+                _registered_method=True)
+        self.GetModel = channel.unary_unary(
+                '/capc.v1.StudentParty/GetModel',
+                request_serializer=capc_dot_v1_dot_student__pb2.GetModelRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.StudentModel.FromString,
+                _registered_method=True)
+        self.ListModels = channel.unary_unary(
+                '/capc.v1.StudentParty/ListModels',
+                request_serializer=capc_dot_v1_dot_student__pb2.ListModelsRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.ListModelsReply.FromString,
+                _registered_method=True)
+        self.DownloadModel = channel.unary_unary(
+                '/capc.v1.StudentParty/DownloadModel',
+                request_serializer=capc_dot_v1_dot_student__pb2.GetModelRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.ModelFile.FromString,
+                _registered_method=True)
 
 
 class StudentPartyServicer:
@@ -72,6 +97,38 @@ class StudentPartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TrainModel(self, request, context):
+        """Student models: trained on the labels of finished jobs, evaluated on the
+        student's own labelled test set when it has one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListModels(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadModel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StudentPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +146,31 @@ def add_StudentPartyServicer_to_server(servicer, server):
                     servicer.GetResults,
                     request_deserializer=capc_dot_v1_dot_student__pb2.GetResultsRequest.FromString,
                     response_serializer=capc_dot_v1_dot_student__pb2.JobResults.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.ListJobsRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.ListJobsReply.SerializeToString,
+            ),
+            'TrainModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.TrainModel,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.TrainModelRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.StudentModel.SerializeToString,
+            ),
+            'GetModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetModel,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.GetModelRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.StudentModel.SerializeToString,
+            ),
+            'ListModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListModels,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.ListModelsRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.ListModelsReply.SerializeToString,
+            ),
+            'DownloadModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DownloadModel,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.GetModelRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.ModelFile.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +254,141 @@ class StudentParty:
             '/capc.v1.StudentParty/GetResults',
             capc_dot_v1_dot_student__pb2.GetResultsRequest.SerializeToString,
             capc_dot_v1_dot_student__pb2.JobResults.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/ListJobs',
+            capc_dot_v1_dot_student__pb2.ListJobsRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TrainModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/TrainModel',
+            capc_dot_v1_dot_student__pb2.TrainModelRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.StudentModel.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/GetModel',
+            capc_dot_v1_dot_student__pb2.GetModelRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.StudentModel.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/ListModels',
+            capc_dot_v1_dot_student__pb2.ListModelsRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.ListModelsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/DownloadModel',
+            capc_dot_v1_dot_student__pb2.GetModelRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.ModelFile.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1 @@
+"""The REST gateway: jobs, student models, budgets and admin for people, over the gRPC services."""

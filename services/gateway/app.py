@@ -1,0 +1,628 @@
+"""The REST gateway (FastAPI): jobs, student models, budgets and admin, plus the dashboard.
+
+Every route under ``/v1`` needs a bearer token: analysts create and read jobs
+and models; admins also read parties, budgets, the ledger and the audit log
+and set caps. ``/healthz``, ``/metrics`` and the dashboard page are open; the
+dashboard reads its data with the token the viewer gives it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import Depends, FastAPI, File, Form, HTTPException, Path, Query, Request, UploadFile
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.gateway import schemas
+from services.gateway.backends import BackendError, Backends
+from services.gateway.datasets import DatasetError, parse_dataset
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.tokens import Principal, Role, TokenError, TokenStore
+from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
+
+JOB_ID = Path(pattern=schemas.ID_PATTERN, description="a job or model id (UUID)")
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+RESULTS_PAGE = 4096
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": schemas.ErrorOut} for code in (401, 403, 404, 409, 422, 429, 502, 503)
+}
+DEFAULT_MAX_UPLOAD = 64 * 1024 * 1024
+
+
+class BodyLimit:
+    """Refuses request bodies over ``limit`` bytes with 413 before they are buffered."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", []))
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._refuse(send)
+            return
+        seen = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLargeError
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _TooLargeError:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps(
+            {
+                "detail": f"request body exceeds the gateway's limit of {self.limit} bytes; "
+                "split the dataset into several jobs"
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLargeError(Exception):
+    pass
+
+
+BEARER = HTTPBearer(auto_error=False, description="a token from `capc gateway token create`")
+
+
+def principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+) -> Principal:
+    """The caller's token, verified against the app's token store; 401 says what is wrong."""
+    if credentials is None:
+        raise HTTPException(
+            401,
+            "missing bearer token: send 'Authorization: Bearer capc_...' "
+            "(an admin creates one with `capc gateway token create --role ROLE`)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    store: TokenStore = request.app.state.tokens
+    try:
+        return store.verify(credentials.credentials)
+    except TokenError as err:
+        raise HTTPException(401, str(err), headers={"WWW-Authenticate": "Bearer"}) from None
+
+
+def needs(role: Role) -> Callable[[Principal], Principal]:
+    """A dependency admitting tokens whose role grants ``role`` (403 otherwise)."""
+
+    def check(who: Annotated[Principal, Depends(principal)]) -> Principal:
+        if not who.may(role):
+            raise HTTPException(
+                403, f"this needs the {role.value} role; token {who.token_id} is {who.role.value}"
+            )
+        return who
+
+    return check
+
+
+Analyst = Annotated[Principal, Depends(needs(Role.ANALYST))]
+Admin = Annotated[Principal, Depends(needs(Role.ADMIN))]
+
+
+def job_out(job: student_pb2.Job) -> schemas.JobOut:
+    m = job.mechanism if job.HasField("mechanism") else None
+    return schemas.JobOut(
+        id=job.id,
+        state=job.state,
+        task=job.task,
+        source=job.source,
+        requested=job.requested,
+        processed=job.processed,
+        answered=job.answered,
+        rounds=job.rounds,
+        progress=job.processed / job.requested if job.requested else 0.0,
+        error=job.error,
+        created_at=job.created_at,
+        round_seconds=job.round_seconds,
+        mechanism=None
+        if m is None
+        else schemas.MechanismOut(
+            name=m.name,
+            sigma=m.sigma,
+            threshold=m.threshold,
+            sigma1=m.sigma1,
+            tau=m.tau,
+            num_classes=m.num_classes,
+            num_labels=m.num_labels,
+        ),
+    )
+
+
+def model_out(model: student_pb2.StudentModel) -> schemas.ModelOut:
+    return schemas.ModelOut(
+        id=model.id,
+        state=model.state,
+        job_ids=list(model.job_ids),
+        architecture=model.architecture,
+        epochs=model.epochs,
+        examples=model.examples,
+        metrics=json.loads(model.metrics_json or "{}"),
+        error=model.error,
+        created_at=model.created_at,
+    )
+
+
+def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
+    return schemas.PartyOut(
+        name=p.name,
+        role=p.role,
+        status=p.status,
+        connected=p.connected,
+        last_seen=p.last_seen or None,
+        epsilon_cap=p.epsilon_cap,
+        epsilon_spent=p.epsilon_spent,
+        epsilon_remaining=p.epsilon_remaining,
+        best_order=p.best_order,
+        rounds=p.rounds,
+        vote_weight=p.vote_weight,
+        participation=p.participation,
+        queries_left=None if p.queries_left < 0 else p.queries_left,
+    )
+
+
+def overrides(m: schemas.MechanismOverride | None) -> common_pb2.Mechanism | None:
+    if m is None:
+        return None
+    return common_pb2.Mechanism(
+        sigma=m.sigma or 0.0, sigma1=m.sigma1 or 0.0, threshold=m.threshold or 0.0
+    )
+
+
+def create_app(
+    backends: Backends, tokens: TokenStore, max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+) -> FastAPI:
+    """The gateway app over live backends; ``max_upload_bytes`` bounds any request body."""
+    app = FastAPI(
+        title="capc gateway",
+        version="1",
+        description="Labelling jobs, student models and privacy budgets of a capc consortium.",
+    )
+    metrics = GatewayMetrics(backends)
+    app.state.tokens = tokens
+
+    @app.exception_handler(BackendError)
+    async def backend_error(_: Request, err: BackendError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=err.status)
+
+    @app.middleware("http")
+    async def measure(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        metrics.requests.labels(request.method, path, str(response.status_code)).inc()
+        metrics.latency.labels(path).observe(time.perf_counter() - start)
+        return response
+
+    # -- health, metrics, dashboard --------------------------------------------------
+    @app.get("/healthz", response_model=schemas.Health, tags=["operations"])
+    def healthz(response: Response) -> schemas.Health:
+        states = backends.health()
+        ok = all(v == "SERVING" for v in states.values())
+        response.status_code = 200 if ok else 503
+        return schemas.Health(status="ok" if ok else "degraded", backends=states)
+
+    @app.get("/metrics", tags=["operations"], response_class=Response)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    static = resources.files("services.gateway") / "static"
+
+    @app.get("/dashboard", response_class=HTMLResponse, tags=["operations"])
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse((static / "dashboard.html").read_text())
+
+    @app.get("/dashboard.js", tags=["operations"], response_class=Response)
+    def dashboard_js() -> Response:
+        return Response((static / "dashboard.js").read_text(), media_type="text/javascript")
+
+    # -- jobs ------------------------------------------------------------------------
+    def _create(queries: common_pb2.QueryBatch, count: int, batch: int, mech: Any) -> Any:
+        request = student_pb2.CreateJobRequest(
+            header=backends.header, queries=queries, count=count, batch_size=batch
+        )
+        if mech is not None:
+            request.mechanism.CopyFrom(mech)
+        return job_out(backends.student_call(backends.jobs.CreateJob, request))
+
+    @app.post(
+        "/v1/jobs",
+        status_code=201,
+        response_model=schemas.JobOut,
+        responses=ERRORS,
+        tags=["jobs"],
+        summary="Label programmatic queries",
+    )
+    def create_job(body: schemas.JobCreate, _: Analyst) -> schemas.JobOut:
+        recipe = common_pb2.Recipe(
+            generator=body.recipe.generator,
+            params_json=json.dumps(body.recipe.params, sort_keys=True),
+            seed=body.recipe.seed,
+            start=body.recipe.start,
+            count=body.count,
+        )
+        # No shape: the student fills in its task's input shape.
+        result: schemas.JobOut = _create(
+            common_pb2.QueryBatch(recipe=recipe),
+            body.count,
+            body.batch_size,
+            overrides(body.mechanism),
+        )
+        return result
+
+    @app.post(
+        "/v1/jobs/upload",
+        status_code=201,
+        response_model=schemas.JobOut,
+        responses={**ERRORS, 413: {"model": schemas.ErrorOut}},
+        tags=["jobs"],
+        summary="Label an uploaded unlabelled dataset",
+    )
+    async def upload_job(
+        _: Analyst,
+        file: Annotated[UploadFile, File(description=parse_dataset.__doc__ or "")],
+        batch_size: Annotated[int, Form(ge=1, le=schemas.MAX_BATCH)] = 256,
+        sigma: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
+        sigma1: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
+        threshold: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
+    ) -> schemas.JobOut:
+        try:
+            x = parse_dataset(await file.read())
+        except DatasetError as err:
+            raise HTTPException(422, str(err)) from None
+        x = np.ascontiguousarray(x, dtype="<f4")
+        tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+        mech = schemas.MechanismOverride(sigma=sigma, sigma1=sigma1, threshold=threshold)
+        result: schemas.JobOut = _create(
+            common_pb2.QueryBatch(tensor=tensor), len(x), batch_size, overrides(mech)
+        )
+        return result
+
+    @app.get("/v1/jobs", response_model=schemas.JobList, responses=ERRORS, tags=["jobs"])
+    def list_jobs(
+        _: Analyst,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    ) -> schemas.JobList:
+        reply = backends.list_jobs(limit, offset)
+        return schemas.JobList(jobs=[job_out(j) for j in reply.jobs], limit=limit, offset=offset)
+
+    def _get_job(job_id: str) -> student_pb2.JobResults:
+        reply: student_pb2.JobResults = backends.student_call(
+            backends.jobs.GetResults,
+            student_pb2.GetResultsRequest(header=backends.header, id=job_id, limit=1),
+        )
+        return reply
+
+    @app.get("/v1/jobs/{job_id}", response_model=schemas.JobOut, responses=ERRORS, tags=["jobs"])
+    def get_job(job_id: Annotated[str, JOB_ID], _: Analyst) -> schemas.JobOut:
+        return job_out(_get_job(job_id).job)
+
+    def _results(job_id: str) -> tuple[student_pb2.Job, np.ndarray, np.ndarray]:
+        labels, queries, offset = [], [], 0
+        while True:
+            page = backends.student_call(
+                backends.jobs.GetResults,
+                student_pb2.GetResultsRequest(
+                    header=backends.header, id=job_id, offset=offset, limit=RESULTS_PAGE
+                ),
+            )
+            n = int(page.labels.shape[0]) if page.labels.shape else 0
+            if n:
+                labels.append(
+                    np.frombuffer(page.labels.data, "<i8").reshape(tuple(page.labels.shape))
+                )
+                queries.append(
+                    np.frombuffer(page.queries.data, "<f4").reshape(tuple(page.queries.shape))
+                )
+            offset += n
+            if n == 0 or offset >= page.total:
+                job = page.job
+                break
+        y = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+        x = np.concatenate(queries) if queries else np.zeros(0, dtype=np.float32)
+        return job, x, y
+
+    @app.get(
+        "/v1/jobs/{job_id}/results",
+        responses={
+            **ERRORS,
+            200: {
+                "description": "format=npz: an .npz with 'queries' and 'labels' (-1: not answered); "
+                "format=json: the labels",
+                "content": {
+                    "application/octet-stream": {},
+                    "application/json": {"schema": schemas.LabelsOut.model_json_schema()},
+                },
+            },
+        },
+        tags=["jobs"],
+        summary="Download the labelled queries processed so far",
+        response_class=Response,
+    )
+    def job_results(
+        job_id: Annotated[str, JOB_ID],
+        _: Analyst,
+        format: Annotated[str, Query(pattern="^(npz|json)$")] = "npz",
+    ) -> Response:
+        job, x, y = _results(job_id)
+        if format == "json":
+            body = schemas.LabelsOut(job=job_out(job), labels=y.tolist())
+            return Response(body.model_dump_json(), media_type="application/json")
+        buf = io.BytesIO()
+        np.savez(buf, queries=x, labels=y)
+        return Response(
+            buf.getvalue(),
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="capc-job-{job_id}.npz"'},
+        )
+
+    # -- student models ------------------------------------------------------------------
+    @app.post(
+        "/v1/models",
+        status_code=201,
+        response_model=schemas.ModelOut,
+        responses=ERRORS,
+        tags=["models"],
+        summary="Train a student model on the labels of finished jobs",
+    )
+    def train_model(body: schemas.ModelCreate, _: Analyst) -> schemas.ModelOut:
+        model = backends.student_call(
+            backends.jobs.TrainModel,
+            student_pb2.TrainModelRequest(
+                header=backends.header,
+                job_ids=body.job_ids,
+                architecture=body.architecture,
+                epochs=body.epochs,
+                seed=body.seed,
+            ),
+        )
+        return model_out(model)
+
+    @app.get("/v1/models", response_model=schemas.ModelList, responses=ERRORS, tags=["models"])
+    def list_models(_: Analyst) -> schemas.ModelList:
+        reply = backends.student_call(
+            backends.jobs.ListModels, student_pb2.ListModelsRequest(header=backends.header)
+        )
+        return schemas.ModelList(models=[model_out(m) for m in reply.models])
+
+    @app.get(
+        "/v1/models/{model_id}", response_model=schemas.ModelOut, responses=ERRORS, tags=["models"]
+    )
+    def get_model(model_id: Annotated[str, JOB_ID], _: Analyst) -> schemas.ModelOut:
+        return model_out(
+            backends.student_call(
+                backends.jobs.GetModel,
+                student_pb2.GetModelRequest(header=backends.header, id=model_id),
+            )
+        )
+
+    def _model_file(model_id: str) -> student_pb2.ModelFile:
+        reply: student_pb2.ModelFile = backends.student_call(
+            backends.jobs.DownloadModel,
+            student_pb2.GetModelRequest(header=backends.header, id=model_id),
+        )
+        return reply
+
+    @app.get(
+        "/v1/models/{model_id}/weights",
+        responses={
+            **ERRORS,
+            200: {
+                "description": "the checkpoint: a torch state dict with its model card",
+                "content": {"application/octet-stream": {}},
+            },
+        },
+        tags=["models"],
+        response_class=Response,
+    )
+    def model_weights(model_id: Annotated[str, JOB_ID], _: Analyst) -> Response:
+        f = _model_file(model_id)
+        return Response(
+            f.checkpoint,
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="capc-student-{model_id}.pt"'},
+        )
+
+    @app.get("/v1/models/{model_id}/card", responses=ERRORS, tags=["models"])
+    def model_card(model_id: Annotated[str, JOB_ID], _: Analyst) -> dict[str, Any]:
+        card: dict[str, Any] = json.loads(_model_file(model_id).card_json)
+        return card
+
+    # -- admin ---------------------------------------------------------------------
+    @app.get(
+        "/v1/admin/parties", response_model=schemas.PartyList, responses=ERRORS, tags=["admin"]
+    )
+    def parties(_: Admin) -> schemas.PartyList:
+        reply = backends.list_parties()
+        return schemas.PartyList(
+            parties=[party_out(p) for p in reply.parties],
+            delta=reply.delta,
+            accounting=reply.accounting,
+        )
+
+    @app.get(
+        "/v1/admin/budgets", response_model=schemas.BudgetList, responses=ERRORS, tags=["admin"]
+    )
+    def budgets(_: Admin) -> schemas.BudgetList:
+        reply = backends.list_parties()
+        return schemas.BudgetList(
+            task=backends.task,
+            delta=reply.delta,
+            accounting=reply.accounting,
+            budgets=[
+                schemas.BudgetOut(
+                    party=p.name,
+                    epsilon_cap=p.epsilon_cap,
+                    epsilon_spent=p.epsilon_spent,
+                    epsilon_remaining=p.epsilon_remaining,
+                    delta=reply.delta,
+                    best_order=p.best_order,
+                    accounting=reply.accounting,
+                    queries_left=None if p.queries_left < 0 else p.queries_left,
+                )
+                for p in reply.parties
+                if p.role == "answerer"
+            ],
+        )
+
+    @app.get(
+        "/v1/admin/budgets/history",
+        response_model=schemas.History,
+        responses=ERRORS,
+        tags=["admin"],
+        summary="Each party's epsilon after every ledger entry, for charts",
+    )
+    def history(
+        _: Admin,
+        party: Annotated[str | None, Query(pattern=NAME)] = None,
+        max_points: Annotated[int, Query(ge=1, le=10_000)] = 500,
+    ) -> schemas.History:
+        reply = backends.guardian_call(
+            backends.hub.BudgetHistory,
+            guardian_pb2.BudgetHistoryRequest(
+                header=backends.header, party=party or "", max_points=max_points
+            ),
+        )
+        return schemas.History(
+            delta=reply.delta,
+            series=[
+                schemas.HistorySeries(
+                    party=s.party,
+                    epsilon_cap=s.epsilon_cap,
+                    points=[
+                        schemas.HistoryPoint(at=p.at, epsilon=p.epsilon, round_id=p.round_id)
+                        for p in s.points
+                    ],
+                )
+                for s in reply.series
+            ],
+        )
+
+    @app.get(
+        "/v1/admin/ledger", response_model=schemas.LedgerPage, responses=ERRORS, tags=["admin"]
+    )
+    def ledger(
+        _: Admin,
+        party: Annotated[str | None, Query(pattern=NAME)] = None,
+        round_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    ) -> schemas.LedgerPage:
+        reply = backends.guardian_call(
+            backends.hub.ListLedger,
+            guardian_pb2.ListLedgerRequest(
+                header=backends.header,
+                party=party or "",
+                round_id=round_id or 0,
+                limit=limit,
+                offset=offset,
+            ),
+        )
+        return schemas.LedgerPage(
+            entries=[
+                schemas.LedgerEntryOut(
+                    round_id=e.round_id,
+                    party=e.party,
+                    kind=e.kind,
+                    mechanism=e.mechanism,
+                    round_state=e.round_state,
+                    task=e.task,
+                    queries=e.queries,
+                    epsilon_alone=e.epsilon_alone,
+                    at=e.at,
+                )
+                for e in reply.entries
+            ],
+            limit=limit,
+            offset=offset,
+        )
+
+    @app.get("/v1/admin/audit", response_model=schemas.AuditPage, responses=ERRORS, tags=["admin"])
+    def audit(
+        _: Admin,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+    ) -> schemas.AuditPage:
+        reply = backends.guardian_call(
+            backends.hub.ListAudit,
+            guardian_pb2.ListAuditRequest(header=backends.header, limit=limit, offset=offset),
+        )
+        return schemas.AuditPage(
+            entries=[
+                schemas.AuditEntryOut(
+                    seq=e.seq,
+                    at=e.at,
+                    actor=e.actor,
+                    action=e.action,
+                    detail=json.loads(e.detail_json or "{}"),
+                    hash=e.hash,
+                )
+                for e in reply.entries
+            ],
+            chain_valid=reply.chain_valid,
+            limit=limit,
+            offset=offset,
+        )
+
+    @app.put(
+        "/v1/admin/parties/{party}/cap",
+        response_model=schemas.PartyOut,
+        responses=ERRORS,
+        tags=["admin"],
+        summary="Set a party's epsilon cap (audited with the token's name)",
+    )
+    def set_cap(
+        party: Annotated[str, Path(pattern=NAME)], body: schemas.CapUpdate, who: Admin
+    ) -> schemas.PartyOut:
+        reply = backends.guardian_call(
+            backends.hub.SetCap,
+            guardian_pb2.SetCapRequest(
+                header=backends.header,
+                party=party,
+                epsilon_cap=body.epsilon_cap,
+                actor=f"gateway:{who.name} (token {who.token_id})",
+            ),
+        )
+        return party_out(reply.party)
+
+    return app

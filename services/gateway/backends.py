@@ -1,0 +1,118 @@
+"""The gateway's gRPC clients: the student party's jobs API and the guardian's admin reads.
+
+The gateway holds nothing secret: it dials both over mutual TLS with its own
+``gateway`` certificate, and each service checks that role on every call.
+gRPC failures become :class:`BackendError` with the HTTP status they map to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common import protocol, tls
+from services.proto.capc.v1 import (
+    common_pb2,
+    guardian_pb2,
+    guardian_pb2_grpc,
+    student_pb2,
+    student_pb2_grpc,
+)
+
+T = TypeVar("T")
+
+#: How a backend's status reads over REST: the caller's mistakes stay 4xx.
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 422,
+    grpc.StatusCode.OUT_OF_RANGE: 422,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+class BackendError(Exception):
+    """A backend refused or failed a call; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, service: str, code: grpc.StatusCode | None, details: str) -> None:
+        self.status = HTTP_STATUS.get(code, 502) if code is not None else 502
+        self.code = code.name if code is not None else "UNKNOWN"
+        prefix = "" if self.status < 500 else f"the {service} is not answering: "
+        super().__init__(f"{prefix}{details}")
+
+
+@dataclass
+class Backends:
+    """Stubs for the student party and the guardian; ``files=None`` only with --insecure-dev."""
+
+    student: str
+    guardian: str
+    files: tls.TLSFiles | None
+    server_name: str | None = None
+    task: str = ""
+    timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        self._student_channel = tls.secure_channel(self.student, self.files, self.server_name)
+        self._guardian_channel = tls.secure_channel(self.guardian, self.files, self.server_name)
+        self.jobs = student_pb2_grpc.StudentPartyStub(self._student_channel)
+        self.hub = guardian_pb2_grpc.GuardianHubStub(self._guardian_channel)
+
+    @property
+    def header(self) -> common_pb2.Header:
+        return protocol.header(self.task)
+
+    def call(self, service: str, fn: Callable[..., T], request: object) -> T:
+        try:
+            return fn(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            code = err.code() if hasattr(err, "code") else None
+            details = err.details() if hasattr(err, "details") else str(err)
+            raise BackendError(service, code, details or "no details") from None
+
+    def student_call(self, fn: Callable[..., T], request: object) -> T:
+        return self.call("student party", fn, request)
+
+    def guardian_call(self, fn: Callable[..., T], request: object) -> T:
+        return self.call("guardian", fn, request)
+
+    def health(self) -> dict[str, str]:
+        """Each backend's gRPC health status name (SERVING, NOT_SERVING, UNREACHABLE)."""
+        out = {}
+        for name, channel, service in (
+            ("student", self._student_channel, "capc.v1.StudentParty"),
+            ("guardian", self._guardian_channel, "capc.v1.GuardianHub"),
+        ):
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=3.0
+                )
+                out[name] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.RpcError:
+                out[name] = "UNREACHABLE"
+        return out
+
+    # -- typed shortcuts ----------------------------------------------------------
+    def list_parties(self) -> guardian_pb2.ListPartiesReply:
+        reply: guardian_pb2.ListPartiesReply = self.guardian_call(
+            self.hub.ListParties, guardian_pb2.ListPartiesRequest(header=self.header)
+        )
+        return reply
+
+    def list_jobs(self, limit: int, offset: int) -> student_pb2.ListJobsReply:
+        reply: student_pb2.ListJobsReply = self.student_call(
+            self.jobs.ListJobs,
+            student_pb2.ListJobsRequest(header=self.header, limit=limit, offset=offset),
+        )
+        return reply
+
+    def close(self) -> None:
+        self._student_channel.close()
+        self._guardian_channel.close()

@@ -1,0 +1,116 @@
+"""``capc gateway``: serve the REST gateway, or manage its bearer tokens.
+
+capc gateway serve --student HOST:PORT --guardian HOST:PORT --task NAME --pki DIR
+capc gateway token create --role analyst|admin [--name NAME] [--days 90]
+capc gateway token list | revoke ID
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from services.common import pki, tls
+from services.common.cli_args import add_tls_args, setup_logging
+from services.gateway.tokens import Role, TokenError, TokenStore
+
+DEFAULT_DB = "gateway.db"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("gateway", help="the REST gateway and its tokens")
+    gsub = p.add_subparsers(dest="gateway_command", required=True)
+
+    serve = gsub.add_parser("serve", help="serve the REST API, /metrics and the dashboard")
+    serve.add_argument("--student", required=True, help="student party address host:port")
+    serve.add_argument("--guardian", required=True, help="guardian address host:port")
+    serve.add_argument("--task", default="", help="task name (budget projections, job headers)")
+    serve.add_argument("--listen", default="127.0.0.1:8080", help="host:port to serve HTTP on")
+    serve.add_argument("--db", default=DEFAULT_DB, help="token database: SQLite path or URL")
+    serve.add_argument("--name", default="gateway", help="this gateway's certificate name")
+    serve.add_argument(
+        "--max-upload-mb", type=float, default=64.0, help="largest request body (MiB)"
+    )
+    add_tls_args(serve)
+    serve.set_defaults(handler=run_serve)
+
+    token = gsub.add_parser("token", help="create, list or revoke bearer tokens")
+    tsub = token.add_subparsers(dest="token_command", required=True)
+    create = tsub.add_parser("create", help="create a token; it is printed once")
+    create.add_argument("--role", required=True, choices=[r.value for r in Role])
+    create.add_argument("--name", default="", help="who holds it (appears in the audit log)")
+    create.add_argument("--days", type=float, default=90.0, help="days until it expires")
+    create.add_argument("--db", default=DEFAULT_DB)
+    create.add_argument("--json", action="store_true", help="print JSON")
+    create.set_defaults(handler=run_token_create)
+    lst = tsub.add_parser("list", help="list tokens (never their secrets)")
+    lst.add_argument("--db", default=DEFAULT_DB)
+    lst.set_defaults(handler=run_token_list)
+    revoke = tsub.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("id")
+    revoke.add_argument("--db", default=DEFAULT_DB)
+    revoke.set_defaults(handler=run_token_revoke)
+
+
+def run_token_create(args: argparse.Namespace) -> int:
+    try:
+        token, info = TokenStore(args.db).create(args.role, args.name, args.days)
+    except TokenError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"token": token, **info.__dict__}))
+    else:
+        print(token)
+        print(
+            f"# {info.role} token {info.id} for {info.name}, expires {info.expires_at}; "
+            "it is not shown again",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def run_token_list(args: argparse.Namespace) -> int:
+    for info in TokenStore(args.db).tokens():
+        print(json.dumps(info.__dict__))
+    return 0
+
+
+def run_token_revoke(args: argparse.Namespace) -> int:
+    try:
+        TokenStore(args.db).revoke(args.id)
+    except TokenError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"revoked {args.id}")
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from services.gateway.app import create_app
+    from services.gateway.backends import Backends
+
+    setup_logging()
+    try:
+        files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
+        if files is not None:
+            files.read()
+        host, _, port = args.listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--listen must be host:port, got {args.listen!r}")
+    except (OSError, ValueError, pki.PKIError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    backends = Backends(
+        args.student, args.guardian, files, server_name=args.server_name, task=args.task
+    )
+    app = create_app(backends, TokenStore(args.db), int(args.max_upload_mb * 1024 * 1024))
+    config = uvicorn.Config(app, host=host, port=int(port), log_level="info", access_log=False)
+    server = uvicorn.Server(config)
+    print(f"gateway serving on http://{host}:{port} (dashboard at /dashboard)", flush=True)
+    server.run()
+    backends.close()
+    return 0

@@ -1,0 +1,219 @@
+"""The REST API's request and response bodies (they make the OpenAPI document)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from capc.data.generators import GENERATORS, MAX_COUNT
+
+Generator = Literal["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
+assert set(Generator.__args__) == set(GENERATORS), "the REST enum must list every generator"  # type: ignore[attr-defined]
+MAX_BATCH = 4096
+ID_PATTERN = r"^[0-9a-f-]{36}$"
+JobId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+
+
+class Strict(BaseModel):
+    """Inputs: unknown fields and NaN or infinite numbers are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class RecipeIn(Strict):
+    """Programmatic queries: images ``start`` .. ``start + count - 1`` of (generator, params, seed)."""
+
+    generator: Generator
+    params: dict[str, float | int | list[float] | list[str]] = Field(
+        default_factory=dict, description="generator parameters; see capc.data.generators"
+    )
+    seed: int = Field(0, ge=0, le=2**62)
+    start: int = Field(0, ge=0, le=2**40)
+
+
+class MechanismOverride(Strict):
+    """Overrides within the task's policy: only more noise or a higher confidence threshold."""
+
+    sigma: float | None = Field(None, gt=0, le=1e6, description="answer noise std (votes)")
+    sigma1: float | None = Field(
+        None, gt=0, le=1e6, description="confidence-test noise std (votes)"
+    )
+    threshold: float | None = Field(None, gt=0, le=1e6, description="confidence threshold (votes)")
+
+
+class JobCreate(Strict):
+    recipe: RecipeIn
+    count: int = Field(ge=1, le=MAX_COUNT)
+    batch_size: int = Field(256, ge=1, le=MAX_BATCH)
+    mechanism: MechanismOverride | None = None
+
+
+class MechanismOut(BaseModel):
+    name: str
+    sigma: float
+    threshold: float
+    sigma1: float
+    tau: float
+    num_classes: int
+    num_labels: int
+
+
+class JobOut(BaseModel):
+    id: str
+    state: str
+    task: str
+    source: str
+    requested: int
+    processed: int
+    answered: int
+    rounds: int
+    progress: float = Field(description="processed / requested, in [0, 1]")
+    error: str
+    created_at: str
+    round_seconds: float
+    mechanism: MechanismOut | None
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+    limit: int
+    offset: int
+
+
+class LabelsOut(BaseModel):
+    job: JobOut
+    labels: list[int] | list[list[int]] = Field(
+        description="per query: the class, or 0/1 per label; -1 where not answered"
+    )
+
+
+class ModelCreate(Strict):
+    job_ids: list[JobId] = Field(min_length=1, max_length=100)
+    architecture: Literal["small-cnn", "mlp"] = "small-cnn"
+    epochs: int = Field(10, ge=1, le=200)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class ModelOut(BaseModel):
+    id: str
+    state: str
+    job_ids: list[str]
+    architecture: str
+    epochs: int
+    examples: int
+    metrics: dict[str, Any]
+    error: str
+    created_at: str
+
+
+class ModelList(BaseModel):
+    models: list[ModelOut]
+
+
+class PartyOut(BaseModel):
+    name: str
+    role: str
+    status: str
+    connected: bool
+    last_seen: str | None
+    epsilon_cap: float
+    epsilon_spent: float
+    epsilon_remaining: float
+    best_order: float
+    rounds: int
+    vote_weight: float
+    participation: float
+    queries_left: int | None = Field(
+        description="queries its remaining budget covers at the task's worst case"
+    )
+
+
+class PartyList(BaseModel):
+    parties: list[PartyOut]
+    delta: float
+    accounting: str
+
+
+class BudgetOut(BaseModel):
+    party: str
+    epsilon_cap: float
+    epsilon_spent: float
+    epsilon_remaining: float
+    delta: float
+    best_order: float = Field(description="the RDP order that gives the smallest epsilon")
+    accounting: str
+    queries_left: int | None
+
+
+class BudgetList(BaseModel):
+    task: str
+    delta: float
+    accounting: str
+    budgets: list[BudgetOut]
+
+
+class HistoryPoint(BaseModel):
+    at: str
+    epsilon: float
+    round_id: int
+
+
+class HistorySeries(BaseModel):
+    party: str
+    epsilon_cap: float
+    points: list[HistoryPoint]
+
+
+class History(BaseModel):
+    delta: float
+    series: list[HistorySeries]
+
+
+class LedgerEntryOut(BaseModel):
+    round_id: int
+    party: str
+    kind: str
+    mechanism: str
+    round_state: str
+    task: str
+    queries: int
+    epsilon_alone: float = Field(
+        description="this entry's epsilon on its own, at the ledger's delta"
+    )
+    at: str
+
+
+class LedgerPage(BaseModel):
+    entries: list[LedgerEntryOut]
+    limit: int
+    offset: int
+
+
+class AuditEntryOut(BaseModel):
+    seq: int
+    at: str
+    actor: str
+    action: str
+    detail: dict[str, Any]
+    hash: str
+
+
+class AuditPage(BaseModel):
+    entries: list[AuditEntryOut]
+    chain_valid: bool
+    limit: int
+    offset: int
+
+
+class CapUpdate(Strict):
+    epsilon_cap: float = Field(ge=0, le=1e6, description="the party's new epsilon cap")
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    backends: dict[str, str]
+
+
+class ErrorOut(BaseModel):
+    detail: str

@@ -1,0 +1,131 @@
+// The dashboard: reads budgets and jobs through the REST API with the viewer's
+// token (from the URL fragment, which never reaches a server log, or the form)
+// and draws each party's epsilon over time as an SVG line against its cap.
+"use strict";
+const COLOURS = ["#2f7de1", "#e1662f", "#2fa866", "#a83fd1", "#d1a13f", "#3fc1d1", "#d13f7a", "#6b7a8f"];
+const SVG = "http://www.w3.org/2000/svg";
+
+function token() {
+  const m = location.hash.match(/token=([^&]+)/);
+  if (m) sessionStorage.setItem("capc-token", decodeURIComponent(m[1]));
+  return sessionStorage.getItem("capc-token");
+}
+
+async function get(path) {
+  const r = await fetch(path, { headers: { Authorization: "Bearer " + token() } });
+  if (!r.ok) {
+    let detail = r.statusText;
+    try { detail = (await r.json()).detail; } catch (e) { /* not JSON */ }
+    throw new Error(r.status + " " + detail);
+  }
+  return r.json();
+}
+
+function el(name, attrs, parent) {
+  const node = document.createElementNS(SVG, name);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (parent) parent.appendChild(node);
+  return node;
+}
+
+function drawChart(history) {
+  const svg = document.getElementById("chart");
+  svg.replaceChildren();
+  const W = +svg.getAttribute("width"), H = +svg.getAttribute("height");
+  const pad = { l: 56, r: 16, t: 14, b: 36 };
+  const series = history.series;
+  const times = series.flatMap(s => s.points.map(p => Date.parse(p.at)));
+  const now = Date.now();
+  const t0 = times.length ? Math.min(...times) : now - 60000;
+  const t1 = Math.max(times.length ? Math.max(...times) : now, t0 + 1000);
+  const finiteCaps = series.map(s => s.epsilon_cap).filter(c => c < 1e5);
+  const top = Math.max(1e-3, ...series.flatMap(s => s.points.map(p => p.epsilon)), ...finiteCaps) * 1.08;
+  const x = t => pad.l + (t - t0) / (t1 - t0) * (W - pad.l - pad.r);
+  const y = e => H - pad.b - e / top * (H - pad.t - pad.b);
+  for (let i = 0; i <= 4; i++) {
+    const e = top * i / 4;
+    el("line", { x1: pad.l, x2: W - pad.r, y1: y(e), y2: y(e), stroke: "#eef0f3" }, svg);
+    el("text", { x: pad.l - 6, y: y(e) + 4, "text-anchor": "end", "font-size": 11, fill: "#5b6675" }, svg).textContent = e.toPrecision(3);
+  }
+  el("text", { x: 12, y: pad.t + 8, "font-size": 11, fill: "#5b6675" }, svg).textContent = "ε";
+  el("text", { x: W - pad.r, y: H - 10, "text-anchor": "end", "font-size": 11, fill: "#5b6675" }, svg).textContent =
+    new Date(t1).toLocaleTimeString();
+  el("text", { x: pad.l, y: H - 10, "font-size": 11, fill: "#5b6675" }, svg).textContent = new Date(t0).toLocaleTimeString();
+  const legend = document.getElementById("legend");
+  legend.replaceChildren();
+  series.forEach((s, i) => {
+    const colour = COLOURS[i % COLOURS.length];
+    if (s.epsilon_cap < 1e5 && s.epsilon_cap <= top) {
+      el("line", { x1: pad.l, x2: W - pad.r, y1: y(s.epsilon_cap), y2: y(s.epsilon_cap), stroke: colour,
+        "stroke-dasharray": "6 4", "stroke-width": 1.2, class: "cap" }, svg);
+    }
+    const pts = [[t0, 0], ...s.points.map(p => [Date.parse(p.at), p.epsilon])];
+    const last = pts[pts.length - 1];
+    pts.push([t1, last[1]]);
+    // A step line: epsilon jumps at each ledger entry and stays until the next.
+    let d = "";
+    pts.forEach(([t, e], k) => {
+      d += k === 0 ? `M${x(t)},${y(e)}` : `H${x(t)}V${y(e)}`;
+    });
+    el("path", { d, fill: "none", stroke: colour, "stroke-width": 2.5, class: "spend", "data-party": s.party }, svg);
+    const item = document.createElement("span");
+    item.innerHTML = `<i style="background:${colour}"></i>`;
+    item.append(`${s.party}: ε ${last[1].toFixed(3)} of ${s.epsilon_cap}`);
+    legend.appendChild(item);
+  });
+}
+
+function fill(tableId, rows) {
+  const body = document.querySelector(`#${tableId} tbody`);
+  body.replaceChildren(...rows.map(cells => {
+    const tr = document.createElement("tr");
+    for (const c of cells) {
+      const td = document.createElement("td");
+      if (c instanceof Node) td.appendChild(c); else td.textContent = c;
+      tr.appendChild(td);
+    }
+    return tr;
+  }));
+}
+
+function progress(fraction) {
+  const bar = document.createElement("div");
+  bar.className = "bar";
+  const inner = document.createElement("div");
+  inner.style.width = `${Math.round(100 * fraction)}%`;
+  bar.appendChild(inner);
+  return bar;
+}
+
+async function refresh() {
+  const status = document.getElementById("status");
+  try {
+    const [history, parties, jobs] = await Promise.all([
+      get("/v1/admin/budgets/history"), get("/v1/admin/parties"), get("/v1/jobs?limit=20"),
+    ]);
+    drawChart(history);
+    fill("budgets", parties.parties.filter(p => p.role === "answerer").map(p => [
+      p.name, p.connected ? "yes" : "no", p.epsilon_spent.toFixed(4), p.epsilon_cap, p.epsilon_remaining.toFixed(4),
+      p.queries_left === null ? "" : p.queries_left, p.last_seen || "",
+    ]));
+    fill("jobs", jobs.jobs.map(j => [
+      j.id.slice(0, 8), j.state + (j.error ? `: ${j.error}` : ""), progress(j.progress),
+      `${j.answered} / ${j.processed}`, j.rounds, j.created_at.slice(0, 19),
+    ]));
+    status.className = "sub";
+    status.textContent = `δ = ${history.delta}; updated ${new Date().toLocaleTimeString()}`;
+  } catch (err) {
+    status.className = "error";
+    status.textContent = `could not load: ${err.message}`;
+    if (String(err.message).startsWith("401")) document.getElementById("login").hidden = false;
+  }
+}
+
+document.getElementById("save").addEventListener("click", () => {
+  sessionStorage.setItem("capc-token", document.getElementById("token").value.trim());
+  document.getElementById("login").hidden = true;
+  refresh();
+});
+if (!token()) document.getElementById("login").hidden = false;
+refresh();
+setInterval(refresh, 5000);
