@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Path, Query, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -216,6 +217,16 @@ def create_app(
     )
     metrics = GatewayMetrics(backends)
     app.state.tokens = tokens
+    app.add_middleware(BodyLimit, limit=max_upload_bytes)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, err: RequestValidationError) -> JSONResponse:
+        # Without the offending input: it may hold NaN, which JSON cannot carry, or bulk data.
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": e.get("type")}
+            for e in err.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(BackendError)
     async def backend_error(_: Request, err: BackendError) -> JSONResponse:

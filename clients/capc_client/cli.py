@@ -1,0 +1,287 @@
+"""``capcctl``: drive a capc gateway from the shell.
+
+    capcctl jobs submit --generator mix --count 1024 [--watch]
+    capcctl jobs submit --file queries.npz
+    capcctl jobs watch ID | show ID | list | results ID -o labelled.npz
+    capcctl models train JOB... | show ID | list | download ID -o student.pt
+    capcctl budget | parties | ledger [--party P] | audit | set-cap PARTY EPS
+
+The gateway and token come from --url/--token or CAPC_URL/CAPC_TOKEN; every
+command takes --json for machine-readable output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from capc_client.models import Job
+from capc_client.sdk import ApiError, Client
+
+BAR = 30
+
+
+def _print(args: argparse.Namespace, value: Any, lines: list[str]) -> None:
+    if args.json:
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        elif isinstance(value, list):
+            value = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
+        print(json.dumps(value, indent=None, sort_keys=True))
+    else:
+        print("\n".join(lines))
+
+
+def _job_line(j: Job) -> str:
+    line = f"{j.id}  {j.state:8} {j.processed}/{j.requested} processed, {j.answered} answered, {j.rounds} rounds"
+    return line + (f"  error: {j.error}" if j.error else "")
+
+
+def _progress(job: Job) -> None:
+    """A progress bar on stderr, so --json output on stdout stays clean."""
+    done = int(BAR * job.progress)
+    sys.stderr.write(
+        f"\r[{'#' * done}{'.' * (BAR - done)}] {job.processed}/{job.requested} "
+        f"answered {job.answered} ({job.state})   "
+    )
+    if job.finished:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def _watch(client: Client, args: argparse.Namespace, job_id: str) -> int:
+    job = client.wait(job_id, on_progress=None if args.quiet else _progress)
+    _print(args, job, [_job_line(job)])
+    return 0 if job.state == "done" else 1
+
+
+def _mechanism(args: argparse.Namespace) -> dict[str, float]:
+    return {k: v for k in ("sigma", "sigma1", "threshold") if (v := getattr(args, k)) is not None}
+
+
+def cmd_jobs_submit(client: Client, args: argparse.Namespace) -> int:
+    if args.file is not None:
+        job = client.submit_file(args.file, batch_size=args.batch_size, mechanism=_mechanism(args))
+    else:
+        if args.generator is None or args.count is None:
+            raise SystemExit("capcctl: jobs submit needs --file, or --generator and --count")
+        params = json.loads(args.params) if args.params else {}
+        job = client.submit_recipe(
+            args.generator,
+            args.count,
+            params=params,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            mechanism=_mechanism(args),
+        )
+    if args.watch:
+        return _watch(client, args, job.id)
+    _print(args, job, [_job_line(job)])
+    return 0
+
+
+def cmd_jobs_watch(client: Client, args: argparse.Namespace) -> int:
+    return _watch(client, args, args.id)
+
+
+def cmd_jobs_show(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.id)
+    _print(args, job, [_job_line(job)])
+    return 0
+
+
+def cmd_jobs_list(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.jobs(args.limit, args.offset)
+    _print(args, jobs, [_job_line(j) for j in jobs] or ["no jobs"])
+    return 0
+
+
+def cmd_jobs_results(client: Client, args: argparse.Namespace) -> int:
+    path = client.download_results(args.id, args.output)
+    _print(args, {"job": args.id, "path": str(path)}, [f"wrote {path}"])
+    return 0
+
+
+def cmd_models_train(client: Client, args: argparse.Namespace) -> int:
+    model = client.train(args.jobs, args.architecture, args.epochs, args.seed)
+    if args.wait:
+        model = client.wait_model(model.id)
+    _print(args, model, [f"{model.id}  {model.state}  {json.dumps(model.metrics)} {model.error}"])
+    return 0 if model.state != "failed" else 1
+
+
+def cmd_models_show(client: Client, args: argparse.Namespace) -> int:
+    model = client.model(args.id)
+    _print(args, model, [f"{model.id}  {model.state}  {json.dumps(model.metrics)} {model.error}"])
+    return 0
+
+
+def cmd_models_list(client: Client, args: argparse.Namespace) -> int:
+    models = client.models()
+    _print(args, models, [f"{m.id}  {m.state}  {json.dumps(m.metrics)}" for m in models])
+    return 0
+
+
+def cmd_models_download(client: Client, args: argparse.Namespace) -> int:
+    path = client.download_model(args.id, args.output)
+    card = client.model_card(args.id)
+    _print(args, {"path": str(path), "card": card}, [f"wrote {path}", json.dumps(card, indent=2)])
+    return 0
+
+
+def cmd_budget(client: Client, args: argparse.Namespace) -> int:
+    b = client.budgets()
+    lines = [f"task {b.task}, delta {b.delta:g}: {b.accounting}"] + [
+        f"{x.party:16} eps {x.epsilon_spent:10.4f} of {x.epsilon_cap:<10g} remaining {x.epsilon_remaining:10.4f}"
+        f"  order {x.best_order:g}"
+        + ("" if x.queries_left is None else f"  ~{x.queries_left} queries left")
+        for x in b.budgets
+    ]
+    _print(args, b, lines)
+    return 0
+
+
+def cmd_parties(client: Client, args: argparse.Namespace) -> int:
+    parties = client.parties()
+    lines = [
+        f"{p.name:16} {p.role:9} {'connected' if p.connected else 'offline':9} eps {p.epsilon_spent:.4f}/{p.epsilon_cap:g}"
+        f"  last seen {p.last_seen or 'never'}"
+        for p in parties
+    ]
+    _print(args, parties, lines)
+    return 0
+
+
+def cmd_ledger(client: Client, args: argparse.Namespace) -> int:
+    page = client.ledger(args.party, args.round, args.limit, args.offset)
+    lines = [
+        f"round {e.round_id:6} {e.party:16} {e.kind:11} {e.mechanism:16} {e.queries:5} queries  eps {e.epsilon_alone:.4f}  {e.at}"
+        for e in page.entries
+    ]
+    _print(args, page, lines or ["no entries"])
+    return 0
+
+
+def cmd_audit(client: Client, args: argparse.Namespace) -> int:
+    page = client.audit(args.limit, args.offset)
+    lines = [f"audit chain {'valid' if page.chain_valid else 'BROKEN'}"] + [
+        f"{e.seq:6} {e.at} {e.actor:20} {e.action:10} {json.dumps(e.detail, sort_keys=True)}"
+        for e in page.entries
+    ]
+    _print(args, page, lines)
+    return 0 if page.chain_valid else 1
+
+
+def cmd_set_cap(client: Client, args: argparse.Namespace) -> int:
+    p = client.set_cap(args.party, args.epsilon)
+    _print(args, p, [f"{p.name}: cap {p.epsilon_cap:g}, spent {p.epsilon_spent:.4f}"])
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=os.environ.get("CAPC_URL", "http://127.0.0.1:8080"))
+    common.add_argument("--token", default=os.environ.get("CAPC_TOKEN"))
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser = argparse.ArgumentParser(prog="capcctl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    jobs = sub.add_parser("jobs", help="labelling jobs").add_subparsers(dest="sub", required=True)
+    submit = jobs.add_parser("submit", parents=[common], help="create a labelling job")
+    submit.add_argument(
+        "--generator", choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
+    )
+    submit.add_argument("--count", type=int)
+    submit.add_argument("--params", default="", help="generator parameters as JSON")
+    submit.add_argument("--seed", type=int, default=0)
+    submit.add_argument("--file", type=Path, help="unlabelled dataset: .npy or .npz with x")
+    submit.add_argument("--batch-size", type=int, default=256)
+    for name in ("sigma", "sigma1", "threshold"):
+        submit.add_argument(
+            f"--{name}", type=float, help=f"override the task's {name} (only upwards)"
+        )
+    submit.add_argument("--watch", action="store_true", help="follow it until it finishes")
+    submit.set_defaults(run=cmd_jobs_submit)
+    for name, fn, helptext in (
+        ("watch", cmd_jobs_watch, "follow a job with a progress bar"),
+        ("show", cmd_jobs_show, "one job's state"),
+    ):
+        p = jobs.add_parser(name, parents=[common], help=helptext)
+        p.add_argument("id")
+        p.set_defaults(run=fn)
+    lst = jobs.add_parser("list", parents=[common], help="recent jobs")
+    lst.add_argument("--limit", type=int, default=20)
+    lst.add_argument("--offset", type=int, default=0)
+    lst.set_defaults(run=cmd_jobs_list)
+    res = jobs.add_parser("results", parents=[common], help="download labelled queries (.npz)")
+    res.add_argument("id")
+    res.add_argument("-o", "--output", type=Path, required=True)
+    res.set_defaults(run=cmd_jobs_results)
+
+    models = sub.add_parser("models", help="student models").add_subparsers(
+        dest="sub", required=True
+    )
+    train = models.add_parser("train", parents=[common], help="train on finished jobs")
+    train.add_argument("jobs", nargs="+")
+    train.add_argument("--architecture", default="small-cnn")
+    train.add_argument("--epochs", type=int, default=10)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--wait", action="store_true")
+    train.set_defaults(run=cmd_models_train)
+    show = models.add_parser("show", parents=[common])
+    show.add_argument("id")
+    show.set_defaults(run=cmd_models_show)
+    models.add_parser("list", parents=[common]).set_defaults(run=cmd_models_list)
+    dl = models.add_parser("download", parents=[common], help="weights and model card")
+    dl.add_argument("id")
+    dl.add_argument("-o", "--output", type=Path, required=True)
+    dl.set_defaults(run=cmd_models_download)
+
+    sub.add_parser("budget", parents=[common], help="every party's epsilon").set_defaults(
+        run=cmd_budget
+    )
+    sub.add_parser("parties", parents=[common], help="parties and status").set_defaults(
+        run=cmd_parties
+    )
+    ledger = sub.add_parser("ledger", parents=[common], help="ledger entries")
+    ledger.add_argument("--party")
+    ledger.add_argument("--round", type=int)
+    ledger.add_argument("--limit", type=int, default=50)
+    ledger.add_argument("--offset", type=int, default=0)
+    ledger.set_defaults(run=cmd_ledger)
+    audit = sub.add_parser("audit", parents=[common], help="the audit log")
+    audit.add_argument("--limit", type=int, default=50)
+    audit.add_argument("--offset", type=int, default=0)
+    audit.set_defaults(run=cmd_audit)
+    cap = sub.add_parser("set-cap", parents=[common], help="set a party's epsilon cap (admin)")
+    cap.add_argument("party")
+    cap.add_argument("epsilon", type=float)
+    cap.set_defaults(run=cmd_set_cap)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.token:
+        print("capcctl: no token; pass --token or set CAPC_TOKEN", file=sys.stderr)
+        return 2
+    try:
+        with Client(args.url, args.token) as client:
+            return int(args.run(client, args))
+    except ApiError as err:
+        if args.json:
+            print(json.dumps({"error": err.detail, "status": err.status}))
+        print(f"capcctl: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""What the gateway returns, as pydantic models (extra fields from a newer gateway are kept)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Mechanism(_Model):
+    name: str
+    sigma: float
+    threshold: float
+    sigma1: float
+    tau: float = 0.0
+    num_classes: int = 0
+    num_labels: int = 0
+
+
+class Job(_Model):
+    id: str
+    state: str
+    task: str
+    source: str
+    requested: int
+    processed: int
+    answered: int
+    rounds: int
+    progress: float
+    error: str
+    created_at: str
+    round_seconds: float = 0.0
+    mechanism: Mechanism | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed")
+
+
+class StudentModel(_Model):
+    id: str
+    state: str
+    job_ids: list[str]
+    architecture: str
+    epochs: int
+    examples: int
+    metrics: dict[str, Any]
+    error: str
+    created_at: str
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed")
+
+
+class Party(_Model):
+    name: str
+    role: str
+    status: str
+    connected: bool
+    last_seen: str | None
+    epsilon_cap: float
+    epsilon_spent: float
+    epsilon_remaining: float
+    best_order: float
+    rounds: int
+    vote_weight: float = 1.0
+    participation: float = 1.0
+    queries_left: int | None = None
+
+
+class Budget(_Model):
+    party: str
+    epsilon_cap: float
+    epsilon_spent: float
+    epsilon_remaining: float
+    delta: float
+    best_order: float
+    accounting: str
+    queries_left: int | None = None
+
+
+class BudgetList(_Model):
+    task: str
+    delta: float
+    accounting: str
+    budgets: list[Budget]
+
+
+class HistoryPoint(_Model):
+    at: str
+    epsilon: float
+    round_id: int
+
+
+class HistorySeries(_Model):
+    party: str
+    epsilon_cap: float
+    points: list[HistoryPoint]
+
+
+class History(_Model):
+    delta: float
+    series: list[HistorySeries]
+
+
+class LedgerEntry(_Model):
+    round_id: int
+    party: str
+    kind: str
+    mechanism: str
+    round_state: str
+    task: str
+    queries: int
+    epsilon_alone: float
+    at: str
+
+
+class LedgerPage(_Model):
+    entries: list[LedgerEntry]
+    limit: int
+    offset: int
+
+
+class AuditEntry(_Model):
+    seq: int
+    at: str
+    actor: str
+    action: str
+    detail: dict[str, Any]
+    hash: str
+
+
+class AuditPage(_Model):
+    entries: list[AuditEntry]
+    chain_valid: bool
+    limit: int
+    offset: int

@@ -1,0 +1,237 @@
+"""The REST SDK: one method per gateway route, typed results, clear errors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from capc_client.models import (
+    AuditPage,
+    BudgetList,
+    History,
+    Job,
+    LedgerPage,
+    Party,
+    StudentModel,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ApiError(Exception):
+    """The gateway refused a request: ``status`` and the gateway's ``detail``."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        self.status, self.detail = status, detail
+        super().__init__(f"HTTP {status}: {detail}")
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text or response.reason_phrase
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):  # request validation errors: say which field and why
+        return "; ".join(
+            f"{'.'.join(str(x) for x in d.get('loc', []))}: {d.get('msg', '')}" for d in detail
+        )
+    return str(detail)
+
+
+class Client:
+    """A gateway at ``url`` with a bearer ``token`` (from ``capc gateway token create``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            raise ApiError(0, f"cannot reach the gateway at {self._http.base_url}: {err}") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _detail(response))
+        return response
+
+    def _get(self, model: type[M], path: str, **params: Any) -> M:
+        clean = {k: v for k, v in params.items() if v is not None}
+        return model.model_validate(self._request("GET", path, params=clean).json())
+
+    # -- jobs -----------------------------------------------------------------------
+    def submit_recipe(
+        self,
+        generator: str,
+        count: int,
+        *,
+        params: dict[str, Any] | None = None,
+        seed: int = 0,
+        start: int = 0,
+        batch_size: int = 256,
+        mechanism: dict[str, float] | None = None,
+    ) -> Job:
+        """A labelling job on ``count`` programmatic queries (generator, params, seed)."""
+        body: dict[str, Any] = {
+            "recipe": {
+                "generator": generator,
+                "params": params or {},
+                "seed": seed,
+                "start": start,
+            },
+            "count": count,
+            "batch_size": batch_size,
+        }
+        if mechanism:
+            body["mechanism"] = mechanism
+        return Job.model_validate(self._request("POST", "/v1/jobs", json=body).json())
+
+    def submit_file(
+        self, path: Path, *, batch_size: int = 256, mechanism: dict[str, float] | None = None
+    ) -> Job:
+        """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x`` (N, C, H, W)."""
+        data = {"batch_size": str(batch_size), **{k: str(v) for k, v in (mechanism or {}).items()}}
+        with open(path, "rb") as f:
+            response = self._request(
+                "POST", "/v1/jobs/upload", files={"file": (path.name, f)}, data=data
+            )
+        return Job.model_validate(response.json())
+
+    def job(self, job_id: str) -> Job:
+        return self._get(Job, f"/v1/jobs/{job_id}")
+
+    def jobs(self, limit: int = 100, offset: int = 0) -> list[Job]:
+        body = self._request("GET", "/v1/jobs", params={"limit": limit, "offset": offset}).json()
+        return [Job.model_validate(j) for j in body["jobs"]]
+
+    def wait(
+        self,
+        job_id: str,
+        poll: float = 0.5,
+        timeout: float | None = None,
+        on_progress: Callable[[Job], None] | None = None,
+    ) -> Job:
+        """Poll until the job is done or failed; ``on_progress`` sees every new state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            job = self.job(job_id)
+            if on_progress is not None and job != last:
+                on_progress(job)
+            last = job
+            if job.finished:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still {job.state} after {timeout} s")
+            time.sleep(poll)
+
+    def download_results(self, job_id: str, path: Path) -> Path:
+        """Write the job's labelled queries to ``path`` (.npz with queries and labels)."""
+        path.write_bytes(self._request("GET", f"/v1/jobs/{job_id}/results").content)
+        return path
+
+    def labels(self, job_id: str) -> list[Any]:
+        """The job's labels so far: a class per query, or 0/1 per label; -1: not answered."""
+        body = self._request("GET", f"/v1/jobs/{job_id}/results", params={"format": "json"})
+        labels: list[Any] = body.json()["labels"]
+        return labels
+
+    # -- student models -----------------------------------------------------------------
+    def train(
+        self, job_ids: list[str], architecture: str = "small-cnn", epochs: int = 10, seed: int = 0
+    ) -> StudentModel:
+        body = {"job_ids": job_ids, "architecture": architecture, "epochs": epochs, "seed": seed}
+        return StudentModel.model_validate(self._request("POST", "/v1/models", json=body).json())
+
+    def model(self, model_id: str) -> StudentModel:
+        return self._get(StudentModel, f"/v1/models/{model_id}")
+
+    def models(self) -> list[StudentModel]:
+        body = self._request("GET", "/v1/models").json()
+        return [StudentModel.model_validate(m) for m in body["models"]]
+
+    def wait_model(
+        self, model_id: str, poll: float = 0.5, timeout: float | None = None
+    ) -> StudentModel:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            model = self.model(model_id)
+            if model.finished:
+                return model
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"model {model_id} still {model.state} after {timeout} s")
+            time.sleep(poll)
+
+    def download_model(self, model_id: str, path: Path) -> Path:
+        path.write_bytes(self._request("GET", f"/v1/models/{model_id}/weights").content)
+        return path
+
+    def model_card(self, model_id: str) -> dict[str, Any]:
+        card: dict[str, Any] = self._request("GET", f"/v1/models/{model_id}/card").json()
+        return card
+
+    # -- admin ----------------------------------------------------------------------
+    def parties(self) -> list[Party]:
+        body = self._request("GET", "/v1/admin/parties").json()
+        return [Party.model_validate(p) for p in body["parties"]]
+
+    def budgets(self) -> BudgetList:
+        return self._get(BudgetList, "/v1/admin/budgets")
+
+    def history(self, party: str | None = None, max_points: int = 500) -> History:
+        return self._get(History, "/v1/admin/budgets/history", party=party, max_points=max_points)
+
+    def ledger(
+        self,
+        party: str | None = None,
+        round_id: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> LedgerPage:
+        return self._get(
+            LedgerPage,
+            "/v1/admin/ledger",
+            party=party,
+            round_id=round_id,
+            limit=limit,
+            offset=offset,
+        )
+
+    def audit(self, limit: int = 100, offset: int = 0) -> AuditPage:
+        return self._get(AuditPage, "/v1/admin/audit", limit=limit, offset=offset)
+
+    def set_cap(self, party: str, epsilon_cap: float) -> Party:
+        response = self._request(
+            "PUT", f"/v1/admin/parties/{party}/cap", json={"epsilon_cap": epsilon_cap}
+        )
+        return Party.model_validate(response.json())
+
+    def health(self) -> dict[str, Any]:
+        """``/healthz``: 200 when both backends serve (no token needed)."""
+        response = self._http.get("/healthz")
+        body: dict[str, Any] = response.json()
+        return body

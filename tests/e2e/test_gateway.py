@@ -1,0 +1,317 @@
+"""The people-facing side end to end: guardian, three hospitals, student and gateway as
+separate processes over mutual TLS, driven through REST, the SDK and ``capcctl``."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from capc_client import ApiError, Client
+from services.gateway.tokens import TokenStore
+from services.local import LocalConsortium
+
+PARTIES = 3
+
+
+@pytest.fixture(scope="module")
+def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsortium]:
+    c = LocalConsortium(tmp_path_factory.mktemp("gateway"), parties=PARTIES, epochs=3)
+    with c:
+        c.start_student()
+        c.start_gateway()
+        yield c
+
+
+@pytest.fixture(scope="module")
+def admin(consortium: LocalConsortium) -> str:
+    return consortium.token("admin", "data-office")
+
+
+@pytest.fixture(scope="module")
+def analyst(consortium: LocalConsortium) -> str:
+    return consortium.token("analyst", "ml-engineer")
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def capcctl(c: LocalConsortium, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CAPC_URL": c.gateway_url, "CAPC_TOKEN": token}
+    return subprocess.run(
+        [sys.executable, "-m", "capc_client.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_health_and_openapi(consortium: LocalConsortium) -> None:
+    health = httpx.get(consortium.gateway_url + "/healthz").json()
+    assert health == {"status": "ok", "backends": {"student": "SERVING", "guardian": "SERVING"}}
+    spec = httpx.get(consortium.gateway_url + "/openapi.json").json()
+    for path in ("/v1/jobs", "/v1/jobs/upload", "/v1/models", "/v1/admin/budgets", "/v1/admin/ledger"):
+        assert path in spec["paths"]
+    assert httpx.get(consortium.gateway_url + "/docs").status_code == 200
+
+
+def test_capcctl_drives_a_job_end_to_end(
+    consortium: LocalConsortium, analyst: str, tmp_path: Path
+) -> None:
+    submit = capcctl(
+        consortium, analyst, "jobs", "submit", "--generator", "gaussian", "--count", "96",
+        "--batch-size", "48", "--watch", "--json",
+    )  # fmt: skip
+    assert submit.returncode == 0, submit.stderr
+    job = json.loads(submit.stdout.strip().splitlines()[-1])
+    assert job["state"] == "done" and job["processed"] == 96 and job["rounds"] == 2
+    assert "96/96" in submit.stderr  # the progress bar went to stderr
+    out = tmp_path / "labelled.npz"
+    res = capcctl(consortium, analyst, "jobs", "results", job["id"], "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    with np.load(out) as data:
+        # Only the noisy labels reach the student: no votes, no histograms, no shares.
+        assert sorted(data.files) == ["labels", "queries"]
+        assert data["queries"].shape == (96, 1, 28, 28)
+        labels = data["labels"]
+    assert labels.shape == (96,) and set(np.unique(labels)) <= set(range(-1, 10))
+    assert int((labels >= 0).sum()) == job["answered"]
+
+    train = capcctl(
+        consortium, analyst, "models", "train", job["id"], "--epochs", "2", "--wait", "--json"
+    )
+    if job["answered"] == 0:
+        assert train.returncode == 1 and "no answered queries" in train.stderr
+        return
+    assert train.returncode == 0, train.stderr
+    model = json.loads(train.stdout)
+    assert model["state"] == "done", model
+    assert model["examples"] == job["answered"]
+    assert 0.0 <= model["metrics"]["test_accuracy"] <= 1.0
+    weights = tmp_path / "student.pt"
+    dl = capcctl(consortium, analyst, "models", "download", model["id"], "-o", str(weights), "--json")
+    assert dl.returncode == 0, dl.stderr
+    card = json.loads(dl.stdout)["card"]
+    assert card["architecture"] == "small-cnn" and card["metrics"] == model["metrics"]
+    checkpoint = torch.load(weights, map_location="cpu", weights_only=True)
+    assert checkpoint["card"]["task"] == "images" and "state_dict" in checkpoint
+
+
+def test_capcctl_budget_parties_ledger_audit(consortium: LocalConsortium, admin: str) -> None:
+    budget = capcctl(consortium, admin, "budget", "--json")
+    assert budget.returncode == 0, budget.stderr
+    body = json.loads(budget.stdout)
+    assert body["delta"] == 1e-5 and len(body["budgets"]) == PARTIES
+    parties = json.loads(capcctl(consortium, admin, "parties", "--json").stdout)
+    assert {p["name"] for p in parties if p["role"] == "answerer"} == {
+        f"hospital-{i}" for i in range(PARTIES)
+    }
+    assert all(p["connected"] for p in parties if p["role"] == "answerer")
+    ledger = capcctl(consortium, admin, "ledger", "--party", "hospital-1", "--limit", "3", "--json")
+    page = json.loads(ledger.stdout)
+    assert page["limit"] == 3 and all(e["party"] == "hospital-1" for e in page["entries"])
+    audit = capcctl(consortium, admin, "audit", "--json")
+    assert audit.returncode == 0 and json.loads(audit.stdout)["chain_valid"] is True
+
+
+def test_cap_change_is_audited_with_the_token_holder(
+    consortium: LocalConsortium, admin: str
+) -> None:
+    with Client(consortium.gateway_url, admin) as client:
+        party = client.set_cap("hospital-2", 5e5)
+        assert party.epsilon_cap == 5e5 and party.connected
+        entry = client.audit(limit=1).entries[0]
+        assert entry.action == "set_cap" or "cap" in entry.action
+        assert entry.actor.startswith("gateway:data-office")
+        client.set_cap("hospital-2", consortium.epsilon_cap)
+        with pytest.raises(ApiError) as err:
+            client.set_cap("nobody", 1.0)
+        assert err.value.status == 404 and "nobody" in err.value.detail
+
+
+def test_tokens_missing_wrong_role_expired_revoked(
+    consortium: LocalConsortium, analyst: str
+) -> None:
+    url = consortium.gateway_url
+    r = httpx.get(url + "/v1/jobs")
+    assert r.status_code == 401 and "missing bearer token" in r.json()["detail"]
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(url + "/v1/jobs", headers=auth("capc_bad")).status_code == 401
+    forged = analyst.rsplit("_", 1)[0] + "_" + "x" * 43
+    assert httpx.get(url + "/v1/jobs", headers=auth(forged)).json()["detail"] == "unknown token"
+    r = httpx.get(url + "/v1/admin/budgets", headers=auth(analyst))
+    assert r.status_code == 403 and "admin role" in r.json()["detail"]
+    store = TokenStore(consortium.gateway_db)
+    short, info = store.create("admin", "short-lived", days=1e-5)  # about a second
+    time.sleep(1.5)
+    r = httpx.get(url + "/v1/admin/budgets", headers=auth(short))
+    assert r.status_code == 401 and "expired" in r.json()["detail"]
+    revoked, info = store.create("analyst", "leaver")
+    assert httpx.get(url + "/v1/jobs", headers=auth(revoked)).status_code == 200
+    store.revoke(info.id)
+    r = httpx.get(url + "/v1/jobs", headers=auth(revoked))
+    assert r.status_code == 401 and "revoked" in r.json()["detail"]
+
+
+def test_tokens_are_stored_hashed(consortium: LocalConsortium, analyst: str) -> None:
+    secret = analyst.split("_", 2)[2]
+    assert secret.encode() not in Path(consortium.gateway_db).read_bytes()
+
+
+def _npy(x: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, x)
+    return buf.getvalue()
+
+
+def test_uploads_good_and_bad(consortium: LocalConsortium, analyst: str) -> None:
+    url, h = consortium.gateway_url + "/v1/jobs/upload", auth(analyst)
+    x = consortium.queries[:40]
+    r = httpx.post(url, headers=h, files={"file": ("q.npy", _npy(x))}, data={"batch_size": "40"})
+    assert r.status_code == 201, r.text
+    with Client(consortium.gateway_url, analyst) as client:
+        job = client.wait(r.json()["id"], timeout=120)
+        assert job.state == "done" and job.source == "upload"
+        labels = np.asarray(client.labels(job.id))
+    answered = labels >= 0
+    # Quick three-epoch teachers on real held-out images: well above chance (0.1).
+    assert answered.sum() >= 10
+    assert (labels[answered] == consortium.truth[:40][answered]).mean() > 0.25
+
+    def refused(files: dict[str, tuple[str, bytes]], status: int, text: str) -> None:
+        r = httpx.post(url, headers=h, files=files)
+        assert r.status_code == status, r.text
+        assert text in r.json()["detail"]
+
+    refused({"file": ("q.npy", b"not numpy")}, 422, "could not read the upload")
+    refused({"file": ("q.npy", _npy(np.zeros((3, 28, 28), np.float32)))}, 422, "shape (3, 28, 28)")
+    refused({"file": ("q.npy", _npy(np.zeros((3, 3, 28, 28), np.float32)))}, 422, "(N, 1, 28, 28)")
+    bad = np.zeros((4, 1, 28, 28), np.float32)
+    bad[2, 0, 5, 5] = np.nan
+    refused({"file": ("q.npy", _npy(bad))}, 422, "1 queries contain NaN")
+    refused({"file": ("q.npy", b"")}, 422, "empty")
+    big = b"\0" * (65 * 1024 * 1024)
+    refused({"file": ("q.npy", big)}, 413, "exceeds the gateway's limit")
+
+
+def test_bad_job_requests_are_4xx(consortium: LocalConsortium, analyst: str) -> None:
+    url, h = consortium.gateway_url, auth(analyst)
+    cases = [
+        ({"recipe": {"generator": "nope"}, "count": 4}, "generator"),
+        ({"recipe": {"generator": "fractal", "params": {"points": 10**9}}, "count": 4}, "points"),
+        ({"recipe": {"generator": "gaussian", "params": {"bogus": 1}}, "count": 4}, "bogus"),
+        ({"recipe": {"generator": "gaussian"}, "count": 0}, "count"),
+        ({"recipe": {"generator": "gaussian"}, "count": 4, "mechanism": {"sigma": 0.5}}, "below"),
+    ]
+    for body, text in cases:
+        r = httpx.post(url + "/v1/jobs", headers=h, json=body)
+        assert 400 <= r.status_code < 500, (body, r.text)
+        assert text in r.text, (body, r.text)
+    r = httpx.post(
+        url + "/v1/jobs",
+        headers={**h, "content-type": "application/json"},
+        content=b'{"recipe": {"generator": "gaussian", "params": {"std": NaN}}, "count": 4}',
+    )
+    assert r.status_code == 422
+    assert httpx.get(url + "/v1/jobs/not-a-job", headers=h).status_code == 422
+    missing = "00000000-0000-0000-0000-000000000000"
+    r = httpx.get(url + f"/v1/jobs/{missing}", headers=h)
+    assert r.status_code == 404 and missing in r.json()["detail"]
+    r = httpx.post(url + "/v1/models", headers=h, json={"job_ids": [missing]})
+    assert r.status_code == 422 and "no job" in r.json()["detail"]
+
+
+def test_mechanism_override_adds_noise_and_costs_less(
+    consortium: LocalConsortium, analyst: str, admin: str
+) -> None:
+    with Client(consortium.gateway_url, analyst) as client:
+        plain = client.wait(client.submit_recipe("spectral", 32, batch_size=32).id, timeout=120)
+        noisy = client.wait(
+            client.submit_recipe(
+                "spectral", 32, batch_size=32, mechanism={"sigma": 30.0, "sigma1": 40.0}
+            ).id,
+            timeout=120,
+        )
+    assert plain.state == noisy.state == "done"
+    assert noisy.mechanism is not None and noisy.mechanism.sigma == 30.0
+    assert noisy.mechanism.sigma1 == 40.0 and noisy.mechanism.threshold == 3.5
+    with Client(consortium.gateway_url, admin) as client:
+        entries = client.ledger(party="hospital-0", limit=2).entries
+    newer, older = entries
+    assert newer.kind == older.kind == "charge"
+    # The overridden round was charged at its own, larger noise.
+    assert newer.epsilon_alone < older.epsilon_alone / 10
+
+
+def test_budget_history_and_metrics(consortium: LocalConsortium, admin: str) -> None:
+    with Client(consortium.gateway_url, admin) as client:
+        history = client.history()
+        budgets = {b.party: b for b in client.budgets().budgets}
+    for series in history.series:
+        if series.party not in budgets:
+            continue
+        eps = [p.epsilon for p in series.points]
+        assert eps == sorted(eps), "composition only ever adds"
+        assert eps[-1] == pytest.approx(budgets[series.party].epsilon_spent, rel=1e-6)
+        assert series.points[-1].at.endswith("+00:00")
+    text = httpx.get(consortium.gateway_url + "/metrics").text
+    for i in range(PARTIES):
+        line = next(
+            ln for ln in text.splitlines()
+            if ln.startswith(f'capc_party_epsilon_spent{{party="hospital-{i}"}}')
+        )  # fmt: skip
+        assert float(line.split()[-1]) == pytest.approx(budgets[f"hospital-{i}"].epsilon_spent)
+    assert "capc_queries_answered_total" in text and "capc_rounds_total" in text
+    assert 'capc_gateway_requests_total{method="GET",route="/v1/admin/budgets",status="200"}' in text
+
+
+CHROMIUM = next(
+    (p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if Path(p).exists()), None
+)
+
+
+def test_dashboard_in_headless_chromium(
+    consortium: LocalConsortium, admin: str, tmp_path: Path
+) -> None:
+    if CHROMIUM is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Chromium is missing under CI; `make test` installs Debian's chromium")
+        pytest.skip("no Chromium here (apt-get install chromium)")
+    url = f"{consortium.gateway_url}/dashboard#token={admin}"
+    flags = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000",
+    ]  # fmt: skip
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert "could not load" not in html
+    for i in range(PARTIES):
+        assert f'data-party="hospital-{i}"' in html  # one spend line per hospital
+        assert f"hospital-{i}: ε" in html
+    shot = tmp_path / "dashboard.png"
+    run = subprocess.run(
+        [*flags, f"--screenshot={shot}", "--window-size=1000,900", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    # The first party's line colour (#2f7de1) is drawn: the budgets are on the page.
+    blue = (abs(pixels - np.array([0x2F, 0x7D, 0xE1])).sum(axis=2) < 40).sum()
+    assert blue > 200, f"only {blue} pixels of the first party's line"
