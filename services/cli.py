@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from capc.privacy import cli as privacy_cli
 from services import demo, local
 from services.answerer import main as answerer_main
-from services.common import pki
+from services.common import health, pki
 from services.gateway import main as gateway_main
 from services.guardian import main as guardian_main
 from services.student import main as student_main
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_parser(sub)
     student_main.add_parser(sub)
     gateway_main.add_parser(sub)
+    health.add_parser(sub)
     return parser
 
 

@@ -6,12 +6,15 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from capc.models import load_teacher
 from services.answerer.party import AnsweringParty
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
+
+STATUS_EVERY_S = 5.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,6 +24,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
     p.add_argument("--name", required=True, help="this party's certificate name")
+    p.add_argument(
+        "--status-file",
+        type=Path,
+        default=None,
+        help="kept fresh while connected to the guardian (for `capc health --file`)",
+    )
     add_tls_args(p)
     p.set_defaults(handler=run)
 
@@ -43,5 +52,18 @@ def run(args: argparse.Namespace) -> int:
         f"answering party {args.name} dialling {args.guardian} ({teacher.architecture}, device {teacher.device})",
         flush=True,
     )
+    if args.status_file is not None:
+        threading.Thread(
+            target=_keep_status, args=(party, args.status_file, stop), daemon=True
+        ).start()
     party.run(stop)
     return 0
+
+
+def _keep_status(party: AnsweringParty, path: Path, stop: threading.Event) -> None:
+    # A hospital opens no port, so its health is this file's age, not a probe.
+    while not stop.wait(STATUS_EVERY_S):
+        if party.connected.is_set():
+            path.write_text(f"{time.time():.0f}\n")
+        else:
+            path.unlink(missing_ok=True)

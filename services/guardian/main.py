@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
+from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
 from services.guardian.ledger import Ledger, LedgerError
 
@@ -39,6 +41,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=[],
         metavar="PARTY=EPS",
         help="register an answering party with its epsilon cap (repeatable; idempotent)",
+    )
+    p.add_argument(
+        "--task",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="register a task from its JSON configuration (repeatable; idempotent, never changed)",
     )
     p.add_argument(
         "--allowance",
@@ -81,6 +90,18 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: --register expects PARTY=EPS, got {item!r}", file=sys.stderr)
                 return 2
             ledger.register_party(name, cap, actor="guardian-cli")
+        for item in args.task:
+            task_name, _, path = item.partition("=")
+            if not task_name or not path:
+                print(f"error: --task expects NAME=FILE, got {item!r}", file=sys.stderr)
+                return 2
+            try:
+                config = json.loads(Path(path).read_text())
+                TaskConfig.parse(task_name, config, config_hash(config))
+            except (ValueError, TaskError) as err:
+                print(f"error: task {task_name}: {err}", file=sys.stderr)
+                return 2
+            ledger.create_task(task_name, config, actor="guardian-cli")
         for item in args.allowance:
             querier, _, eps = item.partition("=")
             try:

@@ -62,7 +62,13 @@ def test_health_and_openapi(consortium: LocalConsortium) -> None:
     health = httpx.get(consortium.gateway_url + "/healthz").json()
     assert health == {"status": "ok", "backends": {"student": "SERVING", "guardian": "SERVING"}}
     spec = httpx.get(consortium.gateway_url + "/openapi.json").json()
-    for path in ("/v1/jobs", "/v1/jobs/upload", "/v1/models", "/v1/admin/budgets", "/v1/admin/ledger"):
+    for path in (
+        "/v1/jobs",
+        "/v1/jobs/upload",
+        "/v1/models",
+        "/v1/admin/budgets",
+        "/v1/admin/ledger",
+    ):
         assert path in spec["paths"]
     assert httpx.get(consortium.gateway_url + "/docs").status_code == 200
 
@@ -101,7 +107,9 @@ def test_capcctl_drives_a_job_end_to_end(
     assert model["examples"] == job["answered"]
     assert 0.0 <= model["metrics"]["test_accuracy"] <= 1.0
     weights = tmp_path / "student.pt"
-    dl = capcctl(consortium, analyst, "models", "download", model["id"], "-o", str(weights), "--json")
+    dl = capcctl(
+        consortium, analyst, "models", "download", model["id"], "-o", str(weights), "--json"
+    )
     assert dl.returncode == 0, dl.stderr
     card = json.loads(dl.stdout)["card"]
     assert card["architecture"] == "small-cnn" and card["metrics"] == model["metrics"]
@@ -274,7 +282,9 @@ def test_budget_history_and_metrics(consortium: LocalConsortium, admin: str) -> 
         )  # fmt: skip
         assert float(line.split()[-1]) == pytest.approx(budgets[f"hospital-{i}"].epsilon_spent)
     assert "capc_queries_answered_total" in text and "capc_rounds_total" in text
-    assert 'capc_gateway_requests_total{method="GET",route="/v1/admin/budgets",status="200"}' in text
+    assert (
+        'capc_gateway_requests_total{method="GET",route="/v1/admin/budgets",status="200"}' in text
+    )
 
 
 CHROMIUM = next(

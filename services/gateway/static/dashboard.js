@@ -67,7 +67,9 @@ function drawChart(history) {
     pts.forEach(([t, e], k) => {
       d += k === 0 ? `M${x(t)},${y(e)}` : `H${x(t)}V${y(e)}`;
     });
-    el("path", { d, fill: "none", stroke: colour, "stroke-width": 2.5, class: "spend", "data-party": s.party }, svg);
+    // Earlier parties are drawn wider, so equal spends stay visible beneath later ones.
+    const width = 2 + 2.5 * (series.length - 1 - i);
+    el("path", { d, fill: "none", stroke: colour, "stroke-width": width, class: "spend", "data-party": s.party }, svg);
     const item = document.createElement("span");
     item.innerHTML = `<i style="background:${colour}"></i>`;
     item.append(`${s.party}: ε ${last[1].toFixed(3)} of ${s.epsilon_cap}`);

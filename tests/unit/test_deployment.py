@@ -1,0 +1,114 @@
+"""docker-compose.yml and deploy/ checked for structure (no Docker engine on these machines;
+the same topology runs as local processes in tests/e2e)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.cli import build_parser
+from services.common.task import TaskConfig, config_hash
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSPITALS = ("hospital-a", "hospital-b", "hospital-c")
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+def test_compose_has_every_role_with_healthchecks_and_no_hospital_ports() -> None:
+    services = compose()["services"]
+    assert {"guardian", "student", "gateway", "postgres", *HOSPITALS} <= set(services)
+    for name, svc in services.items():
+        assert "healthcheck" in svc, f"{name} has no healthcheck"
+        if name == "postgres":
+            assert svc["profiles"] == ["postgres"]  # optional
+            continue
+        assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert svc["read_only"] is True
+    for h in HOSPITALS:
+        svc = services[h]
+        assert "ports" not in svc and "expose" not in svc, f"{h} must publish no port"
+        assert f"./pki/{h}:/pki:ro" in svc["volumes"], (
+            "each hospital mounts only its own certificate"
+        )
+        assert svc["depends_on"]["guardian"]["condition"] == "service_healthy"
+    assert services["gateway"]["ports"] == ["${CAPC_GATEWAY_PORT:-8080}:8080"]
+    assert not any("ports" in services[s] for s in ("guardian", "student"))
+
+
+def test_compose_commands_parse_with_the_real_cli() -> None:
+    parser = build_parser()
+    for name, svc in compose()["services"].items():
+        if name == "postgres":
+            continue
+        args = [
+            a.replace("${CAPC_LEDGER_URL:-sqlite:////var/lib/capc/ledger.db}", "x.db")
+            for a in svc["command"]
+        ]
+        parser.parse_args(args)
+        health = svc["healthcheck"]["test"]
+        assert health[:3] == ["CMD", "capc", "health"]
+        parser.parse_args(health[2:])
+
+
+def test_task_file_is_a_valid_task() -> None:
+    config = json.loads((ROOT / "deploy" / "task.json").read_text())
+    TaskConfig.parse("images", config, config_hash(config))
+    k8s = yaml.safe_load((ROOT / "deploy" / "k8s" / "task.yaml").read_text())
+    assert json.loads(k8s["data"]["task.json"]) == config
+
+
+def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    stages = [ln for ln in text.splitlines() if ln.startswith("FROM ")]
+    assert len(stages) >= 2 and all("python:3.11-slim" in s for s in stages)
+    assert "USER capc" in text and "torch==2.13.0" in text
+
+
+def manifests() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def test_k8s_guardian_statefulset_with_postgres() -> None:
+    docs = manifests()
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert ("StatefulSet", "guardian") in kinds and ("StatefulSet", "postgres") in kinds
+    guardian = next(
+        d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "guardian"
+    )
+    spec = guardian["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    env = spec["containers"][0]["env"]
+    assert any(e["name"] == "LEDGER_URL" and "secretKeyRef" in e["valueFrom"] for e in env)
+
+
+def test_k8s_each_hospital_in_its_own_namespace_with_egress_only_to_the_guardian() -> None:
+    docs = manifests()
+    for h in HOSPITALS:
+        ns = f"capc-{h}"
+        mine = [
+            d for d in docs if d["metadata"].get("namespace") == ns or d["metadata"]["name"] == ns
+        ]
+        assert any(d["kind"] == "Namespace" for d in mine)
+        deploy = next(d for d in mine if d["kind"] == "Deployment")
+        container = deploy["spec"]["template"]["spec"]["containers"][0]
+        assert "ports" not in container
+        assert f"hospital-{h[-1]}" in container["args"]
+        policy = next(d for d in mine if d["kind"] == "NetworkPolicy")
+        spec = policy["spec"]
+        assert spec["podSelector"] == {} and set(spec["policyTypes"]) == {"Ingress", "Egress"}
+        assert spec["ingress"] == []
+        targets = [t for rule in spec["egress"] for t in rule["to"]]
+        apps = {t["podSelector"]["matchLabels"].get("app") for t in targets if "podSelector" in t}
+        dns = {t["podSelector"]["matchLabels"].get("k8s-app") for t in targets}
+        assert apps - {None} == {"guardian"} and "kube-dns" in dns
+        assert all("ipBlock" not in t for t in targets), "no egress beyond the guardian and DNS"
