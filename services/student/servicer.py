@@ -108,9 +108,11 @@ class JobRunner:
         job = self.store.get(job_id)
         if job is None:
             return
-        queries = self.store.queries(job_id)
         recipe = self.store.recipe(job_id)
         base = Recipe.from_json(recipe) if recipe else None
+        if base is not None and start == 0:
+            self.store.set_queries(job_id, base.generate())
+        queries = self.store.queries(job_id)
         mechanism = common_pb2.Mechanism(**(job.mechanism or {})) if job.mechanism else None  # type: ignore[arg-type]
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
@@ -194,9 +196,12 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
                     request.queries.recipe.shape.extend(self.task.input_shape)
                 recipe = query_recipe(request.queries.recipe, self.task.input_shape, MAX_QUERIES)
                 try:
-                    x = recipe.generate()
+                    # One image checks the parameters; the runner generates the batch, so a
+                    # large recipe never holds this call past the caller's deadline.
+                    dataclasses.replace(recipe, count=1).generate()
                 except ValueError as err:
                     raise RequestError(str(err)) from err
+                x = np.zeros((recipe.count, *self.task.input_shape), dtype=np.float32)
                 recipe_json = recipe.to_json()
             elif source == "tensor":
                 x = query_tensor(request.queries.tensor, self.task.input_shape, MAX_QUERIES)

@@ -199,6 +199,13 @@ class JobStore:
             q = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
             return [self._job(r) for r in s.scalars(q.limit(limit).offset(offset))]
 
+    def set_queries(self, job_id: str, queries: NDArray[np.float32]) -> None:
+        """Store a recipe job's generated queries (the job keeps its requested count)."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(JobRow, job_id, with_for_update=True)
+            assert row is not None
+            row.queries = _pack(np.asarray(queries, dtype=np.float32))
+
     def record_batch(
         self,
         job_id: str,

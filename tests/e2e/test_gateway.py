@@ -16,8 +16,8 @@ import httpx
 import numpy as np
 import pytest
 import torch
-
 from capc_client import ApiError, Client
+
 from services.gateway.tokens import TokenStore
 from services.local import LocalConsortium
 
@@ -325,3 +325,22 @@ def test_dashboard_in_headless_chromium(
     # The first party's line colour (#2f7de1) is drawn: the budgets are on the page.
     blue = (abs(pixels - np.array([0x2F, 0x7D, 0xE1])).sum(axis=2) < 40).sum()
     assert blue > 200, f"only {blue} pixels of the first party's line"
+
+
+@pytest.mark.slow
+def test_fuzz_the_openapi_spec_finds_no_server_errors(
+    consortium: LocalConsortium, admin: str, tmp_path: Path
+) -> None:
+    """schemathesis against the live gateway (admin token: every route reachable), bounded
+    in time; 5xx from the gateway or from a backend's refusal is a failure."""
+    command = [
+        str(Path(sys.executable).parent / "schemathesis"), "run",
+        f"{consortium.gateway_url}/openapi.json",
+        "--checks", "not_a_server_error",
+        "--max-examples", "25", "--max-time", "150", "--seed", "1",
+        "--request-timeout", "60",
+        "-H", f"Authorization: Bearer {admin}",
+    ]  # fmt: skip
+    run = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    assert "not_a_server_error" in run.stdout
