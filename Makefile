@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck venv clean bench
+.PHONY: demo test lint typecheck venv clean bench fuzz
 
 venv: $(STAMP)
 
@@ -29,6 +29,9 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(VENV)/bin/pytest -q
+
+fuzz: $(STAMP)
+	$(VENV)/bin/pytest -q -m fuzz tests/e2e/test_gateway.py
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do $(PY) $$b; done

@@ -327,7 +327,7 @@ def test_dashboard_in_headless_chromium(
     assert blue > 200, f"only {blue} pixels of the first party's line"
 
 
-@pytest.mark.slow
+@pytest.mark.fuzz
 def test_fuzz_the_openapi_spec_finds_no_server_errors(
     consortium: LocalConsortium, admin: str, tmp_path: Path
 ) -> None:
