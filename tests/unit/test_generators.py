@@ -25,7 +25,7 @@ def test_channels_and_parameters() -> None:
         "spectral", 1, 0, 3, (3, 32, 32), {"alpha_range": [1.5, 1.5], "anisotropy": 0.0}
     ).generate()
     assert x.shape == (3, 3, 32, 32)
-    with pytest.raises(ValueError, match="bad parameters"):
+    with pytest.raises(ValueError, match="takes no parameter 'colour'"):
         Recipe("gaussian", 1, 0, 3, (1, 8, 8), {"colour": 1}).generate()
 
 
