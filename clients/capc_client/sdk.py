@@ -44,6 +44,30 @@ def _detail(response: httpx.Response) -> str:
     return str(detail)
 
 
+Pollable = TypeVar("Pollable", Job, StudentModel)
+
+
+def _poll(
+    fetch: Callable[[], Pollable],
+    what: str,
+    poll: float,
+    timeout: float | None,
+    on_progress: Callable[[Pollable], None] | None = None,
+) -> Pollable:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        item = fetch()
+        if on_progress is not None and item != last:
+            on_progress(item)
+        last = item
+        if item.finished:
+            return item
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{what} still {item.state} after {timeout} s")
+        time.sleep(poll)
+
+
 class Client:
     """A gateway at ``url`` with a bearer ``token`` (from ``capc gateway token create``)."""
 
@@ -136,18 +160,7 @@ class Client:
         on_progress: Callable[[Job], None] | None = None,
     ) -> Job:
         """Poll until the job is done or failed; ``on_progress`` sees every new state."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last = None
-        while True:
-            job = self.job(job_id)
-            if on_progress is not None and job != last:
-                on_progress(job)
-            last = job
-            if job.finished:
-                return job
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} still {job.state} after {timeout} s")
-            time.sleep(poll)
+        return _poll(lambda: self.job(job_id), f"job {job_id}", poll, timeout, on_progress)
 
     def download_results(self, job_id: str, path: Path) -> Path:
         """Write the job's labelled queries to ``path`` (.npz with queries and labels)."""
@@ -177,14 +190,8 @@ class Client:
     def wait_model(
         self, model_id: str, poll: float = 0.5, timeout: float | None = None
     ) -> StudentModel:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            model = self.model(model_id)
-            if model.finished:
-                return model
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"model {model_id} still {model.state} after {timeout} s")
-            time.sleep(poll)
+        """Poll until the model is trained or has failed."""
+        return _poll(lambda: self.model(model_id), f"model {model_id}", poll, timeout)
 
     def download_model(self, model_id: str, path: Path) -> Path:
         path.write_bytes(self._request("GET", f"/v1/models/{model_id}/weights").content)

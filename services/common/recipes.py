@@ -32,8 +32,13 @@ def recipe_from_proto(msg: common_pb2.Recipe) -> Recipe:
         raise RecipeError(f"bad recipe: {err}") from err
 
 
-def recipe_to_proto(recipe: Recipe, with_hash: bool = True) -> common_pb2.Recipe:
-    """The wire form; ``with_hash`` generates the batch once to attach its SHA-256."""
+def recipe_to_proto(
+    recipe: Recipe, with_hash: bool = True, images: FloatImages | None = None
+) -> common_pb2.Recipe:
+    """The wire form; ``with_hash`` attaches the batch's SHA-256, generating the batch
+    unless ``images`` (the recipe's own batch) is given."""
+    if images is not None and images.shape != (recipe.count, *recipe.shape):
+        raise ValueError(f"images {images.shape} are not the recipe's batch")
     return common_pb2.Recipe(
         generator=recipe.generator,
         params_json=recipe.params_json,
@@ -41,7 +46,9 @@ def recipe_to_proto(recipe: Recipe, with_hash: bool = True) -> common_pb2.Recipe
         start=recipe.start,
         count=recipe.count,
         shape=list(recipe.shape),
-        batch_hash=batch_hash(recipe.generate()) if with_hash else b"",
+        batch_hash=batch_hash(recipe.generate() if images is None else images)
+        if with_hash
+        else b"",
     )
 
 

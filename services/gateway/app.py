@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, File, Form, HTTPException, Path, Query, Re
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from google.protobuf.message import Message as ProtoMessage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -137,64 +138,41 @@ Analyst = Annotated[Principal, Depends(needs(Role.ANALYST))]
 Admin = Annotated[Principal, Depends(needs(Role.ADMIN))]
 
 
+def fields(msg: ProtoMessage, **overrides: Any) -> dict[str, Any]:
+    """A message's scalar and repeated-scalar fields by name, then ``overrides``: the
+    response models take what they declare and ignore the rest."""
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        if f.message_type is None:
+            value = getattr(msg, f.name)
+            out[f.name] = list(value) if f.is_repeated else value
+    out.update(overrides)
+    return out
+
+
 def job_out(job: student_pb2.Job) -> schemas.JobOut:
-    m = job.mechanism if job.HasField("mechanism") else None
     return schemas.JobOut(
-        id=job.id,
-        state=job.state,
-        task=job.task,
-        source=job.source,
-        requested=job.requested,
-        processed=job.processed,
-        answered=job.answered,
-        rounds=job.rounds,
-        progress=job.processed / job.requested if job.requested else 0.0,
-        error=job.error,
-        created_at=job.created_at,
-        round_seconds=job.round_seconds,
-        mechanism=None
-        if m is None
-        else schemas.MechanismOut(
-            name=m.name,
-            sigma=m.sigma,
-            threshold=m.threshold,
-            sigma1=m.sigma1,
-            tau=m.tau,
-            num_classes=m.num_classes,
-            num_labels=m.num_labels,
-        ),
+        **fields(
+            job,
+            progress=job.processed / job.requested if job.requested else 0.0,
+            mechanism=schemas.MechanismOut(**fields(job.mechanism))
+            if job.HasField("mechanism")
+            else None,
+        )
     )
 
 
 def model_out(model: student_pb2.StudentModel) -> schemas.ModelOut:
-    return schemas.ModelOut(
-        id=model.id,
-        state=model.state,
-        job_ids=list(model.job_ids),
-        architecture=model.architecture,
-        epochs=model.epochs,
-        examples=model.examples,
-        metrics=json.loads(model.metrics_json or "{}"),
-        error=model.error,
-        created_at=model.created_at,
-    )
+    return schemas.ModelOut(**fields(model, metrics=json.loads(model.metrics_json or "{}")))
 
 
 def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
     return schemas.PartyOut(
-        name=p.name,
-        role=p.role,
-        status=p.status,
-        connected=p.connected,
-        last_seen=p.last_seen or None,
-        epsilon_cap=p.epsilon_cap,
-        epsilon_spent=p.epsilon_spent,
-        epsilon_remaining=p.epsilon_remaining,
-        best_order=p.best_order,
-        rounds=p.rounds,
-        vote_weight=p.vote_weight,
-        participation=p.participation,
-        queries_left=None if p.queries_left < 0 else p.queries_left,
+        **fields(
+            p,
+            last_seen=p.last_seen or None,
+            queries_left=None if p.queries_left < 0 else p.queries_left,
+        )
     )
 
 
@@ -337,16 +315,13 @@ def create_app(
         reply = backends.list_jobs(limit, offset)
         return schemas.JobList(jobs=[job_out(j) for j in reply.jobs], limit=limit, offset=offset)
 
-    def _get_job(job_id: str) -> student_pb2.JobResults:
-        reply: student_pb2.JobResults = backends.student_call(
-            backends.jobs.GetResults,
-            student_pb2.GetResultsRequest(header=backends.header, id=job_id, limit=1),
-        )
-        return reply
-
     @app.get("/v1/jobs/{job_id}", response_model=schemas.JobOut, responses=ERRORS, tags=["jobs"])
     def get_job(job_id: Annotated[str, JOB_ID], _: Analyst) -> schemas.JobOut:
-        return job_out(_get_job(job_id).job)
+        return job_out(
+            backends.student_call(
+                backends.jobs.GetJob, student_pb2.WatchJobRequest(header=backends.header, id=job_id)
+            )
+        )
 
     def _results(job_id: str) -> tuple[student_pb2.Job, np.ndarray, np.ndarray]:
         labels, queries, offset = [], [], 0
@@ -502,14 +477,10 @@ def create_app(
             accounting=reply.accounting,
             budgets=[
                 schemas.BudgetOut(
+                    **party_out(p).model_dump(),
                     party=p.name,
-                    epsilon_cap=p.epsilon_cap,
-                    epsilon_spent=p.epsilon_spent,
-                    epsilon_remaining=p.epsilon_remaining,
                     delta=reply.delta,
-                    best_order=p.best_order,
                     accounting=reply.accounting,
-                    queries_left=None if p.queries_left < 0 else p.queries_left,
                 )
                 for p in reply.parties
                 if p.role == "answerer"
@@ -538,12 +509,7 @@ def create_app(
             delta=reply.delta,
             series=[
                 schemas.HistorySeries(
-                    party=s.party,
-                    epsilon_cap=s.epsilon_cap,
-                    points=[
-                        schemas.HistoryPoint(at=p.at, epsilon=p.epsilon, round_id=p.round_id)
-                        for p in s.points
-                    ],
+                    **fields(s, points=[schemas.HistoryPoint(**fields(p)) for p in s.points])
                 )
                 for s in reply.series
             ],
@@ -570,20 +536,7 @@ def create_app(
             ),
         )
         return schemas.LedgerPage(
-            entries=[
-                schemas.LedgerEntryOut(
-                    round_id=e.round_id,
-                    party=e.party,
-                    kind=e.kind,
-                    mechanism=e.mechanism,
-                    round_state=e.round_state,
-                    task=e.task,
-                    queries=e.queries,
-                    epsilon_alone=e.epsilon_alone,
-                    at=e.at,
-                )
-                for e in reply.entries
-            ],
+            entries=[schemas.LedgerEntryOut(**fields(e)) for e in reply.entries],
             limit=limit,
             offset=offset,
         )
@@ -600,14 +553,7 @@ def create_app(
         )
         return schemas.AuditPage(
             entries=[
-                schemas.AuditEntryOut(
-                    seq=e.seq,
-                    at=e.at,
-                    actor=e.actor,
-                    action=e.action,
-                    detail=json.loads(e.detail_json or "{}"),
-                    hash=e.hash,
-                )
+                schemas.AuditEntryOut(**fields(e, detail=json.loads(e.detail_json or "{}")))
                 for e in reply.entries
             ],
             chain_valid=reply.chain_valid,

@@ -17,7 +17,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import NDArray
 
-from capc.data.generators import Recipe
+from capc.data.generators import FloatImages, Recipe
 from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import student_share_sum
 from services.common import protocol, tls
@@ -92,12 +92,17 @@ class StudentClient:
         return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0], mechanism)
 
     def label_recipe(
-        self, recipe: Recipe, mechanism: common_pb2.Mechanism | None = None
+        self,
+        recipe: Recipe,
+        mechanism: common_pb2.Mechanism | None = None,
+        images: FloatImages | None = None,
     ) -> RoundResult:
-        """Label a batch of programmatic queries: every party regenerates it from the recipe."""
-        return self._round(
-            common_pb2.QueryBatch(recipe=recipe_to_proto(recipe)), recipe.count, mechanism
-        )
+        """Label a batch of programmatic queries: every party regenerates it from the recipe.
+
+        ``images``: the recipe's batch when the caller has generated it already (hashed, not
+        generated again)."""
+        msg = recipe_to_proto(recipe, images=images)
+        return self._round(common_pb2.QueryBatch(recipe=msg), recipe.count, mechanism)
 
     def _round(
         self,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
 
 from capc.data.generators import Recipe
 from capc.mpc.channel import ProtocolError
@@ -33,6 +34,7 @@ POLICY: dict[str, tuple[str, ...]] = {
     for rpc in (
         "CreateJob",
         "WatchJob",
+        "GetJob",
         "GetResults",
         "ListJobs",
         "TrainModel",
@@ -45,8 +47,14 @@ POLICY: dict[str, tuple[str, ...]] = {
 
 def mechanism_overrides(msg: common_pb2.Mechanism) -> dict[str, object] | None:
     """The set fields of a job's mechanism message, as stored with the job (None: none set)."""
-    fields = {f.name: v for f, v in msg.ListFields()}
-    return fields or None
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True) or None
+
+
+def stored_mechanism(job: Job) -> common_pb2.Mechanism | None:
+    """A job's stored overrides as the message they came from (None: the task's own)."""
+    if not job.mechanism:
+        return None
+    return json_format.ParseDict(job.mechanism, common_pb2.Mechanism())
 
 
 def to_proto(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
@@ -65,8 +73,7 @@ def to_proto(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
         round_seconds=job.round_seconds,
     )
     if task is not None:
-        effective = task.overridden(common_pb2.Mechanism(**(job.mechanism or {})))  # type: ignore[arg-type]
-        msg.mechanism.CopyFrom(mechanism_message(effective))
+        msg.mechanism.CopyFrom(mechanism_message(task.overridden(stored_mechanism(job))))
     return msg
 
 
@@ -113,7 +120,7 @@ class JobRunner:
         if base is not None and start == 0:
             self.store.set_queries(job_id, base.generate())
         queries = self.store.queries(job_id)
-        mechanism = common_pb2.Mechanism(**(job.mechanism or {})) if job.mechanism else None  # type: ignore[arg-type]
+        mechanism = stored_mechanism(job)
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
             lo, hi = index * job.batch_size, min(len(queries), (index + 1) * job.batch_size)
@@ -124,7 +131,8 @@ class JobRunner:
                         self._client = self._make_client()
                     if base is not None:
                         part = dataclasses.replace(base, start=base.start + lo, count=hi - lo)
-                        result = self._client.label_recipe(part, mechanism)
+                        # The batch is already generated: it only needs hashing.
+                        result = self._client.label_recipe(part, mechanism, images=batch)
                     else:
                         result = self._client.label_batch(batch, mechanism)
                     self.store.record_batch(
@@ -239,6 +247,12 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
                 return
             time.sleep(0.1)
 
+    def GetJob(
+        self, request: student_pb2.WatchJobRequest, context: grpc.ServicerContext
+    ) -> student_pb2.Job:
+        self._check(request.header, context)
+        return to_proto(self._job(request.id, context), self.task)
+
     def GetResults(
         self, request: student_pb2.GetResultsRequest, context: grpc.ServicerContext
     ) -> student_pb2.JobResults:
@@ -250,7 +264,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         all_labels = self.store.labels(job.id)
         lo, hi = request.offset, min(len(all_labels), request.offset + limit)
         labels = all_labels[lo:hi]
-        queries = self.store.queries(job.id)[lo:hi]
+        queries = self.store.queries(job.id, lo, hi)
         return student_pb2.JobResults(
             total=len(all_labels),
             job=to_proto(job, self.task),

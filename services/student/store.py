@@ -91,6 +91,27 @@ def _unpack(blob: bytes) -> NDArray[np.generic]:
     return np.asarray(np.load(io.BytesIO(blob), allow_pickle=False))
 
 
+def _unpack_rows(blob: bytes, lo: int, hi: int | None) -> NDArray[np.generic]:
+    """Rows [lo, hi) of a packed C-order array, read in place: a results page of a large
+    job should not decode and copy the whole job."""
+    buf = io.BytesIO(blob)
+    version = np.lib.format.read_magic(buf)
+    read_header = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    shape, fortran, dtype = read_header(buf)
+    assert not fortran, "jobs store C-order arrays"
+    n = shape[0]
+    lo, hi = min(max(lo, 0), n), n if hi is None else min(max(hi, lo), n)
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    flat = np.frombuffer(
+        blob, dtype=dtype, count=(hi - lo) * row, offset=buf.tell() + lo * row * dtype.itemsize
+    )
+    return flat.reshape((hi - lo, *shape[1:]))
+
+
 @dataclass(frozen=True)
 class Job:
     id: str
@@ -186,12 +207,13 @@ class JobStore:
             row = s.get(JobRow, job_id)
             return None if row is None else row.recipe
 
-    def queries(self, job_id: str) -> NDArray[np.float32]:
+    def queries(self, job_id: str, lo: int = 0, hi: int | None = None) -> NDArray[np.float32]:
+        """The job's queries, or rows [lo, hi) of them."""
         with Session(self.engine) as s:
             row = s.get(JobRow, job_id)
             if row is None:
                 raise KeyError(job_id)
-            return np.asarray(_unpack(row.queries), dtype=np.float32)
+            return np.asarray(_unpack_rows(row.queries, lo, hi), dtype=np.float32)
 
     def jobs(self, limit: int = 100, offset: int = 0) -> list[Job]:
         """Jobs, newest first."""

@@ -98,9 +98,7 @@ def test_capcctl_drives_a_job_end_to_end(
     train = capcctl(
         consortium, analyst, "models", "train", job["id"], "--epochs", "2", "--wait", "--json"
     )
-    if job["answered"] == 0:
-        assert train.returncode == 1 and "no answered queries" in train.stderr
-        return
+    assert job["answered"] > 0, "96 queries with every answer declined: check the task's noise"
     assert train.returncode == 0, train.stderr
     model = json.loads(train.stdout)
     assert model["state"] == "done", model
@@ -141,7 +139,8 @@ def test_cap_change_is_audited_with_the_token_holder(
         party = client.set_cap("hospital-2", 5e5)
         assert party.epsilon_cap == 5e5 and party.connected
         entry = client.audit(limit=1).entries[0]
-        assert entry.action == "set_cap" or "cap" in entry.action
+        assert entry.action == "set_cap"
+        assert entry.detail == {"party": "hospital-2", "old": consortium.epsilon_cap, "new": 5e5}
         assert entry.actor.startswith("gateway:data-office")
         client.set_cap("hospital-2", consortium.epsilon_cap)
         with pytest.raises(ApiError) as err:

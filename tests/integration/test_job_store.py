@@ -31,3 +31,12 @@ def test_jobs_batches_and_resume_points(ledger_url: str) -> None:
     assert done is not None and done.state == "failed" and "budgets" in done.error
     assert store.resume_points() == []
     assert store.get("missing") is None
+
+
+def test_query_pages_are_read_in_place(ledger_url: str) -> None:
+    store = JobStore(ledger_url)
+    x = np.random.default_rng(1).random((50, 1, 6, 6)).astype(np.float32)
+    job = store.create("t", x, 16)
+    np.testing.assert_array_equal(store.queries(job.id), x)
+    for lo, hi in [(0, 16), (16, 32), (48, 64), (60, 70), (5, 5)]:
+        np.testing.assert_array_equal(store.queries(job.id, lo, hi), x[lo:hi])

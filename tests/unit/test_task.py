@@ -106,3 +106,47 @@ def test_animal_attributes_are_a_fixed_function_of_the_class() -> None:
     assert ATTRIBUTE_TABLE.mean(axis=0).min() >= 0.25 and ATTRIBUTE_TABLE.mean(axis=0).max() <= 0.6
     with pytest.raises(ValueError, match="indices"):
         attributes_of(np.array([10]))
+
+
+def test_job_overrides_may_only_add_privacy() -> None:
+    from services.proto.capc.v1 import common_pb2
+
+    task = parse(
+        {
+            "num_classes": 10,
+            "input_shape": [1, 28, 28],
+            "mechanism": {"name": "confident-gnmax", "sigma": 2.0, "threshold": 3.0, "sigma1": 4.0},
+        }
+    )
+    assert task.overridden(None) is task and task.overridden(common_pb2.Mechanism()) is task
+    more = task.overridden(common_pb2.Mechanism(sigma=5.0, threshold=6.0))
+    assert (more.mechanism.sigma, more.mechanism.sigma1, more.mechanism.threshold) == (
+        5.0,
+        4.0,
+        6.0,
+    )
+    # Same config hash (the task did not change), and a cheaper worst case.
+    assert more.config_hash == task.config_hash
+    orders = np.array([2.0, 8.0, 32.0])
+    assert (more.mechanism.worst_case(10, orders) < task.mechanism.worst_case(10, orders)).all()
+    refused = {
+        "is below the task's": common_pb2.Mechanism(sigma=1.0),
+        "sigma1 = 3": common_pb2.Mechanism(sigma1=3.0),
+        "fixes name": common_pb2.Mechanism(name="gnmax"),
+        "fixes num_classes": common_pb2.Mechanism(num_classes=5),
+        "finite": common_pb2.Mechanism(sigma=float("nan")),
+        "at most": common_pb2.Mechanism(threshold=1e9),
+        "not a job override": common_pb2.Mechanism(confidence_threshold=9.0),
+    }
+    for text, msg in refused.items():
+        with pytest.raises(TaskError, match=text):
+            task.overridden(msg)
+    gnmax = parse(
+        {
+            "num_classes": 10,
+            "input_shape": [1, 28, 28],
+            "mechanism": {"name": "gnmax", "sigma": 2.0},
+        }
+    )
+    with pytest.raises(TaskError, match="only to a confident mechanism"):
+        gnmax.overridden(common_pb2.Mechanism(sigma1=9.0))

@@ -44,6 +44,11 @@ class StudentPartyStub:
                 request_serializer=capc_dot_v1_dot_student__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_student__pb2.Job.FromString,
                 _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/capc.v1.StudentParty/GetJob',
+                request_serializer=capc_dot_v1_dot_student__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.Job.FromString,
+                _registered_method=True)
         self.GetResults = channel.unary_unary(
                 '/capc.v1.StudentParty/GetResults',
                 request_serializer=capc_dot_v1_dot_student__pb2.GetResultsRequest.SerializeToString,
@@ -86,6 +91,12 @@ class StudentPartyServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -139,6 +150,11 @@ def add_StudentPartyServicer_to_server(servicer, server):
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.WatchJobRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.Job.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
                     request_deserializer=capc_dot_v1_dot_student__pb2.WatchJobRequest.FromString,
                     response_serializer=capc_dot_v1_dot_student__pb2.Job.SerializeToString,
             ),
@@ -225,6 +241,33 @@ class StudentParty:
             request,
             target,
             '/capc.v1.StudentParty/WatchJob',
+            capc_dot_v1_dot_student__pb2.WatchJobRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/GetJob',
             capc_dot_v1_dot_student__pb2.WatchJobRequest.SerializeToString,
             capc_dot_v1_dot_student__pb2.Job.FromString,
             options,
