@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck venv clean bench fuzz
+.PHONY: demo test lint typecheck venv clean bench fuzz browser
 
 venv: $(STAMP)
 
@@ -27,11 +27,18 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(STAMP) lint
+# The dashboard test drives Debian's headless Chromium; install it where it is missing.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && SUDO= || SUDO=sudo; \
+	    $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
+
+test: $(STAMP) browser lint
 	$(VENV)/bin/pytest -q
 
 fuzz: $(STAMP)
-	$(VENV)/bin/pytest -q -m fuzz tests/e2e/test_gateway.py
+	CAPC_FUZZ_SECONDS=600 $(VENV)/bin/pytest -q -m fuzz tests/e2e/test_gateway.py
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do $(PY) $$b; done

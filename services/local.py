@@ -11,6 +11,7 @@ demo use it; on the command line it runs until interrupted.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import signal
 import socket
@@ -26,9 +27,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.data.multilabel import animal_attributes
-from capc.data.offline import animal_mnist, digits, partition
+from capc.data.offline import animal_mnist, breast_cancer, digits, partition
+from capc.learning.last_layer import finetune_teacher
 from capc.learning.supervised import fit
-from capc.models import Teacher, build, save_teacher
+from capc.models import Teacher, build, load_teacher, save_teacher
 from services.common import pki, tls
 from services.common.task import TaskConfig, config_hash
 from services.gateway.tokens import TokenStore
@@ -47,7 +49,7 @@ DEFAULT_TASK: dict[str, Any] = {
 HELD_OUT = 400
 
 
-DATASETS = ("animal-mnist", "animal-attributes", "digits")
+DATASETS = ("animal-mnist", "animal-attributes", "digits", "breast-cancer")
 
 
 def load_dataset(name: str, size: int = 28) -> tuple[NDArray[np.float32], NDArray[np.integer]]:
@@ -58,6 +60,8 @@ def load_dataset(name: str, size: int = 28) -> tuple[NDArray[np.float32], NDArra
         return animal_attributes()
     if name == "digits":
         return digits(size)
+    if name == "breast-cancer":
+        return breast_cancer()
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
 
 
@@ -136,6 +140,8 @@ class LocalConsortium:
     truth: NDArray[np.integer] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: Per-hospital eps caps (personalized budgets); ``epsilon_cap`` for all when unset.
     epsilon_caps: list[float] | None = None
+    #: A pretrained body (capc diet pretrain): DIET teachers and a DIET student when set.
+    body: Path | None = None
 
     def cap(self, i: int) -> float:
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
@@ -171,8 +177,10 @@ class LocalConsortium:
         outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
         rng = np.random.default_rng(7)
         order = rng.permutation(len(x))
-        test, train = order[:HELD_OUT], order[HELD_OUT:]
+        held = min(HELD_OUT, len(x) // 4)
+        test, train = order[:held], order[held:]
         self.queries, self.truth = x[test], y[test]
+        base = None if self.body is None else load_teacher(self.body)
         for i, part in enumerate(partition(len(train), self.parties, seed=1)):
             name = f"hospital-{i}"
             if not (self.pki_dir / f"{name}.pem").exists():
@@ -180,26 +188,39 @@ class LocalConsortium:
             if self.model_path(i).exists():
                 continue
             idx = train[part]
-            self._say(f"training {name}'s teacher on {len(idx)} private images")
-            model = fit(
-                build("small-cnn", tuple(self.task["input_shape"]), outputs),
-                x[idx],
-                y[idx],
-                epochs=self.epochs,
-                seed=i,
-            )
+            card: dict[str, Any] = {
+                "data": f"{self.dataset}, partition {i} of {self.parties}",
+                "examples": len(idx),
+            }
+            shape = tuple(self.task["input_shape"])
+            if base is not None:
+                self._say(f"fitting {name}'s last layer on {len(idx)} private images")
+                model = finetune_teacher(copy.deepcopy(base.model), x[idx], y[idx])
+                card["method"] = "pretrained body; own BatchNorm statistics and last layer"
+                architecture, width = base.architecture, base.width
+            else:
+                # an encrypted-query task fixes the HE-friendly architecture every party runs
+                enc = self.task.get("encryption") or {}
+                architecture, width = enc.get("architecture", "small-cnn"), enc.get("width")
+                self._say(f"training {name}'s {architecture} teacher on {len(idx)} private records")
+                model = fit(
+                    build(architecture, shape, outputs, width),
+                    x[idx],
+                    y[idx],
+                    epochs=self.epochs,
+                    seed=i,
+                )
+                card["method"] = "trained from scratch"
             save_teacher(
                 self.model_path(i),
                 Teacher(
-                    "small-cnn",
-                    tuple(self.task["input_shape"]),
+                    architecture,
+                    shape,
                     outputs,
                     model,
-                    {
-                        "data": f"{self.dataset}, partition {i} of {self.parties}",
-                        "examples": len(idx),
-                    },
+                    card,
                     multi_label=y.ndim == 2,
+                    width=width,
                 ),
             )
         ledger = Ledger(self.db)
@@ -268,6 +289,7 @@ class LocalConsortium:
             "localhost",
             "--test-data",
             str(test_file),
+            *(["--body", str(self.body)] if self.body is not None else []),
         )
         self.procs.append(proc)
         proc.wait_for("student serving jobs")
@@ -372,12 +394,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--parties", type=int, default=5)
     p.add_argument("--dir", type=Path, default=Path("consortium"))
     p.add_argument("--epsilon", type=float, default=10.0, help="each hospital's epsilon cap")
+    p.add_argument(
+        "--body",
+        type=Path,
+        default=None,
+        help="pretrained body (capc diet pretrain): hospitals fit only its last layer (DIET)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     c = LocalConsortium(
-        args.dir, parties=args.parties, epsilon_cap=args.epsilon, log=lambda s: print(s, flush=True)
+        args.dir,
+        parties=args.parties,
+        epsilon_cap=args.epsilon,
+        log=lambda s: print(s, flush=True),
+        body=args.body,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

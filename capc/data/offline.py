@@ -3,8 +3,10 @@
 - animal-mnist: 10,000 real 28x28 grey images in 10 classes (MIT licence),
   read straight from the gzipped pickles inside the installed wheel (its own
   loader imports TensorFlow, so it is not used);
-- scikit-learn digits: 1,797 8x8 digits, upsampled to 28x28 if asked.
-Nothing is downloaded.
+- scikit-learn digits: 1,797 8x8 digits, upsampled to 28x28 if asked;
+- scikit-learn breast cancer: 569 patients, 30 features, standardised.
+Nothing is downloaded. Partitions into hospitals are disjoint: i.i.d., or
+label-skewed (each hospital's class mix drawn from a Dirichlet).
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ def digits(size: int = 28) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
     if size != 8:
         x = functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
     return x.numpy().astype(np.float32), d.target.astype(np.int64)
+
+
+def breast_cancer() -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    """scikit-learn's breast cancer data: (569, 30) features standardised to mean 0 and
+    unit variance per feature, and (569,) labels (0 malignant, 1 benign)."""
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    x = np.asarray(d.data, dtype=np.float64)
+    x = (x - x.mean(axis=0)) / x.std(axis=0)
+    return x.astype(np.float32), np.asarray(d.target, dtype=np.int64)
 
 
 ANIMAL_MNIST_CLASSES = 10
@@ -58,3 +71,34 @@ def partition(n: int, parts: int, seed: int = 0) -> list[NDArray[np.int64]]:
         raise ValueError(f"cannot split {n} items into {parts} parts")
     order = np.random.default_rng(seed).permutation(n)
     return [np.sort(p).astype(np.int64) for p in np.array_split(order, parts)]
+
+
+def skewed_partition(
+    labels: NDArray[np.integer], parts: int, alpha: float = 0.5, seed: int = 0
+) -> list[NDArray[np.int64]]:
+    """Disjoint index sets covering every index of (N,) class ``labels``, label-skewed.
+
+    Each class is split among the hospitals in proportions drawn from
+    Dirichlet(``alpha``): small ``alpha`` gives hospitals that see mostly a
+    few classes, large ``alpha`` approaches the i.i.d. split. Every hospital
+    gets at least one example.
+    """
+    y = np.asarray(labels)
+    if y.ndim != 1 or not 1 <= parts <= len(y):
+        raise ValueError(f"cannot split {len(y)} labels into {parts} parts")
+    if not alpha > 0:
+        raise ValueError(f"alpha must be positive, got {alpha}")
+    rng = np.random.default_rng(seed)
+    owner = np.empty(len(y), dtype=np.int64)
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        share = rng.dirichlet(np.full(parts, alpha))
+        cuts = (np.cumsum(share)[:-1] * len(idx)).astype(np.int64)
+        for part, chunk in enumerate(np.split(idx, cuts)):
+            owner[chunk] = part
+    # Hand an example to any empty hospital from the largest one.
+    for part in range(parts):
+        if not (owner == part).any():
+            largest = int(np.bincount(owner, minlength=parts).argmax())
+            owner[np.flatnonzero(owner == largest)[0]] = part
+    return [np.flatnonzero(owner == part).astype(np.int64) for part in range(parts)]

@@ -6,14 +6,20 @@ Labels of shape (N,) are classes (cross-entropy); labels of shape (N, k) in
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch import nn
 
+from capc.models.inference import logits
+
+M = TypeVar("M", bound=nn.Module)
+
 
 def fit(
-    model: nn.Module,
+    model: M,
     x: NDArray[np.float32],
     y: NDArray[np.integer],
     *,
@@ -22,7 +28,7 @@ def fit(
     lr: float = 1e-3,
     seed: int = 0,
     device: str | None = None,
-) -> nn.Module:
+) -> M:
     """Train ``model`` with Adam on (N, *shape) inputs and (N,) class or (N, k) 0/1 labels."""
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"need as many labels as inputs (>0), got {len(x)} and {len(y)}")
@@ -48,10 +54,19 @@ def fit(
     return model.eval()
 
 
-def accuracy(model: nn.Module, x: NDArray[np.float32], y: NDArray[np.integer]) -> float:
-    """Top-1 accuracy for (N,) classes, per-label accuracy for (N, k) 0/1 labels (training statistics)."""
-    dev = next(model.parameters()).device
-    with torch.no_grad():
-        logits = model.eval()(torch.from_numpy(np.asarray(x, dtype=np.float32)).to(dev)).cpu()
-    pred = (logits > 0).numpy().astype(np.int64) if np.ndim(y) == 2 else logits.argmax(1).numpy()
+def accuracy(
+    model: nn.Module,
+    x: NDArray[np.float32],
+    y: NDArray[np.integer],
+    *,
+    current_statistics: bool = False,
+    batch: int = 1024,
+) -> float:
+    """Top-1 accuracy for (N,) classes, per-label accuracy for (N, k) 0/1 labels.
+
+    ``current_statistics``: BatchNorm uses the statistics of each batch of
+    ``batch`` inputs (a DIET student has no real data of its own to store any).
+    """
+    out = logits(model, x, current_statistics=current_statistics, batch=batch)
+    pred = (out > 0).numpy().astype(np.int64) if np.ndim(y) == 2 else out.argmax(1).numpy()
     return float((pred == y).mean())

@@ -1,9 +1,10 @@
 """Teacher checkpoints: a state dict, its architecture name and a model card.
 
 A checkpoint is a ``torch.save`` of plain data (loaded with
-``weights_only=True``, so a file cannot run code): architecture, input shape,
-number of outputs, whether they are classes or independent labels, state
-dict and a card (data description, metrics).
+``weights_only=True``, so a file cannot run code): architecture and width,
+input shape, number of outputs, whether they are classes or independent
+labels, state dict and a card (architecture, input spec, data description,
+metrics).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 from numpy.typing import NDArray
-from torch import nn
 
-from capc.models.registry import build
+from capc.models.inference import statistics
+from capc.models.registry import ARCHITECTURES, Classifier, build
 
 
 @dataclass
@@ -27,18 +28,22 @@ class Teacher:
 
     ``multi_label``: the ``num_classes`` outputs are independent labels (one
     logit each, positive above 0) rather than mutually exclusive classes.
+    ``width``: the architecture's width option (None: its default).
     """
 
     architecture: str
     input_shape: tuple[int, ...]
     num_classes: int
-    model: nn.Module
+    model: Classifier
     card: dict[str, Any] = field(default_factory=dict)
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     multi_label: bool = False
+    width: int | None = None
 
     def __post_init__(self) -> None:
         self.model.to(self.device).eval()
+        if self.width is None and self.architecture in ARCHITECTURES:
+            self.width = ARCHITECTURES[self.architecture].default_width
 
     @property
     def model_hash(self) -> str:
@@ -64,26 +69,13 @@ class Teacher:
         if not np.isfinite(x).all():
             raise ValueError("queries contain NaN or infinity")
         out = []
-        norms = [m for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        self.model.eval()
-        if current_statistics:
-            # Training mode without tracking: normalise with the batch's own
-            # statistics and leave the stored ones (and their counter) untouched.
-            for m in norms:
-                m.train()
-                m.track_running_stats = False
-        try:
-            with torch.no_grad():
-                # Current statistics need the whole batch in one pass.
-                step = x.shape[0] if current_statistics else chunk
-                for i in range(0, x.shape[0], step):
-                    logits = self.model(torch.from_numpy(x[i : i + step]).to(self.device))
-                    hard = logits > 0 if self.multi_label else logits.argmax(dim=1)
-                    out.append(hard.cpu().numpy())
-        finally:
-            for m in norms:
-                m.track_running_stats = True
-            self.model.eval()
+        with statistics(self.model, current_statistics), torch.no_grad():
+            # Current statistics need the whole batch in one pass.
+            step = x.shape[0] if current_statistics else chunk
+            for i in range(0, x.shape[0], step):
+                logits = self.model(torch.from_numpy(x[i : i + step]).to(self.device))
+                hard = logits > 0 if self.multi_label else logits.argmax(dim=1)
+                out.append(hard.cpu().numpy())
         return np.concatenate(out).astype(np.int64)
 
 
@@ -92,6 +84,7 @@ def save_teacher(path: Path | BinaryIO, teacher: Teacher) -> None:
     torch.save(
         {
             "architecture": teacher.architecture,
+            "width": teacher.width,
             "input_shape": list(teacher.input_shape),
             "num_classes": teacher.num_classes,
             "multi_label": teacher.multi_label,
@@ -106,7 +99,13 @@ def load_teacher(path: Path) -> Teacher:
     """Load a checkpoint written by :func:`save_teacher`; raises ValueError with the reason."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
-        model = build(data["architecture"], tuple(data["input_shape"]), int(data["num_classes"]))
+        width = data.get("width")
+        model = build(
+            data["architecture"],
+            tuple(data["input_shape"]),
+            int(data["num_classes"]),
+            None if width is None else int(width),
+        )
         model.load_state_dict(data["state_dict"])
     except FileNotFoundError:
         raise ValueError(f"no model checkpoint at {path}") from None
@@ -119,4 +118,5 @@ def load_teacher(path: Path) -> Teacher:
         model,
         dict(data.get("card", {})),
         multi_label=bool(data.get("multi_label", False)),
+        width=None if width is None else int(width),
     )

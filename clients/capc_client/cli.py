@@ -231,7 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train = models.add_parser("train", parents=[common], help="train on finished jobs")
     train.add_argument("jobs", nargs="+")
-    train.add_argument("--architecture", default="small-cnn")
+    train.add_argument(
+        "--architecture",
+        default=None,
+        help="pretrained (last layer on the student's body), or small-cnn, mlp, resnet10, "
+        "resnet18 from scratch; default: the student's choice",
+    )
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--wait", action="store_true")

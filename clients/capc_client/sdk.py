@@ -175,7 +175,11 @@ class Client:
 
     # -- student models -----------------------------------------------------------------
     def train(
-        self, job_ids: list[str], architecture: str = "small-cnn", epochs: int = 10, seed: int = 0
+        self,
+        job_ids: list[str],
+        architecture: str | None = None,
+        epochs: int = 10,
+        seed: int = 0,
     ) -> StudentModel:
         body = {"job_ids": job_ids, "architecture": architecture, "epochs": epochs, "seed": seed}
         return StudentModel.model_validate(self._request("POST", "/v1/models", json=body).json())

@@ -7,7 +7,8 @@ For each round it runs batched inference, turns predictions into the votes
 the round's mechanism asks for (one-hot, k-hot, tau-clipped or one-hot over
 label subsets; weighted and zeroed where it sits a query out under
 personalized budgets), and sends the guardian share in the clear and the seed sealed to the
-student (capc.mpc.votes).
+student (capc.mpc.votes). Encrypted rounds run through
+:mod:`services.answerer.encrypted` over a sealed channel to the student.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ import numpy as np
 
 from capc.models import Teacher
 from capc.mpc.votes import encode_votes, share_votes
+from services.answerer.encrypted import EncryptedAnswerer
 from services.common import protocol, tls
 from services.common.recipes import regenerate
+from services.common.relay import RelayChannel
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.answerer")
@@ -55,6 +58,9 @@ class AnsweringParty:
         self.rounds_answered = 0
         self.connected = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capc-inference")
+        self._encrypted = EncryptedAnswerer(name, teacher)
+        # Encrypted rounds in progress: relayed frames from the student go to their channel.
+        self._relays: dict[int, RelayChannel] = {}
 
     def _header(self, task: str = "") -> common_pb2.Header:
         return protocol.header(task)
@@ -143,12 +149,24 @@ class AnsweringParty:
                     work = msg.work
                     task = msg.header.task
                     self._pool.submit(self._answer, work, task, outgoing)
+                elif kind == "relay":
+                    relay = self._relays.get(msg.relay.round_id)
+                    if relay is None:
+                        log.warning(
+                            "a relayed frame for round %d, which is not open here",
+                            msg.relay.round_id,
+                        )
+                    else:
+                        relay.feed(bytes(msg.relay.payload))
                 elif kind == "cancelled":
                     log.warning(
                         "guardian cancelled round %d: %s",
                         msg.cancelled.round_id,
                         msg.cancelled.reason,
                     )
+                    stale = self._relays.get(msg.cancelled.round_id)
+                    if stale is not None:
+                        stale.feed(None)
         finally:
             ended.set()
             outgoing.put(None)
@@ -162,6 +180,9 @@ class AnsweringParty:
     ) -> None:
         try:
             source = work.queries.WhichOneof("source")
+            if source == "encrypted":
+                self._answer_encrypted(work, task, outgoing)
+                return
             if source == "recipe":
                 # Synthetic queries: regenerate, check the hash, normalise with their own statistics.
                 x = regenerate(work.queries.recipe)
@@ -196,6 +217,41 @@ class AnsweringParty:
                     failure=guardian_pb2.RoundFailure(round_id=work.round_id, reason=str(err)),
                 )
             )
+
+    def _answer_encrypted(
+        self,
+        work: guardian_pb2.RoundWork,
+        task: str,
+        outgoing: queue.Queue[guardian_pb2.PartyMessage | None],
+    ) -> None:
+        header = self._header(task)
+
+        def send(payload: bytes, hello: bool = False) -> None:
+            frame = guardian_pb2.RelayFrame(
+                header=header, round_id=work.round_id, payload=payload, hello=hello
+            )
+            outgoing.put(guardian_pb2.PartyMessage(header=header, relay=frame))
+
+        channel, key = RelayChannel.for_party(
+            bytes(work.student_public_key), work.round_id, self.name, send
+        )
+        self._relays[work.round_id] = channel
+        try:
+            answer = self._encrypted.answer(work, channel, key, lambda p: send(p, hello=True))
+        finally:
+            self._relays.pop(work.round_id, None)
+        outgoing.put(
+            guardian_pb2.PartyMessage(
+                header=header,
+                shares=guardian_pb2.Shares(
+                    round_id=work.round_id,
+                    shape=list(answer.share.shape),
+                    guardian_share=answer.share.astype("<u8").tobytes(),
+                    batch_hash=answer.ciphertext_hash,
+                ),
+            )
+        )
+        self.rounds_answered += 1
 
 
 def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int) -> np.ndarray:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.he.params import CkksParams
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel
 from capc.privacy.mechanisms.multi_label import subset_bits
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED
@@ -60,6 +61,57 @@ class Personalization:
             raise ValueError("max_weight must lie in [1, 64]")
 
 
+#: Architectures an encrypted-query task may name (capc.he evaluates them).
+HE_ARCHITECTURES = ("he-cnn", "he-mlp")
+
+
+@dataclass(frozen=True)
+class Encryption:
+    """Encrypted-query mode: the queries reach the parties only as CKKS ciphertexts.
+
+    Every answering party's teacher must have this ``architecture`` and
+    ``width`` (the student packs its queries for that layout); ``params`` are
+    the CKKS parameters every context must use.
+    """
+
+    architecture: str
+    width: int | None
+    params: CkksParams
+
+    def __post_init__(self) -> None:
+        if self.architecture not in HE_ARCHITECTURES:
+            raise ValueError(
+                f"encrypted queries need an HE-friendly architecture ({', '.join(HE_ARCHITECTURES)}), "
+                f"got {self.architecture!r}"
+            )
+
+    def to_json(self) -> str:
+        """Canonical JSON, as carried by each encrypted batch."""
+        return json.dumps(
+            {
+                "architecture": self.architecture,
+                "width": self.width,
+                "params": self.params.to_dict(),
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def parse(cls, d: object) -> Encryption:
+        assert isinstance(d, dict), "encryption must be an object"
+        unknown = set(d) - {"architecture", "width", "params"}
+        assert not unknown, f"unknown encryption settings {sorted(unknown)}"
+        params = d.get("params", {})
+        assert isinstance(params, dict), "encryption.params must be an object"
+        width = d.get("width")
+        return cls(
+            architecture=str(d["architecture"]),
+            width=None if width is None else int(width),
+            params=CkksParams.from_dict(params),
+        )
+
+
 #: Fixed-point fractional bits of shares when votes are not integers (tau clipping, weights).
 FRACTIONAL_SHARE_BITS = 8
 
@@ -80,6 +132,7 @@ class TaskConfig:
     mechanism: MechanismSpec
     quorum: int
     personalization: Personalization | None = None
+    encryption: Encryption | None = None
 
     @classmethod
     def parse(cls, name: str, config: dict[str, object], config_hash: str) -> TaskConfig:
@@ -92,6 +145,7 @@ class TaskConfig:
             outputs = int(str(config["num_labels" if multi else "num_classes"]))
             pers = config.get("personalization")
             assert pers is None or isinstance(pers, dict), "personalization must be an object"
+            enc = config.get("encryption")
             task = cls(
                 name=name,
                 config_hash=config_hash,
@@ -113,6 +167,7 @@ class TaskConfig:
                     planned_queries=int(pers.get("planned_queries", 1000)),
                     max_weight=float(pers.get("max_weight", 4.0)),
                 ),
+                encryption=None if enc is None else Encryption.parse(enc),
             )
         except (KeyError, AssertionError, TypeError, ValueError) as err:
             raise TaskError(f"task {name!r} has an invalid configuration: {err}") from err
@@ -122,6 +177,11 @@ class TaskConfig:
             )
         if not multi and task.num_classes < 2:
             raise TaskError(f"task {name!r}: num_classes must be >= 2")
+        if task.encryption is not None and (multi or task.personalization is not None):
+            raise TaskError(
+                f"task {name!r}: encrypted queries support single-label voting "
+                "(confident-gnmax, gnmax) without personalized budgets"
+            )
         return task
 
     @property

@@ -355,10 +355,9 @@ def create_app(
             200: {
                 "description": "format=npz: an .npz with 'queries' and 'labels' (-1: not answered); "
                 "format=json: the labels",
-                "content": {
-                    "application/octet-stream": {},
-                    "application/json": {"schema": schemas.LabelsOut.model_json_schema()},
-                },
+                # "model" puts LabelsOut in the components, so its $refs resolve.
+                "model": schemas.LabelsOut,
+                "content": {"application/octet-stream": {}},
             },
         },
         tags=["jobs"],
@@ -397,7 +396,7 @@ def create_app(
             student_pb2.TrainModelRequest(
                 header=backends.header,
                 job_ids=body.job_ids,
-                architecture=body.architecture,
+                architecture=body.architecture or "",
                 epochs=body.epochs,
                 seed=body.seed,
             ),

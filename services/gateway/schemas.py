@@ -90,7 +90,11 @@ class LabelsOut(BaseModel):
 
 class ModelCreate(Strict):
     job_ids: list[JobId] = Field(min_length=1, max_length=100)
-    architecture: Literal["small-cnn", "mlp"] = "small-cnn"
+    architecture: Literal["pretrained", "small-cnn", "mlp", "resnet10", "resnet18"] | None = Field(
+        None,
+        description="pretrained: fit the last layer of the student's pretrained body (DIET); "
+        "an architecture name: train from scratch; default: pretrained when the student has a body",
+    )
     epochs: int = Field(10, ge=1, le=200)
     seed: int = Field(0, ge=0, le=2**31 - 1)
 

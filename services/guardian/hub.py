@@ -12,9 +12,10 @@ import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -44,6 +45,7 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/Connect": ("answerer",),
     f"/{SERVICE}/OpenRound": ("student",),
     f"/{SERVICE}/Compute": ("student",),
+    f"/{SERVICE}/Relay": ("student",),
     f"/{SERVICE}/ListParties": ("gateway", "guardian"),
     f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
     f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
@@ -268,6 +270,19 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         link = self.engine.attach(name)
         log.info("answering party %s connected", name)
 
+        def refuse(round_id: int, what: str, accept: Callable[[str, Any], None], body: Any) -> None:
+            # A message the round cannot take: the party is told, the stream stays up.
+            try:
+                accept(name, body)
+            except RoundInputError as err:
+                log.warning("refused %s from %s: %s", what, name, err)
+                link.outbox.put(
+                    guardian_pb2.HubMessage(
+                        header=HEADER,
+                        cancelled=guardian_pb2.RoundCancelled(round_id=round_id, reason=str(err)),
+                    )
+                )
+
         def read() -> None:
             try:
                 for msg in request_iterator:
@@ -280,18 +295,16 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                         )
                         continue
                     if kind == "shares":
-                        try:
-                            self.engine.receive_shares(name, msg.shares)
-                        except RoundInputError as err:
-                            log.warning("refused shares from %s: %s", name, err)
-                            link.outbox.put(
-                                guardian_pb2.HubMessage(
-                                    header=HEADER,
-                                    cancelled=guardian_pb2.RoundCancelled(
-                                        round_id=msg.shares.round_id, reason=str(err)
-                                    ),
-                                )
-                            )
+                        refuse(
+                            msg.shares.round_id, "shares", self.engine.receive_shares, msg.shares
+                        )
+                    elif kind == "relay":
+                        refuse(
+                            msg.relay.round_id,
+                            "a relayed frame",
+                            self.engine.relay_to_student,
+                            msg.relay,
+                        )
                     elif kind == "failure":
                         self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
                     elif kind in ("heartbeat", "register"):
@@ -348,6 +361,39 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
 
         threading.Thread(target=work, name=f"capc-compute-{querier}", daemon=True).start()
         yield from chan.outgoing()
+
+    def Relay(
+        self, request_iterator: Iterator[guardian_pb2.RelayFrame], context: grpc.ServicerContext
+    ) -> Iterator[guardian_pb2.RelayFrame]:
+        querier = self._caller(context, "capc-student")
+        session_id = _session_id(context)
+        box = self.engine.open_relay(querier, session_id)
+
+        def read() -> None:
+            try:
+                for frame in request_iterator:
+                    if frame.header.protocol_version != PROTOCOL_VERSION:
+                        log.warning(
+                            "%s relays with protocol %d; ignored",
+                            querier,
+                            frame.header.protocol_version,
+                        )
+                        continue
+                    try:
+                        self.engine.relay_to_party(querier, session_id, frame)
+                    except RoundInputError as err:
+                        log.warning("refused a relayed frame from %s: %s", querier, err)
+            except grpc.RpcError:
+                pass
+            finally:
+                self.engine.close_relay(querier, session_id, box)
+
+        threading.Thread(target=read, name=f"capc-relay-{querier}", daemon=True).start()
+        while True:
+            item = box.get()
+            if item is None:
+                return
+            yield item
 
 
 @dataclass

@@ -6,6 +6,12 @@ is spent), send the work to the included parties, collect their guardian
 shares and sealed seeds until all arrive or the share timeout passes, abort
 below quorum, and hand the student the sealed seeds of the parties used.
 
+Encrypted-query mode: the round names ciphertexts that the student sends
+each party itself, over the Relay stream; the guardian forwards those
+frames by round and party (sealed end to end, it cannot read them), and
+each party's guardian share comes out of its own 2PC with the student.
+Everything else, ledger and circuit, is as in plain mode.
+
 compute: run the garbled circuit as garbler on the student's stream, with the
 guardian's secure noise folded into its share sum; record the round as
 released right before the first garbled input leaves; charge the actual cost
@@ -80,6 +86,9 @@ class _Round:
     # Personalized budgets: vote weight and, with vanishing, who votes on which query.
     weights: dict[str, float] = field(default_factory=dict)
     votes_on: dict[str, NDArray[np.bool_]] = field(default_factory=dict)
+    # Encrypted-query mode: the student's 2PC session and the ciphertexts' hash.
+    session_id: bytes = b""
+    ciphertext_hash: bytes | None = None
 
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
@@ -103,6 +112,8 @@ class RoundEngine:
         self._rounds: dict[int, _Round] = {}
         # Opened rounds wait here for the 2PC session the student named.
         self._ready: dict[tuple[str, bytes], queue.Queue[int]] = {}
+        # Encrypted-query mode: each student session's Relay stream.
+        self._relays: dict[tuple[str, bytes], queue.Queue[guardian_pb2.RelayFrame | None]] = {}
         self._lock = threading.Lock()
 
     # -- answering parties ----------------------------------------------------
@@ -161,7 +172,12 @@ class RoundEngine:
             raise RoundInputError(
                 f"guardian share must be {8 * rnd.batch * rnd.task.vote_width} bytes, got {len(msg.guardian_share)}"
             )
-        if not msg.sealed_seed:
+        if rnd.ciphertext_hash is not None:
+            if msg.batch_hash != rnd.ciphertext_hash:
+                raise RoundInputError(
+                    f"{name} evaluated other ciphertexts than round {msg.round_id} named: refused"
+                )
+        elif not msg.sealed_seed:
             raise RoundInputError("shares without a sealed seed cannot be used")
         with self._lock:
             if name in rnd.shares or rnd.complete.is_set():
@@ -197,6 +213,12 @@ class RoundEngine:
         except TaskError as err:
             raise RequestError(str(err)) from err
         batch = _check_queries(request.queries, task)
+        encrypted = request.queries.WhichOneof("source") == "encrypted"
+        if encrypted and (querier, session_id) not in self._relays:
+            raise RequestError(
+                "encrypted queries travel over the Relay stream: open it (with the same "
+                "capc-session-id) before opening the round"
+            )
         candidates = self.connected()
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
@@ -225,6 +247,8 @@ class RoundEngine:
             reservation.included,
             weights=weights,
             votes_on=votes_on,
+            session_id=session_id,
+            ciphertext_hash=bytes(request.queries.encrypted.ciphertext_hash) if encrypted else None,
         )
         with self._lock:
             self._rounds[rnd.round_id] = rnd
@@ -276,7 +300,79 @@ class RoundEngine:
             round_id=rnd.round_id,
             included=list(used),
             excluded_remaining_epsilon=dict(reservation.excluded),
-            seeds=[guardian_pb2.SealedSeed(party=p, sealed=rnd.seeds[p]) for p in used],
+            seeds=[
+                guardian_pb2.SealedSeed(party=p, sealed=rnd.seeds[p])
+                for p in used
+                if p in rnd.seeds
+            ],
+        )
+
+    # -- encrypted-query mode: relayed frames ----------------------------------
+    def open_relay(
+        self, querier: str, session_id: bytes
+    ) -> queue.Queue[guardian_pb2.RelayFrame | None]:
+        """The student's Relay stream opened: frames from its rounds' parties go here."""
+        box: queue.Queue[guardian_pb2.RelayFrame | None] = queue.Queue()
+        with self._lock:
+            old = self._relays.get((querier, session_id))
+            self._relays[(querier, session_id)] = box
+        if old is not None:
+            old.put(None)
+        return box
+
+    def close_relay(
+        self, querier: str, session_id: bytes, box: queue.Queue[guardian_pb2.RelayFrame | None]
+    ) -> None:
+        """The Relay stream that opened ``box`` ended (a newer stream keeps its own)."""
+        with self._lock:
+            if self._relays.get((querier, session_id)) is box:
+                del self._relays[(querier, session_id)]
+        box.put(None)
+
+    def _encrypted_round(self, round_id: int, party: str) -> _Round:
+        with self._lock:
+            rnd = self._rounds.get(round_id)
+        if rnd is None or rnd.ciphertext_hash is None or party not in rnd.included:
+            raise RoundInputError(
+                f"round {round_id} is not an open encrypted round with {party or 'no party'}"
+            )
+        return rnd
+
+    def relay_to_party(
+        self, querier: str, session_id: bytes, frame: guardian_pb2.RelayFrame
+    ) -> None:
+        """A student's frame for one party of one of its rounds."""
+        rnd = self._encrypted_round(frame.round_id, frame.party)
+        if (rnd.querier, rnd.session_id) != (querier, session_id):
+            raise RoundInputError(f"round {frame.round_id} belongs to another student session")
+        if frame.hello:
+            raise RoundInputError("only answering parties send hellos")
+        with self._lock:
+            link = self._links.get(frame.party)
+        if link is None:
+            raise RoundInputError(f"{frame.party} is not connected")
+        link.outbox.put(
+            guardian_pb2.HubMessage(
+                header=protocol.header(rnd.task.name, rnd.task.config_hash),
+                relay=guardian_pb2.RelayFrame(round_id=frame.round_id, payload=frame.payload),
+            )
+        )
+
+    def relay_to_student(self, party: str, frame: guardian_pb2.RelayFrame) -> None:
+        """A party's frame for the student of its round; the guardian names the party."""
+        rnd = self._encrypted_round(frame.round_id, party)
+        with self._lock:
+            box = self._relays.get((rnd.querier, rnd.session_id))
+        if box is None:
+            raise RoundInputError(f"the student of round {frame.round_id} closed its relay")
+        box.put(
+            guardian_pb2.RelayFrame(
+                header=protocol.header(rnd.task.name, rnd.task.config_hash),
+                round_id=frame.round_id,
+                party=party,
+                payload=frame.payload,
+                hello=frame.hello,
+            )
         )
 
     def serve_compute(
@@ -398,9 +494,46 @@ class RoundEngine:
             del self._rounds[round_id]
 
 
+#: Most ciphertexts one encrypted round may name.
+MAX_CIPHERTEXTS = 8192
+LAYOUTS = ("batched", "single")
+
+
+def _check_encrypted(batch: common_pb2.EncryptedBatch, task: TaskConfig) -> int:
+    if task.encryption is None:
+        raise RequestError(
+            f"task {task.name} takes no encrypted queries (it has no encryption settings)"
+        )
+    if batch.settings_json != task.encryption.to_json():
+        raise RequestError(
+            f"the ciphertexts were made for encryption settings {batch.settings_json or 'none'}, "
+            f"the task has {task.encryption.to_json()}"
+        )
+    if batch.layout not in LAYOUTS:
+        raise RequestError(f"layout must be one of {', '.join(LAYOUTS)}, got {batch.layout!r}")
+    limit = min(MAX_BATCH, task.encryption.params.slots)
+    if not 1 <= batch.batch <= limit:
+        raise RequestError(f"an encrypted batch holds 1 to {limit} queries, got {batch.batch}")
+    if not 1 <= batch.ciphertexts <= MAX_CIPHERTEXTS:
+        raise RequestError(
+            f"a round names 1 to {MAX_CIPHERTEXTS} ciphertexts, got {batch.ciphertexts}"
+        )
+    if len(batch.ciphertext_hash) != 32:
+        raise RequestError("ciphertext_hash must be the 32-byte SHA-256 of the ciphertexts")
+    if len(batch.context_id) != 64 or any(c not in "0123456789abcdef" for c in batch.context_id):
+        raise RequestError("context_id must be the hex SHA-256 of the public context")
+    return int(batch.batch)
+
+
 def _check_queries(queries: common_pb2.QueryBatch, task: TaskConfig) -> int:
     """Batch size of a valid query batch; recipes must carry the batch hash parties check."""
     source = queries.WhichOneof("source")
+    if source == "encrypted":
+        return _check_encrypted(queries.encrypted, task)
+    if source == "tensor" and task.encryption is not None:
+        raise RequestError(
+            f"task {task.name} takes its private queries encrypted only; send CKKS ciphertexts"
+        )
     if source == "recipe":
         recipe = query_recipe(queries.recipe, task.input_shape, MAX_BATCH)
         if len(queries.recipe.batch_hash) != 32:
@@ -409,9 +542,7 @@ def _check_queries(queries: common_pb2.QueryBatch, task: TaskConfig) -> int:
             )
         return recipe.count
     if source != "tensor":
-        raise RequestError(
-            "queries must be a float32 tensor or a recipe; encrypted queries are not supported yet"
-        )
+        raise RequestError("queries must be a float32 tensor, a recipe or an encrypted batch")
     return len(query_tensor(queries.tensor, task.input_shape, MAX_BATCH))
 
 

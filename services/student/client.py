@@ -3,7 +3,9 @@
 Holds the student's X25519 key (seeds are sealed to it), one long-lived 2PC
 session with the guardian over the Compute stream (base OTs once), and opens
 rounds batch by batch: OpenRound, open the sealed seeds, sum the expanded
-shares, evaluate the garbled circuit, keep the labels.
+shares, evaluate the garbled circuit, keep the labels. Encrypted-query
+rounds (:meth:`StudentClient.label_encrypted`) get the shares from each
+party's 2PC over the Relay stream instead (:mod:`services.student.encrypted`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from capc.data.generators import FloatImages, Recipe
 from capc.mpc.session import EvaluatorSession, new_session_id
@@ -25,6 +28,7 @@ from services.common.mpc_stream import StreamChannel
 from services.common.recipes import recipe_to_proto
 from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+from services.student.encrypted import RelayRouter, StudentCrypto
 
 log = logging.getLogger("capc.student")
 
@@ -61,6 +65,8 @@ class StudentClient:
         self._session: EvaluatorSession | None = None
         self._sid = b""
         self._stream: StreamChannel | None = None
+        self._relay: RelayRouter | None = None
+        self._crypto: StudentCrypto | None = None
 
     @property
     def header(self) -> common_pb2.Header:
@@ -78,6 +84,56 @@ class StudentClient:
             session.setup()
             self._session, self._stream, self._sid = session, stream, sid
         return self._session
+
+    def _ensure_relay(self) -> RelayRouter:
+        self._ensure_session()
+        if self._relay is None or self._relay.ended.is_set():
+            relay = RelayRouter(self.header, self.key, self.timeout)
+            responses = self._stub.Relay(
+                relay.outgoing(), metadata=[*self._meta, ("capc-session-id", self._sid.hex())]
+            )
+            relay.attach(responses)
+            self._relay = relay
+        return self._relay
+
+    @property
+    def crypto(self) -> StudentCrypto:
+        """The student's CKKS keys for the task (encrypted-query tasks only)."""
+        if self.task.encryption is None:
+            raise ValueError(f"task {self.task.name} has no encryption settings")
+        if self._crypto is None:
+            self._crypto = StudentCrypto(
+                self.task.encryption, self.task.input_shape, self.task.num_classes
+            )
+        return self._crypto
+
+    def label_encrypted(
+        self,
+        queries: ArrayLike,
+        mechanism: common_pb2.Mechanism | None = None,
+        layout: str | None = None,
+    ) -> RoundResult:
+        """Label one batch whose queries leave the student only as CKKS ciphertexts.
+
+        ``layout``: "batched" or "single"; by default whichever sends fewer ciphertexts.
+        """
+        crypto = self.crypto
+        batch = crypto.encrypt(queries, layout)
+        relay = self._ensure_relay()
+        relay.pending = batch
+        try:
+            return self._round(
+                crypto.message(batch),
+                batch.batch,
+                mechanism,
+                shares=lambda parties: sum(
+                    (batch.share(p, self.timeout) for p in parties),
+                    np.zeros((batch.batch, batch.num_classes), dtype=np.uint64),
+                ),
+            )
+        finally:
+            relay.pending = None
+            relay.clear()
 
     def label_batch(
         self, queries: NDArray[np.float32], mechanism: common_pb2.Mechanism | None = None
@@ -109,6 +165,7 @@ class StudentClient:
         batch_msg: common_pb2.QueryBatch,
         batch: int,
         mechanism: common_pb2.Mechanism | None = None,
+        shares: Callable[[list[str]], NDArray[np.uint64]] | None = None,
     ) -> RoundResult:
         # The circuit's noise and thresholds follow the overrides, as the guardian's do.
         task = self.task.overridden(mechanism)
@@ -126,10 +183,15 @@ class StudentClient:
             timeout=self.timeout,
         )
         opened = time.perf_counter()
-        sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
-        if set(sealed) != set(reply.included):
-            raise RuntimeError("the guardian's seeds do not match the parties it reports")
-        student_sum = student_share_sum(self.key, sealed, reply.round_id, (batch, task.vote_width))
+        if shares is not None:
+            student_sum = shares(list(reply.included))
+        else:
+            sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
+            if set(sealed) != set(reply.included):
+                raise RuntimeError("the guardian's seeds do not match the parties it reports")
+            student_sum = student_share_sum(
+                self.key, sealed, reply.round_id, (batch, task.vote_width)
+            )
         spec = task.circuit_spec(len(reply.included))
         out = session.run_round(
             reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
@@ -158,6 +220,8 @@ class StudentClient:
 
     def close(self, timeout: float = 30.0) -> None:
         """Half-close the 2PC stream, let the guardian finish its last round, then disconnect."""
+        if self._relay is not None:
+            self._relay.close()
         if self._stream is not None:
             self._stream.close()
             self._stream.ended.wait(timeout)

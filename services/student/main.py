@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from capc.models import load_teacher
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
 from services.common.task import TaskConfig, TaskError, config_hash
@@ -45,6 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=None,
         help="the student's own labelled test set (.npz with x and y) to evaluate student models",
     )
+    p.add_argument(
+        "--body",
+        type=Path,
+        default=None,
+        help="pretrained body (capc diet pretrain): student models fit its last layer (DIET)",
+    )
     add_tls_args(p)
     p.set_defaults(handler=run)
 
@@ -57,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
         creds = None if files is None else tls.server_credentials(files)
         test_set = None if args.test_data is None else load_test_set(args.test_data, task)
+        body = None if args.body is None else load_teacher(args.body)
     except (OSError, ValueError, TaskError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -72,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
         interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
         options=list(tls.SERVER_OPTIONS),
     )
-    trainer = ModelTrainer(store, task, test_set)
+    try:
+        trainer = ModelTrainer(store, task, test_set, body)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     student_pb2_grpc.add_StudentPartyServicer_to_server(
         StudentParty(store, runner, task, trainer), server
     )

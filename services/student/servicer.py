@@ -133,6 +133,9 @@ class JobRunner:
                         part = dataclasses.replace(base, start=base.start + lo, count=hi - lo)
                         # The batch is already generated: it only needs hashing.
                         result = self._client.label_recipe(part, mechanism, images=batch)
+                    elif self._client.task.encryption is not None:
+                        # an encrypted-query task: uploaded records leave only as ciphertexts
+                        result = self._client.label_encrypted(batch, mechanism)
                     else:
                         result = self._client.label_batch(batch, mechanism)
                     self.store.record_batch(
@@ -290,7 +293,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self, request: student_pb2.TrainModelRequest, context: grpc.ServicerContext
     ) -> student_pb2.StudentModel:
         self._check(request.header, context)
-        arch = request.architecture or "small-cnn"
+        arch = request.architecture or self.trainer.default_architecture
         epochs = request.epochs or 10
         try:
             self.trainer.check(list(request.job_ids), arch, epochs)

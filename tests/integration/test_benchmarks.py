@@ -92,3 +92,37 @@ def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> No
     assert generators == {"gaussian", "spectral", "dead_leaves", "fractal", "mix"}
     inference = [r for r in rows if r["bench"] == "teacher_inference"]
     assert inference and all(r["images_per_s_current_statistics"] > 0 for r in inference)
+
+
+@pytest.mark.slow
+def test_encrypted_inference_benchmark_reports_every_key() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/encrypted_inference.py",
+            "--epochs",
+            "1",
+            "--batch",
+            "32",
+            "--single",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    report = json.loads(out.stdout)
+    for key in (
+        "single_query_s",
+        "batched_queries_per_s",
+        "encrypt_s",
+        "evaluate_s",
+        "decrypt_s",
+        "ciphertext_bytes",
+        "context_bytes",
+    ):
+        assert report[key] > 0, key
+    assert report["security_bits"] == 128
+    assert report["argmax_agreement"] >= 0.95 and report["single_argmax_agreement"] == 1.0

@@ -38,7 +38,8 @@ def test_gnmax_is_finite_and_capped(votes: np.ndarray, sigma: float) -> None:
     got = rdp.gnmax(votes, sigma, DEFAULT_ORDERS)
     cap = rdp.gnmax_data_independent(sigma, DEFAULT_ORDERS)
     assert np.isfinite(got).all() and (got >= 0).all() and (got <= cap).all()
-    assert rdp.log_q_gnmax(votes, sigma) <= np.log(1 - 1 / votes.size)
+    # Up to one ulp: math.log and numpy's log may round 1 - 1/K differently.
+    assert rdp.log_q_gnmax(votes, sigma) <= np.log(1 - 1 / votes.size) + 1e-15
 
 
 @settings(max_examples=150, deadline=None)

@@ -150,3 +150,34 @@ def test_job_overrides_may_only_add_privacy() -> None:
     )
     with pytest.raises(TaskError, match="only to a confident mechanism"):
         gnmax.overridden(common_pb2.Mechanism(sigma1=9.0))
+
+
+def test_encrypted_tasks() -> None:
+    base = {
+        "num_classes": 10,
+        "input_shape": [1, 28, 28],
+        "mechanism": {"name": "confident-gnmax", "sigma": 4.0, "threshold": 8.0, "sigma1": 4.0},
+        "encryption": {"architecture": "he-cnn", "width": 5, "params": {"mask_bits": 25}},
+    }
+    task = TaskConfig.parse("t", base, config_hash(base))
+    assert task.encryption is not None and task.encryption.params.mask_bits == 25
+    assert '"architecture":"he-cnn"' in task.encryption.to_json()
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({**base, "encryption": {"architecture": "resnet10"}}, "HE-friendly"),
+        ({**base, "encryption": {"architecture": "he-cnn", "key": 1}}, "unknown encryption"),
+        (
+            {
+                **base,
+                "encryption": {"architecture": "he-cnn", "params": {"poly_modulus_degree": 4096}},
+            },
+            "128-bit",
+        ),
+        ({**base, "personalization": {"mode": "weighting"}}, "without personalized budgets"),
+        (
+            {**base, "num_labels": 3, "mechanism": {"name": "binary", "sigma": 1.0}},
+            "single-label voting",
+        ),
+    ]
+    for config, reason in bad:
+        with pytest.raises(TaskError, match=reason):
+            TaskConfig.parse("t", config, config_hash(config))

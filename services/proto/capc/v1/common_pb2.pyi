@@ -46,17 +46,31 @@ class Tensor(_message.Message):
     data: bytes
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class EncryptedBatch(_message.Message):
+    __slots__ = ("context_id", "layout", "batch", "ciphertexts", "ciphertext_hash", "settings_json")
+    CONTEXT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    CIPHERTEXTS_FIELD_NUMBER: _ClassVar[int]
+    CIPHERTEXT_HASH_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    context_id: str
+    layout: str
+    batch: int
+    ciphertexts: int
+    ciphertext_hash: bytes
+    settings_json: str
+    def __init__(self, context_id: _Optional[str] = ..., layout: _Optional[str] = ..., batch: _Optional[int] = ..., ciphertexts: _Optional[int] = ..., ciphertext_hash: _Optional[bytes] = ..., settings_json: _Optional[str] = ...) -> None: ...
+
 class QueryBatch(_message.Message):
-    __slots__ = ("recipe", "tensor", "ciphertexts", "context_hash")
+    __slots__ = ("recipe", "tensor", "encrypted")
     RECIPE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_FIELD_NUMBER: _ClassVar[int]
-    CIPHERTEXTS_FIELD_NUMBER: _ClassVar[int]
-    CONTEXT_HASH_FIELD_NUMBER: _ClassVar[int]
+    ENCRYPTED_FIELD_NUMBER: _ClassVar[int]
     recipe: Recipe
     tensor: Tensor
-    ciphertexts: bytes
-    context_hash: bytes
-    def __init__(self, recipe: _Optional[_Union[Recipe, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., ciphertexts: _Optional[bytes] = ..., context_hash: _Optional[bytes] = ...) -> None: ...
+    encrypted: EncryptedBatch
+    def __init__(self, recipe: _Optional[_Union[Recipe, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., encrypted: _Optional[_Union[EncryptedBatch, _Mapping]] = ...) -> None: ...
 
 class Mechanism(_message.Message):
     __slots__ = ("name", "num_classes", "num_labels", "sigma", "threshold", "sigma1", "tau", "confidence_threshold")

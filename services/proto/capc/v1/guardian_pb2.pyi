@@ -8,18 +8,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PartyMessage(_message.Message):
-    __slots__ = ("header", "register", "shares", "heartbeat", "failure")
+    __slots__ = ("header", "register", "shares", "heartbeat", "failure", "relay")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     register: Register
     shares: Shares
     heartbeat: Heartbeat
     failure: RoundFailure
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., shares: _Optional[_Union[Shares, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., failure: _Optional[_Union[RoundFailure, _Mapping]] = ...) -> None: ...
+    relay: RelayFrame
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., shares: _Optional[_Union[Shares, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., failure: _Optional[_Union[RoundFailure, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ...) -> None: ...
+
+class RelayFrame(_message.Message):
+    __slots__ = ("header", "round_id", "party", "payload", "hello")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    round_id: int
+    party: str
+    payload: bytes
+    hello: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., party: _Optional[str] = ..., payload: _Optional[bytes] = ..., hello: _Optional[bool] = ...) -> None: ...
 
 class TeacherInfo(_message.Message):
     __slots__ = ("architecture", "input_shape", "num_classes", "model_hash")
@@ -68,16 +84,18 @@ class RoundFailure(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class HubMessage(_message.Message):
-    __slots__ = ("header", "registered", "work", "cancelled")
+    __slots__ = ("header", "registered", "work", "cancelled", "relay")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     registered: Registered
     work: RoundWork
     cancelled: RoundCancelled
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., work: _Optional[_Union[RoundWork, _Mapping]] = ..., cancelled: _Optional[_Union[RoundCancelled, _Mapping]] = ...) -> None: ...
+    relay: RelayFrame
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., work: _Optional[_Union[RoundWork, _Mapping]] = ..., cancelled: _Optional[_Union[RoundCancelled, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("party", "epsilon_cap")

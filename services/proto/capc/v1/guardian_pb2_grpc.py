@@ -49,6 +49,11 @@ class GuardianHubStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.FromString,
                 _registered_method=True)
+        self.Relay = channel.stream_stream(
+                '/capc.v1.GuardianHub/Relay',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.RelayFrame.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.RelayFrame.FromString,
+                _registered_method=True)
         self.ListParties = channel.unary_unary(
                 '/capc.v1.GuardianHub/ListParties',
                 request_serializer=capc_dot_v1_dot_guardian__pb2.ListPartiesRequest.SerializeToString,
@@ -95,6 +100,14 @@ class GuardianHubServicer:
 
     def Compute(self, request_iterator, context):
         """Student: the two-party computation of a round (capc.mpc frames).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Relay(self, request_iterator, context):
+        """Student, encrypted-query mode: frames to and from the answering parties
+        of its open rounds, which the guardian forwards without reading them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -148,6 +161,11 @@ def add_GuardianHubServicer_to_server(servicer, server):
                     servicer.Compute,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.SerializeToString,
+            ),
+            'Relay': grpc.stream_stream_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.RelayFrame.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.RelayFrame.SerializeToString,
             ),
             'ListParties': grpc.unary_unary_rpc_method_handler(
                     servicer.ListParties,
@@ -256,6 +274,33 @@ class GuardianHub:
             '/capc.v1.GuardianHub/Compute',
             capc_dot_v1_dot_guardian__pb2.MpcFrame.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.MpcFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relay(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/capc.v1.GuardianHub/Relay',
+            capc_dot_v1_dot_guardian__pb2.RelayFrame.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.RelayFrame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,163 @@
+"""``capc diet``: pretrain a shared body on synthetic images, run the central-mode experiment.
+
+Pure: no services, no network. The ``capc`` dispatcher in ``services.cli``
+mounts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from capc.data.generators import GENERATORS
+from capc.learning.diet import (
+    DATASETS,
+    STATISTICS,
+    BodyConfig,
+    DietConfig,
+    format_table,
+    pretrained_body,
+    quick,
+    run,
+    save_body,
+)
+from capc.learning.pate import ConfidentParams
+from capc.learning.simclr import PretrainConfig
+from capc.models import ARCHITECTURES
+
+
+def _names(text: str, known: tuple[str, ...] | list[str], what: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in known]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"{what}: unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(known)}"
+        )
+    return names
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _body_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--architecture", choices=sorted(ARCHITECTURES), default="resnet10")
+    p.add_argument("--width", type=int, default=32, help="channels of the first stage")
+    p.add_argument("--pretrain-steps", type=int, default=1500)
+    p.add_argument("--pretrain-batch", type=int, default=256)
+    p.add_argument(
+        "--pretrain-generators",
+        type=lambda s: _names(s, list(GENERATORS), "--pretrain-generators"),
+        default=("dead_leaves", "spectral", "fractal"),
+    )
+    p.add_argument("--pool", type=int, default=12_000, help="synthetic images to pretrain on")
+
+
+def _body_config(args: argparse.Namespace) -> BodyConfig:
+    return BodyConfig(
+        architecture=args.architecture,
+        width=args.width,
+        generators=args.pretrain_generators,
+        pool=args.pool,
+        pretrain=PretrainConfig(steps=args.pretrain_steps, batch=args.pretrain_batch),
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``diet pretrain`` and ``diet run``."""
+    p = sub.add_parser("diet", help="data-free learning: pretraining and the DIET experiment")
+    dsub = p.add_subparsers(dest="diet_command", required=True)
+
+    pre = dsub.add_parser("pretrain", help="pretrain a shared body on synthetic images")
+    _body_args(pre)
+    pre.add_argument("--classes", type=int, default=10, help="outputs of the (unused) head")
+    pre.add_argument("--out", type=Path, required=True, help="checkpoint to write")
+    pre.add_argument("--cache", type=Path, default=Path(".capc-cache"), help="pretrained bodies")
+    pre.set_defaults(handler=run_pretrain)
+
+    r = dsub.add_parser("run", help="the central-mode DIET-PATE experiment (no services)")
+    r.add_argument("--dataset", choices=DATASETS, default="animal-mnist")
+    r.add_argument("--teachers", type=int, default=100)
+    r.add_argument("--split", choices=("iid", "skewed"), default="iid")
+    _body_args(r)
+    r.add_argument(
+        "--generators",
+        type=lambda s: _names(s, list(GENERATORS), "--generators"),
+        default=DietConfig.generators,
+    )
+    r.add_argument(
+        "--statistics",
+        type=lambda s: _names(s, STATISTICS, "--statistics"),
+        default=STATISTICS,
+    )
+    r.add_argument("--epsilons", type=_numbers, default=(5.0, 10.0, 20.0))
+    r.add_argument("--delta", type=float, default=1e-5)
+    r.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
+    r.add_argument("--queries", type=int, default=4096, help="synthetic queries per generator")
+    r.add_argument("--batch", type=int, default=512, help="queries per round (statistics batch)")
+    r.add_argument("--threshold", type=float, default=50.0, help="T for 100 teachers (scaled)")
+    r.add_argument("--sigma1", type=float, default=40.0, help="for 100 teachers (scaled)")
+    r.add_argument("--sigma2", type=float, default=8.0, help="for 100 teachers (scaled)")
+    r.add_argument("--no-baseline", action="store_true", help="skip standard PATE from scratch")
+    r.add_argument("--cache", type=Path, default=Path(".capc-cache"), help="pretrained bodies")
+    r.add_argument("--out", type=Path, help="write the JSON result here")
+    r.add_argument("--quick", action="store_true", help="tiny settings, for a smoke test")
+    r.add_argument("--json", action="store_true", help="print the JSON result")
+    r.set_defaults(handler=run_experiment)
+
+
+def run_pretrain(args: argparse.Namespace) -> int:
+    """Write a pretrained body as a model checkpoint with a card saying how it was made."""
+    config = _body_config(args)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = pretrained_body(
+        config, args.cache, args.classes, lambda s: print(s, flush=True), device
+    )
+    save_body(args.out, model, config)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    """Run the experiment, print the table (or JSON) and save the JSON."""
+    try:
+        config = DietConfig(
+            dataset=args.dataset,
+            teachers=args.teachers,
+            split=args.split,
+            body=_body_config(args),
+            generators=args.generators,
+            statistics=args.statistics,
+            epsilons=args.epsilons,
+            delta=args.delta,
+            seeds=tuple(range(args.seeds)),
+            queries=args.queries,
+            batch=args.batch,
+            mechanism=ConfidentParams(args.threshold, args.sigma1, args.sigma2),
+            baseline=not args.no_baseline,
+        )
+        if args.quick:
+            config = quick(config)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else print
+    result = run(config, args.cache, log)
+    text = json.dumps(result, indent=2, default=float)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text if args.json else format_table(result), flush=True)
+    return 0

@@ -1,0 +1,580 @@
+"""The central-mode DIET-PATE experiment: does a shared student learn from synthetic queries?
+
+For each seed: hold out a test set (the student's), split the rest into
+disjoint hospitals, and build every hospital's teacher from one body
+pretrained on synthetic images (its own BatchNorm statistics, its own last
+layer). Then, for each query generator and each way of normalising the
+queries (the teachers' "original" statistics, or the query batch's
+"current" statistics): generate the queries, collect the teachers' votes,
+label them with Confident-GNMax until each budget is spent (data-dependent
+accounting, :mod:`capc.learning.pate`), fit the student's last layer on the
+answered queries and test it on the held-out real images.
+
+Two references come with it: standard PATE without pretraining (teachers
+and student of the same architecture trained from scratch, the same
+synthetic queries and noise) and a non-private model on all teacher data.
+No services run here; the same teachers and student code serve them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from capc.data.generators import GENERATORS, Recipe
+from capc.data.offline import animal_mnist, digits, partition, skewed_partition
+from capc.learning.last_layer import fit_linear, self_train_linear
+from capc.learning.pate import ConfidentParams, label_within_budgets
+from capc.learning.simclr import PretrainConfig, pretrain
+from capc.learning.supervised import fit
+from capc.learning.teachers import fit_head_ensemble
+from capc.models.checkpoint import Teacher, save_teacher
+from capc.models.inference import features, logits
+from capc.models.registry import Classifier, build
+from capc.privacy.mechanisms.single_label import vote_histogram
+from capc.privacy.randomness import SecureRandom
+
+DATASETS = ("animal-mnist", "digits")
+STATISTICS = ("original", "current")
+Log = Callable[[str], None]
+
+
+def load_images(name: str) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    """(N, 1, 28, 28) images in [0, 1] and (N,) classes of an offline dataset."""
+    if name == "animal-mnist":
+        return animal_mnist()
+    if name == "digits":
+        return digits(28)
+    raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+
+
+@dataclass(frozen=True)
+class BodyConfig:
+    """The shared body: architecture, width, and its synthetic pretraining."""
+
+    architecture: str = "resnet10"
+    width: int = 32
+    input_shape: tuple[int, int, int] = (1, 28, 28)
+    generators: tuple[str, ...] = ("dead_leaves", "spectral", "fractal")
+    pool: int = 12_000
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+
+    @property
+    def key(self) -> str:
+        """A short hash naming the pretrained body in a cache folder."""
+        text = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def synthetic_pool(config: BodyConfig) -> NDArray[np.float32]:
+    """The pretraining images: ``pool`` images split evenly among ``generators``."""
+    per = -(-config.pool // len(config.generators))
+    return np.concatenate(
+        [
+            Recipe(g, 10_000 + i, 0, per, config.input_shape).generate()
+            for i, g in enumerate(config.generators)
+        ]
+    )[: config.pool]
+
+
+def pretrained_body(
+    config: BodyConfig, cache: Path | None, num_classes: int, log: Log, device: str
+) -> Classifier:
+    """The body pretrained on synthetic images, read from ``cache`` when it is there."""
+    model = build(config.architecture, config.input_shape, num_classes, config.width).to(device)
+    path = None if cache is None else cache / f"body-{config.key}.pt"
+    if path is not None and path.exists():
+        state = torch.load(path, map_location=device, weights_only=True)
+        model.features.load_state_dict(state)
+        log(f"pretrained body read from {path}")
+        return model.eval()
+    log(
+        f"pretraining {config.architecture} (width {config.width}) on {config.pool} synthetic "
+        f"images ({', '.join(config.generators)}), {config.pretrain.steps} steps"
+    )
+    pretrain(model, synthetic_pool(config), config.pretrain, log)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(model.features.state_dict(), path)
+    return model.eval()
+
+
+def save_body(path: Path, model: Classifier, config: BodyConfig) -> None:
+    """Write a pretrained body as a model checkpoint whose card says how it was made."""
+    card = {
+        "kind": "pretrained body",
+        "data": f"{config.pool} synthetic images ({', '.join(config.generators)}); no real data",
+        "pretraining": {"method": "SimCLR", **config.pretrain.to_dict()},
+        "note": "the head is untrained; fit the last layer before use",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_teacher(
+        path,
+        Teacher(
+            config.architecture,
+            config.input_shape,
+            model.head.out_features,
+            copy.deepcopy(model).cpu(),
+            card,
+            device="cpu",
+            width=config.width,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class DietConfig:
+    """Everything one run of the experiment depends on (recorded with its results)."""
+
+    dataset: str = "animal-mnist"
+    teachers: int = 100
+    split: str = "iid"
+    body: BodyConfig = field(default_factory=BodyConfig)
+    generators: tuple[str, ...] = ("gaussian", "spectral", "dead_leaves", "fractal", "mix")
+    statistics: tuple[str, ...] = STATISTICS
+    epsilons: tuple[float, ...] = (5.0, 10.0, 20.0)
+    delta: float = 1e-5
+    seeds: tuple[int, ...] = (0, 1, 2)
+    queries: int = 4096
+    batch: int = 512
+    #: Confident-GNMax for 100 teachers; scaled with the teacher count.
+    mechanism: ConfidentParams = field(
+        default_factory=lambda: ConfidentParams(threshold=50.0, sigma1=40.0, sigma2=8.0)
+    )
+    test_size: int = 1000
+    teacher_l2: float = 1e-2
+    student_l2: float = 1e-3
+    baseline: bool = True
+    #: Standard PATE trains every teacher from scratch: a small CNN keeps that affordable.
+    baseline_architecture: str = "small-cnn"
+    baseline_epochs: int = 30
+    upper_bound_epochs: int = 10
+    device: str = field(default_factory=lambda: "cuda" if torch.cuda.is_available() else "cpu")
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
+        if self.split not in ("iid", "skewed"):
+            raise ValueError(f"split must be iid or skewed, got {self.split!r}")
+        unknown = [g for g in self.generators if g not in GENERATORS]
+        if unknown:
+            raise ValueError(f"unknown generators {unknown}; known: {', '.join(GENERATORS)}")
+        if not set(self.statistics) <= set(STATISTICS) or not self.statistics:
+            raise ValueError(f"statistics must be some of {', '.join(STATISTICS)}")
+        if self.teachers < 1 or self.queries < 1 or self.batch < 2 or not self.seeds:
+            raise ValueError("need teachers >= 1, queries >= 1, batch >= 2 and one seed")
+
+    @property
+    def params(self) -> ConfidentParams:
+        """The mechanism at this run's teacher count."""
+        return self.mechanism.scaled(self.teachers)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["mechanism_at_teachers"] = asdict(self.params)
+        return d
+
+
+def _split(
+    y: NDArray[np.int64], config: DietConfig, seed: int
+) -> tuple[NDArray[np.int64], list[NDArray[np.int64]]]:
+    order = np.random.default_rng([seed, 1]).permutation(len(y))
+    test, rest = np.sort(order[: config.test_size]), order[config.test_size :]
+    if config.split == "iid":
+        parts = [rest[p] for p in partition(len(rest), config.teachers, seed)]
+    else:
+        parts = [rest[p] for p in skewed_partition(y[rest], config.teachers, seed=seed)]
+    return test, parts
+
+
+def _accuracy(pred: torch.Tensor, y: NDArray[np.int64]) -> float:
+    return float((pred.argmax(dim=1).numpy() == y).mean())
+
+
+def _student_accuracy(
+    body: Classifier,
+    query_features: torch.Tensor,
+    test_features: torch.Tensor,
+    y_test: NDArray[np.int64],
+    l2: float,
+    labels: NDArray[np.int64],
+) -> tuple[float, float]:
+    """Test accuracy of the student's head on the answered queries, and of the head
+    self-trained on the unanswered ones too (post-processing: no privacy cost)."""
+    answered = labels >= 0
+    if answered.sum() < 2 or len(np.unique(labels[answered])) < 2:
+        return float("nan"), float("nan")
+    classes = body.head.out_features
+    head = fit_linear(query_features[answered], labels[answered], classes, l2=l2, balanced=True)
+    selfish = self_train_linear(query_features, labels, classes, l2=l2)
+    with torch.no_grad():
+        return _accuracy(head(test_features), y_test), _accuracy(selfish(test_features), y_test)
+
+
+def _label_rows(
+    hist: NDArray[np.float64],
+    truth: NDArray[np.int64],
+    config: DietConfig,
+    rng: SecureRandom,
+    student: Callable[[NDArray[np.int64]], tuple[float, float]],
+    base: dict[str, Any],
+) -> list[dict[str, Any]]:
+    rows = []
+    for run in label_within_budgets(
+        hist, config.params, config.epsilons, config.delta, rng, num_teachers=config.teachers
+    ):
+        answered = run.answered
+        accuracy, self_trained = student(run.labels)
+        rows.append(
+            {
+                **base,
+                "epsilon": run.budget,
+                "processed": run.processed,
+                "answered": int(answered.sum()),
+                "label_accuracy": float((run.labels[answered] == truth[answered]).mean())
+                if answered.any()
+                else float("nan"),
+                "student_accuracy": accuracy,
+                "student_accuracy_self_trained": self_trained,
+                "epsilon_spent": run.epsilon,
+                "order": run.order,
+                "sanitised_epsilon": run.sanitised_epsilon,
+            }
+        )
+    return rows
+
+
+def run_seed(
+    config: DietConfig,
+    seed: int,
+    body: Classifier,
+    x: NDArray[np.float32],
+    y: NDArray[np.int64],
+    log: Log,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Every DIET and baseline row of one seed, and that seed's reference accuracies."""
+    classes = body.head.out_features
+    test, parts = _split(y, config, seed)
+    train = np.concatenate(parts)
+    t0 = time.perf_counter()
+    ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
+    test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
+    test_votes = vote_histogram(
+        ensemble.predictions(x[test], current_statistics=False, batch=config.batch), classes
+    )
+    refs: dict[str, float] = {
+        "teacher_ensemble_accuracy": float((test_votes.argmax(1) == y[test]).mean()),
+        "non_private_last_layer_accuracy": _accuracy(
+            fit_linear(
+                features(body, x[train], current_statistics=True, batch=config.batch),
+                y[train],
+                classes,
+                l2=config.student_l2,
+            )(test_feats).detach(),
+            y[test],
+        ),
+    }
+    log(
+        f"seed {seed}: {config.teachers} teachers fitted in {time.perf_counter() - t0:.0f} s; "
+        f"their noiseless majority gets {refs['teacher_ensemble_accuracy']:.3f} of the test set"
+    )
+    rows: list[dict[str, Any]] = []
+    rng = SecureRandom.from_seed(f"diet-{seed}")
+    baseline_teachers: list[torch.nn.Module] = []
+    if config.baseline:
+        baseline_teachers, refs["non_private_full_training_accuracy"] = _scratch_models(
+            config, x, y, parts, train, test, seed
+        )
+    for gi, generator in enumerate(config.generators):
+        queries = Recipe(
+            generator, 1000 * seed + gi, 0, config.queries, config.body.input_shape
+        ).generate()
+        qf = features(body, queries, current_statistics=True, batch=config.batch)
+        for stats in config.statistics:
+            t1 = time.perf_counter()
+            preds = ensemble.predictions(
+                queries, current_statistics=stats == "current", batch=config.batch
+            )
+            hist = vote_histogram(preds, classes)
+            truth = hist.argmax(1).astype(np.int64)
+            base = {"method": "diet", "generator": generator, "statistics": stats, "seed": seed}
+            rows += _label_rows(
+                hist,
+                truth,
+                config,
+                rng,
+                partial(_student_accuracy, body, qf, test_feats, y[test], config.student_l2),
+                base,
+            )
+            log(
+                f"seed {seed} {generator:<11} {stats:<8} votes in {time.perf_counter() - t1:.0f} s: "
+                + ", ".join(
+                    f"eps {r['epsilon']:g}: {r['answered']} labels, student {r['student_accuracy']:.3f}"
+                    for r in rows[-len(config.epsilons) :]
+                )
+            )
+        if baseline_teachers:
+            rows += _baseline_rows(
+                config, baseline_teachers, queries, x, y, test, rng, seed, generator
+            )
+            log(
+                f"seed {seed} {generator:<11} baseline: "
+                + ", ".join(
+                    f"eps {r['epsilon']:g}: student {r['student_accuracy']:.3f}"
+                    for r in rows[-len(config.epsilons) :]
+                )
+            )
+    return rows, refs
+
+
+def _scratch_models(
+    config: DietConfig,
+    x: NDArray[np.float32],
+    y: NDArray[np.int64],
+    parts: Sequence[NDArray[np.int64]],
+    train: NDArray[np.int64],
+    test: NDArray[np.int64],
+    seed: int,
+) -> tuple[list[torch.nn.Module], float]:
+    """Teachers trained from scratch on their own data, and the non-private model on all of it."""
+    classes = int(y.max()) + 1
+
+    def fresh() -> torch.nn.Module:
+        return build(config.baseline_architecture, config.body.input_shape, classes).to(
+            config.device
+        )
+
+    teachers = [
+        fit(fresh(), x[p], y[p], epochs=config.baseline_epochs, seed=seed * 1000 + i)
+        for i, p in enumerate(parts)
+    ]
+    full = fit(fresh(), x[train], y[train], epochs=config.upper_bound_epochs, seed=seed)
+    return teachers, _accuracy(logits(full, x[test]), y[test])
+
+
+def _baseline_rows(
+    config: DietConfig,
+    teachers: Sequence[torch.nn.Module],
+    queries: NDArray[np.float32],
+    x: NDArray[np.float32],
+    y: NDArray[np.int64],
+    test: NDArray[np.int64],
+    rng: SecureRandom,
+    seed: int,
+    generator: str,
+) -> list[dict[str, Any]]:
+    """Standard PATE without pretraining: scratch teachers (their own statistics) label the
+    same queries; the student is trained from scratch on the answers."""
+    classes = int(y.max()) + 1
+    preds = np.stack([logits(t, queries).argmax(dim=1).numpy() for t in teachers], axis=1)
+    hist = vote_histogram(preds, classes)
+
+    def student(labels: NDArray[np.int64]) -> tuple[float, float]:
+        answered = labels >= 0
+        if answered.sum() < 2:
+            return float("nan"), float("nan")
+        model = fit(
+            build(config.baseline_architecture, config.body.input_shape, classes).to(config.device),
+            queries[answered],
+            labels[answered],
+            epochs=config.baseline_epochs,
+            seed=seed,
+        )
+        acc = _accuracy(logits(model, x[test]), y[test])
+        return acc, float("nan")  # no frozen body to self-train a head on
+
+    base = {
+        "method": "pate-scratch",
+        "generator": generator,
+        "statistics": "original",
+        "seed": seed,
+    }
+    return _label_rows(hist, hist.argmax(1).astype(np.int64), config, rng, student, base)
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and standard deviation over seeds of each (method, generator, statistics, epsilon)."""
+    groups: dict[tuple[str, str, str, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["generator"], r["statistics"], r["epsilon"]), []).append(
+            r
+        )
+    table = []
+    for (method, generator, stats, eps), rs in groups.items():
+        entry: dict[str, Any] = {
+            "method": method,
+            "generator": generator,
+            "statistics": stats,
+            "epsilon": eps,
+            "seeds": len(rs),
+        }
+        for key in (
+            "answered",
+            "label_accuracy",
+            "student_accuracy",
+            "student_accuracy_self_trained",
+            "sanitised_epsilon",
+        ):
+            vals = np.array([r.get(key, np.nan) for r in rs], dtype=np.float64)
+            entry[key] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
+            entry[f"{key}_std"] = (
+                float(np.nanstd(vals)) if np.isfinite(vals).any() else float("nan")
+            )
+        table.append(entry)
+    return table
+
+
+def goals(table: Sequence[dict[str, Any]], config: DietConfig) -> dict[str, Any]:
+    """The issue's two measurable goals, checked on the summary table."""
+    diet = [t for t in table if t["method"] == "diet"]
+    noise_like = ("gaussian", "spectral")
+    pairs = []
+    for g in noise_like:
+        for eps in config.epsilons:
+            cur = [
+                t
+                for t in diet
+                if (t["generator"], t["statistics"], t["epsilon"]) == (g, "current", eps)
+            ]
+            orig = [
+                t
+                for t in diet
+                if (t["generator"], t["statistics"], t["epsilon"]) == (g, "original", eps)
+            ]
+            if cur and orig:
+                pairs.append(
+                    {
+                        "generator": g,
+                        "epsilon": eps,
+                        "current": cur[0]["student_accuracy"],
+                        "original": orig[0]["student_accuracy"],
+                    }
+                )
+    # either head counts: self-training is post-processing of the released labels
+    candidates = [
+        {**t, "student": key, "accuracy": t[key], "accuracy_std": t[f"{key}_std"]}
+        for t in diet
+        if t["epsilon"] <= 10
+        for key in ("student_accuracy", "student_accuracy_self_trained")
+        if np.isfinite(t[key])
+    ]
+    best = max(candidates, key=lambda t: t["accuracy"], default=None)
+    return {
+        "current_beats_original_on_noise": {
+            "pairs": pairs,
+            "holds": bool(pairs) and all(p["current"] > p["original"] for p in pairs),
+        },
+        "best_student_at_eps_10": None
+        if best is None
+        else {
+            k: best[k]
+            for k in (
+                "generator",
+                "statistics",
+                "epsilon",
+                "student",
+                "accuracy",
+                "accuracy_std",
+                "answered",
+            )
+        },
+        "reaches_75_percent": best is not None and best["accuracy"] >= 0.75,
+    }
+
+
+def run(config: DietConfig, cache: Path | None = None, log: Log = print) -> dict[str, Any]:
+    """The whole experiment: rows per seed, the summary table, references and goals (JSON-safe)."""
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    x, y = load_images(config.dataset)
+    classes = int(y.max()) + 1
+    body = pretrained_body(config.body, cache, classes, log, config.device)
+    rows: list[dict[str, Any]] = []
+    refs: list[dict[str, float]] = []
+    for seed in config.seeds:
+        seed_rows, seed_refs = run_seed(config, seed, body, x, y, log)
+        rows += seed_rows
+        refs.append(seed_refs)
+    table = summarise(rows)
+    references = {
+        k: {
+            "mean": float(np.mean([r[k] for r in refs])),
+            "std": float(np.std([r[k] for r in refs])),
+        }
+        for k in refs[0]
+    }
+    return {
+        "experiment": "diet",
+        "config": config.to_dict(),
+        "references": references,
+        "table": table,
+        "goals": goals(table, config),
+        "rows": rows,
+        "seconds": time.perf_counter() - start,
+        "device": config.device,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The summary as fixed-width text, one line per (method, generator, statistics, eps)."""
+    lines = [
+        f"{'method':<13}{'generator':<12}{'statistics':<11}{'eps':>5}{'labels':>9}"
+        f"{'label acc':>12}{'student acc':>16}{'self-trained':>16}"
+    ]
+    for t in sorted(
+        result["table"], key=lambda t: (t["method"], t["generator"], t["statistics"], t["epsilon"])
+    ):
+        lines.append(
+            f"{t['method']:<13}{t['generator']:<12}{t['statistics']:<11}{t['epsilon']:>5g}"
+            f"{t['answered']:>9.0f}{t['label_accuracy']:>12.3f}"
+            f"{t['student_accuracy']:>9.3f} +- {t['student_accuracy_std']:.3f}"
+            f"{t['student_accuracy_self_trained']:>9.3f} +- "
+            f"{t['student_accuracy_self_trained_std']:.3f}"
+        )
+    for k, v in result["references"].items():
+        lines.append(f"{k}: {v['mean']:.3f} +- {v['std']:.3f}")
+    g = result["goals"]
+    best = g["best_student_at_eps_10"]
+    if best is not None:
+        lines.append(
+            f"best student at eps <= 10: {best['accuracy']:.3f} +- {best['accuracy_std']:.3f} "
+            f"({best['generator']}, {best['statistics']} statistics, eps {best['epsilon']:g}, "
+            f"{'self-trained head' if best['student'].endswith('self_trained') else 'head'})"
+        )
+    lines.append(
+        "current statistics beat original ones on noise-like queries: "
+        + ("yes" if g["current_beats_original_on_noise"]["holds"] else "no")
+    )
+    return "\n".join(lines)
+
+
+def quick(config: DietConfig) -> DietConfig:
+    """A small version of ``config`` for smoke tests (seconds, not minutes)."""
+    body = replace(
+        config.body,
+        width=4,
+        pool=512,
+        pretrain=replace(config.body.pretrain, steps=3, batch=32),
+    )
+    return replace(
+        config,
+        teachers=5,
+        body=body,
+        seeds=(0,),
+        queries=256,
+        batch=128,
+        test_size=200,
+        baseline_epochs=1,
+        upper_bound_epochs=1,
+    )

@@ -1,0 +1,159 @@
+"""Fine-tuning only the last layer on top of a frozen, shared body.
+
+The features of every input are computed once (the body is frozen), then
+the linear head is fitted by L-BFGS on standardised features with an L2
+penalty: a convex problem, so the result does not depend on a learning
+rate or an epoch count, and a hospital with 60 images fits in milliseconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+from torch.nn import functional
+
+from capc.models.inference import features, recalibrate
+from capc.models.registry import Classifier
+
+
+def fit_linear(
+    feats: torch.Tensor,
+    labels: NDArray[np.integer] | torch.Tensor,
+    outputs: int,
+    *,
+    l2: float = 1e-3,
+    max_iter: int = 200,
+    balanced: bool = False,
+) -> nn.Linear:
+    """A linear layer D -> ``outputs`` fitted to (N, D) features.
+
+    ``labels``: (N,) classes (softmax cross-entropy) or (N, k) 0/1 labels
+    (one sigmoid per label). ``l2``: penalty on the weights of the
+    standardised features (per unit of mean loss, nats). ``balanced``:
+    weight each class by the inverse of its frequency, so a class the
+    consortium answered often does not swamp the rest (single-label only).
+    """
+    f = torch.as_tensor(feats, dtype=torch.float32).cpu()
+    y = torch.as_tensor(np.asarray(labels)).cpu()
+    if f.ndim != 2 or len(f) != len(y) or len(f) == 0:
+        raise ValueError(
+            f"need (N, D) features with one label each (N > 0), got {tuple(f.shape)} and {tuple(y.shape)}"
+        )
+    if not torch.isfinite(f).all():
+        raise ValueError("features contain NaN or infinity")
+    multi = y.ndim == 2
+    if multi and y.shape[1] != outputs:
+        raise ValueError(f"labels have {y.shape[1]} columns, the layer {outputs} outputs")
+    if not multi and (y.min() < 0 or y.max() >= outputs):
+        raise ValueError(
+            f"class labels must lie in [0, {outputs}), got {int(y.min())}..{int(y.max())}"
+        )
+    mean = f.mean(0)
+    std = f.std(0, unbiased=False).clamp_min(1e-6)
+    z = (f - mean) / std
+    layer = nn.Linear(f.shape[1], outputs)
+    nn.init.zeros_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    opt = torch.optim.LBFGS(
+        layer.parameters(),
+        lr=1.0,
+        max_iter=max_iter,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
+    target = y.float() if multi else y.long()
+    class_weight = None
+    if balanced and not multi:
+        counts = torch.bincount(target, minlength=outputs).float()
+        class_weight = torch.where(
+            counts > 0, counts.sum() / (outputs * counts.clamp_min(1.0)), torch.zeros_like(counts)
+        )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        out = layer(z)
+        loss = (
+            functional.binary_cross_entropy_with_logits(out, target)
+            if multi
+            else functional.cross_entropy(out, target, weight=class_weight)
+        )
+        loss = loss + l2 * layer.weight.pow(2).sum()
+        torch.autograd.backward(loss)
+        return loss
+
+    opt.step(closure)  # type: ignore[no-untyped-call]
+    # Fold the standardisation into the layer so it takes raw features.
+    folded = nn.Linear(f.shape[1], outputs)
+    with torch.no_grad():
+        folded.weight.copy_(layer.weight / std)
+        folded.bias.copy_(layer.bias - (layer.weight * (mean / std)).sum(1))
+    return folded
+
+
+def self_train_linear(
+    feats: torch.Tensor,
+    labels: NDArray[np.integer],
+    outputs: int,
+    *,
+    l2: float = 1e-3,
+    confidence: float = 0.9,
+    rounds: int = 2,
+) -> nn.Linear:
+    """A balanced linear head fitted to the answered rows of ``labels`` (-1: not answered),
+    then refitted ``rounds`` times with its own confident predictions on the other rows.
+
+    ``feats``: (N, D) features of every query, answered or not; ``confidence``:
+    the smallest softmax probability a pseudo-label needs. Pseudo-labels are a
+    function of released labels and public queries only, so they cost no privacy.
+    """
+    y = np.asarray(labels)
+    answered = y >= 0
+    if answered.sum() == 0:
+        raise ValueError("no answered query to fit on")
+    f = torch.as_tensor(feats, dtype=torch.float32).cpu()
+    head = fit_linear(f[answered], y[answered], outputs, l2=l2, balanced=True)
+    for _ in range(rounds):
+        with torch.no_grad():
+            prob = torch.softmax(head(f), dim=1)
+        conf, pred = prob.max(dim=1)
+        use = answered | (conf.numpy() >= confidence)
+        target = np.where(answered, y, pred.numpy())
+        head = fit_linear(f[use], target[use], outputs, l2=l2, balanced=True)
+    return head
+
+
+def finetune_last_layer(
+    model: Classifier,
+    x: NDArray[np.float32],
+    y: NDArray[np.integer],
+    *,
+    current_statistics: bool = False,
+    batch: int = 512,
+    l2: float = 1e-3,
+    balanced: bool = False,
+) -> Classifier:
+    """Replace ``model.head`` by one fitted on (N, *input_shape) ``x`` and (N,) or (N, k) ``y``.
+
+    The body is not changed. ``current_statistics``: features of each batch
+    of ``batch`` inputs use that batch's own BatchNorm statistics (a student
+    learning from synthetic query batches); otherwise the stored statistics.
+    """
+    f = features(model, x, current_statistics=current_statistics, batch=batch)
+    head = fit_linear(f, y, model.head.out_features, l2=l2, balanced=balanced)
+    model.head = head.to(next(model.parameters()).device)
+    return model
+
+
+def finetune_teacher(
+    model: Classifier,
+    x: NDArray[np.float32],
+    y: NDArray[np.integer],
+    *,
+    l2: float = 1e-3,
+) -> Classifier:
+    """A hospital's teacher from a pretrained body: BatchNorm statistics of its own data
+    ``x`` (the "original statistics"), then a head fitted on its labels ``y``."""
+    recalibrate(model, x)
+    return finetune_last_layer(model, x, y, current_statistics=False, l2=l2)

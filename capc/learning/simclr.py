@@ -1,0 +1,117 @@
+"""Self-supervised pretraining of a model's body on synthetic images (SimCLR-style).
+
+Two augmented views of each image go through the body and a small
+projection head; the NT-Xent loss pulls the two views of an image together
+and pushes the other 2B - 2 images of the batch away. No label and no real
+image is involved, so the body can be shared with every hospital and the
+student without any privacy cost. The projection head is thrown away.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+from torch.nn import functional
+
+from capc.learning.augment import Augmentation, augment
+from capc.models.registry import Classifier
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Optimisation settings: ``steps`` AdamW steps of ``batch`` images (2 views each),
+    one-cycle learning rate peaking at ``lr``, NT-Xent ``temperature``."""
+
+    steps: int = 1500
+    batch: int = 256
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    temperature: float = 0.2
+    projection_dim: int = 64
+    seed: int = 0
+    augmentation: Augmentation = field(default_factory=Augmentation)
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch < 2:
+            raise ValueError("pretraining needs steps >= 1 and batch >= 2")
+        if not self.temperature > 0 or not self.lr > 0:
+            raise ValueError("temperature and lr must be positive")
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """NT-Xent loss of two (B, P) projections of the same B images (mean over 2B anchors, nats)."""
+    if z1.shape != z2.shape or z1.ndim != 2:
+        raise ValueError(
+            f"two (B, P) projections needed, got {tuple(z1.shape)} and {tuple(z2.shape)}"
+        )
+    n = z1.shape[0]
+    z = functional.normalize(torch.cat([z1, z2]), dim=1)
+    sim = z @ z.T / temperature
+    # An image is never its own negative.
+    sim = sim.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), -math.inf)
+    target = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
+    return functional.cross_entropy(sim, target)
+
+
+def pretrain(
+    model: Classifier,
+    pool: NDArray[np.float32],
+    config: PretrainConfig = PretrainConfig(),
+    log: Callable[[str], None] | None = None,
+) -> list[float]:
+    """Train ``model.features`` in place on batches drawn from ``pool`` (N, C, H, W) in [0, 1].
+
+    Returns the loss (nats) of every step. The head is left as it was; the
+    model ends in evaluation mode on the device it started on.
+    """
+    if pool.ndim != 4 or len(pool) < config.batch:
+        raise ValueError(
+            f"the pool must hold at least one batch of (N, C, H, W) images, got {pool.shape}"
+        )
+    dev = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(config.seed)
+    torch.manual_seed(config.seed)
+    projection = nn.Sequential(
+        nn.Linear(model.dim, model.dim), nn.ReLU(), nn.Linear(model.dim, config.projection_dim)
+    ).to(dev)
+    params = [*model.features.parameters(), *projection.parameters()]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1
+    )
+    images = torch.from_numpy(np.ascontiguousarray(pool, dtype=np.float32))
+    losses: list[float] = []
+    start = time.perf_counter()
+    model.train()
+    try:
+        for step in range(config.steps):
+            idx = torch.randint(0, len(images), (config.batch,), generator=gen)
+            x = images[idx]
+            v1 = augment(x, gen, config.augmentation).to(dev, non_blocking=True)
+            v2 = augment(x, gen, config.augmentation).to(dev, non_blocking=True)
+            loss = nt_xent(
+                projection(model.features(v1)), projection(model.features(v2)), config.temperature
+            )
+            opt.zero_grad(set_to_none=True)
+            torch.autograd.backward(loss)
+            opt.step()
+            schedule.step()
+            losses.append(float(loss.detach()))
+            if log is not None and (step % 100 == 0 or step == config.steps - 1):
+                log(
+                    f"pretraining step {step + 1}/{config.steps}: loss {losses[-1]:.3f} "
+                    f"({time.perf_counter() - start:.0f} s)"
+                )
+    finally:
+        model.eval()
+    return losses

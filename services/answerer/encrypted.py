@@ -1,0 +1,171 @@
+"""An answering party's side of an encrypted-query round.
+
+Over the sealed relay channel (:mod:`services.common.relay`) the party
+receives the student's public context (unless cached under its id) and the
+round's ciphertexts, checks them against the hashes the round names,
+evaluates its HE-friendly teacher (:mod:`capc.he`), re-randomises and masks
+the logits, returns them, and runs the logits-to-shares 2PC as garbler. Its
+fresh output share becomes its guardian share; the student's output is the
+other share of the same one-hot vote, exactly as in plain mode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.he.batched import BatchedEvaluator
+from capc.he.ckks import MAX_CIPHERTEXT_BYTES, MAX_CONTEXT_BYTES, PublicContext, to_bytes
+from capc.he.masking import FIXED_BITS, mask_batched, mask_single, to_fixed
+from capc.he.plan import Plan, compile_model
+from capc.he.single import SingleEvaluator
+from capc.models import Teacher
+from capc.mpc.mechanism_circuits import LogitsToShares
+from capc.mpc.session import GarblerSession
+from capc.privacy.randomness import SecureRandom
+from services.common.relay import CHUNK, RelayChannel, session_id
+from services.common.task import Encryption
+from services.proto.capc.v1 import guardian_pb2
+
+#: Public contexts kept per party (each can be tens of MB).
+CACHED_CONTEXTS = 2
+SINGLE_LABEL = ("confident-gnmax", "gnmax")
+
+
+@dataclass
+class Answer:
+    """What the party sends the guardian: its share (B, K) and the ciphertexts' hash."""
+
+    share: NDArray[np.uint64]
+    ciphertext_hash: bytes
+
+
+class EncryptedAnswerer:
+    """Evaluates one teacher on encrypted rounds; caches contexts and compiled evaluators."""
+
+    def __init__(self, name: str, teacher: Teacher, timeout: float = 300.0) -> None:
+        self.name = name
+        self.teacher = teacher
+        self.timeout = timeout
+        self._plan: Plan | None = None
+        self._contexts: OrderedDict[str, PublicContext] = OrderedDict()
+        self._evaluators: dict[tuple[str, str], BatchedEvaluator | SingleEvaluator] = {}
+        self._lock = threading.Lock()
+        self._rng = SecureRandom()
+
+    def plan(self, settings: Encryption) -> Plan:
+        """The teacher compiled for CKKS, after checking it is the task's architecture."""
+        t = self.teacher
+        if t.architecture != settings.architecture:
+            raise ValueError(
+                f"the task evaluates {settings.architecture} teachers under encryption, "
+                f"this party has {t.architecture}; retrain on the HE-friendly architecture"
+            )
+        if settings.width is not None and t.width not in (None, settings.width):
+            raise ValueError(
+                f"the task's {settings.architecture} has width {settings.width}, this teacher {t.width}"
+            )
+        if self._plan is None:
+            self._plan = compile_model(t.model.cpu().eval(), t.input_shape)
+        return self._plan
+
+    def answer(
+        self,
+        work: guardian_pb2.RoundWork,
+        channel: RelayChannel,
+        hello: bytes,
+        send_hello: Callable[[bytes], None],
+    ) -> Answer:
+        """Run the whole exchange for one round; raises ValueError with what was wrong."""
+        batch = work.queries.encrypted
+        settings = Encryption.parse(json.loads(batch.settings_json))
+        mech = work.mechanism
+        if (
+            mech.name not in SINGLE_LABEL
+            or work.participation
+            or work.frac_bits
+            or work.vote_weight not in (0.0, 1.0)
+        ):
+            raise ValueError(
+                "encrypted rounds carry single-label votes of weight 1 (confident-gnmax, gnmax)"
+            )
+        plan = self.plan(settings)
+        if mech.num_classes != plan.num_classes:
+            raise ValueError(
+                f"the task has {mech.num_classes} classes, this teacher {plan.num_classes}"
+            )
+        with self._lock:
+            ctx = self._contexts.get(batch.context_id)
+        send_hello(hello + (b"\x01" if ctx is not None else b"\x00"))
+        if ctx is None:
+            data = channel.recv_blob(MAX_CONTEXT_BYTES, self.timeout)
+            if hashlib.sha256(data).hexdigest() != batch.context_id:
+                raise ValueError("the public context does not match the id the round names")
+            ctx = PublicContext.from_bytes(data, expected=settings.params)
+            with self._lock:
+                self._contexts[batch.context_id] = ctx
+                while len(self._contexts) > CACHED_CONTEXTS:
+                    old, _ = self._contexts.popitem(last=False)
+                    self._evaluators = {k: v for k, v in self._evaluators.items() if k[0] != old}
+        evaluator = self._evaluator(ctx, plan, batch.layout)
+        digest = hashlib.sha256()
+        cts = []
+        scale = float(2**ctx.params.scale_bits)
+        for i in range(batch.ciphertexts):
+            blob = channel.recv_blob(MAX_CIPHERTEXT_BYTES, self.timeout)
+            digest.update(blob)
+            cts.append(
+                ctx.load_ciphertext(
+                    blob, level=ctx.params.input_level, scale=scale, what=f"ciphertext {i}"
+                )
+            )
+        if digest.digest() != batch.ciphertext_hash:
+            raise ValueError("the ciphertexts received do not match the hash the round names")
+        b, k = int(batch.batch), plan.num_classes
+        if isinstance(evaluator, BatchedEvaluator):
+            outputs = evaluator.evaluate(cts)
+            masks = mask_batched(ctx, outputs, b, self._rng)
+        else:
+            per = evaluator.layout.input_ciphertexts
+            if len(cts) != b * per:
+                raise ValueError(f"{b} queries take {b * per} ciphertexts, got {len(cts)}")
+            outputs = [evaluator.evaluate(cts[q * per : (q + 1) * per]) for q in range(b)]
+            masks = np.concatenate([mask_single(ctx, ct, k, self._rng) for ct in outputs])
+        for ct in outputs:
+            channel.send_blob(to_bytes(ct))
+        share = self._rng.uint64((b, k))
+        spec = LogitsToShares(k, FIXED_BITS)
+        session = GarblerSession(
+            channel,
+            session_id(work.round_id, self.name, hello),
+            timeout=self.timeout,
+            max_frame=CHUNK,
+        )
+        session.setup()
+        session.run_round(
+            work.round_id, spec.circuit(), spec.garbler_inputs(to_fixed(masks), share), b
+        )
+        return Answer(share, digest.digest())
+
+    def _evaluator(
+        self, ctx: PublicContext, plan: Plan, layout: str
+    ) -> BatchedEvaluator | SingleEvaluator:
+        key = (ctx.context_id, layout)
+        with self._lock:
+            ev = self._evaluators.get(key)
+            if ev is None:
+                if layout == "batched":
+                    ev = BatchedEvaluator(ctx, plan)
+                elif layout == "single":
+                    ev = SingleEvaluator(ctx, plan)
+                else:
+                    raise ValueError(f"unknown layout {layout!r}")
+                self._evaluators[key] = ev
+            return ev

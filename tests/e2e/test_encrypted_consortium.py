@@ -1,0 +1,210 @@
+"""Encrypted-query mode end to end: guardian and three hospitals as processes over mutual TLS.
+
+The student's queries leave it only as CKKS ciphertexts, relayed by the
+guardian to each hospital; the hospitals evaluate HE-friendly teachers, mask
+the logits and run the logits-to-shares 2PC with the student. With the
+guardian's test-only noise seed the test replays the noise and checks every
+label against the plaintext pipeline (the same teachers in float64, the same
+Confident-GNMax), on breast cancer (he-mlp, both layouts) and animal-mnist
+(he-cnn, single-query layout).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from capc.he.plan import compile_model
+from capc.models import load_teacher
+from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
+from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
+from capc.privacy.randomness import SecureRandom
+from services.common import tls
+from services.guardian.ledger import Ledger
+from services.guardian.ledger.models import RoundState
+from services.local import TASK_NAME, LocalConsortium
+from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
+
+PARTIES = 3
+NOISE_SEED = "e2e-encrypted"
+
+
+def task(num_classes: int, shape: list[int], architecture: str, width: int) -> dict[str, object]:
+    return {
+        "num_classes": num_classes,
+        "input_shape": shape,
+        "mechanism": {"name": "confident-gnmax", "sigma": 0.5, "threshold": 2.0, "sigma1": 0.5},
+        "quorum": 2,
+        "encryption": {"architecture": architecture, "width": width, "params": {}},
+    }
+
+
+def start(directory: Path, dataset: str, spec: dict[str, object], epochs: int) -> LocalConsortium:
+    return LocalConsortium(
+        directory,
+        parties=PARTIES,
+        dataset=dataset,
+        task=spec,
+        noise_seed=NOISE_SEED,
+        share_timeout=180.0,
+        epochs=epochs,
+    )
+
+
+@pytest.fixture(scope="module")
+def tabular(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsortium]:
+    spec = task(2, [30], "he-mlp", 16)
+    with start(tmp_path_factory.mktemp("encrypted-tabular"), "breast-cancer", spec, 40) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsortium]:
+    spec = task(10, [1, 28, 28], "he-cnn", 5)
+    with start(tmp_path_factory.mktemp("encrypted-images"), "animal-mnist", spec, 10) as c:
+        yield c
+
+
+def replay(
+    c: LocalConsortium, batches: list[np.ndarray], parties: list[tuple[str, ...]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The plaintext pipeline with the guardian's replayed noise: labels, and each query's
+    smallest top-two logit gap over the teachers (where CKKS error could flip a vote)."""
+    plans = {
+        f"hospital-{i}": compile_model(
+            load_teacher(c.model_path(i)).model.cpu().eval(), tuple(c.task["input_shape"])
+        )
+        for i in range(c.parties)
+    }
+    rng = SecureRandom.from_seed(NOISE_SEED)
+    task = c.task_config
+    labels, gaps = [], []
+    for xb, used in zip(batches, parties, strict=True):
+        logits = np.stack([plans[n].forward(xb.astype(np.float64)) for n in used], axis=1)
+        top = np.sort(logits, axis=2)
+        gaps.append((top[:, :, -1] - top[:, :, -2]).min(axis=1))
+        hist = vote_histogram(logits.argmax(axis=2), task.num_classes)
+        spec = task.circuit_spec(len(used))
+        assert isinstance(spec, ConfidentGNMax)
+        eta2 = gaussian_noise((len(xb), task.num_classes), spec.sigma2, rng)
+        eta1 = gaussian_noise((len(xb),), spec.sigma1, rng)
+        labels.append(
+            confident_decide(hist, spec.threshold, round_noise(eta1), round_noise(eta2)).labels
+        )
+    return np.concatenate(labels), np.concatenate(gaps)
+
+
+def check(c: LocalConsortium, batches: list[np.ndarray], results: list) -> np.ndarray:  # type: ignore[type-arg]
+    labels = np.concatenate([r.labels for r in results])
+    expected, gaps = replay(c, batches, [r.parties for r in results])
+    clear = gaps > 1e-2  # CKKS errors are ~1e-3; closer calls may legitimately flip
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(labels[clear], expected[clear])
+    return labels
+
+
+@pytest.mark.slow
+def test_tabular_rounds_in_both_layouts_match_the_plaintext_pipeline(
+    tabular: LocalConsortium,
+) -> None:
+    student = tabular.student()
+    x, truth = tabular.queries, tabular.truth
+    batches = [x[:64], x[64:68]]
+    results = [
+        student.label_encrypted(batches[0]),  # 64 queries > 30 features: batched layout
+        student.label_encrypted(batches[1]),  # 4 queries: one ciphertext each, single layout
+    ]
+    assert student.crypto.choose_layout(64) == "batched"
+    assert student.crypto.choose_layout(4) == "single"
+    assert all(r.parties == tuple(f"hospital-{i}" for i in range(PARTIES)) for r in results)
+    labels = check(tabular, batches, results)
+    answered = labels >= 0
+    assert answered.mean() > 0.5
+    assert (labels[answered] == truth[:68][answered]).mean() > 0.8
+
+    # private records never go in the clear to an encrypted task
+    with pytest.raises(grpc.RpcError) as err:
+        student.label_batch(x[:4])
+    assert "encrypted only" in str(err.value.details())
+
+    # ciphertexts that do not match the hash the round names: every party refuses,
+    # the round is aborted below quorum and nothing is charged
+    spent = {p.name: p.spent for p in Ledger(tabular.db).budgets()}
+    batch = student.crypto.encrypt(x[:8])
+    batch.ciphertext_hash = bytes(32)
+    relay = student._ensure_relay()
+    relay.pending = batch
+    with pytest.raises(grpc.RpcError) as err:
+        student._round(
+            student.crypto.message(batch), 8, shares=lambda parties: batch.share(parties[0], 5)
+        )
+    relay.pending = None
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "nothing was charged" in str(err.value.details())
+    after = {p.name: p.spent for p in Ledger(tabular.db).budgets()}
+    assert after == pytest.approx(spent, rel=1e-12)
+    # ... and every party keeps serving
+    again = student.label_encrypted(x[68:72])
+    assert again.parties == tuple(f"hospital-{i}" for i in range(PARTIES))
+    student.close()
+
+    ledger = Ledger(tabular.db)
+    deadline = time.monotonic() + 30
+    while ledger.count_rounds(RoundState.COMMITTED) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ledger.count_rounds(RoundState.COMMITTED) == 3
+    assert all(b.spent > 0 for b in ledger.budgets() if b.role == "answerer")
+
+
+@pytest.mark.slow
+def test_image_rounds_match_the_plaintext_pipeline(images: LocalConsortium) -> None:
+    student = images.student()
+    batches = [images.queries[:6], images.queries[6:12]]
+    results = [student.label_encrypted(b) for b in batches]
+    student.close()
+    assert [len(r.labels) for r in results] == [6, 6]
+    # the second round reuses the context each hospital cached from the first
+    assert results[1].open_s < results[0].open_s
+    check(images, batches, results)
+
+
+@pytest.mark.slow
+def test_the_student_service_labels_an_upload_through_encrypted_rounds(
+    tabular: LocalConsortium,
+) -> None:
+    tabular.start_student()
+    channel = tls.secure_channel(
+        f"127.0.0.1:{tabular.student_port}",
+        tls.TLSFiles.in_dir(tabular.pki_dir, "gateway"),
+        "localhost",
+    )
+    jobs = student_pb2_grpc.StudentPartyStub(channel)
+    header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
+    x = np.ascontiguousarray(tabular.queries[100:140], dtype="<f4")
+    job = jobs.CreateJob(
+        student_pb2.CreateJobRequest(
+            header=header,
+            queries=common_pb2.QueryBatch(
+                tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+            ),
+            batch_size=20,
+        ),
+        timeout=30,
+    )
+    states = [
+        j.state
+        for j in jobs.WatchJob(student_pb2.WatchJobRequest(header=header, id=job.id), timeout=300)
+    ]
+    assert states[-1] == "done", states
+    results = jobs.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=30)
+    labels = np.frombuffer(results.labels.data, dtype="<i8")
+    assert len(labels) == 40 and results.job.rounds == 2
+    answered = labels >= 0
+    assert answered.mean() > 0.5
+    assert (labels[answered] == tabular.truth[100:140][answered]).mean() > 0.8
+    channel.close()

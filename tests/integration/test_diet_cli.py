@@ -1,0 +1,42 @@
+"""``capc diet run --quick`` as a separate process: every cell of the table, references, goals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capc.learning.diet import STATISTICS, DietConfig
+
+
+@pytest.mark.slow
+def test_diet_run_quick_writes_the_whole_table(tmp_path: Path) -> None:
+    out = tmp_path / "diet.json"
+    cmd = [sys.executable, "-m", "services.cli", "diet", "run", "--quick", "--out", str(out)]
+    cmd += ["--cache", str(tmp_path / "cache")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "best student" in done.stdout or "current statistics" in done.stdout
+    result = json.loads(out.read_text())
+    config = DietConfig()
+    cells = {(t["method"], t["generator"], t["statistics"], t["epsilon"]) for t in result["table"]}
+    for g in config.generators:
+        for eps in config.epsilons:
+            assert ("pate-scratch", g, "original", eps) in cells
+            for stats in STATISTICS:
+                assert ("diet", g, stats, eps) in cells
+    for t in result["table"]:
+        assert 0 <= t["answered"] <= result["config"]["queries"]
+        assert {"student_accuracy", "student_accuracy_self_trained", "label_accuracy"} <= set(t)
+    assert set(result["references"]) >= {
+        "teacher_ensemble_accuracy",
+        "non_private_last_layer_accuracy",
+        "non_private_full_training_accuracy",
+    }
+    assert {"current_beats_original_on_noise", "reaches_75_percent"} <= set(result["goals"])
+    # a second run reads the pretrained body from the cache
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "read from" in again.stdout

@@ -1,0 +1,216 @@
+"""capc.he: parameters, contexts, ciphertext checks, both evaluation paths, masking."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tenseal.sealapi as seal
+import torch
+
+from capc.he.batched import BatchedEvaluator, decrypt_batch, encrypt_batch
+from capc.he.ckks import MAGIC, HeError, PublicContext, StudentKeys, to_bytes
+from capc.he.masking import FIXED_BITS, mask_batched, mask_single, to_fixed
+from capc.he.params import CkksParams
+from capc.he.plan import compile_model
+from capc.he.single import SingleEvaluator, SingleLayout, encrypt_query
+from capc.models.registry import build
+from capc.mpc.mechanism_circuits import LogitsToShares
+from capc.mpc.session import LocalPair
+from capc.privacy.randomness import SecureRandom
+
+PARAMS = CkksParams()
+SHAPE = (30,)
+
+
+@pytest.fixture(scope="module")
+def plan():  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = build("he-mlp", SHAPE, 3, width=16).eval()
+    with torch.no_grad():  # larger logits than at initialisation, as after training
+        model.head.weight.mul_(8.0)
+    return compile_model(model, SHAPE)
+
+
+@pytest.fixture(scope="module")
+def layout(plan):  # type: ignore[no-untyped-def]
+    return SingleLayout.for_plan(plan, PARAMS.slots)
+
+
+@pytest.fixture(scope="module")
+def keys(layout):  # type: ignore[no-untyped-def]
+    return StudentKeys(PARAMS, layout.rotations)
+
+
+@pytest.fixture(scope="module")
+def party(keys):  # type: ignore[no-untyped-def]
+    return PublicContext.from_bytes(keys.public_bytes(), expected=PARAMS)
+
+
+def queries(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, *SHAPE))
+
+
+def test_params_follow_the_128_bit_table() -> None:
+    assert PARAMS.total_bits <= 218
+    assert PARAMS.hiding_bound <= 2.0**-20
+    with pytest.raises(ValueError, match="128-bit bound"):
+        CkksParams(poly_modulus_degree=4096)
+    with pytest.raises(ValueError, match="poly_modulus_degree"):
+        CkksParams(poly_modulus_degree=1000)
+    with pytest.raises(ValueError, match="do not fit"):
+        CkksParams(mask_bits=40)
+    with pytest.raises(ValueError, match="unknown CKKS parameters"):
+        CkksParams.from_dict({"poly_modulus_degree": 8192, "secret": 1})
+    assert CkksParams.from_dict(PARAMS.to_dict()) == PARAMS
+
+
+def test_compile_refuses_layers_without_an_encrypted_form() -> None:
+    with pytest.raises(ValueError, match="BatchNorm1d has no encrypted evaluation"):
+        compile_model(build("mlp", SHAPE, 3), SHAPE)
+    with pytest.raises(ValueError, match="no padding"):
+        compile_model(build("small-cnn", (1, 28, 28), 10), (1, 28, 28))
+
+
+def test_plan_matches_torch() -> None:
+    torch.manual_seed(1)
+    model = build("he-cnn", (1, 28, 28), 10).eval()
+    plan = compile_model(model, (1, 28, 28))
+    x = np.random.default_rng(1).random((4, 1, 28, 28))
+    ref = model(torch.tensor(x, dtype=torch.float32)).detach().double().numpy()
+    np.testing.assert_allclose(plan.forward(x), ref, atol=1e-4)
+    layout = SingleLayout.for_plan(plan, PARAMS.slots)
+    assert layout.input_ciphertexts == 4
+    assert len(layout.rotations) <= 32
+
+
+def test_public_context_carries_no_secret_key(keys, party) -> None:  # type: ignore[no-untyped-def]
+    data = keys.public_bytes()
+    assert to_bytes(keys._secret)[-4096:] not in data
+    assert party.context_id == keys.context_id
+    assert not hasattr(party, "decryptor")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: b"garbage" + d, "bad header"),
+        (lambda d: d[: len(d) // 2], "truncated"),
+        (lambda d: d + b"x", "trailing"),
+    ],
+)
+def test_malformed_contexts_are_refused(keys, mutate, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(HeError, match=message):
+        PublicContext.from_bytes(mutate(keys.public_bytes()))
+
+
+def test_context_limits_and_parameters(keys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(HeError, match="over the limit"):
+        PublicContext.from_bytes(keys.public_bytes(), max_bytes=1000)
+    with pytest.raises(HeError, match="differ from the task"):
+        PublicContext.from_bytes(keys.public_bytes(), expected=CkksParams(mask_bits=25))
+    header = b'{"params": {"poly_modulus_degree": 8192}, "rotations": "x"}'
+    forged = MAGIC + b"".join(len(p).to_bytes(8, "little") + p for p in (header, b"", b"", b""))
+    with pytest.raises(HeError, match="malformed"):
+        PublicContext.from_bytes(forged)
+
+
+def test_bad_ciphertexts_are_refused(keys, party) -> None:  # type: ignore[no-untyped-def]
+    good = to_bytes(keys.encrypt(np.ones(4)))
+    with pytest.raises(HeError, match="does not belong"):
+        party.load_ciphertext(b"\x00" * 100)
+    with pytest.raises(HeError, match="at most"):
+        party.load_ciphertext(good + b"\x00" * (5 * 2**20))
+    with pytest.raises(HeError, match="level"):
+        party.load_ciphertext(good, level=PARAMS.output_level)
+    pt = keys.encode([1.0], PARAMS.input_level, 2.0**40)
+    far = seal.Ciphertext(keys.context)
+    keys.encryptor.encrypt_symmetric(pt, far)
+    with pytest.raises(HeError, match="scale"):
+        party.load_ciphertext(to_bytes(far), scale=2.0**PARAMS.scale_bits)
+    other = StudentKeys(CkksParams(poly_modulus_degree=16384, coeff_bits=(60, 40, 40, 60)))
+    with pytest.raises(HeError, match="does not belong"):
+        party.load_ciphertext(to_bytes(other.encrypt(np.ones(4))))
+    with pytest.raises(HeError, match="finite"):
+        keys.encrypt(np.array([np.nan]))
+
+
+def test_batched_path_matches_plaintext(keys, party, plan) -> None:  # type: ignore[no-untyped-def]
+    x = queries(200)
+    ev = BatchedEvaluator(party, plan)
+    with pytest.raises(HeError, match="input ciphertexts"):
+        ev.evaluate([])
+    out = ev.evaluate(encrypt_batch(keys, x))
+    assert all(party.level(ct) == PARAMS.output_level for ct in out)
+    got = decrypt_batch(keys, out, len(x))
+    ref = plan.forward(x)
+    np.testing.assert_allclose(got, ref, atol=1e-2)
+    assert (got.argmax(1) == ref.argmax(1)).mean() >= 0.99
+
+
+def test_single_path_matches_plaintext(keys, party, plan, layout) -> None:  # type: ignore[no-untyped-def]
+    ev = SingleEvaluator(party, plan)
+    x = queries(3, seed=2)
+    for q in x:
+        out = ev.evaluate(encrypt_query(keys, layout, q))
+        got = keys.decrypt(out)[: plan.num_classes].real
+        np.testing.assert_allclose(
+            got, plan.forward(q[None])[0], atol=5e-2
+        )  # rotations add key-switching noise
+    with pytest.raises(HeError, match="ciphertexts"):
+        ev.evaluate([])
+
+
+def test_single_path_needs_the_rotation_keys(plan) -> None:  # type: ignore[no-untyped-def]
+    bare = StudentKeys(PARAMS)
+    with pytest.raises(HeError, match="lacks rotation keys"):
+        SingleEvaluator(PublicContext.from_bytes(bare.public_bytes()), plan)
+
+
+def test_masked_logits_hide_the_logits_and_recombine_in_2pc(keys, party, plan) -> None:  # type: ignore[no-untyped-def]
+    x = queries(PARAMS.slots, seed=3)
+    ref = plan.forward(x)
+    out = BatchedEvaluator(party, plan).evaluate(encrypt_batch(keys, x))
+    masks = mask_batched(party, out, len(x), SecureRandom())
+    seen = np.stack([keys.decrypt(ct) for ct in out], axis=1)  # everything the student decrypts
+    # the student's values are the logits plus the party's mask
+    np.testing.assert_allclose(seen.real - masks, ref, atol=1e-2)
+    # ... and on their own they look like the mask: spread over [-F, F], real and imaginary
+    bound = 2.0**PARAMS.mask_bits
+    for part in (seen.real, seen.imag):
+        assert np.abs(part).max() <= 1.01 * bound
+        assert 0.45 * bound < np.abs(part).mean() < 0.55 * bound
+    for k in range(ref.shape[1]):
+        assert abs(np.corrcoef(seen.real[: len(x), k], ref[:, k])[0, 1]) < 0.1
+    # the logits-to-shares circuit removes the mask inside the 2PC
+    spec = LogitsToShares(plan.num_classes, FIXED_BITS)
+    share = SecureRandom().uint64((64, plan.num_classes))
+    res = LocalPair().run(
+        spec.circuit(),
+        spec.garbler_inputs(to_fixed(masks[:64]), share),
+        spec.evaluator_inputs(to_fixed(seen.real[:64])),
+        64,
+    )
+    hot = res.evaluator["vote_share"] + share
+    assert (hot.sum(axis=1) == 1).all()
+    np.testing.assert_array_equal(hot.argmax(axis=1), ref[:64].argmax(axis=1))
+
+
+def test_masks_are_fresh_per_answer(keys, party, plan, layout) -> None:  # type: ignore[no-untyped-def]
+    ev = SingleEvaluator(party, plan)
+    q = queries(1, seed=4)[0]
+    seen = []
+    for _ in range(2):
+        out = ev.evaluate(encrypt_query(keys, layout, q))
+        mask = mask_single(party, out, plan.num_classes, SecureRandom())
+        got = keys.decrypt(out)[: plan.num_classes].real
+        np.testing.assert_allclose(got - mask[0], plan.forward(q[None])[0], atol=5e-2)
+        seen.append(got)
+    assert np.abs(seen[0] - seen[1]).min() > 1.0
+
+
+def test_to_fixed_wraps_and_refuses_nan() -> None:
+    v = np.array([-1.5, 0.0, 2.0**20])
+    f = to_fixed(v, frac_bits=2, bits=8)
+    np.testing.assert_array_equal(f, np.array([250, 0, 0], dtype=np.uint64))
+    with pytest.raises(ValueError, match="finite"):
+        to_fixed(np.array([np.inf]))

@@ -1,0 +1,156 @@
+"""DIET learning pieces: augmentations, NT-Xent, pretraining, last-layer fits, head ensembles."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.nn import functional
+
+from capc.learning.augment import Augmentation, augment
+from capc.learning.last_layer import finetune_last_layer, finetune_teacher, fit_linear
+from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
+from capc.learning.teachers import fit_head_ensemble
+from capc.models import build
+from capc.models.inference import logits
+
+
+def blobs(n: int = 300, d: int = 8, k: int = 3, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, n)
+    centres = rng.normal(0, 4, (k, d))
+    return torch.from_numpy((centres[y] + rng.normal(0, 1, (n, d))).astype(np.float32)), y
+
+
+def test_fit_linear_separates_blobs_and_takes_raw_features() -> None:
+    f, y = blobs()
+    shifted = f * 7 + 100  # standardisation is folded into the layer
+    layer = fit_linear(shifted, y, 3)
+    assert (layer(shifted).argmax(1).numpy() == y).mean() > 0.97
+
+
+def test_fit_linear_multi_label_and_balanced() -> None:
+    f, y = blobs(k=2)
+    labels = np.stack([y, 1 - y], axis=1)
+    layer = fit_linear(f, labels, 2)
+    assert ((layer(f) > 0).numpy() == labels).mean() > 0.97
+    # 95% of one class: the balanced fit recovers more of the rare class.
+    rng = np.random.default_rng(3)
+    rare = np.flatnonzero(y == 1)[:8]
+    keep = np.concatenate([np.flatnonzero(y == 0), rare])
+    noisy = torch.from_numpy(f.numpy()[keep] + rng.normal(0, 3, (len(keep), 8)).astype(np.float32))
+    plain = fit_linear(noisy, y[keep], 2, l2=0.1)
+    fair = fit_linear(noisy, y[keep], 2, l2=0.1, balanced=True)
+    recall = [(m(f[y == 1]).argmax(1) == 1).float().mean().item() for m in (plain, fair)]
+    assert recall[1] > recall[0]
+
+
+def test_fit_linear_refuses_bad_input() -> None:
+    f, y = blobs()
+    with pytest.raises(ValueError, match="one label each"):
+        fit_linear(f, y[:10], 3)
+    with pytest.raises(ValueError, match="NaN"):
+        fit_linear(torch.full_like(f, math.nan), y, 3)
+    with pytest.raises(ValueError, match=r"\[0, 2\)"):
+        fit_linear(f, y, 2)
+    with pytest.raises(ValueError, match="columns"):
+        fit_linear(f, np.zeros((len(f), 4), dtype=np.int64), 3)
+
+
+def test_augment_is_seeded_and_stays_in_range() -> None:
+    x = torch.rand(16, 1, 12, 12)
+    a = augment(x, torch.Generator().manual_seed(5))
+    b = augment(x, torch.Generator().manual_seed(5))
+    c = augment(x, torch.Generator().manual_seed(6))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.shape == x.shape and a.min() >= 0 and a.max() <= 1
+    with pytest.raises(ValueError, match="B, C, H, W"):
+        augment(torch.rand(3, 12, 12), torch.Generator())
+    with pytest.raises(ValueError, match="min_scale"):
+        Augmentation(min_scale=0)
+
+
+def test_nt_xent_matches_its_definition() -> None:
+    torch.manual_seed(0)
+    z1, z2 = torch.randn(5, 4), torch.randn(5, 4)
+    t = 0.3
+    z = functional.normalize(torch.cat([z1, z2]), dim=1)
+    total = 0.0
+    for i in range(10):
+        j = (i + 5) % 10
+        num = math.exp(float(z[i] @ z[j]) / t)
+        den = sum(math.exp(float(z[i] @ z[k]) / t) for k in range(10) if k != i)
+        total += -math.log(num / den)
+    assert float(nt_xent(z1, z2, t)) == pytest.approx(total / 10, rel=1e-5)
+    # Two identical, well separated views are the easy case.
+    eye = torch.eye(5, 8) * 10
+    assert float(nt_xent(eye, eye, 0.1)) < 1e-3
+
+
+def test_pretraining_trains_the_body_only() -> None:
+    model = build("resnet10", (1, 12, 12), 3, width=4)
+    head = model.head.weight.detach().clone()
+    body = [p.detach().clone() for p in model.features.parameters()]
+    pool = np.random.default_rng(0).random((64, 1, 12, 12)).astype(np.float32)
+    losses = pretrain(model, pool, PretrainConfig(steps=4, batch=16, seed=1))
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
+    assert torch.equal(model.head.weight, head)
+    assert any(
+        not torch.equal(a, b) for a, b in zip(body, model.features.parameters(), strict=True)
+    )
+    assert not model.training
+    with pytest.raises(ValueError, match="at least one batch"):
+        pretrain(model, pool[:8], PretrainConfig(steps=1, batch=16))
+
+
+def digit_like(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bright-left vs bright-right 8x8 images."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    x = rng.random((n, 1, 8, 8)).astype(np.float32) * 0.3
+    x[y == 0, :, :, :4] += 0.7
+    x[y == 1, :, :, 4:] += 0.7
+    return x, y
+
+
+def test_last_layer_fine_tuning_keeps_the_body() -> None:
+    torch.manual_seed(0)
+    model = build("small-cnn", (1, 8, 8), 2, width=4)
+    body = {k: v.clone() for k, v in model.features.state_dict().items()}
+    x, y = digit_like(200, 0)
+    finetune_last_layer(model, x, y)
+    for k, v in model.features.state_dict().items():
+        assert torch.equal(v, body[k]), k
+    assert (logits(model, x).argmax(1).numpy() == y).mean() > 0.95
+    teacher = finetune_teacher(model, x * 2, y)
+    # Statistics of the teacher's own data, so its inputs at twice the scale still work.
+    assert (logits(teacher, x * 2).argmax(1).numpy() == y).mean() > 0.95
+
+
+def test_head_ensemble_teachers_match_stand_alone_models() -> None:
+    torch.manual_seed(0)
+    body = build("small-cnn", (1, 8, 8), 2, width=4)
+    x, y = digit_like(240, 1)
+    before = {k: v.clone() for k, v in body.state_dict().items()}
+    parts = [np.arange(i, 240, 3) for i in range(3)]
+    ens = fit_head_ensemble(body, x, y, parts)
+    for k, v in body.state_dict().items():
+        assert torch.equal(v, before[k]), f"{k} changed in the shared body"
+    q, _ = digit_like(50, 2)
+    orig = ens.predictions(q, current_statistics=False, batch=50)
+    cur = ens.predictions(q, current_statistics=True, batch=50)
+    assert orig.shape == cur.shape == (50, 3)
+    for i in range(3):
+        t = ens.teacher(i)
+        np.testing.assert_array_equal(logits(t, q).argmax(1).numpy(), orig[:, i])
+        np.testing.assert_array_equal(
+            logits(t, q, current_statistics=True, batch=50).argmax(1).numpy(), cur[:, i]
+        )
+    # Each teacher carries its own hospital's statistics.
+    assert not torch.equal(
+        ens.statistics[0]["features.1.running_mean"], ens.statistics[1]["features.1.running_mean"]
+    )
+    with pytest.raises(ValueError, match="two examples"):
+        fit_head_ensemble(body, x, y, [np.array([0])])

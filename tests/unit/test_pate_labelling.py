@@ -1,0 +1,77 @@
+"""Central-mode labelling stops before a budget is exceeded and charges exactly the events."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capc.learning.pate import ConfidentParams, label_within_budgets
+from capc.privacy import events
+from capc.privacy.accountant import Accountant, Budget
+from capc.privacy.mechanisms import confident_gnmax
+from capc.privacy.randomness import SecureRandom
+
+PARAMS = ConfidentParams(threshold=30.0, sigma1=20.0, sigma2=6.0)
+
+
+def histograms(n: int = 400, teachers: int = 50, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    top = rng.integers(10, teachers + 1, n)
+    hist = np.zeros((n, 10))
+    cls = rng.integers(0, 10, n)
+    hist[np.arange(n), cls] = top
+    rest = teachers - top
+    other = (cls + 1 + rng.integers(0, 9, n)) % 10
+    hist[np.arange(n), other] += rest
+    return hist
+
+
+def test_runs_stop_before_the_budget_and_charge_exactly_their_events() -> None:
+    h = histograms()
+    runs = label_within_budgets(
+        h, PARAMS, [1.0, 3.0], 1e-5, SecureRandom.from_seed("t"), num_teachers=50
+    )
+    plain = confident_gnmax(
+        h, PARAMS.threshold, PARAMS.sigma1, PARAMS.sigma2, SecureRandom.from_seed("t")
+    )
+    small, large = runs
+    assert 0 < small.processed < large.processed <= len(h)
+    for run in runs:
+        # The labels are the mechanism's, up to where the run stopped.
+        np.testing.assert_array_equal(run.labels[: run.processed], plain.labels[: run.processed])
+        assert (run.labels[run.processed :] == -1).all()
+        acc = Accountant("central")
+        budget = Budget(run.budget, 1e-5)
+        for i in range(run.processed):
+            acc.compose(
+                events.threshold_test(PARAMS.threshold, PARAMS.sigma1, votes=h[i]), budget=budget
+            )
+            if plain.answered[i]:
+                acc.compose(events.gnmax(PARAMS.sigma2, votes=h[i]), budget=budget)
+        spent = acc.spent(1e-5)
+        assert run.epsilon == pytest.approx(spent.epsilon, rel=1e-9)
+        assert run.epsilon <= run.budget
+        if run.processed < len(h):
+            # The next query would have gone over: the accountant refuses it.
+            nxt = [events.threshold_test(PARAMS.threshold, PARAMS.sigma1, votes=h[run.processed])]
+            if plain.answered[run.processed]:
+                nxt.append(events.gnmax(PARAMS.sigma2, votes=h[run.processed]))
+            for e in nxt:
+                acc.compose(e)
+            assert acc.spent(1e-5).epsilon > run.budget
+        assert run.sanitised_epsilon > 0
+
+
+def test_params_scale_and_refuse_nonsense() -> None:
+    assert PARAMS.scaled(100, reference=50) == ConfidentParams(60.0, 40.0, 12.0)
+    with pytest.raises(ValueError, match="positive"):
+        ConfidentParams(10.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match="positive"):
+        label_within_budgets(histograms(10), PARAMS, [0.0], 1e-5, SecureRandom(), num_teachers=50)
+
+
+def test_a_budget_too_small_for_one_query_labels_nothing() -> None:
+    (run,) = label_within_budgets(
+        histograms(20), PARAMS, [1e-6], 1e-5, SecureRandom(), num_teachers=50
+    )
+    assert run.processed == 0 and not run.answered.any()
