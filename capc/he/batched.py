@@ -113,14 +113,17 @@ class BatchedEvaluator:
         pid = ctx.parms_id(level)
         out = []
         for o in range(len(index)):
-            nz = np.flatnonzero(weight[o])
+            # a weight below half a step at this scale encodes to the zero plaintext,
+            # whose product SEAL refuses (transparent); leaving it out is the same rounding
+            nz = np.flatnonzero(np.abs(weight[o]) * w_scale >= 0.5)
             if nz.size == 0:
-                # a row of zeros still needs a ciphertext: w * x with w = 0 exactly is
-                # refused by SEAL (transparent), so multiply by the smallest encodable step
+                # a row of zeros still needs a ciphertext: multiply one input by the
+                # smallest encodable step instead
                 nz = np.array([0])
             acc: seal.Ciphertext | None = None
             for j in nz:
-                ctx.encoder.encode(float(weight[o, j]) or 1.0 / w_scale, pid, w_scale, pt)
+                w = float(weight[o, j])
+                ctx.encoder.encode(w if abs(w) * w_scale >= 0.5 else 1.0 / w_scale, pid, w_scale, pt)
                 if acc is None:
                     acc = seal.Ciphertext(ctx.context)
                     ev.multiply_plain(h[index[o, j]], pt, acc)

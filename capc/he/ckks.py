@@ -130,8 +130,13 @@ class _Context:
         return self.chain[len(self.chain) - 1 - level]
 
     def encode(self, value: float | Sequence[float], level: int, scale: float) -> seal.Plaintext:
+        """A scalar (to every slot) or a vector of at most ``slots`` values at ``scale``."""
         pt = seal.Plaintext()
         self.encoder.encode(value, self.parms_id(level), scale, pt)
+        if pt.is_zero():
+            # SEAL refuses the product with a zero plaintext (a transparent ciphertext);
+            # one step of 1/scale is below the encoding's own rounding error
+            self.encoder.encode(1.0 / scale, self.parms_id(level), scale, pt)
         return pt
 
     def load_ciphertext(

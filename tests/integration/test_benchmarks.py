@@ -12,10 +12,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_secure_argmax_benchmark_reports_correct_outputs() -> None:
+def bench(args: list[str], timeout: int) -> str:
+    """Run one benchmark script; its stdout, or a failure that shows its stderr."""
     out = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, f"{args[0]} exited {out.returncode}:\n{out.stderr[-4000:]}"
+    return out.stdout
+
+
+def test_secure_argmax_benchmark_reports_correct_outputs() -> None:
+    out = bench(
         [
-            sys.executable,
             "benchmarks/secure_argmax.py",
             "--batch",
             "64",
@@ -24,13 +32,9 @@ def test_secure_argmax_benchmark_reports_correct_outputs() -> None:
             "--rounds",
             "1",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=True,
     )
-    report = json.loads(out.stdout)
+    report = json.loads(out)
     assert report["correct"] is True
     for key in (
         "queries_per_s",
@@ -46,9 +50,8 @@ def test_secure_argmax_benchmark_reports_correct_outputs() -> None:
 
 @pytest.mark.slow
 def test_consortium_benchmark_runs_end_to_end(tmp_path: Path) -> None:
-    out = subprocess.run(
+    out = bench(
         [
-            sys.executable,
             "benchmarks/consortium.py",
             "--parties",
             "3",
@@ -59,20 +62,15 @@ def test_consortium_benchmark_runs_end_to_end(tmp_path: Path) -> None:
             "--dir",
             str(tmp_path),
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=600,
-        check=True,
     )
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = json.loads(out.strip().splitlines()[-1])
     assert report["rounds"] == 2 and report["queries_per_s"] > 0 and report["secure_over_plain"] > 0
 
 
 def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> None:
-    out = subprocess.run(
+    out = bench(
         [
-            sys.executable,
             "benchmarks/diet_throughput.py",
             "--images",
             "16",
@@ -81,13 +79,9 @@ def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> No
             "--repeat",
             "1",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=True,
     )
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    rows = [json.loads(line) for line in out.splitlines()]
     generators = {r["generator"] for r in rows if r["bench"] == "generator"}
     assert generators == {"gaussian", "spectral", "dead_leaves", "fractal", "mix"}
     inference = [r for r in rows if r["bench"] == "teacher_inference"]
@@ -96,9 +90,8 @@ def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> No
 
 @pytest.mark.slow
 def test_encrypted_inference_benchmark_reports_every_key() -> None:
-    out = subprocess.run(
+    out = bench(
         [
-            sys.executable,
             "benchmarks/encrypted_inference.py",
             "--epochs",
             "1",
@@ -107,13 +100,9 @@ def test_encrypted_inference_benchmark_reports_every_key() -> None:
             "--single",
             "2",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=600,
-        check=True,
     )
-    report = json.loads(out.stdout)
+    report = json.loads(out)
     for key in (
         "single_query_s",
         "batched_queries_per_s",

@@ -160,6 +160,27 @@ def test_single_path_matches_plaintext(keys, party, plan, layout) -> None:  # ty
         ev.evaluate([])
 
 
+def test_zero_and_tiny_weights_evaluate_on_both_paths(keys, party) -> None:  # type: ignore[no-untyped-def]
+    # weights that encode to the zero plaintext (a zero row, a zero block, values far
+    # below one step of the scale) would make SEAL refuse the product as transparent
+    torch.manual_seed(1)
+    model = build("he-mlp", SHAPE, 3, width=16).eval()
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        first.weight[0].zero_()
+        first.weight[1].fill_(1e-12)
+        first.weight[2:, :8].zero_()
+        first.weight[2:, 8:10].fill_(1e-13)
+    sparse = compile_model(model, SHAPE)
+    x = queries(8, seed=5)
+    ref = sparse.forward(x)
+    got = decrypt_batch(keys, BatchedEvaluator(party, sparse).evaluate(encrypt_batch(keys, x)), 8)
+    np.testing.assert_allclose(got, ref, atol=1e-2)
+    layout = SingleLayout.for_plan(sparse, PARAMS.slots)
+    out = SingleEvaluator(party, sparse).evaluate(encrypt_query(keys, layout, x[0]))
+    np.testing.assert_allclose(keys.decrypt(out)[:3].real, ref[0], atol=5e-2)
+
+
 def test_single_path_needs_the_rotation_keys(plan) -> None:  # type: ignore[no-untyped-def]
     bare = StudentKeys(PARAMS)
     with pytest.raises(HeError, match="lacks rotation keys"):
