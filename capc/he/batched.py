@@ -123,7 +123,9 @@ class BatchedEvaluator:
             acc: seal.Ciphertext | None = None
             for j in nz:
                 w = float(weight[o, j])
-                ctx.encoder.encode(w if abs(w) * w_scale >= 0.5 else 1.0 / w_scale, pid, w_scale, pt)
+                ctx.encoder.encode(
+                    w if abs(w) * w_scale >= 0.5 else 1.0 / w_scale, pid, w_scale, pt
+                )
                 if acc is None:
                     acc = seal.Ciphertext(ctx.context)
                     ev.multiply_plain(h[index[o, j]], pt, acc)
