@@ -28,8 +28,9 @@ from services.common import tls
 from services.common.recipes import recipe_to_proto
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
-from services.local import TASK_NAME, LocalConsortium
-from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
+from services.local import LocalConsortium
+from services.proto.capc.v1 import common_pb2, student_pb2
+from tests.e2e.jobs import HEADER, jobs_stub, run_job, tensor_batch
 
 PARTIES = 5
 NOISE_SEED = "e2e-consortium"
@@ -135,50 +136,17 @@ def test_a_party_that_drops_is_left_out_and_not_charged(
 
 def test_student_service_runs_a_job_for_the_gateway(consortium: LocalConsortium) -> None:
     consortium.start_student()
-    channel = tls.secure_channel(
-        f"127.0.0.1:{consortium.student_port}",
-        tls.TLSFiles.in_dir(consortium.pki_dir, "gateway"),
-        "localhost",
-    )
-    jobs = student_pb2_grpc.StudentPartyStub(channel)
-    header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
-    x = np.ascontiguousarray(consortium.queries[:100], dtype="<f4")
-    job = jobs.CreateJob(
-        student_pb2.CreateJobRequest(
-            header=header,
-            queries=common_pb2.QueryBatch(
-                tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-            ),
-            batch_size=40,
-        ),
-        timeout=30,
-    )
-    states = [
-        j.state
-        for j in jobs.WatchJob(student_pb2.WatchJobRequest(header=header, id=job.id), timeout=120)
-    ]
-    assert states[-1] == "done", states
-    results = jobs.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=30)
-    labels = np.frombuffer(results.labels.data, dtype="<i8")
+    jobs = jobs_stub(consortium)
+    header = HEADER
+    results, labels = run_job(jobs, tensor_batch(consortium.queries[:100]), 40, timeout=120)
     assert len(labels) == 100 and results.job.rounds == 3
     assert results.job.answered == int((labels >= 0).sum()) > 50
     # A job of programmatic queries: each round travels as a recipe.
     recipe = recipe_to_proto(
         Recipe("spectral", seed=5, start=0, count=50, shape=(1, 28, 28)), with_hash=False
     )
-    job = jobs.CreateJob(
-        student_pb2.CreateJobRequest(
-            header=header, queries=common_pb2.QueryBatch(recipe=recipe), batch_size=25
-        ),
-        timeout=30,
-    )
-    states = [
-        j.state
-        for j in jobs.WatchJob(student_pb2.WatchJobRequest(header=header, id=job.id), timeout=120)
-    ]
-    assert states[-1] == "done", states
-    results = jobs.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=30)
-    assert results.job.rounds == 2 and len(np.frombuffer(results.labels.data, dtype="<i8")) == 50
+    results, labels = run_job(jobs, common_pb2.QueryBatch(recipe=recipe), 25, timeout=120)
+    assert results.job.rounds == 2 and len(labels) == 50
     assert tuple(results.queries.shape) == (50, 1, 28, 28)
     # Bad uploads are refused with a reason; nothing is queued.
     bad = np.full((4, 1, 28, 28), np.nan, dtype="<f4")
@@ -214,15 +182,11 @@ def test_student_service_runs_a_job_for_the_gateway(consortium: LocalConsortium)
         jobs.GetResults(student_pb2.GetResultsRequest(header=header, id="nope"), timeout=10)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     # Hospitals may not use the student's jobs API.
-    hospital = student_pb2_grpc.StudentPartyStub(
-        tls.secure_channel(
-            f"127.0.0.1:{consortium.student_port}",
-            tls.TLSFiles.in_dir(consortium.pki_dir, "hospital-0"),
-            "localhost",
-        )
-    )
+    hospital = jobs_stub(consortium, "hospital-0")
     with pytest.raises(grpc.RpcError) as err:
-        hospital.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=10)
+        hospital.GetResults(
+            student_pb2.GetResultsRequest(header=header, id=results.job.id), timeout=10
+        )
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 

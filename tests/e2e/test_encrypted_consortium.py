@@ -24,11 +24,10 @@ from capc.models import load_teacher
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
-from services.common import tls
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
-from services.local import TASK_NAME, LocalConsortium
-from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
+from services.local import LocalConsortium
+from tests.e2e.jobs import jobs_stub, run_job, tensor_batch
 
 PARTIES = 3
 NOISE_SEED = "e2e-encrypted"
@@ -178,33 +177,10 @@ def test_the_student_service_labels_an_upload_through_encrypted_rounds(
     tabular: LocalConsortium,
 ) -> None:
     tabular.start_student()
-    channel = tls.secure_channel(
-        f"127.0.0.1:{tabular.student_port}",
-        tls.TLSFiles.in_dir(tabular.pki_dir, "gateway"),
-        "localhost",
+    results, labels = run_job(
+        jobs_stub(tabular), tensor_batch(tabular.queries[100:140]), batch_size=20, timeout=300
     )
-    jobs = student_pb2_grpc.StudentPartyStub(channel)
-    header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
-    x = np.ascontiguousarray(tabular.queries[100:140], dtype="<f4")
-    job = jobs.CreateJob(
-        student_pb2.CreateJobRequest(
-            header=header,
-            queries=common_pb2.QueryBatch(
-                tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-            ),
-            batch_size=20,
-        ),
-        timeout=30,
-    )
-    states = [
-        j.state
-        for j in jobs.WatchJob(student_pb2.WatchJobRequest(header=header, id=job.id), timeout=300)
-    ]
-    assert states[-1] == "done", states
-    results = jobs.GetResults(student_pb2.GetResultsRequest(header=header, id=job.id), timeout=30)
-    labels = np.frombuffer(results.labels.data, dtype="<i8")
     assert len(labels) == 40 and results.job.rounds == 2
     answered = labels >= 0
     assert answered.mean() > 0.5
     assert (labels[answered] == tabular.truth[100:140][answered]).mean() > 0.8
-    channel.close()

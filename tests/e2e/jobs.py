@@ -1,0 +1,52 @@
+"""Driving the student party's jobs API as the gateway does, for the end-to-end tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from services.common import tls
+from services.local import TASK_NAME, LocalConsortium
+from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
+
+HEADER = common_pb2.Header(protocol_version=1, task=TASK_NAME)
+
+
+def jobs_stub(
+    consortium: LocalConsortium, name: str = "gateway"
+) -> student_pb2_grpc.StudentPartyStub:
+    """The student party's jobs API, over mutual TLS with ``name``'s certificate."""
+    channel = tls.secure_channel(
+        f"127.0.0.1:{consortium.student_port}",
+        tls.TLSFiles.in_dir(consortium.pki_dir, name),
+        "localhost",
+    )
+    return student_pb2_grpc.StudentPartyStub(channel)
+
+
+def tensor_batch(x: np.ndarray) -> common_pb2.QueryBatch:
+    """(N, *shape) float queries as an uploaded tensor."""
+    x = np.ascontiguousarray(x, dtype="<f4")
+    return common_pb2.QueryBatch(
+        tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+    )
+
+
+def run_job(
+    jobs: student_pb2_grpc.StudentPartyStub,
+    queries: common_pb2.QueryBatch,
+    batch_size: int,
+    timeout: float,
+) -> tuple[student_pb2.JobResults, np.ndarray]:
+    """Create a job, follow it until it ends (it must end done), and fetch its results.
+
+    Returns the results and the (N,) labels, -1 where a query was not answered.
+    """
+    job = jobs.CreateJob(
+        student_pb2.CreateJobRequest(header=HEADER, queries=queries, batch_size=batch_size),
+        timeout=30,
+    )
+    watch = student_pb2.WatchJobRequest(header=HEADER, id=job.id)
+    states = [j.state for j in jobs.WatchJob(watch, timeout=timeout)]
+    assert states[-1] == "done", states
+    results = jobs.GetResults(student_pb2.GetResultsRequest(header=HEADER, id=job.id), timeout=30)
+    return results, np.frombuffer(results.labels.data, dtype="<i8")
