@@ -20,6 +20,7 @@ from capc.learning.diet import (
     BodyConfig,
     DietConfig,
     format_table,
+    load_result,
     pretrained_body,
     quick,
     run,
@@ -117,6 +118,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r.add_argument("--json", action="store_true", help="print the JSON result")
     r.set_defaults(handler=run_experiment)
 
+    show = dsub.add_parser("show", help="print the table of a saved result, goals rechecked")
+    show.add_argument("result", type=Path, help="a JSON file written by capc diet run --out")
+    show.add_argument("--markdown", action="store_true", help="a markdown table")
+    show.set_defaults(handler=show_result)
+
 
 def run_pretrain(args: argparse.Namespace) -> int:
     """Write a pretrained body as a model checkpoint with a card saying how it was made."""
@@ -160,4 +166,15 @@ def run_experiment(args: argparse.Namespace) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
     print(text if args.json else format_table(result), flush=True)
+    return 0
+
+
+def show_result(args: argparse.Namespace) -> int:
+    """Print a saved result's table (text or markdown), its goals recomputed from the table."""
+    try:
+        result = load_result(args.result)
+    except (OSError, ValueError, KeyError) as err:
+        print(f"error: {args.result} is not a result of capc diet run: {err}", file=sys.stderr)
+        return 2
+    print(format_table(result, markdown=args.markdown))
     return 0

@@ -37,6 +37,15 @@ def test_diet_run_quick_writes_the_whole_table(tmp_path: Path) -> None:
         "non_private_full_training_accuracy",
     }
     assert {"current_beats_original_on_noise", "reaches_75_percent"} <= set(result["goals"])
+    shown = subprocess.run(
+        [sys.executable, "-m", "services.cli", "diet", "show", str(out), "--markdown"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    table = [line for line in shown.stdout.splitlines() if line.startswith("| diet ")]
+    assert len(table) == len(config.generators) * len(STATISTICS) * len(config.epsilons)
     # a second run reads the pretrained body from the cache
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "read from" in again.stdout

@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional
 
 from capc.learning.augment import Augmentation, augment
+from capc.learning.diet import goals
 from capc.learning.last_layer import finetune_last_layer, finetune_teacher, fit_linear
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
 from capc.learning.teachers import fit_head_ensemble
@@ -154,3 +155,37 @@ def test_head_ensemble_teachers_match_stand_alone_models() -> None:
     )
     with pytest.raises(ValueError, match="two examples"):
         fit_head_ensemble(body, x, y, [np.array([0])])
+
+
+def _cell(generator: str, statistics: str, eps: float, acc: float) -> dict[str, object]:
+    return {
+        "method": "diet",
+        "generator": generator,
+        "statistics": statistics,
+        "epsilon": eps,
+        "answered": 0 if acc != acc else 100,
+        "student_accuracy": acc,
+        "student_accuracy_std": 0.0,
+        "student_accuracy_self_trained": float("nan"),
+        "student_accuracy_self_trained_std": float("nan"),
+    }
+
+
+def test_diet_goals_read_the_table() -> None:
+    nan = float("nan")
+    table = [
+        _cell("gaussian", "current", 10.0, 0.6),
+        _cell("gaussian", "original", 10.0, nan),  # nothing answered: no student at all
+        _cell("spectral", "current", 10.0, 0.5),
+        _cell("spectral", "original", 10.0, 0.45),
+        _cell("fractal", "current", 20.0, 0.9),  # above eps 10: not a candidate
+    ]
+    g = goals(table, (10.0, 20.0))
+    assert g["current_beats_original_on_noise"]["holds"]
+    assert g["best_student_at_eps_10"]["accuracy"] == 0.6
+    assert not g["reaches_75_percent"]
+    table[3]["student_accuracy"] = 0.55  # original statistics win one pair
+    assert not goals(table, (10.0,))["current_beats_original_on_noise"]["holds"]
+    table[0]["student_accuracy"] = nan  # neither answered: current does not beat original
+    pairs = goals(table, (10.0,))["current_beats_original_on_noise"]["pairs"]
+    assert [p["beats"] for p in pairs] == [False, False]
