@@ -439,8 +439,9 @@ def goals(table: Sequence[dict[str, Any]], epsilons: Sequence[float]) -> dict[st
     """The issue's two measurable goals, checked on the summary table.
 
     Current statistics beat original ones for a (noise-like generator, epsilon)
-    pair when their student is more accurate, or when original statistics
-    answered nothing (no labels, no student) and current ones did.
+    pair when their student is more accurate, or when original statistics gave
+    no student (NaN: no labels, or labels of one class only, which fit no
+    classifier and leave a constant guess) and current ones did.
     """
     diet = {
         (t["generator"], t["statistics"], t["epsilon"]): t for t in table if t["method"] == "diet"
