@@ -186,8 +186,10 @@ def _npy(x: np.ndarray) -> bytes:
 
 def test_uploads_good_and_bad(consortium: LocalConsortium, analyst: str) -> None:
     url, h = consortium.gateway_url + "/v1/jobs/upload", auth(analyst)
-    x = consortium.queries[:40]
-    r = httpx.post(url, headers=h, files={"file": ("q.npy", _npy(x))}, data={"batch_size": "40"})
+    # 160 queries: with three quick teachers and the task's noise a third or more are
+    # answered, so the counts below hold with all but negligible chance (40 did not)
+    x = consortium.queries[:160]
+    r = httpx.post(url, headers=h, files={"file": ("q.npy", _npy(x))}, data={"batch_size": "160"})
     assert r.status_code == 201, r.text
     with Client(consortium.gateway_url, analyst) as client:
         job = client.wait(r.json()["id"], timeout=120)
@@ -195,8 +197,8 @@ def test_uploads_good_and_bad(consortium: LocalConsortium, analyst: str) -> None
         labels = np.asarray(client.labels(job.id))
     answered = labels >= 0
     # Quick three-epoch teachers on real held-out images: well above chance (0.1).
-    assert answered.sum() >= 10
-    assert (labels[answered] == consortium.truth[:40][answered]).mean() > 0.25
+    assert len(labels) == 160 and answered.sum() >= 12
+    assert (labels[answered] == consortium.truth[:160][answered]).mean() > 0.25
 
     def refused(files: dict[str, tuple[str, bytes]], status: int, text: str) -> None:
         r = httpx.post(url, headers=h, files=files)
