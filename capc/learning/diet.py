@@ -190,7 +190,9 @@ def _split(
     y: NDArray[np.int64], config: DietConfig, seed: int
 ) -> tuple[NDArray[np.int64], list[NDArray[np.int64]]]:
     order = np.random.default_rng([seed, 1]).permutation(len(y))
-    test, rest = np.sort(order[: config.test_size]), order[config.test_size :]
+    # The test set stays in random order: its features use the statistics of batches of
+    # ``config.batch`` images, and the offline data sets are sorted by class.
+    test, rest = order[: config.test_size], order[config.test_size :]
     if config.split == "iid":
         parts = [rest[p] for p in partition(len(rest), config.teachers, seed)]
     else:

@@ -66,7 +66,13 @@ def accuracy(
 
     ``current_statistics``: BatchNorm uses the statistics of each batch of
     ``batch`` inputs (a DIET student has no real data of its own to store any).
+    The inputs are then taken in a fixed shuffled order: test files are often
+    sorted by class, and the statistics of a one-class batch would describe
+    that class instead of the mix a deployed model sees.
     """
-    out = logits(model, x, current_statistics=current_statistics, batch=batch)
+    order = (
+        np.random.default_rng(0).permutation(len(x)) if current_statistics else np.arange(len(x))
+    )
+    out = logits(model, x[order], current_statistics=current_statistics, batch=batch)
     pred = (out > 0).numpy().astype(np.int64) if np.ndim(y) == 2 else out.argmax(1).numpy()
-    return float((pred == y).mean())
+    return float((pred == np.asarray(y)[order]).mean())

@@ -10,9 +10,10 @@ import torch
 from torch.nn import functional
 
 from capc.learning.augment import Augmentation, augment
-from capc.learning.diet import goals
+from capc.learning.diet import DietConfig, _split, goals
 from capc.learning.last_layer import finetune_last_layer, finetune_teacher, fit_linear
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
+from capc.learning.supervised import accuracy
 from capc.learning.teachers import fit_head_ensemble
 from capc.models import build
 from capc.models.inference import logits
@@ -189,3 +190,35 @@ def test_diet_goals_read_the_table() -> None:
     table[0]["student_accuracy"] = nan  # neither answered: current does not beat original
     pairs = goals(table, (10.0,))["current_beats_original_on_noise"]["pairs"]
     assert [p["beats"] for p in pairs] == [False, False]
+
+
+class _SignOfNormalised(torch.nn.Module):
+    """Class 1 iff the input is above its BatchNorm mean: only batch statistics separate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(1)  # scale 1, shift 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.norm(x)
+        return torch.cat([-z, z], dim=1)
+
+
+def test_current_statistics_accuracy_does_not_depend_on_a_class_sorted_file() -> None:
+    # Sorted by class, every batch of 100 holds one class, whose own statistics would
+    # centre it on the boundary: about half right. Mixed batches put the classes apart.
+    x = np.concatenate([np.zeros((200, 1)), np.ones((200, 1))]).astype(np.float32)
+    x += np.random.default_rng(0).normal(0, 0.05, x.shape).astype(np.float32)
+    y = np.repeat([0, 1], 200)
+    model = _SignOfNormalised()
+    assert accuracy(model, x, y, current_statistics=True, batch=100) > 0.95
+    shuffled = np.random.default_rng(1).permutation(len(x))
+    assert accuracy(model, x[shuffled], y[shuffled], current_statistics=True, batch=100) > 0.95
+
+
+def test_diet_test_set_is_not_sorted() -> None:
+    y = np.repeat(np.arange(10), 100)
+    test, parts = _split(y, DietConfig(teachers=4, test_size=200), seed=0)
+    first = y[test[:100]]
+    assert len(np.unique(first)) == 10  # a batch of the test set mixes the classes
+    assert len(set(test) | set(np.concatenate(parts))) == len(y)
