@@ -146,11 +146,12 @@ class DietConfig:
     epsilons: tuple[float, ...] = (5.0, 10.0, 20.0)
     delta: float = 1e-5
     seeds: tuple[int, ...] = (0, 1, 2)
-    queries: int = 4096
+    queries: int = 1024
     batch: int = 512
-    #: Confident-GNMax for 100 teachers; scaled with the teacher count.
+    #: Confident-GNMax for 100 teachers; scaled with the teacher count. A sharp test
+    #: (small sigma1) keeps weak-consensus queries, the costly ones, from being answered.
     mechanism: ConfidentParams = field(
-        default_factory=lambda: ConfidentParams(threshold=50.0, sigma1=40.0, sigma2=8.0)
+        default_factory=lambda: ConfidentParams(threshold=60.0, sigma1=20.0, sigma2=10.0)
     )
     test_size: int = 1000
     teacher_l2: float = 1e-2
