@@ -30,6 +30,9 @@ from capc.learning.pate import ConfidentParams
 from capc.learning.simclr import PretrainConfig
 from capc.models import ARCHITECTURES
 
+#: The experiment's defaults, so the command line and ``DietConfig`` cannot drift apart.
+DEFAULTS = DietConfig()
+
 
 def _names(text: str, known: tuple[str, ...] | list[str], what: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
@@ -54,16 +57,22 @@ def _numbers(text: str) -> tuple[float, ...]:
 
 
 def _body_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--architecture", choices=sorted(ARCHITECTURES), default="resnet10")
-    p.add_argument("--width", type=int, default=32, help="channels of the first stage")
-    p.add_argument("--pretrain-steps", type=int, default=1500)
-    p.add_argument("--pretrain-batch", type=int, default=256)
+    p.add_argument(
+        "--architecture", choices=sorted(ARCHITECTURES), default=DEFAULTS.body.architecture
+    )
+    p.add_argument(
+        "--width", type=int, default=DEFAULTS.body.width, help="channels of the first stage"
+    )
+    p.add_argument("--pretrain-steps", type=int, default=DEFAULTS.body.pretrain.steps)
+    p.add_argument("--pretrain-batch", type=int, default=DEFAULTS.body.pretrain.batch)
     p.add_argument(
         "--pretrain-generators",
         type=lambda s: _names(s, list(GENERATORS), "--pretrain-generators"),
-        default=("dead_leaves", "spectral", "fractal"),
+        default=DEFAULTS.body.generators,
     )
-    p.add_argument("--pool", type=int, default=12_000, help="synthetic images to pretrain on")
+    p.add_argument(
+        "--pool", type=int, default=DEFAULTS.body.pool, help="synthetic images to pretrain on"
+    )
 
 
 def _body_config(args: argparse.Namespace) -> BodyConfig:
@@ -90,27 +99,42 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
     r = dsub.add_parser("run", help="the central-mode DIET-PATE experiment (no services)")
     r.add_argument("--dataset", choices=DATASETS, default="animal-mnist")
-    r.add_argument("--teachers", type=int, default=100)
+    r.add_argument("--teachers", type=int, default=DEFAULTS.teachers)
     r.add_argument("--split", choices=("iid", "skewed"), default="iid")
     _body_args(r)
     r.add_argument(
         "--generators",
         type=lambda s: _names(s, list(GENERATORS), "--generators"),
-        default=DietConfig.generators,
+        default=DEFAULTS.generators,
     )
     r.add_argument(
         "--statistics",
         type=lambda s: _names(s, STATISTICS, "--statistics"),
         default=STATISTICS,
     )
-    r.add_argument("--epsilons", type=_numbers, default=(5.0, 10.0, 20.0))
-    r.add_argument("--delta", type=float, default=1e-5)
-    r.add_argument("--seeds", type=int, default=3, help="number of seeds (0, 1, ...)")
-    r.add_argument("--queries", type=int, default=1024, help="synthetic queries per generator")
-    r.add_argument("--batch", type=int, default=512, help="queries per round (statistics batch)")
-    r.add_argument("--threshold", type=float, default=60.0, help="T for 100 teachers (scaled)")
-    r.add_argument("--sigma1", type=float, default=20.0, help="for 100 teachers (scaled)")
-    r.add_argument("--sigma2", type=float, default=10.0, help="for 100 teachers (scaled)")
+    r.add_argument("--epsilons", type=_numbers, default=DEFAULTS.epsilons)
+    r.add_argument("--delta", type=float, default=DEFAULTS.delta)
+    r.add_argument(
+        "--seeds", type=int, default=len(DEFAULTS.seeds), help="number of seeds (0, 1, ...)"
+    )
+    r.add_argument(
+        "--queries", type=int, default=DEFAULTS.queries, help="synthetic queries per generator"
+    )
+    r.add_argument(
+        "--batch", type=int, default=DEFAULTS.batch, help="queries per round (statistics batch)"
+    )
+    r.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULTS.mechanism.threshold,
+        help="T for 100 teachers (scaled)",
+    )
+    r.add_argument(
+        "--sigma1", type=float, default=DEFAULTS.mechanism.sigma1, help="for 100 teachers (scaled)"
+    )
+    r.add_argument(
+        "--sigma2", type=float, default=DEFAULTS.mechanism.sigma2, help="for 100 teachers (scaled)"
+    )
     r.add_argument("--no-baseline", action="store_true", help="skip standard PATE from scratch")
     r.add_argument("--cache", type=Path, default=Path(".capc-cache"), help="pretrained bodies")
     r.add_argument("--out", type=Path, help="write the JSON result here")

@@ -70,9 +70,9 @@ def accuracy(
     sorted by class, and the statistics of a one-class batch would describe
     that class instead of the mix a deployed model sees.
     """
-    order = (
-        np.random.default_rng(0).permutation(len(x)) if current_statistics else np.arange(len(x))
-    )
-    out = logits(model, x[order], current_statistics=current_statistics, batch=batch)
+    if current_statistics:
+        order = np.random.default_rng(0).permutation(len(x))
+        x, y = x[order], np.asarray(y)[order]
+    out = logits(model, x, current_statistics=current_statistics, batch=batch)
     pred = (out > 0).numpy().astype(np.int64) if np.ndim(y) == 2 else out.argmax(1).numpy()
-    return float((pred == np.asarray(y)[order]).mean())
+    return float((pred == y).mean())

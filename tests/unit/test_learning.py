@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import numpy as np
@@ -10,8 +11,10 @@ import torch
 from torch.nn import functional
 
 from capc.learning.augment import Augmentation, augment
+from capc.learning.cli import _body_config, add_parser
 from capc.learning.diet import DietConfig, _split, goals
 from capc.learning.last_layer import finetune_last_layer, finetune_teacher, fit_linear
+from capc.learning.pate import ConfidentParams
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
 from capc.learning.supervised import accuracy
 from capc.learning.teachers import fit_head_ensemble
@@ -222,3 +225,21 @@ def test_diet_test_set_is_not_sorted() -> None:
     first = y[test[:100]]
     assert len(np.unique(first)) == 10  # a batch of the test set mixes the classes
     assert len(set(test) | set(np.concatenate(parts))) == len(y)
+
+
+def test_diet_command_line_defaults_are_the_config_defaults() -> None:
+    # The cached body is found by its config's hash: a drifting default would pretrain anew.
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["diet", "run"])
+    default = DietConfig()
+    assert _body_config(args) == default.body
+    assert ConfidentParams(args.threshold, args.sigma1, args.sigma2) == default.mechanism
+    assert (args.teachers, args.queries, args.batch, args.epsilons, args.delta) == (
+        default.teachers,
+        default.queries,
+        default.batch,
+        default.epsilons,
+        default.delta,
+    )
+    assert tuple(range(args.seeds)) == default.seeds
