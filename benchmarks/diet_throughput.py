@@ -2,7 +2,8 @@
 
 Prints one JSON object per result: images/s per generator (with its ratio to
 the fastest), and a teacher's batched inference in images/s with training
-and with current BatchNorm statistics, on the CPU and on CUDA when present.
+and with current BatchNorm statistics, for the small CNN and DIET's ResNet-10
+body, on the CPU and on CUDA when present.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ def main() -> None:
         )
     x = Recipe("mix", seed=2, start=0, count=args.batch, shape=shape).generate()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        teacher = Teacher("small-cnn", shape, 10, build("small-cnn", shape, 10), device=device)
+    for device, architecture in [(d, a) for d in devices for a in ("small-cnn", "resnet10")]:
+        # DIET's teachers are ResNet-10 bodies of width 32 (its default experiment)
+        width = 32 if architecture == "resnet10" else None
+        model = build(architecture, shape, 10, width)
+        teacher = Teacher(architecture, shape, 10, model, device=device, width=width)
         teacher.predict(x[:64])  # warm-up (CUDA context, kernels)
         stored = args.batch / best_time(lambda: teacher.predict(x), args.repeat)  # noqa: B023
         current = args.batch / best_time(
@@ -57,7 +61,7 @@ def main() -> None:
                 {
                     "bench": "teacher_inference",
                     "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                    "architecture": "small-cnn",
+                    "architecture": architecture,
                     "batch": args.batch,
                     "threads": torch.get_num_threads(),
                     "images_per_s_training_statistics": round(stored, 1),

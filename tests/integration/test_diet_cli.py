@@ -37,8 +37,9 @@ def test_diet_run_quick_writes_the_whole_table(tmp_path: Path) -> None:
         "non_private_full_training_accuracy",
     }
     assert {"current_beats_original_on_noise", "reaches_75_percent"} <= set(result["goals"])
+    # without the services: the same parser, mounted by ``python -m capc.learning``
     shown = subprocess.run(
-        [sys.executable, "-m", "services.cli", "diet", "show", str(out), "--markdown"],
+        [sys.executable, "-m", "capc.learning", "diet", "show", str(out), "--markdown"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -12,7 +12,7 @@ from torch.nn import functional
 
 from capc.learning.augment import Augmentation, augment
 from capc.learning.cli import _body_config, add_parser
-from capc.learning.diet import DietConfig, _split, goals
+from capc.learning.diet import DietConfig, _split, format_table, goals
 from capc.learning.last_layer import finetune_last_layer, finetune_teacher, fit_linear
 from capc.learning.pate import ConfidentParams
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
@@ -168,6 +168,7 @@ def _cell(generator: str, statistics: str, eps: float, acc: float) -> dict[str, 
         "statistics": statistics,
         "epsilon": eps,
         "answered": 0 if acc != acc else 100,
+        "label_accuracy": 0.9,
         "student_accuracy": acc,
         "student_accuracy_std": 0.0,
         "student_accuracy_self_trained": float("nan"),
@@ -193,6 +194,15 @@ def test_diet_goals_read_the_table() -> None:
     table[0]["student_accuracy"] = nan  # neither answered: current does not beat original
     pairs = goals(table, (10.0,))["current_beats_original_on_noise"]["pairs"]
     assert [p["beats"] for p in pairs] == [False, False]
+
+
+def test_diet_table_says_when_statistics_were_not_compared() -> None:
+    table = [_cell("gaussian", "current", 10.0, 0.6), _cell("fractal", "current", 10.0, 0.7)]
+    result = {"table": table, "references": {}, "goals": goals(table, (10.0,))}
+    assert "noise-like queries: not measured" in format_table(result)
+    table.append(_cell("gaussian", "original", 10.0, 0.65))
+    result["goals"] = goals(table, (10.0,))
+    assert "noise-like queries: no" in format_table(result)
 
 
 class _SignOfNormalised(torch.nn.Module):
