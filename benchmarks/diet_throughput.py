@@ -2,8 +2,8 @@
 
 Prints one JSON object per result: images/s per generator (with its ratio to
 the fastest), and a teacher's batched inference in images/s with training
-and with current BatchNorm statistics, for the small CNN and DIET's ResNet-10
-body, on the CPU and on CUDA when present.
+and with current BatchNorm statistics, for the small CNN and the body of
+DIET's default experiment, on the CPU and on CUDA when present.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from timing import best_time
 
 from capc.data.generators import GENERATORS, Recipe
+from capc.learning.diet import DietConfig
 from capc.models import Teacher, build
 
 
@@ -45,9 +46,9 @@ def main() -> None:
         )
     x = Recipe("mix", seed=2, start=0, count=args.batch, shape=shape).generate()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device, architecture in [(d, a) for d in devices for a in ("small-cnn", "resnet10")]:
-        # DIET's teachers are ResNet-10 bodies of width 32 (its default experiment)
-        width = 32 if architecture == "resnet10" else None
+    diet = DietConfig().body  # the teachers' body in the default DIET experiment
+    models = [("small-cnn", None), (diet.architecture, diet.width)]
+    for device, (architecture, width) in [(d, m) for d in devices for m in models]:
         model = build(architecture, shape, 10, width)
         teacher = Teacher(architecture, shape, 10, model, device=device, width=width)
         teacher.predict(x[:64])  # warm-up (CUDA context, kernels)

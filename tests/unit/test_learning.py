@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -253,3 +255,15 @@ def test_diet_command_line_defaults_are_the_config_defaults() -> None:
         default.delta,
     )
     assert tuple(range(args.seeds)) == default.seeds
+
+
+def test_python_m_capc_learning_needs_no_service_code() -> None:
+    # ``python -m capc.learning`` is for a training box without the services: capc has
+    # no network code, so neither the services nor gRPC may be imported on the way.
+    code = (
+        "import sys, capc.learning.__main__ as m; "
+        "print(sorted({n.split('.')[0] for n in sys.modules} & {'services', 'grpc'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
