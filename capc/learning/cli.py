@@ -135,6 +135,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     r.add_argument(
         "--sigma2", type=float, default=DEFAULTS.mechanism.sigma2, help="for 100 teachers (scaled)"
     )
+    r.add_argument(
+        "--student-l2",
+        type=float,
+        default=DEFAULTS.student_l2,
+        help="L2 penalty of the student's head (per unit of mean loss)",
+    )
     r.add_argument("--no-baseline", action="store_true", help="skip standard PATE from scratch")
     r.add_argument("--cache", type=Path, default=Path(".capc-cache"), help="pretrained bodies")
     r.add_argument("--out", type=Path, help="write the JSON result here")
@@ -176,6 +182,7 @@ def run_experiment(args: argparse.Namespace) -> int:
             queries=args.queries,
             batch=args.batch,
             mechanism=ConfidentParams(args.threshold, args.sigma1, args.sigma2),
+            student_l2=args.student_l2,
             baseline=not args.no_baseline,
         )
         if args.quick:

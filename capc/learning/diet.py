@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -175,6 +176,8 @@ class DietConfig:
             raise ValueError(f"statistics must be some of {', '.join(STATISTICS)}")
         if self.teachers < 1 or self.queries < 1 or self.batch < 2 or not self.seeds:
             raise ValueError("need teachers >= 1, queries >= 1, batch >= 2 and one seed")
+        if not all(math.isfinite(v) and v >= 0 for v in (self.teacher_l2, self.student_l2)):
+            raise ValueError("the heads' L2 penalties must be finite and >= 0")
 
     @property
     def params(self) -> ConfidentParams:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from capc.models.inference import statistics
+from capc.models.inference import run_batches
 from capc.models.registry import ARCHITECTURES, Classifier, build
 
 
@@ -68,15 +68,13 @@ class Teacher:
             )
         if not np.isfinite(x).all():
             raise ValueError("queries contain NaN or infinity")
-        out = []
-        with statistics(self.model, current_statistics), torch.no_grad():
-            # Current statistics need the whole batch in one pass.
-            step = x.shape[0] if current_statistics else chunk
-            for i in range(0, x.shape[0], step):
-                logits = self.model(torch.from_numpy(x[i : i + step]).to(self.device))
-                hard = logits > 0 if self.multi_label else logits.argmax(dim=1)
-                out.append(hard.cpu().numpy())
-        return np.concatenate(out).astype(np.int64)
+        # Current statistics need the whole batch in one pass.
+        step = x.shape[0] if current_statistics else chunk
+        out = run_batches(
+            self.model, self.model, x, current_statistics=current_statistics, batch=step
+        )
+        hard = out > 0 if self.multi_label else out.argmax(dim=1)
+        return hard.numpy().astype(np.int64)
 
 
 def save_teacher(path: Path | BinaryIO, teacher: Teacher) -> None:

@@ -255,6 +255,17 @@ def test_diet_command_line_defaults_are_the_config_defaults() -> None:
         default.delta,
     )
     assert tuple(range(args.seeds)) == default.seeds
+    assert args.student_l2 == default.student_l2
+
+
+@pytest.mark.parametrize("field", ["teacher_l2", "student_l2"])
+@pytest.mark.parametrize("value", [-1e-3, float("nan"), float("inf")])
+def test_diet_config_refuses_bad_head_penalties(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match="L2 penalties"):
+        if field == "teacher_l2":
+            DietConfig(teacher_l2=value)
+        else:
+            DietConfig(student_l2=value)
 
 
 def test_python_m_capc_learning_needs_no_service_code() -> None:
