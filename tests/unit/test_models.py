@@ -6,9 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from capc.learning.supervised import accuracy, fit
 from capc.models import Teacher, build, load_teacher, save_teacher
+from capc.models.inference import logits
 
 
 def trained(tmp_path: Path) -> Teacher:
@@ -73,3 +75,17 @@ def test_multi_label_teacher_learns_and_round_trips(tmp_path: Path) -> None:
     back = load_teacher(tmp_path / "m.pt")
     assert back.multi_label
     np.testing.assert_array_equal(back.predict(x), pred)
+
+
+def test_current_statistics_normalise_the_whole_query_batch_at_once(tmp_path: Path) -> None:
+    # A query batch's statistics are part of its answer: splitting it into chunks would
+    # normalise each chunk on its own and change the labels.
+    torch.manual_seed(0)  # a fixed untrained model with ten classes: labels vary
+    t = Teacher("small-cnn", (1, 8, 8), 10, build("small-cnn", (1, 8, 8), 10), {"data": "none"})
+    rng = np.random.default_rng(3)
+    x = rng.random((32, 1, 8, 8)).astype(np.float32)
+    x[:16] = x[:16] * 4 + 2  # two halves whose statistics differ
+    whole = logits(t.model, x, current_statistics=True, batch=len(x)).argmax(dim=1).numpy()
+    split = logits(t.model, x, current_statistics=True, batch=16).argmax(dim=1).numpy()
+    assert (whole != split).any(), "the check needs a batch where chunking changes labels"
+    np.testing.assert_array_equal(t.predict(x, current_statistics=True, chunk=16), whole)
