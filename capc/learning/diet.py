@@ -40,7 +40,7 @@ from capc.learning.pate import ConfidentParams, label_within_budgets
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
-from capc.models.checkpoint import Teacher, save_teacher
+from capc.models.checkpoint import Teacher, save_teacher, weights_sha256
 from capc.models.inference import features, logits
 from capc.models.registry import Classifier, build
 from capc.privacy.mechanisms.single_label import vote_histogram
@@ -92,8 +92,19 @@ def synthetic_pool(config: BodyConfig) -> NDArray[np.float32]:
 def pretrained_body(
     config: BodyConfig, cache: Path | None, num_classes: int, log: Log, device: str
 ) -> Classifier:
-    """The body pretrained on synthetic images, read from ``cache`` when it is there."""
-    model = build(config.architecture, config.input_shape, num_classes, config.width).to(device)
+    """The body pretrained on synthetic images, read from ``cache`` when it is there.
+
+    Its initial weights come from ``config.pretrain.seed`` too, so a body is a
+    function of its configuration (and of the thread count, which orders the
+    floating-point sums), not of whatever drew from torch's generator before.
+    """
+    model = build(
+        config.architecture,
+        config.input_shape,
+        num_classes,
+        config.width,
+        seed=config.pretrain.seed,
+    ).to(device)
     path = None if cache is None else cache / f"body-{config.key}.pt"
     if path is not None and path.exists():
         state = torch.load(path, map_location=device, weights_only=True)
@@ -157,6 +168,9 @@ class DietConfig:
     test_size: int = 1000
     teacher_l2: float = 1e-2
     student_l2: float = 1e-3
+    #: The non-private last-layer reference keeps its own penalty, so a student
+    #: penalty chosen for few noisy labels does not lower the upper bound.
+    reference_l2: float = 1e-3
     baseline: bool = True
     #: Standard PATE trains every teacher from scratch: a small CNN keeps that affordable.
     baseline_architecture: str = "small-cnn"
@@ -176,7 +190,8 @@ class DietConfig:
             raise ValueError(f"statistics must be some of {', '.join(STATISTICS)}")
         if self.teachers < 1 or self.queries < 1 or self.batch < 2 or not self.seeds:
             raise ValueError("need teachers >= 1, queries >= 1, batch >= 2 and one seed")
-        if not all(math.isfinite(v) and v >= 0 for v in (self.teacher_l2, self.student_l2)):
+        penalties = (self.teacher_l2, self.student_l2, self.reference_l2)
+        if not all(math.isfinite(v) and v >= 0 for v in penalties):
             raise ValueError("the heads' L2 penalties must be finite and >= 0")
 
     @property
@@ -286,7 +301,7 @@ def run_seed(
                 features(body, x[train], current_statistics=True, batch=config.batch),
                 y[train],
                 classes,
-                l2=config.student_l2,
+                l2=config.reference_l2,
             )(test_feats).detach(),
             y[test],
         ),
@@ -356,16 +371,17 @@ def _scratch_models(
     """Teachers trained from scratch on their own data, and the non-private model on all of it."""
     classes = int(y.max()) + 1
 
-    def fresh() -> torch.nn.Module:
-        return build(config.baseline_architecture, config.body.input_shape, classes).to(
-            config.device
-        )
+    def fresh(init: int) -> torch.nn.Module:
+        # Seeded apart from the global generator, which a pretraining run moves
+        # and a run that reads the body from its cache does not.
+        arch, shape = config.baseline_architecture, config.body.input_shape
+        return build(arch, shape, classes, seed=init).to(config.device)
 
     teachers = [
-        fit(fresh(), x[p], y[p], epochs=config.baseline_epochs, seed=seed * 1000 + i)
+        fit(fresh(seed * 1000 + i), x[p], y[p], epochs=config.baseline_epochs, seed=seed * 1000 + i)
         for i, p in enumerate(parts)
     ]
-    full = fit(fresh(), x[train], y[train], epochs=config.upper_bound_epochs, seed=seed)
+    full = fit(fresh(seed), x[train], y[train], epochs=config.upper_bound_epochs, seed=seed)
     return teachers, _accuracy(logits(full, x[test]), y[test])
 
 
@@ -519,6 +535,9 @@ def run(config: DietConfig, cache: Path | None = None, log: Log = print) -> dict
     return {
         "experiment": "diet",
         "config": config.to_dict(),
+        # The configuration does not name the body bit for bit (thread count and
+        # device order the floating-point sums of pretraining); its digest does.
+        "body_sha256": weights_sha256(body.features),
         "references": references,
         "table": table,
         "goals": goals(table, config.epsilons),

@@ -22,6 +22,19 @@ from capc.models.inference import run_batches
 from capc.models.registry import ARCHITECTURES, Classifier, build
 
 
+def weights_sha256(module: torch.nn.Module, prefix: str = "") -> str:
+    """SHA-256 (hex) of ``prefix`` and every entry of ``module``'s state dict, by name.
+
+    Parameters and buffers (BatchNorm statistics) both count: two models with
+    this digest compute the same function.
+    """
+    h = hashlib.sha256(prefix.encode())
+    for k, v in sorted(module.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 @dataclass
 class Teacher:
     """A model ready for batched inference on (B, *input_shape) float32 queries.
@@ -47,11 +60,7 @@ class Teacher:
 
     @property
     def model_hash(self) -> str:
-        h = hashlib.sha256(self.architecture.encode())
-        for k, v in sorted(self.model.state_dict().items()):
-            h.update(k.encode())
-            h.update(v.detach().cpu().numpy().tobytes())
-        return h.hexdigest()
+        return weights_sha256(self.model, prefix=self.architecture)
 
     def predict(
         self, queries: NDArray[np.float32], current_statistics: bool = False, chunk: int = 1024

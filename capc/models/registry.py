@@ -134,12 +134,19 @@ ARCHITECTURES: dict[str, Architecture] = {
 
 
 def build(
-    name: str, input_shape: tuple[int, ...], num_classes: int, width: int | None = None
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    width: int | None = None,
+    *,
+    seed: int | None = None,
 ) -> Classifier:
     """A fresh model of architecture ``name`` for inputs of ``input_shape`` (no batch axis).
 
     ``width``: channels of the first stage (CNNs) or hidden units (MLP); the
-    architecture's default when None.
+    architecture's default when None. ``seed``: the initial weights come from
+    it alone, whatever drew from torch's global generator before (which is
+    left as it was); None draws them from that generator.
     """
     try:
         arch = ARCHITECTURES[name]
@@ -152,5 +159,11 @@ def build(
     w = arch.default_width if width is None else int(width)
     if not 1 <= w <= 1024:
         raise ValueError(f"width must lie in [1, 1024], got {w}")
-    body, dim = arch.body(tuple(int(s) for s in input_shape), w)
-    return Classifier(body, dim, num_classes)
+    shape = tuple(int(s) for s in input_shape)
+    if seed is None:
+        body, dim = arch.body(shape, w)
+        return Classifier(body, dim, num_classes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        body, dim = arch.body(shape, w)
+        return Classifier(body, dim, num_classes)

@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from capc.learning.diet import STATISTICS, DietConfig
+from capc.models import build
+from capc.models.checkpoint import weights_sha256
 
 
 @pytest.mark.slow
@@ -47,6 +50,16 @@ def test_diet_run_quick_writes_the_whole_table(tmp_path: Path) -> None:
     assert shown.returncode == 0, shown.stderr
     table = [line for line in shown.stdout.splitlines() if line.startswith("| diet ")]
     assert len(table) == len(config.generators) * len(STATISTICS) * len(config.epsilons)
-    # a second run reads the pretrained body from the cache
+    # the recorded digest names the body the run used: the one in the cache
+    (cached,) = (tmp_path / "cache").glob("body-*.pt")
+    spec = result["config"]["body"]
+    body = build(spec["architecture"], tuple(spec["input_shape"]), 10, spec["width"])
+    body.features.load_state_dict(torch.load(cached, weights_only=True))
+    assert result["body_sha256"] == weights_sha256(body.features)
+    # a second run reads the pretrained body from the cache and repeats every row
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "read from" in again.stdout
+    repeated = json.loads(out.read_text())
+    assert repeated["body_sha256"] == result["body_sha256"]
+    # (compared as JSON text: a NaN cell is never equal to itself)
+    assert json.dumps(repeated["rows"]) == json.dumps(result["rows"])

@@ -102,3 +102,17 @@ def test_recalibrate_sets_exact_statistics() -> None:
     assert not model.training
     out = logits(model, x)
     assert out.shape == (100, 2)
+
+
+def test_a_seeded_build_ignores_and_keeps_the_global_generator() -> None:
+    def weights(model: torch.nn.Module) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in model.parameters()]
+
+    first = weights(build("small-cnn", (1, 8, 8), 3, seed=5))
+    torch.rand(100)  # a caller that drew from the generator in between
+    state = torch.random.get_rng_state()
+    second = weights(build("small-cnn", (1, 8, 8), 3, seed=5))
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    other = weights(build("small-cnn", (1, 8, 8), 3, seed=6))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))

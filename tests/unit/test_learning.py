@@ -6,6 +6,7 @@ import argparse
 import math
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,13 +15,21 @@ from torch.nn import functional
 
 from capc.learning.augment import Augmentation, augment
 from capc.learning.cli import _body_config, add_parser
-from capc.learning.diet import DietConfig, _split, format_table, goals
+from capc.learning.diet import (
+    BodyConfig,
+    DietConfig,
+    _split,
+    format_table,
+    goals,
+    pretrained_body,
+)
 from capc.learning.last_layer import finetune_last_layer, finetune_teacher, fit_linear
 from capc.learning.pate import ConfidentParams
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
 from capc.learning.supervised import accuracy
 from capc.learning.teachers import fit_head_ensemble
 from capc.models import build
+from capc.models.checkpoint import weights_sha256
 from capc.models.inference import logits
 
 
@@ -110,6 +119,29 @@ def test_pretraining_trains_the_body_only() -> None:
     assert not model.training
     with pytest.raises(ValueError, match="at least one batch"):
         pretrain(model, pool[:8], PretrainConfig(steps=1, batch=16))
+
+
+def test_a_pretrained_body_is_a_function_of_its_configuration() -> None:
+    # Once the body's initial weights came from whatever state torch's global
+    # generator was in, so two pretrainings of one configuration differed.
+    config = BodyConfig(
+        width=4, input_shape=(1, 12, 12), pool=64, pretrain=PretrainConfig(steps=2, batch=16)
+    )
+    digests = []
+    for draw in (0, 1000):
+        torch.rand(draw)  # a caller that drew from the generator before
+        digests.append(
+            weights_sha256(pretrained_body(config, None, 3, lambda s: None, "cpu").features)
+        )
+    assert digests[0] == digests[1]
+    other = BodyConfig(
+        width=4,
+        input_shape=(1, 12, 12),
+        pool=64,
+        pretrain=PretrainConfig(steps=2, batch=16, seed=1),
+    )
+    body = pretrained_body(other, None, 3, lambda s: None, "cpu")
+    assert weights_sha256(body.features) != digests[0]
 
 
 def digit_like(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -258,14 +290,12 @@ def test_diet_command_line_defaults_are_the_config_defaults() -> None:
     assert args.student_l2 == default.student_l2
 
 
-@pytest.mark.parametrize("field", ["teacher_l2", "student_l2"])
+@pytest.mark.parametrize("field", ["teacher_l2", "student_l2", "reference_l2"])
 @pytest.mark.parametrize("value", [-1e-3, float("nan"), float("inf")])
 def test_diet_config_refuses_bad_head_penalties(field: str, value: float) -> None:
     with pytest.raises(ValueError, match="L2 penalties"):
-        if field == "teacher_l2":
-            DietConfig(teacher_l2=value)
-        else:
-            DietConfig(student_l2=value)
+        penalty: dict[str, Any] = {field: value}
+        DietConfig(**penalty)
 
 
 def test_python_m_capc_learning_needs_no_service_code() -> None:
