@@ -253,12 +253,14 @@ class SingleEvaluator:
             ev.multiply_plain(x, pt, acc if t == 0 else tmp)
             if t:
                 ev.add_inplace(acc, tmp)
-        if not final:
-            ev.rescale_to_next_inplace(acc)
+        # rotate before rescaling: key switching adds noise of a fixed size (with
+        # outliers in single slots), 2^26 times smaller against values at scale 2^52
         s = st.block
         while s < self.layout.slots:
             self._rotate_add(acc, s)
             s *= 2
+        if not final:
+            ev.rescale_to_next_inplace(acc)
         return acc
 
     def _dense(
@@ -277,9 +279,7 @@ class SingleEvaluator:
                 ev.multiply_plain(x, pt, inner if b == 0 else tmp)
                 if b:
                     ev.add_inplace(inner, tmp)
-            if not final:
-                ev.rescale_to_next_inplace(inner)
-            if g:
+            if g:  # unrescaled, as in _conv: the key-switching noise stays negligible
                 ev.rotate_vector_inplace(inner, g * st.baby, gk)
                 assert total is not None
                 ev.add_inplace(total, inner)
@@ -290,6 +290,8 @@ class SingleEvaluator:
         while s >= st.rows:
             self._rotate_add(total, s)
             s //= 2
+        if not final:
+            ev.rescale_to_next_inplace(total)
         return total
 
 
