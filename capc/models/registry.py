@@ -160,10 +160,9 @@ def build(
     if not 1 <= w <= 1024:
         raise ValueError(f"width must lie in [1, 1024], got {w}")
     shape = tuple(int(s) for s in input_shape)
-    if seed is None:
-        body, dim = arch.body(shape, w)
-        return Classifier(body, dim, num_classes)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    # the head draws its initial weights too, so it is built inside the fork
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
         body, dim = arch.body(shape, w)
         return Classifier(body, dim, num_classes)

@@ -153,7 +153,7 @@ def test_single_path_matches_plaintext(keys, party, plan, layout) -> None:  # ty
     # Key switching adds noise with outliers in single slots, and its size varies
     # with the keys. Rotating before each rescale keeps the largest logit error at
     # 0.0081 and the mean per key set at 0.0048 (30 key sets x 8 queries); rescaling
-    # first gave up to 0.039 and means up to 0.020, failing these bounds 1 time in 2.
+    # first gave up to 0.039 and means up to 0.020, failing these bounds in 9 of 20.
     errors = []
     for q in x:
         out = ev.evaluate(encrypt_query(keys, layout, q))
