@@ -207,16 +207,23 @@ class DietConfig:
 
 def _split(
     y: NDArray[np.int64], config: DietConfig, seed: int
-) -> tuple[NDArray[np.int64], list[NDArray[np.int64]]]:
+) -> tuple[NDArray[np.int64], list[NDArray[np.int64]], NDArray[np.int64]]:
+    """Test indices, each hospital's indices, and all hospitals' indices in the order the
+    non-private reference reads them."""
     order = np.random.default_rng([seed, 1]).permutation(len(y))
     # The test set stays in random order: its features use the statistics of batches of
     # ``config.batch`` images, and the offline data sets are sorted by class.
     test, rest = order[: config.test_size], order[config.test_size :]
     if config.split == "iid":
         parts = [rest[p] for p in partition(len(rest), config.teachers, seed)]
+        # i.i.d. hospitals drawn from a random order: one after another they are mixed already
+        train = np.concatenate(parts)
     else:
         parts = [rest[p] for p in skewed_partition(y[rest], config.teachers, seed=seed)]
-    return test, parts
+        # Label-skewed hospitals one after another would give the reference's batches a
+        # few hospitals' classes each, and their own statistics would blur those classes.
+        train = np.random.default_rng([seed, 2]).permutation(np.concatenate(parts))
+    return test, parts, train
 
 
 def _accuracy(pred: torch.Tensor, y: NDArray[np.int64]) -> float:
@@ -286,8 +293,7 @@ def run_seed(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Every DIET and baseline row of one seed, and that seed's reference accuracies."""
     classes = body.head.out_features
-    test, parts = _split(y, config, seed)
-    train = np.concatenate(parts)
+    test, parts, train = _split(y, config, seed)
     t0 = time.perf_counter()
     ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
