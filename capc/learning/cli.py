@@ -27,7 +27,7 @@ from capc.learning.diet import (
     save_body,
 )
 from capc.learning.pate import ConfidentParams
-from capc.learning.simclr import PretrainConfig
+from capc.learning.simclr import PRECISIONS, PretrainConfig
 from capc.models import ARCHITECTURES
 
 #: The experiment's defaults, so the command line and ``DietConfig`` cannot drift apart.
@@ -66,6 +66,12 @@ def _body_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrain-steps", type=int, default=DEFAULTS.body.pretrain.steps)
     p.add_argument("--pretrain-batch", type=int, default=DEFAULTS.body.pretrain.batch)
     p.add_argument(
+        "--pretrain-precision",
+        choices=PRECISIONS,
+        default=DEFAULTS.body.pretrain.precision,
+        help="bf16: bfloat16 autocast, 2-3x faster on CPUs with bf16 instructions",
+    )
+    p.add_argument(
         "--pretrain-generators",
         type=lambda s: _names(s, list(GENERATORS), "--pretrain-generators"),
         default=DEFAULTS.body.generators,
@@ -81,7 +87,11 @@ def _body_config(args: argparse.Namespace) -> BodyConfig:
         width=args.width,
         generators=args.pretrain_generators,
         pool=args.pool,
-        pretrain=PretrainConfig(steps=args.pretrain_steps, batch=args.pretrain_batch),
+        pretrain=PretrainConfig(
+            steps=args.pretrain_steps,
+            batch=args.pretrain_batch,
+            precision=args.pretrain_precision,
+        ),
     )
 
 

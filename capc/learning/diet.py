@@ -74,7 +74,11 @@ class BodyConfig:
     @property
     def key(self) -> str:
         """A short hash naming the pretrained body in a cache folder."""
-        text = json.dumps(asdict(self), sort_keys=True, default=str)
+        fields = asdict(self)
+        if self.pretrain.precision == "fp32":
+            # Bodies cached before the option existed keep their names.
+            del fields["pretrain"]["precision"]
+        text = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -23,11 +23,21 @@ from torch.nn import functional
 from capc.learning.augment import Augmentation, augment
 from capc.models.registry import Classifier
 
+#: Arithmetic a pretraining can run in.
+PRECISIONS = ("fp32", "bf16")
+
 
 @dataclass(frozen=True)
 class PretrainConfig:
     """Optimisation settings: ``steps`` AdamW steps of ``batch`` images (2 views each),
-    one-cycle learning rate peaking at ``lr``, NT-Xent ``temperature``."""
+    one-cycle learning rate peaking at ``lr``, NT-Xent ``temperature``.
+
+    ``precision`` "bf16" runs the body and projection under bfloat16 autocast
+    in channels-last layout (the loss stays float32): on a CPU with bf16
+    instructions a step takes a half to a third of the float32 time, so a
+    wider body fits the same hours. "fp32" is the default because the
+    published bodies were made with it and their digests name them.
+    """
 
     steps: int = 1500
     batch: int = 256
@@ -37,10 +47,15 @@ class PretrainConfig:
     projection_dim: int = 64
     seed: int = 0
     augmentation: Augmentation = field(default_factory=Augmentation)
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch < 2:
             raise ValueError("pretraining needs steps >= 1 and batch >= 2")
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
         if not self.temperature > 0 or not self.lr > 0:
             raise ValueError("temperature and lr must be positive")
 
@@ -61,6 +76,13 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
     sim = sim.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), -math.inf)
     target = torch.cat([torch.arange(n, 2 * n), torch.arange(0, n)]).to(z.device)
     return functional.cross_entropy(sim, target)
+
+
+def _set_layout(model: nn.Module, layout: torch.memory_format) -> None:
+    """Store every convolution kernel of ``model`` in ``layout``, in place."""
+    for p in model.parameters():
+        if p.dim() == 4:
+            p.data = p.data.contiguous(memory_format=layout)
 
 
 def pretrain(
@@ -90,6 +112,9 @@ def pretrain(
         opt, max_lr=config.lr, total_steps=config.steps, pct_start=0.1
     )
     images = torch.from_numpy(np.ascontiguousarray(pool, dtype=np.float32))
+    bf16 = config.precision == "bf16"
+    layout = torch.channels_last if bf16 else torch.contiguous_format
+    _set_layout(model, layout)
     losses: list[float] = []
     start = time.perf_counter()
     model.train()
@@ -97,11 +122,15 @@ def pretrain(
         for step in range(config.steps):
             idx = torch.randint(0, len(images), (config.batch,), generator=gen)
             x = images[idx]
-            v1 = augment(x, gen, config.augmentation).to(dev, non_blocking=True)
-            v2 = augment(x, gen, config.augmentation).to(dev, non_blocking=True)
-            loss = nt_xent(
-                projection(model.features(v1)), projection(model.features(v2)), config.temperature
+            v1, v2 = (
+                augment(x, gen, config.augmentation)
+                .contiguous(memory_format=layout)
+                .to(dev, non_blocking=True)
+                for _ in range(2)
             )
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+                p1, p2 = projection(model.features(v1)), projection(model.features(v2))
+            loss = nt_xent(p1.float(), p2.float(), config.temperature)
             opt.zero_grad(set_to_none=True)
             torch.autograd.backward(loss)
             opt.step()
@@ -113,5 +142,6 @@ def pretrain(
                     f"({time.perf_counter() - start:.0f} s)"
                 )
     finally:
+        _set_layout(model, torch.contiguous_format)
         model.eval()
     return losses

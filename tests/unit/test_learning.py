@@ -121,6 +121,30 @@ def test_pretraining_trains_the_body_only() -> None:
         pretrain(model, pool[:8], PretrainConfig(steps=1, batch=16))
 
 
+def test_bf16_pretraining_trains_a_float32_body_close_to_the_fp32_one() -> None:
+    pool = np.random.default_rng(0).random((64, 1, 12, 12)).astype(np.float32)
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        model = build("resnet10", (1, 12, 12), 3, width=4, seed=0)
+        config = PretrainConfig(steps=3, batch=16, seed=1, precision=precision)
+        runs[precision] = (pretrain(model, pool, config), model)
+    (fp32_losses, fp32_body), (bf16_losses, bf16_body) = runs["fp32"], runs["bf16"]
+    # Same batches and views, arithmetic within bfloat16's 3 significant digits.
+    assert bf16_losses[0] == pytest.approx(fp32_losses[0], abs=0.05)
+    assert weights_sha256(bf16_body.features) != weights_sha256(fp32_body.features)
+    for p in bf16_body.features.parameters():
+        assert p.dtype == torch.float32 and p.is_contiguous()
+    assert not bf16_body.training
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16"):
+        PretrainConfig(precision="fp16")
+
+
+def test_body_cache_names_keep_their_value_and_tell_precisions_apart() -> None:
+    # The fp32 name is the one bodies were cached under before bf16 existed.
+    assert BodyConfig().key == "b911575b2668e89c"
+    assert BodyConfig(pretrain=PretrainConfig(precision="bf16")).key != BodyConfig().key
+
+
 def test_a_pretrained_body_is_a_function_of_its_configuration() -> None:
     # Once the body's initial weights came from whatever state torch's global
     # generator was in, so two pretrainings of one configuration differed.
