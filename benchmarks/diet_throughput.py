@@ -1,9 +1,11 @@
-"""Throughput of DIET's two hot paths: programmatic query generation and teacher inference.
+"""Throughput of DIET's hot paths: query generation, teacher inference, body pretraining.
 
 Prints one JSON object per result: images/s per generator (with its ratio to
-the fastest), and a teacher's batched inference in images/s with training
+the fastest), a teacher's batched inference in images/s with training
 and with current BatchNorm statistics, for the small CNN and the body of
-DIET's default experiment, on the CPU and on CUDA when present.
+DIET's default experiment, and seconds per SimCLR pretraining step of that
+body in float32 and under bfloat16 autocast (with the speed-up), at the
+default width and the GPU section's; on the CPU and on CUDA when present.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from timing import best_time
 
 from capc.data.generators import GENERATORS, Recipe
 from capc.learning.diet import DietConfig
+from capc.learning.simclr import PRECISIONS, PretrainConfig, pretrain
 from capc.models import Teacher, build
 
 
@@ -25,6 +28,9 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=1024, help="images per generator call")
     ap.add_argument("--batch", type=int, default=4096, help="queries per inference batch")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4, help="pretraining steps per timing")
+    ap.add_argument("--widths", default="32,64", help="body widths to time pretraining at")
+    ap.add_argument("--pretrain-batch", type=int, default=256, help="images per pretraining step")
     args = ap.parse_args()
     shape = (1, 28, 28)
     rates = {}
@@ -68,6 +74,33 @@ def main() -> None:
                     "images_per_s_training_statistics": round(stored, 1),
                     "images_per_s_current_statistics": round(current, 1),
                     "current_over_training": round(current / stored, 3),
+                }
+            )
+        )
+    pool = Recipe("mix", seed=3, start=0, count=512, shape=shape).generate()
+    for device, width in [(d, int(w)) for d in devices for w in args.widths.split(",")]:
+        per_step = {}
+        for precision in PRECISIONS:
+            model = build(diet.architecture, shape, 10, width, seed=0).to(device)
+            config = PretrainConfig(
+                steps=args.steps, batch=args.pretrain_batch, precision=precision
+            )
+            warm_up = PretrainConfig(steps=1, batch=args.pretrain_batch, precision=precision)
+            pretrain(model, pool, warm_up)
+            seconds = best_time(lambda: pretrain(model, pool, config), args.repeat)  # noqa: B023
+            per_step[precision] = seconds / args.steps
+        print(
+            json.dumps(
+                {
+                    "bench": "pretraining_step",
+                    "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                    "architecture": diet.architecture,
+                    "width": width,
+                    "batch": args.pretrain_batch,
+                    "threads": torch.get_num_threads(),
+                    "s_per_step_fp32": round(per_step["fp32"], 4),
+                    "s_per_step_bf16": round(per_step["bf16"], 4),
+                    "bf16_speedup": round(per_step["fp32"] / per_step["bf16"], 3),
                 }
             )
         )

@@ -78,6 +78,12 @@ def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> No
             "64",
             "--repeat",
             "1",
+            "--widths",
+            "4",
+            "--steps",
+            "1",
+            "--pretrain-batch",
+            "16",
         ],
         timeout=300,
     )
@@ -86,6 +92,8 @@ def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> No
     assert generators == {"gaussian", "spectral", "dead_leaves", "fractal", "mix"}
     inference = [r for r in rows if r["bench"] == "teacher_inference"]
     assert inference and all(r["images_per_s_current_statistics"] > 0 for r in inference)
+    steps = [r for r in rows if r["bench"] == "pretraining_step"]
+    assert steps and all(r["width"] == 4 and r["bf16_speedup"] > 0 for r in steps)
 
 
 @pytest.mark.slow
