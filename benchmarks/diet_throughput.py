@@ -29,7 +29,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096, help="queries per inference batch")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4, help="pretraining steps per timing")
-    ap.add_argument("--widths", default="32,64", help="body widths to time pretraining at")
+    ap.add_argument(
+        "--widths",
+        default=f"{DietConfig().body.width},64",
+        help="body widths to time pretraining at (default: the experiment's and the GPU body's)",
+    )
     ap.add_argument("--pretrain-batch", type=int, default=256, help="images per pretraining step")
     args = ap.parse_args()
     shape = (1, 28, 28)

@@ -69,7 +69,7 @@ def _body_args(p: argparse.ArgumentParser) -> None:
         "--pretrain-precision",
         choices=PRECISIONS,
         default=DEFAULTS.body.pretrain.precision,
-        help="bf16: bfloat16 autocast, 2-3x faster on CPUs with bf16 instructions",
+        help="bf16: bfloat16 autocast, 2-2.5x faster on CPUs with bf16 instructions",
     )
     p.add_argument(
         "--pretrain-generators",

@@ -34,8 +34,9 @@ class PretrainConfig:
 
     ``precision`` "bf16" runs the body and projection under bfloat16 autocast
     in channels-last layout (the loss stays float32): on a CPU with bf16
-    instructions a step takes a half to a third of the float32 time, so a
-    wider body fits the same hours. "fp32" is the default because the
+    instructions a step takes a half (width 32) to two fifths (width 64) of
+    the float32 time (``benchmarks/diet_throughput.py``), so a wider body
+    fits the same hours. "fp32" is the default because the
     published bodies were made with it and their digests name them.
     """
 
@@ -78,13 +79,6 @@ def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Ten
     return functional.cross_entropy(sim, target)
 
 
-def _set_layout(model: nn.Module, layout: torch.memory_format) -> None:
-    """Store every convolution kernel of ``model`` in ``layout``, in place."""
-    for p in model.parameters():
-        if p.dim() == 4:
-            p.data = p.data.contiguous(memory_format=layout)
-
-
 def pretrain(
     model: Classifier,
     pool: NDArray[np.float32],
@@ -114,7 +108,8 @@ def pretrain(
     images = torch.from_numpy(np.ascontiguousarray(pool, dtype=np.float32))
     bf16 = config.precision == "bf16"
     layout = torch.channels_last if bf16 else torch.contiguous_format
-    _set_layout(model, layout)
+    # torch's stubs leave out Module.to's memory_format keyword.
+    model.to(memory_format=layout)  # type: ignore[call-overload]
     losses: list[float] = []
     start = time.perf_counter()
     model.train()
@@ -142,6 +137,6 @@ def pretrain(
                     f"({time.perf_counter() - start:.0f} s)"
                 )
     finally:
-        _set_layout(model, torch.contiguous_format)
+        model.to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
         model.eval()
     return losses

@@ -124,10 +124,21 @@ def test_pretraining_trains_the_body_only() -> None:
 def test_bf16_pretraining_trains_a_float32_body_close_to_the_fp32_one() -> None:
     pool = np.random.default_rng(0).random((64, 1, 12, 12)).astype(np.float32)
     runs = {}
+    seen: dict[str, set[tuple[torch.dtype, bool]]] = {}
     for precision in ("fp32", "bf16"):
         model = build("resnet10", (1, 12, 12), 3, width=4, seed=0)
+        # The second convolution, whose input has several channels (a one-channel image is
+        # contiguous in both layouts): bf16 outputs computed from channels-last inputs.
+        conv = [m for m in model.features.modules() if isinstance(m, torch.nn.Conv2d)][1]
+        seen[precision] = set()
+        conv.register_forward_hook(
+            lambda _m, inputs, out, s=seen[precision]: s.add(
+                (out.dtype, inputs[0].is_contiguous(memory_format=torch.channels_last))
+            )
+        )
         config = PretrainConfig(steps=3, batch=16, seed=1, precision=precision)
         runs[precision] = (pretrain(model, pool, config), model)
+    assert seen == {"fp32": {(torch.float32, False)}, "bf16": {(torch.bfloat16, True)}}
     (fp32_losses, fp32_body), (bf16_losses, bf16_body) = runs["fp32"], runs["bf16"]
     # Same batches and views, arithmetic within bfloat16's 3 significant digits.
     assert bf16_losses[0] == pytest.approx(fp32_losses[0], abs=0.05)
