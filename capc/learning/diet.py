@@ -35,13 +35,13 @@ from numpy.typing import NDArray
 
 from capc.data.generators import GENERATORS, Recipe
 from capc.data.offline import animal_mnist, digits, partition, skewed_partition
-from capc.learning.last_layer import fit_linear, self_train_linear
+from capc.learning.last_layer import fit_batch_standardised, fit_linear, self_train_linear
 from capc.learning.pate import ConfidentParams, label_within_budgets
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
 from capc.models.checkpoint import Teacher, save_teacher, weights_sha256
-from capc.models.inference import features, logits
+from capc.models.inference import features, logits, run_batches
 from capc.models.registry import Classifier, build
 from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
@@ -194,6 +194,12 @@ class DietConfig:
             raise ValueError(f"statistics must be some of {', '.join(STATISTICS)}")
         if self.teachers < 1 or self.queries < 1 or self.batch < 2 or not self.seeds:
             raise ValueError("need teachers >= 1, queries >= 1, batch >= 2 and one seed")
+        if self.test_size < 2 or self.test_size % self.batch == 1:
+            # The student's head standardises each test batch by its own statistics.
+            raise ValueError(
+                f"test_size {self.test_size} leaves a batch of one image at batch {self.batch}; "
+                "change either"
+            )
         penalties = (self.teacher_l2, self.student_l2, self.reference_l2)
         if not all(math.isfinite(v) and v >= 0 for v in penalties):
             raise ValueError("the heads' L2 penalties must be finite and >= 0")
@@ -240,18 +246,29 @@ def _student_accuracy(
     test_features: torch.Tensor,
     y_test: NDArray[np.int64],
     l2: float,
+    batch: int,
     labels: NDArray[np.int64],
 ) -> tuple[float, float]:
     """Test accuracy of the student's head on the answered queries, and of the head
-    self-trained on the unanswered ones too (post-processing: no privacy cost)."""
+    self-trained on the unanswered ones too (post-processing: no privacy cost).
+
+    Both heads standardise their input per batch of ``batch`` test images, as the
+    body's current statistics do (:func:`fit_batch_standardised`)."""
     answered = labels >= 0
     if answered.sum() < 2 or len(np.unique(labels[answered])) < 2:
         return float("nan"), float("nan")
     classes = body.head.out_features
-    head = fit_linear(query_features[answered], labels[answered], classes, l2=l2, balanced=True)
-    selfish = self_train_linear(query_features, labels, classes, l2=l2)
-    with torch.no_grad():
-        return _accuracy(head(test_features), y_test), _accuracy(selfish(test_features), y_test)
+    heads = (
+        fit_batch_standardised(
+            query_features[answered], labels[answered], classes, l2=l2, balanced=True
+        ),
+        self_train_linear(query_features, labels, classes, l2=l2),
+    )
+    accuracy = [
+        _accuracy(run_batches(h, h, test_features, current_statistics=True, batch=batch), y_test)
+        for h in heads
+    ]
+    return accuracy[0], accuracy[1]
 
 
 def _label_rows(
@@ -345,7 +362,15 @@ def run_seed(
                 truth,
                 config,
                 rng,
-                partial(_student_accuracy, body, qf, test_feats, y[test], config.student_l2),
+                partial(
+                    _student_accuracy,
+                    body,
+                    qf,
+                    test_feats,
+                    y[test],
+                    config.student_l2,
+                    config.batch,
+                ),
                 base,
             )
             log(

@@ -14,27 +14,14 @@ from numpy.typing import NDArray
 from torch import nn
 from torch.nn import functional
 
+from capc.models.heads import BatchStandardiser
 from capc.models.inference import features, recalibrate
 from capc.models.registry import Classifier
 
 
-def fit_linear(
-    feats: torch.Tensor,
-    labels: NDArray[np.integer] | torch.Tensor,
-    outputs: int,
-    *,
-    l2: float = 1e-3,
-    max_iter: int = 200,
-    balanced: bool = False,
-) -> nn.Linear:
-    """A linear layer D -> ``outputs`` fitted to (N, D) features.
-
-    ``labels``: (N,) classes (softmax cross-entropy) or (N, k) 0/1 labels
-    (one sigmoid per label). ``l2``: penalty on the weights of the
-    standardised features (per unit of mean loss, nats). ``balanced``:
-    weight each class by the inverse of its frequency, so a class the
-    consortium answered often does not swamp the rest (single-label only).
-    """
+def _checked(
+    feats: torch.Tensor, labels: NDArray[np.integer] | torch.Tensor, outputs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     f = torch.as_tensor(feats, dtype=torch.float32).cpu()
     y = torch.as_tensor(np.asarray(labels)).cpu()
     if f.ndim != 2 or len(f) != len(y) or len(f) == 0:
@@ -43,17 +30,21 @@ def fit_linear(
         )
     if not torch.isfinite(f).all():
         raise ValueError("features contain NaN or infinity")
-    multi = y.ndim == 2
-    if multi and y.shape[1] != outputs:
+    if y.ndim == 2 and y.shape[1] != outputs:
         raise ValueError(f"labels have {y.shape[1]} columns, the layer {outputs} outputs")
-    if not multi and (y.min() < 0 or y.max() >= outputs):
+    if y.ndim == 1 and (y.min() < 0 or y.max() >= outputs):
         raise ValueError(
             f"class labels must lie in [0, {outputs}), got {int(y.min())}..{int(y.max())}"
         )
-    mean = f.mean(0)
-    std = f.std(0, unbiased=False).clamp_min(1e-6)
-    z = (f - mean) / std
-    layer = nn.Linear(f.shape[1], outputs)
+    return f, y
+
+
+def _fit_standardised(
+    z: torch.Tensor, y: torch.Tensor, outputs: int, l2: float, max_iter: int, balanced: bool
+) -> nn.Linear:
+    """The penalised linear layer on (N, D) standardised features ``z`` (L-BFGS from zero)."""
+    multi = y.ndim == 2
+    layer = nn.Linear(z.shape[1], outputs)
     nn.init.zeros_(layer.weight)
     nn.init.zeros_(layer.bias)
     opt = torch.optim.LBFGS(
@@ -84,12 +75,67 @@ def fit_linear(
         return loss
 
     opt.step(closure)  # type: ignore[no-untyped-call]
+    return layer
+
+
+def fit_linear(
+    feats: torch.Tensor,
+    labels: NDArray[np.integer] | torch.Tensor,
+    outputs: int,
+    *,
+    l2: float = 1e-3,
+    max_iter: int = 200,
+    balanced: bool = False,
+) -> nn.Linear:
+    """A linear layer D -> ``outputs`` fitted to (N, D) features.
+
+    ``labels``: (N,) classes (softmax cross-entropy) or (N, k) 0/1 labels
+    (one sigmoid per label). ``l2``: penalty on the weights of the
+    standardised features (per unit of mean loss, nats). ``balanced``:
+    weight each class by the inverse of its frequency, so a class the
+    consortium answered often does not swamp the rest (single-label only).
+    """
+    f, y = _checked(feats, labels, outputs)
+    mean = f.mean(0)
+    std = f.std(0, unbiased=False).clamp_min(1e-6)
+    layer = _fit_standardised((f - mean) / std, y, outputs, l2, max_iter, balanced)
     # Fold the standardisation into the layer so it takes raw features.
     folded = nn.Linear(f.shape[1], outputs)
     with torch.no_grad():
         folded.weight.copy_(layer.weight / std)
         folded.bias.copy_(layer.bias - (layer.weight * (mean / std)).sum(1))
     return folded
+
+
+def fit_batch_standardised(
+    feats: torch.Tensor,
+    labels: NDArray[np.integer] | torch.Tensor,
+    outputs: int,
+    *,
+    l2: float = 1e-3,
+    max_iter: int = 200,
+    balanced: bool = False,
+) -> nn.Sequential:
+    """:func:`fit_linear`'s layer with its standardisation kept as a BatchNorm layer:
+    :func:`capc.models.heads.standardised_head` fitted to (N, D) features.
+
+    The standardiser stores the mean and (biased) variance of ``feats``. In
+    evaluation mode the head is :func:`fit_linear`'s (up to BatchNorm's 1e-5
+    added to the variance); under current statistics
+    (:func:`capc.models.inference.statistics`) each batch is standardised by its
+    own mean and variance. A student fitted on synthetic queries and used on
+    real images needs that: the body's current statistics undo most of the
+    shift between the two kinds of input, this undoes what is left in the
+    features themselves. It uses nothing but the batch being predicted, so it
+    costs no privacy.
+    """
+    f, y = _checked(feats, labels, outputs)
+    norm = BatchStandardiser(f.shape[1]).eval()
+    with torch.no_grad():
+        norm.running_mean = f.mean(0)
+        norm.running_var = f.var(0, unbiased=False)
+        z = norm(f)
+    return nn.Sequential(norm, _fit_standardised(z, y, outputs, l2, max_iter, balanced))
 
 
 def self_train_linear(
@@ -100,9 +146,10 @@ def self_train_linear(
     l2: float = 1e-3,
     confidence: float = 0.9,
     rounds: int = 2,
-) -> nn.Linear:
-    """A balanced linear head fitted to the answered rows of ``labels`` (-1: not answered),
-    then refitted ``rounds`` times with its own confident predictions on the other rows.
+) -> nn.Sequential:
+    """A balanced :func:`fit_batch_standardised` head fitted to the answered rows of
+    ``labels`` (-1: not answered), then refitted ``rounds`` times with its own
+    confident predictions on the other rows.
 
     ``feats``: (N, D) features of every query, answered or not; ``confidence``:
     the smallest softmax probability a pseudo-label needs. Pseudo-labels are a
@@ -113,14 +160,14 @@ def self_train_linear(
     if answered.sum() == 0:
         raise ValueError("no answered query to fit on")
     f = torch.as_tensor(feats, dtype=torch.float32).cpu()
-    head = fit_linear(f[answered], y[answered], outputs, l2=l2, balanced=True)
+    head = fit_batch_standardised(f[answered], y[answered], outputs, l2=l2, balanced=True)
     for _ in range(rounds):
         with torch.no_grad():
             prob = torch.softmax(head(f), dim=1)
         conf, pred = prob.max(dim=1)
         use = answered | (conf.numpy() >= confidence)
         target = np.where(answered, y, pred.numpy())
-        head = fit_linear(f[use], target[use], outputs, l2=l2, balanced=True)
+        head = fit_batch_standardised(f[use], target[use], outputs, l2=l2, balanced=True)
     return head
 
 

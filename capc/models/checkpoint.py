@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from capc.models.heads import is_standardised_head, standardised_head
 from capc.models.inference import run_batches
 from capc.models.registry import ARCHITECTURES, Classifier, build
 
@@ -113,6 +114,9 @@ def load_teacher(path: Path) -> Teacher:
             int(data["num_classes"]),
             None if width is None else int(width),
         )
+        if is_standardised_head(data["state_dict"]):
+            # A DIET student's head keeps its standardisation (capc.models.heads).
+            model.head = standardised_head(model.dim, int(data["num_classes"]))  # type: ignore[assignment]
         model.load_state_dict(data["state_dict"])
     except FileNotFoundError:
         raise ValueError(f"no model checkpoint at {path}") from None

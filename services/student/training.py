@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from capc.learning.last_layer import fit_linear
+from capc.learning.last_layer import fit_batch_standardised
 from capc.learning.supervised import accuracy, fit
 from capc.models import ARCHITECTURES, Teacher, build, save_teacher
 from capc.models.inference import features
@@ -184,9 +184,11 @@ class ModelTrainer:
             raise TrainingError("the jobs have no fully answered queries")
         if not self.task.multi_label and len(np.unique(y)) < 2:
             raise TrainingError("every answered query has the same label; label more queries")
-        model.head = fit_linear(f, y, self.task.num_classes, balanced=not self.task.multi_label).to(
-            next(model.parameters()).device
-        )
+        # The head standardises each batch by its own statistics at inference, as the
+        # body's current statistics do: it was fitted on synthetic queries, not real images.
+        model.head = fit_batch_standardised(  # type: ignore[assignment]
+            f, y, self.task.num_classes, balanced=not self.task.multi_label
+        ).to(next(model.parameters()).device)
         with torch.no_grad():
             out = model.head(f.to(next(model.parameters()).device)).cpu()
         pred = (out > 0).long().numpy() if self.task.multi_label else out.argmax(1).numpy()

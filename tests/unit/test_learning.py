@@ -23,14 +23,20 @@ from capc.learning.diet import (
     goals,
     pretrained_body,
 )
-from capc.learning.last_layer import finetune_last_layer, finetune_teacher, fit_linear
+from capc.learning.last_layer import (
+    finetune_last_layer,
+    finetune_teacher,
+    fit_batch_standardised,
+    fit_linear,
+    self_train_linear,
+)
 from capc.learning.pate import ConfidentParams
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
 from capc.learning.supervised import accuracy
 from capc.learning.teachers import fit_head_ensemble
 from capc.models import build
 from capc.models.checkpoint import weights_sha256
-from capc.models.inference import logits
+from capc.models.inference import logits, run_batches
 
 
 def blobs(n: int = 300, d: int = 8, k: int = 3, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
@@ -73,6 +79,43 @@ def test_fit_linear_refuses_bad_input() -> None:
         fit_linear(f, y, 2)
     with pytest.raises(ValueError, match="columns"):
         fit_linear(f, np.zeros((len(f), 4), dtype=np.int64), 3)
+
+
+def test_batch_standardised_head_is_fit_linear_until_a_batch_shifts() -> None:
+    both, labels = blobs(n=600)
+    f, y, g, y2 = both[:300], labels[:300], both[300:], labels[300:]
+    head = fit_batch_standardised(f, y, 3, l2=0.01)
+    plain = fit_linear(f, y, 3, l2=0.01)
+    with torch.no_grad():
+        # Evaluation mode: the stored statistics of the fitted features, as fit_linear folds them.
+        assert torch.allclose(head(f), plain(f), atol=1e-3)
+    # Real images whose features sit elsewhere, per feature, than the queries' did:
+    # their own statistics bring them back, the stored ones cannot.
+    scale = torch.linspace(0.3, 3.0, g.shape[1])
+    shifted = (g - g.mean(0)) * scale + g.mean(0) + 10.0
+    mine = run_batches(head, head, shifted, current_statistics=True, batch=100)
+    reference = run_batches(head, head, g, current_statistics=True, batch=100)
+    assert torch.allclose(mine, reference, atol=1e-3)
+    with torch.no_grad():
+        folded = (plain(shifted).argmax(1).numpy() == y2).mean()
+    assert (mine.argmax(1).numpy() == y2).mean() > 0.97 > folded + 0.2
+    # The stored statistics stay those of the fitted features.
+    assert torch.allclose(head.state_dict()["0.running_mean"], f.mean(0))
+    with pytest.raises(ValueError, match="NaN"):
+        fit_batch_standardised(torch.full_like(f, math.nan), y, 3)
+
+
+def test_self_training_keeps_the_released_labels_and_the_batch_standardisation() -> None:
+    f, y = blobs(n=400)
+    labels = np.where(np.arange(len(y)) % 4 == 0, y, -1)  # a quarter answered
+    head = self_train_linear(f, labels, 3, l2=0.01)
+    assert isinstance(head[0], torch.nn.BatchNorm1d)
+    # Fitted on released and pseudo-labels: its statistics are those of more than the answered rows.
+    assert not torch.allclose(head.state_dict()["0.running_mean"], f[labels >= 0].mean(0))
+    with torch.no_grad():
+        assert (head(f).argmax(1).numpy() == y).mean() > 0.95
+    with pytest.raises(ValueError, match="no answered"):
+        self_train_linear(f, np.full(len(y), -1), 3)
 
 
 def test_augment_is_seeded_and_stays_in_range() -> None:

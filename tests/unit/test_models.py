@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from capc.learning.last_layer import fit_batch_standardised
 from capc.learning.supervised import accuracy, fit
 from capc.models import Teacher, build, load_teacher, save_teacher
-from capc.models.inference import logits
+from capc.models.inference import features, logits
 
 
 def trained(tmp_path: Path) -> Teacher:
@@ -35,6 +36,30 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert back.model_hash == t.model_hash and back.card == {"data": "toy"}
     with pytest.raises(ValueError, match="no model checkpoint"):
         load_teacher(tmp_path / "missing.pt")
+
+
+def test_a_student_with_a_batch_standardised_head_round_trips(tmp_path: Path) -> None:
+    t = trained(tmp_path)
+    rng = np.random.default_rng(3)
+    x = rng.random((64, 1, 8, 8)).astype(np.float32)
+    f = features(t.model, x, current_statistics=True)
+    t.model.head = fit_batch_standardised(f, rng.integers(0, 2, 64), 2)  # type: ignore[assignment]
+    before = t.model_hash
+    save_teacher(tmp_path / "s.pt", t)
+    back = load_teacher(tmp_path / "s.pt")
+    assert back.model_hash == before
+    shifted = (x * 3 + 1).astype(np.float32)
+    for current in (False, True):
+        np.testing.assert_array_equal(
+            back.predict(shifted, current_statistics=current),
+            t.predict(shifted, current_statistics=current),
+        )
+    # A batch of one has no statistics of its own: the stored ones serve, nothing fails.
+    one = features(back.model, shifted[:1], current_statistics=True)
+    with torch.no_grad():
+        stored = back.model.head.eval()(one).argmax(1).numpy()
+    np.testing.assert_array_equal(back.predict(shifted[:1], current_statistics=True), stored)
+    assert t.model_hash == before  # current statistics leave the head's stored ones alone
 
 
 def test_current_statistics_leave_the_model_unchanged(tmp_path: Path) -> None:
