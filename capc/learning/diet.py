@@ -48,6 +48,12 @@ from capc.privacy.randomness import SecureRandom
 
 DATASETS = ("animal-mnist", "digits")
 STATISTICS = ("original", "current")
+#: The student heads a row reports (see ``_student_accuracy``); the first two are the goal's candidates.
+STUDENT_HEADS = (
+    "student_accuracy",
+    "student_accuracy_self_trained",
+    "student_accuracy_stored_statistics",
+)
 Log = Callable[[str], None]
 
 
@@ -248,27 +254,35 @@ def _student_accuracy(
     l2: float,
     batch: int,
     labels: NDArray[np.int64],
-) -> tuple[float, float]:
-    """Test accuracy of the student's head on the answered queries, and of the head
-    self-trained on the unanswered ones too (post-processing: no privacy cost).
+) -> dict[str, float]:
+    """Test accuracies (fractions of ``y_test``) of the student's heads on the released labels.
 
-    Both heads standardise their input per batch of ``batch`` test images, as the
-    body's current statistics do (:func:`fit_batch_standardised`)."""
+    ``student_accuracy``: the head fitted on the answered queries, each batch of
+    ``batch`` test images standardised by its own statistics, as the body's current
+    statistics do (:func:`fit_batch_standardised`); ``student_accuracy_self_trained``:
+    the same head self-trained on the unanswered queries too (post-processing: no
+    privacy cost); ``student_accuracy_stored_statistics``: the first head with the
+    queries' statistics instead (what :func:`fit_linear` gives), a reference only.
+    """
+    nan = float("nan")
     answered = labels >= 0
     if answered.sum() < 2 or len(np.unique(labels[answered])) < 2:
-        return float("nan"), float("nan")
+        return dict.fromkeys(STUDENT_HEADS, nan)
     classes = body.head.out_features
-    heads = (
-        fit_batch_standardised(
-            query_features[answered], labels[answered], classes, l2=l2, balanced=True
-        ),
-        self_train_linear(query_features, labels, classes, l2=l2),
+    head = fit_batch_standardised(
+        query_features[answered], labels[answered], classes, l2=l2, balanced=True
     )
-    accuracy = [
-        _accuracy(run_batches(h, h, test_features, current_statistics=True, batch=batch), y_test)
-        for h in heads
-    ]
-    return accuracy[0], accuracy[1]
+    selfish = self_train_linear(query_features, labels, classes, l2=l2)
+
+    def accuracy(h: torch.nn.Module, current: bool) -> float:
+        out = run_batches(h, h, test_features, current_statistics=current, batch=batch)
+        return _accuracy(out, y_test)
+
+    return {
+        "student_accuracy": accuracy(head, True),
+        "student_accuracy_self_trained": accuracy(selfish, True),
+        "student_accuracy_stored_statistics": accuracy(head, False),
+    }
 
 
 def _label_rows(
@@ -276,7 +290,7 @@ def _label_rows(
     truth: NDArray[np.int64],
     config: DietConfig,
     rng: SecureRandom,
-    student: Callable[[NDArray[np.int64]], tuple[float, float]],
+    student: Callable[[NDArray[np.int64]], dict[str, float]],
     base: dict[str, Any],
 ) -> list[dict[str, Any]]:
     rows = []
@@ -284,7 +298,6 @@ def _label_rows(
         hist, config.params, config.epsilons, config.delta, rng, num_teachers=config.teachers
     ):
         answered = run.answered
-        accuracy, self_trained = student(run.labels)
         rows.append(
             {
                 **base,
@@ -294,8 +307,7 @@ def _label_rows(
                 "label_accuracy": float((run.labels[answered] == truth[answered]).mean())
                 if answered.any()
                 else float("nan"),
-                "student_accuracy": accuracy,
-                "student_accuracy_self_trained": self_trained,
+                **student(run.labels),
                 "epsilon_spent": run.epsilon,
                 "order": run.order,
                 "sanitised_epsilon": run.sanitised_epsilon,
@@ -437,10 +449,12 @@ def _baseline_rows(
     preds = np.stack([logits(t, queries).argmax(dim=1).numpy() for t in teachers], axis=1)
     hist = vote_histogram(preds, classes)
 
-    def student(labels: NDArray[np.int64]) -> tuple[float, float]:
+    def student(labels: NDArray[np.int64]) -> dict[str, float]:
+        # A network trained from scratch: no frozen body to self-train or standardise a head on.
+        accuracy = dict.fromkeys(STUDENT_HEADS, float("nan"))
         answered = labels >= 0
         if answered.sum() < 2:
-            return float("nan"), float("nan")
+            return accuracy
         model = fit(
             build(config.baseline_architecture, config.body.input_shape, classes).to(config.device),
             queries[answered],
@@ -448,8 +462,8 @@ def _baseline_rows(
             epochs=config.baseline_epochs,
             seed=seed,
         )
-        acc = _accuracy(logits(model, x[test]), y[test])
-        return acc, float("nan")  # no frozen body to self-train a head on
+        accuracy["student_accuracy"] = _accuracy(logits(model, x[test]), y[test])
+        return accuracy
 
     base = {
         "method": "pate-scratch",
@@ -479,8 +493,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in (
             "answered",
             "label_accuracy",
-            "student_accuracy",
-            "student_accuracy_self_trained",
+            *STUDENT_HEADS,
             "sanitised_epsilon",
         ):
             vals = np.array([r.get(key, np.nan) for r in rs], dtype=np.float64)
@@ -519,7 +532,7 @@ def goals(table: Sequence[dict[str, Any]], epsilons: Sequence[float]) -> dict[st
         {**t, "student": key, "accuracy": t[key], "accuracy_std": t[f"{key}_std"]}
         for t in diet.values()
         if t["epsilon"] <= 10
-        for key in ("student_accuracy", "student_accuracy_self_trained")
+        for key in STUDENT_HEADS[:2]
         if np.isfinite(t[key])
     ]
     best = max(candidates, key=lambda t: t["accuracy"], default=None)
@@ -588,7 +601,12 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
     Accuracies are fractions of the test set, mean +- standard deviation over seeds.
     """
     head: tuple[str, ...] = ("method", "generator", "statistics", "eps", "labels", "label acc")
-    head += ("student acc", "self-trained")
+    head += ("student acc", "self-trained", "stored stats")
+
+    def cell(t: dict[str, Any], key: str) -> str:
+        # Results written before a head was reported lack its column.
+        return f"{t.get(key, math.nan):.3f} +- {t.get(key + '_std', math.nan):.3f}"
+
     rows = [
         (
             t["method"],
@@ -597,9 +615,7 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
             f"{t['epsilon']:g}",
             f"{t['answered']:.0f}",
             f"{t['label_accuracy']:.3f}",
-            f"{t['student_accuracy']:.3f} +- {t['student_accuracy_std']:.3f}",
-            f"{t['student_accuracy_self_trained']:.3f} +- "
-            f"{t['student_accuracy_self_trained_std']:.3f}",
+            *(cell(t, key) for key in STUDENT_HEADS),
         )
         for t in sorted(
             result["table"],
