@@ -200,7 +200,8 @@ class ModelTrainer:
         card: dict[str, object] = {
             "method": "last layer fitted on the pretrained body (DIET)",
             "body": self.body.card,
-            "inference": f"current BatchNorm statistics, batches of up to {TEST_BATCH} inputs",
+            "inference": f"current BatchNorm statistics, batches of up to {TEST_BATCH} inputs; "
+            "the head standardises each batch's features by their own statistics",
         }
         return model, len(y), metrics, card
 
