@@ -395,6 +395,14 @@ def test_diet_config_refuses_bad_head_penalties(field: str, value: float) -> Non
         DietConfig(**penalty)
 
 
+def test_diet_config_refuses_an_empty_test_set() -> None:
+    with pytest.raises(ValueError, match="test_size >= 1"):
+        DietConfig(test_size=0)
+    # A last test batch of one image is no error: the student's head standardises it by
+    # its stored statistics (tests/unit/test_models.py checks that fallback).
+    DietConfig(test_size=1025, batch=512)
+
+
 def test_python_m_capc_learning_needs_no_service_code() -> None:
     # ``python -m capc.learning`` is for a training box without the services: capc has
     # no network code, so neither the services nor gRPC may be imported on the way.
