@@ -231,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
         model = json.loads(capcctl(url, analyst, "models", "train", job["id"], "--wait", "--json"))
         if model["state"] != "done":
             raise RuntimeError(f"student training ended {model['state']}: {model.get('error')}")
+        student = directory / "student.pt"
+        capcctl(url, analyst, "models", "download", model["id"], "-o", str(student))
         budgets = json.loads(capcctl(url, admin, "budget", "--json"))
 
         steps("report")
@@ -248,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
             f"student test accuracy:  {metrics['test_accuracy']:.3f} on {metrics['test_examples']} "
             f"held-out real images (trained on {metrics['examples']} answers)"
         )
+        print(f"student model:          {student}")
         print(f"epsilon spent (delta {budgets['delta']:g}, {budgets['accounting']}):")
         for b in budgets["budgets"]:
             print(f"  {b['party']}: {b['epsilon_spent']:.2f} of cap {b['epsilon_cap']:g}")

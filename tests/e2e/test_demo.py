@@ -8,7 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from capc.data.offline import animal_mnist
+from capc.models import load_teacher
+from capc.models.heads import BatchStandardiser
 
 
 @pytest.mark.slow
@@ -33,5 +38,13 @@ def test_demo_runs_a_consortium_and_reports(tmp_path: Path) -> None:
     assert re.search(r"dashboard:\s+http://127\.0\.0\.1:\d+/dashboard", text)
     if shutil.which("chromium"):
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+    # The student downloaded through the gateway keeps the head that standardises each batch,
+    # and reads real images with it as the service measured them.
+    saved = load_teacher(tmp_path / "student.pt")
+    assert isinstance(saved.model.head[0], BatchStandardiser)  # type: ignore[index]
+    x, _ = animal_mnist()
+    assert "standardises each batch" in saved.card["inference"]
+    pred = saved.predict(x[:256], current_statistics=True)
+    assert pred.shape == (256,) and set(np.unique(pred)) <= set(range(10))
     # A second run reuses the pretrained body, the keys and the teachers.
     assert (tmp_path / "body.pt").exists()
