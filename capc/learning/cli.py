@@ -26,7 +26,7 @@ from capc.learning.diet import (
     run,
     save_body,
 )
-from capc.learning.pate import ConfidentParams
+from capc.learning.pate import ACCOUNTANTS, ConfidentParams
 from capc.learning.simclr import PRECISIONS, PretrainConfig
 from capc.models import ARCHITECTURES
 
@@ -54,6 +54,20 @@ def _numbers(text: str) -> tuple[float, ...]:
     if not values or any(not v > 0 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
     return values
+
+
+def _threshold(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of votes or none (plain GNMax), got {text!r}"
+        ) from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"the threshold must be >= 0 or none, got {text!r}")
+    return value
 
 
 def _body_args(p: argparse.ArgumentParser) -> None:
@@ -135,15 +149,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     r.add_argument(
         "--threshold",
-        type=float,
+        type=_threshold,
         default=DEFAULTS.mechanism.threshold,
-        help="T for 100 teachers (scaled)",
+        help="T for 100 teachers (scaled); none: plain GNMax, every query answered",
     )
     r.add_argument(
         "--sigma1", type=float, default=DEFAULTS.mechanism.sigma1, help="for 100 teachers (scaled)"
     )
     r.add_argument(
         "--sigma2", type=float, default=DEFAULTS.mechanism.sigma2, help="for 100 teachers (scaled)"
+    )
+    r.add_argument(
+        "--accountants",
+        type=lambda s: _names(s, ACCOUNTANTS, "--accountants"),
+        default=DEFAULTS.accountants,
+        help="rdp: data-dependent RDP; gdp: exact Gaussian DP, plain GNMax only "
+        "(--threshold none); each is a row of its own on the same labels",
     )
     r.add_argument(
         "--student-l2",
@@ -192,6 +213,7 @@ def run_experiment(args: argparse.Namespace) -> int:
             queries=args.queries,
             batch=args.batch,
             mechanism=ConfidentParams(args.threshold, args.sigma1, args.sigma2),
+            accountants=args.accountants,
             student_l2=args.student_l2,
             baseline=not args.no_baseline,
         )

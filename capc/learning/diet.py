@@ -7,7 +7,8 @@ layer). Then, for each query generator and each way of normalising the
 queries (the teachers' "original" statistics, or the query batch's
 "current" statistics): generate the queries, collect the teachers' votes,
 label them with Confident-GNMax until each budget is spent (data-dependent
-accounting, :mod:`capc.learning.pate`), fit the student's last layer on the
+RDP accounting, :mod:`capc.learning.pate`; for plain GNMax also the exact
+Gaussian-DP accountant, on the same noise), fit the student's last layer on the
 answered queries and test it on the held-out real images.
 
 Two references come with it: standard PATE without pretraining (teachers
@@ -36,7 +37,7 @@ from numpy.typing import NDArray
 from capc.data.generators import GENERATORS, Recipe
 from capc.data.offline import animal_mnist, digits, partition, skewed_partition
 from capc.learning.last_layer import fit_batch_standardised, fit_linear, self_train_linear
-from capc.learning.pate import ConfidentParams, label_within_budgets
+from capc.learning.pate import ACCOUNTANTS, ConfidentParams, label_within_budgets
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
@@ -173,6 +174,9 @@ class DietConfig:
     mechanism: ConfidentParams = field(
         default_factory=lambda: ConfidentParams(threshold=60.0, sigma1=20.0, sigma2=10.0)
     )
+    #: ``rdp`` (data-dependent, the default) and, for plain GNMax, ``gdp``: each is a
+    #: row of its own, on the same labels and noise (:func:`label_within_budgets`).
+    accountants: tuple[str, ...] = ("rdp",)
     test_size: int = 1000
     teacher_l2: float = 1e-2
     student_l2: float = 1e-3
@@ -199,6 +203,16 @@ class DietConfig:
         if min(self.teachers, self.queries, self.test_size) < 1 or self.batch < 2 or not self.seeds:
             raise ValueError(
                 "need teachers >= 1, queries >= 1, test_size >= 1, batch >= 2 and one seed"
+            )
+        unknown_accountants = [a for a in self.accountants if a not in ACCOUNTANTS]
+        if unknown_accountants or not self.accountants:
+            raise ValueError(
+                f"unknown accountants {unknown_accountants or 'none given'}; "
+                f"choose from {', '.join(ACCOUNTANTS)}"
+            )
+        if "gdp" in self.accountants and self.mechanism.threshold is not None:
+            raise ValueError(
+                "the gdp accountant composes plain GNMax only: set the threshold to none"
             )
         penalties = (self.teacher_l2, self.student_l2, self.reference_l2)
         if not all(math.isfinite(v) and v >= 0 for v in penalties):
@@ -289,12 +303,19 @@ def _label_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for run in label_within_budgets(
-        hist, config.params, config.epsilons, config.delta, rng, num_teachers=config.teachers
+        hist,
+        config.params,
+        config.epsilons,
+        config.delta,
+        rng,
+        num_teachers=config.teachers,
+        accountants=config.accountants,
     ):
         answered = run.answered
         rows.append(
             {
                 **base,
+                "accountant": run.accountant,
                 "epsilon": run.budget,
                 "processed": run.processed,
                 "answered": int(answered.sum()),
@@ -308,6 +329,10 @@ def _label_rows(
             }
         )
     return rows
+
+
+def _rows_per_labelling(config: DietConfig) -> int:
+    return len(config.epsilons) * len(config.accountants)
 
 
 def run_seed(
@@ -382,8 +407,9 @@ def run_seed(
             log(
                 f"seed {seed} {generator:<11} {stats:<8} votes in {time.perf_counter() - t1:.0f} s: "
                 + ", ".join(
-                    f"eps {r['epsilon']:g}: {r['answered']} labels, student {r['student_accuracy']:.3f}"
-                    for r in rows[-len(config.epsilons) :]
+                    f"{r['accountant']} eps {r['epsilon']:g}: {r['answered']} labels, "
+                    f"student {r['student_accuracy']:.3f}"
+                    for r in rows[-_rows_per_labelling(config) :]
                 )
             )
         if baseline_teachers:
@@ -393,8 +419,8 @@ def run_seed(
             log(
                 f"seed {seed} {generator:<11} baseline: "
                 + ", ".join(
-                    f"eps {r['epsilon']:g}: student {r['student_accuracy']:.3f}"
-                    for r in rows[-len(config.epsilons) :]
+                    f"{r['accountant']} eps {r['epsilon']:g}: student {r['student_accuracy']:.3f}"
+                    for r in rows[-_rows_per_labelling(config) :]
                 )
             )
     return rows, refs
@@ -468,19 +494,25 @@ def _baseline_rows(
     return _label_rows(hist, hist.argmax(1).astype(np.int64), config, rng, student, base)
 
 
+def _accountant(entry: dict[str, Any]) -> str:
+    # Results written before the gdp accountant existed were all rdp.
+    return str(entry.get("accountant", "rdp"))
+
+
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Mean and standard deviation over seeds of each (method, generator, statistics, epsilon)."""
-    groups: dict[tuple[str, str, str, float], list[dict[str, Any]]] = {}
+    """Mean and standard deviation over seeds of each (method, generator, statistics,
+    accountant, epsilon)."""
+    groups: dict[tuple[str, str, str, str, float], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["method"], r["generator"], r["statistics"], r["epsilon"]), []).append(
-            r
-        )
+        group = (r["method"], r["generator"], r["statistics"], _accountant(r), r["epsilon"])
+        groups.setdefault(group, []).append(r)
     table = []
-    for (method, generator, stats, eps), rs in groups.items():
+    for (method, generator, stats, accountant, eps), rs in groups.items():
         entry: dict[str, Any] = {
             "method": method,
             "generator": generator,
             "statistics": stats,
+            "accountant": accountant,
             "epsilon": eps,
             "seeds": len(rs),
         }
@@ -502,28 +534,45 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def goals(table: Sequence[dict[str, Any]], epsilons: Sequence[float]) -> dict[str, Any]:
     """The issue's two measurable goals, checked on the summary table.
 
-    Current statistics beat original ones for a (noise-like generator, epsilon)
-    pair when their student is more accurate, or when original statistics gave
+    Current statistics beat original ones for a (noise-like generator,
+    accountant, epsilon) triple when their student is more accurate, or when original statistics gave
     no student (NaN: no labels, or labels of one class only, which fit no
     classifier and leave a constant guess) and current ones did.
     """
     diet = {
-        (t["generator"], t["statistics"], t["epsilon"]): t for t in table if t["method"] == "diet"
+        (t["generator"], t["statistics"], _accountant(t), t["epsilon"]): t
+        for t in table
+        if t["method"] == "diet"
     }
     pairs = []
     for g in ("gaussian", "spectral"):
-        for eps in epsilons:
-            cur, orig = diet.get((g, "current", eps)), diet.get((g, "original", eps))
-            if cur is None or orig is None:
-                continue
-            c, o = float(cur["student_accuracy"]), float(orig["student_accuracy"])
-            beats = bool(np.isfinite(c) and (not np.isfinite(o) or c > o))
-            pairs.append(
-                {"generator": g, "epsilon": eps, "current": c, "original": o, "beats": beats}
-            )
+        for accountant in ACCOUNTANTS:
+            for eps in epsilons:
+                cur = diet.get((g, "current", accountant, eps))
+                orig = diet.get((g, "original", accountant, eps))
+                if cur is None or orig is None:
+                    continue
+                c, o = float(cur["student_accuracy"]), float(orig["student_accuracy"])
+                beats = bool(np.isfinite(c) and (not np.isfinite(o) or c > o))
+                pairs.append(
+                    {
+                        "generator": g,
+                        "accountant": accountant,
+                        "epsilon": eps,
+                        "current": c,
+                        "original": o,
+                        "beats": beats,
+                    }
+                )
     # either head counts: self-training is post-processing of the released labels
     candidates = [
-        {**t, "student": key, "accuracy": t[key], "accuracy_std": t[f"{key}_std"]}
+        {
+            **t,
+            "accountant": _accountant(t),
+            "student": key,
+            "accuracy": t[key],
+            "accuracy_std": t[f"{key}_std"],
+        }
         for t in diet.values()
         if t["epsilon"] <= 10
         for key in GOAL_HEADS
@@ -542,6 +591,7 @@ def goals(table: Sequence[dict[str, Any]], epsilons: Sequence[float]) -> dict[st
             for k in (
                 "generator",
                 "statistics",
+                "accountant",
                 "epsilon",
                 "student",
                 "accuracy",
@@ -594,7 +644,8 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
 
     Accuracies are fractions of the test set, mean +- standard deviation over seeds.
     """
-    head: tuple[str, ...] = ("method", "generator", "statistics", "eps", "labels", "label acc")
+    head: tuple[str, ...] = ("method", "generator", "statistics", "accountant", "eps")
+    head += ("labels", "label acc")
     head += ("student acc", "self-trained", "stored stats")
 
     def cell(t: dict[str, Any], key: str) -> str:
@@ -606,6 +657,7 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
             t["method"],
             t["generator"],
             t["statistics"],
+            _accountant(t),
             f"{t['epsilon']:g}",
             f"{t['answered']:.0f}",
             f"{t['label_accuracy']:.3f}",
@@ -613,7 +665,13 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
         )
         for t in sorted(
             result["table"],
-            key=lambda t: (t["method"], t["generator"], t["statistics"], t["epsilon"]),
+            key=lambda t: (
+                t["method"],
+                t["generator"],
+                t["statistics"],
+                _accountant(t),
+                t["epsilon"],
+            ),
         )
     ]
     if markdown:
@@ -632,7 +690,8 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
     if best is not None:
         notes.append(
             f"best student at eps <= 10: {best['accuracy']:.3f} +- {best['accuracy_std']:.3f} "
-            f"({best['generator']}, {best['statistics']} statistics, eps {best['epsilon']:g}, "
+            f"({best['generator']}, {best['statistics']} statistics, "
+            f"{best.get('accountant', 'rdp')} accountant, eps {best['epsilon']:g}, "
             f"{'self-trained head' if best['student'].endswith('self_trained') else 'head'})"
         )
     noise = g["current_beats_original_on_noise"]

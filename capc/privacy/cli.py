@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from capc.privacy import events, planning, rdp
+from capc.privacy import events, gaussian_dp, planning, rdp
 from capc.privacy.accountant import Accountant
 from capc.privacy.advisor import LabelStatistics, recommend
 from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion, convert
@@ -184,6 +184,13 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "queries_fit": planning.max_queries(per_query, o, args.epsilon, args.delta, conv)
         },
     }
+    if args.mechanism == "gnmax":
+        # Plain GNMax is a Gaussian mechanism: composed exactly, more queries fit than by RDP.
+        out["gaussian_dp"] = {
+            "queries_fit": gaussian_dp.max_queries(
+                gaussian_dp.gnmax_mu(args.sigma), args.epsilon, args.delta
+            )
+        }
     if args.mechanism == "confident-gnmax":
         unanswered = _data_independent(args, o, answered=False)
         out["data_independent"]["queries_fit_if_none_answered"] = planning.max_queries(
@@ -265,6 +272,9 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
         "data_independent": di.report(args.delta).to_dict(),
         "data_dependent": dd.report(args.delta).to_dict(),
     }
+    if args.mechanism == "gnmax":
+        mu = math.sqrt(n_ans) * gaussian_dp.gnmax_mu(args.sigma)
+        out["gaussian_dp"] = {"mu": mu, "epsilon": gaussian_dp.epsilon_at(mu, args.delta)}
     if args.sanitise:
         if args.teachers is None:
             raise SystemExit("error: --sanitise needs --teachers")

@@ -13,6 +13,7 @@ import torch
 from capc.learning.diet import STATISTICS, DietConfig
 from capc.models import build
 from capc.models.checkpoint import weights_sha256
+from capc.privacy import gaussian_dp
 
 
 @pytest.mark.slow
@@ -63,3 +64,35 @@ def test_diet_run_quick_writes_the_whole_table(tmp_path: Path) -> None:
     assert repeated["body_sha256"] == result["body_sha256"]
     # (compared as JSON text: a NaN cell is never equal to itself)
     assert json.dumps(repeated["rows"]) == json.dumps(result["rows"])
+
+
+@pytest.mark.slow
+def test_diet_run_quick_plain_gnmax_reports_both_accountants(tmp_path: Path) -> None:
+    out = tmp_path / "plain.json"
+    cmd = [sys.executable, "-m", "capc.learning", "diet", "run", "--quick", "--no-baseline"]
+    cmd += ["--generators", "gaussian", "--statistics", "current", "--epsilons", "5,10"]
+    cmd += ["--threshold", "none", "--sigma2", "100", "--accountants", "rdp,gdp"]
+    cmd += ["--cache", str(tmp_path / "cache"), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    config = result["config"]
+    assert config["mechanism_at_teachers"]["threshold"] is None
+    sigma2 = config["mechanism_at_teachers"]["sigma2"]
+    rows = {(r["accountant"], r["epsilon"]): r for r in result["rows"]}
+    assert set(rows) == {(a, e) for a in ("rdp", "gdp") for e in (5.0, 10.0)}
+    for eps in (5.0, 10.0):
+        gdp = rows["gdp", eps]
+        fit = gaussian_dp.max_queries(gaussian_dp.gnmax_mu(sigma2), eps, config["delta"])
+        assert gdp["answered"] == gdp["processed"] == min(fit, config["queries"])
+        assert gdp["epsilon_spent"] <= eps and gdp["sanitised_epsilon"] == gdp["epsilon_spent"]
+        assert rows["rdp", eps]["epsilon_spent"] <= eps
+    assert "gdp" in done.stdout and "accountant" in done.stdout
+    # A Confident-GNMax run cannot be accounted as Gaussian DP: a clear error, no run.
+    refused = subprocess.run(
+        [sys.executable, "-m", "capc.learning", "diet", "run", "--accountants", "gdp"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "threshold to none" in refused.stderr

@@ -62,6 +62,22 @@ def test_plan_text_output() -> None:
     assert "queries fit:" in out.stdout
 
 
+def test_plain_gnmax_is_also_planned_and_costed_exactly(tmp_path: Path) -> None:
+    # 250 teachers, sigma 40 votes, eps 10: 2849 queries by RDP, 3201 by exact Gaussian DP.
+    plain = ["--mechanism", "gnmax", "--sigma", "40", "--json"]
+    out = capc("privacy", "plan", *plain, "--epsilon", "10")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["data_independent"]["queries_fit"] == 2849
+    assert result["gaussian_dp"]["queries_fit"] == 3201
+    votes = tmp_path / "votes.npy"
+    np.save(votes, np.array([[30, 25, 20, 175, 0, 0, 0, 0, 0, 0]] * 3201, dtype=float))
+    out = capc("privacy", "cost", *plain, "--votes", str(votes))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert 9.99 < result["gaussian_dp"]["epsilon"] <= 10.0 < result["data_independent"]["epsilon"]
+
+
 def test_cost_with_sanitised_release(tmp_path: Path) -> None:
     votes = tmp_path / "votes.npy"
     answered = tmp_path / "answered.npy"

@@ -22,6 +22,7 @@ from capc.learning.diet import (
     format_table,
     goals,
     pretrained_body,
+    summarise,
 )
 from capc.learning.last_layer import (
     finetune_last_layer,
@@ -308,6 +309,46 @@ def test_diet_goals_read_the_table() -> None:
     assert [p["beats"] for p in pairs] == [False, False]
 
 
+def test_diet_rows_of_two_accountants_stay_apart_and_either_can_meet_the_goal() -> None:
+    def row(accountant: str, seed: int, acc: float) -> dict[str, object]:
+        cell = _cell("gaussian", "current", 10.0, acc)
+        return {**cell, "accountant": accountant, "seed": seed, "sanitised_epsilon": 9.0}
+
+    rows = [row("rdp", 0, 0.74), row("rdp", 1, 0.75), row("gdp", 0, 0.76), row("gdp", 1, 0.75)]
+    table = summarise(rows)
+    means = {t["accountant"]: t["student_accuracy"] for t in table}
+    assert means == {"rdp": pytest.approx(0.745), "gdp": pytest.approx(0.755)}
+    g = goals(table, (10.0,))
+    assert g["best_student_at_eps_10"]["accountant"] == "gdp" and g["reaches_75_percent"]
+    text = format_table({"table": table, "references": {}, "goals": g})
+    assert "gdp accountant" in text and "rdp" in text.splitlines()[1] + text.splitlines()[2]
+    # Current against original statistics is compared within one accountant only.
+    table += summarise([{**row("gdp", 0, 0.2), "statistics": "original"}])
+    (pair,) = goals(table, (10.0,))["current_beats_original_on_noise"]["pairs"]
+    assert pair["accountant"] == "gdp" and pair["original"] == pytest.approx(0.2)
+    # Results saved before there was a choice read as rdp.
+    old = summarise([{k: v for k, v in r.items() if k != "accountant"} for r in rows[:2]])
+    assert old[0]["accountant"] == "rdp"
+    assert goals(old, (10.0,))["best_student_at_eps_10"]["accountant"] == "rdp"
+
+
+def test_diet_config_and_command_line_take_plain_gnmax_and_its_accountant() -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["diet", "run", "--threshold", "none", "--accountants", "rdp,gdp"])
+    assert args.threshold is None and args.accountants == ("rdp", "gdp")
+    plain = ConfidentParams(None, 1.0, 16.0)
+    config = DietConfig(mechanism=plain, accountants=("rdp", "gdp"), teachers=250)
+    assert config.params == ConfidentParams(None, 2.5, 40.0)
+    with pytest.raises(ValueError, match="threshold to none"):
+        DietConfig(accountants=("gdp",))  # the default mechanism is Confident-GNMax
+    with pytest.raises(ValueError, match="unknown accountants"):
+        DietConfig(mechanism=plain, accountants=("pld",))
+    for bad in (["--threshold", "-1"], ["--threshold", "many"], ["--accountants", "pld"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["diet", "run", *bad])
+
+
 def test_diet_table_says_when_statistics_were_not_compared() -> None:
     table = [_cell("gaussian", "current", 10.0, 0.6), _cell("fractal", "current", 10.0, 0.7)]
     result = {"table": table, "references": {}, "goals": goals(table, (10.0,))}
@@ -385,6 +426,7 @@ def test_diet_command_line_defaults_are_the_config_defaults() -> None:
     )
     assert tuple(range(args.seeds)) == default.seeds
     assert args.student_l2 == default.student_l2
+    assert args.accountants == default.accountants
 
 
 @pytest.mark.parametrize("field", ["teacher_l2", "student_l2", "reference_l2"])

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from capc.learning.pate import ConfidentParams, label_within_budgets
-from capc.privacy import events
+from capc.privacy import events, gaussian_dp, planning, rdp
 from capc.privacy.accountant import Accountant, Budget
-from capc.privacy.mechanisms import confident_gnmax
+from capc.privacy.conversion import DEFAULT_ORDERS
+from capc.privacy.mechanisms import confident_gnmax, gnmax
 from capc.privacy.randomness import SecureRandom
 
 PARAMS = ConfidentParams(threshold=30.0, sigma1=20.0, sigma2=6.0)
@@ -75,3 +76,74 @@ def test_a_budget_too_small_for_one_query_labels_nothing() -> None:
         histograms(20), PARAMS, [1e-6], 1e-5, SecureRandom(), num_teachers=50
     )
     assert run.processed == 0 and not run.answered.any()
+
+
+PLAIN = ConfidentParams(threshold=None, sigma1=1.0, sigma2=6.0)
+
+
+def test_plain_gnmax_by_rdp_charges_the_answers_only() -> None:
+    h = histograms()
+    (run,) = label_within_budgets(
+        h, PLAIN, [3.0], 1e-5, SecureRandom.from_seed("p"), num_teachers=50
+    )
+    labels = gnmax(h, PLAIN.sigma2, SecureRandom.from_seed("p"))
+    assert 0 < run.processed < len(h) and run.accountant == "rdp"
+    np.testing.assert_array_equal(run.labels[: run.processed], labels[: run.processed])
+    acc = Accountant("central")
+    for i in range(run.processed):
+        acc.compose(events.gnmax(PLAIN.sigma2, votes=h[i]))
+    assert run.epsilon == pytest.approx(acc.spent(1e-5).epsilon, rel=1e-9)
+    acc.compose(events.gnmax(PLAIN.sigma2, votes=h[run.processed]))
+    assert acc.spent(1e-5).epsilon > run.budget
+
+
+def test_the_gdp_accountant_stops_where_the_exact_bound_says_whatever_the_votes() -> None:
+    budgets = [1.0, 3.0]
+    stops = set()
+    for seed in range(3):
+        h = histograms(seed=seed)
+        runs = label_within_budgets(
+            h,
+            PLAIN,
+            budgets,
+            1e-5,
+            SecureRandom.from_seed("g"),
+            num_teachers=50,
+            accountants=("rdp", "gdp"),
+        )
+        by_rdp, by_gdp = runs[:2], runs[2:]
+        labels = gnmax(h, PLAIN.sigma2, SecureRandom.from_seed("g"))
+        for r, g in zip(by_rdp, by_gdp, strict=True):
+            assert g.accountant == "gdp" and g.budget == r.budget
+            # One draw: the accountants differ only in where they stop.
+            np.testing.assert_array_equal(g.labels[: g.processed], labels[: g.processed])
+            assert (g.labels[g.processed :] == -1).all()
+            per_query = gaussian_dp.gnmax_mu(PLAIN.sigma2)
+            assert g.processed == gaussian_dp.max_queries(per_query, g.budget, 1e-5)
+            assert g.epsilon <= g.budget == r.budget
+            assert g.epsilon == g.sanitised_epsilon  # data-independent: released as it is
+            # exact composition answers at least what the data-independent RDP bound allows
+            by_rdp_bound = planning.max_queries(
+                rdp.gnmax_data_independent(PLAIN.sigma2, DEFAULT_ORDERS),
+                DEFAULT_ORDERS,
+                g.budget,
+                1e-5,
+            )
+            assert g.processed >= by_rdp_bound
+            stops.add((g.budget, g.processed))
+    assert len(stops) == len(budgets)  # the same stop for every histogram
+
+
+def test_the_gdp_accountant_refuses_confident_gnmax_and_unknown_accountants() -> None:
+    h = histograms(10)
+    with pytest.raises(ValueError, match="plain GNMax only"):
+        label_within_budgets(
+            h, PARAMS, [1.0], 1e-5, SecureRandom(), num_teachers=50, accountants=("gdp",)
+        )
+    with pytest.raises(ValueError, match="unknown accountants"):
+        label_within_budgets(
+            h, PLAIN, [1.0], 1e-5, SecureRandom(), num_teachers=50, accountants=("moments",)
+        )
+    assert PLAIN.scaled(200, reference=100) == ConfidentParams(None, 2.0, 12.0)
+    with pytest.raises(ValueError, match="threshold >= 0"):
+        ConfidentParams(-1.0, 1.0, 1.0)
