@@ -20,7 +20,8 @@ def _hockey_stick(mu: float, epsilon: float) -> float:
     """sup over events of P(E) - e**eps Q(E) for P = N(mu, 1), Q = N(0, 1), by quadrature."""
 
     def integrand(x: float) -> float:
-        return max(0.0, scipy.stats.norm.pdf(x, mu) - math.exp(epsilon) * scipy.stats.norm.pdf(x))
+        gap = scipy.stats.norm.pdf(x, mu) - math.exp(epsilon) * scipy.stats.norm.pdf(x)
+        return max(0.0, float(gap))
 
     # The integrand is positive only right of the point where the densities cross.
     cross = epsilon / mu + mu / 2.0

@@ -12,7 +12,8 @@ from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.mechanisms import confident_gnmax, gnmax
 from capc.privacy.randomness import SecureRandom
 
-PARAMS = ConfidentParams(threshold=30.0, sigma1=20.0, sigma2=6.0)
+THRESHOLD = 30.0
+PARAMS = ConfidentParams(threshold=THRESHOLD, sigma1=20.0, sigma2=6.0)
 
 
 def histograms(n: int = 400, teachers: int = 50, seed: int = 0) -> np.ndarray:
@@ -32,9 +33,7 @@ def test_runs_stop_before_the_budget_and_charge_exactly_their_events() -> None:
     runs = label_within_budgets(
         h, PARAMS, [1.0, 3.0], 1e-5, SecureRandom.from_seed("t"), num_teachers=50
     )
-    plain = confident_gnmax(
-        h, PARAMS.threshold, PARAMS.sigma1, PARAMS.sigma2, SecureRandom.from_seed("t")
-    )
+    plain = confident_gnmax(h, THRESHOLD, PARAMS.sigma1, PARAMS.sigma2, SecureRandom.from_seed("t"))
     small, large = runs
     assert 0 < small.processed < large.processed <= len(h)
     for run in runs:
@@ -44,9 +43,7 @@ def test_runs_stop_before_the_budget_and_charge_exactly_their_events() -> None:
         acc = Accountant("central")
         budget = Budget(run.budget, 1e-5)
         for i in range(run.processed):
-            acc.compose(
-                events.threshold_test(PARAMS.threshold, PARAMS.sigma1, votes=h[i]), budget=budget
-            )
+            acc.compose(events.threshold_test(THRESHOLD, PARAMS.sigma1, votes=h[i]), budget=budget)
             if plain.answered[i]:
                 acc.compose(events.gnmax(PARAMS.sigma2, votes=h[i]), budget=budget)
         spent = acc.spent(1e-5)
@@ -54,7 +51,7 @@ def test_runs_stop_before_the_budget_and_charge_exactly_their_events() -> None:
         assert run.epsilon <= run.budget
         if run.processed < len(h):
             # The next query would have gone over: the accountant refuses it.
-            nxt = [events.threshold_test(PARAMS.threshold, PARAMS.sigma1, votes=h[run.processed])]
+            nxt = [events.threshold_test(THRESHOLD, PARAMS.sigma1, votes=h[run.processed])]
             if plain.answered[run.processed]:
                 nxt.append(events.gnmax(PARAMS.sigma2, votes=h[run.processed]))
             for e in nxt:
