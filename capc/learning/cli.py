@@ -142,6 +142,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--seeds", type=int, default=len(DEFAULTS.seeds), help="number of seeds (0, 1, ...)"
     )
     r.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="seeds run from this one on: a configuration chosen on seeds 0..n-1 is "
+        "checked on fresh splits, queries and noise with --first-seed n",
+    )
+    r.add_argument(
         "--queries", type=int, default=DEFAULTS.queries, help="synthetic queries per generator"
     )
     r.add_argument(
@@ -209,7 +216,7 @@ def run_experiment(args: argparse.Namespace) -> int:
             statistics=args.statistics,
             epsilons=args.epsilons,
             delta=args.delta,
-            seeds=tuple(range(args.seeds)),
+            seeds=tuple(range(args.first_seed, args.first_seed + args.seeds)),
             queries=args.queries,
             batch=args.batch,
             mechanism=ConfidentParams(args.threshold, args.sigma1, args.sigma2),

@@ -204,6 +204,8 @@ class DietConfig:
             raise ValueError(
                 "need teachers >= 1, queries >= 1, test_size >= 1, batch >= 2 and one seed"
             )
+        if min(self.seeds) < 0 or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds must be distinct and >= 0, got {list(self.seeds)}")
         unknown_accountants = [a for a in self.accountants if a not in ACCOUNTANTS]
         if unknown_accountants or not self.accountants:
             raise ValueError(
@@ -721,7 +723,7 @@ def quick(config: DietConfig) -> DietConfig:
         config,
         teachers=5,
         body=body,
-        seeds=(0,),
+        seeds=config.seeds[:1],
         queries=256,
         batch=128,
         test_size=200,

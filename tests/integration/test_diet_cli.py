@@ -72,7 +72,7 @@ def test_diet_run_quick_plain_gnmax_reports_both_accountants(tmp_path: Path) -> 
     cmd = [sys.executable, "-m", "capc.learning", "diet", "run", "--quick", "--no-baseline"]
     cmd += ["--generators", "gaussian", "--statistics", "current", "--epsilons", "5,10"]
     cmd += ["--threshold", "none", "--sigma2", "100", "--accountants", "rdp,gdp"]
-    cmd += ["--cache", str(tmp_path / "cache"), "--out", str(out)]
+    cmd += ["--first-seed", "3", "--cache", str(tmp_path / "cache"), "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -81,6 +81,7 @@ def test_diet_run_quick_plain_gnmax_reports_both_accountants(tmp_path: Path) -> 
     sigma2 = config["mechanism_at_teachers"]["sigma2"]
     rows = {(r["accountant"], r["epsilon"]): r for r in result["rows"]}
     assert set(rows) == {(a, e) for a in ("rdp", "gdp") for e in (5.0, 10.0)}
+    assert config["seeds"] == [3] and {r["seed"] for r in result["rows"]} == {3}
     for eps in (5.0, 10.0):
         gdp = rows["gdp", eps]
         fit = gaussian_dp.max_queries(gaussian_dp.gnmax_mu(sigma2), eps, config["delta"])

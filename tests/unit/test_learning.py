@@ -424,7 +424,7 @@ def test_diet_command_line_defaults_are_the_config_defaults() -> None:
         default.epsilons,
         default.delta,
     )
-    assert tuple(range(args.seeds)) == default.seeds
+    assert tuple(range(args.first_seed, args.first_seed + args.seeds)) == default.seeds
     assert args.student_l2 == default.student_l2
     assert args.accountants == default.accountants
 
@@ -435,6 +435,13 @@ def test_diet_config_refuses_bad_head_penalties(field: str, value: float) -> Non
     with pytest.raises(ValueError, match="L2 penalties"):
         penalty: dict[str, Any] = {field: value}
         DietConfig(**penalty)
+
+
+@pytest.mark.parametrize("seeds", [(), (-1, 0), (3, 3)])
+def test_diet_config_refuses_missing_negative_or_repeated_seeds(seeds: tuple[int, ...]) -> None:
+    # A repeated seed would count one split and one noise draw twice in the mean.
+    with pytest.raises(ValueError, match="seed"):
+        DietConfig(seeds=seeds)
 
 
 def test_diet_config_refuses_an_empty_test_set() -> None:
