@@ -49,7 +49,7 @@ from capc.privacy.randomness import SecureRandom
 
 DATASETS = ("animal-mnist", "digits")
 STATISTICS = ("original", "current")
-#: The student heads that are candidates for the goal (see ``_student_accuracy``).
+#: The student heads that are candidates for the goal (see ``student_accuracies``).
 GOAL_HEADS = ("student_accuracy", "student_accuracy_self_trained")
 #: Every student head a row reports: the goal's, and the stored-statistics reference.
 STUDENT_HEADS = (*GOAL_HEADS, "student_accuracy_stored_statistics")
@@ -231,11 +231,11 @@ class DietConfig:
         return d
 
 
-def _split(
+def split_hospitals(
     y: NDArray[np.int64], config: DietConfig, seed: int
 ) -> tuple[NDArray[np.int64], list[NDArray[np.int64]], NDArray[np.int64]]:
     """Test indices, each hospital's indices, and all hospitals' indices in the order the
-    non-private reference reads them."""
+    non-private reference reads them (a function of ``seed``, the split and the counts)."""
     order = np.random.default_rng([seed, 1]).permutation(len(y))
     # The test set stays in random order: its features use the statistics of batches of
     # ``config.batch`` images, and the offline data sets are sorted by class.
@@ -256,7 +256,7 @@ def _accuracy(pred: torch.Tensor, y: NDArray[np.int64]) -> float:
     return float((pred.argmax(dim=1).numpy() == y).mean())
 
 
-def _student_accuracy(
+def student_accuracies(
     body: Classifier,
     query_features: torch.Tensor,
     test_features: torch.Tensor,
@@ -347,7 +347,7 @@ def run_seed(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """Every DIET and baseline row of one seed, and that seed's reference accuracies."""
     classes = body.head.out_features
-    test, parts, train = _split(y, config, seed)
+    test, parts, train = split_hospitals(y, config, seed)
     t0 = time.perf_counter()
     ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
@@ -396,7 +396,7 @@ def run_seed(
                 config,
                 rng,
                 partial(
-                    _student_accuracy,
+                    student_accuracies,
                     body,
                     qf,
                     test_feats,

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,3 +64,42 @@ def test_personalized_budgets_experiment(tmp_path: Path) -> None:
         di = row["data_independent"]
         # Personalized runs never produce fewer labels than everyone at the smallest budget.
         assert di["weighting_over_baseline"] >= 1.0 and di["vanishing_over_baseline"] >= 1.0
+
+
+def test_diet_label_noise_experiment_draw_zero_is_the_diet_run(tmp_path: Path) -> None:
+    cache, common = tmp_path / "cache", ["--quick", "--seeds", "1", "--first-seed", "2"]
+    result = run(
+        "experiments.diet_label_noise",
+        tmp_path / "noise.json",
+        *common,
+        "--query-draws",
+        "2",
+        "--noise-draws",
+        "2",
+        # five quick teachers get little noise: a large budget answers every query
+        "--epsilon",
+        "1000",
+        "--cache",
+        str(cache),
+    )
+    seeds = result["seeds"]
+    assert isinstance(seeds, list) and len(seeds) == 1
+    seed: dict[str, Any] = seeds[0]
+    assert seed["seed"] == 2
+    assert len(seed["noisy"]) == 2 and all(len(r) == 2 for r in seed["noisy"])
+    assert len(seed["noiseless"]) == 2 and len(seed["answered"]) == 2
+    for acc in [*seed["noiseless"], *(a for r in seed["noisy"] for a in r)]:
+        assert 0.0 <= acc <= 1.0
+    # the noisy students did see noise: some released labels differ from the majority
+    assert seed["label_agreement_with_majority"] < 1.0
+    # The first query set and noise draw are what the experiment of the table makes, so
+    # the one-off diagnosis and the reported student can be compared seed by seed.
+    cmd = [sys.executable, "-m", "capc.learning", "diet", "run", *common, "--no-baseline"]
+    cmd += ["--generators", "gaussian", "--statistics", "current", "--threshold", "none"]
+    cmd += ["--sigma1", "1", "--sigma2", "16", "--accountants", "gdp", "--epsilons", "1000"]
+    cmd += ["--student-l2", "0.01", "--cache", str(cache), "--out", str(tmp_path / "diet.json")]
+    subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    diet = json.loads((tmp_path / "diet.json").read_text())
+    (row,) = diet["rows"]
+    assert row["answered"] == seed["answered"][0]
+    assert row["student_accuracy"] == seed["noisy"][0][0]

@@ -18,10 +18,10 @@ from capc.learning.cli import _body_config, add_parser
 from capc.learning.diet import (
     BodyConfig,
     DietConfig,
-    _split,
     format_table,
     goals,
     pretrained_body,
+    split_hospitals,
     summarise,
 )
 from capc.learning.last_layer import (
@@ -384,7 +384,7 @@ def test_current_statistics_accuracy_does_not_depend_on_a_class_sorted_file() ->
 
 def test_diet_test_set_is_not_sorted() -> None:
     y = np.repeat(np.arange(10), 100)
-    test, parts, train = _split(y, DietConfig(teachers=4, test_size=200), seed=0)
+    test, parts, train = split_hospitals(y, DietConfig(teachers=4, test_size=200), seed=0)
     first = y[test[:100]]
     assert len(np.unique(first)) == 10  # a batch of the test set mixes the classes
     assert len(set(test) | set(np.concatenate(parts))) == len(y)
@@ -397,7 +397,7 @@ def test_diet_reference_batches_mix_the_hospitals(split: str) -> None:
     # each batch must hold the classes about as often as the whole training set does.
     y = np.repeat(np.arange(10), 1000)
     config = DietConfig(teachers=100, test_size=1000, split=split, batch=512)
-    _, parts, train = _split(y, config, seed=0)
+    _, parts, train = split_hospitals(y, config, seed=0)
     assert sorted(train) == sorted(np.concatenate(parts))
     overall = np.bincount(y[train], minlength=10) / len(train)
     if split == "skewed":  # the hospitals themselves are far from that mix
