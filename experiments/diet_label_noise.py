@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.data.generators import Recipe
 from capc.learning.diet import (
     DietConfig,
     load_images,
+    noise_stream,
     pretrained_body,
+    query_recipe,
     quick,
     split_hospitals,
     student_accuracies,
@@ -45,21 +46,10 @@ from capc.models.checkpoint import weights_sha256
 from capc.models.inference import features
 from capc.models.registry import Classifier
 from capc.privacy.mechanisms.single_label import vote_histogram
-from capc.privacy.randomness import SecureRandom
 from experiments.report import save
 
 
-def noise_stream(seed: int, draw: int) -> SecureRandom:
-    """GNMax noise of one draw: draw 0 is the stream ``capc diet run`` uses for ``seed``."""
-    return SecureRandom.from_seed(f"diet-{seed}" if draw == 0 else f"diet-{seed}-draw-{draw}")
-
-
-def query_recipe(config: DietConfig, seed: int, draw: int) -> Recipe:
-    """Gaussian queries of one draw: draw 0 is the set a Gaussian-only ``capc diet run`` asks."""
-    return Recipe("gaussian", 1000 * seed + 100 * draw, 0, config.queries, config.body.input_shape)
-
-
-def run_seed(
+def seed_students(
     config: DietConfig,
     seed: int,
     body: Classifier,
@@ -74,22 +64,21 @@ def run_seed(
     classes = body.head.out_features
     ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
-    test_votes = ensemble.predictions(x[test], current_statistics=True, batch=config.batch)
+    test_votes = ensemble.classes_of(test_feats)
     majority = float((vote_histogram(test_votes, classes).argmax(1) == y[test]).mean())
     (epsilon,) = config.epsilons
     noisy, noiseless, answered, agreement = [], [], [], []
     for q in range(query_draws):
-        queries = query_recipe(config, seed, q).generate()
+        queries = query_recipe(config, seed, 0, draw=q).generate()
         qf = features(body, queries, current_statistics=True, batch=config.batch)
-        hist = vote_histogram(
-            ensemble.predictions(queries, current_statistics=True, batch=config.batch), classes
-        )
+        hist = vote_histogram(ensemble.classes_of(qf), classes)
         truth = hist.argmax(1).astype(np.int64)
 
         student = partial(
             student_accuracies, body, qf, test_feats, y[test], config.student_l2, config.batch
         )
         row = []
+        labelled = []
         for n in range(noise_draws):
             (run,) = label_within_budgets(
                 hist,
@@ -100,11 +89,14 @@ def run_seed(
                 num_teachers=config.teachers,
                 accountants=config.accountants,
             )
+            labelled.append(run)
             row.append(student(run.labels)["student_accuracy"])
             agreement.append(float((run.labels[run.answered] == truth[run.answered]).mean()))
-        # Plain GNMax answers a prefix whose length does not depend on the noise.
-        noiseless.append(student(np.where(run.answered, truth, -1))["student_accuracy"])
-        answered.append(int(run.answered.sum()))
+        # Plain GNMax answers a prefix whose length does not depend on the noise, so
+        # every draw answers the same queries; the noiseless student gets those.
+        first = labelled[0].answered
+        noiseless.append(student(np.where(first, truth, -1))["student_accuracy"])
+        answered.append(int(first.sum()))
         noisy.append(row)
     return {
         "seed": seed,
@@ -168,7 +160,7 @@ def main() -> None:
     body = pretrained_body(config.body, args.cache, int(y.max()) + 1, print, config.device)
     seeds = []
     for seed in config.seeds:
-        seeds.append(run_seed(config, seed, body, x, y, args.query_draws, args.noise_draws))
+        seeds.append(seed_students(config, seed, body, x, y, args.query_draws, args.noise_draws))
         s = seeds[-1]
         print(
             f"seed {seed}: majority {s['teacher_majority_accuracy']:.3f}, "

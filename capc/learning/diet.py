@@ -252,6 +252,29 @@ def split_hospitals(
     return test, parts, train
 
 
+def query_recipe(config: DietConfig, seed: int, generator: int, draw: int = 0) -> Recipe:
+    """The queries of ``config.generators[generator]`` for ``seed``.
+
+    ``draw`` > 0 names further, independent query sets of the same generator
+    (for diagnostics that vary the queries alone); the experiment asks draw 0.
+    """
+    if not 0 <= generator < len(config.generators) < 100 or draw < 0:
+        raise ValueError(f"no generator {generator} or draw {draw} in this configuration")
+    return Recipe(
+        config.generators[generator],
+        1000 * seed + 100 * draw + generator,
+        0,
+        config.queries,
+        config.body.input_shape,
+    )
+
+
+def noise_stream(seed: int, draw: int = 0) -> SecureRandom:
+    """The GNMax noise for ``seed``; ``draw`` > 0 names further, independent draws
+    (for diagnostics that vary the noise alone); the experiment uses draw 0."""
+    return SecureRandom.from_seed(f"diet-{seed}" if draw == 0 else f"diet-{seed}-draw-{draw}")
+
+
 def _accuracy(pred: torch.Tensor, y: NDArray[np.int64]) -> float:
     return float((pred.argmax(dim=1).numpy() == y).mean())
 
@@ -371,21 +394,21 @@ def run_seed(
         f"their noiseless majority gets {refs['teacher_ensemble_accuracy']:.3f} of the test set"
     )
     rows: list[dict[str, Any]] = []
-    rng = SecureRandom.from_seed(f"diet-{seed}")
+    rng = noise_stream(seed)
     baseline_teachers: list[torch.nn.Module] = []
     if config.baseline:
         baseline_teachers, refs["non_private_full_training_accuracy"] = _scratch_models(
             config, x, y, parts, train, test, seed
         )
     for gi, generator in enumerate(config.generators):
-        queries = Recipe(
-            generator, 1000 * seed + gi, 0, config.queries, config.body.input_shape
-        ).generate()
+        queries = query_recipe(config, seed, gi).generate()
         qf = features(body, queries, current_statistics=True, batch=config.batch)
         for stats in config.statistics:
             t1 = time.perf_counter()
-            preds = ensemble.predictions(
-                queries, current_statistics=stats == "current", batch=config.batch
+            preds = (
+                ensemble.classes_of(qf)
+                if stats == "current"
+                else ensemble.predictions(queries, current_statistics=False, batch=config.batch)
             )
             hist = vote_histogram(preds, classes)
             truth = hist.argmax(1).astype(np.int64)

@@ -55,6 +55,13 @@ class HeadEnsemble:
             model.head.bias.copy_(self.biases[i])
         return model.to(next(self.body.parameters()).device).eval()
 
+    def classes_of(self, feats: torch.Tensor) -> NDArray[np.int64]:
+        """Every teacher's class for (N, D) body features that do not depend on a
+        teacher's statistics (current statistics): (N, T). Callers that already hold
+        the features of a query batch save a pass through the body."""
+        out = torch.einsum("nd,tkd->ntk", feats, self.weights) + self.biases[None]
+        return out.argmax(dim=2).numpy().astype(np.int64)
+
     def predictions(
         self, x: NDArray[np.float32], *, current_statistics: bool, batch: int = 512
     ) -> NDArray[np.int64]:
@@ -65,9 +72,7 @@ class HeadEnsemble:
         per teacher with its own statistics. ``batch``: inputs per BatchNorm batch.
         """
         if current_statistics:
-            f = features(self.body, x, current_statistics=True, batch=batch)
-            out = torch.einsum("nd,tkd->ntk", f, self.weights) + self.biases[None]
-            return out.argmax(dim=2).numpy().astype(np.int64)
+            return self.classes_of(features(self.body, x, current_statistics=True, batch=batch))
         saved = _statistics(self.body)
         preds = []
         try:

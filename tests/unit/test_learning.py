@@ -20,7 +20,9 @@ from capc.learning.diet import (
     DietConfig,
     format_table,
     goals,
+    noise_stream,
     pretrained_body,
+    query_recipe,
     split_hospitals,
     summarise,
 )
@@ -37,7 +39,7 @@ from capc.learning.supervised import accuracy
 from capc.learning.teachers import fit_head_ensemble
 from capc.models import build
 from capc.models.checkpoint import weights_sha256
-from capc.models.inference import logits, run_batches
+from capc.models.inference import features, logits, run_batches
 
 
 def blobs(n: int = 300, d: int = 8, k: int = 3, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
@@ -260,6 +262,9 @@ def test_head_ensemble_teachers_match_stand_alone_models() -> None:
     orig = ens.predictions(q, current_statistics=False, batch=50)
     cur = ens.predictions(q, current_statistics=True, batch=50)
     assert orig.shape == cur.shape == (50, 3)
+    # callers that hold a batch's features already get the same votes without a second pass
+    f = features(body, q, current_statistics=True, batch=50)
+    np.testing.assert_array_equal(ens.classes_of(f), cur)
     for i in range(3):
         t = ens.teacher(i)
         np.testing.assert_array_equal(logits(t, q).argmax(1).numpy(), orig[:, i])
@@ -272,6 +277,21 @@ def test_head_ensemble_teachers_match_stand_alone_models() -> None:
     )
     with pytest.raises(ValueError, match="two examples"):
         fit_head_ensemble(body, x, y, [np.array([0])])
+
+
+def test_query_sets_and_noise_draws_are_distinct_and_draw_zero_is_the_experiments() -> None:
+    config = DietConfig(generators=("gaussian", "fractal"), queries=8)
+    first = query_recipe(config, 3, 1)
+    assert (first.generator, first.seed, first.count) == ("fractal", 3001, 8)
+    names = {
+        query_recipe(config, s, g, d).seed for s in range(3) for g in range(2) for d in range(3)
+    }
+    assert len(names) == 18  # no two (seed, generator, draw) share a query set
+    with pytest.raises(ValueError, match="no generator 2"):
+        query_recipe(config, 0, 2)
+    draws = [noise_stream(1, d).normal(4) for d in range(3)] + [noise_stream(2).normal(4)]
+    assert len({tuple(d) for d in draws}) == 4
+    np.testing.assert_array_equal(noise_stream(1).normal(4), draws[0])
 
 
 def _cell(generator: str, statistics: str, eps: float, acc: float) -> dict[str, object]:
