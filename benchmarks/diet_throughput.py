@@ -3,7 +3,9 @@
 Prints one JSON object per result: images/s per generator (with its ratio to
 the fastest), a teacher's batched inference in images/s with training
 and with current BatchNorm statistics, for the small CNN and the body of
-DIET's default experiment, and seconds per SimCLR pretraining step of that
+DIET's default experiment, 250 last-layer teachers' votes per second on
+current-statistics queries through the body and from features already
+computed, and seconds per SimCLR pretraining step of that
 body in float32 and under bfloat16 autocast (with the speed-up), at the
 default width and the GPU section's; on the CPU and on CUDA when present.
 """
@@ -20,7 +22,9 @@ from timing import best_time
 from capc.data.generators import GENERATORS, Recipe
 from capc.learning.diet import DietConfig
 from capc.learning.simclr import PRECISIONS, PretrainConfig, pretrain
+from capc.learning.teachers import HeadEnsemble
 from capc.models import Teacher, build
+from capc.models.inference import features
 
 
 def main() -> None:
@@ -81,6 +85,39 @@ def main() -> None:
                 }
             )
         )
+    # The experiment's 250 teachers voting on current-statistics queries: through the
+    # body and then every head, or from the batch's features the student already holds.
+    body = build(diet.architecture, shape, 10, diet.width, seed=0).eval()
+    teachers = 250
+    dim = body.head.in_features
+    gen = torch.Generator().manual_seed(0)
+    ensemble = HeadEnsemble(
+        body,
+        [{} for _ in range(teachers)],
+        torch.randn((teachers, 10, dim), generator=gen),
+        torch.zeros((teachers, 10)),
+    )
+    batch = DietConfig().batch
+    feats = features(body, x, current_statistics=True, batch=batch)
+    through_body = best_time(
+        lambda: ensemble.predictions(x, current_statistics=True, batch=batch), args.repeat
+    )
+    heads_only = best_time(lambda: ensemble.classes_of(feats), args.repeat)
+    print(
+        json.dumps(
+            {
+                "bench": "ensemble_votes",
+                "device": "cpu",
+                "architecture": diet.architecture,
+                "teachers": teachers,
+                "queries": len(x),
+                "threads": torch.get_num_threads(),
+                "queries_per_s_through_body": round(len(x) / through_body, 1),
+                "queries_per_s_from_features": round(len(x) / heads_only, 1),
+                "from_features_speedup": round(through_body / heads_only, 1),
+            }
+        )
+    )
     pool = Recipe("mix", seed=3, start=0, count=512, shape=shape).generate()
     for device, width in [(d, int(w)) for d in devices for w in args.widths.split(",")]:
         per_step = {}

@@ -92,6 +92,9 @@ def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> No
     assert generators == {"gaussian", "spectral", "dead_leaves", "fractal", "mix"}
     inference = [r for r in rows if r["bench"] == "teacher_inference"]
     assert inference and all(r["images_per_s_current_statistics"] > 0 for r in inference)
+    (votes,) = [r for r in rows if r["bench"] == "ensemble_votes"]
+    assert votes["teachers"] == 250 and votes["queries"] == 64
+    assert votes["queries_per_s_from_features"] > 0 and votes["from_features_speedup"] > 0
     steps = [r for r in rows if r["bench"] == "pretraining_step"]
     assert steps and all(r["width"] == 4 and r["bf16_speedup"] > 0 for r in steps)
 
