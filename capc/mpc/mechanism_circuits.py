@@ -101,7 +101,7 @@ class ConfidentGNMax:
 
     num_classes: int
     max_votes: float
-    sigma2: float
+    sigma: float
     threshold: float = 0.0
     sigma1: float = 1.0
     confident: bool = True
@@ -113,7 +113,7 @@ class ConfidentGNMax:
             raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
         if self.share_frac_bits > self.frac_bits:
             raise ValueError("share_frac_bits must not exceed the circuit's frac_bits")
-        for name in ("max_votes", "sigma2", "sigma1", "threshold"):
+        for name in ("max_votes", "sigma", "sigma1", "threshold"):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
@@ -121,7 +121,7 @@ class ConfidentGNMax:
     @property
     def bits(self) -> int:
         """Circuit word width l."""
-        arg = self.max_votes + 2 * NOISE_BOUND_SIGMAS * self.sigma2
+        arg = self.max_votes + 2 * NOISE_BOUND_SIGMAS * self.sigma
         thr = (
             self.max_votes + NOISE_BOUND_SIGMAS * self.sigma1 + self.threshold
             if self.confident
@@ -147,20 +147,22 @@ class ConfidentGNMax:
     def garbler_inputs(
         self, guardian_sum: ArrayLike, eta2: ArrayLike, eta1: ArrayLike | None = None
     ) -> Inputs:
-        """Guardian side: share sum (B, K), eta2 (B, K) and, if confident, eta1 (B,)."""
+        """Guardian side: share sum (B, K), eta2 (B, K) and, if confident, eta1: (B,) for one
+        test noise per query, or (B, K) for independent test noise on every class."""
         base = _shares_word(
             guardian_sum, self.num_classes, self.share_frac_bits, self.frac_bits, 64
         )
         batch = base.shape[0]
         shape = (batch, self.num_classes)
-        e2 = _noise_word(eta2, self.sigma2, self.frac_bits, shape, "eta2")
+        e2 = _noise_word(eta2, self.sigma, self.frac_bits, shape, "eta2")
         out = {"argmax": ring.reduce(base + e2, self.bits)}
         if self.confident:
             if eta1 is None:
                 raise ValueError("Confident-GNMax needs eta1 for the threshold test")
-            e1 = _noise_word(eta1, self.sigma1, self.frac_bits, (batch,), "eta1")
+            per_class = np.ndim(eta1) == 2
+            e1 = _noise_word(eta1, self.sigma1, self.frac_bits, shape if per_class else (batch,), "eta1")
             t = ring.encode_fixed(self.threshold, self.frac_bits)
-            out["threshold"] = ring.reduce(base + (e1 - t)[:, None], self.bits)
+            out["threshold"] = ring.reduce(base + (e1 - t if per_class else (e1 - t)[:, None]), self.bits)
         return out
 
     def decode(self, evaluator_out: dict[str, U64]) -> NDArray[np.int64]:

@@ -1,10 +1,12 @@
-"""Per-party RDP accountant: a history of composed events you can save and restore.
+"""Per-owner accountant: a history of composed events you can save and restore.
 
 One :class:`Accountant` per data owner (an answering party or a teacher). It
-composes :class:`~capc.privacy.events.PrivacyEvent` curves by summing RDP at
-every order, converts with the improved conversion (Balle et al. 2020, Thm. 21)
-on :data:`~capc.privacy.conversion.DEFAULT_ORDERS`, and checks a budget before
-composing, never after.
+keeps the events composed so far (each with a count and a label saying what
+produced it) and interprets them with one accountant kind of
+:mod:`capc.privacy.accountants` (``rdp`` by default here, ``gdp`` for exact
+Gaussian DP). With a budget, composing is a privacy filter: the budget is
+checked before anything is added, and only events the kind's filter is proven
+for are accepted.
 """
 
 from __future__ import annotations
@@ -13,21 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 
 from capc.privacy import validation as check
-from capc.privacy.conversion import (
-    DEFAULT_ORDERS,
-    Conversion,
-    Epsilon,
-    convert,
-)
-from capc.privacy.conversion import (
-    epsilon as epsilon,  # re-exported: the accountant's public conversion
-)
-from capc.privacy.events import PrivacyEvent
+from capc.privacy.accountants import Accounting, RenyiDp, Spent, make
+from capc.privacy.conversion import epsilon as epsilon  # re-exported: the RDP conversion
+from capc.privacy.events import DpEvent, RdpCurveEvent, from_dict, leaves
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 FloatArray = NDArray[np.float64]
 
 
@@ -49,8 +44,9 @@ class Budget:
 
 @dataclass
 class _Entry:
-    event: PrivacyEvent
+    event: DpEvent
     count: int
+    label: str
 
 
 @dataclass(frozen=True)
@@ -60,8 +56,8 @@ class Report:
     owner: str
     epsilon: float
     delta: float
-    order: float
-    conversion: str
+    accountant: str
+    order: float | None
     data_dependent: bool
     events: int
     shares: dict[str, float] = field(default_factory=dict)
@@ -80,8 +76,8 @@ class Report:
             "owner": self.owner,
             "epsilon": self.epsilon,
             "delta": self.delta,
+            "accountant": self.accountant,
             "order": self.order,
-            "conversion": self.conversion,
             "accounting": "data-dependent" if self.data_dependent else "data-independent",
             "events": self.events,
             "shares": self.shares,
@@ -92,111 +88,112 @@ class Report:
     def to_text(self) -> str:
         """A short human-readable summary."""
         who = self.owner or "(unnamed owner)"
+        how = f"Renyi order {self.order:g}, " if self.order is not None else ""
         lines = [
             f"{who}: epsilon = {self.epsilon:.4f} at delta = {self.delta:g} "
-            f"(Renyi order {self.order:g}, {self.conversion} conversion, "
+            f"({how}{self.accountant} accountant, "
             f"{'data-dependent' if self.data_dependent else 'data-independent'} accounting, "
             f"{self.events} events)"
         ]
         if self.budget_epsilon is not None:
             lines.append(f"  budget {self.budget_epsilon:g}, remaining {self.remaining:.4f}")
         for name, share in sorted(self.shares.items(), key=lambda kv: -kv[1]):
-            lines.append(f"  {name:<20} {100 * share:5.1f}% of the RDP at the best order")
+            lines.append(f"  {name:<20} {100 * share:5.1f}% of the loss")
         return "\n".join(lines)
 
 
+def _data_dependent(event: DpEvent) -> bool:
+    return any(isinstance(e, RdpCurveEvent) and e.data_dependent for e, _ in leaves(event))
+
+
 class Accountant:
-    """Composes privacy events for one data owner.
+    """Composes privacy events for one data owner with the accountant kind ``accounting``."""
 
-    ``orders``: the Renyi orders (> 1) every event must be computed on.
-    """
-
-    def __init__(
-        self,
-        owner: str = "",
-        orders: ArrayLike = DEFAULT_ORDERS,
-        conversion: Conversion = Conversion.IMPROVED,
-    ) -> None:
+    def __init__(self, owner: str = "", accounting: Accounting | None = None) -> None:
         self.owner = owner
-        self.orders = check.orders(orders)
-        self.conversion = Conversion(conversion)
+        self.accounting = accounting if accounting is not None else RenyiDp()
         self._history: list[_Entry] = []
-        self._total = np.zeros_like(self.orders)
+        self._total = self.accounting.zero()
 
     # -- composing -----------------------------------------------------------
 
-    def _check_event(self, event: PrivacyEvent, count: int) -> None:
+    @staticmethod
+    def _check_count(count: int) -> None:
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ValueError(f"count must be a non-negative integer, got {count!r}")
-        if event.orders.shape != self.orders.shape or not np.array_equal(event.orders, self.orders):
-            raise ValueError(
-                f"event {event.mechanism!r} was computed on a different order grid "
-                f"({event.orders.size} orders) than this accountant ({self.orders.size})"
-            )
 
-    def would_exceed(self, event: PrivacyEvent, budget: Budget, count: int = 1) -> bool:
+    def would_exceed(self, event: DpEvent, budget: Budget, count: int = 1) -> bool:
         """True if composing ``count`` copies of ``event`` would spend more than ``budget``."""
-        self._check_event(event, count)
-        after = self._total + count * event.rdp
-        return convert(after, self.orders, budget.delta, self.conversion).epsilon > budget.epsilon
+        self._check_count(count)
+        after = self._total + count * self.accounting.filter_cost(event)
+        return not self.accounting.fits(after, budget.epsilon, budget.delta)
 
-    def compose(self, event: PrivacyEvent, count: int = 1, budget: Budget | None = None) -> None:
-        """Add ``count`` applications of ``event``; with ``budget``, refuse (and change
-        nothing) if that would exceed it."""
-        self._check_event(event, count)
+    def compose(
+        self, event: DpEvent, count: int = 1, budget: Budget | None = None, label: str = ""
+    ) -> None:
+        """Add ``count`` applications of ``event`` (``label``: what produced it); with
+        ``budget``, refuse (and change nothing) if that would exceed it."""
+        self._check_count(count)
+        cost = self.accounting.cost(event)
         if budget is not None and self.would_exceed(event, budget, count):
             spent = self.spent(budget.delta).epsilon
             raise BudgetExceededError(
-                f"{self.owner or 'owner'}: {count} x {event.mechanism} would exceed the budget "
+                f"{self.owner or 'owner'}: {count} x {label or event.kind} would exceed the budget "
                 f"epsilon={budget.epsilon:g} at delta={budget.delta:g} (already spent {spent:.4f})"
             )
         if count == 0:
             return
+        name = label or event.kind
         last = self._history[-1] if self._history else None
-        if last is not None and last.event.same_as(event):
+        if last is not None and last.event == event and last.label == name:
             last.count += count
         else:
-            self._history.append(_Entry(event, count))
-        self._total = self._total + count * event.rdp
+            self._history.append(_Entry(event, count, name))
+        self._total = self._total + count * cost
 
     # -- reading -------------------------------------------------------------
 
     @property
-    def rdp(self) -> FloatArray:
-        """Total RDP at each order (a copy)."""
+    def total(self) -> FloatArray:
+        """The accountant's loss vector of everything composed (a copy)."""
         return self._total.copy()
 
     @property
-    def history(self) -> list[tuple[PrivacyEvent, int]]:
+    def history(self) -> list[tuple[DpEvent, int]]:
         """The composed events in order, with their counts."""
         return [(e.event, e.count) for e in self._history]
 
-    def spent(self, delta: float) -> Epsilon:
+    def spent(self, delta: float) -> Spent:
         """The (epsilon, delta) guarantee of everything composed so far."""
-        return convert(self._total, self.orders, delta, self.conversion)
+        return self.accounting.spent(self._total, delta)
 
     def remaining(self, budget: Budget) -> float:
         """Epsilon left under ``budget`` (0 when exhausted)."""
         return max(0.0, budget.epsilon - self.spent(budget.delta).epsilon)
 
     def report(self, delta: float, budget: Budget | None = None) -> Report:
-        """Spent epsilon at ``delta``, the best order, and each mechanism's share of it."""
+        """Spent epsilon at ``delta`` and each label's share of the loss.
+
+        Shares are of the loss vector at the best order (``rdp``) or of mu**2 (``gdp``).
+        """
         eps = self.spent(delta)
-        i = int(np.flatnonzero(self.orders == eps.order)[0])
+        i = 0
+        if eps.order is not None and isinstance(self.accounting, RenyiDp):
+            i = int(np.flatnonzero(self.accounting.orders == eps.order)[0])
         shares: dict[str, float] = {}
-        total_at = float(self._total[i])
         for entry in self._history:
-            part = entry.count * float(entry.event.rdp[i])
-            shares[entry.event.mechanism] = shares.get(entry.event.mechanism, 0.0) + part
+            part = entry.count * float(self.accounting.cost(entry.event)[i])
+            shares[entry.label] = shares.get(entry.label, 0.0) + part
+        total_at = float(self._total[i])
         if total_at > 0:
             shares = {k: v / total_at for k, v in shares.items()}
         return Report(
             owner=self.owner,
             epsilon=eps.epsilon,
             delta=eps.delta,
+            accountant=self.accounting.name,
             order=eps.order,
-            conversion=self.conversion.value,
-            data_dependent=any(e.event.data_dependent for e in self._history),
+            data_dependent=any(_data_dependent(e.event) for e in self._history),
             events=sum(e.count for e in self._history),
             shares=shares,
             budget_epsilon=None if budget is None else budget.epsilon,
@@ -209,28 +206,30 @@ class Accountant:
         return {
             "version": STATE_VERSION,
             "owner": self.owner,
-            "orders": self.orders.tolist(),
-            "conversion": self.conversion.value,
-            "history": [{"event": e.event.to_dict(), "count": e.count} for e in self._history],
+            "accountant": {"name": self.accounting.name, **self.accounting.settings()},
+            "history": [
+                {"event": e.event.to_dict(), "count": e.count, "label": e.label}
+                for e in self._history
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace this accountant's state with a saved one (validated first)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported accountant state version {state.get('version')!r}")
-        orders = check.orders(state["orders"])
+        settings = dict(state["accountant"])
+        accounting = make(str(settings.pop("name")), settings)
         history = []
-        total = np.zeros_like(orders)
+        total = accounting.zero()
         for item in state["history"]:
             count = item["count"]
-            if not isinstance(count, int) or count < 0:
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise ValueError(f"invalid event count {count!r} in saved state")
-            event = PrivacyEvent.from_dict(item["event"], orders)
-            history.append(_Entry(event, count))
-            total = total + count * event.rdp
+            event = from_dict(item["event"])
+            history.append(_Entry(event, count, str(item.get("label", event.kind))))
+            total = total + count * accounting.cost(event)
         self.owner = str(state.get("owner", ""))
-        self.orders = orders
-        self.conversion = Conversion(state["conversion"])
+        self.accounting = accounting
         self._history = history
         self._total = total
 

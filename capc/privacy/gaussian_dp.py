@@ -72,7 +72,8 @@ def delta_at(mu: float, epsilon: float) -> float:
     return math.exp(log_delta_at(mu, epsilon))
 
 
-def _within(mu: float, epsilon: float, delta: float) -> bool:
+def within(mu: float, epsilon: float, delta: float) -> bool:
+    """True when a mu-GDP mechanism is (epsilon, delta)-DP (epsilon in nats)."""
     # Both forms, so neither the rounding of exp near delta nor an underflow to 0 for a
     # delta below the float range can let an epsilon through that is too small.
     log = log_delta_at(mu, epsilon)
@@ -86,16 +87,16 @@ def epsilon_at(mu: float, delta: float) -> float:
     """
     m = _mu(mu)
     d = check.delta(delta)
-    if _within(m, 0.0, d):
+    if within(m, 0.0, d):
         return 0.0
     lo, hi = 0.0, 1.0
-    while not _within(m, hi, d):
+    while not within(m, hi, d):
         lo, hi = hi, 2.0 * hi
     for _ in range(_STEPS):
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
             break
-        if not _within(m, mid, d):
+        if not within(m, mid, d):
             lo = mid
         else:
             hi = mid
@@ -110,13 +111,13 @@ def max_mu(epsilon: float, delta: float) -> float:
     eps = check.positive(epsilon, "epsilon")
     d = check.delta(delta)
     lo, hi = 0.0, 1.0
-    while _within(hi, eps, d):
+    while within(hi, eps, d):
         lo, hi = hi, 2.0 * hi
     for _ in range(_STEPS):
         mid = 0.5 * (lo + hi)
         if mid in (lo, hi):
             break
-        if _within(mid, eps, d):
+        if within(mid, eps, d):
             lo = mid
         else:
             hi = mid
@@ -136,8 +137,8 @@ def max_queries(per_query_mu: float, epsilon: float, delta: float, spent_mu: flo
         return 0
     n = math.floor(room / (q * q))
     # Guard the float floor on either side.
-    while n > 0 and not _within(math.sqrt(spent_mu**2 + n * q * q), epsilon, delta):
+    while n > 0 and not within(math.sqrt(spent_mu**2 + n * q * q), epsilon, delta):
         n -= 1
-    while _within(math.sqrt(spent_mu**2 + (n + 1) * q * q), epsilon, delta):
+    while within(math.sqrt(spent_mu**2 + (n + 1) * q * q), epsilon, delta):
         n += 1
     return n

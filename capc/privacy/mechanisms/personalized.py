@@ -92,7 +92,17 @@ def vote_weights(
     ``max_weight``, which only slows a teacher's spending.
     """
     unit = np.asarray(unit_rdp, dtype=np.float64)
-    root = np.sqrt(_multipliers(caps, "caps", delta, unit, queries, orders, Conversion.IMPROVED))
+    mult = _multipliers(caps, "caps", delta, unit, queries, orders, Conversion.IMPROVED)
+    return weights_from_multipliers(mult, max_weight)
+
+
+def weights_from_multipliers(multipliers: ArrayLike, max_weight: float = np.inf) -> FloatArray:
+    """(teachers,) cost multipliers each cap affords -> vote weights with mean 1, capped.
+
+    A weight w multiplies a Gaussian mechanism's cost (mu**2, or RDP) by w**2,
+    so w is proportional to the square root of the multiplier.
+    """
+    root = np.sqrt(np.asarray(multipliers, dtype=np.float64))
     if not root.any():
         return np.zeros_like(root)
     return np.asarray(np.minimum(root / root.mean(), max_weight), dtype=np.float64)
@@ -107,7 +117,14 @@ def participation_rates(
     is expected to reach its cap after the same number of queries.
     """
     unit = np.asarray(unit_rdp, dtype=np.float64)
-    mult = _multipliers(caps, "caps", delta, unit, queries, orders, Conversion.IMPROVED)
+    return rates_from_multipliers(
+        _multipliers(caps, "caps", delta, unit, queries, orders, Conversion.IMPROVED)
+    )
+
+
+def rates_from_multipliers(multipliers: ArrayLike) -> FloatArray:
+    """(teachers,) cost multipliers each cap affords -> participation rates, the largest 1."""
+    mult = np.asarray(multipliers, dtype=np.float64)
     top = float(mult.max())
     return mult / top if top > 0 else np.zeros_like(mult)
 

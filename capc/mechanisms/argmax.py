@@ -1,0 +1,111 @@
+"""Shared plumbing of the mechanisms that release one noisy argmax per query.
+
+GNMax, Confident-GNMax (either test) and Powerset voting all run the same
+circuit (:class:`capc.mpc.mechanism_circuits.ConfidentGNMax`) over their vote
+columns; they differ in their parameters, their test noise and their cost.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from capc.mechanisms.base import CircuitSpec, Labels, Mechanism, MechanismError, Noise
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel
+from capc.mpc.ring import U64
+from capc.privacy.mechanisms.single_label import NOT_ANSWERED, gaussian_noise, noisy_argmax
+from capc.privacy.randomness import SecureRandom
+
+
+def one_hot(classes: ArrayLike, width: int) -> NDArray[np.float64]:
+    """Class indices (B,) -> one-hot rows (B, width); refuses anything outside [0, width)."""
+    p = np.asarray(classes)
+    if p.ndim != 1 or not np.issubdtype(p.dtype, np.integer):
+        raise MechanismError(f"predictions must be a 1-D integer array, got {p.dtype} {p.shape}")
+    if ((p < 0) | (p >= width)).any():
+        raise MechanismError(f"predictions must lie in [0, {width})")
+    out = np.zeros((p.size, width), dtype=np.float64)
+    out[np.arange(p.size), p] = 1.0
+    return out
+
+
+class ArgmaxMechanism(Mechanism):
+    """A noisy argmax over the vote columns, optionally behind a noisy threshold test."""
+
+    @property
+    def sigma(self) -> float:
+        """Noise standard deviation of the answer (votes)."""
+        return float(getattr(self.params, "sigma"))
+
+    @property
+    def threshold(self) -> float:
+        return float(getattr(self.params, "threshold", 0.0))
+
+    @property
+    def sigma1(self) -> float:
+        return float(getattr(self.params, "sigma1", 0.0))
+
+    @property
+    def confident(self) -> bool:
+        return self.sigma1 > 0
+
+    #: True when the threshold test draws independent noise on every class.
+    test_noise_per_class = False
+
+    def circuit(
+        self, max_votes: float, vote_total: float | None = None, share_frac_bits: int = 0
+    ) -> CircuitSpec:
+        return ConfidentGNMax(
+            num_classes=self.vote_width,
+            max_votes=max_votes,
+            sigma=self.sigma,
+            threshold=self.threshold,
+            sigma1=self.sigma1 if self.confident else 1.0,
+            confident=self.confident,
+            frac_bits=max(CIRCUIT_FRAC_BITS, share_frac_bits),
+            share_frac_bits=share_frac_bits,
+        )
+
+    def draw_noise(self, batch: int, rng: SecureRandom) -> Noise:
+        # Answer noise first, then the test's: the order a replaying test follows.
+        noise = {"eta2": gaussian_noise((batch, self.vote_width), self.sigma, rng)}
+        if self.confident:
+            shape = (batch, self.vote_width) if self.test_noise_per_class else (batch,)
+            noise["eta1"] = gaussian_noise(shape, self.sigma1, rng)
+        return noise
+
+    def garbler_inputs(
+        self,
+        spec: CircuitSpec,
+        guardian_sum: ArrayLike,
+        noise: Noise,
+        decision_threshold: ArrayLike | None = None,
+    ) -> dict[str, U64]:
+        if not isinstance(spec, ConfidentGNMax) or decision_threshold is not None:
+            raise MechanismError(f"{self.name} runs the argmax circuit and takes no decision threshold")
+        return spec.garbler_inputs(guardian_sum, noise["eta2"], noise.get("eta1"))
+
+    def _decoded(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
+        if isinstance(spec, MultiLabel):
+            raise MechanismError(f"{self.name} runs the argmax circuit")
+        return np.asarray(spec.decode(evaluator_out), dtype=np.int64)
+
+    def decode(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
+        return self._decoded(spec, evaluator_out)
+
+    def decide(
+        self, histograms: ArrayLike, noise: Noise, decision_threshold: ArrayLike | None = None
+    ) -> tuple[Labels, NDArray[np.bool_]]:
+        h = np.asarray(histograms, dtype=np.float64)
+        labels = noisy_argmax(h, noise["eta2"])
+        if not self.confident:
+            return labels, np.ones(len(h), dtype=bool)
+        eta1 = np.asarray(noise["eta1"], dtype=np.float64)
+        tested = (h + eta1).max(axis=1) if eta1.ndim == 2 else h.max(axis=1) + eta1
+        answered = tested >= self.threshold
+        return np.where(answered, labels, NOT_ANSWERED).astype(np.int64), answered
+
+    @abstractmethod
+    def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]: ...

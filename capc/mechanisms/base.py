@@ -1,0 +1,291 @@
+"""What every labelling mechanism is: one object that owns everything about it.
+
+A :class:`Mechanism` is built from a task's configuration (validated
+parameters, one name per parameter everywhere) and the size of the label
+space. It owns:
+
+- the vote encoding an answering party applies to its predictions;
+- the garbled circuit the guardian and the student run, and both parties'
+  circuit inputs, the guardian's noise included;
+- decoding the student's outputs into labels, and the guardian's into the
+  answered mask;
+- the rule for tightening a job's overrides (only ever more private);
+- a plaintext oracle that, given the same noise, gives the same labels as
+  the circuit (what the end-to-end tests replay);
+- its privacy cost, as an event described by parameters
+  (:mod:`capc.privacy.events`), worst case and actual.
+
+Services are generic over this interface: they never name a mechanism.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel, round_noise
+from capc.privacy import events
+from capc.privacy.randomness import SecureRandom
+
+U64 = NDArray[np.uint64]
+FloatArray = NDArray[np.float64]
+Labels = NDArray[np.int64]
+Noise = dict[str, FloatArray]
+CircuitSpec = ConfidentGNMax | MultiLabel
+
+#: Largest noise scale or threshold (votes) a configuration or override may name: beyond
+#: it nothing is ever answered, and the circuit's word width would grow without purpose.
+MAX_PARAMETER = 1e6
+
+
+class MechanismError(ValueError):
+    """A mechanism's configuration, override or input is invalid; the message says which."""
+
+
+class Params(BaseModel):
+    """A mechanism's parameters: validated, immutable, no unknown fields, no NaN or infinity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class Mechanism(ABC):
+    """A vote-aggregation mechanism over ``outputs`` classes (single label) or labels (multi-label)."""
+
+    #: The name tasks, protos and the REST API use for it.
+    name: ClassVar[str]
+    #: Votes and labels are k-bit vectors rather than one class.
+    multi_label: ClassVar[bool] = False
+    #: Votes are not integers (need fixed-point shares).
+    fractional_votes: ClassVar[bool] = False
+    #: Parameters a job may raise (more noise, a higher threshold); the rest are fixed.
+    raisable: ClassVar[tuple[str, ...]] = ()
+    #: Largest label space this mechanism's circuit handles.
+    max_outputs: ClassVar[int] = 4096
+    params_model: ClassVar[type[Params]]
+
+    def __init__(self, outputs: int, params: Params) -> None:
+        lo = 1 if self.multi_label else 2
+        if isinstance(outputs, bool) or int(outputs) != outputs or not lo <= outputs <= self.max_outputs:
+            raise MechanismError(
+                f"{self.name} takes {lo} to {self.max_outputs} "
+                f"{'labels' if self.multi_label else 'classes'}, got {outputs!r}"
+            )
+        self.outputs = int(outputs)
+        self.params = params
+
+    # -- configuration -------------------------------------------------------
+    @classmethod
+    def from_params(cls, outputs: int, params: Mapping[str, Any]) -> Mechanism:
+        """Validate ``params`` (a JSON object) for ``outputs`` classes or labels."""
+        try:
+            p = cls.params_model.model_validate(dict(params))
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or 'parameters'}: {e['msg']}"
+                for e in err.errors()
+            )
+            raise MechanismError(f"{cls.name}: {problems}") from None
+        return cls(outputs, p)
+
+    def to_config(self) -> dict[str, Any]:
+        """The mechanism as a task configuration names it: {"name": ..., params...}."""
+        return {"name": self.name, **self.params.model_dump()}
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Mechanism)
+            and other.name == self.name
+            and other.outputs == self.outputs
+            and other.params == self.params
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.outputs, self.params))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(outputs={self.outputs}, {self.params!r})"
+
+    def tightened(self, overrides: Mapping[str, float]) -> Mechanism:
+        """This mechanism with a job's overrides, which may only make it more private.
+
+        ``overrides``: parameter -> value; 0 or absent keeps the task's value.
+        Only :attr:`raisable` parameters may change, and only upwards (more
+        noise, a higher threshold). Raises MechanismError naming the field.
+        """
+        current = self.params.model_dump()
+        changes: dict[str, float] = {}
+        for key, value in overrides.items():
+            v = float(value)
+            if v == 0.0:
+                continue
+            if key not in current:
+                raise MechanismError(f"{self.name} has no parameter {key!r}")
+            if key not in self.raisable:
+                if v == current[key]:
+                    continue
+                raise MechanismError(
+                    f"the task fixes {key} = {current[key]!r} for {self.name}; a job cannot change it"
+                )
+            if not math.isfinite(v) or v > MAX_PARAMETER:
+                raise MechanismError(f"{key} must be finite and at most {MAX_PARAMETER:g}")
+            if v < float(current[key]):
+                raise MechanismError(
+                    f"{key} = {v:g} is below the task's {float(current[key]):g}: "
+                    "overrides may only add noise or raise the threshold"
+                )
+            changes[key] = v
+        if not changes:
+            return self
+        return type(self).from_params(self.outputs, {**current, **changes})
+
+    # -- votes ---------------------------------------------------------------
+    @property
+    def vote_width(self) -> int:
+        """Columns of one party's vote matrix."""
+        return self.outputs
+
+    @abstractmethod
+    def unit_votes(self, predictions: ArrayLike) -> FloatArray:
+        """One teacher's votes (B, vote_width) for its ``predictions``, before any weight."""
+
+    def encode_votes(
+        self,
+        predictions: ArrayLike,
+        *,
+        weight: float = 1.0,
+        frac_bits: int = 0,
+        participation: ArrayLike | None = None,
+    ) -> U64:
+        """A party's votes in the ring with ``frac_bits`` fractional bits: (B, vote_width) uint64.
+
+        Every entry is scaled by ``weight`` and rounded *down* on the grid, so a
+        vote never grows past its unrounded value and the sensitivities hold.
+        ``participation`` (B,) bool: rows where the party sits out are all zero.
+        """
+        if not (math.isfinite(weight) and weight >= 0):
+            raise MechanismError(f"weight must be finite and >= 0, got {weight}")
+        if not 0 <= frac_bits <= 24:
+            raise MechanismError(f"frac_bits must lie in [0, 24], got {frac_bits}")
+        unit = self.unit_votes(predictions)
+        if participation is not None:
+            mask = np.asarray(participation, dtype=bool)
+            if mask.shape != (unit.shape[0],):
+                raise MechanismError(
+                    f"participation must have shape ({unit.shape[0]},), got {mask.shape}"
+                )
+            unit = unit * mask[:, None]
+        return np.floor(unit * (weight * (1 << frac_bits))).astype(np.uint64)
+
+    def summed_votes(self, predictions: ArrayLike) -> FloatArray:
+        """Plain histogram of several teachers' predictions: (B, teachers[, k]) -> (B, vote_width)."""
+        p = np.asarray(predictions)
+        axis = 1
+        return np.asarray(
+            sum(self.unit_votes(np.take(p, i, axis=axis)) for i in range(p.shape[axis])),
+            dtype=np.float64,
+        )
+
+    # -- circuit ---------------------------------------------------------------
+    @abstractmethod
+    def circuit(
+        self,
+        max_votes: float,
+        vote_total: float | None = None,
+        share_frac_bits: int = 0,
+    ) -> CircuitSpec:
+        """The round's circuit. ``max_votes``: the largest possible count (voters x largest
+        weight); ``vote_total``: the voters' total weight (the guardian's, may be None for
+        the student); ``share_frac_bits``: fractional bits of the vote shares."""
+
+    @abstractmethod
+    def draw_noise(self, batch: int, rng: SecureRandom) -> Noise:
+        """The guardian's noise for a round of ``batch`` queries, from its secure source."""
+
+    @abstractmethod
+    def garbler_inputs(
+        self,
+        spec: CircuitSpec,
+        guardian_sum: ArrayLike,
+        noise: Noise,
+        decision_threshold: ArrayLike | None = None,
+    ) -> dict[str, U64]:
+        """The guardian's circuit inputs: its share sum folded with its noise and the thresholds."""
+
+    @abstractmethod
+    def decode(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
+        """Student's outputs -> labels (B,) or (B, k); NOT_ANSWERED (-1) where declined."""
+
+    def answered(self, spec: CircuitSpec, garbler_out: dict[str, U64], batch: int) -> NDArray[np.bool_]:
+        """Guardian's outputs -> answered mask of :meth:`answer_shape`."""
+        if not self.confident:
+            return np.ones(self.answer_shape(batch), dtype=bool)
+        return np.asarray(garbler_out["answered"], dtype=bool).reshape(self.answer_shape(batch))
+
+    # -- plaintext -----------------------------------------------------------
+    @abstractmethod
+    def decide(
+        self, histograms: ArrayLike, noise: Noise, decision_threshold: ArrayLike | None = None
+    ) -> tuple[Labels, NDArray[np.bool_]]:
+        """The mechanism in the clear with explicit noise: (labels, answered)."""
+
+    def oracle(
+        self,
+        histograms: ArrayLike,
+        noise: Noise,
+        frac_bits: int = CIRCUIT_FRAC_BITS,
+        decision_threshold: ArrayLike | None = None,
+    ) -> tuple[Labels, NDArray[np.bool_]]:
+        """What the circuit releases for ``histograms`` given the guardian's raw ``noise``:
+        the noise rounded to the circuit's grid, then :meth:`decide`."""
+        rounded = {k: round_noise(v, frac_bits) for k, v in noise.items()}
+        return self.decide(histograms, rounded, decision_threshold)
+
+    # -- privacy -------------------------------------------------------------
+    @property
+    def confident(self) -> bool:
+        """A noisy test decides which queries (or labels) are answered."""
+        return False
+
+    @property
+    def per_label(self) -> bool:
+        """Answers are decided label by label."""
+        return False
+
+    def answer_shape(self, queries: int) -> tuple[int, ...]:
+        """Shape of an answered mask: (queries,) or (queries, k) for per-label mechanisms."""
+        return (queries, self.outputs) if self.per_label else (queries,)
+
+    def _answered(self, answered: ArrayLike) -> NDArray[np.bool_]:
+        a = np.asarray(answered, dtype=bool)
+        want = self.answer_shape(a.shape[0] if a.ndim else 0)
+        if a.shape != want:
+            raise MechanismError(f"answered must have shape {want}, got {a.shape}")
+        if not self.confident and not a.all():
+            raise MechanismError(f"{self.name} answers every query; answered must be all True")
+        return a
+
+    @abstractmethod
+    def _event(self, answered: NDArray[np.bool_]) -> events.DpEvent:
+        """Cost for one teacher of weight 1 of a round whose outcome is ``answered``."""
+
+    def event(self, answered: ArrayLike, weight: float = 1.0) -> events.DpEvent:
+        """Privacy cost, for one party of vote weight ``weight``, of a round whose outcome is
+        ``answered`` (mask of :meth:`answer_shape`, only the queries the party voted on).
+
+        Charged what happened: the tests on every query, the answers on what was released.
+        """
+        return events.scaled(self._event(self._answered(answered)), weight)
+
+    def worst_case(self, queries: int, weight: float = 1.0) -> events.DpEvent:
+        """Cost to reserve before ``queries`` queries run: every query (and label) answered."""
+        return self.event(np.ones(self.answer_shape(queries), dtype=bool), weight)
+
+    def per_query(self) -> events.DpEvent:
+        """Worst-case cost of one query at weight 1 (for planning)."""
+        return self.worst_case(1)

@@ -1,0 +1,81 @@
+"""Powerset voting: GNMax over the 2**k label subsets a teacher can vote for.
+
+A teacher's k-bit vote is one subset (index sum_j bit_j 2**j), so a vote
+change still moves two counts by one: L2 sensitivity sqrt(2). With sigma1 > 0
+a threshold test on the largest subset count comes first (confident Powerset
+voting, sensitivity 1). Only for small k: the circuit has 2**k columns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from pydantic import Field
+
+from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
+from capc.mechanisms.base import MAX_PARAMETER, CircuitSpec, Labels, MechanismError, Params
+from capc.mpc.ring import U64
+from capc.privacy import events
+from capc.privacy.mechanisms.multi_label import subset_bits
+from capc.privacy.mechanisms.single_label import NOT_ANSWERED
+
+
+class PowersetParams(Params):
+    sigma: float = Field(gt=0, le=MAX_PARAMETER, description="answer noise std (votes)")
+    threshold: float = Field(default=0.0, ge=0, le=MAX_PARAMETER, description="threshold (votes)")
+    sigma1: float = Field(
+        default=0.0, ge=0, le=MAX_PARAMETER, description="threshold-test noise std; 0: no test"
+    )
+
+
+class Powerset(ArgmaxMechanism):
+    name = "powerset"
+    multi_label = True
+    raisable = ("sigma", "threshold", "sigma1")
+    max_outputs = 10
+    params_model = PowersetParams
+
+    def __init__(self, outputs: int, params: PowersetParams) -> None:
+        super().__init__(outputs, params)
+        if params.threshold and not params.sigma1:
+            raise MechanismError("powerset: a threshold needs sigma1 > 0 for its test")
+
+    @property
+    def vote_width(self) -> int:
+        return 1 << self.outputs
+
+    def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]:
+        p = np.asarray(predictions)
+        if p.ndim != 2 or p.shape[1] != self.outputs or not np.isin(p, (0, 1)).all():
+            raise MechanismError(
+                f"powerset votes need 0/1 label predictions of shape (B, {self.outputs}), "
+                f"got {p.dtype} {p.shape}"
+            )
+        index = (p.astype(np.int64) << np.arange(self.outputs, dtype=np.int64)).sum(axis=1)
+        return one_hot(index, self.vote_width)
+
+    def decode(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
+        return self._bits(self._decoded(spec, evaluator_out))
+
+    def _bits(self, raw: Labels) -> Labels:
+        bits = subset_bits(np.maximum(raw, 0), self.outputs).astype(np.int64)
+        return np.where((raw == NOT_ANSWERED)[:, None], NOT_ANSWERED, bits)
+
+    def decide(
+        self, histograms: ArrayLike, noise: dict[str, NDArray[np.float64]], decision_threshold: ArrayLike | None = None
+    ) -> tuple[Labels, NDArray[np.bool_]]:
+        raw, answered = super().decide(histograms, noise, decision_threshold)
+        return self._bits(raw), answered
+
+    def _event(self, answered: NDArray[np.bool_]) -> events.DpEvent:
+        test = (
+            events.repeat(events.GaussianEvent(1.0, self.sigma1), len(answered))
+            if self.confident
+            else events.NoOpEvent()
+        )
+        return events.compose(
+            test,
+            events.repeat(events.GaussianEvent(math.sqrt(2.0), self.sigma), int(answered.sum())),
+        )
