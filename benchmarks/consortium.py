@@ -50,12 +50,12 @@ def plain_pate(c: LocalConsortium, queries: np.ndarray, batch: int) -> float:
     start = time.perf_counter()
     for i in range(0, len(queries), batch):
         xb = queries[i : i + batch]
-        hist = vote_histogram(np.stack([t.predict(xb) for t in teachers], axis=1), task.num_classes)
+        hist = vote_histogram(np.stack([t.predict(xb) for t in teachers], axis=1), task.outputs)
         confident_decide(
             hist,
             spec.threshold,
             gaussian_noise((len(xb),), spec.sigma1, rng),
-            gaussian_noise(hist.shape, spec.sigma2, rng),
+            gaussian_noise(hist.shape, spec.sigma, rng),
         )
     return time.perf_counter() - start
 
@@ -79,7 +79,7 @@ def local_costs(
         ledger.create_task(TASK_NAME, c.task)
         for p in range(c.parties):
             ledger.register_party(f"h{p}", 1e9)
-        cost = c.task_config.mechanism.worst_case(batch, ledger.orders)
+        cost = c.task_config.mechanism.worst_case(batch)
         t0 = time.perf_counter()
         for r in range(rounds):
             res = ledger.reserve(

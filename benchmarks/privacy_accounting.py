@@ -10,7 +10,8 @@ import json
 import numpy as np
 from timing import best_time
 
-from capc.privacy import discrete_gaussian, events, rdp
+from capc.mechanisms.gnmax import GNMax
+from capc.privacy import discrete_gaussian, rdp
 from capc.privacy.accountant import Accountant
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
 from capc.privacy.randomness import SecureRandom
@@ -39,8 +40,9 @@ def main() -> None:
 
     def compose() -> None:
         acc = Accountant()
+        mech = GNMax.from_params(hists.shape[1], {"sigma": 40.0})
         for h in hists:
-            acc.compose(events.gnmax(40.0, votes=h))
+            acc.compose(mech.data_dependent_event(h, True, DEFAULT_ORDERS))
         acc.spent(1e-5)
 
     comp = best_time(compose)

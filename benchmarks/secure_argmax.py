@@ -71,14 +71,14 @@ def main() -> None:
 
     rng = np.random.default_rng(2026)
     secure = SecureRandom()
-    # Papernot et al. (2018) used T=200, sigma1=150, sigma2=40 for 250 teachers; scaled to P.
+    # Papernot et al. (2018) used T=200, sigma1=150, sigma=40 for 250 teachers; scaled to P.
     scale = args.parties / 250
     spec = ConfidentGNMax(
         num_classes=args.classes,
         max_votes=args.parties,
         threshold=200 * scale,
         sigma1=150 * scale,
-        sigma2=40 * scale,
+        sigma=40 * scale,
     )
     circuit = spec.circuit()
     hist, student, guardian = make_shares(args.batch, args.classes, args.parties, rng)
@@ -91,7 +91,7 @@ def main() -> None:
     correct = True
     for _ in range(args.rounds + 1):  # the first round warms caches and is not counted
         eta1 = secure.normal(args.batch, spec.sigma1)
-        eta2 = secure.normal((args.batch, args.classes), spec.sigma2)
+        eta2 = secure.normal((args.batch, args.classes), spec.sigma)
         t0 = time.perf_counter()
         g_in = spec.garbler_inputs(guardian, eta2, eta1)
         e_in = spec.evaluator_inputs(student)

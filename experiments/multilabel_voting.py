@@ -38,7 +38,9 @@ from sklearn.metrics import average_precision_score
 from capc.data.multilabel import animal_attributes
 from capc.data.offline import partition
 from capc.learning.ensemble import ensemble_predictions, train_teachers
+from capc.mechanisms import from_config
 from capc.privacy import planning
+from capc.privacy.accountants import RenyiDp
 from capc.privacy.advisor import TAU_MARGIN, LabelStatistics, recommend
 from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.mechanisms.multi_label import (
@@ -47,7 +49,6 @@ from capc.privacy.mechanisms.multi_label import (
     powerset_histogram,
     tau_counts,
 )
-from capc.privacy.round_cost import MechanismSpec
 from experiments.report import save
 
 DELTA = 1e-5
@@ -105,16 +106,17 @@ def main() -> None:
     stats = LabelStatistics.from_labels(y[train])
     tau = min(TAU_MARGIN * max(stats.mean_l2, 1.0), math.sqrt(k))
     specs = {
-        "binary": MechanismSpec("binary", 1.0, num_labels=k),
-        "tau": MechanismSpec("tau", 1.0, num_labels=k, tau=tau),
-        "powerset": MechanismSpec("powerset", 1.0, num_labels=k),
+        "binary": from_config({"name": "binary", "sigma": 1.0}, k),
+        "tau": from_config({"name": "tau", "sigma": 1.0, "tau": tau}, k),
+        "powerset": from_config({"name": "powerset", "sigma": 1.0}, k),
     }
     teacher_quality = quality(votes.mean(axis=1).round().astype(np.int8), truth)
     rows: dict[str, Any] = {}
     for eps in (2.0, 5.0, 10.0):
         row: dict[str, Any] = {}
         for name, spec in specs.items():
-            unit = spec.worst_case(1, DEFAULT_ORDERS)  # at sigma 1; scales as 1 / sigma**2
+            # at sigma 1; scales as 1 / sigma**2
+            unit = RenyiDp(DEFAULT_ORDERS).cost(spec.worst_case(1))
             sigma = planning.noise_scale_for(unit, DEFAULT_ORDERS, args.queries, eps, DELTA)
             fit_common = planning.max_queries(unit / args.sigma**2, DEFAULT_ORDERS, eps, DELTA)
             runs = [

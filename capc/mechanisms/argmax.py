@@ -12,7 +12,7 @@ from abc import abstractmethod
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capc.mechanisms.base import CircuitSpec, Labels, Mechanism, MechanismError, Noise
+from capc.mechanisms.base import CircuitSpec, Labels, Mechanism, MechanismError, Noise, NoisyParams
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel
 from capc.mpc.ring import U64
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED, gaussian_noise, noisy_argmax
@@ -32,12 +32,14 @@ def one_hot(classes: ArrayLike, width: int) -> NDArray[np.float64]:
 
 
 class ArgmaxMechanism(Mechanism):
+    params: NoisyParams
+
     """A noisy argmax over the vote columns, optionally behind a noisy threshold test."""
 
     @property
     def sigma(self) -> float:
         """Noise standard deviation of the answer (votes)."""
-        return float(getattr(self.params, "sigma"))
+        return float(self.params.sigma)
 
     @property
     def threshold(self) -> float:
@@ -84,7 +86,9 @@ class ArgmaxMechanism(Mechanism):
         decision_threshold: ArrayLike | None = None,
     ) -> dict[str, U64]:
         if not isinstance(spec, ConfidentGNMax) or decision_threshold is not None:
-            raise MechanismError(f"{self.name} runs the argmax circuit and takes no decision threshold")
+            raise MechanismError(
+                f"{self.name} runs the argmax circuit and takes no decision threshold"
+            )
         return spec.garbler_inputs(guardian_sum, noise["eta2"], noise.get("eta1"))
 
     def _decoded(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:

@@ -54,6 +54,12 @@ class Params(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+class NoisyParams(Params):
+    """Parameters of a mechanism whose answer adds Gaussian noise of std ``sigma`` (votes)."""
+
+    sigma: float
+
+
 class Mechanism(ABC):
     """A vote-aggregation mechanism over ``outputs`` classes (single label) or labels (multi-label)."""
 
@@ -71,7 +77,11 @@ class Mechanism(ABC):
 
     def __init__(self, outputs: int, params: Params) -> None:
         lo = 1 if self.multi_label else 2
-        if isinstance(outputs, bool) or int(outputs) != outputs or not lo <= outputs <= self.max_outputs:
+        if (
+            isinstance(outputs, bool)
+            or int(outputs) != outputs
+            or not lo <= outputs <= self.max_outputs
+        ):
             raise MechanismError(
                 f"{self.name} takes {lo} to {self.max_outputs} "
                 f"{'labels' if self.multi_label else 'classes'}, got {outputs!r}"
@@ -221,7 +231,9 @@ class Mechanism(ABC):
     def decode(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
         """Student's outputs -> labels (B,) or (B, k); NOT_ANSWERED (-1) where declined."""
 
-    def answered(self, spec: CircuitSpec, garbler_out: dict[str, U64], batch: int) -> NDArray[np.bool_]:
+    def answered(
+        self, spec: CircuitSpec, garbler_out: dict[str, U64], batch: int
+    ) -> NDArray[np.bool_]:
         """Guardian's outputs -> answered mask of :meth:`answer_shape`."""
         if not self.confident:
             return np.ones(self.answer_shape(batch), dtype=bool)
@@ -289,3 +301,23 @@ class Mechanism(ABC):
     def per_query(self) -> events.DpEvent:
         """Worst-case cost of one query at weight 1 (for planning)."""
         return self.worst_case(1)
+
+    def scaled_noise(self, factor: float) -> Mechanism:
+        """This mechanism with every noise std (parameters named sigma*) times ``factor``."""
+        p = self.params.model_dump()
+        return type(self).from_params(
+            self.outputs,
+            {k: v * factor if k.startswith("sigma") and v else v for k, v in p.items()},
+        )
+
+    # -- central mode: data-dependent analysis of clear histograms -------------
+    def data_dependent_event(
+        self, histogram: ArrayLike, answered: bool, orders: ArrayLike
+    ) -> events.RdpCurveEvent:
+        """Data-dependent RDP of one query on the clear ``histogram`` (K,) (Papernot et al.
+        2018). Central mode only, and never a release rule: report it sanitised."""
+        raise MechanismError(f"no data-dependent analysis of {self.name}")
+
+    def log_pr_answered(self, histogram: ArrayLike) -> float:
+        """log Pr[the query is answered] on the clear ``histogram`` (0 when always answered)."""
+        return 0.0

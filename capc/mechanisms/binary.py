@@ -12,14 +12,18 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
-from capc.mechanisms.base import MAX_PARAMETER, Params
+from capc.mechanisms.base import MAX_PARAMETER, NoisyParams
 from capc.mechanisms.per_label import PerLabelMechanism, label_matrix
 
 
-class BinaryParams(Params):
+class BinaryParams(NoisyParams):
     sigma: float = Field(gt=0, le=MAX_PARAMETER, description="decision noise std (votes)")
-    threshold: float = Field(default=0.0, ge=0, le=MAX_PARAMETER, description="confidence threshold (votes)")
-    sigma1: float = Field(default=0.0, ge=0, le=MAX_PARAMETER, description="confidence-test noise std; 0: no test")
+    threshold: float = Field(
+        default=0.0, ge=0, le=MAX_PARAMETER, description="confidence threshold (votes)"
+    )
+    sigma1: float = Field(
+        default=0.0, ge=0, le=MAX_PARAMETER, description="confidence-test noise std; 0: no test"
+    )
 
 
 class Binary(PerLabelMechanism):

@@ -16,11 +16,11 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
 from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
-from capc.mechanisms.base import MAX_PARAMETER, Params
-from capc.privacy import events
+from capc.mechanisms.base import MAX_PARAMETER, NoisyParams
+from capc.privacy import events, rdp
 
 
-class ConfidentGNMaxParams(Params):
+class ConfidentGNMaxParams(NoisyParams):
     sigma: float = Field(gt=0, le=MAX_PARAMETER, description="answer noise std (votes)")
     threshold: float = Field(ge=0, le=MAX_PARAMETER, description="threshold T (votes)")
     sigma1: float = Field(gt=0, le=MAX_PARAMETER, description="threshold-test noise std (votes)")
@@ -35,6 +35,18 @@ class ConfidentGNMax(ArgmaxMechanism):
 
     def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]:
         return one_hot(predictions, self.outputs)
+
+    def data_dependent_event(
+        self, histogram: ArrayLike, answered: bool, orders: ArrayLike
+    ) -> events.RdpCurveEvent:
+        o = np.asarray(orders, dtype=np.float64)
+        curve = rdp.threshold(histogram, self.threshold, self.sigma1, o)
+        if answered:
+            curve = curve + rdp.gnmax(histogram, self.sigma, o)
+        return events.RdpCurveEvent(curve, o, self.name, data_dependent=True)
+
+    def log_pr_answered(self, histogram: ArrayLike) -> float:
+        return rdp.log_pr_answered(histogram, self.threshold, self.sigma1)
 
     def _event(self, answered: NDArray[np.bool_]) -> events.DpEvent:
         return events.compose(

@@ -13,11 +13,11 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
 from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
-from capc.mechanisms.base import MAX_PARAMETER, Params
-from capc.privacy import events
+from capc.mechanisms.base import MAX_PARAMETER, NoisyParams
+from capc.privacy import events, rdp
 
 
-class GNMaxParams(Params):
+class GNMaxParams(NoisyParams):
     sigma: float = Field(gt=0, le=MAX_PARAMETER, description="answer noise std (votes)")
 
 
@@ -28,6 +28,13 @@ class GNMax(ArgmaxMechanism):
 
     def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]:
         return one_hot(predictions, self.outputs)
+
+    def data_dependent_event(
+        self, histogram: ArrayLike, answered: bool, orders: ArrayLike
+    ) -> events.RdpCurveEvent:
+        o = np.asarray(orders, dtype=np.float64)
+        curve = rdp.gnmax(histogram, self.sigma, o) if answered else np.zeros_like(o)
+        return events.RdpCurveEvent(curve, o, self.name, data_dependent=True)
 
     def _event(self, answered: NDArray[np.bool_]) -> events.DpEvent:
         return events.repeat(events.GaussianEvent(math.sqrt(2.0), self.sigma), int(answered.sum()))

@@ -15,7 +15,7 @@ from collections import Counter
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capc.mechanisms.base import CircuitSpec, Labels, Mechanism, MechanismError, Noise
+from capc.mechanisms.base import CircuitSpec, Labels, Mechanism, MechanismError, Noise, NoisyParams
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, MultiLabel
 from capc.mpc.ring import U64
 from capc.privacy import events
@@ -34,12 +34,14 @@ def label_matrix(predictions: ArrayLike, labels: int, name: str) -> NDArray[np.f
 
 
 class PerLabelMechanism(Mechanism):
+    params: NoisyParams
+
     multi_label = True
     max_outputs = 64
 
     @property
     def sigma(self) -> float:
-        return float(getattr(self.params, "sigma"))
+        return float(self.params.sigma)
 
     @property
     def threshold(self) -> float:

@@ -15,14 +15,14 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
 from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
-from capc.mechanisms.base import MAX_PARAMETER, CircuitSpec, Labels, MechanismError, Params
+from capc.mechanisms.base import MAX_PARAMETER, CircuitSpec, Labels, MechanismError, NoisyParams
 from capc.mpc.ring import U64
 from capc.privacy import events
 from capc.privacy.mechanisms.multi_label import subset_bits
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 
 
-class PowersetParams(Params):
+class PowersetParams(NoisyParams):
     sigma: float = Field(gt=0, le=MAX_PARAMETER, description="answer noise std (votes)")
     threshold: float = Field(default=0.0, ge=0, le=MAX_PARAMETER, description="threshold (votes)")
     sigma1: float = Field(
@@ -64,7 +64,10 @@ class Powerset(ArgmaxMechanism):
         return np.where((raw == NOT_ANSWERED)[:, None], NOT_ANSWERED, bits)
 
     def decide(
-        self, histograms: ArrayLike, noise: dict[str, NDArray[np.float64]], decision_threshold: ArrayLike | None = None
+        self,
+        histograms: ArrayLike,
+        noise: dict[str, NDArray[np.float64]],
+        decision_threshold: ArrayLike | None = None,
     ) -> tuple[Labels, NDArray[np.bool_]]:
         raw, answered = super().decide(histograms, noise, decision_threshold)
         return self._bits(raw), answered

@@ -41,9 +41,7 @@ def mechanism_class(name: str) -> type[Mechanism]:
     """The mechanism class called ``name``; MechanismError lists the known ones."""
     cls = MECHANISMS.get(name)
     if cls is None:
-        raise MechanismError(
-            f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISMS)}"
-        )
+        raise MechanismError(f"unknown mechanism {name!r}; choose one of {', '.join(MECHANISMS)}")
     return cls
 
 

@@ -14,15 +14,19 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
-from capc.mechanisms.base import MAX_PARAMETER, Params
+from capc.mechanisms.base import MAX_PARAMETER, NoisyParams
 from capc.mechanisms.per_label import PerLabelMechanism, label_matrix
 
 
-class TauParams(Params):
+class TauParams(NoisyParams):
     sigma: float = Field(gt=0, le=MAX_PARAMETER, description="decision noise std (votes)")
     tau: float = Field(gt=0, le=MAX_PARAMETER, description="L2 clipping norm of one vote")
-    threshold: float = Field(default=0.0, ge=0, le=MAX_PARAMETER, description="confidence threshold (votes)")
-    sigma1: float = Field(default=0.0, ge=0, le=MAX_PARAMETER, description="confidence-test noise std; 0: no test")
+    threshold: float = Field(
+        default=0.0, ge=0, le=MAX_PARAMETER, description="confidence threshold (votes)"
+    )
+    sigma1: float = Field(
+        default=0.0, ge=0, le=MAX_PARAMETER, description="confidence-test noise std; 0: no test"
+    )
 
 
 class Tau(PerLabelMechanism):
@@ -31,9 +35,11 @@ class Tau(PerLabelMechanism):
     raisable = ("sigma", "threshold", "sigma1")
     params_model = TauParams
 
+    params: TauParams
+
     @property
     def tau(self) -> float:
-        return float(getattr(self.params, "tau"))
+        return float(self.params.tau)
 
     def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]:
         labels = label_matrix(predictions, self.outputs, self.name)

@@ -84,7 +84,10 @@ class Accounting(ABC):
     """One accountant kind: maps events to additive loss vectors and vectors to epsilon."""
 
     name: ClassVar[str]
+    #: Which events it supports, for error messages.
     description: ClassVar[str]
+    #: One line for people: what it is.
+    summary: ClassVar[str]
 
     @abstractmethod
     def supports(self, event: DpEvent) -> bool:
@@ -206,6 +209,7 @@ class GaussianDp(Accounting):
 
     name = "gdp"
     description = "Gaussian mechanisms (composed exactly as Gaussian DP)"
+    summary = "exact Gaussian DP (Dong, Roth and Su 2022)"
 
     @property
     def size(self) -> int:
@@ -248,6 +252,7 @@ class RenyiDp(Accounting):
 
     name = "rdp"
     description = "Gaussian, pure-DP and RDP-curve events on its order grid"
+    summary = "Renyi DP, improved conversion (Balle et al. 2020)"
 
     def __init__(
         self, orders: ArrayLike = DEFAULT_ORDERS, conversion: Conversion = Conversion.IMPROVED

@@ -15,18 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from capc.privacy import events, gaussian_dp, planning, rdp
+from capc.mechanisms import MECHANISMS, Mechanism, MechanismError, mechanism_class
+from capc.privacy import accountants, planning
 from capc.privacy.accountant import Accountant
+from capc.privacy.accountants import RenyiDp
 from capc.privacy.advisor import LabelStatistics, recommend
 from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion, convert
+from capc.privacy.events import DpEvent, PureDpEvent, RdpCurveEvent
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
 
-MECHANISMS = ("gnmax", "confident-gnmax", "laplace", "binary", "tau", "powerset")
+#: Central-mode only: Laplace noisy max is pure DP, which no ledger filter here takes.
+LAPLACE = "laplace"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``privacy plan`` and ``privacy cost``."""
+    """Register ``privacy plan``, ``privacy cost`` and ``privacy advise``."""
     p = sub.add_parser("privacy", help="plan queries and report privacy cost (no services needed)")
     psub = p.add_subparsers(dest="privacy_command", required=True)
     for name, helptext in (
@@ -34,19 +38,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ("cost", "the privacy cost of a run given its vote histograms"),
     ):
         q = psub.add_parser(name, help=helptext)
-        q.add_argument("--mechanism", choices=MECHANISMS, default="confident-gnmax")
+        q.add_argument("--mechanism", choices=[*MECHANISMS, LAPLACE], default="confident-gnmax")
         q.add_argument(
             "--teachers",
             type=int,
             help="number of teachers (checks vote files, bounds the threshold)",
         )
-        q.add_argument("--sigma", type=float, help="noise of gnmax / binary / tau / powerset")
-        q.add_argument("--threshold", type=float, help="Confident-GNMax threshold T")
-        q.add_argument("--sigma1", type=float, help="Confident-GNMax threshold-test noise")
-        q.add_argument("--sigma2", type=float, help="Confident-GNMax answer noise")
-        q.add_argument("--scale", type=float, help="Laplace noise scale")
-        q.add_argument("--labels", type=int, help="number of labels k (multi-label)")
+        q.add_argument("--sigma", type=float, help="answer (or decision) noise std, votes")
+        q.add_argument("--threshold", type=float, help="threshold (votes) of a confident mechanism")
+        q.add_argument("--sigma1", type=float, help="threshold-test noise std, votes")
         q.add_argument("--tau", type=float, help="tau-voting clipping norm")
+        q.add_argument("--scale", type=float, help="Laplace noise scale")
+        q.add_argument("--classes", type=int, default=10, help="number of classes K (single label)")
+        q.add_argument("--labels", type=int, help="number of labels k (multi-label)")
         q.add_argument("--delta", type=float, default=1e-5)
         q.add_argument("--conversion", choices=[c.value for c in Conversion], default="improved")
         q.add_argument("--votes", type=Path, help=".npy file: a (queries, classes) vote histogram")
@@ -86,36 +90,41 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=run)
 
 
-def _need(args: argparse.Namespace, *names: str) -> None:
-    missing = [f"--{n}" for n in names if getattr(args, n) is None]
+PARAMS = ("sigma", "threshold", "sigma1", "tau")
+
+
+def _mechanism(args: argparse.Namespace) -> Mechanism:
+    """The registered mechanism the flags describe; a clear error naming what is missing."""
+    cls = mechanism_class(args.mechanism)
+    if cls.multi_label and args.labels is None:
+        raise SystemExit(f"error: --mechanism {args.mechanism} needs --labels")
+    outputs = args.labels if cls.multi_label else args.classes
+    given = {k: getattr(args, k) for k in PARAMS if getattr(args, k) is not None}
+    fields = cls.params_model.model_fields
+    missing = [f"--{k}" for k, f in fields.items() if f.is_required() and k not in given]
     if missing:
         raise SystemExit(f"error: --mechanism {args.mechanism} needs {', '.join(missing)}")
+    unused = [f"--{k}" for k in given if k not in fields]
+    if unused:
+        raise SystemExit(f"error: --mechanism {args.mechanism} takes no {', '.join(unused)}")
+    try:
+        return cls.from_params(outputs, given)
+    except MechanismError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def _per_query(args: argparse.Namespace) -> tuple[DpEvent, Mechanism | None]:
+    if args.mechanism == LAPLACE:
+        if args.scale is None:
+            raise SystemExit("error: --mechanism laplace needs --scale")
+        # Laplace noisy max: a vote move changes two counts, so eps = 2 / scale.
+        return PureDpEvent(2.0 / args.scale), None
+    mech = _mechanism(args)
+    return mech.per_query(), mech
 
 
 def _orders(conversion: Conversion) -> np.ndarray:
     return PATE_ORDERS if conversion is Conversion.BASIC else DEFAULT_ORDERS
-
-
-def _data_independent(args: argparse.Namespace, o: np.ndarray, answered: bool = True) -> np.ndarray:
-    m = args.mechanism
-    if m == "gnmax":
-        _need(args, "sigma")
-        return rdp.gnmax_data_independent(args.sigma, o)
-    if m == "confident-gnmax":
-        _need(args, "threshold", "sigma1", "sigma2")
-        thr = rdp.threshold_data_independent(args.sigma1, o)
-        return thr + rdp.gnmax_data_independent(args.sigma2, o) if answered else thr
-    if m == "laplace":
-        _need(args, "scale")
-        return rdp.laplace_noisy_max(args.scale, o)
-    if m == "binary":
-        _need(args, "labels", "sigma")
-        return rdp.multilabel_binary(args.labels, args.sigma, o)
-    if m == "tau":
-        _need(args, "labels", "tau", "sigma")
-        return rdp.multilabel_tau(args.labels, args.tau, args.sigma, o)
-    _need(args, "sigma")
-    return rdp.multilabel_powerset(args.sigma, o)
 
 
 def _load_votes(args: argparse.Namespace) -> np.ndarray:
@@ -136,26 +145,21 @@ def _load_votes(args: argparse.Namespace) -> np.ndarray:
     return np.asarray(votes, dtype=np.float64)
 
 
-def _dd_curves(
-    args: argparse.Namespace, votes: np.ndarray, o: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per query: data-dependent threshold RDP (or zeros) and GNMax RDP. Shapes (queries, orders)."""
-    if args.mechanism == "gnmax":
-        gn = np.stack([rdp.gnmax(v, args.sigma, o) for v in votes])
-        return np.zeros_like(gn), gn
-    if args.mechanism == "confident-gnmax":
-        thr = np.stack([rdp.threshold(v, args.threshold, args.sigma1, o) for v in votes])
-        gn = np.stack([rdp.gnmax(v, args.sigma2, o) for v in votes])
-        return thr, gn
-    raise SystemExit(
-        "error: data-dependent accounting is available for gnmax and confident-gnmax only"
-    )
-
-
-def _pr_answered(args: argparse.Namespace, votes: np.ndarray) -> np.ndarray:
-    if args.mechanism != "confident-gnmax":
-        return np.ones(votes.shape[0])
-    return np.asarray([np.exp(rdp.log_pr_answered(v, args.threshold, args.sigma1)) for v in votes])
+def _data_dependent(
+    mech: Mechanism | None, votes: np.ndarray, answered: np.ndarray, o: np.ndarray
+) -> np.ndarray:
+    """Per query data-dependent RDP curves (queries, orders)."""
+    if mech is None:
+        raise SystemExit("error: no data-dependent analysis of Laplace noisy max")
+    try:
+        return np.stack(
+            [
+                mech.data_dependent_event(v, bool(a), o).rdp
+                for v, a in zip(votes, answered, strict=True)
+            ]
+        )
+    except MechanismError as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 def _fits_in_order(
@@ -169,61 +173,68 @@ def _fits_in_order(
 
 
 def plan(args: argparse.Namespace) -> dict[str, Any]:
-    """Queries that fit (epsilon, delta): data-independent, and data-dependent given votes."""
+    """Queries that fit (epsilon, delta): what the ledger admits, by each accountant, and
+    (central mode, not a release rule) at the data-dependent cost of a vote file."""
     conv = Conversion(args.conversion)
     o = _orders(conv)
     if args.teachers is not None and args.threshold is not None and args.threshold > args.teachers:
         raise SystemExit(f"error: --threshold {args.threshold} exceeds --teachers {args.teachers}")
-    per_query = _data_independent(args, o)
+    per_query, mech = _per_query(args)
+    renyi = RenyiDp(o, conv)
     out: dict[str, Any] = {
         "mechanism": args.mechanism,
         "epsilon": args.epsilon,
         "delta": args.delta,
         "conversion": conv.value,
         "data_independent": {
-            "queries_fit": planning.max_queries(per_query, o, args.epsilon, args.delta, conv)
+            "queries_fit": planning.max_queries(
+                renyi.cost(per_query), o, args.epsilon, args.delta, conv
+            )
         },
     }
-    if args.mechanism == "gnmax":
-        # Plain GNMax is a Gaussian mechanism: composed exactly, more queries fit than by RDP.
-        out["gaussian_dp"] = {
-            "queries_fit": gaussian_dp.max_queries(
-                gaussian_dp.gnmax_mu(args.sigma), args.epsilon, args.delta
-            )
+    ledger = accountants.make(accountants.DEFAULT_ACCOUNTANT)
+    if ledger.admissible(per_query):
+        fit = ledger.max_count(per_query, args.epsilon, args.delta)
+        out["ledger"] = {"accountant": ledger.name, "queries_fit": fit}
+        out["gaussian_dp"] = {"queries_fit": fit}
+    else:
+        out["ledger"] = {
+            "accountant": ledger.name,
+            "queries_fit": None,
+            "error": f"the {ledger.name} ledger does not admit {per_query.kind} events",
         }
-    if args.mechanism == "confident-gnmax":
-        unanswered = _data_independent(args, o, answered=False)
+    if mech is not None and mech.confident and not mech.per_label:
+        unanswered = mech.event(np.zeros(1, dtype=bool))
         out["data_independent"]["queries_fit_if_none_answered"] = planning.max_queries(
-            unanswered, o, args.epsilon, args.delta, conv
+            renyi.cost(unanswered), o, args.epsilon, args.delta, conv
         )
-    if args.queries is not None and args.mechanism != "laplace":
-        if args.mechanism == "confident-gnmax":
-            ratio = args.sigma1 / args.sigma2
-            s = planning.noise_scale_for(
-                events.confident_gnmax_unit(ratio, o),
-                o,
-                args.queries,
-                args.epsilon,
-                args.delta,
-                conv,
-            )
-            out["noise_for_queries"] = {"queries": args.queries, "sigma1": ratio * s, "sigma2": s}
-        else:
-            unit = per_query * args.sigma**2  # these curves scale as 1 / sigma**2
-            s = planning.noise_scale_for(unit, o, args.queries, args.epsilon, args.delta, conv)
-            out["noise_for_queries"] = {"queries": args.queries, "sigma": s}
+    if args.queries is not None and mech is not None:
+        # Every noise std scaled by s scales each Gaussian loss by 1 / s**2.
+        acct = ledger if ledger.admissible(per_query) else renyi
+        m = acct.max_multiplier(per_query, args.queries, args.epsilon, args.delta)
+        scaled = mech.scaled_noise(1.0 / math.sqrt(m)).params.model_dump()
+        out["noise_for_queries"] = {
+            "queries": args.queries,
+            "accountant": acct.name,
+            **{k: v for k, v in scaled.items() if k.startswith("sigma") and v},
+        }
     if args.votes is not None:
         votes = _load_votes(args)
-        thr, gn = _dd_curves(args, votes, o)
-        p = _pr_answered(args, votes)
-        expected = (thr + p[:, None] * gn).mean(axis=0)
+        if mech is None:
+            raise SystemExit("error: no data-dependent analysis of Laplace noisy max")
+        answered = np.ones(len(votes), dtype=bool)
+        every = _data_dependent(mech, votes, answered, o)
+        p = np.exp([mech.log_pr_answered(v) for v in votes])
+        tests = _data_dependent(mech, votes, ~answered, o)
+        expected = (tests + p[:, None] * (every - tests)).mean(axis=0)
         out["data_dependent"] = {
+            "note": "central-mode analysis of clear votes; never a release rule",
             "histograms": int(votes.shape[0]),
             "queries_fit_at_mean_cost": planning.max_queries(
                 expected, o, args.epsilon, args.delta, conv
             ),
             "file_queries_fit_if_all_answered": _fits_in_order(
-                thr + gn, o, args.epsilon, args.delta, conv
+                every, o, args.epsilon, args.delta, conv
             ),
             "mean_pr_answered": float(p.mean()),
         }
@@ -245,26 +256,18 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
             )
     else:
         answered = np.ones(votes.shape[0], dtype=bool)
-    di = Accountant("data-independent", o, conv)
-    dd = Accountant("data-dependent", o, conv)
+    mech = _mechanism(args) if args.mechanism != LAPLACE else None
+    if mech is None or mech.per_label:
+        raise SystemExit("error: cost from vote histograms is for single-label mechanisms")
+    if not mech.confident and not answered.all():
+        raise SystemExit(f"error: {mech.name} answers every query; --answered must be all true")
+    event = mech.event(answered)
+    di = Accountant("data-independent", RenyiDp(o, conv))
+    di.compose(event, label=mech.name)
+    dd = Accountant("data-dependent", RenyiDp(o, conv))
+    for curve in _data_dependent(mech, votes, answered, o):
+        dd.compose(RdpCurveEvent(curve, o, mech.name, data_dependent=True), label=mech.name)
     n_ans = int(answered.sum())
-    if args.mechanism == "confident-gnmax":
-        _need(args, "threshold", "sigma1", "sigma2")
-        di.compose(events.threshold_test(args.threshold, args.sigma1, o), votes.shape[0])
-        di.compose(events.gnmax(args.sigma2, o), n_ans)
-        for v, a in zip(votes, answered, strict=True):
-            dd.compose(events.threshold_test(args.threshold, args.sigma1, o, votes=v))
-            if a:
-                dd.compose(events.gnmax(args.sigma2, o, votes=v))
-    elif args.mechanism == "gnmax":
-        _need(args, "sigma")
-        di.compose(events.gnmax(args.sigma, o), n_ans)
-        for v in votes[answered]:
-            dd.compose(events.gnmax(args.sigma, o, votes=v))
-    else:
-        raise SystemExit(
-            "error: cost from vote histograms is available for gnmax and confident-gnmax"
-        )
     out: dict[str, Any] = {
         "queries": int(votes.shape[0]),
         "answered": n_ans,
@@ -272,24 +275,24 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
         "data_independent": di.report(args.delta).to_dict(),
         "data_dependent": dd.report(args.delta).to_dict(),
     }
-    if args.mechanism == "gnmax":
-        mu = math.sqrt(n_ans) * gaussian_dp.gnmax_mu(args.sigma)
-        out["gaussian_dp"] = {"mu": mu, "epsilon": gaussian_dp.epsilon_at(mu, args.delta)}
+    gdp = accountants.GaussianDp()
+    if gdp.supports(event):
+        spent = gdp.spent(gdp.cost(event), args.delta)
+        out["gaussian_dp"] = {"mu": spent.mu, "epsilon": spent.epsilon}
     if args.sanitise:
         if args.teachers is None:
             raise SystemExit("error: --sanitise needs --teachers")
         rng = SecureRandom.from_seed(args.seed) if args.seed else SecureRandom()
-        sigma = args.sigma2 if args.mechanism == "confident-gnmax" else args.sigma
         released = sanitise(
             votes,
             answered,
             args.teachers,
-            sigma,
+            float(args.sigma),
             out["data_dependent"]["order"],
             args.delta,
             rng,
-            threshold=args.threshold if args.mechanism == "confident-gnmax" else None,
-            sigma1=args.sigma1 if args.mechanism == "confident-gnmax" else None,
+            threshold=args.threshold if mech.confident else None,
+            sigma1=args.sigma1 if mech.confident else None,
         )
         out["sanitised"] = {k: getattr(released, k) for k in released.__dataclass_fields__}
     return out

@@ -63,7 +63,17 @@ def _watch(client: Client, args: argparse.Namespace, job_id: str) -> int:
 
 
 def _mechanism(args: argparse.Namespace) -> dict[str, float]:
-    return {k: v for k in ("sigma", "sigma1", "threshold") if (v := getattr(args, k)) is not None}
+    """``--raise NAME=VALUE`` pairs: mechanism parameters to raise above the task's."""
+    out: dict[str, float] = {}
+    for item in args.raise_param or []:
+        name, sep, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise SystemExit(f"--raise takes NAME=VALUE (e.g. sigma=2.5), got {item!r}")
+    return out
 
 
 def cmd_jobs_submit(client: Client, args: argparse.Namespace) -> int:
@@ -204,10 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--seed", type=int, default=0)
     submit.add_argument("--file", type=Path, help="unlabelled dataset: .npy or .npz with x")
     submit.add_argument("--batch-size", type=int, default=256)
-    for name in ("sigma", "sigma1", "threshold"):
-        submit.add_argument(
-            f"--{name}", type=float, help=f"override the task's {name} (only upwards)"
-        )
+    submit.add_argument(
+        "--raise",
+        dest="raise_param",
+        action="append",
+        metavar="NAME=VALUE",
+        help="raise one of the task mechanism's parameters (more noise or a higher "
+        "threshold only), e.g. --raise sigma=2.5; repeatable",
+    )
     submit.add_argument("--watch", action="store_true", help="follow it until it finishes")
     submit.set_defaults(run=cmd_jobs_submit)
     for name, fn, helptext in (

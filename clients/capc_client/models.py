@@ -13,12 +13,8 @@ class _Model(BaseModel):
 
 class Mechanism(_Model):
     name: str
-    sigma: float
-    threshold: float
-    sigma1: float
-    tau: float = 0.0
-    num_classes: int = 0
-    num_labels: int = 0
+    outputs: int
+    params: dict[str, float]
 
 
 class Job(_Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -138,7 +139,9 @@ class Client:
         self, path: Path, *, batch_size: int = 256, mechanism: dict[str, float] | None = None
     ) -> Job:
         """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x`` (N, C, H, W)."""
-        data = {"batch_size": str(batch_size), **{k: str(v) for k, v in (mechanism or {}).items()}}
+        data = {"batch_size": str(batch_size)}
+        if mechanism:
+            data["mechanism"] = json.dumps(mechanism)
         with open(path, "rb") as f:
             response = self._request(
                 "POST", "/v1/jobs/upload", files={"file": (path.name, f)}, data=data

@@ -31,12 +31,12 @@ from capc.mpc.mechanism_circuits import LogitsToShares
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common.relay import CHUNK, RelayChannel, session_id
+from services.common.serde import mechanism_from_proto
 from services.common.task import Encryption
 from services.proto.capc.v1 import guardian_pb2
 
 #: Public contexts kept per party (each can be tens of MB).
 CACHED_CONTEXTS = 2
-SINGLE_LABEL = ("confident-gnmax", "gnmax")
 
 
 @dataclass
@@ -86,20 +86,20 @@ class EncryptedAnswerer:
         """Run the whole exchange for one round; raises ValueError with what was wrong."""
         batch = work.queries.encrypted
         settings = Encryption.parse(json.loads(batch.settings_json))
-        mech = work.mechanism
+        mech = mechanism_from_proto(work.mechanism)
         if (
-            mech.name not in SINGLE_LABEL
+            mech.multi_label
             or work.participation
             or work.frac_bits
             or work.vote_weight not in (0.0, 1.0)
         ):
             raise ValueError(
-                "encrypted rounds carry single-label votes of weight 1 (confident-gnmax, gnmax)"
+                "encrypted rounds carry single-label votes of weight 1"
             )
         plan = self.plan(settings)
-        if mech.num_classes != plan.num_classes:
+        if mech.outputs != plan.num_classes:
             raise ValueError(
-                f"the task has {mech.num_classes} classes, this teacher {plan.num_classes}"
+                f"the task has {mech.outputs} classes, this teacher {plan.num_classes}"
             )
         with self._lock:
             ctx = self._contexts.get(batch.context_id)

@@ -25,11 +25,12 @@ import grpc
 import numpy as np
 
 from capc.models import Teacher
-from capc.mpc.votes import encode_votes, share_votes
+from capc.mpc.votes import share_votes
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import protocol, tls
 from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
+from services.common.serde import mechanism_from_proto
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.answerer")
@@ -256,14 +257,9 @@ class AnsweringParty:
 
 def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int) -> np.ndarray:
     """The votes (B, width) uint64 a round asks for, from this teacher's predictions."""
-    mech = work.mechanism
-    expected = mech.num_labels or mech.num_classes
-    if not mech.name or not expected:
-        raise ValueError("the round names no mechanism or label space; is the guardian current?")
-    if expected != outputs:
-        raise ValueError(
-            f"the task has {expected} {'labels' if mech.num_labels else 'classes'}, this teacher {outputs}"
-        )
+    mech = mechanism_from_proto(work.mechanism)
+    if mech.outputs != outputs:
+        raise ValueError(f"the task has {mech.outputs} outputs, this teacher {outputs}")
     participation = None
     if work.participation:
         batch = len(predictions)
@@ -271,12 +267,9 @@ def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: 
         if len(bits) != (batch + 7) // 8:
             raise ValueError(f"participation must carry {batch} bits, got {8 * len(bits)}")
         participation = np.unpackbits(bits, count=batch, bitorder="little").astype(bool)
-    return encode_votes(
+    return mech.encode_votes(
         predictions,
-        mech.name,
-        num_classes=outputs,
         weight=work.vote_weight,
         frac_bits=work.frac_bits,
-        tau=mech.tau,
         participation=participation,
     )

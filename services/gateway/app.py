@@ -22,8 +22,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from google.protobuf.message import Message as ProtoMessage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common.serde import overrides_to_proto
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
 from services.gateway.datasets import DatasetError, parse_dataset
@@ -34,6 +36,7 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 JOB_ID = Path(pattern=schemas.ID_PATTERN, description="a job or model id (UUID)")
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 RESULTS_PAGE = 4096
+MECHANISM_OVERRIDE: TypeAdapter[dict[str, float]] = TypeAdapter(schemas.MechanismOverride)
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorOut} for code in (401, 403, 404, 409, 422, 429, 502, 503)
 }
@@ -155,7 +158,11 @@ def job_out(job: student_pb2.Job) -> schemas.JobOut:
         **fields(
             job,
             progress=job.processed / job.requested if job.requested else 0.0,
-            mechanism=schemas.MechanismOut(**fields(job.mechanism))
+            mechanism=schemas.MechanismOut(
+                name=job.mechanism.name,
+                outputs=job.mechanism.outputs,
+                params=dict(job.mechanism.params),
+            )
             if job.HasField("mechanism")
             else None,
         )
@@ -176,12 +183,6 @@ def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
     )
 
 
-def overrides(m: schemas.MechanismOverride | None) -> common_pb2.Mechanism | None:
-    if m is None:
-        return None
-    return common_pb2.Mechanism(
-        sigma=m.sigma or 0.0, sigma1=m.sigma1 or 0.0, threshold=m.threshold or 0.0
-    )
 
 
 def create_app(
@@ -274,7 +275,7 @@ def create_app(
             common_pb2.QueryBatch(recipe=recipe),
             body.count,
             body.batch_size,
-            overrides(body.mechanism),
+            overrides_to_proto(body.mechanism),
         )
         return result
 
@@ -290,19 +291,26 @@ def create_app(
         _: Analyst,
         file: Annotated[UploadFile, File(description=parse_dataset.__doc__ or "")],
         batch_size: Annotated[int, Form(ge=1, le=schemas.MAX_BATCH)] = 256,
-        sigma: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
-        sigma1: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
-        threshold: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
+        mechanism: Annotated[
+            str | None,
+            Form(
+                max_length=1024,
+                description="JSON object of mechanism overrides, e.g. {\"sigma\": 2.0}",
+            ),
+        ] = None,
     ) -> schemas.JobOut:
+        try:
+            overrides = MECHANISM_OVERRIDE.validate_json(mechanism) if mechanism else None
+        except ValidationError as err:
+            raise HTTPException(422, f"mechanism: {err.errors()[0]['msg']}") from None
         try:
             x = parse_dataset(await file.read())
         except DatasetError as err:
             raise HTTPException(422, str(err)) from None
         x = np.ascontiguousarray(x, dtype="<f4")
         tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-        mech = schemas.MechanismOverride(sigma=sigma, sigma1=sigma1, threshold=threshold)
         result: schemas.JobOut = _create(
-            common_pb2.QueryBatch(tensor=tensor), len(x), batch_size, overrides(mech)
+            common_pb2.QueryBatch(tensor=tensor), len(x), batch_size, overrides_to_proto(overrides)
         )
         return result
 

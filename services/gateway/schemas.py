@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from capc.data.generators import GENERATORS, MAX_COUNT
 
 Generator = Literal["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
-assert set(Generator.__args__) == set(GENERATORS), "the REST enum must list every generator"  # type: ignore[attr-defined]
+if set(Generator.__args__) != set(GENERATORS):  # type: ignore[attr-defined]
+    raise RuntimeError("the REST enum must list every generator")
 MAX_BATCH = 4096
 ID_PATTERN = r"^[0-9a-f-]{36}$"
 JobId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
@@ -32,14 +33,12 @@ class RecipeIn(Strict):
     start: int = Field(0, ge=0, le=2**40)
 
 
-class MechanismOverride(Strict):
-    """Overrides within the task's policy: only more noise or a higher confidence threshold."""
-
-    sigma: float | None = Field(None, gt=0, le=1e6, description="answer noise std (votes)")
-    sigma1: float | None = Field(
-        None, gt=0, le=1e6, description="confidence-test noise std (votes)"
-    )
-    threshold: float | None = Field(None, gt=0, le=1e6, description="confidence threshold (votes)")
+ParamName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+ParamValue = Annotated[float, Field(gt=0, le=1e6)]
+#: A job's mechanism overrides: parameter -> value, by the names the task's mechanism
+#: gives them (e.g. sigma, sigma1, threshold). The mechanism's own rule decides: only
+#: more noise or a higher threshold.
+MechanismOverride = Annotated[dict[ParamName, ParamValue], Field(max_length=16)]
 
 
 class JobCreate(Strict):
@@ -51,12 +50,8 @@ class JobCreate(Strict):
 
 class MechanismOut(BaseModel):
     name: str
-    sigma: float
-    threshold: float
-    sigma1: float
-    tau: float
-    num_classes: int
-    num_labels: int
+    outputs: int = Field(description="classes (single label) or labels (multi-label)")
+    params: dict[str, float]
 
 
 class JobOut(BaseModel):

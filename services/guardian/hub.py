@@ -20,7 +20,6 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from capc.privacy.planning import max_queries
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
 from services.common.mpc_stream import StreamChannel
@@ -106,7 +105,7 @@ def _status(
         epsilon_cap=b.cap,
         epsilon_spent=b.spent,
         epsilon_remaining=b.remaining,
-        best_order=b.best_order,
+        best_order=b.best_order or 0.0,
         rounds=b.rounds,
         last_seen=b.last_seen.isoformat() if b.last_seen else "",
     )
@@ -136,7 +135,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 for b in self.ledger.budgets()
             ],
             delta=self.ledger.delta,
-            accounting="Renyi DP, improved conversion (Balle et al. 2020), data-independent charges",
+            accounting=f"{self.ledger.accounting.summary}, data-independent charges",
         )
 
     def _projections(self, task_name: str) -> dict[str, tuple[float, float, int]]:
@@ -144,19 +143,14 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         budget covers at ``task_name``'s worst case, in expectation under vanishing)."""
         config, digest = self.ledger.task(task_name)
         task = TaskConfig.parse(task_name, config, digest)
-        orders = self.ledger.orders
         caps = {b.name: b.cap for b in self.ledger.budgets()}
         out = {}
         for name, (weight, rate) in self.engine.rates(task).items():
-            per_query = rate * task.mechanism.worst_case(1, orders, weight)
-            left = max_queries(
-                per_query,
-                orders,
-                caps[name],
-                self.ledger.delta,
-                spent_rdp=self.ledger.spent_rdp(name),
-            )
-            out[name] = (weight, rate, left)
+            fit = 0
+            if rate > 0 and weight > 0:
+                unit = task.mechanism.worst_case(1, weight)
+                fit = int(self.ledger.queries_fit(unit, caps[name], name) / rate)
+            out[name] = (weight, rate, fit)
         return out
 
     def ListLedger(

@@ -37,14 +37,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.mpc.channel import Channel
-from capc.mpc.mechanism_circuits import MultiLabel
 from capc.mpc.session import GarblerSession
-from capc.privacy.mechanisms.personalized import participation_rates, vote_weights
-from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol
 from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
-from services.common.task import TaskConfig, TaskError, mechanism_message
+from services.common.serde import mechanism_to_proto, overrides_from_proto
+from services.common.task import TaskConfig, TaskError
 from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
@@ -209,7 +207,9 @@ class RoundEngine:
         if len(request.student_public_key) != 32:
             raise RequestError("student_public_key must be a 32-byte X25519 key")
         try:
-            task = task.overridden(request.mechanism if request.HasField("mechanism") else None)
+            task = task.overridden(
+                overrides_from_proto(request.mechanism if request.HasField("mechanism") else None)
+            )
         except TaskError as err:
             raise RequestError(str(err)) from err
         batch = _check_queries(request.queries, task)
@@ -224,9 +224,7 @@ class RoundEngine:
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
             p: task.mechanism.worst_case(
-                int(votes_on[p].sum()) if p in votes_on else batch,
-                self.ledger.orders,
-                weights.get(p, 1.0),
+                int(votes_on[p].sum()) if p in votes_on else batch, weights.get(p, 1.0)
             )
             for p in candidates
         }
@@ -265,7 +263,7 @@ class RoundEngine:
                     work=guardian_pb2.RoundWork(
                         round_id=rnd.round_id,
                         queries=request.queries,
-                        mechanism=mechanism_message(task),
+                        mechanism=mechanism_to_proto(task.mechanism),
                         student_public_key=request.student_public_key,
                         vote_weight=rnd.weight(name),
                         frac_bits=task.frac_bits,
@@ -419,14 +417,11 @@ class RoundEngine:
         pers = task.personalization
         if pers is None or not names:
             return {n: (1.0, 1.0) for n in names}
-        caps = np.array([max(budgets[n].cap if n in budgets else 0.0, 1e-12) for n in names])
-        unit = task.mechanism.worst_case(1, self.ledger.orders)
-        args = (caps, unit, self.ledger.orders, pers.planned_queries, self.ledger.delta)
-        if pers.mode == "weighting":
-            grid = float(1 << task.frac_bits)
-            w = np.floor(vote_weights(*args, max_weight=pers.max_weight) * grid) / grid
-            return {n: (float(x), 1.0) for n, x in zip(names, w, strict=True)}
-        return {n: (1.0, float(p)) for n, p in zip(names, participation_rates(*args), strict=True)}
+        caps = [budgets[n].cap if n in budgets else 0.0 for n in names]
+        acct, delta = self.ledger.accounting, self.ledger.delta
+        w = pers.weights(caps, task.mechanism, acct, delta, task.frac_bits)
+        p = pers.rates(caps, task.mechanism, acct, delta)
+        return {n: (float(w[i]), float(p[i])) for i, n in enumerate(names)}
 
     def personalize(
         self, task: TaskConfig, parties: list[str], batch: int
@@ -455,32 +450,18 @@ class RoundEngine:
         task, b = rnd.task, rnd.batch
         total = sum(rnd.weight(p) for p in rnd.used)
         spec = task.circuit_spec(len(rnd.used), total)
-        shape = (b, task.vote_width)
-        if isinstance(spec, MultiLabel):
-            noise = gaussian_noise(shape, spec.sigma, self._rng)
-            conf = gaussian_noise(shape, spec.sigma1, self._rng) if spec.confident else None
-            theta = None
-            if rnd.votes_on:  # vanishing: the majority of those who voted on each query
-                theta = np.sum([rnd.voting(p) for p in rnd.used], axis=0) / 2.0
-            inputs = spec.garbler_inputs(rnd.guardian_sum, noise, conf, decision_threshold=theta)
-        else:
-            eta2 = gaussian_noise(shape, spec.sigma2, self._rng)
-            eta1 = gaussian_noise((b,), spec.sigma1, self._rng) if spec.confident else None
-            inputs = spec.garbler_inputs(rnd.guardian_sum, eta2, eta1)
+        mech = task.mechanism
+        noise = mech.draw_noise(b, self._rng)
+        theta = None
+        if rnd.votes_on and mech.per_label:  # vanishing: the majority of those who voted
+            theta = np.sum([rnd.voting(p) for p in rnd.used], axis=0) / 2.0
+        inputs = mech.garbler_inputs(spec, rnd.guardian_sum, noise, theta)
         start = time.perf_counter()
         out = session.run_round(
             round_id, spec.circuit(), inputs, b, on_release=lambda: self.ledger.release(round_id)
         )
-        mech = task.mechanism
-        answered = (
-            out["answered"].astype(bool).reshape(mech.answer_shape(b))
-            if spec.confident
-            else np.ones(mech.answer_shape(b), dtype=bool)
-        )
-        charges = {
-            p: mech.charge(answered[rnd.voting(p)], self.ledger.orders, rnd.weight(p))
-            for p in rnd.used
-        }
+        answered = mech.answered(spec, out, b)
+        charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
         self.ledger.commit(round_id, charges)
         log.info(
             "round %d: %d of %d answered by %d parties in %.2f s",

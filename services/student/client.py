@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +26,7 @@ from capc.mpc.votes import student_share_sum
 from services.common import protocol, tls
 from services.common.mpc_stream import StreamChannel
 from services.common.recipes import recipe_to_proto
+from services.common.serde import overrides_to_proto
 from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 from services.student.encrypted import RelayRouter, StudentCrypto
@@ -103,14 +104,14 @@ class StudentClient:
             raise ValueError(f"task {self.task.name} has no encryption settings")
         if self._crypto is None:
             self._crypto = StudentCrypto(
-                self.task.encryption, self.task.input_shape, self.task.num_classes
+                self.task.encryption, self.task.input_shape, self.task.outputs
             )
         return self._crypto
 
     def label_encrypted(
         self,
         queries: ArrayLike,
-        mechanism: common_pb2.Mechanism | None = None,
+        overrides: Mapping[str, float] | None = None,
         layout: str | None = None,
     ) -> RoundResult:
         """Label one batch whose queries leave the student only as CKKS ciphertexts.
@@ -125,7 +126,7 @@ class StudentClient:
             return self._round(
                 crypto.message(batch),
                 batch.batch,
-                mechanism,
+                overrides,
                 shares=lambda parties: sum(
                     (batch.share(p, self.timeout) for p in parties),
                     np.zeros((batch.batch, batch.num_classes), dtype=np.uint64),
@@ -136,21 +137,21 @@ class StudentClient:
             relay.clear()
 
     def label_batch(
-        self, queries: NDArray[np.float32], mechanism: common_pb2.Mechanism | None = None
+        self, queries: NDArray[np.float32], overrides: Mapping[str, float] | None = None
     ) -> RoundResult:
         """Label one batch (B, *input_shape) through one round; -1 where not answered.
 
         Labels are (B,) classes, or (B, k) 0/1 vectors for a multi-label task
-        with -1 on each label not answered. ``mechanism``: overrides within the
-        task's policy (see :meth:`TaskConfig.overridden`)."""
+        with -1 on each label not answered. ``overrides``: mechanism parameters to raise,
+        within the task's policy (see :meth:`TaskConfig.overridden`)."""
         x = np.ascontiguousarray(queries, dtype="<f4")
         tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-        return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0], mechanism)
+        return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0], overrides)
 
     def label_recipe(
         self,
         recipe: Recipe,
-        mechanism: common_pb2.Mechanism | None = None,
+        overrides: Mapping[str, float] | None = None,
         images: FloatImages | None = None,
     ) -> RoundResult:
         """Label a batch of programmatic queries: every party regenerates it from the recipe.
@@ -158,17 +159,17 @@ class StudentClient:
         ``images``: the recipe's batch when the caller has generated it already (hashed, not
         generated again)."""
         msg = recipe_to_proto(recipe, images=images)
-        return self._round(common_pb2.QueryBatch(recipe=msg), recipe.count, mechanism)
+        return self._round(common_pb2.QueryBatch(recipe=msg), recipe.count, overrides)
 
     def _round(
         self,
         batch_msg: common_pb2.QueryBatch,
         batch: int,
-        mechanism: common_pb2.Mechanism | None = None,
+        overrides: Mapping[str, float] | None = None,
         shares: Callable[[list[str]], NDArray[np.uint64]] | None = None,
     ) -> RoundResult:
         # The circuit's noise and thresholds follow the overrides, as the guardian's do.
-        task = self.task.overridden(mechanism)
+        task = self.task.overridden(dict(overrides) if overrides else None)
         session = self._ensure_session()
         start = time.perf_counter()
         reply = self._stub.OpenRound(
@@ -177,7 +178,7 @@ class StudentClient:
                 round_key=uuid.uuid4().hex,
                 queries=batch_msg,
                 student_public_key=self.key.public_key().public_bytes_raw(),
-                mechanism=mechanism,
+                mechanism=overrides_to_proto(overrides),
             ),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
-from google.protobuf import json_format
 
 from capc.data.generators import Recipe
 from capc.mpc.channel import ProtocolError
 from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
-from services.common.task import TaskConfig, TaskError, mechanism_message
+from services.common.serde import mechanism_to_proto, overrides_from_proto
+from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.store import TERMINAL, Job, JobStore, StudentModel
@@ -45,16 +45,11 @@ POLICY: dict[str, tuple[str, ...]] = {
 }
 
 
-def mechanism_overrides(msg: common_pb2.Mechanism) -> dict[str, object] | None:
-    """The set fields of a job's mechanism message, as stored with the job (None: none set)."""
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True) or None
-
-
-def stored_mechanism(job: Job) -> common_pb2.Mechanism | None:
-    """A job's stored overrides as the message they came from (None: the task's own)."""
+def stored_overrides(job: Job) -> dict[str, float] | None:
+    """A job's stored mechanism overrides, parameter -> value (None: the task's own)."""
     if not job.mechanism:
         return None
-    return json_format.ParseDict(job.mechanism, common_pb2.Mechanism())
+    return {str(k): float(str(v)) for k, v in job.mechanism.items()}
 
 
 def to_proto(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
@@ -73,7 +68,7 @@ def to_proto(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
         round_seconds=job.round_seconds,
     )
     if task is not None:
-        msg.mechanism.CopyFrom(mechanism_message(task.overridden(stored_mechanism(job))))
+        msg.mechanism.CopyFrom(mechanism_to_proto(task.overridden(stored_overrides(job)).mechanism))
     return msg
 
 
@@ -120,7 +115,7 @@ class JobRunner:
         if base is not None and start == 0:
             self.store.set_queries(job_id, base.generate())
         queries = self.store.queries(job_id)
-        mechanism = stored_mechanism(job)
+        mechanism = stored_overrides(job)
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
             lo, hi = index * job.batch_size, min(len(queries), (index + 1) * job.batch_size)
@@ -221,8 +216,10 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             batch = request.batch_size or 256
             if not 1 <= batch <= MAX_BATCH:
                 raise RequestError(f"batch_size must lie in [1, {MAX_BATCH}], got {batch}")
-            overrides = mechanism_overrides(request.mechanism)
-            self.task.overridden(request.mechanism)
+            overrides = overrides_from_proto(
+                request.mechanism if request.HasField("mechanism") else None
+            )
+            self.task.overridden(overrides)
         except (RequestError, TaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         job = self.store.create(self.task.name, x.astype(np.float32), batch, recipe_json, overrides)

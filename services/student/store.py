@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,7 +175,7 @@ class JobStore:
         queries: NDArray[np.float32],
         batch_size: int,
         recipe: str | None = None,
-        mechanism: dict[str, object] | None = None,
+        mechanism: Mapping[str, float] | None = None,
     ) -> Job:
         with Session(self.engine) as s, s.begin():
             row = JobRow(
@@ -185,7 +186,7 @@ class JobStore:
                 batch_size=batch_size,
                 queries=_pack(queries),
                 recipe=recipe,
-                mechanism=mechanism,
+                mechanism=None if mechanism is None else dict(mechanism),
                 round_seconds=0.0,
                 created_at=_now(),
                 error="",

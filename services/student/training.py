@@ -187,7 +187,7 @@ class ModelTrainer:
         # The head standardises each batch by its own statistics at inference, as the
         # body's current statistics do: it was fitted on synthetic queries, not real images.
         model.head = fit_batch_standardised(  # type: ignore[assignment]
-            f, y, self.task.num_classes, balanced=not self.task.multi_label
+            f, y, self.task.outputs, balanced=not self.task.multi_label
         ).to(next(model.parameters()).device)
         with torch.no_grad():
             out = model.head(f.to(next(model.parameters()).device)).cpu()
@@ -212,7 +212,7 @@ class ModelTrainer:
         if len(x) == 0:
             raise TrainingError("the jobs have no fully answered queries")
         model = fit(
-            build(architecture, self.task.input_shape, self.task.num_classes),
+            build(architecture, self.task.input_shape, self.task.outputs),
             x,
             y,
             epochs=epochs,
@@ -249,7 +249,7 @@ class ModelTrainer:
         if self.test_set is not None:
             metrics["test_examples"] = len(self.test_set[0])
         metrics["seconds"] = time.perf_counter() - start
-        outputs = self.task.num_classes
+        outputs = self.task.outputs
         card: dict[str, object] = {
             "kind": "student",
             "task": self.task.name,

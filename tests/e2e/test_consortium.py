@@ -57,11 +57,11 @@ def replay(
         xb = queries[start : start + b]
         start += b
         hist = vote_histogram(
-            np.stack([teachers[n].predict(xb) for n in used], axis=1), task.num_classes
+            np.stack([teachers[n].predict(xb) for n in used], axis=1), task.outputs
         )
         spec = task.circuit_spec(len(used))
         assert isinstance(spec, ConfidentGNMax)
-        eta2 = gaussian_noise((b, task.num_classes), spec.sigma2, rng)
+        eta2 = gaussian_noise((b, task.outputs), spec.sigma2, rng)
         eta1 = gaussian_noise((b,), spec.sigma1, rng)
         out.append(
             confident_decide(hist, spec.threshold, round_noise(eta1), round_noise(eta2)).labels

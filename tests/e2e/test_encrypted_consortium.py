@@ -87,10 +87,10 @@ def replay(
         logits = np.stack([plans[n].forward(xb.astype(np.float64)) for n in used], axis=1)
         top = np.sort(logits, axis=2)
         gaps.append((top[:, :, -1] - top[:, :, -2]).min(axis=1))
-        hist = vote_histogram(logits.argmax(axis=2), task.num_classes)
+        hist = vote_histogram(logits.argmax(axis=2), task.outputs)
         spec = task.circuit_spec(len(used))
         assert isinstance(spec, ConfidentGNMax)
-        eta2 = gaussian_noise((len(xb), task.num_classes), spec.sigma2, rng)
+        eta2 = gaussian_noise((len(xb), task.outputs), spec.sigma2, rng)
         eta1 = gaussian_noise((len(xb),), spec.sigma1, rng)
         labels.append(
             confident_decide(hist, spec.threshold, round_noise(eta1), round_noise(eta2)).labels

@@ -18,7 +18,7 @@ CONFIDENT = [
     "200",
     "--sigma1",
     "150",
-    "--sigma2",
+    "--sigma",
     "40",
     "--delta",
     "1e-5",
@@ -53,7 +53,7 @@ def test_plan_data_independent_and_dependent(tmp_path: Path) -> None:
         result["data_dependent"]["queries_fit_at_mean_cost"]
         > result["data_independent"]["queries_fit"]
     )
-    assert result["noise_for_queries"]["sigma2"] < 40
+    assert result["noise_for_queries"]["sigma"] < 40
 
 
 def test_plan_text_output() -> None:

@@ -1,9 +1,11 @@
 """Ledger tables (SQLAlchemy 2). The Alembic migrations create exactly these.
 
-RDP vectors are stored as JSON arrays of floats over the ledger's order grid
-(Python's float repr round-trips exactly). ``party_spend`` keeps each party's
-running total of reservations and charges, so a budget check locks one row
-per party instead of summing history.
+Loss vectors are the ledger accountant's additive representation of privacy
+loss (Gaussian DP: [sum mu**2]; Renyi DP: the curve over its order grid),
+stored as JSON arrays of floats (Python's float repr round-trips exactly).
+``party_spend`` keeps each party's running total of reservations and charges,
+so a budget check locks one row per party instead of summing history. Each
+charge also stores its privacy event, described by parameters.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class PartyRow(Base):
 class SpendRow(Base):
     __tablename__ = "party_spend"
     party: Mapped[str] = mapped_column(ForeignKey("parties.name"), primary_key=True)
-    rdp: Mapped[list[float]] = mapped_column(JSON)
+    loss: Mapped[list[float]] = mapped_column(JSON)
     rounds: Mapped[int] = mapped_column(Integer, default=0)
 
 
@@ -102,7 +104,9 @@ class ChargeRow(Base):
         Enum(ChargeKind, name="charge_kind", native_enum=False, length=16)
     )
     mechanism: Mapped[str] = mapped_column(String(64))
-    rdp: Mapped[list[float]] = mapped_column(JSON)
+    loss: Mapped[list[float]] = mapped_column(JSON)
+    #: The event charged (or reserved), JSON; None for charges made before revision 0003.
+    event: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -126,9 +130,9 @@ class AllowanceRow(Base):
 
 
 class QuerierSpendRow(Base):
-    """RDP a querier's rounds have charged (or reserved) on each party."""
+    """Loss a querier's rounds have charged (or reserved) on each party."""
 
     __tablename__ = "querier_spend"
     querier: Mapped[str] = mapped_column(String(128), primary_key=True)
     party: Mapped[str] = mapped_column(ForeignKey("parties.name"), primary_key=True)
-    rdp: Mapped[list[float]] = mapped_column(JSON)
+    loss: Mapped[list[float]] = mapped_column(JSON)

@@ -4,8 +4,10 @@ Round life cycle (design section 2):
 
     reserve -> (release) -> commit      or      reserve -> abort
 
-- ``reserve`` computes nothing itself: the caller passes each answering
-  party's worst-case RDP for the round. In one transaction the ledger locks
+- ``reserve`` takes each answering party's worst-case privacy event for the
+  round (every query answered) and has the ledger's accountant turn it into a
+  loss vector; only events the accountant's budget filter is proven for are
+  accepted (docs/privacy.md, "The budget filter"). In one transaction the ledger locks
   those parties' spend rows (``SELECT ... FOR UPDATE`` on PostgreSQL, an
   immediate write lock on SQLite), leaves out every party the charge would
   take past its cap, refuses the round below quorum, and otherwise records the
@@ -42,7 +44,10 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from capc.privacy.conversion import DEFAULT_ORDERS, Conversion, conversion_offset, epsilon
+from capc.privacy import accountants
+from capc.privacy.accountants import Accounting, RenyiDp, UnsupportedEventError
+from capc.privacy.conversion import DEFAULT_ORDERS
+from capc.privacy.events import DpEvent
 from services.common.db import iso_utc, make_engine, normalise_url
 from services.common.task import config_hash
 from services.guardian.ledger.models import (
@@ -63,7 +68,7 @@ from services.guardian.ledger.models import (
 FloatArray = NDArray[np.float64]
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _GENESIS = "0" * 64
-HEAD_REVISION = "0002"
+HEAD_REVISION = "0003"
 _MIGRATION_LOCK = threading.Lock()
 
 
@@ -130,7 +135,8 @@ class AuditEntry:
 
 @dataclass(frozen=True)
 class PartyBudget:
-    """A party's position, epsilon at the ledger's delta (improved conversion)."""
+    """A party's position, epsilon at the ledger's delta by the ledger's accountant
+    (``best_order``: the Renyi order for the ``rdp`` accountant, None otherwise)."""
 
     name: str
     role: str
@@ -138,20 +144,11 @@ class PartyBudget:
     cap: float
     spent: float
     remaining: float
-    best_order: float
+    best_order: float | None
     rounds: int
     last_seen: dt.datetime | None
 
 
-def _vec(values: ArrayLike, n: int, what: str) -> FloatArray:
-    v = np.asarray(values, dtype=np.float64)
-    if v.shape != (n,):
-        raise LedgerError(
-            f"{what} must be an RDP vector over the ledger's {n} orders, got shape {v.shape}"
-        )
-    if not np.isfinite(v).all() or (v < 0).any():
-        raise LedgerError(f"{what} must be finite and non-negative")
-    return v
 
 
 def _lock_spends(s: Session, names: Sequence[str]) -> dict[str, SpendRow]:
@@ -184,15 +181,18 @@ def _round_up(x: FloatArray) -> FloatArray:
 class Ledger:
     """The guardian's ledger at ``url`` (SQLite path/URL or PostgreSQL URL).
 
-    ``orders`` and ``delta`` are fixed when the ledger is created; opening it
-    later with other values is refused, because stored RDP vectors are only
-    meaningful on their own grid.
+    ``accountant`` (a name of :data:`capc.privacy.accountants.ACCOUNTANTS`;
+    default the tightest sound one, exact Gaussian DP), ``orders`` (Renyi
+    orders, ``rdp`` only) and ``delta`` are fixed when the ledger is created;
+    opening it later with other values is refused, because stored loss
+    vectors only mean something to the accountant that wrote them.
     """
 
     def __init__(
         self,
         url: str,
         *,
+        accountant: str | None = None,
         orders: ArrayLike | None = None,
         delta: float = 1e-5,
         migrate: bool = True,
@@ -202,11 +202,7 @@ class Ledger:
         if migrate:
             self.migrate()
         self._check_revision()
-        self.orders, self.delta = self._settings(
-            np.asarray(DEFAULT_ORDERS if orders is None else orders, dtype=np.float64),
-            delta,
-            orders is None,
-        )
+        self.accounting, self.delta = self._settings(accountant, orders, delta)
 
     # -- schema ---------------------------------------------------------------
     def migrate(self) -> None:
@@ -231,26 +227,58 @@ class Ledger:
             )
 
     def _settings(
-        self, orders: FloatArray, delta: float, default_orders: bool
-    ) -> tuple[FloatArray, float]:
+        self, kind: str | None, orders: ArrayLike | None, delta: float
+    ) -> tuple[Accounting, float]:
         if not (0 < delta < 1):
             raise LedgerError(f"delta must lie in (0, 1), got {delta}")
+        if kind is not None and kind not in accountants.ACCOUNTANTS:
+            raise LedgerError(
+                f"unknown accountant {kind!r}; choose one of {', '.join(accountants.ACCOUNTANTS)}"
+            )
         with self._tx() as s:
             stored = {row.key: row.value for row in s.scalars(select(Setting))}
-            if "orders" not in stored:
-                s.add(Setting(key="orders", value=json.dumps(orders.tolist())))
+            if "accountant" not in stored:
+                name = kind or (RenyiDp.name if orders is not None else accountants.DEFAULT_ACCOUNTANT)
+                if name == RenyiDp.name:
+                    fresh: Accounting = RenyiDp(DEFAULT_ORDERS if orders is None else orders)
+                elif orders is not None:
+                    raise LedgerError(f"the {name} accountant takes no Renyi orders")
+                else:
+                    fresh = accountants.make(name)
+                saved = {"name": fresh.name, **fresh.settings()}
+                s.add(Setting(key="accountant", value=json.dumps(saved)))
                 s.add(Setting(key="delta", value=repr(float(delta))))
                 s.add(Setting(key="audit_head", value=json.dumps([0, _GENESIS])))
-                return orders, float(delta)
-        have_orders = np.asarray(json.loads(stored["orders"]), dtype=np.float64)
+                return fresh, float(delta)
+        saved = json.loads(stored["accountant"])
+        have = accountants.make(str(saved.pop("name")), saved)
         have_delta = float(stored["delta"])
-        if not default_orders and not np.array_equal(have_orders, orders):
+        if kind is not None and kind != have.name:
+            raise LedgerError(
+                f"this ledger was created with the {have.name} accountant, not {kind}; "
+                "open it without choosing one"
+            )
+        if orders is not None and not (
+            isinstance(have, RenyiDp) and np.array_equal(have.orders, np.asarray(orders))
+        ):
             raise LedgerError(
                 "this ledger was created with another order grid; open it without `orders`"
             )
         if have_delta != delta:
             raise LedgerError(f"this ledger accounts at delta={have_delta}, not {delta}")
-        return have_orders, have_delta
+        return have, have_delta
+
+    @property
+    def accountant(self) -> str:
+        """The name of the ledger's accountant."""
+        return self.accounting.name
+
+    def _loss(self, event: DpEvent, what: str) -> FloatArray:
+        """An event's loss vector as a budget charge; LedgerError if the filter cannot take it."""
+        try:
+            return self.accounting.filter_cost(event)
+        except (UnsupportedEventError, ValueError) as err:
+            raise LedgerError(f"{what}: {err}") from err
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -347,7 +375,7 @@ class Ledger:
                     status="active",
                 )
             )
-            s.add(SpendRow(party=name, rdp=[0.0] * len(self.orders), rounds=0))
+            s.add(SpendRow(party=name, loss=self.accounting.zero().tolist(), rounds=0))
             self._audit(
                 s,
                 actor,
@@ -391,7 +419,7 @@ class Ledger:
         """Epsilon ``querier``'s rounds have charged or reserved on ``party``."""
         with Session(self.engine) as s:
             row = s.get(QuerierSpendRow, (querier, party))
-            return 0.0 if row is None else self._eps(row.rdp)[0]
+            return 0.0 if row is None else self._eps(row.loss)[0]
 
     def touch(self, name: str) -> None:
         """Record that a party was seen now."""
@@ -425,11 +453,20 @@ class Ledger:
             return dict(row.config), row.config_hash
 
     # -- budgets --------------------------------------------------------------
-    def _eps(self, rdp: Sequence[float] | FloatArray) -> tuple[float, float]:
-        arr = np.asarray(rdp, dtype=np.float64)
-        if not arr.any():
-            return 0.0, float(self.orders[0])
-        return epsilon(arr, self.orders, self.delta)
+    def _eps(self, loss: Sequence[float] | FloatArray) -> tuple[float, float | None]:
+        """(epsilon at the ledger's delta, best Renyi order or None) of a loss vector."""
+        spent = self.accounting.spent(np.asarray(loss, dtype=np.float64), self.delta)
+        return spent.epsilon, spent.order
+
+    def _fits(self, loss: FloatArray, cap: float) -> bool:
+        return self.accounting.fits(loss, cap, self.delta)
+
+    def queries_fit(self, per_query: DpEvent, epsilon: float, party: str | None = None) -> int:
+        """How many more queries costing ``per_query`` each fit ``epsilon`` at the ledger's delta,
+        after what ``party`` (if given) has spent and reserved; what this ledger admits."""
+        self._loss(per_query, "per-query cost")
+        spent = None if party is None else self.spent_loss(party)
+        return self.accounting.max_count(per_query, epsilon, self.delta, spent)
 
     def budgets(self) -> list[PartyBudget]:
         """Every party's cap, spend and remaining epsilon (reservations count as spent)."""
@@ -441,7 +478,7 @@ class Ledger:
             )
             out = []
             for party, spend in rows:
-                eps, order = self._eps(spend.rdp)
+                eps, order = self._eps(spend.loss)
                 out.append(
                     PartyBudget(
                         party.name,
@@ -463,12 +500,13 @@ class Ledger:
                 return b
         raise UnknownPartyError(f"no party named {name!r}")
 
-    def spent_rdp(self, name: str) -> FloatArray:
+    def spent_loss(self, name: str) -> FloatArray:
+        """A party's loss vector (charges and open reservations) in the ledger's accountant."""
         with Session(self.engine) as s:
             row = s.get(SpendRow, name)
             if row is None:
                 raise UnknownPartyError(f"no party named {name!r}")
-            return np.asarray(row.rdp, dtype=np.float64)
+            return np.asarray(row.loss, dtype=np.float64)
 
     # -- rounds ---------------------------------------------------------------
     def reserve(
@@ -477,12 +515,12 @@ class Ledger:
         task: str,
         querier: str,
         queries: int,
-        worst_case: Mapping[str, ArrayLike],
+        worst_case: Mapping[str, DpEvent],
         *,
         mechanism: str,
         quorum: int,
     ) -> Reservation:
-        """Reserve each party's worst-case RDP for a round, leaving out parties it would take past their cap.
+        """Reserve each party's worst-case event for a round, leaving out parties it would take past their cap.
 
         Raises QuorumError (nothing written) if fewer than ``quorum`` remain,
         DuplicateRoundError if ``round_key`` was used before.
@@ -491,8 +529,8 @@ class Ledger:
             raise LedgerError(f"a round has at least one query, got {queries}")
         if quorum < 1:
             raise LedgerError(f"quorum must be >= 1, got {quorum}")
-        n = len(self.orders)
-        costs = {p: _vec(v, n, f"worst-case RDP of {p}") for p, v in worst_case.items()}
+        costs = {p: self._loss(e, f"worst case of {p}") for p, e in worst_case.items()}
+        stored_events = {p: e.to_dict() for p, e in worst_case.items()}
         names = sorted(costs)
         try:
             with self._tx() as s:
@@ -514,19 +552,19 @@ class Ledger:
                 included: list[str] = []
                 excluded: dict[str, float] = {}
                 for p in names:
-                    current = np.asarray(spends[p].rdp, dtype=np.float64)
+                    current = np.asarray(spends[p].loss, dtype=np.float64)
                     cap = parties[p].epsilon_cap
                     if parties[p].status != "active":
                         excluded[p] = 0.0
                         continue
                     left = cap - self._eps(current)[0]
-                    fits = self._eps(current + costs[p])[0] <= cap
+                    fits = self._fits(current + costs[p], cap)
                     if allowance is not None:
                         mine = np.asarray(
-                            shares[p].rdp if p in shares else np.zeros(len(self.orders))
+                            shares[p].loss if p in shares else self.accounting.zero()
                         )
                         left = min(left, allowance.epsilon_cap - self._eps(mine)[0])
-                        fits = fits and self._eps(mine + costs[p])[0] <= allowance.epsilon_cap
+                        fits = fits and self._fits(mine + costs[p], allowance.epsilon_cap)
                     if fits:
                         included.append(p)
                     else:
@@ -553,18 +591,19 @@ class Ledger:
                             party=p,
                             kind=ChargeKind.RESERVATION,
                             mechanism=mechanism,
-                            rdp=costs[p].tolist(),
+                            loss=costs[p].tolist(),
+                            event=stored_events[p],
                         )
                     )
-                    spends[p].rdp = (np.asarray(spends[p].rdp) + costs[p]).tolist()
+                    spends[p].loss = (np.asarray(spends[p].loss) + costs[p]).tolist()
                     spends[p].rounds += 1
                     if allowance is not None:
                         if p not in shares:
                             shares[p] = QuerierSpendRow(
-                                querier=querier, party=p, rdp=[0.0] * len(self.orders)
+                                querier=querier, party=p, loss=self.accounting.zero().tolist()
                             )
                             s.add(shares[p])
-                        shares[p].rdp = (np.asarray(shares[p].rdp) + costs[p]).tolist()
+                        shares[p].loss = (np.asarray(shares[p].loss) + costs[p]).tolist()
                 self._audit(
                     s,
                     querier,
@@ -603,16 +642,24 @@ class Ledger:
             self._audit(s, actor, "release", {"round": round_id})
 
     def commit(
-        self, round_id: int, actual: Mapping[str, ArrayLike], *, actor: str = "guardian"
+        self, round_id: int, actual: Mapping[str, DpEvent], *, actor: str = "guardian"
     ) -> None:
-        """Replace a released round's reservations with the actual charges.
+        """Replace a released round's reservations with the actual charges (events).
 
         Parties with a reservation but no entry in ``actual`` took no part in
         the result (they dropped out) and are charged nothing. An actual
         charge above the reservation is still charged in full and audited.
         """
-        n = len(self.orders)
-        costs = {p: _vec(v, n, f"charge of {p}") for p, v in actual.items()}
+        costs = {p: self._loss(e, f"charge of {p}") for p, e in actual.items()}
+        self._commit(round_id, costs, {p: e.to_dict() for p, e in actual.items()}, actor)
+
+    def _commit(
+        self,
+        round_id: int,
+        costs: Mapping[str, FloatArray],
+        charged: Mapping[str, dict[str, object] | None],
+        actor: str,
+    ) -> None:
         with self._tx() as s:
             rnd = self._round(s, round_id)
             if rnd.state != RoundState.RELEASED:
@@ -633,19 +680,20 @@ class Ledger:
             shares = _lock_querier_spends(s, rnd.querier, names)
             over = []
             for p in names:
-                reserved = np.asarray(reservations[p].rdp, dtype=np.float64)
-                charge = costs.get(p, np.zeros(n))
+                reserved = np.asarray(reservations[p].loss, dtype=np.float64)
+                charge = costs.get(p, self.accounting.zero())
                 if (charge > reserved * (1 + 1e-12)).any():
                     over.append(p)
-                spends[p].rdp = _round_up(np.asarray(spends[p].rdp) - reserved + charge).tolist()
+                spends[p].loss = _round_up(np.asarray(spends[p].loss) - reserved + charge).tolist()
                 if p in shares:
-                    shares[p].rdp = _round_up(
-                        np.asarray(shares[p].rdp) - reserved + charge
+                    shares[p].loss = _round_up(
+                        np.asarray(shares[p].loss) - reserved + charge
                     ).tolist()
                 if p not in costs:
                     spends[p].rounds -= 1
                 reservations[p].kind = ChargeKind.CHARGE
-                reservations[p].rdp = charge.tolist()
+                reservations[p].loss = charge.tolist()
+                reservations[p].event = charged.get(p)
             rnd.state = RoundState.COMMITTED
             rnd.updated_at = utcnow()
             self._audit(
@@ -668,13 +716,13 @@ class Ledger:
             spends = _lock_spends(s, names)
             shares = _lock_querier_spends(s, rnd.querier, names)
             for c in reservations:
-                spends[c.party].rdp = _round_up(
-                    np.asarray(spends[c.party].rdp) - np.asarray(c.rdp)
+                spends[c.party].loss = _round_up(
+                    np.asarray(spends[c.party].loss) - np.asarray(c.loss)
                 ).tolist()
                 spends[c.party].rounds -= 1
                 if c.party in shares:
-                    shares[c.party].rdp = _round_up(
-                        np.asarray(shares[c.party].rdp) - np.asarray(c.rdp)
+                    shares[c.party].loss = _round_up(
+                        np.asarray(shares[c.party].loss) - np.asarray(c.loss)
                     ).tolist()
             s.execute(delete(ChargeRow).where(ChargeRow.round_id == round_id))
             rnd.state = RoundState.ABORTED
@@ -701,11 +749,10 @@ class Ledger:
                 aborted += 1
             else:
                 with Session(self.engine) as s:
-                    res = {
-                        c.party: c.rdp
-                        for c in s.scalars(select(ChargeRow).where(ChargeRow.round_id == rid))
-                    }
-                self.commit(rid, res, actor="recovery")
+                    held = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == rid)))
+                    res = {c.party: np.asarray(c.loss, dtype=np.float64) for c in held}
+                    events = {c.party: c.event for c in held}
+                self._commit(rid, res, events, "recovery")
                 committed += 1
         return aborted, committed
 
@@ -741,7 +788,7 @@ class Ledger:
                     round_state=r.state.value,
                     task=r.task,
                     queries=r.queries,
-                    epsilon_alone=self._eps(c.rdp)[0],
+                    epsilon_alone=self._eps(c.loss)[0],
                     at=iso_utc(c.created_at),
                 )
                 for c, r in s.execute(q)
@@ -756,24 +803,25 @@ class Ledger:
 
         At most ``max_points`` per party: earlier points are thinned evenly, the newest kept.
         """
-        q = select(ChargeRow.party, ChargeRow.rdp, ChargeRow.created_at, ChargeRow.round_id)
+        q = select(ChargeRow.party, ChargeRow.loss, ChargeRow.created_at, ChargeRow.round_id)
         if party is not None:
             q = q.where(ChargeRow.party == party)
         with Session(self.engine) as s:
             rows = list(s.execute(q.order_by(ChargeRow.id)))
         by_party: dict[str, list[tuple[list[float], dt.datetime, int]]] = {}
-        for name, rdp, at, round_id in rows:
-            by_party.setdefault(name, []).append((rdp, at, round_id))
-        offset = conversion_offset(self.orders, self.delta, Conversion.IMPROVED)
+        for name, loss, at, round_id in rows:
+            by_party.setdefault(name, []).append((loss, at, round_id))
         out: dict[str, list[tuple[str, float, int]]] = {}
         for name, items in by_party.items():
-            # Composition is a running sum of RDP curves; epsilon is its best order each time.
+            # The accountants are additive: composition is a running sum of loss vectors.
             total = np.cumsum(np.asarray([r for r, _, _ in items], dtype=np.float64), axis=0)
-            eps = np.maximum(0.0, (total + offset).min(axis=1))
             keep = np.unique(
                 np.linspace(0, len(items) - 1, min(len(items), max(1, max_points))).round()
             ).astype(int)
-            out[name] = [(iso_utc(items[i][1]), float(eps[i]), items[i][2]) for i in keep]
+            out[name] = [
+                (iso_utc(items[i][1]), self._eps(np.maximum(total[i], 0.0))[0], items[i][2])
+                for i in keep
+            ]
         return out
 
     def count_rounds(self, state: RoundState | None = None) -> int:

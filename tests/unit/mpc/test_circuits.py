@@ -185,16 +185,16 @@ def shares_of(values: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray,
 def test_confident_gnmax_matches_the_plaintext_mechanism(confident: bool, pair: LocalPair) -> None:
     rng = np.random.default_rng(3)
     b, k, n = 256, 10, 50
-    spec = ConfidentGNMax(k, n, sigma2=8.0, threshold=40.0, sigma1=30.0, confident=confident)
+    spec = ConfidentGNMax(k, n, sigma=8.0, threshold=40.0, sigma1=30.0, confident=confident)
     hist = vote_histogram(rng.integers(0, k, (b, n)), k)
     hist[:8] = 0  # empty histograms: every count ties
     hist[8:16] = 0
     hist[8:16, 4] = n  # unanimous
     hist[16:24, :2] = n // 2  # exact ties between two classes
     eta1 = np.clip(rng.normal(0, spec.sigma1, b), -8 * spec.sigma1, 8 * spec.sigma1)
-    eta2 = np.clip(rng.normal(0, spec.sigma2, (b, k)), -8 * spec.sigma2, 8 * spec.sigma2)
+    eta2 = np.clip(rng.normal(0, spec.sigma, (b, k)), -8 * spec.sigma, 8 * spec.sigma)
     eta2[16:24] = 0.0  # the tie survives the noise: lowest index must win
-    eta2[:4] = 8 * spec.sigma2  # largest noise the circuit must hold
+    eta2[:4] = 8 * spec.sigma  # largest noise the circuit must hold
     student, guardian = shares_of(hist, rng)
     g = spec.garbler_inputs(guardian, eta2, eta1 if confident else None)
     e = spec.evaluator_inputs(student)
@@ -218,7 +218,7 @@ def test_powerset_is_gnmax_over_subsets(pair: LocalPair) -> None:
     k, b, n = 3, 128, 20
     votes = (rng.random((b, n, k)) < 0.4).astype(np.float64)
     hist = powerset_histogram(votes)
-    spec = ConfidentGNMax(1 << k, n, sigma2=4.0, confident=False)
+    spec = ConfidentGNMax(1 << k, n, sigma=4.0, confident=False)
     noise = rng.normal(0, 4.0, hist.shape)
     student, guardian = shares_of(hist, rng)
     out = run_both(
@@ -289,7 +289,7 @@ def test_logits_to_shares(pair: LocalPair) -> None:
 
 
 def test_mechanism_specs_reject_bad_inputs() -> None:
-    spec = ConfidentGNMax(4, 10, sigma2=2.0, threshold=5.0, sigma1=3.0)
+    spec = ConfidentGNMax(4, 10, sigma=2.0, threshold=5.0, sigma1=3.0)
     good = np.zeros((3, 4), dtype=np.uint64)
     with pytest.raises(ValueError, match="shape"):
         spec.garbler_inputs(good, np.zeros((3, 5)), np.zeros(3))
@@ -302,7 +302,7 @@ def test_mechanism_specs_reject_bad_inputs() -> None:
     with pytest.raises(ValueError, match="eta1"):
         spec.garbler_inputs(good, np.zeros((3, 4)))
     with pytest.raises(ValueError, match="num_classes"):
-        ConfidentGNMax(1, 10, sigma2=1.0)
+        ConfidentGNMax(1, 10, sigma=1.0)
     circuit = spec.circuit()
     with pytest.raises(ValueError, match="exactly"):
         circuit.input_bits(Party.EVALUATOR, {"wrong": good}, 3)

@@ -73,21 +73,18 @@ class QueryBatch(_message.Message):
     def __init__(self, recipe: _Optional[_Union[Recipe, _Mapping]] = ..., tensor: _Optional[_Union[Tensor, _Mapping]] = ..., encrypted: _Optional[_Union[EncryptedBatch, _Mapping]] = ...) -> None: ...
 
 class Mechanism(_message.Message):
-    __slots__ = ("name", "num_classes", "num_labels", "sigma", "threshold", "sigma1", "tau", "confidence_threshold")
+    __slots__ = ("name", "outputs", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
-    NUM_CLASSES_FIELD_NUMBER: _ClassVar[int]
-    NUM_LABELS_FIELD_NUMBER: _ClassVar[int]
-    SIGMA_FIELD_NUMBER: _ClassVar[int]
-    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
-    SIGMA1_FIELD_NUMBER: _ClassVar[int]
-    TAU_FIELD_NUMBER: _ClassVar[int]
-    CONFIDENCE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
     name: str
-    num_classes: int
-    num_labels: int
-    sigma: float
-    threshold: float
-    sigma1: float
-    tau: float
-    confidence_threshold: float
-    def __init__(self, name: _Optional[str] = ..., num_classes: _Optional[int] = ..., num_labels: _Optional[int] = ..., sigma: _Optional[float] = ..., threshold: _Optional[float] = ..., sigma1: _Optional[float] = ..., tau: _Optional[float] = ..., confidence_threshold: _Optional[float] = ...) -> None: ...
+    outputs: int
+    params: _containers.ScalarMap[str, float]
+    def __init__(self, name: _Optional[str] = ..., outputs: _Optional[int] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
