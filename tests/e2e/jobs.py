@@ -50,3 +50,20 @@ def run_job(
     assert states[-1] == "done", states
     results = jobs.GetResults(student_pb2.GetResultsRequest(header=HEADER, id=job.id), timeout=30)
     return results, np.frombuffer(results.labels.data, dtype="<i8")
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """Epsilon of a mu-GDP mechanism at ``delta``, solved here from the closed form with
+    scipy (independent of capc.privacy): delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def excess(eps: float) -> float:
+        return float(
+            norm.cdf(mu / 2 - eps / mu) - np.exp(eps) * norm.cdf(-mu / 2 - eps / mu) - delta
+        )
+
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2
+    return float(brentq(excess, 0.0, hi, xtol=1e-12, rtol=1e-13))

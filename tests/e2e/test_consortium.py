@@ -19,10 +19,7 @@ import pytest
 
 from capc.data.generators import Recipe
 from capc.models import load_teacher
-from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
-from capc.privacy import events
-from capc.privacy.accountant import Accountant
-from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
+from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.recipes import recipe_to_proto
@@ -30,7 +27,7 @@ from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.proto.capc.v1 import common_pb2, student_pb2
-from tests.e2e.jobs import HEADER, jobs_stub, run_job, tensor_batch
+from tests.e2e.jobs import HEADER, gdp_epsilon, jobs_stub, run_job, tensor_batch
 
 PARTIES = 5
 NOISE_SEED = "e2e-consortium"
@@ -60,12 +57,8 @@ def replay(
             np.stack([teachers[n].predict(xb) for n in used], axis=1), task.outputs
         )
         spec = task.circuit_spec(len(used))
-        assert isinstance(spec, ConfidentGNMax)
-        eta2 = gaussian_noise((b, task.outputs), spec.sigma2, rng)
-        eta1 = gaussian_noise((b,), spec.sigma1, rng)
-        out.append(
-            confident_decide(hist, spec.threshold, round_noise(eta1), round_noise(eta2)).labels
-        )
+        labels, _ = task.mechanism.oracle(hist, task.mechanism.draw_noise(b, rng), spec.frac_bits)
+        out.append(labels)
     return np.concatenate(out)
 
 
@@ -92,14 +85,15 @@ def test_labels_equal_the_plaintext_mechanism_and_the_ledger_is_exact(
     while ledger.count_rounds(RoundState.COMMITTED) < len(rounds) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert ledger.count_rounds(RoundState.COMMITTED) == len(rounds)
-    mech = consortium.task_config.mechanism
+    params = consortium.task_config.mechanism.params.model_dump()
+    # Independently: every threshold test (sensitivity 1) and every answer (sensitivity
+    # sqrt(2)) is a Gaussian mechanism; they compose to mu-GDP with mu**2 the sum of squares.
+    tests = sum(len(r.labels) for r in rounds)
+    answers = sum(int((r.labels >= 0).sum()) for r in rounds)
+    mu = np.sqrt(tests / params["sigma1"] ** 2 + 2 * answers / params["sigma"] ** 2)
     for i in range(PARTIES):
-        acct = Accountant(f"hospital-{i}")
-        for r in rounds:
-            acct.compose(events.threshold_test(mech.threshold, mech.sigma1), len(r.labels))
-            acct.compose(events.gnmax(mech.sigma), int((r.labels >= 0).sum()))
         assert ledger.budget(f"hospital-{i}").spent == pytest.approx(
-            acct.spent(1e-5).epsilon, rel=1e-9
+            gdp_epsilon(float(mu), 1e-5), rel=1e-7
         )
     assert ledger.verify_audit() > 0
     print(

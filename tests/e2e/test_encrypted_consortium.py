@@ -90,7 +90,7 @@ def replay(
         hist = vote_histogram(logits.argmax(axis=2), task.outputs)
         spec = task.circuit_spec(len(used))
         assert isinstance(spec, ConfidentGNMax)
-        eta2 = gaussian_noise((len(xb), task.outputs), spec.sigma2, rng)
+        eta2 = gaussian_noise((len(xb), task.outputs), spec.sigma, rng)
         eta1 = gaussian_noise((len(xb),), spec.sigma1, rng)
         labels.append(
             confident_decide(hist, spec.threshold, round_noise(eta1), round_noise(eta2)).labels

@@ -14,7 +14,8 @@ from sqlalchemy import text
 
 from capc.privacy import events
 from capc.privacy.accountant import Accountant
-from capc.privacy.conversion import DEFAULT_ORDERS, epsilon
+from capc.privacy.accountants import GaussianDp
+from capc.privacy.events import DpEvent, GaussianEvent, PureDpEvent
 from services.guardian.ledger import (
     DuplicateRoundError,
     Ledger,
@@ -25,13 +26,19 @@ from services.guardian.ledger import (
 )
 from services.guardian.ledger.models import Base, RoundState
 
-ORDERS = DEFAULT_ORDERS
 DELTA = 1e-5
+GDP = GaussianDp()
 
 
-def gnmax_cost(queries: int, sigma: float = 40.0) -> np.ndarray:
-    """Data-independent worst case of a GNMax batch: queries * alpha / sigma^2."""
-    return np.asarray(events.gnmax(sigma).rdp * queries, dtype=np.float64)
+def gnmax_cost(queries: int, sigma: float = 40.0) -> DpEvent:
+    """Data-independent worst case of a GNMax batch: ``queries`` Gaussian mechanisms of
+    sensitivity sqrt(2)."""
+    return events.repeat(GaussianEvent(np.sqrt(2.0), sigma), queries)
+
+
+def epsilon(event: DpEvent) -> float:
+    """Epsilon of ``event`` alone at DELTA by exact Gaussian DP."""
+    return GDP.spent(GDP.cost(event), DELTA).epsilon
 
 
 def fresh(url: str) -> Ledger:
@@ -44,7 +51,7 @@ def test_round_life_cycle_and_independent_recomputation(ledger_url: str) -> None
     ledger = fresh(ledger_url)
     for name, cap in (("h1", 3.0), ("h2", 8.0), ("h3", 8.0)):
         ledger.register_party(name, cap)
-    acct = {p: Accountant(p, ORDERS) for p in ("h1", "h2", "h3")}
+    acct = {p: Accountant(p, GaussianDp()) for p in ("h1", "h2", "h3")}
     for k in range(4):
         cost = gnmax_cost(50)
         res = ledger.reserve(
@@ -54,7 +61,7 @@ def test_round_life_cycle_and_independent_recomputation(ledger_url: str) -> None
         used = res.included[:2] if k == 3 else res.included  # in the last round h3 drops out
         ledger.commit(res.round_id, {p: cost for p in used})
         for p in used:
-            acct[p].compose(events.gnmax(40.0), 50)
+            acct[p].compose(gnmax_cost(50))
     for b in ledger.budgets():
         expect = acct[b.name].spent(DELTA).epsilon if acct[b.name].history else 0.0
         assert b.spent == pytest.approx(expect, rel=1e-9)
@@ -71,20 +78,20 @@ def test_cap_excludes_parties_and_quorum_refuses_without_writing(ledger_url: str
     ledger.register_party("small", 0.5)
     ledger.register_party("big", 50.0)
     cost = gnmax_cost(200)
-    assert epsilon(cost, ORDERS, DELTA)[0] > 0.5
+    assert epsilon(cost) > 0.5
     res = ledger.reserve(
         "a", "digits", "student", 200, {"small": cost, "big": cost}, mechanism="gnmax", quorum=1
     )
     assert res.included == ("big",)
     assert res.excluded == {"small": pytest.approx(0.5)}
-    before = ledger.spent_rdp("big").copy()
+    before = ledger.spent_loss("big").copy()
     rounds = ledger.count_rounds()
     with pytest.raises(QuorumError, match=r"small: 0\.5 eps left") as err:
         ledger.reserve(
             "b", "digits", "student", 200, {"small": cost, "big": cost}, mechanism="gnmax", quorum=2
         )
     assert err.value.remaining == {"small": pytest.approx(0.5)}
-    np.testing.assert_array_equal(ledger.spent_rdp("big"), before)
+    np.testing.assert_array_equal(ledger.spent_loss("big"), before)
     assert ledger.count_rounds() == rounds
     # The refused key was not consumed.
     ledger.reserve("b", "digits", "student", 1, {"big": gnmax_cost(1)}, mechanism="gnmax", quorum=1)
@@ -102,17 +109,9 @@ def test_replays_unknowns_and_wrong_transitions_are_refused(ledger_url: str) -> 
         )
     with pytest.raises(LedgerError, match="no task"):
         ledger.reserve("k3", "nope", "s", 1, {"h1": gnmax_cost(1)}, mechanism="gnmax", quorum=1)
-    with pytest.raises(LedgerError, match="orders"):
-        ledger.reserve("k4", "digits", "s", 1, {"h1": np.ones(3)}, mechanism="gnmax", quorum=1)
-    with pytest.raises(LedgerError, match="finite"):
+    with pytest.raises(LedgerError, match="proven only for Gaussian"):
         ledger.reserve(
-            "k5",
-            "digits",
-            "s",
-            1,
-            {"h1": np.full(len(ORDERS), np.nan)},
-            mechanism="gnmax",
-            quorum=1,
+            "k4", "digits", "s", 1, {"h1": PureDpEvent(0.1)}, mechanism="laplace", quorum=1
         )
     with pytest.raises(RoundStateError, match="only a released round"):
         ledger.commit(res.round_id, {"h1": gnmax_cost(1)})
@@ -137,8 +136,8 @@ def test_recovery_never_undercounts(ledger_url: str) -> None:
     assert reopened.recover() == (1, 1)
     assert reopened.round_state(a.round_id) == RoundState.ABORTED
     assert reopened.round_state(b.round_id) == RoundState.COMMITTED
-    np.testing.assert_allclose(reopened.spent_rdp("h1"), cost, rtol=1e-12)
-    assert (reopened.spent_rdp("h1") >= cost).all()
+    np.testing.assert_allclose(reopened.spent_loss("h1"), GDP.cost(cost), rtol=1e-12)
+    assert (reopened.spent_loss("h1") >= GDP.cost(cost)).all()
 
 
 def test_audit_chain_detects_tampering(ledger_url: str) -> None:
@@ -181,7 +180,7 @@ def _race(url: str, key: str, results: list[str]) -> None:
 
 def _affordable_rounds(cap: float) -> int:
     k = 0
-    while epsilon(gnmax_cost(100) * (k + 1), ORDERS, DELTA)[0] <= cap:
+    while epsilon(gnmax_cost(100 * (k + 1))) <= cap:
         k += 1
     return k
 
@@ -243,7 +242,7 @@ def test_querier_allowance_is_a_fair_share(ledger_url: str) -> None:
     ledger.register_party("h1", 50.0)
     ledger.register_party("h2", 50.0)
     cost = gnmax_cost(100)
-    one = epsilon(cost, ORDERS, DELTA)[0]
+    one = epsilon(cost)
     ledger.set_allowance("lab-a", one * 1.2, actor="data-office")  # one round fits, two do not
     both = {"h1": cost, "h2": cost}
     first = ledger.reserve("a1", "digits", "lab-a", 100, both, mechanism="gnmax", quorum=1)
@@ -266,3 +265,108 @@ def test_querier_allowance_is_a_fair_share(ledger_url: str) -> None:
     assert [(e.actor, e.detail["querier"]) for e in allowance_changes] == [("data-office", "lab-a")]
     with pytest.raises(LedgerError, match="positive"):
         ledger.set_allowance("lab-a", -1.0, actor="x")
+
+
+def test_ledger_admits_exactly_what_exact_gaussian_dp_allows(ledger_url: str) -> None:
+    # sigma 40 votes, eps 10, delta 1e-5: 3201 GNMax answers by exact Gaussian DP (2849 by RDP).
+    ledger = fresh(ledger_url)
+    assert ledger.accountant == "gdp"
+    ledger.register_party("h1", 10.0)
+    admitted = 0
+    for size in (100, 1):
+        while True:
+            try:
+                res = ledger.reserve(
+                    f"r{admitted}-{size}",
+                    "digits",
+                    "s",
+                    size,
+                    {"h1": gnmax_cost(size)},
+                    mechanism="gnmax",
+                    quorum=1,
+                )
+            except QuorumError:
+                break
+            ledger.release(res.round_id)
+            ledger.commit(res.round_id, {"h1": gnmax_cost(size)})
+            admitted += size
+    assert admitted == 3201
+    assert ledger.queries_fit(gnmax_cost(1), 10.0) == 3201
+    assert ledger.queries_fit(gnmax_cost(1), 10.0, "h1") == 0
+    spent = ledger.budget("h1").spent
+    assert 9.99 < spent <= 10.0
+    # An independent accountant: dp-accounting's privacy-loss distributions.
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    pld = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-4)
+    pld.compose(dp_accounting.GaussianDpEvent(40.0 / np.sqrt(2.0)), 3201)
+    assert spent == pytest.approx(pld.get_epsilon(DELTA), rel=1e-6)
+
+
+def test_ledger_accountant_is_fixed_at_creation(tmp_path: Path) -> None:
+    path = str(tmp_path / "rdp.db")
+    rdp_ledger = Ledger(path, accountant="rdp")
+    assert rdp_ledger.accountant == "rdp"
+    rdp_ledger.close()
+    assert Ledger(path).accountant == "rdp"
+    with pytest.raises(LedgerError, match="created with the rdp accountant"):
+        Ledger(path, accountant="gdp")
+    with pytest.raises(LedgerError, match="unknown accountant"):
+        Ledger(str(tmp_path / "other.db"), accountant="pld")
+    # RDP's budget filter is proven for Gaussian mechanisms only.
+    ledger = Ledger(path)
+    ledger.create_task("digits", {"classes": 10})
+    ledger.register_party("h1", 5.0)
+    with pytest.raises(LedgerError, match="proven only for Gaussian"):
+        ledger.reserve("x", "digits", "s", 1, {"h1": PureDpEvent(0.1)}, mechanism="l", quorum=1)
+    res = ledger.reserve("y", "digits", "s", 10, {"h1": gnmax_cost(10)}, mechanism="g", quorum=1)
+    assert res.included == ("h1",)
+
+
+def test_migration_keeps_an_existing_rdp_ledger_exactly(tmp_path: Path) -> None:
+    """A ledger written before revision 0003 (RDP vectors, no accountant) reports what it did."""
+    import json
+
+    from alembic import command
+    from alembic.config import Config
+
+    from capc.privacy.accountants import RenyiDp
+    from capc.privacy.conversion import DEFAULT_ORDERS
+    from services.common.db import make_engine, normalise_url
+    from services.guardian.ledger import store
+
+    url = normalise_url(str(tmp_path / "old.db"))
+    engine = make_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(store._MIGRATIONS))
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0002")
+        conn.commit()
+    old = RenyiDp().cost(gnmax_cost(700))
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO ledger_settings (key, value) VALUES ('orders', :o), ('delta', :d)"),
+            {"o": json.dumps(DEFAULT_ORDERS.tolist()), "d": repr(DELTA)},
+        )
+        conn.execute(
+            text("INSERT INTO ledger_settings (key, value) VALUES ('audit_head', :h)"),
+            {"h": json.dumps([0, "0" * 64])},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO parties (name, role, epsilon_cap, status, created_at) "
+                "VALUES ('h1', 'answerer', 20.0, 'active', '2026-01-01')"
+            )
+        )
+        conn.execute(
+            text("INSERT INTO party_spend (party, rdp, rounds) VALUES ('h1', :r, 3)"),
+            {"r": json.dumps(old.tolist())},
+        )
+    engine.dispose()
+    ledger = Ledger(url)
+    assert ledger.accountant == "rdp"
+    before = RenyiDp().spent(old, DELTA).epsilon
+    assert ledger.budget("h1").spent == before
+    np.testing.assert_array_equal(ledger.spent_loss("h1"), old)

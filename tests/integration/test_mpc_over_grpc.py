@@ -21,7 +21,7 @@ from services.guardian.hub import POLICY
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 B, K, N = 256, 10, 20
-SPEC = ConfidentGNMax(K, N, sigma2=4.0, threshold=16.0, sigma1=12.0)
+SPEC = ConfidentGNMax(K, N, sigma=4.0, threshold=16.0, sigma1=12.0)
 HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION, task="test")
 SESSION = b"s" * 16
 
