@@ -224,6 +224,9 @@ def test_bad_job_requests_are_4xx(consortium: LocalConsortium, analyst: str) -> 
         ({"recipe": {"generator": "gaussian", "params": {"bogus": 1}}, "count": 4}, "bogus"),
         ({"recipe": {"generator": "gaussian"}, "count": 0}, "count"),
         ({"recipe": {"generator": "gaussian"}, "count": 4, "mechanism": {"sigma": 0.5}}, "below"),
+        ({"recipe": {"generator": "gaussian"}, "count": 4, "mechanism": {"tau": 2.0}}, "no param"),
+        ({"recipe": {"generator": "gaussian"}, "count": 4, "mechanism": {"Sigma": 2.0}}, "pattern"),
+        ({"recipe": {"generator": "gaussian"}, "count": 4, "mechanism": {"sigma": -1}}, "greater"),
     ]
     for body, text in cases:
         r = httpx.post(url + "/v1/jobs", headers=h, json=body)
@@ -255,8 +258,8 @@ def test_mechanism_override_adds_noise_and_costs_less(
             timeout=120,
         )
     assert plain.state == noisy.state == "done"
-    assert noisy.mechanism is not None and noisy.mechanism.sigma == 30.0
-    assert noisy.mechanism.sigma1 == 40.0 and noisy.mechanism.threshold == 3.5
+    assert noisy.mechanism is not None and noisy.mechanism.params["sigma"] == 30.0
+    assert noisy.mechanism.params["sigma1"] == 40.0 and noisy.mechanism.params["threshold"] == 3.5
     with Client(consortium.gateway_url, admin) as client:
         entries = client.ledger(party="hospital-0", limit=2).entries
     newer, older = entries

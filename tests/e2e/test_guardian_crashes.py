@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from capc.mpc.channel import ProtocolError
-from capc.privacy.conversion import epsilon
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
@@ -80,11 +79,8 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
     mech = consortium.task_config.mechanism
     for r in delivered:
         assert ledger.round_state(r.round_id) == RoundState.COMMITTED
-        owed = epsilon(
-            mech.charge(r.labels >= 0, ledger.orders),
-            ledger.orders,
-            ledger.delta,
-        )[0]
+        acct = ledger.accounting
+        owed = acct.spent(acct.cost(mech.event(r.labels >= 0)), ledger.delta).epsilon
         entries = ledger.entries(round_id=r.round_id)
         charged = {e.party: e.epsilon_alone for e in entries}
         for party in r.parties:
@@ -93,8 +89,12 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
     for b in ledger.budgets():
         assert np.isfinite(b.spent)
         seen = sum(
-            (mech.charge(r.labels >= 0, ledger.orders) for r in delivered if b.name in r.parties),
-            np.zeros(len(ledger.orders)),
+            (
+                ledger.accounting.cost(mech.event(r.labels >= 0))
+                for r in delivered
+                if b.name in r.parties
+            ),
+            ledger.accounting.zero(),
         )
-        assert (ledger.spent_rdp(b.name) >= seen * (1 - 1e-9)).all(), b.name
+        assert (ledger.spent_loss(b.name) >= seen * (1 - 1e-9)).all(), b.name
     assert ledger.verify_audit() > 0

@@ -26,16 +26,13 @@ import pytest
 
 from capc.models import Teacher, load_teacher
 from capc.mpc.mechanism_circuits import round_noise
-from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.mechanisms.multi_label import (
     clip_votes,
     multilabel_decide,
     powerset_histogram,
     subset_bits,
 )
-from capc.privacy.mechanisms.personalized import participation_rates, vote_weights
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED, confident_decide, gaussian_noise
-from capc.privacy.planning import max_queries
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.protocol import header
@@ -126,8 +123,8 @@ class Replay:
         return np.stack([t.predict(x) for t in self.teachers], axis=1).astype(np.float64)
 
 
-def spent_rdp(ledger: Ledger) -> dict[str, np.ndarray]:
-    return {f"hospital-{i}": ledger.spent_rdp(f"hospital-{i}") for i in range(PARTIES)}
+def spent_loss(ledger: Ledger) -> dict[str, np.ndarray]:
+    return {f"hospital-{i}": ledger.spent_loss(f"hospital-{i}") for i in range(PARTIES)}
 
 
 def wait_committed(ledger: Ledger, rounds: int) -> None:
@@ -146,14 +143,14 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
     )
     assert all(t.multi_label and t.num_classes == K for t in replay.teachers)
     ledger = Ledger(consortium.db)
-    orders = ledger.orders
+    acct = ledger.accounting
     names = [f"hospital-{i}" for i in range(PARTIES)]
     queries, truth = consortium.queries, consortium.truth
     quality = {}
     for n, name in enumerate(TASKS):
         cfg = TaskConfig.parse(name, TASKS[name], config_hash(TASKS[name]))
         x = queries[n * BATCH : (n + 1) * BATCH]
-        before = spent_rdp(ledger)
+        before = spent_loss(ledger)
         student = student_for(consortium, name)
         result = student.label_batch(x)
         student.close()
@@ -162,21 +159,25 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
         assert result.labels.shape == (BATCH, K)
         votes = replay.votes(x)
         mech = cfg.mechanism
+        p = mech.params.model_dump()
         weights = np.ones(PARTIES)
         voting = np.ones((BATCH, PARTIES), dtype=bool)
-        unit = mech.worst_case(1, orders)
+        if cfg.personalization is not None:
+            # Each party's share of the plan from its cap, by the ledger's own accountant.
+            mult = cfg.personalization.multipliers(CAPS, mech, acct, ledger.delta)
         if cfg.vanishing:
-            rates = participation_rates(CAPS, unit, orders, 500, ledger.delta)
+            rates = mult / mult.max()
             voting = replay.rng.uniform((BATCH, PARTIES)) < rates
             assert 0.1 < rates[0] < 0.5 and rates[2] == 1.0
         if cfg.weighting:
-            weights = np.floor(vote_weights(CAPS, unit, orders, 500, ledger.delta, 4.0) * 256) / 256
+            root = np.sqrt(mult)
+            weights = np.floor(np.minimum(root / root.mean(), 4.0) * 256) / 256
             assert weights[0] < 1.0 < weights[2]
         if mech.name == "powerset":
             hist = powerset_histogram(votes)
-            eta2 = gaussian_noise(hist.shape, mech.sigma, replay.rng)
-            eta1 = gaussian_noise((BATCH,), mech.sigma1, replay.rng)
-            chosen = confident_decide(hist, mech.threshold, round_noise(eta1), round_noise(eta2))
+            eta2 = gaussian_noise(hist.shape, p["sigma"], replay.rng)
+            eta1 = gaussian_noise((BATCH,), p["sigma1"], replay.rng)
+            chosen = confident_decide(hist, p["threshold"], round_noise(eta1), round_noise(eta2))
             expected = np.where(
                 (chosen.labels == NOT_ANSWERED)[:, None],
                 NOT_ANSWERED,
@@ -187,20 +188,20 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
             frac = 8 if mech.name == "tau" or cfg.weighting else 4
             if mech.name == "tau":
                 # The parties' fixed point rounds each clipped vote down to the 2**-8 grid.
-                votes = np.floor(clip_votes(votes, mech.tau) * 256) / 256
+                votes = np.floor(clip_votes(votes, p["tau"]) * 256) / 256
             scaled = votes * (weights[None, :, None] * voting[:, :, None])
             counts = scaled.sum(axis=1)
             theta = (voting * weights).sum(axis=1) / 2.0
-            noise = round_noise(gaussian_noise(counts.shape, mech.sigma, replay.rng), frac)
+            noise = round_noise(gaussian_noise(counts.shape, p["sigma"], replay.rng), frac)
             if mech.confident:
-                conf = round_noise(gaussian_noise(counts.shape, mech.sigma1, replay.rng), frac)
+                conf = round_noise(gaussian_noise(counts.shape, p["sigma1"], replay.rng), frac)
                 expected = np.stack(
                     [
                         multilabel_decide(
                             counts[b : b + 1],
                             theta[b],
                             noise[b : b + 1],
-                            mech.threshold,
+                            p["threshold"],
                             conf[b : b + 1],
                         )[0]
                         for b in range(BATCH)
@@ -216,9 +217,9 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
             float(released.mean()),
             float((got[released] == truth[n * BATCH : (n + 1) * BATCH][released]).mean()),
         )
-        after = spent_rdp(ledger)
+        after = spent_loss(ledger)
         for i, party in enumerate(names):
-            owed = mech.charge(answered[voting[:, i]], DEFAULT_ORDERS, weights[i])
+            owed = acct.cost(mech.event(answered[voting[:, i]], weights[i]))
             np.testing.assert_allclose(
                 after[party] - before[party], owed, rtol=1e-9, atol=1e-12, err_msg=f"{name} {party}"
             )
@@ -259,14 +260,8 @@ def test_admin_view_shows_caps_spend_weights_and_projected_exhaustion(
     # The projection is the worst case at the party's own weight: it matches the ledger.
     cfg = TaskConfig.parse("attr-weighted", weighted, config_hash(weighted))
     ledger = Ledger(consortium.db)
-    per_query = cfg.mechanism.worst_case(1, ledger.orders, low.vote_weight)
-    assert low.queries_left == max_queries(
-        per_query,
-        ledger.orders,
-        low.epsilon_cap,
-        ledger.delta,
-        spent_rdp=ledger.spent_rdp("hospital-0"),
-    )
+    per_query = cfg.mechanism.worst_case(1, low.vote_weight)
+    assert low.queries_left == ledger.queries_fit(per_query, low.epsilon_cap, "hospital-0")
     assert low.epsilon_spent > 0
     vanishing = hub.ListParties(
         guardian_pb2.ListPartiesRequest(header=header("attr-vanishing", "")), timeout=30

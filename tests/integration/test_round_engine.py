@@ -10,7 +10,6 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.mpc.votes import one_hot_votes, share_votes
-from capc.privacy.conversion import epsilon
 from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
@@ -152,16 +151,17 @@ def test_personalized_rounds_send_each_party_its_weight_or_mask_and_reserve_its_
     reserved = {e.party: e.epsilon_alone for e in ledger.entries(round_id=rid)}
     for p, msg in works.items():
         work = msg.work
-        assert work.mechanism.name == "powerset" and work.mechanism.num_labels == 2
+        assert work.mechanism.name == "powerset" and work.mechanism.outputs == 2
         voted = 64
         if mode == "weighting":
             assert not work.participation and work.frac_bits == 8
         else:
             assert work.vote_weight == 1.0
             voted = int(np.unpackbits(np.frombuffer(work.participation, np.uint8)).sum())
-        worst = cfg.mechanism.charge(np.ones(voted, dtype=bool), ledger.orders, work.vote_weight)
+        worst = cfg.mechanism.worst_case(voted, work.vote_weight)
+        acct = ledger.accounting
         assert reserved[p] == pytest.approx(
-            epsilon(worst, ledger.orders, ledger.delta)[0], rel=1e-9
+            acct.spent(acct.cost(worst), ledger.delta).epsilon, rel=1e-9
         )
     w = {p: m.work.vote_weight for p, m in works.items()}
     if mode == "weighting":
