@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
@@ -81,9 +82,16 @@ def gnmax_gap_table(num_teachers: int, num_classes: int, sigma: float, order: fl
 def threshold_table(num_teachers: int, threshold: float, sigma1: float, order: float) -> FloatArray:
     """RDP at ``order`` of the threshold test for max vote m = 0..n. Shape (n + 1,)."""
     maxima = np.arange(num_teachers + 1, dtype=np.float64)
-    log_p = scipy.stats.norm.logsf(threshold - maxima, scale=sigma1)
+    # Each tail from its own side: 1 - p rounds to 0 once max - T passes ~37 sigma1.
+    log_p = scipy.special.log_ndtr((maxima - threshold) / sigma1)
+    log_not = scipy.special.log_ndtr((threshold - maxima) / sigma1)
     o = np.array([order])
-    return np.array([rdp.threshold_from_log_pr(float(lp), sigma1, o)[0] for lp in log_p])
+    return np.array(
+        [
+            rdp.threshold_from_log_tails(float(lp), float(ln), sigma1, o)[0]
+            for lp, ln in zip(log_p, log_not, strict=True)
+        ]
+    )
 
 
 def _one_move_change(table: FloatArray, step: int) -> FloatArray:
