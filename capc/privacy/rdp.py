@@ -129,21 +129,50 @@ def gnmax(votes: ArrayLike, sigma: float, orders: ArrayLike) -> FloatArray:
     return rdp_from_log_q(log_q_gnmax(votes, sd), sd, o)
 
 
-def log_pr_answered(votes: ArrayLike, threshold: float, sigma1: float) -> float:
-    """log Pr[max(votes) + N(0, sigma1**2) >= threshold], max rounded to an integer.
+def tested_max(votes: ArrayLike, threshold: float) -> float:
+    """The max vote the threshold test is charged at: max(votes), or for a
+    non-integer max x the point of [floor(x), ceil(x)] nearest ``threshold``.
 
-    Rounding keeps the value a function of an integer statistic, which the
-    smooth-sensitivity analysis enumerates.
+    Integer maxima are kept as they are, so the charge is a function of the
+    integer statistic that the smooth-sensitivity analysis enumerates. For a
+    non-integer max, q = min(p, 1 - p) grows towards the threshold, so the
+    point nearest it gives the largest q of the interval: never less than at x
+    itself or at either rounding (plain rounding could under-charge).
     """
     v = check.votes(votes)
     t = check.non_negative(threshold, "threshold")
+    x = float(v.max())
+    lo, hi = math.floor(x), math.ceil(x)
+    return float(lo) if lo == hi else min(max(t, float(lo)), float(hi))
+
+
+def log_pr_answered(votes: ArrayLike, threshold: float, sigma1: float) -> float:
+    """log p, p = Pr[m + N(0, sigma1**2) >= threshold], m = :func:`tested_max`.
+
+    ``threshold`` and ``sigma1`` are in votes. Accurate however far m lies from
+    the threshold; for log(1 - p) use :func:`log_pr_not_answered`, never
+    log(1 - exp(log p)), which is -inf once p rounds to 1.
+    """
     sd = check.positive(sigma1, "sigma1")
-    return float(scipy.stats.norm.logsf(t - round(float(v.max())), scale=sd))
+    return float(scipy.special.log_ndtr((tested_max(votes, threshold) - threshold) / sd))
 
 
-def threshold_from_log_pr(log_pr: float, sigma1: float, orders: FloatArray) -> FloatArray:
-    """Data-dependent RDP of the threshold test given log Pr[answered]."""
-    logq = min(log_pr, _log1mexp(log_pr))
+def log_pr_not_answered(votes: ArrayLike, threshold: float, sigma1: float) -> float:
+    """log(1 - p) for the p of :func:`log_pr_answered`, from the lower tail directly."""
+    sd = check.positive(sigma1, "sigma1")
+    return float(scipy.special.log_ndtr((threshold - tested_max(votes, threshold)) / sd))
+
+
+def threshold_from_log_tails(
+    log_pr: float, log_pr_not: float, sigma1: float, orders: FloatArray
+) -> FloatArray:
+    """Data-dependent RDP of the threshold test from log p and log(1 - p).
+
+    ``log_pr`` = log Pr[answered], ``log_pr_not`` = log Pr[not answered], each
+    computed from its own Gaussian tail so that q = min(p, 1 - p) keeps its
+    digits at any gap; ``sigma1`` in votes; returns nats at each Renyi order.
+    """
+    logq = min(log_pr, log_pr_not)
     # The tested statistic has sensitivity 1 against GNMax's sqrt(2): hence the sqrt(2).
     # The explicit cap keeps the promise exact: (sqrt(2) sigma1)**2 may round above 2 sigma1**2.
     bound = rdp_from_log_q(logq, math.sqrt(2.0) * sigma1, orders)
@@ -151,14 +180,17 @@ def threshold_from_log_pr(log_pr: float, sigma1: float, orders: FloatArray) -> F
 
 
 def threshold(votes: ArrayLike, threshold: float, sigma1: float, orders: ArrayLike) -> FloatArray:
-    """Data-dependent RDP of the Confident-GNMax threshold test.
+    """Data-dependent RDP of the Confident-GNMax threshold test, in nats per order.
 
-    Theorem 6 with log q = min(log p, log(1 - p)), p = Pr[answered], at noise
-    sqrt(2)*sigma1; never above orders / (2 sigma1**2).
+    Theorem 6 with log q = min(log p, log(1 - p)), p = Pr[answered] at the
+    max vote of :func:`tested_max`, at noise sqrt(2)*sigma1 (``threshold``
+    and ``sigma1`` in votes); never above orders / (2 sigma1**2).
     """
     o = check.orders(orders)
     sd = check.positive(sigma1, "sigma1")
-    return threshold_from_log_pr(log_pr_answered(votes, threshold, sd), sd, o)
+    return threshold_from_log_tails(
+        log_pr_answered(votes, threshold, sd), log_pr_not_answered(votes, threshold, sd), sd, o
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -10,15 +10,21 @@ RDP at order lambda, for 1 < lambda < 1 / (2 beta); it is added before conversio
 
 To make the local sensitivity exactly computable, the released R is built
 from two integer statistics of each histogram (vote counts of n teachers):
-- the threshold test's RDP depends only on round(max(votes)) (as in
-  :func:`capc.privacy.rdp.log_pr_answered`); one vote move changes it by <= 1;
+- the threshold test's RDP depends only on m = max(votes) (as in
+  :func:`capc.privacy.rdp.threshold`); one vote move changes it by <= 1;
 - GNMax is charged Theorem 6 at q <= min(1 - 1/K, (K - 1) * Pr[N(0, 2 sigma**2) >= g]),
   with g the gap between the two largest counts: a valid upper bound on the
   probability of a wrong answer (every other class is at least g behind), at
   most K - 1 times the union bound of :func:`capc.privacy.rdp.log_q_gnmax`.
   One vote move changes g by <= 2.
-Each statistic lives on {0, ..., n}, so the largest one-move change of the RDP
-anywhere within distance d is found by enumeration, with no approximation.
+A changed teacher moves its vote and never adds or withdraws one, so every
+dataset at any distance has the same vote total s on each query. Only the
+values a histogram of K counts summing to s can take are enumerated
+(:func:`reachable_maxima`, :func:`reachable_gaps`): m in [ceil(s/K), s], and
+g in [0, s] but never s - 1 (and only g of the parity of s when K = 2). The
+largest one-move change of the RDP between such values anywhere within
+distance d is found by enumeration, with no approximation. Tables are still
+tabulated on {0, ..., n}; impossible entries are never read.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
@@ -37,6 +44,7 @@ from capc.privacy.randomness import SecureRandom
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -81,16 +89,47 @@ def gnmax_gap_table(num_teachers: int, num_classes: int, sigma: float, order: fl
 def threshold_table(num_teachers: int, threshold: float, sigma1: float, order: float) -> FloatArray:
     """RDP at ``order`` of the threshold test for max vote m = 0..n. Shape (n + 1,)."""
     maxima = np.arange(num_teachers + 1, dtype=np.float64)
-    log_p = scipy.stats.norm.logsf(threshold - maxima, scale=sigma1)
+    # Each tail from its own side: 1 - p rounds to 0 once max - T passes ~37 sigma1.
+    log_p = scipy.special.log_ndtr((maxima - threshold) / sigma1)
+    log_not = scipy.special.log_ndtr((threshold - maxima) / sigma1)
     o = np.array([order])
-    return np.array([rdp.threshold_from_log_pr(float(lp), sigma1, o)[0] for lp in log_p])
+    return np.array(
+        [
+            rdp.threshold_from_log_tails(float(lp), float(ln), sigma1, o)[0]
+            for lp, ln in zip(log_p, log_not, strict=True)
+        ]
+    )
 
 
-def _one_move_change(table: FloatArray, step: int) -> FloatArray:
-    """Largest |table[x + s] - table[x]| over 0 < |s| <= step inside the table, per x."""
+def reachable_maxima(total: int, num_classes: int, size: int) -> BoolArray:
+    """Which m in 0..size-1 is the top count of some K-class histogram summing to ``total``.
+
+    The top of K counts summing to s is at least ceil(s / K) and at most s; every
+    value between is the top of (m, s - m spread over the others) when it fits.
+    """
+    m = np.arange(size)
+    return (m >= -(-total // num_classes)) & (m <= total)
+
+
+def reachable_gaps(total: int, num_classes: int, size: int) -> BoolArray:
+    """Which g in 0..size-1 is the top-two gap of some K-class histogram summing to ``total``.
+
+    With second count b, top g + b and r = s - g: the other K - 2 counts hold
+    r - 2b, each at most b, so g occurs iff some integer b has r / K <= b <= r / 2.
+    """
+    r = total - np.arange(size)
+    return (r >= 0) & (-(-r // num_classes) <= r // 2)
+
+
+def _one_move_change(table: FloatArray, step: int, reachable: BoolArray) -> FloatArray:
+    """Largest |table[y] - table[x]| over reachable y with 0 < |y - x| <= step, per reachable x.
+
+    Zero at unreachable x: no dataset has that statistic, so its change is never charged.
+    """
     out = np.zeros_like(table)
     for s in range(1, step + 1):
         diff = np.abs(table[s:] - table[:-s])
+        diff[~(reachable[s:] & reachable[:-s])] = 0.0
         out[:-s] = np.maximum(out[:-s], diff)
         out[s:] = np.maximum(out[s:], diff)
     return out
@@ -149,11 +188,13 @@ def sanitise(
     b = 0.2 / lam if beta is None else check.positive(beta, "beta")
     cost = release_rdp(b, sigma_ss, lam)
 
-    srt = np.sort(h, axis=1)
-    gap = (srt[:, -1] - srt[:, -2]).astype(np.int64)[ans]
-    gn = gnmax_gap_table(num_teachers, h.shape[1], s2, lam)
-    total = float(gn[gap].sum())
-    windows = [_WindowMax(_one_move_change(gn, 2), gap, 2)]
+    srt = np.sort(h, axis=1).astype(np.int64)
+    k = h.shape[1]
+    votes_cast = srt.sum(axis=1)
+    gaps = srt[:, -1] - srt[:, -2]
+    gn = gnmax_gap_table(num_teachers, k, s2, lam)
+    total = float(gn[gaps[ans]].sum())
+    thr: FloatArray | None = None
     if threshold is not None:
         if sigma1 is None:
             raise ValueError("a threshold test needs sigma1")
@@ -163,9 +204,17 @@ def sanitise(
             check.positive(sigma1, "sigma1"),
             lam,
         )
-        mx = np.rint(srt[:, -1]).astype(np.int64)
-        total += float(thr[mx].sum())
-        windows.append(_WindowMax(_one_move_change(thr, 1), mx, 1))
+        total += float(thr[srt[:, -1]].sum())
+    # Queries with the same vote total share what their statistics can reach.
+    windows = []
+    for cast in np.unique(votes_cast):
+        same = votes_cast == cast
+        size = num_teachers + 1
+        gn_change = _one_move_change(gn, 2, reachable_gaps(int(cast), k, size))
+        windows.append(_WindowMax(gn_change, gaps[same & ans], 2))
+        if thr is not None:
+            thr_change = _one_move_change(thr, 1, reachable_maxima(int(cast), k, size))
+            windows.append(_WindowMax(thr_change, srt[same, -1], 1))
 
     # LS at distance 0, then grow the windows until the discount rules out any larger value.
     global_bound = sum(float(w.values.max()) * w.pos.size for w in windows)

@@ -29,7 +29,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--listen", default="0.0.0.0:50051", help="host:port to serve on")
     p.add_argument(
-        "--pki", type=Path, default=Path("pki"), help="directory with ca.pem and NAME.pem/.key"
+        "--pki",
+        type=Path,
+        default=None,
+        help="directory with ca.pem and NAME.pem/.key (default: pki; "
+        "with --insecure-dev, naming it keeps mutual TLS on)",
     )
     p.add_argument("--name", default="guardian", help="certificate name of this guardian")
     p.add_argument(
@@ -62,7 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--noise-seed",
         default=None,
-        help="TESTS ONLY: draw noise from a seeded stream so a test can replay it; never with real data",
+        help="TESTS ONLY, needs --insecure-dev: draw noise from a seeded stream so a test can "
+        "replay it; a restarted seeded guardian repeats its noise, so never with real data",
     )
     p.add_argument(
         "--migrate", action="store_true", help="only bring the ledger schema up to date, then exit"
@@ -70,13 +75,45 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument(
         "--insecure-dev",
         action="store_true",
-        help="plaintext gRPC without certificates (development only)",
+        help="development only: allows --noise-seed; plaintext gRPC without certificates "
+        "unless --pki is given",
     )
     p.set_defaults(handler=run)
 
 
+NOISE_SEED_REFUSED = (
+    "--noise-seed needs --insecure-dev: a seeded guardian draws the same noise again "
+    "after every restart, so its answers repeat their noise and differential privacy "
+    "no longer holds. With real data, drop --noise-seed (the guardian then draws from "
+    "the operating system's CSPRNG); only a test that replays the noise may add "
+    "--insecure-dev."
+)
+
+
+def start_up_error(args: argparse.Namespace) -> str | None:
+    """Why the guardian must not start with ``args``, or None; checked before the ledger opens."""
+    if args.noise_seed is not None and not args.insecure_dev:
+        return NOISE_SEED_REFUSED
+    return None
+
+
+def transport(args: argparse.Namespace) -> tls.TLSFiles | None:
+    """The TLS files to serve with, or None for plaintext (--insecure-dev without --pki).
+
+    An explicit --pki keeps mutual TLS on even under --insecure-dev, so a test that
+    replays seeded noise still exercises the certificates and the role policy.
+    """
+    if args.insecure_dev and args.pki is None:
+        return None
+    return tls.TLSFiles.in_dir(Path("pki") if args.pki is None else args.pki, args.name)
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging()
+    refused = start_up_error(args)
+    if refused is not None:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     try:
         ledger = Ledger(args.db, delta=args.delta)
         if args.migrate:
@@ -116,11 +153,17 @@ def run(args: argparse.Namespace) -> int:
                 aborted,
                 committed,
             )
-        files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
+        files = transport(args)
+        if args.insecure_dev and files is not None:
+            log.warning(
+                "--insecure-dev with --pki: mutual TLS stays on, development-only options "
+                "are allowed. Never use this with real patient data."
+            )
         rng = None
         if args.noise_seed is not None:
             log.warning(
-                "--noise-seed: the guardian's noise is predictable. This is for tests only."
+                "--noise-seed: the guardian's noise is predictable and repeats after a "
+                "restart. This is for tests only."
             )
             rng = SecureRandom.from_seed(args.noise_seed)
         server = serve(ledger, args.listen, files, share_timeout=args.share_timeout, rng=rng)

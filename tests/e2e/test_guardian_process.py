@@ -6,6 +6,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -130,3 +131,56 @@ def test_insecure_dev_warns_loudly(tmp_path: Path) -> None:
     finally:
         proc.popen.kill()
         proc.popen.wait(timeout=10)
+
+
+def test_noise_seed_without_insecure_dev_is_refused(tmp_path: Path) -> None:
+    # A seeded guardian repeats its noise after a restart: never by accident.
+    proc = spawn(
+        "guardian",
+        "guardian",
+        "--db",
+        str(tmp_path / "l.db"),
+        "--listen",
+        "127.0.0.1:0",
+        "--noise-seed",
+        "replay-me",
+    )
+    out = proc.output(timeout=60)
+    assert proc.popen.returncode == 2
+    assert "--noise-seed needs --insecure-dev" in out and "drop --noise-seed" in out
+    assert "guardian serving" not in out and not (tmp_path / "l.db").exists()
+
+
+def test_seeded_test_guardian_still_serves_mutual_tls(
+    pki_dir: Path, tmp_path: Path, procs: list[Process]
+) -> None:
+    port = free_port()
+    proc = spawn(
+        "guardian",
+        "guardian",
+        "--db",
+        str(tmp_path / "l.db"),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--pki",
+        str(pki_dir),
+        "--register",
+        "hospital-a=3",
+        "--noise-seed",
+        "replay-me",
+        "--insecure-dev",
+    )
+    procs.append(proc)
+    proc.wait_for("guardian serving")
+    seen = "".join(proc.lines)
+    assert "mutual TLS stays on" in seen and "for tests only" in seen
+    secure = guardian_pb2_grpc.GuardianHubStub(
+        tls.secure_channel(
+            f"127.0.0.1:{port}", tls.TLSFiles.in_dir(pki_dir, "gateway"), server_name="localhost"
+        )
+    )
+    reply = secure.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+    assert [p.name for p in reply.parties] == ["hospital-a"]
+    plaintext = guardian_pb2_grpc.GuardianHubStub(tls.secure_channel(f"127.0.0.1:{port}", None))
+    with pytest.raises(grpc.RpcError):
+        plaintext.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=5)

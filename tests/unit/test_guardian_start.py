@@ -1,0 +1,49 @@
+"""Start-up checks of ``capc guardian`` that need neither a ledger nor a network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.cli import build_parser, main
+from services.common import tls
+from services.guardian import main as guardian_main
+
+
+def test_noise_seed_alone_refuses_to_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ledger.db"
+    code = main(["guardian", "--db", str(db), "--listen", "127.0.0.1:0", "--noise-seed", "s"])
+    err = capsys.readouterr().err
+    assert code == 2
+    # What is wrong, why it matters, and what to do.
+    assert "--noise-seed needs --insecure-dev" in err
+    assert "restart" in err and "differential privacy" in err
+    assert "drop --noise-seed" in err
+    # Refused before anything was opened or created.
+    assert not db.exists()
+
+
+def test_validation_is_a_plain_function() -> None:
+    parse = build_parser().parse_args
+    assert guardian_main.start_up_error(parse(["guardian", "--noise-seed", "s"])) is not None
+    assert guardian_main.start_up_error(parse(["guardian", "--insecure-dev"])) is None
+    assert guardian_main.start_up_error(parse(["guardian"])) is None
+    seeded_dev = parse(["guardian", "--noise-seed", "s", "--insecure-dev"])
+    assert guardian_main.start_up_error(seeded_dev) is None
+
+
+def test_insecure_dev_keeps_tls_when_certificates_are_named(tmp_path: Path) -> None:
+    # A seeded test consortium still runs over mutual TLS: --insecure-dev without
+    # --pki is plaintext, with --pki it only unlocks development-only options.
+    parse = build_parser().parse_args
+    assert guardian_main.transport(parse(["guardian", "--insecure-dev"])) is None
+    named = guardian_main.transport(
+        parse(["guardian", "--insecure-dev", "--pki", str(tmp_path), "--noise-seed", "s"])
+    )
+    assert named == tls.TLSFiles.in_dir(tmp_path, "guardian")
+    assert guardian_main.transport(parse(["guardian"])) == tls.TLSFiles.in_dir(
+        Path("pki"), "guardian"
+    )
