@@ -183,7 +183,8 @@ def verify(cert_pem: bytes, ca_pem: bytes, at: dt.datetime | None = None) -> Ide
         raise PKIError("certificate was not issued by this consortium's CA")
     try:
         ca_pub = ca.public_key()
-        assert isinstance(ca_pub, ec.EllipticCurvePublicKey)
+        if not isinstance(ca_pub, ec.EllipticCurvePublicKey):
+            raise PKIError("the consortium CA must have an elliptic-curve key; re-run `capc pki init`")
         ca_pub.verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(hashes.SHA256()))
     except InvalidSignature:
         raise PKIError("certificate signature does not verify against the consortium CA") from None

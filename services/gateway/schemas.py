@@ -140,8 +140,10 @@ class BudgetOut(BaseModel):
     epsilon_spent: float
     epsilon_remaining: float
     delta: float
-    best_order: float = Field(description="the RDP order that gives the smallest epsilon")
-    accounting: str
+    best_order: float = Field(
+        description="the Renyi order that gives the smallest epsilon (rdp ledgers; 0 otherwise)"
+    )
+    accounting: str = Field(description="the ledger's accountant, e.g. exact Gaussian DP")
     queries_left: int | None
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
@@ -38,6 +39,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--name", default="guardian", help="certificate name of this guardian")
     p.add_argument(
         "--delta", type=float, default=1e-5, help="delta the ledger accounts at (fixed at creation)"
+    )
+    p.add_argument(
+        "--accountant",
+        choices=list(ACCOUNTANTS),
+        help=f"the ledger's accountant, fixed when it is created (default {DEFAULT_ACCOUNTANT}: "
+        "exact Gaussian DP; an existing ledger keeps its own)",
     )
     p.add_argument(
         "--register",
@@ -115,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {refused}", file=sys.stderr)
         return 2
     try:
-        ledger = Ledger(args.db, delta=args.delta)
+        ledger = Ledger(args.db, accountant=args.accountant, delta=args.delta)
         if args.migrate:
             print(f"ledger at {ledger.url} is at the newest schema")
             return 0

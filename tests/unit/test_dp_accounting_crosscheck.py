@@ -36,9 +36,9 @@ def test_gaussian_composition_matches(
 
 def test_mixed_mechanisms_match() -> None:
     acc = Accountant()
-    acc.compose(events.threshold_test(200, 150), 1000)
-    acc.compose(events.gnmax(40), 400)
-    acc.compose(events.multilabel_binary(6, 30.0), 50)
+    acc.compose(events.GaussianEvent(1.0, 150.0), 1000)  # threshold tests
+    acc.compose(events.GaussianEvent(np.sqrt(2), 40.0), 400)  # GNMax answers
+    acc.compose(events.GaussianEvent(np.sqrt(6), 30.0), 50)  # Binary voting, 6 labels
     theirs = rdp_privacy_accountant.RdpAccountant(list(DEFAULT_ORDERS))
     theirs.compose(dp_accounting.GaussianDpEvent(150.0), 1000)
     theirs.compose(dp_accounting.GaussianDpEvent(40.0 / np.sqrt(2)), 400)

@@ -6,14 +6,20 @@ import numpy as np
 import pytest
 
 from capc.learning.pate import ConfidentParams, label_within_budgets
-from capc.privacy import events, gaussian_dp, planning, rdp
+from capc.mechanisms import MECHANISMS
+from capc.privacy import gaussian_dp, planning, rdp
 from capc.privacy.accountant import Accountant, Budget
+from capc.privacy.accountants import UnsupportedEventError
 from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.mechanisms import confident_gnmax, gnmax
 from capc.privacy.randomness import SecureRandom
 
 THRESHOLD = 30.0
 PARAMS = ConfidentParams(threshold=THRESHOLD, sigma1=20.0, sigma2=6.0)
+#: The same mechanism as an object: its data-dependent events are what a run is charged.
+CONFIDENT = MECHANISMS["confident-gnmax"].from_params(
+    10, {"sigma": PARAMS.sigma2, "threshold": THRESHOLD, "sigma1": PARAMS.sigma1}
+)
 
 
 def histograms(n: int = 400, teachers: int = 50, seed: int = 0) -> np.ndarray:
@@ -41,22 +47,28 @@ def test_runs_stop_before_the_budget_and_charge_exactly_their_events() -> None:
         np.testing.assert_array_equal(run.labels[: run.processed], plain.labels[: run.processed])
         assert (run.labels[run.processed :] == -1).all()
         acc = Accountant("central")
-        budget = Budget(run.budget, 1e-5)
         for i in range(run.processed):
-            acc.compose(events.threshold_test(THRESHOLD, PARAMS.sigma1, votes=h[i]), budget=budget)
-            if plain.answered[i]:
-                acc.compose(events.gnmax(PARAMS.sigma2, votes=h[i]), budget=budget)
+            # Data-dependent curves are no filter charge (compose(budget=...) refuses them):
+            # check by hand that no prefix of the run went over its budget.
+            acc.compose(
+                CONFIDENT.data_dependent_event(h[i], bool(plain.answered[i]), DEFAULT_ORDERS)
+            )
+            assert acc.spent(1e-5).epsilon <= run.budget
         spent = acc.spent(1e-5)
         assert run.epsilon == pytest.approx(spent.epsilon, rel=1e-9)
         assert run.epsilon <= run.budget
         if run.processed < len(h):
-            # The next query would have gone over: the accountant refuses it.
-            nxt = [events.threshold_test(THRESHOLD, PARAMS.sigma1, votes=h[run.processed])]
-            if plain.answered[run.processed]:
-                nxt.append(events.gnmax(PARAMS.sigma2, votes=h[run.processed]))
-            for e in nxt:
-                acc.compose(e)
+            # The next query would have gone over: the run had to stop there.
+            nxt = run.processed
+            acc.compose(
+                CONFIDENT.data_dependent_event(h[nxt], bool(plain.answered[nxt]), DEFAULT_ORDERS)
+            )
             assert acc.spent(1e-5).epsilon > run.budget
+        with pytest.raises(UnsupportedEventError, match="budget filter"):
+            acc.compose(
+                CONFIDENT.data_dependent_event(h[0], True, DEFAULT_ORDERS),
+                budget=Budget(run.budget, 1e-5),
+            )
         assert run.sanitised_epsilon > 0
 
 
@@ -87,10 +99,11 @@ def test_plain_gnmax_by_rdp_charges_the_answers_only() -> None:
     assert 0 < run.processed < len(h) and run.accountant == "rdp"
     np.testing.assert_array_equal(run.labels[: run.processed], labels[: run.processed])
     acc = Accountant("central")
+    plain_gnmax = MECHANISMS["gnmax"].from_params(10, {"sigma": PLAIN.sigma2})
     for i in range(run.processed):
-        acc.compose(events.gnmax(PLAIN.sigma2, votes=h[i]))
+        acc.compose(plain_gnmax.data_dependent_event(h[i], True, DEFAULT_ORDERS))
     assert run.epsilon == pytest.approx(acc.spent(1e-5).epsilon, rel=1e-9)
-    acc.compose(events.gnmax(PLAIN.sigma2, votes=h[run.processed]))
+    acc.compose(plain_gnmax.data_dependent_event(h[run.processed], True, DEFAULT_ORDERS))
     assert acc.spent(1e-5).epsilon > run.budget
 
 

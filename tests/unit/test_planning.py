@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from capc.mechanisms import MECHANISMS
 from capc.privacy import events, planning, rdp
 from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion
 from capc.privacy.mechanisms import (
@@ -59,7 +60,12 @@ def test_noise_scale_round_trip(queries: int, eps: float) -> None:
 
 
 def test_confident_noise_keeps_the_ratio() -> None:
-    unit = events.confident_gnmax_unit(150 / 40)
+    # One answered Confident-GNMax query at sigma = 1, sigma1 = 150 / 40: both parts scale as
+    # 1 / sigma**2 when the ratio is held, which is what noise_scale_for needs.
+    mech = MECHANISMS["confident-gnmax"].from_params(
+        10, {"sigma": 1.0, "threshold": 0.0, "sigma1": 150 / 40}
+    )
+    unit = events.rdp_curve(mech.per_query(), DEFAULT_ORDERS)
     s = planning.noise_scale_for(unit, DEFAULT_ORDERS, 2000, 6.0, 1e-5)
     per = rdp.threshold_data_independent(s * 150 / 40, DEFAULT_ORDERS) + rdp.gnmax_data_independent(
         s, DEFAULT_ORDERS

@@ -9,8 +9,11 @@ import pytest
 
 from capc.data.multilabel import ATTRIBUTE_TABLE, attributes_of
 from capc.mpc.mechanism_circuits import ConfidentGNMax, MultiLabel
+from capc.privacy.accountants import RenyiDp
 from services.answerer.party import round_votes
-from services.common.task import TaskConfig, TaskError, config_hash, mechanism_message
+from services.common.protocol import RequestError
+from services.common.serde import mechanism_to_proto, overrides_from_proto
+from services.common.task import TaskConfig, TaskError, config_hash
 from services.proto.capc.v1 import guardian_pb2
 
 
@@ -59,7 +62,7 @@ def test_personalized_tasks() -> None:
             "num_labels",
         ),
         (ml({"name": "powerset", "sigma": 1.0}, k=11), "1 to 10 labels"),
-        (ml({"name": "tau", "sigma": 1.0}), "tau > 0"),
+        (ml({"name": "tau", "sigma": 1.0}), "tau: Field required"),
         (ml({"name": "binary", "sigma": 1.0}, personalization={"mode": "boost"}), "mode"),
         (
             ml(
@@ -83,14 +86,14 @@ def test_answering_party_votes_follow_the_round() -> None:
     task = parse(ml({"name": "binary", "sigma": 2.0}, k=3))
     preds = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 1]])
     work = guardian_pb2.RoundWork(
-        mechanism=mechanism_message(task),
+        mechanism=mechanism_to_proto(task.mechanism),
         vote_weight=0.5,
         frac_bits=8,
         participation=np.packbits([1, 0, 1], bitorder="little").tobytes(),
     )
     votes = round_votes(work, preds, 3)
     np.testing.assert_array_equal(votes, [[128, 0, 128], [0, 0, 0], [128, 128, 128]])
-    with pytest.raises(ValueError, match="3 labels, this teacher 5"):
+    with pytest.raises(ValueError, match="3 outputs, this teacher 5"):
         round_votes(work, preds, 5)
     with pytest.raises(ValueError, match="names no mechanism"):
         round_votes(guardian_pb2.RoundWork(vote_weight=1.0), preds, 3)
@@ -111,6 +114,10 @@ def test_animal_attributes_are_a_fixed_function_of_the_class() -> None:
 def test_job_overrides_may_only_add_privacy() -> None:
     from services.proto.capc.v1 import common_pb2
 
+    def overrides(**params: float) -> dict[str, float] | None:
+        # Through the proto a job request carries, as the guardian reads it.
+        return overrides_from_proto(common_pb2.Mechanism(params=params))
+
     task = parse(
         {
             "num_classes": 10,
@@ -118,29 +125,35 @@ def test_job_overrides_may_only_add_privacy() -> None:
             "mechanism": {"name": "confident-gnmax", "sigma": 2.0, "threshold": 3.0, "sigma1": 4.0},
         }
     )
-    assert task.overridden(None) is task and task.overridden(common_pb2.Mechanism()) is task
-    more = task.overridden(common_pb2.Mechanism(sigma=5.0, threshold=6.0))
-    assert (more.mechanism.sigma, more.mechanism.sigma1, more.mechanism.threshold) == (
-        5.0,
-        4.0,
-        6.0,
-    )
+    assert task.overridden(None) is task and task.overridden(overrides()) is task
+    assert task.overridden(overrides(sigma=0.0)) is task  # 0 keeps the task's value
+    more = task.overridden(overrides(sigma=5.0, threshold=6.0))
+    assert more.mechanism.to_config() == {
+        "name": "confident-gnmax",
+        "sigma": 5.0,
+        "threshold": 6.0,
+        "sigma1": 4.0,
+    }
     # Same config hash (the task did not change), and a cheaper worst case.
     assert more.config_hash == task.config_hash
-    orders = np.array([2.0, 8.0, 32.0])
-    assert (more.mechanism.worst_case(10, orders) < task.mechanism.worst_case(10, orders)).all()
+    orders = RenyiDp(np.array([2.0, 8.0, 32.0]))
+    assert (
+        orders.cost(more.mechanism.worst_case(10)) < orders.cost(task.mechanism.worst_case(10))
+    ).all()
     refused = {
-        "is below the task's": common_pb2.Mechanism(sigma=1.0),
-        "sigma1 = 3": common_pb2.Mechanism(sigma1=3.0),
-        "fixes name": common_pb2.Mechanism(name="gnmax"),
-        "fixes num_classes": common_pb2.Mechanism(num_classes=5),
-        "finite": common_pb2.Mechanism(sigma=float("nan")),
-        "at most": common_pb2.Mechanism(threshold=1e9),
-        "not a job override": common_pb2.Mechanism(confidence_threshold=9.0),
+        "is below the task's": overrides(sigma=1.0),
+        "sigma1 = 3": overrides(sigma1=3.0),
+        "finite": {"sigma": float("nan")},
+        "at most": overrides(threshold=1e9),
+        "no parameter 'confidence_threshold'": overrides(confidence_threshold=9.0),
     }
     for text, msg in refused.items():
         with pytest.raises(TaskError, match=text):
             task.overridden(msg)
+    # The mechanism and its label space are the task's: a request naming them is refused.
+    for fixed in (common_pb2.Mechanism(name="gnmax"), common_pb2.Mechanism(outputs=5)):
+        with pytest.raises(RequestError, match="the mechanism and its label space are the task's"):
+            overrides_from_proto(fixed)
     gnmax = parse(
         {
             "num_classes": 10,
@@ -148,8 +161,8 @@ def test_job_overrides_may_only_add_privacy() -> None:
             "mechanism": {"name": "gnmax", "sigma": 2.0},
         }
     )
-    with pytest.raises(TaskError, match="only to a confident mechanism"):
-        gnmax.overridden(common_pb2.Mechanism(sigma1=9.0))
+    with pytest.raises(TaskError, match="gnmax has no parameter 'sigma1'"):
+        gnmax.overridden(overrides(sigma1=9.0))
 
 
 def test_encrypted_tasks() -> None:
@@ -164,7 +177,7 @@ def test_encrypted_tasks() -> None:
     assert '"architecture":"he-cnn"' in task.encryption.to_json()
     bad: list[tuple[dict[str, Any], str]] = [
         ({**base, "encryption": {"architecture": "resnet10"}}, "HE-friendly"),
-        ({**base, "encryption": {"architecture": "he-cnn", "key": 1}}, "unknown encryption"),
+        ({**base, "encryption": {"architecture": "he-cnn", "key": 1}}, "key: Extra inputs"),
         (
             {
                 **base,
@@ -174,7 +187,11 @@ def test_encrypted_tasks() -> None:
         ),
         ({**base, "personalization": {"mode": "weighting"}}, "without personalized budgets"),
         (
-            {**base, "num_labels": 3, "mechanism": {"name": "binary", "sigma": 1.0}},
+            {
+                **{k: v for k, v in base.items() if k != "num_classes"},
+                "num_labels": 3,
+                "mechanism": {"name": "binary", "sigma": 1.0},
+            },
             "single-label voting",
         ),
     ]

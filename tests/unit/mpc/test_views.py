@@ -23,7 +23,7 @@ from capc.mpc.session import LocalPair
 from capc.privacy.mechanisms.single_label import vote_histogram
 
 B, K, N = 512, 10, 50
-SPEC = ConfidentGNMax(K, N, sigma2=8.0, threshold=40.0, sigma1=30.0)
+SPEC = ConfidentGNMax(K, N, sigma=8.0, threshold=40.0, sigma1=30.0)
 
 
 @dataclass
@@ -74,7 +74,7 @@ def recorded() -> Round:
     student = rng.integers(0, 2**64 - 1, (B, K), dtype=np.uint64, endpoint=True)
     guardian = hist - student
     eta1 = rng.normal(0, SPEC.sigma1, B)
-    eta2 = rng.normal(0, SPEC.sigma2, (B, K))
+    eta2 = rng.normal(0, SPEC.sigma, (B, K))
     recorders: dict[Party, Recorder] = {}
 
     def wrap(ch: Channel, party: Party) -> Channel:

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from capc.mechanisms import Mechanism, MechanismError, mechanism_class
+from capc.mechanisms.tau import Tau
 from capc.mpc import ring
 from capc.mpc.sealing import SealError
-from capc.mpc.votes import encode_votes, one_hot_votes, share_votes, student_share_sum
+from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
 from capc.privacy import rdp
 from capc.privacy.mechanisms.single_label import vote_histogram
 
@@ -52,19 +54,27 @@ def test_bad_predictions() -> None:
         )
 
 
+def mech(name: str, outputs: int, **params: float) -> Mechanism:
+    return mechanism_class(name).from_params(outputs, {"sigma": 1.0, **params})
+
+
 def test_encode_votes_for_every_mechanism() -> None:
     classes = np.array([2, 0, 1])
     np.testing.assert_array_equal(
-        encode_votes(classes, "gnmax", num_classes=3, weight=1.5, frac_bits=8),
+        mech("gnmax", 3).encode_votes(classes, weight=1.5, frac_bits=8),
         np.eye(3, dtype=np.uint64)[classes] * np.uint64(384),
     )
     labels = np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1]])
-    np.testing.assert_array_equal(encode_votes(labels, "binary"), labels.astype(np.uint64))
-    power = encode_votes(labels, "powerset")
+    binary = mech("binary", 3)
+    encoded = binary.encode_votes(labels)
+    assert encoded.dtype == np.uint64
+    np.testing.assert_array_equal(encoded, labels.astype(np.uint64))
+    power = mech("powerset", 3).encode_votes(labels)
+    assert power.dtype == np.uint64
     assert power.shape == (3, 8) and list(power.argmax(axis=1)) == [5, 0, 7]
     assert (power.sum(axis=1) == 1).all()
     # Vanishing: a party that sits a query out sends zeros for it.
-    sat_out = encode_votes(labels, "binary", participation=np.array([True, True, False]))
+    sat_out = binary.encode_votes(labels, participation=np.array([True, True, False]))
     assert not sat_out[2].any() and (sat_out[0] == labels[0]).all()
 
 
@@ -73,26 +83,34 @@ def test_tau_votes_in_fixed_point_keep_the_proven_sensitivity(tau: float, weight
     """Every pair of encoded votes differs by at most weight * min(sqrt(2) tau, sqrt(k)) in l2."""
     k, frac = 5, 8
     every = ((np.arange(1 << k)[:, None] >> np.arange(k)) & 1).astype(np.int64)
-    votes = encode_votes(every, "tau", weight=weight, frac_bits=frac, tau=tau).astype(np.float64)
+    m = mech("tau", k, tau=tau)
+    assert isinstance(m, Tau)
+    votes = m.encode_votes(every, weight=weight, frac_bits=frac).astype(np.float64)
     votes /= 1 << frac
     assert (np.linalg.norm(votes, axis=1) <= weight * tau + 1e-12).all()
     diff = np.linalg.norm(votes[:, None, :] - votes[None, :, :], axis=2).max()
     bound = weight * rdp.tau_sensitivity(k, tau)
+    # The mechanism charges exactly this sensitivity when all k labels are released.
+    assert m.sensitivity(k) == pytest.approx(rdp.tau_sensitivity(k, tau))
     assert diff <= bound + 1e-12
     # The bound is nearly attained (two disjoint clipped votes), so the check has teeth.
     assert diff > 0.95 * min(bound, weight * np.sqrt(k))
 
 
 def test_encode_votes_refuses_bad_input() -> None:
-    with pytest.raises(ValueError, match="0/1"):
-        encode_votes(np.array([[0, 2]]), "binary")
-    with pytest.raises(ValueError, match="shape"):
-        encode_votes(np.array([1, 0]), "tau", tau=1.0)
-    with pytest.raises(ValueError, match="tau > 0"):
-        encode_votes(np.array([[1, 0]]), "tau")
-    with pytest.raises(ValueError, match="weight"):
-        encode_votes(np.array([1]), "gnmax", num_classes=2, weight=-1.0)
-    with pytest.raises(ValueError, match="participation"):
-        encode_votes(np.array([[1, 0]]), "binary", participation=np.array([True, False]))
-    with pytest.raises(ValueError, match="no vote encoding"):
-        encode_votes(np.array([[1, 0]]), "median")
+    with pytest.raises(MechanismError, match="0/1"):
+        mech("binary", 2).encode_votes(np.array([[0, 2]]))
+    with pytest.raises(MechanismError, match="shape"):
+        mech("tau", 2, tau=1.0).encode_votes(np.array([1, 0]))
+    with pytest.raises(MechanismError, match="tau: Field required"):
+        mech("tau", 2)
+    with pytest.raises(MechanismError, match="tau: Input should be greater than 0"):
+        mech("tau", 2, tau=0.0)
+    with pytest.raises(MechanismError, match="weight"):
+        mech("gnmax", 2).encode_votes(np.array([1]), weight=-1.0)
+    with pytest.raises(MechanismError, match=r"\[0, 2\)"):
+        mech("gnmax", 2).encode_votes(np.array([2]))
+    with pytest.raises(MechanismError, match="participation"):
+        mech("binary", 2).encode_votes(np.array([[1, 0]]), participation=np.array([True, False]))
+    with pytest.raises(MechanismError, match="unknown mechanism 'median'"):
+        mechanism_class("median")
