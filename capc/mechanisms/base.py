@@ -100,7 +100,7 @@ class Mechanism(ABC):
                 f"{'.'.join(str(x) for x in e['loc']) or 'parameters'}: {e['msg']}"
                 for e in err.errors()
             )
-            raise MechanismError(f"{cls.name}: {problems}") from None
+            raise MechanismError(f"{cls.name} parameters: {problems}") from None
         return cls(outputs, p)
 
     def to_config(self) -> dict[str, Any]:
@@ -254,9 +254,17 @@ class Mechanism(ABC):
         decision_threshold: ArrayLike | None = None,
     ) -> tuple[Labels, NDArray[np.bool_]]:
         """What the circuit releases for ``histograms`` given the guardian's raw ``noise``:
-        the noise rounded to the circuit's grid, then :meth:`decide`."""
+        the noise and every threshold rounded to the circuit's fixed-point grid (as the
+        circuit encodes them), then :meth:`decide`."""
         rounded = {k: round_noise(v, frac_bits) for k, v in noise.items()}
-        return self.decide(histograms, rounded, decision_threshold)
+        params = self.params.model_dump()
+        on_grid = {
+            k: float(round_noise(v, frac_bits)) if k == "threshold" else v
+            for k, v in params.items()
+        }
+        mech = self if on_grid == params else type(self).from_params(self.outputs, on_grid)
+        theta = None if decision_threshold is None else round_noise(decision_threshold, frac_bits)
+        return mech.decide(histograms, rounded, theta)
 
     # -- privacy -------------------------------------------------------------
     @property

@@ -160,9 +160,13 @@ class ConfidentGNMax:
             if eta1 is None:
                 raise ValueError("Confident-GNMax needs eta1 for the threshold test")
             per_class = np.ndim(eta1) == 2
-            e1 = _noise_word(eta1, self.sigma1, self.frac_bits, shape if per_class else (batch,), "eta1")
+            e1 = _noise_word(
+                eta1, self.sigma1, self.frac_bits, shape if per_class else (batch,), "eta1"
+            )
             t = ring.encode_fixed(self.threshold, self.frac_bits)
-            out["threshold"] = ring.reduce(base + (e1 - t if per_class else (e1 - t)[:, None]), self.bits)
+            out["threshold"] = ring.reduce(
+                base + (e1 - t if per_class else (e1 - t)[:, None]), self.bits
+            )
         return out
 
     def decode(self, evaluator_out: dict[str, U64]) -> NDArray[np.int64]:

@@ -19,6 +19,7 @@ from capc.mpc.sealing import open_sealed, seal, seed_context
 
 U64 = NDArray[np.uint64]
 
+
 def one_hot_votes(predictions: ArrayLike, num_classes: int, weight: int = 1) -> U64:
     """Predicted classes (B,) -> one-hot votes (B, K) in the ring, ``weight`` per vote."""
     p = np.asarray(predictions)

@@ -241,7 +241,12 @@ class GaussianDp(Accounting):
         )
 
     def _max_multiplier(self, unit: FloatArray, epsilon: float, delta: float) -> float:
-        return gaussian_dp.max_mu(epsilon, delta) ** 2 / float(unit[0])
+        # The square and the division round, and a caller may multiply in another order:
+        # keep a relative margin of 1e-12, then step down until the product really fits.
+        m = gaussian_dp.max_mu(epsilon, delta) ** 2 / float(unit[0]) * (1.0 - 1e-12)
+        while m > 0 and not self.fits(m * unit, epsilon, delta):
+            m = float(np.nextafter(m, 0.0))
+        return m
 
     def settings(self) -> dict[str, Any]:
         return {}

@@ -71,7 +71,11 @@ class GaussianEvent:
         return float(self.sensitivity) / float(self.sigma)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "sensitivity": float(self.sensitivity), "sigma": float(self.sigma)}
+        return {
+            "kind": self.kind,
+            "sensitivity": float(self.sensitivity),
+            "sigma": float(self.sigma),
+        }
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,9 @@ class ComposedEvent:
         return {"kind": self.kind, "events": [e.to_dict() for e in self.events]}
 
 
-DpEvent = NoOpEvent | GaussianEvent | PureDpEvent | RdpCurveEvent | SelfComposedEvent | ComposedEvent
+DpEvent = (
+    NoOpEvent | GaussianEvent | PureDpEvent | RdpCurveEvent | SelfComposedEvent | ComposedEvent
+)
 
 
 def compose(*events: DpEvent) -> DpEvent:
@@ -217,8 +223,30 @@ def leaves(event: DpEvent) -> Iterator[tuple[DpEvent, int]]:
         yield event, 1
 
 
+def _number(data: Mapping[str, Any], key: str) -> float:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EventError(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _count(data: Mapping[str, Any]) -> int:
+    value = data["count"]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EventError(f"count must be an integer, got {value!r}")
+    return value
+
+
+def _flag(data: Mapping[str, Any], key: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise EventError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
 def from_dict(data: Mapping[str, Any]) -> DpEvent:
-    """Inverse of ``event.to_dict()``; raises EventError on anything it does not know."""
+    """Inverse of ``event.to_dict()``; raises EventError on anything it does not know,
+    and coerces nothing (a count is an integer, a flag a boolean, a parameter a number)."""
     if not isinstance(data, Mapping):
         raise EventError(f"an event is a JSON object, got {type(data).__name__}")
     kind = data.get("kind")
@@ -226,21 +254,29 @@ def from_dict(data: Mapping[str, Any]) -> DpEvent:
         if kind == NoOpEvent.kind:
             return NoOpEvent()
         if kind == GaussianEvent.kind:
-            return GaussianEvent(float(data["sensitivity"]), float(data["sigma"]))
+            return GaussianEvent(_number(data, "sensitivity"), _number(data, "sigma"))
         if kind == PureDpEvent.kind:
-            return PureDpEvent(float(data["epsilon"]))
+            return PureDpEvent(_number(data, "epsilon"))
         if kind == RdpCurveEvent.kind:
+            label = data.get("label", "rdp-curve")
+            if not isinstance(label, str):
+                raise EventError(f"label must be a string, got {label!r}")
             return RdpCurveEvent(
                 np.asarray(data["rdp"], dtype=np.float64),
                 np.asarray(data["orders"], dtype=np.float64),
-                str(data.get("label", "rdp-curve")),
-                bool(data.get("data_dependent", False)),
+                label,
+                _flag(data, "data_dependent"),
             )
         if kind == SelfComposedEvent.kind:
-            return SelfComposedEvent(from_dict(data["event"]), int(data["count"]))
+            return SelfComposedEvent(from_dict(data["event"]), _count(data))
         if kind == ComposedEvent.kind:
-            return ComposedEvent(tuple(from_dict(e) for e in data["events"]))
-    except (KeyError, TypeError) as err:
+            parts = data["events"]
+            if not isinstance(parts, list):
+                raise EventError("events must be a list")
+            return ComposedEvent(tuple(from_dict(e) for e in parts))
+    except EventError:
+        raise
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         raise EventError(f"event {kind!r} is missing or has a malformed field: {err}") from err
     raise EventError(f"unknown event kind {kind!r}")
 

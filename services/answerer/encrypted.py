@@ -93,9 +93,7 @@ class EncryptedAnswerer:
             or work.frac_bits
             or work.vote_weight not in (0.0, 1.0)
         ):
-            raise ValueError(
-                "encrypted rounds carry single-label votes of weight 1"
-            )
+            raise ValueError("encrypted rounds carry single-label votes of weight 1")
         plan = self.plan(settings)
         if mech.outputs != plan.num_classes:
             raise ValueError(

@@ -184,7 +184,9 @@ def verify(cert_pem: bytes, ca_pem: bytes, at: dt.datetime | None = None) -> Ide
     try:
         ca_pub = ca.public_key()
         if not isinstance(ca_pub, ec.EllipticCurvePublicKey):
-            raise PKIError("the consortium CA must have an elliptic-curve key; re-run `capc pki init`")
+            raise PKIError(
+                "the consortium CA must have an elliptic-curve key; re-run `capc pki init`"
+            )
         ca_pub.verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(hashes.SHA256()))
     except InvalidSignature:
         raise PKIError("certificate signature does not verify against the consortium CA") from None

@@ -74,7 +74,10 @@ class Encryption:
 
     @classmethod
     def parse(cls, d: object) -> Encryption:
-        spec = EncryptionSpec.model_validate(d)
+        try:
+            spec = EncryptionSpec.model_validate(d)
+        except ValidationError as err:
+            raise TaskError(f"encryption: {_problems(err)}") from None
         return cls(spec.architecture, spec.width, CkksParams.from_dict(spec.params))
 
 
@@ -133,7 +136,9 @@ class TaskConfig:
             outputs = spec.num_labels if multi else spec.num_classes
             wrong = spec.num_classes if multi else spec.num_labels
             if outputs is None or wrong is not None:
-                want, not_want = ("num_labels", "num_classes") if multi else ("num_classes", "num_labels")
+                want, not_want = (
+                    ("num_labels", "num_classes") if multi else ("num_classes", "num_labels")
+                )
                 raise TaskError(f"{mech_name} needs {want} and takes no {not_want}")
             if any(d < 1 for d in spec.input_shape):
                 raise TaskError(f"input_shape must be positive, got {spec.input_shape}")
@@ -147,7 +152,9 @@ class TaskConfig:
                 encryption=None if spec.encryption is None else Encryption.parse(spec.encryption),
             )
         except ValidationError as err:
-            raise TaskError(f"task {name!r} has an invalid configuration: {_problems(err)}") from None
+            raise TaskError(
+                f"task {name!r} has an invalid configuration: {_problems(err)}"
+            ) from None
         except (MechanismError, TaskError, TypeError, ValueError) as err:
             raise TaskError(f"task {name!r} has an invalid configuration: {err}") from err
         if task.encryption is not None and (task.multi_label or task.personalization is not None):

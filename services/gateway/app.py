@@ -183,8 +183,6 @@ def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
     )
 
 
-
-
 def create_app(
     backends: Backends, tokens: TokenStore, max_upload_bytes: int = DEFAULT_MAX_UPLOAD
 ) -> FastAPI:
@@ -295,7 +293,7 @@ def create_app(
             str | None,
             Form(
                 max_length=1024,
-                description="JSON object of mechanism overrides, e.g. {\"sigma\": 2.0}",
+                description='JSON object of mechanism overrides, e.g. {"sigma": 2.0}',
             ),
         ] = None,
     ) -> schemas.JobOut:

@@ -149,8 +149,6 @@ class PartyBudget:
     last_seen: dt.datetime | None
 
 
-
-
 def _lock_spends(s: Session, names: Sequence[str]) -> dict[str, SpendRow]:
     """Spend rows of ``names``, locked for this transaction in a fixed order (no deadlocks)."""
     rows = s.scalars(
@@ -238,7 +236,9 @@ class Ledger:
         with self._tx() as s:
             stored = {row.key: row.value for row in s.scalars(select(Setting))}
             if "accountant" not in stored:
-                name = kind or (RenyiDp.name if orders is not None else accountants.DEFAULT_ACCOUNTANT)
+                name = kind or (
+                    RenyiDp.name if orders is not None else accountants.DEFAULT_ACCOUNTANT
+                )
                 if name == RenyiDp.name:
                     fresh: Accounting = RenyiDp(DEFAULT_ORDERS if orders is None else orders)
                 elif orders is not None:
@@ -560,9 +560,7 @@ class Ledger:
                     left = cap - self._eps(current)[0]
                     fits = self._fits(current + costs[p], cap)
                     if allowance is not None:
-                        mine = np.asarray(
-                            shares[p].loss if p in shares else self.accounting.zero()
-                        )
+                        mine = np.asarray(shares[p].loss if p in shares else self.accounting.zero())
                         left = min(left, allowance.epsilon_cap - self._eps(mine)[0])
                         fits = fits and self._fits(mine + costs[p], allowance.epsilon_cap)
                     if fits:
