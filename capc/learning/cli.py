@@ -170,8 +170,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--accountants",
         type=lambda s: _names(s, ACCOUNTANTS, "--accountants"),
         default=DEFAULTS.accountants,
-        help="rdp: data-dependent RDP; gdp: exact Gaussian DP, plain GNMax only "
-        "(--threshold none); each is a row of its own on the same labels",
+        help="rdp: data-independent RDP filter (the data-dependent epsilon is only a "
+        "sanitised side column and never decides where labelling stops); gdp: exact "
+        "Gaussian DP (the tightest; the guardian's ledger default); each is a row of its own on "
+        "the same labels",
     )
     r.add_argument(
         "--student-l2",

@@ -6,10 +6,16 @@ pretrained on synthetic images (its own BatchNorm statistics, its own last
 layer). Then, for each query generator and each way of normalising the
 queries (the teachers' "original" statistics, or the query batch's
 "current" statistics): generate the queries, collect the teachers' votes,
-label them with Confident-GNMax until each budget is spent (data-dependent
-RDP accounting, :mod:`capc.learning.pate`; for plain GNMax also the exact
-Gaussian-DP accountant, on the same noise), fit the student's last layer on the
-answered queries and test it on the held-out real images.
+label them with Confident-GNMax until each budget is spent (a
+data-independent RDP filter, :mod:`capc.learning.pate`; for plain GNMax also
+the exact Gaussian-DP accountant, on the same noise), fit the student's last
+layer on the answered queries and test it on the held-out real images.
+
+Results written before the filter stopped their ``rdp`` rows where the
+data-dependent epsilon of the votes passed the budget: the number of labels
+was then a function of the private votes, not a DP release. Such rows (no
+``stopping`` field) are read as superseded: shown marked, never counted
+towards the goals (:func:`stopped_data_independently`).
 
 Two references come with it: standard PATE without pretraining (teachers
 and student of the same architecture trained from scratch, the same
@@ -174,8 +180,9 @@ class DietConfig:
     mechanism: ConfidentParams = field(
         default_factory=lambda: ConfidentParams(threshold=60.0, sigma1=20.0, sigma2=10.0)
     )
-    #: ``rdp`` (data-dependent, the default) and, for plain GNMax, ``gdp``: each is a
-    #: row of its own, on the same labels and noise (:func:`label_within_budgets`).
+    #: ``rdp`` (data-independent RDP filter, the default) and ``gdp`` (exact Gaussian DP)
+    #: each is a row of its own, on the same labels and noise
+    #: (:func:`label_within_budgets`).
     accountants: tuple[str, ...] = ("rdp",)
     test_size: int = 1000
     teacher_l2: float = 1e-2
@@ -211,10 +218,6 @@ class DietConfig:
             raise ValueError(
                 f"unknown accountants {unknown_accountants or 'none given'}; "
                 f"choose from {', '.join(ACCOUNTANTS)}"
-            )
-        if "gdp" in self.accountants and self.mechanism.threshold is not None:
-            raise ValueError(
-                "the gdp accountant composes plain GNMax only: set the threshold to none"
             )
         penalties = (self.teacher_l2, self.student_l2, self.reference_l2)
         if not all(math.isfinite(v) and v >= 0 for v in penalties):
@@ -350,7 +353,9 @@ def _label_rows(
                 **student(run.labels),
                 "epsilon_spent": run.epsilon,
                 "order": run.order,
-                "sanitised_epsilon": run.sanitised_epsilon,
+                # a side figure: it decided nothing about the release
+                "sanitised_data_dependent_epsilon": run.sanitised_data_dependent_epsilon,
+                "stopping": DATA_INDEPENDENT,
             }
         )
     return rows
@@ -524,6 +529,23 @@ def _accountant(entry: dict[str, Any]) -> str:
     return str(entry.get("accountant", "rdp"))
 
 
+#: The ``stopping`` of a row whose number of labels no data-dependent quantity decided.
+DATA_INDEPENDENT = "data-independent"
+
+#: The summary's per-seed means of the side figure; old results have the first.
+SIDE_FIGURES = ("sanitised_epsilon", "sanitised_data_dependent_epsilon")
+
+
+def stopped_data_independently(entry: dict[str, Any]) -> bool:
+    """Whether a row or summary entry's stop was a DP release.
+
+    ``gdp`` always stopped on the budget alone. ``rdp`` rows written before the
+    data-independent filter (no ``stopping`` field) stopped where the data-dependent
+    epsilon of the noiseless votes passed the budget: not a DP release.
+    """
+    return _accountant(entry) == "gdp" or entry.get("stopping") == DATA_INDEPENDENT
+
+
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Mean and standard deviation over seeds of each (method, generator, statistics,
     accountant, epsilon)."""
@@ -541,12 +563,18 @@ def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "epsilon": eps,
             "seeds": len(rs),
         }
-        for key in (
-            "answered",
-            "label_accuracy",
-            *STUDENT_HEADS,
-            "sanitised_epsilon",
-        ):
+        stopping = {r.get("stopping") for r in rs}
+        if stopping != {None}:
+            # One rule per group; a mix would be summarised under the weaker one.
+            entry["stopping"] = (
+                DATA_INDEPENDENT
+                if stopping == {DATA_INDEPENDENT} or accountant == "gdp"
+                else "data-dependent"
+            )
+        # A side figure is averaged only where the rows report it, so a saved summary
+        # is remade exactly from its rows.
+        side = [k for k in SIDE_FIGURES if any(k in r for r in rs)]
+        for key in ("answered", "label_accuracy", *STUDENT_HEADS, *side):
             vals = np.array([r.get(key, np.nan) for r in rs], dtype=np.float64)
             entry[key] = float(np.nanmean(vals)) if np.isfinite(vals).any() else float("nan")
             entry[f"{key}_std"] = (
@@ -563,11 +591,14 @@ def goals(table: Sequence[dict[str, Any]], epsilons: Sequence[float]) -> dict[st
     accountant, epsilon) triple when their student is more accurate, or when original statistics gave
     no student (NaN: no labels, or labels of one class only, which fit no
     classifier and leave a constant guess) and current ones did.
+
+    Only entries whose labels were a DP release count
+    (:func:`stopped_data_independently`).
     """
     diet = {
         (t["generator"], t["statistics"], _accountant(t), t["epsilon"]): t
         for t in table
-        if t["method"] == "diet"
+        if t["method"] == "diet" and stopped_data_independently(t)
     }
     pairs = []
     for g in ("gaussian", "spectral"):
@@ -668,25 +699,35 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
     """The summary, one line per (method, generator, statistics, eps): fixed-width or markdown.
 
     Accuracies are fractions of the test set, mean +- standard deviation over seeds.
+    ``eps`` is the budget (nats, at the run's delta), which every row's labels stay
+    within by a data-independent accountant; ``sanitised dd eps`` is the side figure
+    of ``rdp`` rows (mean over seeds, nats): the data-dependent epsilon released with
+    smooth-sensitivity noise, which decided nothing. An accountant marked ``*``
+    stopped on the data-dependent epsilon (results saved before the filter).
     """
     head: tuple[str, ...] = ("method", "generator", "statistics", "accountant", "eps")
     head += ("labels", "label acc")
-    head += ("student acc", "self-trained", "stored stats")
+    head += ("student acc", "self-trained", "stored stats", "sanitised dd eps")
 
     def cell(t: dict[str, Any], key: str) -> str:
         # Results written before a head was reported lack its column.
         return f"{t.get(key, math.nan):.3f} +- {t.get(key + '_std', math.nan):.3f}"
+
+    def side(t: dict[str, Any]) -> str:
+        value = float(t.get("sanitised_data_dependent_epsilon", math.nan))
+        return f"{value:.2f}" if math.isfinite(value) else "-"
 
     rows = [
         (
             t["method"],
             t["generator"],
             t["statistics"],
-            _accountant(t),
+            _accountant(t) + ("" if stopped_data_independently(t) else "*"),
             f"{t['epsilon']:g}",
             f"{t['answered']:.0f}",
             f"{t['label_accuracy']:.3f}",
             *(cell(t, key) for key in STUDENT_HEADS),
+            side(t),
         )
         for t in sorted(
             result["table"],
@@ -710,6 +751,12 @@ def format_table(result: dict[str, Any], markdown: bool = False) -> str:
             for r in [head, *rows]
         ]
     notes = [f"{k}: {v['mean']:.3f} +- {v['std']:.3f}" for k, v in result["references"].items()]
+    if not all(stopped_data_independently(t) for t in result["table"]):
+        notes.append(
+            "accountant*: stopped where the data-dependent epsilon of the votes passed the "
+            "budget (saved before the data-independent filter): not a DP release, superseded, "
+            "left out of the goals"
+        )
     g = result["goals"]
     best = g["best_student_at_eps_10"]
     if best is not None:

@@ -1,18 +1,27 @@
 """Central-mode labelling: Confident-GNMax over teacher votes until a budget is spent.
 
-Queries are answered in order, by one of two accountants:
+Queries are answered in order, and a privacy filter decides where labelling
+stops, with one of the accountants of :mod:`capc.privacy.accountants` (the
+ledger's own). The stop depends on data-independent charges only: how many
+labels a run releases never depends on the private votes except through
+outputs that are themselves differentially private (the noisy threshold
+tests). Each query is charged its threshold test (a Gaussian mechanism of
+sensitivity 1; none for plain GNMax) and, when the noisy test answers it,
+its GNMax answer (sensitivity sqrt(2)); a mechanism runs only if its charge
+keeps the total within the budget.
 
-- ``rdp``: each query is charged its data-dependent threshold-test RDP and,
-  when answered, its data-dependent GNMax RDP (Papernot et al. 2018, computed
-  by :mod:`capc.privacy.rdp`); the run stops before the first query whose
-  charge would take the total over the budget, as
-  :meth:`capc.privacy.accountant.Accountant.compose` refuses it. The
-  data-dependent epsilon depends on the votes; its release with
-  smooth-sensitivity noise is reported beside it.
-- ``gdp``: plain GNMax only (no threshold test), composed exactly as Gaussian
-  DP (:mod:`capc.privacy.gaussian_dp`). Every query costs the same whatever
-  the votes, so where the run stops depends on nothing but the budget, and
-  the epsilon it reports is data-independent and needs no sanitising.
+- ``rdp``: Renyi DP, minimised over orders. Sound as a filter because every
+  charge is linear in the order (docs/privacy.md, "The budget filter").
+- ``gdp``: exact Gaussian DP, a filter under full adaptivity (Smith and
+  Thakurta 2022); the tightest.
+
+Neither ever stops on the data-dependent epsilon of Papernot et al. (2018):
+that figure is a function of the votes, so a stop it decided would make the
+number of labels a non-private release. ``rdp`` runs report it only as a
+side figure, released with smooth-sensitivity noise
+(:func:`capc.privacy.smooth_sensitivity.sanitise`) at the order the
+data-independent epsilon chose; that release is a further output with its
+own cost (included in the figure), not part of ``epsilon``.
 
 One noise draw serves every budget and accountant, so the runs at eps 5, 10
 and 20 are prefixes of one run, and the accountants' runs differ only in
@@ -28,15 +37,17 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.privacy import gaussian_dp, rdp
-from capc.privacy.conversion import DEFAULT_ORDERS, Conversion, conversion_offset
+from capc.privacy import accountants as kinds
+from capc.privacy.accountants import Accounting, RenyiDp
+from capc.privacy.conversion import DEFAULT_ORDERS
+from capc.privacy.events import GaussianEvent
 from capc.privacy.mechanisms import confident_gnmax, gnmax
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
 
 #: The accountants :func:`label_within_budgets` knows (see the module's docstring).
-ACCOUNTANTS = ("rdp", "gdp")
+ACCOUNTANTS = tuple(kinds.ACCOUNTANTS)
 
 
 @dataclass(frozen=True)
@@ -67,12 +78,19 @@ class Labelled:
     """The outcome of labelling within one budget.
 
     ``labels`` (N,): the noisy label, or -1 where the query was not answered
-    or not reached; ``processed``: queries charged before the budget ran out;
-    ``epsilon``: epsilon spent at ``delta``. By ``accountant`` ``rdp``: the
-    data-dependent epsilon minimised over orders (``order`` the best) and
-    ``sanitised_epsilon`` its release with smooth-sensitivity noise at that
-    order; by ``gdp``: the exact data-independent epsilon, released as it is
-    (``order`` NaN, ``sanitised_epsilon`` equal to ``epsilon``).
+    or not reached; ``processed``: queries whose whole charge fitted the
+    budget (the run stopped before the next). ``epsilon`` (nats, at
+    ``delta``): the data-independent epsilon of everything the run
+    released, never above ``budget``; by ``rdp`` minimised over orders
+    (``order`` the best Renyi order, NaN when nothing ran) and including the threshold test of
+    the query the run stopped at when that test fitted (the stop then
+    reveals its outcome); by ``gdp`` exact Gaussian DP (``order`` NaN).
+
+    ``sanitised_data_dependent_epsilon`` (nats, ``rdp`` only, else NaN; NaN
+    too when nothing was processed): a side figure, the data-dependent
+    epsilon of the processed prefix (Papernot et al. 2018) released with
+    smooth-sensitivity noise at ``order``, its release's cost included. It
+    decides nothing: not where the run stops, not which labels are released.
     """
 
     budget: float
@@ -80,7 +98,7 @@ class Labelled:
     processed: int
     epsilon: float
     order: float
-    sanitised_epsilon: float
+    sanitised_data_dependent_epsilon: float
     accountant: str = "rdp"
 
     @property
@@ -88,21 +106,55 @@ class Labelled:
         return np.asarray(self.labels != NOT_ANSWERED, dtype=bool)
 
 
-def per_query_rdp(
-    histograms: NDArray[np.float64],
+@dataclass(frozen=True)
+class Filtered:
+    """Where the ``rdp`` filter stopped: ``processed`` queries, total RDP ``spent`` (nats,
+    one per order) of every mechanism that ran."""
+
+    processed: int
+    spent: NDArray[np.float64]
+
+
+def budget_filter(
     answered: NDArray[np.bool_],
     params: ConfidentParams,
-    orders: NDArray[np.float64] = DEFAULT_ORDERS,
-) -> NDArray[np.float64]:
-    """Data-dependent RDP (N, orders) of each query: its threshold test (unless plain
-    GNMax), plus GNMax if answered."""
-    out = np.zeros((len(histograms), len(orders)))
-    for i, h in enumerate(histograms):
-        if params.threshold is not None:
-            out[i] = rdp.threshold(h, params.threshold, params.sigma1, orders)
-        if answered[i]:
-            out[i] += rdp.gnmax(h, params.sigma2, orders)
-    return out
+    budget: float,
+    delta: float,
+    accounting: Accounting | None = None,
+) -> Filtered:
+    """Run the privacy filter over queries whose test outcomes are ``answered``.
+
+    In order, each query's threshold test (unless plain GNMax) and then, if
+    answered, its GNMax answer run only if the epsilon (nats, at ``delta``)
+    of everything charged so far stays within ``budget``, by ``accounting``
+    (default Renyi DP on the default orders). ``spent`` is the accountant's
+    loss vector. The votes are not an argument: they cannot move the stop.
+    """
+    acct = accounting if accounting is not None else RenyiDp()
+    answer = acct.filter_cost(GaussianEvent(math.sqrt(2.0), params.sigma2))
+    test = (
+        acct.zero()
+        if params.threshold is None
+        else acct.filter_cost(GaussianEvent(1.0, params.sigma1))
+    )
+
+    def fits(total: NDArray[np.float64]) -> bool:
+        return acct.fits(total, budget, delta)
+
+    spent = acct.zero()
+    for i, was_answered in enumerate(answered):
+        after_test = spent + test
+        if not fits(after_test):
+            return Filtered(i, spent)
+        if was_answered:
+            after_answer = after_test + answer
+            if not fits(after_answer):
+                # The test ran (it fitted) and the stop here reveals that it passed.
+                return Filtered(i, after_test)
+            spent = after_answer
+        else:
+            spent = after_test
+    return Filtered(len(answered), spent)
 
 
 def label_within_budgets(
@@ -117,20 +169,14 @@ def label_within_budgets(
     accountants: Sequence[str] = ("rdp",),
 ) -> list[Labelled]:
     """Label (N, K) vote ``histograms`` in order, for each accountant in ``accountants`` and
-    each epsilon in ``budgets`` at ``delta`` (that order: accountant, then budget).
+    each epsilon in ``budgets`` (nats) at ``delta`` (that order: accountant, then budget).
 
-    One noise draw serves them all. ``gdp`` needs plain GNMax (``params.threshold`` None).
+    One noise draw serves them all. ``orders``: the Renyi orders of the ``rdp`` accountant.
     """
     unknown = [a for a in accountants if a not in ACCOUNTANTS]
     if unknown or not accountants:
         raise ValueError(
             f"unknown accountants {unknown or 'none given'}; choose from {', '.join(ACCOUNTANTS)}"
-        )
-    if "gdp" in accountants and params.threshold is not None:
-        raise ValueError(
-            "the gdp accountant composes plain GNMax only (threshold None): under "
-            "Confident-GNMax whether a query's answer is charged depends on its test, "
-            "which the rdp accountant handles"
         )
     bad = [b for b in budgets if not b > 0]
     if bad:
@@ -143,11 +189,9 @@ def label_within_budgets(
         result = confident_gnmax(h, params.threshold, params.sigma1, params.sigma2, rng)
         labels, answered = result.labels, result.answered
     out: list[Labelled] = []
-    for accountant in accountants:
-        if accountant == "rdp":
-            out += _rdp_runs(h, labels, answered, params, budgets, delta, rng, num_teachers, orders)
-        else:
-            out += _gdp_runs(labels, params.sigma2, budgets, delta)
+    for name in accountants:
+        acct = RenyiDp(orders) if name == RenyiDp.name else kinds.make(name)
+        out += _runs(h, labels, answered, params, budgets, delta, rng, num_teachers, acct)
     return out
 
 
@@ -157,7 +201,7 @@ def _prefix(labels: NDArray[np.int64], stop: int) -> NDArray[np.int64]:
     return out
 
 
-def _rdp_runs(
+def _runs(
     h: NDArray[np.float64],
     labels: NDArray[np.int64],
     answered: NDArray[np.bool_],
@@ -166,51 +210,30 @@ def _rdp_runs(
     delta: float,
     rng: SecureRandom,
     num_teachers: int,
-    orders: NDArray[np.float64],
+    acct: Accounting,
 ) -> list[Labelled]:
-    costs = per_query_rdp(h, answered, params, orders)
-    offset = conversion_offset(orders, delta, Conversion.IMPROVED)
-    spent = np.cumsum(costs, axis=0) + offset  # epsilon at every order after each query
-    best = spent.min(axis=1)
     out = []
     for budget in budgets:
-        over = np.flatnonzero(best > budget)
-        stop = int(over[0]) if over.size else len(h)
-        if stop == 0:
-            out.append(Labelled(budget, _prefix(labels, 0), 0, 0.0, float(orders[0]), 0.0))
-            continue
-        j = int(np.argmin(spent[stop - 1]))
-        released = sanitise(
-            h[:stop],
-            answered[:stop],
-            num_teachers,
-            params.sigma2,
-            float(orders[j]),
-            delta,
-            rng,
-            threshold=params.threshold,
-            sigma1=None if params.threshold is None else params.sigma1,
-        )
-        out.append(
-            Labelled(
-                budget,
-                _prefix(labels, stop),
-                stop,
-                max(0.0, float(spent[stop - 1, j])),
-                float(orders[j]),
-                released.epsilon,
-            )
-        )
-    return out
-
-
-def _gdp_runs(
-    labels: NDArray[np.int64], sigma2: float, budgets: Sequence[float], delta: float
-) -> list[Labelled]:
-    per_query = gaussian_dp.gnmax_mu(sigma2)
-    out = []
-    for budget in budgets:
-        stop = min(len(labels), gaussian_dp.max_queries(per_query, budget, delta))
-        eps = gaussian_dp.epsilon_at(math.sqrt(stop) * per_query, delta) if stop else 0.0
-        out.append(Labelled(budget, _prefix(labels, stop), stop, eps, math.nan, eps, "gdp"))
+        run = budget_filter(answered, params, budget, delta, acct)
+        stop = run.processed
+        spent = acct.spent(run.spent, delta)
+        # Nothing ran: no conversion offset to pay.
+        eps = spent.epsilon if run.spent.any() else 0.0
+        order = spent.order if spent.order is not None and run.spent.any() else math.nan
+        side = math.nan
+        if stop and not math.isnan(order):
+            # At the order the data-independent epsilon chose: an order picked on the
+            # data-dependent curve would let the votes choose what is released.
+            side = sanitise(
+                h[:stop],
+                answered[:stop],
+                num_teachers,
+                params.sigma2,
+                order,
+                delta,
+                rng,
+                threshold=params.threshold,
+                sigma1=None if params.threshold is None else params.sigma1,
+            ).epsilon
+        out.append(Labelled(budget, _prefix(labels, stop), stop, eps, order, side, acct.name))
     return out

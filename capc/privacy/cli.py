@@ -20,7 +20,7 @@ from capc.privacy import accountants, planning
 from capc.privacy.accountant import Accountant
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.advisor import LabelStatistics, recommend
-from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion, convert
+from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion
 from capc.privacy.events import DpEvent, PureDpEvent, RdpCurveEvent
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
@@ -53,7 +53,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         q.add_argument("--labels", type=int, help="number of labels k (multi-label)")
         q.add_argument("--delta", type=float, default=1e-5)
         q.add_argument("--conversion", choices=[c.value for c in Conversion], default="improved")
-        q.add_argument("--votes", type=Path, help=".npy file: a (queries, classes) vote histogram")
         q.add_argument("--json", action="store_true", help="print JSON")
         if name == "plan":
             q.add_argument("--epsilon", type=float, required=True)
@@ -61,6 +60,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                 "--queries", type=int, help="also solve for the noise this many queries need"
             )
         else:
+            q.add_argument("--votes", type=Path, help=".npy: a (queries, classes) vote histogram")
             q.add_argument(
                 "--answered", type=Path, help=".npy of booleans: which queries were answered"
             )
@@ -162,19 +162,11 @@ def _data_dependent(
         raise SystemExit(f"error: {err}") from None
 
 
-def _fits_in_order(
-    curves: np.ndarray, o: np.ndarray, eps: float, delta: float, conv: Conversion
-) -> int:
-    total = np.cumsum(curves, axis=0)
-    for i in range(total.shape[0]):
-        if convert(total[i], o, delta, conv).epsilon > eps:
-            return i
-    return int(total.shape[0])
-
-
 def plan(args: argparse.Namespace) -> dict[str, Any]:
-    """Queries that fit (epsilon, delta): what the ledger admits, by each accountant, and
-    (central mode, not a release rule) at the data-dependent cost of a vote file."""
+    """Queries that fit (epsilon, delta): what the ledger admits, by each accountant.
+
+    Data-independent only: a plan sized from private votes would let them decide how
+    much is released."""
     conv = Conversion(args.conversion)
     o = _orders(conv)
     if args.teachers is not None and args.threshold is not None and args.threshold > args.teachers:
@@ -217,26 +209,6 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "queries": args.queries,
             "accountant": acct.name,
             **{k: v for k, v in scaled.items() if k.startswith("sigma") and v},
-        }
-    if args.votes is not None:
-        votes = _load_votes(args)
-        if mech is None:
-            raise SystemExit("error: no data-dependent analysis of Laplace noisy max")
-        answered = np.ones(len(votes), dtype=bool)
-        every = _data_dependent(mech, votes, answered, o)
-        p = np.exp([mech.log_pr_answered(v) for v in votes])
-        tests = _data_dependent(mech, votes, ~answered, o)
-        expected = (tests + p[:, None] * (every - tests)).mean(axis=0)
-        out["data_dependent"] = {
-            "note": "central-mode analysis of clear votes; never a release rule",
-            "histograms": int(votes.shape[0]),
-            "queries_fit_at_mean_cost": planning.max_queries(
-                expected, o, args.epsilon, args.delta, conv
-            ),
-            "file_queries_fit_if_all_answered": _fits_in_order(
-                every, o, args.epsilon, args.delta, conv
-            ),
-            "mean_pr_answered": float(p.mean()),
         }
     return out
 
@@ -288,7 +260,9 @@ def cost(args: argparse.Namespace) -> dict[str, Any]:
             answered,
             args.teachers,
             float(args.sigma),
-            out["data_dependent"]["order"],
+            # The data-independent curve's best order: one chosen on the data-dependent
+            # curve would let the votes decide what is released.
+            out["data_independent"]["order"],
             args.delta,
             rng,
             threshold=args.threshold if mech.confident else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ import torch
 from capc.learning.diet import STATISTICS, DietConfig
 from capc.models import build
 from capc.models.checkpoint import weights_sha256
-from capc.privacy import gaussian_dp
+from capc.privacy import gaussian_dp, planning, rdp
+from capc.privacy.conversion import DEFAULT_ORDERS
 
 
 @pytest.mark.slow
@@ -86,9 +88,17 @@ def test_diet_run_quick_plain_gnmax_reports_both_accountants(tmp_path: Path) -> 
         gdp = rows["gdp", eps]
         fit = gaussian_dp.max_queries(gaussian_dp.gnmax_mu(sigma2), eps, config["delta"])
         assert gdp["answered"] == gdp["processed"] == min(fit, config["queries"])
-        assert gdp["epsilon_spent"] <= eps and gdp["sanitised_epsilon"] == gdp["epsilon_spent"]
-        assert rows["rdp", eps]["epsilon_spent"] <= eps
-    assert "gdp" in done.stdout and "accountant" in done.stdout
+        assert gdp["epsilon_spent"] <= eps and math.isnan(gdp["sanitised_data_dependent_epsilon"])
+        # the rdp row stops where the data-independent plan says, whatever the votes
+        by_rdp = rows["rdp", eps]
+        per_query = rdp.gnmax_data_independent(sigma2, DEFAULT_ORDERS)
+        room = planning.max_queries(per_query, DEFAULT_ORDERS, eps, config["delta"])
+        assert by_rdp["processed"] == by_rdp["answered"] == min(room, config["queries"])
+        assert by_rdp["epsilon_spent"] <= eps
+        assert {by_rdp["stopping"], gdp["stopping"]} == {"data-independent"}
+    assert (
+        "gdp" in done.stdout and "accountant" in done.stdout and "sanitised dd eps" in done.stdout
+    )
     # A Confident-GNMax run cannot be accounted as Gaussian DP: a clear error, no run.
     refused = subprocess.run(
         [sys.executable, "-m", "capc.learning", "diet", "run", "--accountants", "gdp"],

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,10 +63,46 @@ def test_personalized_budgets_experiment(tmp_path: Path) -> None:
     )
     rows = result["results"]
     assert isinstance(rows, dict)
+    assert str(result["stopping"]).startswith("data-independent")
     for row in rows.values():
-        di = row["data_independent"]
         # Personalized runs never produce fewer labels than everyone at the smallest budget.
-        assert di["weighting_over_baseline"] >= 1.0 and di["vanishing_over_baseline"] >= 1.0
+        assert row["weighting_over_baseline"] >= 1.0 and row["vanishing_over_baseline"] >= 1.0
+        for run_ in ("baseline_all_at_log2", "weighting", "vanishing"):
+            side = row[run_]["side_figure_not_a_release_rule"]
+            assert set(side) == {"data_dependent_epsilon_unsanitised_by_cap"}
+
+
+def test_personalized_budget_streams_stop_whatever_the_votes() -> None:
+    """Neighbouring vote sets (one teacher's votes differ) release the same number of
+    labels: the stop never reads a data-dependent epsilon."""
+    from experiments.personalized_budgets import run_stream
+
+    q, n = 400, 100
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 10, q)
+    agree = np.repeat(truth[:, None], n, axis=1)
+    noisy = np.where(rng.random((q, n)) < 0.5, rng.integers(0, 10, (q, n)), agree)
+    caps = np.where(np.arange(n) < n // 2, math.log(2), math.log(8))
+    weights = np.where(np.arange(n) < n // 2, 0.5, 1.5)
+    voting = rng.random((q, n)) < np.where(np.arange(n) < n // 2, 0.4, 1.0)
+    runs = []
+    for preds in (agree, noisy):
+        neighbour = preds.copy()
+        neighbour[:, 0] = (preds[:, 0] + 1) % 10
+        for votes in (preds, neighbour):
+            for w, v in ((weights, np.ones((q, n), dtype=bool)), (np.ones(n), voting)):
+                out = run_stream(votes, truth, caps, w, v, 20.0, np.random.default_rng(1))
+                runs.append(out)
+    # unanimous or split, a teacher moved or not: the same stop per rule
+    assert {r["labels"] for r in runs[0::2]} == {runs[0]["labels"]}
+    assert {r["labels"] for r in runs[1::2]} == {runs[1]["labels"]}
+    assert 0 < runs[0]["labels"] < q and 0 < runs[1]["labels"] < q
+    sides = [
+        r["side_figure_not_a_release_rule"]["data_dependent_epsilon_unsanitised_by_cap"]
+        for r in runs
+    ]
+    # while the data-dependent side figure does tell the vote sets apart
+    assert sides[0] != sides[4]
 
 
 def test_diet_label_noise_experiment_draw_zero_is_the_diet_run(tmp_path: Path) -> None:

@@ -31,29 +31,19 @@ def capc(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_plan_data_independent_and_dependent(tmp_path: Path) -> None:
-    votes = tmp_path / "votes.npy"
-    np.save(votes, np.array([[200, 30, 20, 0, 0, 0, 0, 0, 0, 0]] * 20, dtype=float))
-    out = capc(
-        "privacy",
-        "plan",
-        *CONFIDENT,
-        "--epsilon",
-        "6",
-        "--votes",
-        str(votes),
-        "--queries",
-        "1000",
-        "--json",
-    )
+def test_plan_is_data_independent_and_says_what_the_ledger_admits(tmp_path: Path) -> None:
+    out = capc("privacy", "plan", *CONFIDENT, "--epsilon", "6", "--queries", "1000", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["data_independent"]["queries_fit"] == 1164
-    assert (
-        result["data_dependent"]["queries_fit_at_mean_cost"]
-        > result["data_independent"]["queries_fit"]
-    )
+    ledger = result["ledger"]
+    assert ledger["accountant"] == "gdp" and ledger["queries_fit"] > 1164
     assert result["noise_for_queries"]["sigma"] < 40
+    # Sizing a run from private votes would let them decide how much is released.
+    votes = tmp_path / "votes.npy"
+    np.save(votes, np.array([[200, 30, 20, 0, 0, 0, 0, 0, 0, 0]] * 20, dtype=float))
+    refused = capc("privacy", "plan", *CONFIDENT, "--epsilon", "6", "--votes", str(votes))
+    assert refused.returncode != 0 and "--votes" in refused.stderr
 
 
 def test_plan_text_output() -> None:
@@ -70,6 +60,7 @@ def test_plain_gnmax_is_also_planned_and_costed_exactly(tmp_path: Path) -> None:
     result = json.loads(out.stdout)
     assert result["data_independent"]["queries_fit"] == 2849
     assert result["gaussian_dp"]["queries_fit"] == 3201
+    assert result["ledger"] == {"accountant": "gdp", "queries_fit": 3201}
     votes = tmp_path / "votes.npy"
     np.save(votes, np.array([[30, 25, 20, 175, 0, 0, 0, 0, 0, 0]] * 3201, dtype=float))
     out = capc("privacy", "cost", *plain, "--votes", str(votes))

@@ -16,6 +16,7 @@ from torch.nn import functional
 from capc.learning.augment import Augmentation, augment
 from capc.learning.cli import _body_config, add_parser
 from capc.learning.diet import (
+    DATA_INDEPENDENT,
     BodyConfig,
     DietConfig,
     format_table,
@@ -306,6 +307,7 @@ def _cell(generator: str, statistics: str, eps: float, acc: float) -> dict[str, 
         "student_accuracy_std": 0.0,
         "student_accuracy_self_trained": float("nan"),
         "student_accuracy_self_trained_std": float("nan"),
+        "stopping": DATA_INDEPENDENT,
     }
 
 
@@ -332,7 +334,8 @@ def test_diet_goals_read_the_table() -> None:
 def test_diet_rows_of_two_accountants_stay_apart_and_either_can_meet_the_goal() -> None:
     def row(accountant: str, seed: int, acc: float) -> dict[str, object]:
         cell = _cell("gaussian", "current", 10.0, acc)
-        return {**cell, "accountant": accountant, "seed": seed, "sanitised_epsilon": 9.0}
+        side = {"sanitised_data_dependent_epsilon": 9.0} if accountant == "rdp" else {}
+        return {**cell, "accountant": accountant, "seed": seed, **side}
 
     rows = [row("rdp", 0, 0.74), row("rdp", 1, 0.75), row("gdp", 0, 0.76), row("gdp", 1, 0.75)]
     table = summarise(rows)
@@ -342,14 +345,25 @@ def test_diet_rows_of_two_accountants_stay_apart_and_either_can_meet_the_goal() 
     assert g["best_student_at_eps_10"]["accountant"] == "gdp" and g["reaches_75_percent"]
     text = format_table({"table": table, "references": {}, "goals": g})
     assert "gdp accountant" in text and "rdp" in text.splitlines()[1] + text.splitlines()[2]
+    assert "9.00" in text and "data-dependent" not in text  # the side column, nothing superseded
     # Current against original statistics is compared within one accountant only.
     table += summarise([{**row("gdp", 0, 0.2), "statistics": "original"}])
     (pair,) = goals(table, (10.0,))["current_beats_original_on_noise"]["pairs"]
     assert pair["accountant"] == "gdp" and pair["original"] == pytest.approx(0.2)
-    # Results saved before there was a choice read as rdp.
-    old = summarise([{k: v for k, v in r.items() if k != "accountant"} for r in rows[:2]])
-    assert old[0]["accountant"] == "rdp"
-    assert goals(old, (10.0,))["best_student_at_eps_10"]["accountant"] == "rdp"
+    # Results saved before there was a choice read as rdp; before the data-independent
+    # filter, rdp rows stopped on the data-dependent epsilon: shown marked, never a goal.
+    old_rows = [
+        {**{k: v for k, v in r.items() if k not in ("accountant", "stopping")}, "answered": 90}
+        for r in rows[:2]
+    ]
+    old = summarise(old_rows)
+    assert old[0]["accountant"] == "rdp" and "stopping" not in old[0]
+    assert goals(old, (10.0,))["best_student_at_eps_10"] is None
+    shown = format_table({"table": old, "references": {}, "goals": goals(old, (10.0,))})
+    assert "rdp*" in shown and "not a DP release" in shown
+    mixed = summarise([*old_rows, *rows[2:]])
+    assert goals(mixed, (10.0,))["best_student_at_eps_10"]["accountant"] == "gdp"
+    assert {t.get("stopping") for t in mixed} == {None, DATA_INDEPENDENT}
 
 
 def test_diet_config_and_command_line_take_plain_gnmax_and_its_accountant() -> None:

@@ -3,7 +3,9 @@
 The claim is recomputed from the per-seed rows, not read from the stored
 summary, and its privacy side is rechecked with the Gaussian-DP accountant:
 a result edited by hand, a summary that drifts from its rows, or a row that
-answered more queries than its budget pays for fails here.
+answered more queries than its budget pays for fails here. The claim rests
+on gdp rows only: rdp rows saved before the data-independent filter stopped
+on a data-dependent epsilon, which is not a DP release.
 """
 
 import math
@@ -12,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from capc.learning.diet import load_result, summarise
+from capc.learning.diet import load_result, stopped_data_independently, summarise
 from capc.privacy import gaussian_dp
 
 RESULTS = Path(__file__).resolve().parents[2] / "experiments" / "results"
@@ -70,3 +72,25 @@ def test_the_setting_was_chosen_on_other_seeds_with_the_same_body() -> None:
         48000,
         "bf16",
     )
+
+
+def test_rows_that_stopped_on_a_data_dependent_epsilon_are_labelled_and_never_a_goal() -> None:
+    saved = [
+        p for p in sorted(RESULTS.glob("diet*.json")) if '"experiment": "diet"' in p.read_text()
+    ]
+    labelled = 0
+    for path in saved:
+        result = load_result(path)
+        rows = result.get("rows", [])
+        superseded = [r for r in rows if not stopped_data_independently(r)]
+        if superseded:
+            labelled += 1
+            assert "not a DP release" in result["rdp_rows"], path.name
+        best = result["goals"]["best_student_at_eps_10"]
+        assert best is None or best["accountant"] == "gdp", path.name
+        pairs = result["goals"]["current_beats_original_on_noise"]["pairs"]
+        assert all(p["accountant"] == "gdp" for p in pairs), path.name
+    assert (labelled, len(saved)) == (12, 13)
+    # the headline rests on rows that stopped on the budget alone
+    confirmed = load_result(CONFIRMATION)
+    assert all(stopped_data_independently(r) for r in _eps10_gdp(confirmed))
