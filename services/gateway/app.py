@@ -24,6 +24,16 @@ from google.protobuf.message import Message as ProtoMessage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common import serde
+from services.common.limits import (
+    DEFAULT_BATCH,
+    DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
+    MAX_TENSOR_BYTES,
+    MAX_UPLOAD_BYTES,
+    RESULTS_PAGE,
+)
+from services.common.protocol import RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
 from services.gateway.datasets import DatasetError, parse_dataset
@@ -33,11 +43,9 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 
 JOB_ID = Path(pattern=schemas.ID_PATTERN, description="a job or model id (UUID)")
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-RESULTS_PAGE = 4096
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorOut} for code in (401, 403, 404, 409, 422, 429, 502, 503)
 }
-DEFAULT_MAX_UPLOAD = 64 * 1024 * 1024
 
 
 class BodyLimit:
@@ -185,7 +193,7 @@ def overrides(m: schemas.MechanismOverride | None) -> common_pb2.Mechanism | Non
 
 
 def create_app(
-    backends: Backends, tokens: TokenStore, max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    backends: Backends, tokens: TokenStore, max_upload_bytes: int = MAX_UPLOAD_BYTES
 ) -> FastAPI:
     """The gateway app over live backends; ``max_upload_bytes`` bounds any request body."""
     app = FastAPI(
@@ -289,7 +297,7 @@ def create_app(
     async def upload_job(
         _: Analyst,
         file: Annotated[UploadFile, File(description=parse_dataset.__doc__ or "")],
-        batch_size: Annotated[int, Form(ge=1, le=schemas.MAX_BATCH)] = 256,
+        batch_size: Annotated[schemas.BatchSize, Form()] = DEFAULT_BATCH,
         sigma: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
         sigma1: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
         threshold: Annotated[float | None, Form(gt=0, le=1e6, allow_inf_nan=False)] = None,
@@ -298,8 +306,14 @@ def create_app(
             x = parse_dataset(await file.read())
         except DatasetError as err:
             raise HTTPException(422, str(err)) from None
-        x = np.ascontiguousarray(x, dtype="<f4")
-        tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+        if x.nbytes > MAX_TENSOR_BYTES:
+            # Integer uploads grow fourfold as float32, past what one job's message carries.
+            raise HTTPException(
+                413,
+                f"the upload is {x.nbytes} bytes as float32 queries, over the {MAX_TENSOR_BYTES} "
+                "one job can carry; split it into several jobs",
+            )
+        tensor = serde.queries_to_proto(x)
         mech = schemas.MechanismOverride(sigma=sigma, sigma1=sigma1, threshold=threshold)
         result: schemas.JobOut = _create(
             common_pb2.QueryBatch(tensor=tensor), len(x), batch_size, overrides(mech)
@@ -309,7 +323,7 @@ def create_app(
     @app.get("/v1/jobs", response_model=schemas.JobList, responses=ERRORS, tags=["jobs"])
     def list_jobs(
         _: Analyst,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
         offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     ) -> schemas.JobList:
         reply = backends.list_jobs(limit, offset)
@@ -334,12 +348,13 @@ def create_app(
             )
             n = int(page.labels.shape[0]) if page.labels.shape else 0
             if n:
-                labels.append(
-                    np.frombuffer(page.labels.data, "<i8").reshape(tuple(page.labels.shape))
-                )
-                queries.append(
-                    np.frombuffer(page.queries.data, "<f4").reshape(tuple(page.queries.shape))
-                )
+                try:
+                    labels.append(serde.labels_from_proto(page.labels))
+                    queries.append(serde.tensor_from_proto(page.queries, "float32", "queries"))
+                except RequestError as err:
+                    raise BackendError(
+                        "student party", None, f"a malformed results page: {err}"
+                    ) from None
             offset += n
             if n == 0 or offset >= page.total:
                 job = page.job
@@ -521,7 +536,7 @@ def create_app(
         _: Admin,
         party: Annotated[str | None, Query(pattern=NAME)] = None,
         round_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
         offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     ) -> schemas.LedgerPage:
         reply = backends.guardian_call(
@@ -543,7 +558,7 @@ def create_app(
     @app.get("/v1/admin/audit", response_model=schemas.AuditPage, responses=ERRORS, tags=["admin"])
     def audit(
         _: Admin,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
         offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     ) -> schemas.AuditPage:
         reply = backends.guardian_call(
