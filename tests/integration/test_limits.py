@@ -1,5 +1,5 @@
 """The gateway, the student party and the guardian take the same largest batch and refuse
-one query more in the same words (services.common.limits)."""
+one query more in the same words; the gateway refuses what one job message cannot carry."""
 
 from __future__ import annotations
 
@@ -191,3 +191,16 @@ def test_the_gateway_refuses_one_query_more_and_forwards_the_limit(
         assert r.status_code == 201, r.text
         stored = party.store.get(r.json()["id"])
         assert stored is not None and stored.batch_size == MAX_BATCH
+
+
+def test_the_gateway_refuses_an_upload_too_large_for_one_job_message(
+    gateway: tuple[TestClient, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Integer uploads grow fourfold as float32: 2 uint8 queries of 16 pixels become 128 bytes.
+    client, auth = gateway
+    monkeypatch.setattr("services.gateway.app.MAX_TENSOR_BYTES", 127)
+    upload = {"file": ("q.npy", npy(np.zeros((2, *SHAPE), dtype=np.uint8)))}
+    r = client.post("/v1/jobs/upload", headers=auth, files=upload)
+    assert r.status_code == 413 and "128 bytes as float32 queries, over the 127" in r.text
+    monkeypatch.setattr("services.gateway.app.MAX_TENSOR_BYTES", 128)
+    assert client.post("/v1/jobs/upload", headers=auth, files=upload).status_code == 201
