@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from capc_client.models import Job
-from capc_client.sdk import ApiError, Client
+from capc_client.sdk import DEFAULT_BATCH, ApiError, Client
 
 BAR = 30
 
@@ -213,7 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--params", default="", help="generator parameters as JSON")
     submit.add_argument("--seed", type=int, default=0)
     submit.add_argument("--file", type=Path, help="unlabelled dataset: .npy or .npz with x")
-    submit.add_argument("--batch-size", type=int, default=256)
+    submit.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH,
+        help="queries per round (the gateway's refusal names its largest)",
+    )
     submit.add_argument(
         "--raise",
         dest="raise_param",

@@ -23,6 +23,11 @@ from capc_client.models import (
 
 M = TypeVar("M", bound=BaseModel)
 
+#: Queries per round unless a job names its own. The client imports nothing from the
+#: services, so it keeps no copy of their largest batch: the gateway refuses a larger
+#: one with 422, and ApiError's detail names the limit.
+DEFAULT_BATCH = 256
+
 
 class ApiError(Exception):
     """The gateway refused a request: ``status`` and the gateway's ``detail``."""
@@ -117,7 +122,7 @@ class Client:
         params: dict[str, Any] | None = None,
         seed: int = 0,
         start: int = 0,
-        batch_size: int = 256,
+        batch_size: int = DEFAULT_BATCH,
         mechanism: dict[str, float] | None = None,
     ) -> Job:
         """A labelling job on ``count`` programmatic queries (generator, params, seed)."""
@@ -136,7 +141,11 @@ class Client:
         return Job.model_validate(self._request("POST", "/v1/jobs", json=body).json())
 
     def submit_file(
-        self, path: Path, *, batch_size: int = 256, mechanism: dict[str, float] | None = None
+        self,
+        path: Path,
+        *,
+        batch_size: int = DEFAULT_BATCH,
+        mechanism: dict[str, float] | None = None,
     ) -> Job:
         """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x`` (N, C, H, W)."""
         data = {"batch_size": str(batch_size)}

@@ -27,7 +27,8 @@ import numpy as np
 from capc.models import Teacher
 from capc.mpc.votes import share_votes
 from services.answerer.encrypted import EncryptedAnswerer
-from services.common import protocol, tls
+from services.common import protocol, serde, tls
+from services.common.limits import MAX_BATCH
 from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
 from services.common.serde import mechanism_from_proto
@@ -188,9 +189,11 @@ class AnsweringParty:
                 # Synthetic queries: regenerate, check the hash, normalise with their own statistics.
                 x = regenerate(work.queries.recipe)
                 preds = self.teacher.predict(x, current_statistics=True)
-            elif source == "tensor" and work.queries.tensor.dtype == "float32":
-                t = work.queries.tensor
-                x = np.frombuffer(t.data, dtype="<f4").reshape(tuple(t.shape))
+            elif source == "tensor":
+                # The guardian checks the batch too; this party checks it against its own teacher.
+                x = serde.queries_from_proto(
+                    work.queries.tensor, self.teacher.input_shape, MAX_BATCH
+                )
                 preds = self.teacher.predict(x)
             else:
                 raise ValueError("this party answers float32 tensors and recipes")
@@ -201,12 +204,7 @@ class AnsweringParty:
             outgoing.put(
                 guardian_pb2.PartyMessage(
                     header=self._header(task),
-                    shares=guardian_pb2.Shares(
-                        round_id=work.round_id,
-                        shape=list(share.shape),
-                        guardian_share=share.astype("<u8").tobytes(),
-                        sealed_seed=sealed,
-                    ),
+                    shares=serde.shares_to_proto(work.round_id, share, sealed_seed=sealed),
                 )
             )
             self.rounds_answered += 1
@@ -244,11 +242,8 @@ class AnsweringParty:
         outgoing.put(
             guardian_pb2.PartyMessage(
                 header=header,
-                shares=guardian_pb2.Shares(
-                    round_id=work.round_id,
-                    shape=list(answer.share.shape),
-                    guardian_share=answer.share.astype("<u8").tobytes(),
-                    batch_hash=answer.ciphertext_hash,
+                shares=serde.shares_to_proto(
+                    work.round_id, answer.share, batch_hash=answer.ciphertext_hash
                 ),
             )
         )
@@ -260,13 +255,7 @@ def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: 
     mech = mechanism_from_proto(work.mechanism)
     if mech.outputs != outputs:
         raise ValueError(f"the task has {mech.outputs} outputs, this teacher {outputs}")
-    participation = None
-    if work.participation:
-        batch = len(predictions)
-        bits = np.frombuffer(work.participation, dtype=np.uint8)
-        if len(bits) != (batch + 7) // 8:
-            raise ValueError(f"participation must carry {batch} bits, got {8 * len(bits)}")
-        participation = np.unpackbits(bits, count=batch, bitorder="little").astype(bool)
+    participation = serde.participation_from_bytes(work.participation, len(predictions))
     return mech.encode_votes(
         predictions,
         weight=work.vote_weight,

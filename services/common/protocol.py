@@ -1,17 +1,15 @@
 """The wire protocol's version and the checks every service applies to requests.
 
 The protocol version lives here once; every message header carries it. Query
-batches are validated the same way wherever they arrive (guardian rounds,
-student jobs): an uploaded float32 tensor of the task's input shape, or a
-programmatic recipe for that shape.
+recipes are validated the same way wherever they arrive (guardian rounds,
+student jobs); uploaded query tensors are read and checked by
+:mod:`services.common.serde`.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.typing import NDArray
-
 from capc.data.generators import Recipe
+from services.common.limits import count_refusal
 from services.common.recipes import RecipeError, recipe_from_proto
 from services.proto.capc.v1 import common_pb2
 
@@ -33,32 +31,13 @@ def check_version(h: common_pb2.Header, who: str) -> None:
         )
 
 
-def query_tensor(
-    t: common_pb2.Tensor, input_shape: tuple[int, ...], max_count: int
-) -> NDArray[np.float32]:
-    """The queries of an uploaded tensor, (N, *input_shape) float32, after every check."""
-    shape = tuple(t.shape)
-    if t.dtype != "float32":
-        raise RequestError(f"queries must be float32, got {t.dtype!r}")
-    if len(shape) != 1 + len(input_shape) or shape[1:] != input_shape:
-        raise RequestError(
-            f"queries must have shape (N, {', '.join(map(str, input_shape))}), got {shape}"
-        )
-    if not 1 <= shape[0] <= max_count:
-        raise RequestError(f"at most {max_count} and at least 1 query per request, got {shape[0]}")
-    expected = 4 * int(np.prod(shape))
-    if len(t.data) != expected:
-        raise RequestError(
-            f"query data must be {expected} bytes for shape {shape}, got {len(t.data)}"
-        )
-    x = np.frombuffer(t.data, dtype="<f4").reshape(shape)
-    if not np.isfinite(x).all():
-        raise RequestError("queries contain NaN or infinity")
-    return x
+def query_recipe(
+    msg: common_pb2.Recipe, input_shape: tuple[int, ...], max_count: int, what: str = "a batch"
+) -> Recipe:
+    """A recipe for the task's input shape and at most ``max_count`` queries.
 
-
-def query_recipe(msg: common_pb2.Recipe, input_shape: tuple[int, ...], max_count: int) -> Recipe:
-    """A recipe for the task's input shape and at most ``max_count`` queries."""
+    ``what`` names the request in the count refusal ("a batch", "a job").
+    """
     try:
         recipe = recipe_from_proto(msg)
     except RecipeError as err:
@@ -67,6 +46,7 @@ def query_recipe(msg: common_pb2.Recipe, input_shape: tuple[int, ...], max_count
         raise RequestError(
             f"recipe shape {recipe.shape} is not the task's input shape {input_shape}"
         )
-    if recipe.count > max_count:
-        raise RequestError(f"at most {max_count} queries per request, got {recipe.count}")
+    refusal = count_refusal(recipe.count, max_count, what)
+    if refusal is not None:
+        raise RequestError(refusal)
     return recipe

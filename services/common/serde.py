@@ -1,14 +1,165 @@
-"""Conversions between protocol messages and domain objects, in one place."""
+"""Every conversion between wire messages and arrays, with the checks on what arrives.
+
+The wire formats are fixed by the protos: a ``Tensor`` is C-order little-endian
+data of the dtype it names ("float32" queries, "int64" labels); vote shares are
+(B, width) little-endian uint64; a participation mask is one bit per query,
+least significant bit first, padded to whole bytes, and empty when every party
+votes on every query. Whatever arrives is checked against its shape before it
+is read, and refused with :class:`~services.common.protocol.RequestError`
+saying what was wrong.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from capc.mechanisms import Mechanism, MechanismError, mechanism_class
+from services.common.limits import count_refusal
 from services.common.protocol import RequestError
-from services.proto.capc.v1 import common_pb2
+from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+TensorDtype = Literal["float32", "int64"]
+_WIRE: dict[str, np.dtype[np.generic]] = {
+    "float32": np.dtype("<f4"),
+    "int64": np.dtype("<i8"),
+}
+_SHARE = np.dtype("<u8")
 
 
+# -- tensors ------------------------------------------------------------------------
+def tensor_to_proto(array: ArrayLike, dtype: TensorDtype) -> common_pb2.Tensor:
+    """``array`` as a Tensor of ``dtype``, converted if it is of another."""
+    x = np.ascontiguousarray(array, dtype=_WIRE[dtype])
+    return common_pb2.Tensor(shape=list(x.shape), dtype=dtype, data=x.tobytes())
+
+
+def tensor_from_proto(
+    t: common_pb2.Tensor, dtype: TensorDtype, what: str = "the tensor"
+) -> NDArray[np.generic]:
+    """The array of a Tensor that must be of ``dtype``; read in place, so read-only."""
+    if t.dtype != dtype:
+        raise RequestError(f"{what} must be {dtype}, got {t.dtype!r}")
+    shape = tuple(int(n) for n in t.shape)
+    _check_length(t.data, _WIRE[dtype], shape, what)
+    return np.frombuffer(t.data, dtype=_WIRE[dtype]).reshape(shape)
+
+
+def queries_to_proto(queries: ArrayLike) -> common_pb2.Tensor:
+    """Queries (N, *input_shape) as a float32 Tensor."""
+    return tensor_to_proto(queries, "float32")
+
+
+def queries_from_proto(
+    t: common_pb2.Tensor, input_shape: tuple[int, ...], max_count: int, what: str = "a batch"
+) -> NDArray[np.float32]:
+    """The queries of a Tensor, (N, *input_shape) float32 with 1 <= N <= ``max_count``, all finite.
+
+    ``what`` names the request in the count refusal ("a batch", "a job").
+    """
+    if t.dtype != "float32":
+        raise RequestError(f"queries must be float32, got {t.dtype!r}; convert them before sending")
+    shape = tuple(int(n) for n in t.shape)
+    if len(shape) != 1 + len(input_shape) or shape[1:] != input_shape:
+        raise RequestError(
+            f"queries must have shape (N, {', '.join(map(str, input_shape))}), got {shape}"
+        )
+    refusal = count_refusal(shape[0], max_count, what)
+    if refusal is not None:
+        raise RequestError(refusal)
+    _check_length(t.data, _WIRE["float32"], shape, "queries")
+    x: NDArray[np.float32] = np.frombuffer(t.data, dtype="<f4").reshape(shape)
+    bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1)
+    if bad.any():
+        raise RequestError(
+            f"{int(bad.sum())} queries contain NaN or infinity; clean them and send them again"
+        )
+    return x
+
+
+def labels_to_proto(labels: ArrayLike) -> common_pb2.Tensor:
+    """Labels (N,) or (N, k), -1 where not answered, as an int64 Tensor."""
+    return tensor_to_proto(labels, "int64")
+
+
+def labels_from_proto(t: common_pb2.Tensor) -> NDArray[np.int64]:
+    labels: NDArray[np.int64] = tensor_from_proto(t, "int64", "labels").astype(np.int64, copy=False)
+    return labels
+
+
+# -- vote shares --------------------------------------------------------------------
+def share_to_bytes(share: NDArray[np.uint64]) -> bytes:
+    """A (B, width) uint64 share as the bytes of ``Shares.guardian_share``."""
+    if share.dtype != np.uint64 or share.ndim != 2:
+        # A signed or float share would be wrapped silently: a bug, not a request.
+        raise TypeError(f"a share is a (B, width) uint64 array, got {share.dtype} {share.shape}")
+    return np.ascontiguousarray(share, dtype=_SHARE).tobytes()
+
+
+def shares_to_proto(
+    round_id: int, share: NDArray[np.uint64], *, sealed_seed: bytes = b"", batch_hash: bytes = b""
+) -> guardian_pb2.Shares:
+    """A party's shares message: the guardian share with its shape, and the seed or hash."""
+    return guardian_pb2.Shares(
+        round_id=round_id,
+        shape=list(share.shape),
+        guardian_share=share_to_bytes(share),
+        sealed_seed=sealed_seed,
+        batch_hash=batch_hash,
+    )
+
+
+def share_from_bytes(data: bytes, shape: tuple[int, int]) -> NDArray[np.uint64]:
+    """The (B, width) uint64 share in ``data``, which must be exactly that many values."""
+    _check_length(data, _SHARE, shape, "the guardian share")
+    return np.frombuffer(data, dtype=_SHARE).astype(np.uint64).reshape(shape)
+
+
+def shares_from_proto(msg: guardian_pb2.Shares, expected: tuple[int, int]) -> NDArray[np.uint64]:
+    """The guardian share of a shares message, which must have shape ``expected``."""
+    if tuple(msg.shape) != expected:
+        raise RequestError(
+            f"shares for round {msg.round_id} must have shape {expected}, got {tuple(msg.shape)}"
+        )
+    return share_from_bytes(msg.guardian_share, expected)
+
+
+# -- participation masks ------------------------------------------------------------
+def participation_to_bytes(mask: NDArray[np.bool_] | None) -> bytes:
+    """A (B,) mask of the queries a party votes on; None (all of them) is empty."""
+    if mask is None:
+        return b""
+    return np.packbits(mask, bitorder="little").tobytes()
+
+
+def participation_from_bytes(data: bytes, count: int) -> NDArray[np.bool_] | None:
+    """The (count,) mask in ``data``; None when empty (the party votes on every query)."""
+    if not data:
+        return None
+    bits = np.frombuffer(data, dtype=np.uint8)
+    if len(bits) != (count + 7) // 8:
+        raise RequestError(f"participation must carry {count} bits, got {8 * len(bits)}")
+    mask: NDArray[np.bool_] = np.unpackbits(bits, count=count, bitorder="little").astype(bool)
+    return mask
+
+
+def _check_length(
+    data: bytes, dtype: np.dtype[np.generic], shape: tuple[int, ...], what: str
+) -> None:
+    # math.prod on Python ints: a forged shape cannot overflow into a small byte count.
+    expected = dtype.itemsize * math.prod(shape)
+    if len(data) != expected:
+        raise RequestError(
+            f"{what} must be {expected} bytes ({shape} of {dtype.itemsize}-byte "
+            f"little-endian {dtype.name}), got {len(data)}; shape and data disagree"
+        )
+
+
+# -- mechanisms ---------------------------------------------------------------------
 def mechanism_to_proto(mechanism: Mechanism) -> common_pb2.Mechanism:
     """A round's mechanism, as the answering parties and the jobs API receive it."""
     return common_pb2.Mechanism(

@@ -19,13 +19,11 @@ from typing import Any
 import grpc
 
 from services.common import pki
+from services.common.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger("capc.tls")
 
-#: Explicit message limits (bytes). Garbled rounds are split into frames of at
-#: most 4 MiB by capc.mpc; vote shares of a 4096-query batch of 1024 classes
-#: are 32 MiB. CKKS contexts with rotation keys reach about 100 MB.
-MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+# gRPC receives at most 4 MiB by default, far below a round's queries and shares.
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

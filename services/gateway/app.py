@@ -25,7 +25,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.serde import overrides_to_proto
+from services.common import serde
+from services.common.limits import (
+    DEFAULT_BATCH,
+    DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
+    MAX_TENSOR_BYTES,
+    MAX_UPLOAD_BYTES,
+    RESULTS_PAGE,
+)
+from services.common.protocol import RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
 from services.gateway.datasets import DatasetError, parse_dataset
@@ -35,12 +44,10 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 
 JOB_ID = Path(pattern=schemas.ID_PATTERN, description="a job or model id (UUID)")
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-RESULTS_PAGE = 4096
 MECHANISM_OVERRIDE: TypeAdapter[dict[str, float]] = TypeAdapter(schemas.MechanismOverride)
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorOut} for code in (401, 403, 404, 409, 422, 429, 502, 503)
 }
-DEFAULT_MAX_UPLOAD = 64 * 1024 * 1024
 
 
 class BodyLimit:
@@ -184,7 +191,7 @@ def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
 
 
 def create_app(
-    backends: Backends, tokens: TokenStore, max_upload_bytes: int = DEFAULT_MAX_UPLOAD
+    backends: Backends, tokens: TokenStore, max_upload_bytes: int = MAX_UPLOAD_BYTES
 ) -> FastAPI:
     """The gateway app over live backends; ``max_upload_bytes`` bounds any request body."""
     app = FastAPI(
@@ -273,7 +280,7 @@ def create_app(
             common_pb2.QueryBatch(recipe=recipe),
             body.count,
             body.batch_size,
-            overrides_to_proto(body.mechanism),
+            serde.overrides_to_proto(body.mechanism),
         )
         return result
 
@@ -288,7 +295,7 @@ def create_app(
     async def upload_job(
         _: Analyst,
         file: Annotated[UploadFile, File(description=parse_dataset.__doc__ or "")],
-        batch_size: Annotated[int, Form(ge=1, le=schemas.MAX_BATCH)] = 256,
+        batch_size: Annotated[schemas.BatchSize, Form()] = DEFAULT_BATCH,
         mechanism: Annotated[
             str | None,
             Form(
@@ -305,17 +312,26 @@ def create_app(
             x = parse_dataset(await file.read())
         except DatasetError as err:
             raise HTTPException(422, str(err)) from None
-        x = np.ascontiguousarray(x, dtype="<f4")
-        tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+        if x.nbytes > MAX_TENSOR_BYTES:
+            # Integer uploads grow fourfold as float32, past what one job's message carries.
+            raise HTTPException(
+                413,
+                f"the upload is {x.nbytes} bytes as float32 queries, over the {MAX_TENSOR_BYTES} "
+                "one job can carry; split it into several jobs",
+            )
+        tensor = serde.queries_to_proto(x)
         result: schemas.JobOut = _create(
-            common_pb2.QueryBatch(tensor=tensor), len(x), batch_size, overrides_to_proto(overrides)
+            common_pb2.QueryBatch(tensor=tensor),
+            len(x),
+            batch_size,
+            serde.overrides_to_proto(overrides),
         )
         return result
 
     @app.get("/v1/jobs", response_model=schemas.JobList, responses=ERRORS, tags=["jobs"])
     def list_jobs(
         _: Analyst,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
         offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     ) -> schemas.JobList:
         reply = backends.list_jobs(limit, offset)
@@ -340,12 +356,13 @@ def create_app(
             )
             n = int(page.labels.shape[0]) if page.labels.shape else 0
             if n:
-                labels.append(
-                    np.frombuffer(page.labels.data, "<i8").reshape(tuple(page.labels.shape))
-                )
-                queries.append(
-                    np.frombuffer(page.queries.data, "<f4").reshape(tuple(page.queries.shape))
-                )
+                try:
+                    labels.append(serde.labels_from_proto(page.labels))
+                    queries.append(serde.tensor_from_proto(page.queries, "float32", "queries"))
+                except RequestError as err:
+                    raise BackendError(
+                        "student party", None, f"a malformed results page: {err}"
+                    ) from None
             offset += n
             if n == 0 or offset >= page.total:
                 job = page.job
@@ -527,7 +544,7 @@ def create_app(
         _: Admin,
         party: Annotated[str | None, Query(pattern=NAME)] = None,
         round_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
         offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     ) -> schemas.LedgerPage:
         reply = backends.guardian_call(
@@ -549,7 +566,7 @@ def create_app(
     @app.get("/v1/admin/audit", response_model=schemas.AuditPage, responses=ERRORS, tags=["admin"])
     def audit(
         _: Admin,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
         offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
     ) -> schemas.AuditPage:
         reply = backends.guardian_call(

@@ -13,6 +13,7 @@ import sys
 
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
+from services.common.limits import MAX_UPLOAD_BYTES
 from services.gateway.tokens import Role, TokenError, TokenStore
 
 DEFAULT_DB = "gateway.db"
@@ -30,7 +31,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     serve.add_argument("--db", default=DEFAULT_DB, help="token database: SQLite path or URL")
     serve.add_argument("--name", default="gateway", help="this gateway's certificate name")
     serve.add_argument(
-        "--max-upload-mb", type=float, default=64.0, help="largest request body (MiB)"
+        "--max-upload-mb",
+        type=float,
+        default=MAX_UPLOAD_BYTES / 2**20,
+        help="largest request body (MiB)",
     )
     add_tls_args(serve)
     serve.set_defaults(handler=run_serve)

@@ -4,16 +4,39 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from capc.data.generators import GENERATORS, MAX_COUNT
+from capc.data.generators import GENERATORS
+from services.common.limits import (
+    DEFAULT_BATCH,
+    DEFAULT_EPOCHS,
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_RECIPE_COUNT,
+    batch_refusal,
+)
 
 Generator = Literal["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
 if set(Generator.__args__) != set(GENERATORS):  # type: ignore[attr-defined]
     raise RuntimeError("the REST enum must list every generator")
-MAX_BATCH = 4096
 ID_PATTERN = r"^[0-9a-f-]{36}$"
 JobId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+
+
+def _batch_size(size: int) -> int:
+    refusal = batch_refusal(size)
+    if refusal is not None:
+        raise ValueError(f"batch_size: {refusal}")
+    return size
+
+
+#: Queries per round, refused in the words the student party and guardian use; the
+#: schema still shows the bounds.
+BatchSize = Annotated[
+    int,
+    AfterValidator(_batch_size),
+    Field(json_schema_extra={"minimum": 1, "maximum": MAX_BATCH}),
+]
 
 
 class Strict(BaseModel):
@@ -43,8 +66,8 @@ MechanismOverride = Annotated[dict[ParamName, ParamValue], Field(max_length=16)]
 
 class JobCreate(Strict):
     recipe: RecipeIn
-    count: int = Field(ge=1, le=MAX_COUNT)
-    batch_size: int = Field(256, ge=1, le=MAX_BATCH)
+    count: int = Field(ge=1, le=MAX_RECIPE_COUNT)
+    batch_size: BatchSize = DEFAULT_BATCH
     mechanism: MechanismOverride | None = None
 
 
@@ -90,7 +113,7 @@ class ModelCreate(Strict):
         description="pretrained: fit the last layer of the student's pretrained body (DIET); "
         "an architecture name: train from scratch; default: pretrained when the student has a body",
     )
-    epochs: int = Field(10, ge=1, le=200)
+    epochs: int = Field(DEFAULT_EPOCHS, ge=1, le=MAX_EPOCHS)
     seed: int = Field(0, ge=0, le=2**31 - 1)
 
 

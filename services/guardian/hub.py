@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
+from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
@@ -51,7 +52,6 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/SetCap": ("gateway",),
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
 }
-MAX_PAGE = 1000
 HEADER = protocol.header()
 
 
@@ -79,11 +79,11 @@ def _session_id(context: grpc.ServicerContext) -> bytes:
 
 
 def page_limit(requested: int, context: grpc.ServicerContext) -> int:
-    """Entries per page: 100 by default, at most MAX_PAGE."""
-    limit = requested or 100
-    if limit > MAX_PAGE:
+    """Entries per page: DEFAULT_LIST_PAGE by default, at most MAX_LIST_PAGE."""
+    limit = requested or DEFAULT_LIST_PAGE
+    if limit > MAX_LIST_PAGE:
         context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}, got {limit}"
+            grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_LIST_PAGE}, got {limit}"
         )
     return limit
 

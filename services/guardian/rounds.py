@@ -39,17 +39,15 @@ from numpy.typing import NDArray
 from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
-from services.common import protocol
-from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
+from services.common import protocol, serde
+from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
+from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
 from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
-
-#: Largest batch a round may carry.
-MAX_BATCH = 8192
 
 
 class RoundInputError(RequestError):
@@ -161,15 +159,10 @@ class RoundEngine:
             rnd = self._rounds.get(msg.round_id)
         if rnd is None or name not in rnd.included:
             raise RoundInputError(f"round {msg.round_id} did not ask {name} for shares")
-        expected = (rnd.batch, rnd.task.vote_width)
-        if tuple(msg.shape) != expected:
-            raise RoundInputError(
-                f"shares for round {msg.round_id} must have shape {expected}, got {tuple(msg.shape)}"
-            )
-        if len(msg.guardian_share) != 8 * rnd.batch * rnd.task.vote_width:
-            raise RoundInputError(
-                f"guardian share must be {8 * rnd.batch * rnd.task.vote_width} bytes, got {len(msg.guardian_share)}"
-            )
+        try:
+            share = serde.shares_from_proto(msg, (rnd.batch, rnd.task.vote_width))
+        except RequestError as err:
+            raise RoundInputError(str(err)) from None
         if rnd.ciphertext_hash is not None:
             if msg.batch_hash != rnd.ciphertext_hash:
                 raise RoundInputError(
@@ -182,9 +175,7 @@ class RoundEngine:
                 raise RoundInputError(
                     f"{name} already sent shares for round {msg.round_id}, or the round closed: duplicate refused"
                 )
-            rnd.shares[name] = (
-                np.frombuffer(msg.guardian_share, dtype="<u8").astype(np.uint64).reshape(expected)
-            )
+            rnd.shares[name] = share
             rnd.seeds[name] = bytes(msg.sealed_seed)
             if set(rnd.shares) | rnd.failed >= set(rnd.included):
                 rnd.complete.set()
@@ -267,9 +258,7 @@ class RoundEngine:
                         student_public_key=request.student_public_key,
                         vote_weight=rnd.weight(name),
                         frac_bits=task.frac_bits,
-                        participation=b""
-                        if mask is None
-                        else np.packbits(mask, bitorder="little").tobytes(),
+                        participation=serde.participation_to_bytes(mask),
                     ),
                 )
             )
@@ -475,8 +464,6 @@ class RoundEngine:
             del self._rounds[round_id]
 
 
-#: Most ciphertexts one encrypted round may name.
-MAX_CIPHERTEXTS = 8192
 LAYOUTS = ("batched", "single")
 
 
@@ -492,9 +479,12 @@ def _check_encrypted(batch: common_pb2.EncryptedBatch, task: TaskConfig) -> int:
         )
     if batch.layout not in LAYOUTS:
         raise RequestError(f"layout must be one of {', '.join(LAYOUTS)}, got {batch.layout!r}")
-    limit = min(MAX_BATCH, task.encryption.params.slots)
-    if not 1 <= batch.batch <= limit:
-        raise RequestError(f"an encrypted batch holds 1 to {limit} queries, got {batch.batch}")
+    # One query a slot: a CKKS ciphertext holds no more queries than it has slots.
+    refusal = count_refusal(
+        batch.batch, min(MAX_BATCH, task.encryption.params.slots), "an encrypted batch"
+    )
+    if refusal is not None:
+        raise RequestError(refusal)
     if not 1 <= batch.ciphertexts <= MAX_CIPHERTEXTS:
         raise RequestError(
             f"a round names 1 to {MAX_CIPHERTEXTS} ciphertexts, got {batch.ciphertexts}"
@@ -524,7 +514,7 @@ def _check_queries(queries: common_pb2.QueryBatch, task: TaskConfig) -> int:
         return recipe.count
     if source != "tensor":
         raise RequestError("queries must be a float32 tensor, a recipe or an encrypted batch")
-    return len(query_tensor(queries.tensor, task.input_shape, MAX_BATCH))
+    return len(serde.queries_from_proto(queries.tensor, task.input_shape, MAX_BATCH))
 
 
 __all__ = ["QuorumError", "RoundEngine", "RoundInputError", "RoundRefusedError", "TaskConfig"]

@@ -23,7 +23,8 @@ from numpy.typing import ArrayLike, NDArray
 from capc.data.generators import FloatImages, Recipe
 from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import student_share_sum
-from services.common import protocol, tls
+from services.common import protocol, serde, tls
+from services.common.limits import DEFAULT_BATCH
 from services.common.mpc_stream import StreamChannel
 from services.common.recipes import recipe_to_proto
 from services.common.serde import overrides_to_proto
@@ -144,9 +145,8 @@ class StudentClient:
         Labels are (B,) classes, or (B, k) 0/1 vectors for a multi-label task
         with -1 on each label not answered. ``overrides``: mechanism parameters to raise,
         within the task's policy (see :meth:`TaskConfig.overridden`)."""
-        x = np.ascontiguousarray(queries, dtype="<f4")
-        tensor = common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-        return self._round(common_pb2.QueryBatch(tensor=tensor), x.shape[0], overrides)
+        tensor = serde.queries_to_proto(queries)
+        return self._round(common_pb2.QueryBatch(tensor=tensor), tensor.shape[0], overrides)
 
     def label_recipe(
         self,
@@ -207,7 +207,7 @@ class StudentClient:
         )
 
     def label(
-        self, queries: NDArray[np.float32], batch_size: int = 256
+        self, queries: NDArray[np.float32], batch_size: int = DEFAULT_BATCH
     ) -> tuple[NDArray[np.int64], list[RoundResult]]:
         """Label every query, batch by batch; stops with the RpcError when the consortium refuses."""
         results = [

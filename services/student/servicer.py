@@ -15,7 +15,17 @@ import numpy as np
 
 from capc.data.generators import Recipe
 from capc.mpc.channel import ProtocolError
-from services.common.protocol import RequestError, check_version, query_recipe, query_tensor
+from services.common import serde
+from services.common.limits import (
+    DEFAULT_BATCH,
+    DEFAULT_EPOCHS,
+    DEFAULT_LIST_PAGE,
+    MAX_JOB_QUERIES,
+    MAX_LIST_PAGE,
+    RESULTS_PAGE,
+    batch_refusal,
+)
+from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
@@ -24,11 +34,7 @@ from services.student.store import TERMINAL, Job, JobStore, StudentModel
 from services.student.training import ModelTrainer, TrainingError
 
 log = logging.getLogger("capc.student")
-MAX_QUERIES = 100_000
-MAX_BATCH = 4096
 SERVICE = "capc.v1.StudentParty"
-RESULTS_PAGE = 4096
-MAX_PAGE = 1000
 POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/{rpc}": ("gateway", "student")
     for rpc in (
@@ -200,7 +206,9 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             if source == "recipe":
                 if not request.queries.recipe.shape:  # the gateway leaves it to the task
                     request.queries.recipe.shape.extend(self.task.input_shape)
-                recipe = query_recipe(request.queries.recipe, self.task.input_shape, MAX_QUERIES)
+                recipe = query_recipe(
+                    request.queries.recipe, self.task.input_shape, MAX_JOB_QUERIES, "a job"
+                )
                 try:
                     # One image checks the parameters; the runner generates the batch, so a
                     # large recipe never holds this call past the caller's deadline.
@@ -210,12 +218,15 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
                 x = np.zeros((recipe.count, *self.task.input_shape), dtype=np.float32)
                 recipe_json = recipe.to_json()
             elif source == "tensor":
-                x = query_tensor(request.queries.tensor, self.task.input_shape, MAX_QUERIES)
+                x = serde.queries_from_proto(
+                    request.queries.tensor, self.task.input_shape, MAX_JOB_QUERIES, "a job"
+                )
             else:
                 raise RequestError("jobs take an uploaded float32 tensor or a recipe")
-            batch = request.batch_size or 256
-            if not 1 <= batch <= MAX_BATCH:
-                raise RequestError(f"batch_size must lie in [1, {MAX_BATCH}], got {batch}")
+            batch = request.batch_size or DEFAULT_BATCH
+            refusal = batch_refusal(batch)
+            if refusal is not None:
+                raise RequestError(f"batch_size: {refusal}")
             overrides = overrides_from_proto(
                 request.mechanism if request.HasField("mechanism") else None
             )
@@ -268,21 +279,19 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         return student_pb2.JobResults(
             total=len(all_labels),
             job=to_proto(job, self.task),
-            labels=common_pb2.Tensor(
-                shape=list(labels.shape), dtype="int64", data=labels.astype("<i8").tobytes()
-            ),
-            queries=common_pb2.Tensor(
-                shape=list(queries.shape), dtype="float32", data=queries.astype("<f4").tobytes()
-            ),
+            labels=serde.labels_to_proto(labels),
+            queries=serde.queries_to_proto(queries),
         )
 
     def ListJobs(
         self, request: student_pb2.ListJobsRequest, context: grpc.ServicerContext
     ) -> student_pb2.ListJobsReply:
         self._check(request.header, context)
-        limit = request.limit or 100
-        if limit > MAX_PAGE:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_PAGE}")
+        limit = request.limit or DEFAULT_LIST_PAGE
+        if limit > MAX_LIST_PAGE:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_LIST_PAGE}"
+            )
         jobs = self.store.jobs(limit, request.offset)
         return student_pb2.ListJobsReply(jobs=[to_proto(j, self.task) for j in jobs])
 
@@ -291,7 +300,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
     ) -> student_pb2.StudentModel:
         self._check(request.header, context)
         arch = request.architecture or self.trainer.default_architecture
-        epochs = request.epochs or 10
+        epochs = request.epochs or DEFAULT_EPOCHS
         try:
             self.trainer.check(list(request.job_ids), arch, epochs)
         except TrainingError as err:

@@ -34,11 +34,11 @@ from capc.learning.supervised import accuracy, fit
 from capc.models import ARCHITECTURES, Teacher, build, save_teacher
 from capc.models.inference import features
 from capc.models.registry import Classifier
+from services.common.limits import MAX_EPOCHS
 from services.common.task import TaskConfig
 from services.student.store import TERMINAL, JobStore
 
 log = logging.getLogger("capc.student")
-MAX_EPOCHS = 200
 #: The architecture name that asks for the DIET student: the pretrained body, last layer fitted.
 PRETRAINED = "pretrained"
 #: Test images per BatchNorm batch when a pretrained student is evaluated.

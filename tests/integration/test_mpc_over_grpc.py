@@ -31,7 +31,7 @@ def problem() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarra
     hist = vote_histogram(rng.integers(0, 3, (B, N)), K).astype(np.uint64)
     student = rng.integers(0, 2**64 - 1, (B, K), dtype=np.uint64, endpoint=True)
     eta1 = np.clip(rng.normal(0, SPEC.sigma1, B), -8 * SPEC.sigma1, 8 * SPEC.sigma1)
-    eta2 = np.clip(rng.normal(0, SPEC.sigma2, (B, K)), -8 * SPEC.sigma2, 8 * SPEC.sigma2)
+    eta2 = np.clip(rng.normal(0, SPEC.sigma, (B, K)), -8 * SPEC.sigma, 8 * SPEC.sigma)
     return hist, student, hist - student, eta1, eta2
 
 

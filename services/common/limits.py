@@ -1,0 +1,78 @@
+"""Every size limit the services enforce, each defined once with the reason for its value.
+
+The gateway, the student party, the guardian and the answering parties import
+these, so they agree on what is too large and say so in the same words. The
+light ``clients`` package does not import them: it learns a limit from the
+refusal's message.
+"""
+
+from __future__ import annotations
+
+from capc.data.generators import MAX_COUNT
+
+#: Queries in one round. The guardian garbles the whole round's circuit and
+#: sends it as one 2PC message, which capc.mpc caps at 512 MiB: the deployed
+#: 10-class confident-GNMax circuit takes about 27 KB a query (111 MB at 4,096),
+#: a 5-label powerset one 66 KB (272 MB at 4,096, but 545 MB, over the cap, at
+#: 8,192). 4,096 also keeps a round's (3, 32, 32) float32 queries at 50 MB and
+#: 1,024-wide vote shares at 32 MiB, under MAX_MESSAGE_BYTES.
+MAX_BATCH = 4096
+
+#: Queries per round when a job names no batch size: rounds of a few seconds,
+#: so a job's progress moves often and a failed round loses little.
+DEFAULT_BATCH = 256
+
+#: Queries in one student job. A job's queries are kept whole in the job store
+#: and labelled batch by batch; 100,000 bounds what one job stores and runs.
+MAX_JOB_QUERIES = 100_000
+
+#: Programmatic queries one recipe may name; set by capc.data.generators.
+MAX_RECIPE_COUNT = MAX_COUNT
+
+#: Ciphertexts one encrypted round may name. Each is at most 4 MiB (capc.he), and
+#: the batched layout sends one per input feature: 8,192 covers (3, 32, 32)
+#: inputs (3,072) and the single layout of small batches.
+MAX_CIPHERTEXTS = 8192
+
+#: Labelled queries per results page: 4,096 (3, 32, 32) float32 queries are
+#: 50 MB, under MAX_MESSAGE_BYTES. The gateway asks for pages of exactly this size.
+RESULTS_PAGE = 4096
+
+#: Entries per page of a listing (jobs, ledger, audit), and when none is asked for.
+MAX_LIST_PAGE = 1000
+DEFAULT_LIST_PAGE = 100
+
+#: Training epochs of a student model: 200 bounds one training job's time.
+MAX_EPOCHS = 200
+DEFAULT_EPOCHS = 10
+
+#: Largest gRPC message either way. Garbled rounds travel in frames of at most
+#: 4 MiB (capc.mpc); vote shares of a MAX_BATCH round of 1,024 classes are
+#: 32 MiB; CKKS contexts with rotation keys reach about 100 MB.
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+
+#: Largest query tensor one message carries: the rest of the message (header,
+#: mechanism) needs far less than the 1 MiB left over.
+MAX_TENSOR_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
+
+#: Largest request body the gateway takes by default (``--max-upload-mb``): an
+#: upload is buffered whole, and 64 MiB of float32 queries fits one message.
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+
+
+def count_refusal(count: int, limit: int, what: str) -> str | None:
+    """Why ``what`` (e.g. "a batch") may not hold ``count`` queries; None when it may.
+
+    Every service words a count refusal through here, so the same limit reads
+    the same wherever it is hit.
+    """
+    if count < 1:
+        return f"{what} must hold at least 1 query, got {count}"
+    if count > limit:
+        return f"{what} holds at most {limit} queries, got {count}; use {limit} or fewer"
+    return None
+
+
+def batch_refusal(count: int) -> str | None:
+    """Why a round may not take ``count`` queries (None: it may)."""
+    return count_refusal(count, MAX_BATCH, "a batch")
