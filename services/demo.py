@@ -39,15 +39,11 @@ from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
 from capc.models import load_teacher
 from capc.privacy.mechanisms.single_label import vote_histogram
+from services import tasks
 from services.local import LocalConsortium
 
 #: Three hospitals vote, so the threshold asks for two or three agreeing votes.
-DEMO_TASK: dict[str, Any] = {
-    "num_classes": 10,
-    "input_shape": [1, 28, 28],
-    "mechanism": {"name": "confident-gnmax", "sigma": 0.6, "threshold": 1.5, "sigma1": 0.8},
-    "quorum": 3,
-}
+DEMO_TASK: dict[str, Any] = tasks.load("demo")
 #: Each hospital's cap: three votes need little noise, so every query costs much epsilon.
 DEMO_CAP = 20_000.0
 DEMO_BODY = BodyConfig(width=16, pretrain=PretrainConfig(steps=300))

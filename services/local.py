@@ -31,6 +31,7 @@ from capc.data.offline import animal_mnist, breast_cancer, digits, partition
 from capc.learning.last_layer import finetune_teacher
 from capc.learning.supervised import fit
 from capc.models import Teacher, build, load_teacher, save_teacher
+from services import tasks
 from services.common import pki, tls
 from services.common.task import TaskConfig, config_hash
 from services.gateway.tokens import TokenStore
@@ -39,12 +40,7 @@ from services.student.client import StudentClient
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK_NAME = "images"
-DEFAULT_TASK: dict[str, Any] = {
-    "num_classes": 10,
-    "input_shape": [1, 28, 28],
-    "mechanism": {"name": "confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
-    "quorum": 3,
-}
+DEFAULT_TASK: dict[str, Any] = tasks.load(TASK_NAME)
 #: Held out from every hospital: the student's queries and test set.
 HELD_OUT = 400
 

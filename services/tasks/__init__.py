@@ -1,0 +1,15 @@
+"""Task configurations the project ships (JSON data, not code): the local consortium's
+default task and the demo's. Kept as data so that no service module names a mechanism."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+
+def load(name: str) -> dict[str, Any]:
+    """The shipped task configuration ``name`` (``images`` or ``demo``), a fresh dict."""
+    text = resources.files(__package__).joinpath(f"{name}.json").read_text(encoding="utf-8")
+    config: dict[str, Any] = json.loads(text)
+    return config
