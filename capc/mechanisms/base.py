@@ -136,9 +136,16 @@ class Mechanism(ABC):
                 continue
             if key not in current:
                 raise MechanismError(f"{self.name} has no parameter {key!r}")
-            if key not in self.raisable:
+            # A zero noise std (or a threshold without its test) means that part is off.
+            off = float(current[key]) == 0.0 and (key.startswith("sigma") or not self.confident)
+            if key not in self.raisable or off:
                 if v == current[key]:
                     continue
+                if off and key in self.raisable:
+                    raise MechanismError(
+                        f"{key} is 0 in the task: that part of {self.name} is off, and a job "
+                        "cannot switch it on"
+                    )
                 raise MechanismError(
                     f"the task fixes {key} = {current[key]!r} for {self.name}; a job cannot change it"
                 )

@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.privacy import validation as check
-from capc.privacy.accountants import Accounting, RenyiDp, Spent, make
+from capc.privacy.accountants import Accounting, RenyiDp, Spent, UnsupportedEventError, make
 from capc.privacy.conversion import epsilon as epsilon  # re-exported: the RDP conversion
 from capc.privacy.events import DpEvent, RdpCurveEvent, from_dict, leaves
 
@@ -125,6 +125,12 @@ class Accountant:
     def would_exceed(self, event: DpEvent, budget: Budget, count: int = 1) -> bool:
         """True if composing ``count`` copies of ``event`` would spend more than ``budget``."""
         self._check_count(count)
+        unproven = [e.label for e in self._history if not self.accounting.admissible(e.event)]
+        if unproven:
+            raise UnsupportedEventError(
+                f"this history holds events the {self.accounting.name} budget filter is not "
+                f"proven for ({', '.join(sorted(set(unproven)))}); it cannot filter further steps"
+            )
         after = self._total + count * self.accounting.filter_cost(event)
         return not self.accounting.fits(after, budget.epsilon, budget.delta)
 

@@ -222,10 +222,14 @@ class GaussianDp(Accounting):
         return self.supports(event)
 
     def _cost(self, event: DpEvent) -> FloatArray:
-        mu2 = math.fsum(
-            n * leaf.mu**2 for leaf, n in leaves(event) if isinstance(leaf, GaussianEvent)
-        )
-        return np.array([mu2])
+        # Counts of equal mechanisms are summed before squaring, so k copies cost exactly
+        # what one event of count k costs (a worst case is never below its actual charge).
+        counts: dict[float, int] = {}
+        for leaf, n in leaves(event):
+            if isinstance(leaf, GaussianEvent):
+                counts[leaf.mu] = counts.get(leaf.mu, 0) + n
+        # mu * mu, not mu ** 2: a huge mu gives infinity (refused downstream), not OverflowError.
+        return np.array([math.fsum(n * (mu * mu) for mu, n in counts.items())])
 
     def spent(self, total: ArrayLike, delta: float) -> Spent:
         mu = math.sqrt(float(self.check_total(total)[0]))
@@ -295,7 +299,11 @@ class RenyiDp(Accounting):
         return planning.max_queries(unit, self.orders, epsilon, delta, self.conversion, base)
 
     def _max_multiplier(self, unit: FloatArray, epsilon: float, delta: float) -> float:
-        return planning.max_multiplier(unit, self.orders, 1, epsilon, delta, self.conversion)
+        m = planning.max_multiplier(unit, self.orders, 1, epsilon, delta, self.conversion)
+        m *= 1.0 - 1e-12  # the same margin as GaussianDp: callers multiply in any order
+        while m > 0 and not self.fits(m * unit, epsilon, delta):
+            m = float(np.nextafter(m, 0.0))
+        return m
 
     def offset(self, delta: float) -> FloatArray:
         """The part of epsilon at each order that does not depend on the RDP."""

@@ -312,7 +312,7 @@ def rdp_curve(event: DpEvent, orders: ArrayLike) -> FloatArray:
         if isinstance(leaf, NoOpEvent):
             continue
         if isinstance(leaf, GaussianEvent):
-            total = total + n * o * leaf.mu**2 / 2.0
+            total = total + n * o * (leaf.mu * leaf.mu) / 2.0
         elif isinstance(leaf, PureDpEvent):
             # Pure eps-DP is (order, min(eps, order eps^2 / 2))-RDP (Bun and Steinke 2016, Prop. 1.4).
             e = leaf.epsilon

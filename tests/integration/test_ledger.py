@@ -370,3 +370,48 @@ def test_migration_keeps_an_existing_rdp_ledger_exactly(tmp_path: Path) -> None:
     before = RenyiDp().spent(old, DELTA).epsilon
     assert ledger.budget("h1").spent == before
     np.testing.assert_array_equal(ledger.spent_loss("h1"), old)
+
+
+def test_querier_spend_counts_rounds_reserved_before_the_allowance(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 50.0)
+    a = ledger.reserve("a", "digits", "q", 100, {"h1": gnmax_cost(100)}, mechanism="g", quorum=1)
+    ledger.set_allowance("q", 40.0, actor="data-office")
+    b = ledger.reserve("b", "digits", "q", 100, {"h1": gnmax_cost(100)}, mechanism="g", quorum=1)
+    for r in (a, b):
+        ledger.release(r.round_id)
+        ledger.commit(r.round_id, {"h1": gnmax_cost(100)})
+    # Both rounds were the querier's: its share is what both charged, never forgotten.
+    assert ledger.querier_spent("q", "h1") == pytest.approx(epsilon(gnmax_cost(200)), rel=1e-9)
+
+
+def test_a_different_cap_on_registration_is_refused(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 20.0)
+    ledger.register_party("h1", 20.0)  # idempotent with the same cap
+    with pytest.raises(LedgerError, match="set_cap"):
+        ledger.register_party("h1", 2.0)
+    assert ledger.budget("h1").cap == 20.0
+
+
+def test_noise_too_small_to_account_is_a_clear_refusal(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 20.0)
+    tiny = events.repeat(GaussianEvent(1.0, 1e-200), 10)
+    with pytest.raises(LedgerError, match="not finite"):
+        ledger.reserve("t", "digits", "q", 10, {"h1": tiny}, mechanism="g", quorum=1)
+
+
+def test_a_small_total_beside_a_large_reservation_never_shrinks(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 1e6)
+    small = events.repeat(GaussianEvent(1.0, 900.0), 3)
+    a = ledger.reserve("a", "digits", "q", 3, {"h1": small}, mechanism="g", quorum=1)
+    ledger.release(a.round_id)
+    ledger.commit(a.round_id, {"h1": small})
+    for k in range(5):
+        big = ledger.reserve(
+            f"b{k}", "digits", "q", 4000, {"h1": gnmax_cost(4000, 1.0)}, mechanism="g", quorum=1
+        )
+        ledger.abort(big.round_id)
+    assert (ledger.spent_loss("h1") >= GDP.cost(small)).all()

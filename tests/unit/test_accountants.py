@@ -483,3 +483,10 @@ def test_gdp_history_round_trips_through_json() -> None:
     state["history"].append({"event": PureDpEvent(1.0).to_dict(), "count": 1, "label": "x"})
     with pytest.raises(UnsupportedEventError):
         Accountant.from_state_dict(state)
+
+
+def test_a_budgeted_step_is_refused_over_a_history_the_filter_cannot_read() -> None:
+    acc = Accountant("mixed")  # Renyi DP
+    acc.compose(events.PureDpEvent(0.5), label="laplace")
+    with pytest.raises(UnsupportedEventError, match="cannot filter further steps"):
+        acc.compose(events.GaussianEvent(1.0, 10.0), budget=Budget(5.0, 1e-5))

@@ -484,3 +484,13 @@ def test_scaled_noise_scales_every_sigma() -> None:
             want = 2.0 * value if key.startswith("sigma") else value
             assert loud.params.model_dump()[key] == want
         assert _mu2(loud.per_query()) == pytest.approx(_mu2(mech.per_query()) / 4)
+
+
+def test_a_job_cannot_switch_on_a_test_the_task_has_off() -> None:
+    binary = from_config({"name": "binary", "sigma": 1.0}, 5)
+    for key in ("sigma1", "threshold"):
+        with pytest.raises(MechanismError, match="cannot switch it on"):
+            binary.tightened({key: 0.5})
+    # A threshold of 0 on a mechanism whose test is on may be raised: more private.
+    confident = from_config({"name": "confident-gnmax", "sigma": 1, "threshold": 0, "sigma1": 2}, 5)
+    assert confident.tightened({"threshold": 3.0}).params.model_dump()["threshold"] == 3.0

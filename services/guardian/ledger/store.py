@@ -170,10 +170,12 @@ def _lock_querier_spends(
     return {r.party: r for r in rows}
 
 
-def _round_up(x: FloatArray) -> FloatArray:
-    """Two ulps up after a subtraction, so float error never shrinks a total; exact zeros stay zero."""
-    up = np.nextafter(np.nextafter(x, np.inf), np.inf)
-    return np.where(x > 0, up, 0.0)
+def _round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
+    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the largest
+    term, so float error never shrinks a total (it is of the order of an ulp of the largest
+    operand, not of the result); exact zeros stay zero."""
+    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
+    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)
 
 
 class Ledger:
@@ -276,9 +278,12 @@ class Ledger:
     def _loss(self, event: DpEvent, what: str) -> FloatArray:
         """An event's loss vector as a budget charge; LedgerError if the filter cannot take it."""
         try:
-            return self.accounting.filter_cost(event)
-        except (UnsupportedEventError, ValueError) as err:
+            loss = self.accounting.filter_cost(event)
+        except (UnsupportedEventError, ValueError, ArithmeticError) as err:
             raise LedgerError(f"{what}: {err}") from err
+        if not np.isfinite(loss).all():
+            raise LedgerError(f"{what}: its privacy loss is not finite (noise too small?)")
+        return loss
 
     @contextmanager
     def _tx(self) -> Iterator[Session]:
@@ -363,6 +368,12 @@ class Ledger:
         with self._tx() as s:
             row = s.get(PartyRow, name)
             if row is not None:
+                if row.epsilon_cap != float(epsilon_cap) or row.role != role:
+                    raise LedgerError(
+                        f"{name} is registered with cap {row.epsilon_cap:g} and role {row.role}, "
+                        f"not {float(epsilon_cap):g} and {role}; change a cap with set_cap "
+                        "(`PUT /v1/admin/parties/{party}/cap`), which is audited"
+                    )
                 if fingerprint and row.certificate_fingerprint != fingerprint:
                     row.certificate_fingerprint = fingerprint
                 return
@@ -595,13 +606,14 @@ class Ledger:
                     )
                     spends[p].loss = (np.asarray(spends[p].loss) + costs[p]).tolist()
                     spends[p].rounds += 1
-                    if allowance is not None:
-                        if p not in shares:
-                            shares[p] = QuerierSpendRow(
-                                querier=querier, party=p, loss=self.accounting.zero().tolist()
-                            )
-                            s.add(shares[p])
-                        shares[p].loss = (np.asarray(shares[p].loss) + costs[p]).tolist()
+                    # Kept whether or not an allowance exists, so one set later counts what
+                    # the querier spent before, and commits and aborts subtract what was added.
+                    if p not in shares:
+                        shares[p] = QuerierSpendRow(
+                            querier=querier, party=p, loss=self.accounting.zero().tolist()
+                        )
+                        s.add(shares[p])
+                    shares[p].loss = (np.asarray(shares[p].loss) + costs[p]).tolist()
                 self._audit(
                     s,
                     querier,
@@ -682,11 +694,11 @@ class Ledger:
                 charge = costs.get(p, self.accounting.zero())
                 if (charge > reserved * (1 + 1e-12)).any():
                     over.append(p)
-                spends[p].loss = _round_up(np.asarray(spends[p].loss) - reserved + charge).tolist()
+                total = np.asarray(spends[p].loss)
+                spends[p].loss = _round_up(total - reserved + charge, total, reserved).tolist()
                 if p in shares:
-                    shares[p].loss = _round_up(
-                        np.asarray(shares[p].loss) - reserved + charge
-                    ).tolist()
+                    mine = np.asarray(shares[p].loss)
+                    shares[p].loss = _round_up(mine - reserved + charge, mine, reserved).tolist()
                 if p not in costs:
                     spends[p].rounds -= 1
                 reservations[p].kind = ChargeKind.CHARGE
@@ -714,14 +726,12 @@ class Ledger:
             spends = _lock_spends(s, names)
             shares = _lock_querier_spends(s, rnd.querier, names)
             for c in reservations:
-                spends[c.party].loss = _round_up(
-                    np.asarray(spends[c.party].loss) - np.asarray(c.loss)
-                ).tolist()
+                total, held = np.asarray(spends[c.party].loss), np.asarray(c.loss)
+                spends[c.party].loss = _round_up(total - held, total, held).tolist()
                 spends[c.party].rounds -= 1
                 if c.party in shares:
-                    shares[c.party].loss = _round_up(
-                        np.asarray(shares[c.party].loss) - np.asarray(c.loss)
-                    ).tolist()
+                    mine = np.asarray(shares[c.party].loss)
+                    shares[c.party].loss = _round_up(mine - held, mine, held).tolist()
             s.execute(delete(ChargeRow).where(ChargeRow.round_id == round_id))
             rnd.state = RoundState.ABORTED
             rnd.updated_at = utcnow()
