@@ -204,6 +204,50 @@ def test_programmatic_queries_travel_as_recipes(consortium: LocalConsortium) -> 
     assert "nothing was charged" in str(err.value.details())
 
 
+def test_a_mechanism_added_as_one_module_runs_through_the_services(
+    consortium: LocalConsortium,
+) -> None:
+    """robust-confident-gnmax exists only as capc/mechanisms/robust_confident_gnmax.py: the
+    guardian, the hospitals and the student run it, and the ledger charges its per-class
+    test at sensitivity sqrt(2)."""
+    config = {
+        "num_classes": 10,
+        "input_shape": [1, 28, 28],
+        "mechanism": {
+            "name": "robust-confident-gnmax",
+            "sigma": 1.5,
+            "threshold": 3.5,
+            "sigma1": 2.0,
+        },
+        "quorum": 3,
+    }
+    ledger = Ledger(consortium.db)
+    digest = ledger.create_task("robust", config)
+    before = {b.name: ledger.spent_loss(b.name) for b in ledger.budgets()}
+    student = StudentClient(
+        f"127.0.0.1:{consortium.port}",
+        tls.TLSFiles.in_dir(consortium.pki_dir, "student"),
+        TaskConfig.parse("robust", config, digest),
+        server_name="localhost",
+    )
+    try:
+        result = student.label_batch(consortium.queries[:64])
+    finally:
+        student.close()
+    answered = result.labels >= 0
+    truth = consortium.truth[:64]
+    assert answered.sum() > 0 and (result.labels[answered] == truth[answered]).mean() > 0.6
+    deadline = time.monotonic() + 30
+    while ledger.round_state(result.round_id) != RoundState.COMMITTED:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # 64 per-class tests of sensitivity sqrt(2) at sigma1 = 2, answers at sqrt(2) / 1.5.
+    mu2 = 64 * 2 / 2.0**2 + int(answered.sum()) * 2 / 1.5**2
+    for party in result.parties:
+        charged = ledger.spent_loss(party) - before[party]
+        assert charged[0] == pytest.approx(mu2, rel=1e-12)
+
+
 def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
     consortium: LocalConsortium,
 ) -> None:
@@ -292,47 +336,3 @@ def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
     assert "hospital-0" in str(err.value.details()) and "eps left" in str(err.value.details())
     assert Ledger(consortium.db).count_rounds() == rounds_before
     student.close()
-
-
-def test_a_mechanism_added_as_one_module_runs_through_the_services(
-    consortium: LocalConsortium,
-) -> None:
-    """robust-confident-gnmax exists only as capc/mechanisms/robust_confident_gnmax.py: the
-    guardian, the hospitals and the student run it, and the ledger charges its per-class
-    test at sensitivity sqrt(2)."""
-    config = {
-        "num_classes": 10,
-        "input_shape": [1, 28, 28],
-        "mechanism": {
-            "name": "robust-confident-gnmax",
-            "sigma": 1.5,
-            "threshold": 3.5,
-            "sigma1": 2.0,
-        },
-        "quorum": 3,
-    }
-    ledger = Ledger(consortium.db)
-    digest = ledger.create_task("robust", config)
-    before = {b.name: ledger.spent_loss(b.name) for b in ledger.budgets()}
-    student = StudentClient(
-        f"127.0.0.1:{consortium.port}",
-        tls.TLSFiles.in_dir(consortium.pki_dir, "student"),
-        TaskConfig.parse("robust", config, digest),
-        server_name="localhost",
-    )
-    try:
-        result = student.label_batch(consortium.queries[:64])
-    finally:
-        student.close()
-    answered = result.labels >= 0
-    truth = consortium.truth[:64]
-    assert answered.sum() > 0 and (result.labels[answered] == truth[answered]).mean() > 0.6
-    deadline = time.monotonic() + 30
-    while ledger.round_state(result.round_id) != RoundState.COMMITTED:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    # 64 per-class tests of sensitivity sqrt(2) at sigma1 = 2, answers at sqrt(2) / 1.5.
-    mu2 = 64 * 2 / 2.0**2 + int(answered.sum()) * 2 / 1.5**2
-    for party in result.parties:
-        charged = ledger.spent_loss(party) - before[party]
-        assert charged[0] == pytest.approx(mu2, rel=1e-12)
