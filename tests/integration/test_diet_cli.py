@@ -99,11 +99,11 @@ def test_diet_run_quick_plain_gnmax_reports_both_accountants(tmp_path: Path) -> 
     assert (
         "gdp" in done.stdout and "accountant" in done.stdout and "sanitised dd eps" in done.stdout
     )
-    # A Confident-GNMax run cannot be accounted as Gaussian DP: a clear error, no run.
+    # An accountant the project does not have: a clear error, no run.
     refused = subprocess.run(
-        [sys.executable, "-m", "capc.learning", "diet", "run", "--accountants", "gdp"],
+        [sys.executable, "-m", "capc.learning", "diet", "run", "--accountants", "pld"],
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert refused.returncode == 2 and "threshold to none" in refused.stderr
+    assert refused.returncode == 2 and "pld" in refused.stderr
