@@ -55,9 +55,7 @@ def test_mul_matches_the_schoolbook_reference() -> None:
 def test_mul_is_a_field_product() -> None:
     a, b, c = (words(rand_ints(16)) for _ in range(3))
     np.testing.assert_array_equal(gf128.mul(a, b), gf128.mul(b, a))
-    np.testing.assert_array_equal(
-        gf128.mul(gf128.mul(a, b), c), gf128.mul(a, gf128.mul(b, c))
-    )
+    np.testing.assert_array_equal(gf128.mul(gf128.mul(a, b), c), gf128.mul(a, gf128.mul(b, c)))
     np.testing.assert_array_equal(gf128.mul(a, b ^ c), gf128.mul(a, b) ^ gf128.mul(a, c))
     one = np.zeros_like(a)
     one[:, 0] = 1
