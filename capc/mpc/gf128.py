@@ -30,6 +30,8 @@ _REDUCTION = (0, 1, 2, 7)
 #: GHASH input per AES-GCM call: OpenSSL via `cryptography` takes at most 2^31 - 1 bytes.
 MAX_GHASH_CHUNK = 1 << 30
 _NONCE = bytes(12)
+_SHIFTS = np.arange(64, dtype=np.uint64)[:, None]
+_CLMUL_CHUNK = 1 << 14
 # J0 for a 96-bit nonce: nonce || 0^31 || 1 (SP 800-38D, 7.1).
 _J0 = _NONCE + (1).to_bytes(4, "big")
 # Reversing the bits of every byte turns GCM bytes into little-endian words.
@@ -39,20 +41,23 @@ _BIT_REVERSE = np.array([int(f"{b:08b}"[::-1], 2) for b in range(256)], dtype=np
 def clmul64(a: NDArray[np.uint64], b: NDArray[np.uint64]) -> tuple[Blocks, Blocks]:
     """Carry-less products of uint64 arrays (broadcast): (low words, high words).
 
-    Loops over the 64 bit positions of ``b``, each step vectorised over all elements.
+    All 64 shifted copies of ``a`` are formed at once and XOR-reduced, so the
+    cost is a handful of numpy calls (64 words of scratch per element, in
+    chunks of :data:`_CLMUL_CHUNK` elements).
     """
     shape = np.broadcast_shapes(a.shape, b.shape)
-    a = np.broadcast_to(a, shape).astype(np.uint64)
-    b = np.broadcast_to(b, shape).astype(np.uint64)
-    lo = np.zeros(shape, dtype=np.uint64)
-    hi = np.zeros(shape, dtype=np.uint64)
-    one = np.uint64(1)
-    for i in range(64):
-        mask = np.uint64(0) - ((b >> np.uint64(i)) & one)
-        lo ^= (a << np.uint64(i)) & mask
-        if i:
-            hi ^= (a >> np.uint64(64 - i)) & mask
-    return lo, hi
+    af = np.broadcast_to(a, shape).astype(np.uint64).reshape(-1)
+    bf = np.broadcast_to(b, shape).astype(np.uint64).reshape(-1)
+    lo = np.empty(af.size, dtype=np.uint64)
+    hi = np.empty(af.size, dtype=np.uint64)
+    for start in range(0, af.size, _CLMUL_CHUNK):
+        part = slice(start, start + _CLMUL_CHUNK)
+        x, y = af[None, part], bf[None, part]
+        mask = np.uint64(0) - ((y >> _SHIFTS) & np.uint64(1))  # (64, n): bit k of b, all ones
+        lo[part] = np.bitwise_xor.reduce((x << _SHIFTS) & mask, axis=0)
+        # a >> (64 - k), written so that k = 0 gives 0 (numpy has no defined shift by 64).
+        hi[part] = np.bitwise_xor.reduce(((x >> np.uint64(1)) >> (63 - _SHIFTS)) & mask, axis=0)
+    return lo.reshape(shape), hi.reshape(shape)
 
 
 def mul(a: Blocks, b: Blocks) -> Blocks:

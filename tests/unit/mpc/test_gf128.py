@@ -52,6 +52,22 @@ def test_mul_matches_the_schoolbook_reference() -> None:
     assert got[-2] == 0x87  # x^127 * x = x^128 = x^7 + x^2 + x + 1
 
 
+def test_mul_on_large_arrays_works_in_chunks() -> None:
+    """More elements than clmul64 handles in one chunk give the same products."""
+    n = 3 * (1 << 14) + 5
+    a = np.frombuffer(os.urandom(16 * n), dtype=np.uint64).reshape(n, 2)
+    b = np.frombuffer(os.urandom(16 * n), dtype=np.uint64).reshape(n, 2)
+    got = gf128.mul(a, b)
+    for start in range(0, n, 7001):
+        np.testing.assert_array_equal(
+            got[start : start + 7001], gf128.mul(a[start : start + 7001], b[start : start + 7001])
+        )
+    idx = np.random.default_rng(3).integers(0, n, 40)
+    assert ints(got[idx]) == [
+        ref_mul(x, y) for x, y in zip(ints(a[idx]), ints(b[idx]), strict=True)
+    ]
+
+
 def test_mul_is_a_field_product() -> None:
     a, b, c = (words(rand_ints(16)) for _ in range(3))
     np.testing.assert_array_equal(gf128.mul(a, b), gf128.mul(b, a))
