@@ -11,9 +11,9 @@ tell the slots apart).
 IKNP extension (Ishai, Kilian, Nissim, Petrank, Crypto 2003). Roles are
 reversed in the base OTs: the extension receiver (the student, whose choice
 bits are its circuit inputs) sends 128 pairs of seeds, the extension sender
-(the guardian) picks one of each with its secret s, the 128-bit Delta of the
-correlation q_j = t_j xor r_j Delta between the rows of the two parties'
-matrices. Each seed is a PRG (AES-128-CTR) whose stream position advances
+(the guardian) picks one of each with its secret bits (``s`` in the code):
+the 128-bit Delta of the correlation q_j = t_j xor r_j Delta between the rows
+of the two parties' matrices. Each seed is a PRG (AES-128-CTR) whose stream position advances
 with every batch, so one set of base OTs serves a whole session. Rows are
 hashed with the tweakable correlation-robust hash of :mod:`capc.mpc.blocks`
 with a tweak that is unique per OT in the session.
@@ -21,10 +21,11 @@ with a tweak that is unique per OT in the session.
 Consistency check (Keller, Orsini, Scholl, "Actively secure OT extension with
 optimal overhead", CRYPTO 2015). IKNP alone trusts the receiver to use one
 choice vector r in every column u^i = G(k0_i) xor G(k1_i) xor r. A receiver
-that puts r xor e_j into column i gets q_j = t_j xor r_j Delta xor s_i e_i:
-OT j decrypts correctly exactly when s_i = 0, so it learns s_i from whether its
-garbled evaluation still works (selective failure), bit after bit, until it
-knows Delta and with it both messages of every OT. So every batch of m OTs is
+that puts r xor e_j into column i makes the sender's row
+q_j = t_j xor r_j Delta xor Delta_i e_i: OT j decrypts correctly exactly when
+Delta_i = 0, so the receiver learns Delta_i from whether its garbled
+evaluation still works (selective failure), bit after bit, until it knows
+Delta and with it both messages of every OT. So every batch of m OTs is
 extended to m' = m + kappa + s (rounded up to a multiple of 128), the last
 m' - m with random choice bits. With chi_j = H^(m' + 1 - j) for the row j in
 0..m'-1 and a challenge H fixed only after u (H is derived from SHA-256 of the
