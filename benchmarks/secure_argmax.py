@@ -4,7 +4,10 @@ B queries, K classes, share sums of P answering parties: every party's one-hot
 vote is split into a seed-expanded student share and a guardian share, the
 guardian folds its secure noise into its share sum, and one round of the
 garbled circuit decides every query. Prints one JSON object. Base OTs (once
-per session) are timed apart from the rounds. ``correct`` is true only if
+per session) are timed apart from the rounds. ``ot_check_s`` (both sides,
+part of ``ot_s``) and ``ot_check_bytes_per_round`` (the check's extra OTs and
+its answer, part of ``bytes_per_query``) are the OT consistency check's
+share. ``correct`` is true only if
 every label and answered bit equals capc.privacy's Confident-GNMax on the
 reconstructed histogram with the same (grid-rounded) noise.
 
@@ -23,6 +26,7 @@ import time
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from capc.mpc import ot
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.mpc.session import LocalPair
 from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
@@ -87,7 +91,7 @@ def main() -> None:
     pair = LocalPair()
     setup_s = time.perf_counter() - start
 
-    walls, garble, evaluate, ot_s, sent = [], [], [], [], []
+    walls, garble, evaluate, ot_s, check_s, sent = [], [], [], [], [], []
     correct = True
     for _ in range(args.rounds + 1):  # the first round warms caches and is not counted
         eta1 = secure.normal(args.batch, spec.sigma1)
@@ -104,6 +108,7 @@ def main() -> None:
         garble.append(result.garbler_stats.garble_s)
         evaluate.append(result.evaluator_stats.evaluate_s)
         ot_s.append(result.garbler_stats.ot_s + result.evaluator_stats.ot_s)
+        check_s.append(result.garbler_stats.ot_check_s + result.evaluator_stats.ot_check_s)
         sent.append(result.garbler_stats.bytes_sent + result.evaluator_stats.bytes_sent)
 
     wall = statistics.median(walls[1:])
@@ -111,6 +116,9 @@ def main() -> None:
     e_s = statistics.median(evaluate[1:])
     and_per_query = circuit.num_and
     ns_per_and = (g_s + e_s) / (and_per_query * args.batch) * 1e9
+    n_ot = circuit.evaluator_input_wires.size * args.batch
+    # Plain IKNP would send the 128 x m bit matrix, m rounded up to a multiple of 128.
+    check_bytes = ot.request_bytes(n_ot) - 16 * (-(-n_ot // ot.KAPPA) * ot.KAPPA)
     print(
         json.dumps(
             {
@@ -130,6 +138,8 @@ def main() -> None:
                 "garble_s": round(g_s, 4),
                 "evaluate_s": round(e_s, 4),
                 "ot_s": round(statistics.median(ot_s[1:]), 4),
+                "ot_check_s": round(statistics.median(check_s[1:]), 4),
+                "ot_check_bytes_per_round": check_bytes,
                 "base_ot_s": round(pair.base_ot_s, 4),
                 "session_setup_s": round(setup_s, 4),
                 "ns_per_and_gate_garble_plus_evaluate": round(ns_per_and, 1),

@@ -51,13 +51,15 @@ def select(bits: NDArray[np.uint64], blocks: Blocks) -> Blocks:
 class FixedKeyHash:
     """The tweakable hash H(x, i) above, batched.
 
-    ``key`` is public (both parties use the same one); what matters for
-    security is that a tweak is never used for more than one gate or OT.
+    ``key`` (16 bytes) is public to both parties; sessions derive it from both
+    parties' hello contributions, so neither chooses it alone. What matters
+    for security is that a tweak is never used for more than one gate or OT.
     """
 
     def __init__(self, key: bytes = bytes(range(16))) -> None:
         if len(key) != 16:
             raise ValueError(f"the fixed AES key is 16 bytes, got {len(key)}")
+        self.key = key
         self._enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
         self._out = np.empty(0, dtype=np.uint8)
 
@@ -68,6 +70,8 @@ class FixedKeyHash:
     def hash_sigma(self, sig: Blocks, tweak_lo: NDArray[np.uint64], tweak_hi: int) -> Blocks:
         """H for inputs already mapped through :func:`sigma` (linear, so callers can
         derive sigma(x xor R) = sigma(x) xor sigma(R) without recomputing). Overwrites ``sig``."""
+        if sig.size == 0:  # an empty batch; memoryview cannot cast a zero-length shape
+            return sig
         inp = np.empty_like(sig)
         np.bitwise_xor(sig[..., 0], tweak_lo, out=inp[..., 0])
         np.bitwise_xor(sig[..., 1], np.uint64(tweak_hi), out=inp[..., 1])

@@ -27,7 +27,9 @@ from typing import Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-PROTOCOL_VERSION = 1
+# 2: the OT-extension request carries the consistency check; the fixed AES key
+# comes from both hellos. A version-1 peer is refused at the hello, by name.
+PROTOCOL_VERSION = 2
 MAGIC = b"CPMC"
 _HEADER = struct.Struct(">4sBBBBQQI")
 HEADER_BYTES = _HEADER.size

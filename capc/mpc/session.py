@@ -3,14 +3,17 @@
 A session runs over one :class:`~capc.mpc.channel.Channel`:
 
 1. hello: both sides send an ephemeral X25519 key; the session key that
-   authenticates every later frame is derived from the exchange, the session
-   id and both hellos;
+   authenticates every later frame, and the fixed AES key of the garbling and
+   OT hashes, are derived from the exchange, the session id and both hellos,
+   so neither party chooses the AES key alone;
 2. base OTs, once: 128 OTs in which the garbler (the OT-extension sender)
    learns one seed of each pair the evaluator holds;
 3. rounds, each over a batch of B queries of one circuit:
    evaluator -> ROUND_REQUEST (round id, batch, circuit digest, OT extension
-   request for its input bits); garbler -> GARBLED (tables, its input labels,
-   the OT replies carrying the evaluator's input labels, output decode bits);
+   request for its input bits with the answer to its consistency check, which
+   the garbler verifies before it sends anything); garbler -> GARBLED (tables,
+   its input labels, the OT replies carrying the evaluator's input labels,
+   output decode bits);
    evaluator -> OUTPUT_LABELS (labels of the garbler's outputs).
 
 Round ids must increase within a session, so a replayed round is refused.
@@ -21,7 +24,6 @@ depends on its noise leaves the machine.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 import threading
@@ -84,6 +86,7 @@ class RoundStats:
     garble_s: float = 0.0
     evaluate_s: float = 0.0
     ot_s: float = 0.0
+    ot_check_s: float = 0.0  # part of ot_s: the OT consistency check
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -120,6 +123,8 @@ class _State:
 
 class _Session:
     role: Party
+    # Set by the hello: the fixed-key hash needs both parties' contributions.
+    _hash: FixedKeyHash
 
     def __init__(
         self,
@@ -138,7 +143,6 @@ class _Session:
         self._link = FramedLink(
             _CountingChannel(channel, self._bytes), direction, max_frame, max_message, timeout
         )
-        self._hash = FixedKeyHash(hashlib.sha256(b"capc/mpc/fixed-key/" + session_id).digest()[:16])
         self._state = _State()
         self._ready = False
 
@@ -167,8 +171,12 @@ class _Session:
         """Costs of the most recent round."""
         return self._state.stats
 
+    def _hello_key(self) -> X25519PrivateKey:
+        """This side's contribution to the hello: a fresh ephemeral key (tests pin it)."""
+        return X25519PrivateKey.generate()
+
     def _hello(self) -> None:
-        sk = X25519PrivateKey.generate()
+        sk = self._hello_key()
         mine = _HELLO.pack(int(self.role), self.session_id, sk.public_key().public_bytes_raw())
         self._link.send(Kind.HELLO, 0, mine)
         theirs = self._link.recv(Kind.HELLO).payload
@@ -188,10 +196,9 @@ class _Session:
         except ValueError as err:
             raise ProtocolError("the other party's hello key is not a valid X25519 key") from err
         g_hello, e_hello = (mine, theirs) if self.role == Party.GARBLER else (theirs, mine)
-        key = HKDF(
-            hashes.SHA256(), 32, self.session_id, b"capc/mpc/session-key" + g_hello + e_hello
-        ).derive(shared)
-        self._link.set_key(key)
+        session_key, fixed_key = derive_keys(shared, self.session_id, g_hello, e_hello)
+        self._link.set_key(session_key)
+        self._hash = FixedKeyHash(fixed_key)
 
     def _guard(self, round_id: int) -> None:
         if not self._ready:
@@ -302,6 +309,7 @@ class GarblerSession(_Session):
                 raise ProtocolError(str(err)) from err
             stats.garble_s = t1 - t0
             stats.ot_s = t2 - t1
+            stats.ot_check_s = self._ext.last_check_s
         except BaseException as err:
             self._fail(err)
             raise
@@ -332,6 +340,7 @@ class EvaluatorSession(_Session):
             t0 = time.perf_counter()
             request, ot_state = self._ext.request(bits.ravel())
             t_ot = time.perf_counter() - t0
+            stats.ot_check_s = self._ext.last_check_s
             self._link.send(
                 Kind.ROUND_REQUEST, round_id, _ROUND.pack(batch, circuit.digest) + request
             )
@@ -390,6 +399,27 @@ class EvaluatorSession(_Session):
             raise
         self._end_round(stats)
         return circuit.decode_outputs(Party.EVALUATOR, out_bits)
+
+
+def derive_keys(
+    shared: bytes, session_id: bytes, g_hello: bytes, e_hello: bytes
+) -> tuple[bytes, bytes]:
+    """The 32-byte session (frame) key and the 16-byte fixed AES key of one session.
+
+    Both come from HKDF-SHA256 of the X25519 secret of the two ephemeral hello
+    keys, salted with the session id, over both hellos (which also carry the
+    id). Deriving the fixed key from the session id alone would let whoever
+    picks the id (the student) choose it; here each party's fresh key changes
+    it. A party that waits for the other's hello can try many keys of its own,
+    but each try gives an unrelated pseudorandom AES key: it can pick among
+    those it tried, never fix one.
+    """
+    info = g_hello + e_hello
+    session_key = HKDF(hashes.SHA256(), 32, session_id, b"capc/mpc/session-key" + info).derive(
+        shared
+    )
+    fixed_key = HKDF(hashes.SHA256(), 16, session_id, b"capc/mpc/fixed-key" + info).derive(shared)
+    return session_key, fixed_key
 
 
 def new_session_id() -> bytes:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.mpc.channel import (
     Channel,
@@ -22,6 +23,7 @@ from capc.mpc.channel import (
 from capc.mpc.circuit import Party
 from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.session import EvaluatorSession, GarblerSession, LocalPair, new_session_id
+from tests.unit.mpc.deviating import deviate
 
 B, K = 16, 4
 SPEC = ConfidentGNMax(K, 10, sigma=2.0, threshold=5.0, sigma1=3.0)
@@ -56,15 +58,16 @@ class Meddler:
 
 
 def run_sessions(
-    garbler: GarblerSession, evaluator: EvaluatorSession, rounds: int = 1
+    garbler: GarblerSession, evaluator: EvaluatorSession, rounds: int = 1, setup: bool = True
 ) -> tuple[BaseException | None, BaseException | None]:
-    """Set up and run rounds on both sides; returns each side's error (or None)."""
+    """Set up (unless done already) and run rounds on both sides; returns each side's error (or None)."""
     g_in, e_in = inputs()
     errors: dict[str, BaseException | None] = {"g": None, "e": None}
 
     def g_side() -> None:
         try:
-            garbler.setup()
+            if setup:
+                garbler.setup()
             for r in range(rounds):
                 garbler.run_round(r, SPEC.circuit(), g_in, B)
         except BaseException as err:
@@ -73,7 +76,8 @@ def run_sessions(
     t = threading.Thread(target=g_side)
     t.start()
     try:
-        evaluator.setup()
+        if setup:
+            evaluator.setup()
         for r in range(rounds):
             evaluator.run_round(r, SPEC.circuit(), e_in, B)
     except BaseException as err:
@@ -236,3 +240,80 @@ def test_unexpected_message_kind_is_named() -> None:
     _, e_err = run_sessions(g, EvaluatorSession(ch_e, sid, timeout=10))
     assert isinstance(e_err, ProtocolError)
     assert "BASE_OT_REQUEST" in str(e_err) or "altered" in str(e_err)
+
+
+# -- a deviating student ------------------------------------------------------------
+
+
+def test_a_deviating_student_is_caught_by_the_ot_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Selective failure: the student encodes another choice bit in one column of its OT matrix.
+
+    Without a consistency check the student learns the guardian's bit s_i from
+    whether its labels still work, and keeps the session alive for the next bit.
+    """
+    pair = LocalPair(timeout=10)
+    # Read the guardian's secret only to pick a column where the attack would leak.
+    column = int(np.flatnonzero(pair.garbler._ext._s)[0])
+    deviate(monkeypatch, pair.evaluator._ext, [column], 0)  # row 0: the student's first input bit
+    g_err, e_err = run_sessions(pair.garbler, pair.evaluator, setup=False)
+    assert isinstance(g_err, ProtocolError)
+    assert "consistency check" in str(g_err)
+    assert isinstance(e_err, PeerAbortedError)  # the student is told, and the session is dead
+    assert "consistency check" in str(e_err)
+    _, e_in = inputs()
+    with pytest.raises(ProtocolError, match="open a new session"):
+        pair.evaluator.run_round(1, SPEC.circuit(), e_in, B)
+
+
+# -- the fixed AES key ---------------------------------------------------------------
+
+GUARDIAN_KEY = X25519PrivateKey.from_private_bytes(bytes(range(32)))
+STUDENT_KEY = X25519PrivateKey.from_private_bytes(bytes(range(32, 64)))
+
+
+class ReplayingGarbler(GarblerSession):
+    """A guardian that sends the same hello key every time."""
+
+    def _hello_key(self) -> X25519PrivateKey:
+        return GUARDIAN_KEY
+
+
+class ReplayingEvaluator(EvaluatorSession):
+    """A student that sends the same hello key every time."""
+
+    def _hello_key(self) -> X25519PrivateKey:
+        return STUDENT_KEY
+
+
+def fixed_key_fingerprint(session: GarblerSession | EvaluatorSession) -> bytes:
+    """The session's fixed-key hash of one constant block: equal exactly when the AES keys are."""
+    probe = np.zeros((1, 2), dtype=np.uint64)
+    return session._hash(probe, np.zeros(1, dtype=np.uint64), 0).tobytes()
+
+
+def fixed_keys(
+    garbler_cls: type[GarblerSession], evaluator_cls: type[EvaluatorSession], sid: bytes
+) -> bytes:
+    """Run a hello (and base OTs) between the two classes; the AES key both ended with."""
+    ch_g, ch_e = memory_channel_pair()
+    g, e = garbler_cls(ch_g, sid, timeout=10), evaluator_cls(ch_e, sid, timeout=10)
+    LocalPair.both(g.setup, e.setup)
+    assert fixed_key_fingerprint(g) == fixed_key_fingerprint(e)
+    return fixed_key_fingerprint(g)
+
+
+def test_a_student_cannot_choose_the_fixed_aes_key() -> None:
+    """The student picks the session id and replays its hello; the guardian's randomness differs."""
+    sid = new_session_id()
+    first = fixed_keys(GarblerSession, ReplayingEvaluator, sid)
+    second = fixed_keys(GarblerSession, ReplayingEvaluator, sid)
+    assert first != second
+
+
+def test_the_fixed_aes_key_depends_on_both_parties_and_the_session() -> None:
+    sid = new_session_id()
+    both = fixed_keys(ReplayingGarbler, ReplayingEvaluator, sid)
+    assert fixed_keys(ReplayingGarbler, ReplayingEvaluator, sid) == both  # a function of them
+    assert fixed_keys(GarblerSession, ReplayingEvaluator, sid) != both  # guardian's part
+    assert fixed_keys(ReplayingGarbler, EvaluatorSession, sid) != both  # student's part
+    assert fixed_keys(ReplayingGarbler, ReplayingEvaluator, new_session_id()) != both

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from capc.mpc import ot
 from capc.mpc.blocks import FixedKeyHash, lsb
 from capc.mpc.channel import HEADER_BYTES, TAG_BYTES, Channel, Kind
 from capc.mpc.circuit import Circuit, Op, Party
@@ -196,7 +197,8 @@ def test_garbler_transcript_hides_the_evaluator_input(recorded: Round) -> None:
     for value in recorded.student_sum.ravel()[:64]:
         assert int(value).to_bytes(8, "little") not in transcript
     c = recorded.circuit
-    request = recorded.g_rec.messages(Kind.ROUND_REQUEST)[36:]  # after batch and circuit digest
+    # After batch and circuit digest, before the answer to the OT consistency check.
+    request = recorded.g_rec.messages(Kind.ROUND_REQUEST)[36 : -ot.CHECK_BYTES]
     m = c.evaluator_input_wires.size * B
     u = np.unpackbits(
         np.frombuffer(request, dtype=np.uint8).reshape(128, -1), axis=1, bitorder="little"
