@@ -412,7 +412,7 @@ def serve(
     """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
-        interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
+        interceptors=[tls.server_interceptor(POLICY, files)],
         options=list(tls.SERVER_OPTIONS),
     )
     guardian_pb2_grpc.add_GuardianHubServicer_to_server(
