@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
@@ -405,6 +407,47 @@ def test_the_student_party_refuses_a_revoked_gateway(own_pki: Path, tmp_path: Pa
     finally:
         backends.close()
         server.stop(0).wait()
+
+
+def test_a_second_stream_under_one_identity_is_refused_and_audited(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    hub, ledger = own_hub
+    files = tls.TLSFiles.in_dir(own_pki, "hospital-a")
+    first_out, first = party_stream(hub, files)
+    assert next(first).WhichOneof("body") == "registered"
+    _, second = party_stream(hub, files)
+    with pytest.raises(grpc.RpcError) as err:
+        next(second)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "hospital-a" in str(err.value.details()) and "already connected" in str(
+        err.value.details()
+    )
+    # The first stream is untouched: it still carries the guardian's messages.
+    first_out.put(guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()))
+    time.sleep(0.5)
+    assert first.is_active()
+    audit = stub(hub, tls.TLSFiles.in_dir(own_pki, "gateway")).ListAudit(
+        guardian_pb2.ListAuditRequest(header=HEADER, limit=5), timeout=10
+    )
+    refused = [e for e in audit.entries if e.action == "duplicate_connection_refused"]
+    assert len(refused) == 1 and refused[0].actor == "hospital-a"
+    detail = json.loads(refused[0].detail_json)
+    assert detail["peer"].startswith("ipv4:127.0.0.1:") and detail["connected_from"]
+    assert audit.chain_valid and ledger.verify_audit() >= 2
+    # Once the first stream is gone, the party reconnects normally.
+    first.cancel()
+    deadline = time.monotonic() + 10
+    while True:
+        _, again = party_stream(hub, files)
+        try:
+            assert next(again).WhichOneof("body") == "registered"
+            break
+        except grpc.RpcError as retry:
+            assert retry.code() == grpc.StatusCode.ALREADY_EXISTS
+            assert time.monotonic() < deadline, "the dead stream was never noticed"
+            time.sleep(0.2)
+    again.cancel()
 
 
 def test_a_foreign_consortium_gets_a_clear_refusal(
