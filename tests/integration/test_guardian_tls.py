@@ -530,3 +530,14 @@ def test_a_server_with_an_expired_certificate_is_refused_clearly(
         assert "expired" in str(err.value.details())
     finally:
         server.stop(0).wait()
+
+
+def test_a_service_will_not_use_its_own_revoked_certificate(own_pki: Path, tmp_path: Path) -> None:
+    assert main(["pki", "revoke", "--dir", str(own_pki), "guardian"]) == 0
+    with pytest.raises(pki.PKIError, match=r"this service \(guardian.*revoked"):
+        serve(
+            Ledger(str(tmp_path / "l.db")), "127.0.0.1:0", tls.TLSFiles.in_dir(own_pki, "guardian")
+        )
+    assert main(["pki", "revoke", "--dir", str(own_pki), "gateway"]) == 0
+    with pytest.raises(pki.PKIError, match=r"this service \(gateway.*revoked"):
+        tls.secure_channel("127.0.0.1:1", tls.TLSFiles.in_dir(own_pki, "gateway"), role="guardian")
