@@ -165,10 +165,11 @@ class LocalConsortium:
         """PKI, teachers and ledger; reuses what an earlier run left in ``directory``."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if not (self.pki_dir / pki.CA_CERT).exists():
-            pki.init_ca(self.pki_dir)
-            pki.issue(self.pki_dir, "guardian", "guardian")
-            pki.issue(self.pki_dir, "student", "student")
-            pki.issue(self.pki_dir, "gateway", "gateway")
+            # Every process runs on this machine: a development CA and localhost certificates.
+            pki.init_ca(self.pki_dir, dev=True)
+            pki.issue(self.pki_dir, "guardian", "guardian", dev=True)
+            pki.issue(self.pki_dir, "student", "student", dev=True)
+            pki.issue(self.pki_dir, "gateway", "gateway", dev=True)
         x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]))
         outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
         rng = np.random.default_rng(7)
@@ -180,7 +181,7 @@ class LocalConsortium:
         for i, part in enumerate(partition(len(train), self.parties, seed=1)):
             name = f"hospital-{i}"
             if not (self.pki_dir / f"{name}.pem").exists():
-                pki.issue(self.pki_dir, "answerer", name)
+                pki.issue(self.pki_dir, "answerer", name, dev=True)
             if self.model_path(i).exists():
                 continue
             idx = train[part]

@@ -27,7 +27,7 @@ import numpy as np
 from capc.models import Teacher
 from capc.mpc.votes import share_votes
 from services.answerer.encrypted import EncryptedAnswerer
-from services.common import protocol, serde, tls
+from services.common import pki, protocol, serde, tls
 from services.common.limits import MAX_BATCH
 from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
@@ -37,6 +37,11 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 log = logging.getLogger("capc.answerer")
 
 HEARTBEAT_S = 10.0
+REFUSALS = (
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.ALREADY_EXISTS,
+)
 
 
 class AnsweringParty:
@@ -75,14 +80,19 @@ class AnsweringParty:
                 self._session(stop)
             except grpc.RpcError as err:
                 code = err.code() if hasattr(err, "code") else None
-                if code == grpc.StatusCode.PERMISSION_DENIED:
+                if code in REFUSALS:
+                    # Refusals an operator must act on: a wrong or revoked certificate on
+                    # either side, or this identity already connected from elsewhere.
                     log.error(
-                        "guardian refused %s: %s",
+                        "%s: connection to the guardian refused: %s",
                         self.name,
                         err.details() if hasattr(err, "details") else err,
                     )
                 else:
                     log.warning("stream to the guardian broke (%s); reconnecting", code)
+            except pki.PKIError as err:
+                # This party's own files: the operator may replace them while it retries.
+                log.error("%s cannot dial the guardian: %s", self.name, err)
             finally:
                 was_up = self.connected.is_set()
                 self.connected.clear()
@@ -92,7 +102,7 @@ class AnsweringParty:
             delay = min(self.max_backoff, delay * 2)
 
     def _session(self, stop: threading.Event) -> None:
-        channel = tls.secure_channel(self.guardian, self.files, self.server_name)
+        channel = tls.secure_channel(self.guardian, self.files, self.server_name, role="guardian")
         outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
         info = guardian_pb2.TeacherInfo(
             architecture=self.teacher.architecture,

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common import tls
+from services.common import pki, tls
 from services.common.cli_args import add_tls_args
 
 
@@ -32,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--service", default="", help="gRPC health service name")
     p.add_argument("--name", default="guardian", help="certificate to dial with")
     p.add_argument("--max-age", type=float, default=30.0, help="seconds (with --file)")
+    p.add_argument(
+        "--server-role",
+        choices=pki.ROLES,
+        default=None,
+        help="role the server's certificate must carry (default: the role of --name's "
+        "certificate, as a service checks itself)",
+    )
     add_tls_args(p)
     p.set_defaults(handler=run)
 
@@ -48,13 +55,23 @@ def run(args: argparse.Namespace) -> int:
                     raise RuntimeError(f"{args.http} answered {response.status}")
         else:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
-            channel = tls.secure_channel(args.grpc, files, args.server_name)
+            role = args.server_role
+            if role is None:
+                role = "guardian" if files is None else pki.identity(files.cert.read_bytes()).role
+            channel = tls.secure_channel(args.grpc, files, args.server_name, role=role)
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=5
             )
             if reply.status != health_pb2.HealthCheckResponse.SERVING:
                 raise RuntimeError(f"{args.grpc} is {reply.status}")
-    except (OSError, ValueError, RuntimeError, grpc.RpcError, urllib.error.URLError) as err:
+    except (
+        OSError,
+        ValueError,
+        RuntimeError,
+        grpc.RpcError,
+        urllib.error.URLError,
+        pki.PKIError,
+    ) as err:
         print(f"unhealthy: {err}", file=sys.stderr)
         return 1
     return 0

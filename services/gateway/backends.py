@@ -44,7 +44,13 @@ class BackendError(Exception):
     def __init__(self, service: str, code: grpc.StatusCode | None, details: str) -> None:
         self.status = HTTP_STATUS.get(code, 502) if code is not None else 502
         self.code = code.name if code is not None else "UNKNOWN"
-        prefix = "" if self.status < 500 else f"the {service} is not answering: "
+        if self.status < 500:
+            prefix = ""
+        elif code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            # Certificates on one side or the other: the operator's to fix, not the caller's.
+            prefix = f"the {service} and the gateway do not accept each other: "
+        else:
+            prefix = f"the {service} is not answering: "
         super().__init__(f"{prefix}{details}")
 
 
@@ -60,8 +66,13 @@ class Backends:
     timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        self._student_channel = tls.secure_channel(self.student, self.files, self.server_name)
-        self._guardian_channel = tls.secure_channel(self.guardian, self.files, self.server_name)
+        # Each address must lead to the role the gateway means to reach there.
+        self._student_channel = tls.secure_channel(
+            self.student, self.files, self.server_name, role="student"
+        )
+        self._guardian_channel = tls.secure_channel(
+            self.guardian, self.files, self.server_name, role="guardian"
+        )
         self.jobs = student_pb2_grpc.StudentPartyStub(self._student_channel)
         self.hub = guardian_pb2_grpc.GuardianHubStub(self._guardian_channel)
 

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,7 +35,12 @@ from services.guardian.ledger import (
     UnknownPartyError,
     UnknownTaskError,
 )
-from services.guardian.rounds import RoundEngine, RoundInputError, RoundRefusedError
+from services.guardian.rounds import (
+    DuplicateLinkError,
+    RoundEngine,
+    RoundInputError,
+    RoundRefusedError,
+)
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.guardian")
@@ -261,8 +266,12 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{name} is not a registered answering party; ask the guardian's operator to register it",
             )
-        link = self.engine.attach(name)
-        log.info("answering party %s connected", name)
+        peer = context.peer()
+        try:
+            link = self.engine.attach(name, peer, context.is_active)
+        except DuplicateLinkError as err:
+            self._refuse_duplicate(name, peer, err, context)
+        log.info("answering party %s connected from %s", name, peer)
 
         def refuse(round_id: int, what: str, accept: Callable[[str, Any], None], body: Any) -> None:
             # A message the round cannot take: the party is told, the stream stays up.
@@ -280,6 +289,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         def read() -> None:
             try:
                 for msg in request_iterator:
+                    link.heard()
                     kind = msg.WhichOneof("body")
                     if msg.header.protocol_version != PROTOCOL_VERSION:
                         log.warning(
@@ -319,6 +329,35 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             if item is None:
                 return
             yield item
+
+    def _refuse_duplicate(
+        self, name: str, peer: str, err: DuplicateLinkError, context: grpc.ServicerContext
+    ) -> NoReturn:
+        who = tls.peer_identity(context)
+        log.warning(
+            "refused a second stream for %s from %s: already connected from %s",
+            name,
+            peer,
+            err.connected_from,
+        )
+        self.ledger.record(
+            name,
+            "duplicate_connection_refused",
+            {
+                "party": name,
+                "peer": peer,
+                "connected_from": err.connected_from,
+                "certificate_sha256": who.fingerprint if who else None,
+            },
+        )
+        context.abort(
+            grpc.StatusCode.ALREADY_EXISTS,
+            f"{name} is already connected (from {err.connected_from}); a second stream under "
+            "the same identity is refused and recorded in the guardian's audit log. A party "
+            f"that is restarting gets back in once its old stream is gone (at most "
+            f"{self.engine.silent_after:.0f} s). Otherwise its key is in two places: revoke "
+            f"the certificate (`capc pki revoke {name}`) and issue a new one",
+        )
 
     def OpenRound(
         self, request: guardian_pb2.OpenRoundRequest, context: grpc.ServicerContext
@@ -412,7 +451,7 @@ def serve(
     """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
-        interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
+        interceptors=[tls.server_interceptor(POLICY, files)],
         options=list(tls.SERVER_OPTIONS),
     )
     guardian_pb2_grpc.add_GuardianHubServicer_to_server(

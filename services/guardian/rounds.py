@@ -58,12 +58,44 @@ class RoundRefusedError(RuntimeError):
     """The round cannot run (quorum lost, unknown round); maps to FAILED_PRECONDITION."""
 
 
+class DuplicateLinkError(RuntimeError):
+    """The party is connected already: a second stream under its identity is refused."""
+
+    def __init__(self, name: str, connected_from: str) -> None:
+        super().__init__(f"{name} is already connected from {connected_from or 'elsewhere'}")
+        self.name = name
+        self.connected_from = connected_from
+
+
+# A party sends a heartbeat every 10 s; a stream silent for this long is dead even
+# if its transport has not noticed yet (a host that lost power sends no FIN).
+SILENT_AFTER_S = 35.0
+
+
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class PartyLink:
-    """An answering party's live stream: what the hub sends it goes through ``outbox``."""
+    """An answering party's live stream: what the hub sends it goes through ``outbox``.
+
+    ``peer`` is the stream's network address; ``active`` says whether its RPC
+    is still open (the servicer context's ``is_active``).
+    """
 
     name: str
+    peer: str = ""
+    active: Callable[[], bool] = _always
     outbox: queue.Queue[guardian_pb2.HubMessage | None] = field(default_factory=queue.Queue)
+    last_heard: float = field(default_factory=time.monotonic)
+
+    def heard(self) -> None:
+        """The party sent something on this stream."""
+        self.last_heard = time.monotonic()
+
+    def alive(self, silent_after: float = SILENT_AFTER_S) -> bool:
+        return self.active() and time.monotonic() - self.last_heard < silent_after
 
 
 @dataclass
@@ -85,6 +117,8 @@ class _Round:
     # Encrypted-query mode: the student's 2PC session and the ciphertexts' hash.
     session_id: bytes = b""
     ciphertext_hash: bytes | None = None
+    # The stream each party's work went out on: only its end fails the party here.
+    sent: dict[str, PartyLink] = field(default_factory=dict)
 
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
@@ -99,10 +133,15 @@ class RoundEngine:
     """Rounds in flight and the answering parties' links."""
 
     def __init__(
-        self, ledger: Ledger, share_timeout: float = 60.0, rng: SecureRandom | None = None
+        self,
+        ledger: Ledger,
+        share_timeout: float = 60.0,
+        rng: SecureRandom | None = None,
+        silent_after: float = SILENT_AFTER_S,
     ) -> None:
         self.ledger = ledger
         self.share_timeout = share_timeout
+        self.silent_after = silent_after
         self._rng = rng or SecureRandom()
         self._links: dict[str, PartyLink] = {}
         self._rounds: dict[int, _Round] = {}
@@ -113,26 +152,39 @@ class RoundEngine:
         self._lock = threading.Lock()
 
     # -- answering parties ----------------------------------------------------
-    def attach(self, name: str) -> PartyLink:
-        """A party's stream opened (a reconnect replaces the old link)."""
-        link = PartyLink(name)
+    def attach(self, name: str, peer: str = "", active: Callable[[], bool] = _always) -> PartyLink:
+        """A party's stream opened.
+
+        While the party's earlier stream is alive (open and heard from within
+        ``silent_after``), the new one is refused with :class:`DuplicateLinkError`:
+        two streams under one identity mean a copied key, and a silent takeover
+        would hand the thief the party's rounds. A dead or silent earlier
+        stream is ended and replaced, so a party that lost its connection
+        gets back in.
+        """
+        link = PartyLink(name, peer, active)
         with self._lock:
             old = self._links.get(name)
+            if old is not None and old.alive(self.silent_after):
+                raise DuplicateLinkError(name, old.peer)
             self._links[name] = link
         if old is not None:
+            log.info(
+                "party %s reconnected from %s; its old stream (%s) was dead", name, peer, old.peer
+            )
             old.outbox.put(None)
         self.ledger.touch(name)
         return link
 
     def detach(self, link: PartyLink) -> None:
-        """A party's stream closed: it is left out of rounds still waiting for it."""
+        """A party's stream closed: it is left out of rounds still waiting for it there."""
         with self._lock:
             if self._links.get(link.name) is link:
                 del self._links[link.name]
             waiting = [
                 r
                 for r in self._rounds.values()
-                if link.name in r.included and not r.complete.is_set()
+                if r.sent.get(link.name) is link and not r.complete.is_set()
             ]
         for r in waiting:
             self._party_failed(r, link.name)
@@ -242,6 +294,7 @@ class RoundEngine:
         with self._lock:
             self._rounds[rnd.round_id] = rnd
             links = {p: self._links.get(p) for p in rnd.included}
+            rnd.sent = {p: link for p, link in links.items() if link is not None}
         header = protocol.header(task.name, digest)
         for name, link in links.items():
             if link is None:

@@ -61,7 +61,9 @@ class StudentClient:
     key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
 
     def __post_init__(self) -> None:
-        self._channel = tls.secure_channel(self.guardian, self.files, self.server_name)
+        self._channel = tls.secure_channel(
+            self.guardian, self.files, self.server_name, role="guardian"
+        )
         self._stub = guardian_pb2_grpc.GuardianHubStub(self._channel)
         self._meta = [] if self.files is not None else [("capc-student", self.name)]
         self._session: EvaluatorSession | None = None

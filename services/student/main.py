@@ -56,13 +56,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(handler=run)
 
 
+def serve_jobs(
+    party: StudentParty, listen: str, files: tls.TLSFiles | None
+) -> tuple[grpc.Server, int]:
+    """Start the jobs API on ``listen`` (port 0 picks one): role policy and revocation checked
+    on every call, unless ``files`` is None (--insecure-dev). Returns the server and its port."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16),
+        interceptors=[tls.server_interceptor(POLICY, files)],
+        options=list(tls.SERVER_OPTIONS),
+    )
+    student_pb2_grpc.add_StudentPartyServicer_to_server(party, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if files is None:
+        log.warning(tls.INSECURE_WARNING)
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, tls.server_credentials(files))
+    if port == 0:
+        raise OSError(f"could not listen on {listen}")
+    server.start()
+    health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+    return server, port
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging()
     try:
         config = json.loads(args.task.read_text())
         task = TaskConfig.parse(args.task_name or args.task.stem, config, config_hash(config))
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
-        creds = None if files is None else tls.server_credentials(files)
+        if files is not None:
+            tls.server_credentials(files)  # refuse to start with a bad or revoked certificate
         test_set = None if args.test_data is None else load_test_set(args.test_data, task)
         body = None if args.body is None else load_teacher(args.body)
     except (OSError, ValueError, TaskError, pki.PKIError) as err:
@@ -75,33 +101,12 @@ def run(args: argparse.Namespace) -> int:
             args.guardian, files, task, server_name=args.server_name, name=args.name
         ),
     )
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16),
-        interceptors=[tls.RoleInterceptor(POLICY, insecure=files is None)],
-        options=list(tls.SERVER_OPTIONS),
-    )
     try:
         trainer = ModelTrainer(store, task, test_set, body)
-    except ValueError as err:
+        server, port = serve_jobs(StudentParty(store, runner, task, trainer), args.listen, files)
+    except (ValueError, OSError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    student_pb2_grpc.add_StudentPartyServicer_to_server(
-        StudentParty(store, runner, task, trainer), server
-    )
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = (
-        server.add_insecure_port(args.listen)
-        if creds is None
-        else server.add_secure_port(args.listen, creds)
-    )
-    if port == 0:
-        print(f"error: could not listen on {args.listen}", file=sys.stderr)
-        return 2
-    if files is None:
-        log.warning(tls.INSECURE_WARNING)
-    server.start()
-    health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
     print(f"student serving jobs on port {port} for task {task.name}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -19,6 +19,7 @@ def jobs_stub(
         f"127.0.0.1:{consortium.student_port}",
         tls.TLSFiles.in_dir(consortium.pki_dir, name),
         "localhost",
+        role="student",
     )
     return student_pb2_grpc.StudentPartyStub(channel)
 

@@ -260,6 +260,7 @@ def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
             f"127.0.0.1:{consortium.port}",
             tls.TLSFiles.in_dir(consortium.pki_dir, "student"),
             "localhost",
+            role="guardian",
         )
     )
     header = student.header
@@ -318,6 +319,7 @@ def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
             f"127.0.0.1:{consortium.port}",
             tls.TLSFiles.in_dir(consortium.pki_dir, "gateway"),
             "localhost",
+            role="guardian",
         )
     )
     for i in range(consortium.parties):

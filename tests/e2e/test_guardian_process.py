@@ -43,9 +43,9 @@ def start_guardian(pki_dir: Path, db: str, port: int) -> Process:
 
 @pytest.fixture
 def pki_dir(tmp_path: Path) -> Path:
-    pki.init_ca(tmp_path)
-    pki.issue(tmp_path, "guardian", "guardian")
-    pki.issue(tmp_path, "gateway", "gateway")
+    pki.init_ca(tmp_path, dev=True)
+    pki.issue(tmp_path, "guardian", "guardian", dev=True)
+    pki.issue(tmp_path, "gateway", "gateway", dev=True)
     return tmp_path
 
 
@@ -66,7 +66,10 @@ def test_guardian_survives_sigkill_without_undercounting(
     port = free_port()
     procs.append(start_guardian(pki_dir, db, port))
     channel = tls.secure_channel(
-        f"127.0.0.1:{port}", tls.TLSFiles.in_dir(pki_dir, "gateway"), server_name="localhost"
+        f"127.0.0.1:{port}",
+        tls.TLSFiles.in_dir(pki_dir, "gateway"),
+        server_name="localhost",
+        role="guardian",
     )
     hub = guardian_pb2_grpc.GuardianHubStub(channel)
     reply = hub.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
@@ -176,11 +179,16 @@ def test_seeded_test_guardian_still_serves_mutual_tls(
     assert "mutual TLS stays on" in seen and "for tests only" in seen
     secure = guardian_pb2_grpc.GuardianHubStub(
         tls.secure_channel(
-            f"127.0.0.1:{port}", tls.TLSFiles.in_dir(pki_dir, "gateway"), server_name="localhost"
+            f"127.0.0.1:{port}",
+            tls.TLSFiles.in_dir(pki_dir, "gateway"),
+            server_name="localhost",
+            role="guardian",
         )
     )
     reply = secure.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
     assert [p.name for p in reply.parties] == ["hospital-a"]
-    plaintext = guardian_pb2_grpc.GuardianHubStub(tls.secure_channel(f"127.0.0.1:{port}", None))
+    plaintext = guardian_pb2_grpc.GuardianHubStub(
+        tls.secure_channel(f"127.0.0.1:{port}", None, role="guardian")
+    )
     with pytest.raises(grpc.RpcError):
         plaintext.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=5)

@@ -244,6 +244,7 @@ def test_admin_view_shows_caps_spend_weights_and_projected_exhaustion(
             f"127.0.0.1:{consortium.port}",
             tls.TLSFiles.in_dir(consortium.pki_dir, "gateway"),
             "localhost",
+            role="guardian",
         )
     )
     weighted = TASKS["attr-weighted"]

@@ -3,37 +3,61 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import logging
+import queue
+import threading
+import time
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from capc.models import Teacher
+from services.answerer.party import AnsweringParty
+from services.cli import main
 from services.common import pki, tls
 from services.common.protocol import PROTOCOL_VERSION
+from services.common.task import TaskConfig, config_hash
+from services.gateway.backends import BackendError, Backends
 from services.guardian.hub import RunningServer, serve
 from services.guardian.ledger import Ledger
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+from services.student.main import serve_jobs
+from services.student.servicer import JobRunner, StudentParty
+from services.student.store import JobStore
+from services.student.training import ModelTrainer
 
 HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION)
+STUDENT_TASK = {
+    "num_classes": 3,
+    "input_shape": [2],
+    "mechanism": {"name": "gnmax", "sigma": 5.0},
+    "quorum": 1,
+}
 
 
 @pytest.fixture(scope="module")
 def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
-    pki.init_ca(d)
+    pki.init_ca(d, dev=True)
     for role, name in (
         ("guardian", "guardian"),
         ("gateway", "gateway"),
         ("answerer", "hospital-a"),
         ("student", "student"),
     ):
-        pki.issue(d, role, name)
+        pki.issue(d, role, name, dev=True)
     pki.issue(
         d,
         "gateway",
         "old-gateway",
+        dev=True,
         days=1,
         not_before=dt.datetime.now(dt.UTC) - dt.timedelta(days=5),
     )
@@ -52,7 +76,7 @@ def hub(pki_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run
 
 def stub(hub: RunningServer, files: tls.TLSFiles) -> guardian_pb2_grpc.GuardianHubStub:
     return guardian_pb2_grpc.GuardianHubStub(
-        tls.secure_channel(f"127.0.0.1:{hub.port}", files, server_name="localhost")
+        tls.secure_channel(f"127.0.0.1:{hub.port}", files, server_name="localhost", role="guardian")
     )
 
 
@@ -116,8 +140,8 @@ def test_other_protocol_versions_and_bad_pages_are_invalid(
 def test_foreign_certificate_cannot_connect(
     hub: RunningServer, pki_dir: Path, tmp_path: Path
 ) -> None:
-    pki.init_ca(tmp_path)
-    pki.issue(tmp_path, "gateway", "gateway")
+    pki.init_ca(tmp_path, dev=True)
+    pki.issue(tmp_path, "gateway", "gateway", dev=True)
     foreign = tls.TLSFiles.in_dir(tmp_path, "gateway")
     # Trust the consortium CA to reach the server, but present another CA's certificate.
     creds = grpc.ssl_channel_credentials(
@@ -135,7 +159,9 @@ def test_foreign_certificate_cannot_connect(
 
 def test_expired_certificate_is_refused_before_dialling(pki_dir: Path) -> None:
     with pytest.raises(pki.PKIError, match="validity window"):
-        tls.secure_channel("127.0.0.1:1", tls.TLSFiles.in_dir(pki_dir, "old-gateway"))
+        tls.secure_channel(
+            "127.0.0.1:1", tls.TLSFiles.in_dir(pki_dir, "old-gateway"), role="guardian"
+        )
 
 
 def test_expired_certificate_is_refused_by_the_server(hub: RunningServer, pki_dir: Path) -> None:
@@ -155,7 +181,10 @@ def test_expired_certificate_is_refused_by_the_server(hub: RunningServer, pki_di
 
 def test_health_service_answers_any_consortium_member(hub: RunningServer, pki_dir: Path) -> None:
     channel = tls.secure_channel(
-        f"127.0.0.1:{hub.port}", tls.TLSFiles.in_dir(pki_dir, "hospital-a"), server_name="localhost"
+        f"127.0.0.1:{hub.port}",
+        tls.TLSFiles.in_dir(pki_dir, "hospital-a"),
+        server_name="localhost",
+        role="guardian",
     )
     reply = health_pb2_grpc.HealthStub(channel).Check(
         health_pb2.HealthCheckRequest(service="capc.v1.GuardianHub"), timeout=5
@@ -182,3 +211,333 @@ def test_open_round_for_an_unknown_task_is_invalid(hub: RunningServer, pki_dir: 
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "no-such-task" in str(err.value.details())
+
+
+# -- issue 34: revocation, server roles, duplicate identities -------------------------
+
+
+@pytest.fixture
+def own_pki(tmp_path: Path) -> Path:
+    """A consortium of its own: these tests revoke certificates."""
+    d = tmp_path / "pki"
+    pki.init_ca(d, dev=True)
+    for role, name in (
+        ("guardian", "guardian"),
+        ("gateway", "gateway"),
+        ("answerer", "hospital-a"),
+        ("student", "student"),
+    ):
+        pki.issue(d, role, name, dev=True)
+    return d
+
+
+@pytest.fixture
+def own_hub(own_pki: Path, tmp_path: Path) -> Iterator[tuple[RunningServer, Ledger]]:
+    ledger = Ledger(str(tmp_path / "ledger.db"))
+    ledger.register_party("hospital-a", 4.0)
+    server = serve(ledger, "127.0.0.1:0", tls.TLSFiles.in_dir(own_pki, "guardian"))
+    yield server, ledger
+    server.stop()
+
+
+def test_a_revoked_client_is_refused_without_a_restart(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    hub, _ = own_hub
+    # A plain gRPC channel, as a thief would use: the guardian alone must refuse it.
+    files = tls.TLSFiles.in_dir(own_pki, "gateway")
+    ca, cert, key = files.read()
+    creds = grpc.ssl_channel_credentials(ca, key, cert)
+    gateway = guardian_pb2_grpc.GuardianHubStub(
+        grpc.secure_channel(
+            f"127.0.0.1:{hub.port}", creds, options=[("grpc.ssl_target_name_override", "localhost")]
+        )
+    )
+    gateway.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+    assert main(["pki", "revoke", "--dir", str(own_pki), "gateway"]) == 0
+    # The same channel, the same TLS connection: the next call is refused.
+    with pytest.raises(grpc.RpcError) as err:
+        gateway.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "gateway" in str(err.value.details()) and "revoked" in str(err.value.details())
+    # Everyone else still gets in.
+    student = stub(hub, tls.TLSFiles.in_dir(own_pki, "student"))
+    with pytest.raises(grpc.RpcError) as err:
+        student.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def party_stream(
+    hub: RunningServer, files: tls.TLSFiles
+) -> tuple[queue.Queue[guardian_pb2.PartyMessage | None], Any]:
+    """A raw Connect stream: what the test puts in the queue goes to the guardian."""
+    outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    responses = stub(hub, files).Connect(iter(outgoing.get, None))
+    return outgoing, responses
+
+
+def test_revocation_cuts_a_stream_that_is_already_open(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    hub, _ = own_hub
+    outgoing, responses = party_stream(hub, tls.TLSFiles.in_dir(own_pki, "hospital-a"))
+    assert next(responses).WhichOneof("body") == "registered"
+    assert main(["pki", "revoke", "--dir", str(own_pki), "hospital-a"]) == 0
+    outgoing.put(guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()))
+    with pytest.raises(grpc.RpcError) as err:
+        next(responses)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "revoked" in str(err.value.details())
+
+
+def test_a_revoked_guardian_certificate_is_refused_by_its_clients(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    hub, _ = own_hub
+    gateway = stub(hub, tls.TLSFiles.in_dir(own_pki, "gateway"))
+    gateway.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+    assert main(["pki", "revoke", "--dir", str(own_pki), "guardian"]) == 0
+    # A channel already in use notices the new list, and so does a new one.
+    for client in (gateway, stub(hub, tls.TLSFiles.in_dir(own_pki, "gateway"))):
+        with pytest.raises(grpc.RpcError) as err:
+            client.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "guardian" in str(err.value) and "revoked" in str(err.value)
+
+
+class FakeGuardian(guardian_pb2_grpc.GuardianHubServicer):
+    """Any consortium member posing as the guardian: it welcomes every party."""
+
+    def __init__(self) -> None:
+        self.welcomed = threading.Event()
+
+    def Connect(  # noqa: N802 - the method name the .proto gives
+        self, request_iterator: Iterator[guardian_pb2.PartyMessage], context: grpc.ServicerContext
+    ) -> Iterator[guardian_pb2.HubMessage]:
+        self.welcomed.set()
+        yield guardian_pb2.HubMessage(
+            header=HEADER, registered=guardian_pb2.Registered(party="x", epsilon_cap=1.0)
+        )
+        for _ in request_iterator:
+            pass
+
+
+@pytest.fixture
+def impostor(own_pki: Path) -> Iterator[tuple[int, FakeGuardian]]:
+    """A 'guardian' that serves with the student's certificate."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    fake = FakeGuardian()
+    guardian_pb2_grpc.add_GuardianHubServicer_to_server(fake, server)
+    port = server.add_secure_port(
+        "127.0.0.1:0", tls.server_credentials(tls.TLSFiles.in_dir(own_pki, "student"))
+    )
+    server.start()
+    yield port, fake
+    server.stop(0).wait()
+
+
+def test_an_answering_party_refuses_a_guardian_with_another_role(
+    impostor: tuple[int, FakeGuardian], own_pki: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port, fake = impostor
+    teacher = SimpleNamespace(
+        architecture="small-cnn", input_shape=(2,), num_classes=3, model_hash="h"
+    )
+    party = AnsweringParty(
+        "hospital-a",
+        cast(Teacher, teacher),
+        f"127.0.0.1:{port}",
+        tls.TLSFiles.in_dir(own_pki, "hospital-a"),
+        server_name="localhost",
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=party.run, args=(stop,), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="capc.answerer"):
+        runner.start()
+        welcomed = fake.welcomed.wait(2.0)
+        stop.set()
+        runner.join(10)
+    assert not welcomed and not party.connected.is_set()
+    assert "role student" in caplog.text and "guardian" in caplog.text
+
+
+def test_the_gateway_checks_which_server_is_which(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    hub, _ = own_hub
+    # The guardian's address given as the student's: the gateway must notice.
+    backends = Backends(
+        f"127.0.0.1:{hub.port}",
+        f"127.0.0.1:{hub.port}",
+        tls.TLSFiles.in_dir(own_pki, "gateway"),
+        server_name="localhost",
+    )
+    try:
+        assert backends.list_parties().parties[0].name == "hospital-a"
+        with pytest.raises(BackendError) as err:
+            backends.list_jobs(10, 0)
+        assert "role guardian" in str(err.value) and "student" in str(err.value)
+    finally:
+        backends.close()
+
+
+def test_the_student_party_refuses_a_revoked_gateway(own_pki: Path, tmp_path: Path) -> None:
+    task = TaskConfig.parse("t", STUDENT_TASK, config_hash(STUDENT_TASK))
+    party = StudentParty(
+        JobStore(str(tmp_path / "jobs.db")),
+        cast(JobRunner, None),
+        task,
+        cast(ModelTrainer, None),
+    )
+    server, port = serve_jobs(party, "127.0.0.1:0", tls.TLSFiles.in_dir(own_pki, "student"))
+    address = f"127.0.0.1:{port}"
+    backends = Backends(
+        address, address, tls.TLSFiles.in_dir(own_pki, "gateway"), server_name="localhost", task="t"
+    )
+    try:
+        assert list(backends.list_jobs(10, 0).jobs) == []
+        # The student's address given as the guardian's: refused before any call leaves.
+        with pytest.raises(BackendError) as err:
+            backends.list_parties()
+        assert "role student" in str(err.value) and "guardian" in str(err.value)
+        assert main(["pki", "revoke", "--dir", str(own_pki), "gateway"]) == 0
+        with pytest.raises(BackendError) as err:
+            backends.list_jobs(10, 0)
+        assert err.value.code == "UNAUTHENTICATED" and "revoked" in str(err.value)
+    finally:
+        backends.close()
+        server.stop(0).wait()
+
+
+def test_a_second_stream_under_one_identity_is_refused_and_audited(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    hub, ledger = own_hub
+    files = tls.TLSFiles.in_dir(own_pki, "hospital-a")
+    first_out, first = party_stream(hub, files)
+    assert next(first).WhichOneof("body") == "registered"
+    _, second = party_stream(hub, files)
+    with pytest.raises(grpc.RpcError) as err:
+        next(second)
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert "hospital-a" in str(err.value.details()) and "already connected" in str(
+        err.value.details()
+    )
+    # The first stream is untouched: it still carries the guardian's messages.
+    first_out.put(guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()))
+    time.sleep(0.5)
+    assert first.is_active()
+    audit = stub(hub, tls.TLSFiles.in_dir(own_pki, "gateway")).ListAudit(
+        guardian_pb2.ListAuditRequest(header=HEADER, limit=5), timeout=10
+    )
+    refused = [e for e in audit.entries if e.action == "duplicate_connection_refused"]
+    assert len(refused) == 1 and refused[0].actor == "hospital-a"
+    detail = json.loads(refused[0].detail_json)
+    assert detail["peer"].startswith("ipv4:127.0.0.1:") and detail["connected_from"]
+    assert audit.chain_valid and ledger.verify_audit() >= 2
+    # Once the first stream is gone, the party reconnects normally.
+    first.cancel()
+    deadline = time.monotonic() + 10
+    while True:
+        _, again = party_stream(hub, files)
+        try:
+            assert next(again).WhichOneof("body") == "registered"
+            break
+        except grpc.RpcError as retry:
+            assert retry.code() == grpc.StatusCode.ALREADY_EXISTS
+            assert time.monotonic() < deadline, "the dead stream was never noticed"
+            time.sleep(0.2)
+    again.cancel()
+
+
+def test_a_foreign_consortium_gets_a_clear_refusal(
+    own_hub: tuple[RunningServer, Ledger], tmp_path: Path
+) -> None:
+    hub, _ = own_hub
+    other = tmp_path / "other"
+    pki.init_ca(other, dev=True)
+    pki.issue(other, "gateway", "gateway", dev=True)
+    with pytest.raises((grpc.RpcError, pki.PKIError)) as err:
+        stub(hub, tls.TLSFiles.in_dir(other, "gateway")).ListParties(
+            guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10
+        )
+    assert "CA" in str(err.value) and "Socket closed" not in str(err.value)
+
+
+def test_a_server_that_distrusts_this_ca_is_explained(own_pki: Path, tmp_path: Path) -> None:
+    # The server's certificate is the consortium's, but it trusts another CA for clients.
+    other = tmp_path / "other"
+    pki.init_ca(other, dev=True)
+    files = tls.TLSFiles.in_dir(own_pki, "guardian")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_secure_port(
+        "127.0.0.1:0",
+        grpc.ssl_server_credentials(
+            [(files.key.read_bytes(), files.cert.read_bytes())],
+            root_certificates=(other / pki.CA_CERT).read_bytes(),
+            require_client_auth=True,
+        ),
+    )
+    server.start()
+    try:
+        channel = tls.secure_channel(
+            f"127.0.0.1:{port}",
+            tls.TLSFiles.in_dir(own_pki, "gateway"),
+            server_name="localhost",
+            role="guardian",
+        )
+        with pytest.raises((grpc.RpcError, pki.PKIError)) as err:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert "did not accept" in str(err.value)
+    finally:
+        server.stop(0).wait()
+
+
+def test_a_server_with_an_expired_certificate_is_refused_clearly(
+    own_pki: Path, tmp_path: Path
+) -> None:
+    # Servers refuse to start with an expired certificate; this one expired while running.
+    cert, key = pki.issue(
+        own_pki,
+        "guardian",
+        "old-guardian",
+        dev=True,
+        days=1,
+        not_before=dt.datetime.now(dt.UTC) - dt.timedelta(days=5),
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_secure_port(
+        "127.0.0.1:0",
+        grpc.ssl_server_credentials(
+            [(key.read_bytes(), cert.read_bytes())],
+            root_certificates=(own_pki / pki.CA_CERT).read_bytes(),
+            require_client_auth=True,
+        ),
+    )
+    server.start()
+    try:
+        channel = tls.secure_channel(
+            f"127.0.0.1:{port}",
+            tls.TLSFiles.in_dir(own_pki, "gateway"),
+            server_name="localhost",
+            role="guardian",
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "expired" in str(err.value.details())
+    finally:
+        server.stop(0).wait()
+
+
+def test_a_service_will_not_use_its_own_revoked_certificate(own_pki: Path, tmp_path: Path) -> None:
+    assert main(["pki", "revoke", "--dir", str(own_pki), "guardian"]) == 0
+    with pytest.raises(pki.PKIError, match=r"this service \(guardian.*revoked"):
+        serve(
+            Ledger(str(tmp_path / "l.db")), "127.0.0.1:0", tls.TLSFiles.in_dir(own_pki, "guardian")
+        )
+    assert main(["pki", "revoke", "--dir", str(own_pki), "gateway"]) == 0
+    with pytest.raises(pki.PKIError, match=r"this service \(gateway.*revoked"):
+        tls.secure_channel("127.0.0.1:1", tls.TLSFiles.in_dir(own_pki, "gateway"), role="guardian")

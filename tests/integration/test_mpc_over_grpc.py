@@ -62,9 +62,9 @@ class Garbling(guardian_pb2_grpc.GuardianHubServicer):
 
 
 def test_confident_gnmax_over_mutual_tls(tmp_path: Path) -> None:
-    pki.init_ca(tmp_path)
-    pki.issue(tmp_path, "guardian", "guardian")
-    pki.issue(tmp_path, "student", "student")
+    pki.init_ca(tmp_path, dev=True)
+    pki.issue(tmp_path, "guardian", "guardian", dev=True)
+    pki.issue(tmp_path, "student", "student", dev=True)
     servicer = Garbling()
     server = grpc.server(
         futures.ThreadPoolExecutor(4),
@@ -80,7 +80,10 @@ def test_confident_gnmax_over_mutual_tls(tmp_path: Path) -> None:
         hist, student, _, eta1, eta2 = problem()
         stub = guardian_pb2_grpc.GuardianHubStub(
             tls.secure_channel(
-                f"127.0.0.1:{port}", tls.TLSFiles.in_dir(tmp_path, "student"), "localhost"
+                f"127.0.0.1:{port}",
+                tls.TLSFiles.in_dir(tmp_path, "student"),
+                "localhost",
+                role="guardian",
             )
         )
         chan = StreamChannel(HEADER)

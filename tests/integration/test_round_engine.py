@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,12 @@ from capc.mpc.votes import one_hot_votes, share_votes
 from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
-from services.guardian.rounds import RoundEngine, RoundInputError, RoundRefusedError
+from services.guardian.rounds import (
+    DuplicateLinkError,
+    RoundEngine,
+    RoundInputError,
+    RoundRefusedError,
+)
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 TASK = {
@@ -182,3 +188,26 @@ def test_personalized_rounds_send_each_party_its_weight_or_mask_and_reserve_its_
     thread.join(timeout=10)
     assert refused and "nothing was charged" in str(refused[0])
     assert ledger.count_rounds(RoundState.ABORTED) == 1
+
+
+def test_a_live_link_is_not_taken_over_but_a_dead_or_silent_one_is(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path / "l.db"))
+    ledger.register_party("a", 1.0)
+    engine = RoundEngine(ledger, silent_after=0.5)
+    open_rpcs = {"first": True}
+    first = engine.attach("a", "ipv4:10.0.0.1:5000", active=lambda: open_rpcs["first"])
+    with pytest.raises(DuplicateLinkError) as err:
+        engine.attach("a", "ipv4:10.6.6.6:4444")
+    assert err.value.connected_from == "ipv4:10.0.0.1:5000"
+    assert first.outbox.empty() and engine.connected() == ["a"]
+    # A stream whose RPC ended (the transport noticed) is replaced and told to stop.
+    open_rpcs["first"] = False
+    second = engine.attach("a", "ipv4:10.0.0.1:5001")
+    assert first.outbox.get_nowait() is None
+    # One that went silent past silent_after is replaced too (a host that lost power).
+    time.sleep(0.6)
+    third = engine.attach("a", "ipv4:10.0.0.1:5002")
+    assert second.outbox.get_nowait() is None
+    # The replaced stream closing later does not disconnect the party's new one.
+    engine.detach(second)
+    assert engine.connected() == ["a"] and third.alive(engine.silent_after)

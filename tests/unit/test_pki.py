@@ -1,4 +1,4 @@
-"""Consortium CA: role-bound certificates, validity, foreign CAs."""
+"""Consortium CA: role-bound certificates, validity, foreign CAs, host names, revocation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from cryptography import x509
 
 from services.cli import main
 from services.common import pki
@@ -30,13 +31,13 @@ def test_issued_certificate_binds_name_and_role(ca: Path) -> None:
 def test_foreign_ca_is_refused(ca: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     other = tmp_path_factory.mktemp("other")
     pki.init_ca(other, name="another consortium")
-    cert, _ = pki.issue(other, "student", "intruder")
+    cert, _ = pki.issue(other, "gateway", "intruder")
     with pytest.raises(pki.PKIError, match="not issued by this consortium"):
         pki.verify(cert.read_bytes(), (ca / pki.CA_CERT).read_bytes())
     # Same CA name, different key: the signature check catches it.
     lookalike = tmp_path_factory.mktemp("lookalike")
     pki.init_ca(lookalike)
-    cert2, _ = pki.issue(lookalike, "student", "intruder")
+    cert2, _ = pki.issue(lookalike, "gateway", "intruder")
     with pytest.raises(pki.PKIError, match="signature"):
         pki.verify(cert2.read_bytes(), (ca / pki.CA_CERT).read_bytes())
 
@@ -76,7 +77,7 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
                 "guardian",
                 "--name",
                 "guardian",
-                "--host",
+                "--dns",
                 "guardian.local",
             ]
         )
@@ -84,3 +85,106 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert "guardian certificate" in capsys.readouterr().out
     assert main(["pki", "init", "--dir", str(tmp_path)]) == 2
+
+
+def sans(cert: Path) -> tuple[list[str], list[str]]:
+    """(DNS names, IP addresses) a certificate is valid for."""
+    ext = x509.load_pem_x509_certificate(cert.read_bytes()).extensions
+    alt = ext.get_extension_for_class(x509.SubjectAlternativeName).value
+    return alt.get_values_for_type(x509.DNSName), [
+        str(ip) for ip in alt.get_values_for_type(x509.IPAddress)
+    ]
+
+
+def test_production_certificates_are_not_valid_for_localhost(ca: Path) -> None:
+    cert, _ = pki.issue(ca, "answerer", "hospital-a")
+    assert sans(cert) == ([], [])
+
+
+def test_cli_issues_the_names_and_addresses_it_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["pki", "init", "--dir", str(tmp_path)]) == 0
+    args = ["pki", "issue", "--dir", str(tmp_path), "--role", "guardian", "--name", "guardian"]
+    assert main([*args, "--dns", "guardian.example.org", "--ip", "10.0.0.5"]) == 0
+    assert sans(tmp_path / "guardian.pem") == (["guardian.example.org"], ["10.0.0.5"])
+    capsys.readouterr()
+    # A server certificate with no name at all cannot be dialled: refused, with the fix.
+    assert main([*args]) == 2
+    assert "--dns" in capsys.readouterr().out
+    assert main([*args, "--ip", "not-an-address"]) == 2
+    assert "not-an-address" in capsys.readouterr().out
+
+
+def test_localhost_is_for_development_certificates_from_a_development_ca(
+    ca: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    for dns, ips in ((("localhost",), ()), ((), ("127.0.0.1",)), ((), ("::1",))):
+        with pytest.raises(pki.PKIError, match="only for development"):
+            pki.issue(ca, "guardian", "guardian", dns, ips)
+    with pytest.raises(pki.PKIError, match="production CA"):
+        pki.issue(ca, "guardian", "guardian", dev=True)
+    dev = tmp_path_factory.mktemp("dev")
+    pki.init_ca(dev, dev=True)
+    cert, _ = pki.issue(dev, "answerer", "hospital-a", dev=True)
+    assert sans(cert) == (["localhost"], ["127.0.0.1"])
+    cert, _ = pki.issue(dev, "guardian", "guardian", ("guardian.test",), dev=True)
+    assert sans(cert) == (["guardian.test", "localhost"], ["127.0.0.1"])
+    with pytest.raises(pki.PKIError, match="--dns takes a host name"):
+        pki.issue(dev, "guardian", "guardian", ("*.example.org",))
+
+
+def test_revoke_by_name_and_serial_signs_a_growing_list(
+    ca: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca_pem = (ca / pki.CA_CERT).read_bytes()
+    assert pki.read_crl((ca / pki.CRL_FILE).read_bytes(), ca_pem).revoked == {}
+    a, _ = pki.issue(ca, "answerer", "hospital-a")
+    b, _ = pki.issue(ca, "answerer", "hospital-b")
+    serial_b = x509.load_pem_x509_certificate(b.read_bytes()).serial_number
+    assert (
+        main(["pki", "revoke", "--dir", str(ca), "hospital-a", "--reason", "key-compromise"]) == 0
+    )
+    assert main(["pki", "revoke", "--dir", str(ca), "--serial", f"{serial_b:X}"]) == 0
+    crl = pki.read_crl((ca / pki.CRL_FILE).read_bytes(), ca_pem)
+    serial_a = pki.identity(a.read_bytes()).serial
+    assert set(crl.revoked) == {serial_a, serial_b} and crl.number == 3
+    assert crl.revoked[serial_a].why == "key-compromise"
+    assert "copy" in capsys.readouterr().out
+    # Twice, unknown names, garbage serials: refused with the reason.
+    assert main(["pki", "revoke", "--dir", str(ca), "hospital-a"]) == 2
+    assert "already revoked" in capsys.readouterr().out
+    assert main(["pki", "revoke", "--dir", str(ca), "nobody"]) == 2
+    assert "--serial" in capsys.readouterr().out
+    assert main(["pki", "revoke", "--dir", str(ca), "--serial", "xyz"]) == 2
+    assert "hexadecimal" in capsys.readouterr().out
+
+
+def test_a_running_service_follows_the_crl_and_refuses_forgeries(
+    ca: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    ca_pem = (ca / pki.CA_CERT).read_bytes()
+    cert, _ = pki.issue(ca, "answerer", "hospital-a")
+    serial = pki.identity(cert.read_bytes()).serial
+    watcher = pki.Revocations(ca / pki.CRL_FILE, ca_pem)
+    watcher.check(serial, "hospital-a")
+    good_before = (ca / pki.CRL_FILE).read_bytes()
+    pki.revoke(ca, "hospital-a")
+    with pytest.raises(pki.PKIError, match=r"hospital-a .* was revoked"):
+        watcher.check(serial, "hospital-a")
+    # An older list (a rollback) and a deleted one leave the revocation in force.
+    (ca / pki.CRL_FILE).write_bytes(good_before)
+    with pytest.raises(pki.PKIError, match="revoked"):
+        watcher.check(serial, "hospital-a")
+    (ca / pki.CRL_FILE).unlink()
+    with pytest.raises(pki.PKIError, match="revoked"):
+        watcher.check(serial, "hospital-a")
+    # A list signed by anyone else is not used, and nobody gets in while it is there.
+    other = tmp_path_factory.mktemp("other")
+    pki.init_ca(other)
+    (ca / pki.CRL_FILE).write_bytes((other / pki.CRL_FILE).read_bytes())
+    with pytest.raises(pki.PKIError, match="not signed by this consortium's CA"):
+        watcher.check(12345, "anyone")
+    (ca / pki.CRL_FILE).write_bytes(b"not a crl")
+    with pytest.raises(pki.PKIError, match="not usable"):
+        watcher.check(12345, "anyone")

@@ -319,6 +319,16 @@ class Ledger:
         )
         head.value = json.dumps([seq, digest])
 
+    def record(self, actor: str, action: str, detail: Mapping[str, object]) -> None:
+        """Append a security event a service observed (not a ledger change) to the audit log."""
+        if not actor or len(actor) > 128 or not action or len(action) > 64:
+            raise LedgerError(
+                f"an audit entry needs an actor of 1-128 and an action of 1-64 characters, "
+                f"got {actor!r} and {action!r}"
+            )
+        with self._tx() as s:
+            self._audit(s, actor, action, detail)
+
     def verify_audit(self) -> int:
         """Check the whole hash chain; returns its length, raises LedgerError at the first broken link."""
         prev = _GENESIS
