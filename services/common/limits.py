@@ -59,6 +59,11 @@ MAX_TENSOR_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 #: upload is buffered whole, and 64 MiB of float32 queries fits one message.
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
+#: Arrays one uploaded .npz may hold: the queries 'x' and a few companions (labels,
+#: ids) that np.savez writes beside them. Checked from the zip's end record before its
+#: directory is parsed, so a 64 MiB upload of a million empty members costs nothing.
+MAX_UPLOAD_MEMBERS = 8
+
 
 def count_refusal(count: int, limit: int, what: str) -> str | None:
     """Why ``what`` (e.g. "a batch") may not hold ``count`` queries; None when it may.

@@ -37,7 +37,7 @@ from services.common.limits import (
 from services.common.protocol import RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
-from services.gateway.datasets import DatasetError, parse_dataset
+from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.tokens import Principal, Role, TokenError, TokenStore
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
@@ -309,16 +309,13 @@ def create_app(
         except ValidationError as err:
             raise HTTPException(422, f"mechanism: {err.errors()[0]['msg']}") from None
         try:
-            x = parse_dataset(await file.read())
+            # Sized from its headers against what one job's message carries, before it is
+            # inflated: integer uploads grow fourfold as float32.
+            x = parse_dataset(await file.read(), MAX_TENSOR_BYTES)
+        except DatasetTooLargeError as err:
+            raise HTTPException(413, str(err)) from None
         except DatasetError as err:
             raise HTTPException(422, str(err)) from None
-        if x.nbytes > MAX_TENSOR_BYTES:
-            # Integer uploads grow fourfold as float32, past what one job's message carries.
-            raise HTTPException(
-                413,
-                f"the upload is {x.nbytes} bytes as float32 queries, over the {MAX_TENSOR_BYTES} "
-                "one job can carry; split it into several jobs",
-            )
         tensor = serde.queries_to_proto(x)
         result: schemas.JobOut = _create(
             common_pb2.QueryBatch(tensor=tensor),
