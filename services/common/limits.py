@@ -64,6 +64,12 @@ MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 #: directory is parsed, so a 64 MiB upload of a million empty members costs nothing.
 MAX_UPLOAD_MEMBERS = 8
 
+#: Requests one gateway token may make a minute (``--rate-limit``), in bursts of up
+#: to as many. capcctl polls a job twice a second and the dashboard reads three routes
+#: every 5 s, both far below; a runaway script gets 429 with Retry-After instead of
+#: tying up the student party and the guardian.
+GATEWAY_REQUESTS_PER_MINUTE = 600
+
 
 def count_refusal(count: int, limit: int, what: str) -> str | None:
     """Why ``what`` (e.g. "a batch") may not hold ``count`` queries; None when it may.

@@ -1,7 +1,7 @@
 """``capc gateway``: serve the REST gateway, or manage its bearer tokens.
 
 capc gateway serve --student HOST:PORT --guardian HOST:PORT --task NAME --pki DIR
-capc gateway token create --role analyst|admin [--name NAME] [--days 90]
+capc gateway token create --role analyst|admin|metrics [--name NAME] [--days 90]
 capc gateway token list | revoke ID
 """
 
@@ -13,7 +13,7 @@ import sys
 
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
-from services.common.limits import MAX_UPLOAD_BYTES
+from services.common.limits import GATEWAY_REQUESTS_PER_MINUTE, MAX_UPLOAD_BYTES
 from services.gateway.tokens import Role, TokenError, TokenStore
 
 DEFAULT_DB = "gateway.db"
@@ -36,6 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=MAX_UPLOAD_BYTES / 2**20,
         help="largest request body (MiB)",
     )
+    serve.add_argument(
+        "--rate-limit",
+        type=_per_minute,
+        default=GATEWAY_REQUESTS_PER_MINUTE,
+        metavar="N",
+        help="requests each token may make a minute, in bursts of up to N (429 beyond)",
+    )
     add_tls_args(serve)
     serve.set_defaults(handler=run_serve)
 
@@ -55,6 +62,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     revoke.add_argument("id")
     revoke.add_argument("--db", default=DEFAULT_DB)
     revoke.set_defaults(handler=run_token_revoke)
+
+
+def _per_minute(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of requests, at least 1, got {text!r}")
+    return n
 
 
 def run_token_create(args: argparse.Namespace) -> int:
@@ -111,7 +128,12 @@ def run_serve(args: argparse.Namespace) -> int:
     backends = Backends(
         args.student, args.guardian, files, server_name=args.server_name, task=args.task
     )
-    app = create_app(backends, TokenStore(args.db), int(args.max_upload_mb * 1024 * 1024))
+    app = create_app(
+        backends,
+        TokenStore(args.db),
+        int(args.max_upload_mb * 1024 * 1024),
+        requests_per_minute=args.rate_limit,
+    )
     config = uvicorn.Config(app, host=host, port=int(port), log_level="info", access_log=False)
     server = uvicorn.Server(config)
     print(f"gateway serving on http://{host}:{port} (dashboard at /dashboard)", flush=True)
