@@ -6,15 +6,23 @@ is bound into the certificate twice, as the subject's organisational unit and
 as a ``capc://role/<role>/<name>`` URI in the subject alternative names, so an
 interceptor can check it on every call. Keys are ECDSA P-256 (what gRPC's TLS
 stack supports everywhere); private keys are written with mode 0600.
+
+The gateway's HTTPS certificate (``capc pki issue-https``) is a separate one: it
+names the DNS names and addresses analysts reach the gateway by and binds no
+role, so whoever holds its key (a TLS-terminating proxy, say) cannot dial the
+guardian as the gateway. Loopback names belong only in development certificates.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime as dt
+import hashlib
 import ipaddress
 import os
 import re
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +97,29 @@ def init_ca(
     return cert_path
 
 
+def _load_ca(directory: Path) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    try:
+        ca_key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
+        ca_cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
+    except FileNotFoundError:
+        raise PKIError(
+            f"no consortium CA in {directory}; run `capc pki init --dir {directory}` first"
+        ) from None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise PKIError("the CA key is not an ECDSA key")
+    return ca_key, ca_cert
+
+
+def _host_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    return names
+
+
 def issue(
     directory: Path,
     role: str,
@@ -102,23 +133,11 @@ def issue(
         raise PKIError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if not _NAME.match(name):
         raise PKIError(f"names are 1-63 letters, digits, '.', '_' or '-', got {name!r}")
-    try:
-        ca_key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
-        ca_cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
-    except FileNotFoundError:
-        raise PKIError(
-            f"no consortium CA in {directory}; run `capc pki init --dir {directory}` first"
-        ) from None
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise PKIError("the CA key is not an ECDSA key")
+    ca_key, ca_cert = _load_ca(directory)
     key = ec.generate_private_key(ec.SECP256R1())
     start = not_before or dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(f"capc://role/{role}/{name}")]
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
+    sans += _host_names(hosts)
     cert = (
         x509.CertificateBuilder()
         .subject_name(
@@ -149,6 +168,103 @@ def issue(
     _write_private(key_path, _key_pem(key))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
+
+
+HTTPS_SUFFIX = "-https"
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        name = host.lower().rstrip(".")
+        return name == "localhost" or name.endswith(".localhost")
+
+
+def https_paths(directory: Path, name: str) -> tuple[Path, Path]:
+    """Where ``capc pki issue-https`` writes ``name``'s HTTPS certificate and key."""
+    return directory / f"{name}{HTTPS_SUFFIX}.pem", directory / f"{name}{HTTPS_SUFFIX}.key"
+
+
+def issue_https(
+    directory: Path,
+    name: str,
+    hosts: tuple[str, ...],
+    days: int = 365,
+    dev: bool = False,
+    not_before: dt.datetime | None = None,
+) -> tuple[Path, Path]:
+    """Issue an HTTPS server certificate for the gateway's ``hosts``; returns (cert, key).
+
+    It binds no consortium role and is for server authentication only. Loopback names
+    (localhost, 127.0.0.1, ::1) are refused unless ``dev``: a deployed gateway is
+    reached by its real names, and a certificate for localhost verifies anywhere."""
+    if not _NAME.match(name):
+        raise PKIError(f"names are 1-63 letters, digits, '.', '_' or '-', got {name!r}")
+    if not hosts:
+        raise PKIError(
+            "an HTTPS certificate names the hosts clients reach the gateway by: "
+            "pass --host NAME (repeatable), e.g. --host gateway.example.org"
+        )
+    local = [h for h in hosts if _loopback(h)]
+    if local and not dev:
+        raise PKIError(
+            f"{', '.join(local)} belong only in development certificates; name the gateway's "
+            "public DNS names or addresses with --host, or pass --dev for a local one"
+        )
+    ca_key, ca_cert = _load_ca(directory)
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = not_before or dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(_host_names(hosts)), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = https_paths(directory, name)
+    _write_private(key_path, _key_pem(key))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def check_https(cert_path: Path, key_path: Path, at: dt.datetime | None = None) -> None:
+    """Refuse to serve HTTPS with a missing, unreadable, mismatched or expired pair."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert_path, key_path)
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except FileNotFoundError as err:
+        raise PKIError(f"missing HTTPS file {err.filename}") from None
+    except (ssl.SSLError, ValueError) as err:
+        raise PKIError(
+            f"{cert_path} and {key_path} are not a PEM certificate and its key ({err})"
+        ) from None
+    now = at or dt.datetime.now(dt.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise PKIError(
+            f"{cert_path} is outside its validity window ({cert.not_valid_before_utc:%Y-%m-%d} "
+            f"to {cert.not_valid_after_utc:%Y-%m-%d}); issue a new one"
+        )
+
+
+def spki_sha256(cert_pem: bytes) -> str:
+    """base64 SHA-256 of a certificate's public key, as Chromium's
+    --ignore-certificate-errors-spki-list takes it: trusts that one key, nothing else."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    der = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
 
 
 def identity(cert_pem: bytes) -> Identity:
@@ -217,6 +333,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     iss.add_argument("--days", type=int, default=365)
     iss.set_defaults(handler=_cmd_issue)
+    web = psub.add_parser(
+        "issue-https",
+        help="issue the gateway's HTTPS certificate (NAME-https.pem/.key) for its hosts",
+    )
+    web.add_argument("--dir", type=Path, default=Path("pki"))
+    web.add_argument("--name", default="gateway", help="the gateway's --name")
+    web.add_argument(
+        "--host",
+        action="append",
+        required=True,
+        help="DNS name or IP analysts reach the gateway by (repeatable)",
+    )
+    web.add_argument(
+        "--dev", action="store_true", help="a development certificate: allows localhost names"
+    )
+    web.add_argument("--days", type=int, default=365)
+    web.set_defaults(handler=_cmd_issue_https)
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -239,4 +372,14 @@ def _cmd_issue(args: argparse.Namespace) -> int:
         print(f"error: {err}")
         return 2
     print(f"{args.role} certificate for {args.name}: {cert} (key {key})")
+    return 0
+
+
+def _cmd_issue_https(args: argparse.Namespace) -> int:
+    try:
+        cert, key = issue_https(args.dir, args.name, tuple(args.host), args.days, args.dev)
+    except PKIError as err:
+        print(f"error: {err}")
+        return 2
+    print(f"HTTPS certificate for {', '.join(args.host)}: {cert} (key {key})")
     return 0
