@@ -26,6 +26,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from google.protobuf.message import Message as ProtoMessage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common import serde
@@ -348,8 +349,10 @@ def create_app(
             raise HTTPException(422, f"mechanism: {err.errors()[0]['msg']}") from None
         try:
             # Sized from its headers against what one job's message carries, before it is
-            # inflated: integer uploads grow fourfold as float32.
-            x = parse_dataset(await file.read(), MAX_TENSOR_BYTES)
+            # inflated (integer uploads grow fourfold as float32); inflating is CPU work,
+            # kept off the event loop that serves every other request.
+            data = await file.read()
+            x = await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES)
         except DatasetTooLargeError as err:
             raise HTTPException(413, str(err)) from None
         except DatasetError as err:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import math
+import tokenize
 import zipfile
 import zlib
 from collections.abc import Callable
@@ -43,6 +44,17 @@ _METHOD_NAMES = {zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "LZMA"}
 # then reads, so the bound below holds for exactly what ZipFile would parse.
 _end_record: Callable[[IO[bytes]], list[Any] | None] = getattr(zipfile, "_EndRecData")  # noqa: B009
 _ECD_SIZE = 5
+#: What zipfile raises on a damaged archive: offsets before the start seek to a
+#: negative position (ValueError), names fail to decode, versions it does not know.
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    NotImplementedError,
+    RuntimeError,
+    ValueError,
+    EOFError,
+    OSError,
+    zlib.error,
+)
 
 
 class DatasetError(ValueError):
@@ -69,10 +81,14 @@ def parse_dataset(data: bytes, max_bytes: int = MAX_TENSOR_BYTES) -> NDArray[np.
             f"could not read the upload: it starts with neither the .npy nor the .npz "
             f"signature; send {EXPECTED}"
         )
-    x = arr.astype(np.float32, copy=False)
+    with np.errstate(over="ignore"):  # past float32's range becomes inf, refused below
+        x = arr.astype(np.float32, copy=False)
     if arr.dtype.kind == "f" and not np.isfinite(x).all():
         bad = int((~np.isfinite(x)).reshape(len(x), -1).any(axis=1).sum())
-        raise DatasetError(f"{bad} queries contain NaN or infinity; clean them and upload again")
+        raise DatasetError(
+            f"{bad} queries contain NaN or infinity (or values past float32's range); "
+            "clean them and upload again"
+        )
     return x
 
 
@@ -87,7 +103,7 @@ def _header(f: IO[bytes], what: str) -> tuple[tuple[int, ...], bool, np.dtype[An
         reader = readers.get(version)
         if reader is not None:
             shape, fortran, dtype = reader(f, MAX_HEADER_BYTES)
-    except (ValueError, EOFError, OSError, zlib.error) as err:
+    except (ValueError, SyntaxError, tokenize.TokenError, EOFError, OSError, zlib.error) as err:
         raise DatasetError(
             f"could not read the upload: {what} has no valid .npy header ({err}); send {EXPECTED}"
         ) from None
@@ -169,7 +185,7 @@ def _read_npz(data: bytes, max_bytes: int) -> NDArray[Any]:
     stream = io.BytesIO(data)
     try:
         end = _end_record(stream)
-    except OSError:
+    except _ZIP_ERRORS:
         end = None
     if end is None:
         raise DatasetError(
@@ -183,7 +199,7 @@ def _read_npz(data: bytes, max_bytes: int) -> NDArray[Any]:
         )
     try:
         archive = zipfile.ZipFile(stream)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+    except _ZIP_ERRORS as err:
         raise DatasetError(f"could not read the upload ({err}); send {EXPECTED}") from None
     with archive:
         infos = archive.infolist()
@@ -203,7 +219,9 @@ def _read_npz(data: bytes, max_bytes: int) -> NDArray[Any]:
                 with archive.open(info) as f:
                     shape, fortran, dtype = _header(f, what)
                     header_bytes = f.tell()
-            except (zipfile.BadZipFile, NotImplementedError, RuntimeError) as err:
+            except DatasetError:
+                raise
+            except _ZIP_ERRORS as err:
                 raise DatasetError(f"could not read {what}: {err}") from None
             count = _checked(shape, dtype, max_bytes, what)
             _sizes_agree(info, header_bytes, count * dtype.itemsize, what)
@@ -272,6 +290,8 @@ def _inflate(
                     f"{what} holds more data than its header declares ({len(view)} bytes); "
                     "save it again with numpy.savez"
                 )
-    except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as err:
+    except DatasetError:
+        raise
+    except _ZIP_ERRORS as err:
         raise DatasetError(f"could not read {what}: {err}") from None
     return out

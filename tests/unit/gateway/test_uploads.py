@@ -8,6 +8,7 @@ which sees numpy's buffers and zlib's output.
 from __future__ import annotations
 
 import io
+import random
 import struct
 import tracemalloc
 import zipfile
@@ -220,3 +221,35 @@ def test_good_uploads_still_parse() -> None:
     single = io.BytesIO()
     np.savez(single, queries=x)
     assert parse_dataset(single.getvalue()).shape == x.shape
+
+
+def test_mangled_uploads_only_ever_raise_dataset_errors() -> None:
+    """Flipped, cut and spliced bytes of good uploads: each is parsed or refused with a
+    DatasetError (a 4xx), never another exception (a 500). Zip offsets that point before
+    the start, undecodable names and unknown zip versions once escaped as ValueError,
+    UnicodeDecodeError, NotImplementedError and tokenize.TokenError."""
+    rng = random.Random(7)
+    goods = []
+    for save in (np.save, np.savez, np.savez_compressed):
+        buf = io.BytesIO()
+        save(buf, np.random.default_rng(1).random((3, 1, 4, 4)))
+        goods.append(buf.getvalue())
+    escaped: dict[str, bytes] = {}
+    for _ in range(3000):
+        data = bytearray(rng.choice(goods))
+        for _ in range(rng.randint(1, 6)):
+            at = rng.randrange(len(data))
+            op = rng.random()
+            if op < 0.6:
+                data[at] = rng.randrange(256)
+            elif op < 0.8:
+                del data[at : at + rng.randint(1, 20)]
+            else:
+                data[at:at] = rng.randbytes(rng.randint(1, 10))
+        try:
+            parse_dataset(bytes(data))
+        except DatasetError:
+            pass
+        except Exception as err:  # what this test looks for
+            escaped.setdefault(type(err).__name__, bytes(data))
+    assert not escaped, sorted(escaped)
