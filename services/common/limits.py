@@ -52,7 +52,8 @@ DEFAULT_EPOCHS = 10
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 #: Largest query tensor one message carries: the rest of the message (header,
-#: mechanism) needs far less than the 1 MiB left over.
+#: mechanism) needs far less than the 1 MiB left over. The gateway holds an upload's
+#: queries to it, as stored and as float32, from their .npy headers before inflating.
 MAX_TENSOR_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 
 #: Largest request body the gateway takes by default (``--max-upload-mb``): an
