@@ -20,5 +20,20 @@ issue() {  # role name [--dns NAME | --ip ADDRESS ...]
 issue guardian guardian --dns guardian --dns guardian.capc.svc.cluster.local
 issue student student --dns student --dns student.capc.svc.cluster.local
 issue gateway gateway
+# The gateway's HTTPS certificate: the names analysts reach it by (CAPC_GATEWAY_HOSTS,
+# space-separated) and "gateway", its name inside compose and Kubernetes (the
+# healthcheck verifies that one). Without CAPC_GATEWAY_HOSTS it is a development
+# certificate for localhost, which is refused otherwise.
+https_hosts=(--host gateway)
+if [ -n "${CAPC_GATEWAY_HOSTS:-}" ]; then
+  for h in $CAPC_GATEWAY_HOSTS; do https_hosts+=(--host "$h"); done
+else
+  echo "CAPC_GATEWAY_HOSTS unset: the gateway's HTTPS certificate names only localhost (development)" >&2
+  https_hosts+=(--host localhost --host 127.0.0.1 --dev)
+fi
+$CAPC pki issue-https --dir "$OUT/ca" --name gateway "${https_hosts[@]}"
+cp "$OUT/ca/gateway-https.pem" "$OUT/ca/gateway-https.key" "$OUT/gateway/"
+chmod 0444 "$OUT/gateway/gateway-https.pem"
+chmod 0440 "$OUT/gateway/gateway-https.key"
 for h in hospital-a hospital-b hospital-c; do issue answerer "$h"; done
 echo "certificates in $OUT/<service>/; the CA stays in $OUT/ca"

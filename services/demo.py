@@ -96,9 +96,9 @@ class Steps:
         print(f"{time.perf_counter() - self.start:6.0f}s  {text}", flush=True)
 
 
-def capcctl(url: str, token: str, *args: str, progress: bool = False) -> str:
+def capcctl(url: str, token: str, ca: Path, *args: str, progress: bool = False) -> str:
     """Run the analyst's client; its progress bar goes to this terminal when ``progress``."""
-    env = {**os.environ, "CAPC_URL": url, "CAPC_TOKEN": token}
+    env = {**os.environ, "CAPC_URL": url, "CAPC_TOKEN": token, "CAPC_CA": str(ca)}
     cmd = [sys.executable, "-m", "capc_client.cli", *args]
     out = subprocess.run(
         cmd,
@@ -132,8 +132,11 @@ def noiseless_majority(c: LocalConsortium, recipe: Recipe, batch: int) -> np.nda
     return np.asarray(hist.argmax(axis=1), dtype=np.int64)
 
 
-def screenshot(url: str, path: Path) -> bool:
-    """Save the dashboard as seen by headless Chromium; False where there is no Chromium."""
+def screenshot(url: str, path: Path, pin: str) -> bool:
+    """Save the dashboard as seen by headless Chromium; False where there is no Chromium.
+
+    The browser knows no private CA, so it trusts the gateway's key by its ``pin``
+    (that key alone), never every certificate."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         return False
@@ -143,6 +146,7 @@ def screenshot(url: str, path: Path) -> bool:
                 browser,
                 *BROWSER_FLAGS,
                 f"--user-data-dir={profile}",
+                f"--ignore-certificate-errors-spki-list={pin}",
                 "--window-size=1200,900",
                 "--virtual-time-budget=5000",
                 f"--screenshot={path}",
@@ -187,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         consortium.start()
         consortium.start_student()
         consortium.start_gateway()
-        url = consortium.gateway_url
+        url, ca = consortium.gateway_url, consortium.ca
         analyst = consortium.token("analyst", "demo-analyst")
         admin = consortium.token("admin", "demo-data-office")
         steps.note(f"gateway at {url} (OpenAPI at {url}/docs)")
@@ -198,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
             capcctl(
                 url,
                 analyst,
+                ca,
                 "jobs",
                 "submit",
                 "--generator",
@@ -209,12 +214,12 @@ def run(args: argparse.Namespace) -> int:
                 "--json",
             )
         )
-        capcctl(url, analyst, "jobs", "watch", job["id"], progress=True)
-        job = json.loads(capcctl(url, analyst, "jobs", "show", job["id"], "--json"))
+        capcctl(url, analyst, ca, "jobs", "watch", job["id"], progress=True)
+        job = json.loads(capcctl(url, analyst, ca, "jobs", "show", job["id"], "--json"))
         if job["state"] != "done":
             raise RuntimeError(f"the labelling job ended {job['state']}: {job.get('error')}")
         results = directory / "labels.npz"
-        capcctl(url, analyst, "jobs", "results", job["id"], "-o", str(results))
+        capcctl(url, analyst, ca, "jobs", "results", job["id"], "-o", str(results))
         with np.load(results) as data:
             labels = np.asarray(data["labels"])
         recipe = Recipe(args.generator, 0, 0, args.queries, (1, 28, 28))
@@ -224,17 +229,19 @@ def run(args: argparse.Namespace) -> int:
         )
 
         steps("training the student's last layer on the answered queries")
-        model = json.loads(capcctl(url, analyst, "models", "train", job["id"], "--wait", "--json"))
+        model = json.loads(
+            capcctl(url, analyst, ca, "models", "train", job["id"], "--wait", "--json")
+        )
         if model["state"] != "done":
             raise RuntimeError(f"student training ended {model['state']}: {model.get('error')}")
         student = directory / "student.pt"
-        capcctl(url, analyst, "models", "download", model["id"], "-o", str(student))
-        budgets = json.loads(capcctl(url, admin, "budget", "--json"))
+        capcctl(url, analyst, ca, "models", "download", model["id"], "-o", str(student))
+        budgets = json.loads(capcctl(url, admin, ca, "budget", "--json"))
 
         steps("report")
         dashboard = f"{url}/dashboard"
         shot = directory / "dashboard.png"
-        have_shot = screenshot(f"{dashboard}#token={admin}", shot)
+        have_shot = screenshot(f"{dashboard}#token={admin}", shot, consortium.gateway_pin())
         metrics = model["metrics"]
         print(flush=True)
         print(f"queries labelled:       {int(answered.sum())} of {len(labels)} answered")
@@ -254,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
         if have_shot:
             print(f"dashboard screenshot:   {shot}")
         print(f"admin token:            {admin}")
+        print(f"CA certificate:         {ca} (CAPC_CA for capcctl; the gateway serves HTTPS)")
         print(
             "note: three hospitals give a three-vote histogram, so the noise that keeps labels "
             "useful is small and each query costs much epsilon; `capc diet run` shows 100 "

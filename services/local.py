@@ -170,6 +170,9 @@ class LocalConsortium:
             pki.issue(self.pki_dir, "guardian", "guardian", dev=True)
             pki.issue(self.pki_dir, "student", "student", dev=True)
             pki.issue(self.pki_dir, "gateway", "gateway", dev=True)
+        if not self.gateway_cert.exists():
+            # A development certificate: the gateway is reached on this machine only.
+            pki.issue_https(self.pki_dir, "gateway", ("localhost", "127.0.0.1"), dev=True)
         x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]))
         outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
         rng = np.random.default_rng(7)
@@ -300,10 +303,24 @@ class LocalConsortium:
 
     @property
     def gateway_url(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_port}"
+        return f"https://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def ca(self) -> Path:
+        """The consortium CA the gateway's HTTPS certificate verifies against (CAPC_CA)."""
+        return self.pki_dir / pki.CA_CERT
+
+    @property
+    def gateway_cert(self) -> Path:
+        return pki.https_paths(self.pki_dir, "gateway")[0]
+
+    def gateway_pin(self) -> str:
+        """The gateway key's SPKI pin, for a headless browser that knows no private CA."""
+        return pki.spki_sha256(self.gateway_cert.read_bytes())
 
     def start_gateway(self) -> Process:
-        """Start ``capc gateway serve`` over the student and guardian; sets ``gateway_port``."""
+        """Start ``capc gateway serve`` (HTTPS, the development certificate) over the student
+        and guardian; sets ``gateway_port``."""
         self.gateway_port = free_port()
         proc = spawn(
             "gateway",

@@ -6,8 +6,9 @@
     capcctl models train JOB... | show ID | list | download ID -o student.pt
     capcctl budget | parties | ledger [--party P] | audit | set-cap PARTY EPS
 
-The gateway and token come from --url/--token or CAPC_URL/CAPC_TOKEN; every
-command takes --json for machine-readable output.
+The gateway, token and CA come from --url/--token/--ca or CAPC_URL/CAPC_TOKEN/
+CAPC_CA; the gateway's certificate must verify against that CA (the consortium's
+ca.pem). Every command takes --json for machine-readable output.
 """
 
 from __future__ import annotations
@@ -197,8 +198,14 @@ def cmd_set_cap(client: Client, args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("CAPC_URL", "http://127.0.0.1:8080"))
+    common.add_argument("--url", default=os.environ.get("CAPC_URL", "https://127.0.0.1:8080"))
     common.add_argument("--token", default=os.environ.get("CAPC_TOKEN"))
+    common.add_argument(
+        "--ca",
+        default=os.environ.get("CAPC_CA"),
+        help="CA certificate the gateway's certificate must verify against (the "
+        "consortium's ca.pem; default CAPC_CA, else the system's CAs)",
+    )
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
     parser = argparse.ArgumentParser(prog="capcctl", description=__doc__.split("\n\n")[0])
@@ -298,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("capcctl: no token; pass --token or set CAPC_TOKEN", file=sys.stderr)
         return 2
     try:
-        with Client(args.url, args.token) as client:
+        with Client(args.url, args.token, ca=args.ca) as client:
             return int(args.run(client, args))
     except ApiError as err:
         if args.json:

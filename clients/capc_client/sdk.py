@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,11 +33,43 @@ DEFAULT_BATCH = 256
 
 
 class ApiError(Exception):
-    """The gateway refused a request: ``status`` and the gateway's ``detail``."""
+    """The gateway refused a request: ``status`` and the gateway's ``detail``; status 0:
+    no answer came (unreachable, or its certificate did not verify)."""
 
     def __init__(self, status: int, detail: str) -> None:
         self.status, self.detail = status, detail
-        super().__init__(f"HTTP {status}: {detail}")
+        super().__init__(detail if status == 0 else f"HTTP {status}: {detail}")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower().rstrip(".") == "localhost"
+
+
+def _verify_failure(err: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate check that failed somewhere under an httpx error, if one did."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _tls_context(ca: str | Path | None) -> ssl.SSLContext:
+    """Verification against ``ca`` (the consortium's ca.pem), or else the system's CAs."""
+    if ca is None:
+        return ssl.create_default_context()
+    try:
+        return ssl.create_default_context(cafile=str(ca))
+    except (OSError, ssl.SSLError) as err:
+        raise ApiError(
+            0,
+            f"cannot use {ca} as the gateway's CA certificate ({err}); pass the consortium's "
+            "ca.pem (from `capc pki init`) with --ca or CAPC_CA",
+        ) from None
 
 
 def _detail(response: httpx.Response) -> str:
@@ -75,7 +110,13 @@ def _poll(
 
 
 class Client:
-    """A gateway at ``url`` with a bearer ``token`` (from ``capc gateway token create``)."""
+    """A gateway at ``url`` with a bearer ``token`` (from ``capc gateway token create``).
+
+    The gateway's certificate is verified against ``ca`` (a path; default the CAPC_CA
+    environment variable, else the system's CAs), never skipped. Plain ``http://`` is
+    only for a development gateway on this machine (``--insecure-dev``): the token would
+    otherwise cross the network in clear.
+    """
 
     def __init__(
         self,
@@ -83,12 +124,24 @@ class Client:
         token: str,
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        ca: str | Path | None = None,
     ) -> None:
+        base = httpx.URL(url.rstrip("/"))
+        if base.scheme not in ("https", "http"):
+            raise ApiError(0, f"the gateway URL must start with https://, got {url!r}")
+        if base.scheme == "http" and not _loopback(base.host):
+            raise ApiError(
+                0,
+                f"refusing to send a bearer token over plain HTTP to {base.host}; use "
+                "https:// (plain HTTP is only for a --insecure-dev gateway on this machine)",
+            )
+        self._ca = ca if ca is not None else os.environ.get("CAPC_CA") or None
         self._http = httpx.Client(
-            base_url=url.rstrip("/"),
+            base_url=base,
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
             transport=transport,
+            verify=_tls_context(self._ca),
         )
 
     def close(self) -> None:
@@ -100,11 +153,33 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            response = self._http.request(method, path, **kwargs)
+            return self._http.request(method, path, **kwargs)
         except httpx.TransportError as err:
-            raise ApiError(0, f"cannot reach the gateway at {self._http.base_url}: {err}") from None
+            raise self._unreachable(err) from None
+
+    def _unreachable(self, err: httpx.TransportError) -> ApiError:
+        url = self._http.base_url
+        failed = _verify_failure(err)
+        if failed is not None:
+            against = f"the CA in {self._ca}" if self._ca else "the system's trusted CAs"
+            return ApiError(
+                0,
+                f"the gateway at {url} presented a certificate that does not verify against "
+                f"{against} ({failed.verify_message or failed}): pass the consortium's CA "
+                "certificate (ca.pem) with --ca or CAPC_CA, and reach the gateway by a name "
+                "its certificate lists",
+            )
+        hint = ""
+        if url.scheme == "http":
+            hint = " (if the gateway serves HTTPS, as it does unless --insecure-dev, use https://)"
+        elif "WRONG_VERSION_NUMBER" in str(err) or "record layer" in str(err):
+            hint = " (it does not speak HTTPS there: a --insecure-dev gateway serves http://)"
+        return ApiError(0, f"cannot reach the gateway at {url}: {err}{hint}")
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._send(method, path, **kwargs)
         if response.status_code >= 400:
             raise ApiError(response.status_code, _detail(response))
         return response
@@ -255,6 +330,5 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         """``/healthz``: 200 when both backends serve (no token needed)."""
-        response = self._http.get("/healthz")
-        body: dict[str, Any] = response.json()
+        body: dict[str, Any] = self._send("GET", "/healthz").json()
         return body

@@ -11,7 +11,9 @@ def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def add_tls_args(p: argparse.ArgumentParser) -> None:
+def add_tls_args(
+    p: argparse.ArgumentParser, insecure_help: str = "plaintext gRPC (development only)"
+) -> None:
     """--pki, --server-name and --insecure-dev for a process that dials the guardian."""
     p.add_argument(
         "--pki", type=Path, default=Path("pki"), help="directory with ca.pem and NAME.pem/.key"
@@ -19,4 +21,4 @@ def add_tls_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--server-name", default=None, help="expected name in the guardian's certificate"
     )
-    p.add_argument("--insecure-dev", action="store_true", help="plaintext gRPC (development only)")
+    p.add_argument("--insecure-dev", action="store_true", help=insecure_help)

@@ -2,7 +2,7 @@
 
     capc health --grpc HOST:PORT --service capc.v1.GuardianHub --pki /pki --name guardian
     capc health --file /var/lib/capc/connected --max-age 30     # an answering party
-    capc health --http http://127.0.0.1:8080/healthz            # the gateway
+    capc health --http https://127.0.0.1:8080/healthz --ca /pki/ca.pem --server-name gateway
 
 Exit 0 when healthy, 1 otherwise, with the reason on stderr.
 """
@@ -10,9 +10,13 @@ Exit 0 when healthy, 1 otherwise, with the reason on stderr.
 from __future__ import annotations
 
 import argparse
+import http.client
+import socket
+import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -39,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="role the server's certificate must carry (default: the role of --name's "
         "certificate, as a service checks itself)",
     )
+    p.add_argument(
+        "--ca",
+        type=Path,
+        default=None,
+        help="CA certificate an https:// URL must verify against (default: the system's)",
+    )
     add_tls_args(p)
     p.set_defaults(handler=run)
 
@@ -50,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
             if age > args.max_age:
                 raise RuntimeError(f"status is {age:.0f} s old (limit {args.max_age:g} s)")
         elif args.http is not None:
-            with urllib.request.urlopen(args.http, timeout=5) as response:
-                if response.status != 200:
-                    raise RuntimeError(f"{args.http} answered {response.status}")
+            status = _http_status(args.http, args.ca, args.server_name)
+            if status != 200:
+                raise RuntimeError(f"{args.http} answered {status}")
         else:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
             role = args.server_role
@@ -71,7 +81,42 @@ def run(args: argparse.Namespace) -> int:
         grpc.RpcError,
         urllib.error.URLError,
         pki.PKIError,
+        http.client.HTTPException,
     ) as err:
         print(f"unhealthy: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+class _NamedHTTPS(http.client.HTTPSConnection):
+    """HTTPS to an address, verifying the certificate for ``name``: a container checks
+    itself at 127.0.0.1 against a certificate that names the host clients use."""
+
+    def __init__(self, host: str, port: int, name: str, context: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=5, context=context)
+        self._name, self._tls = name, context
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self._name)
+
+
+def _http_status(url: str, ca: Path | None, server_name: str | None) -> int:
+    """The status ``url`` answers with; https:// verifies the certificate, never skips it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "http":
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as err:
+            return err.code
+    if parts.scheme != "https" or parts.hostname is None:
+        raise ValueError(f"--http takes an http:// or https:// URL, got {url!r}")
+    context = ssl.create_default_context(cafile=None if ca is None else str(ca))
+    name = server_name or parts.hostname
+    conn = _NamedHTTPS(parts.hostname, parts.port or 443, name, context)
+    try:
+        conn.request("GET", parts.path or "/")
+        return conn.getresponse().status
+    finally:
+        conn.close()

@@ -52,12 +52,24 @@ DEFAULT_EPOCHS = 10
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 
 #: Largest query tensor one message carries: the rest of the message (header,
-#: mechanism) needs far less than the 1 MiB left over.
+#: mechanism) needs far less than the 1 MiB left over. The gateway holds an upload's
+#: queries to it, as stored and as float32, from their .npy headers before inflating.
 MAX_TENSOR_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 
 #: Largest request body the gateway takes by default (``--max-upload-mb``): an
 #: upload is buffered whole, and 64 MiB of float32 queries fits one message.
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+
+#: Arrays one uploaded .npz may hold: the queries 'x' and a few companions (labels,
+#: ids) that np.savez writes beside them. Checked from the zip's end record before its
+#: directory is parsed, so a 64 MiB upload of a million empty members costs nothing.
+MAX_UPLOAD_MEMBERS = 8
+
+#: Requests one gateway token may make a minute (``--rate-limit``), in bursts of up
+#: to as many. capcctl polls a job twice a second and the dashboard reads three routes
+#: every 5 s, both far below; a runaway script gets 429 with Retry-After instead of
+#: tying up the student party and the guardian.
+GATEWAY_REQUESTS_PER_MINUTE = 600
 
 
 def count_refusal(count: int, limit: int, what: str) -> str | None:

@@ -12,16 +12,24 @@ for development certificates (``--dev``), which only a development CA issues.
 Revocation is a CRL signed by the CA (``crl.pem`` beside ``ca.pem``); every
 service checks each peer's serial against it (:class:`Revocations`) and
 reloads it when the file changes.
+
+The gateway's HTTPS certificate (``capc pki issue-https``) is a separate one: it
+names the DNS names and addresses analysts reach the gateway by and binds no
+role, so whoever holds its key (a TLS-terminating proxy, say) cannot dial the
+guardian as the gateway. Loopback names belong only in development certificates.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime as dt
+import hashlib
 import ipaddress
 import logging
 import os
 import re
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +213,16 @@ def _alt_names(
         if n not in unique:
             unique.append(n)
     return unique
+
+
+def _host_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    return names
 
 
 def issue(
@@ -504,6 +522,95 @@ class Revocations:
             )
 
 
+HTTPS_SUFFIX = "-https"
+
+
+def https_paths(directory: Path, name: str) -> tuple[Path, Path]:
+    """Where ``capc pki issue-https`` writes ``name``'s HTTPS certificate and key."""
+    return directory / f"{name}{HTTPS_SUFFIX}.pem", directory / f"{name}{HTTPS_SUFFIX}.key"
+
+
+def issue_https(
+    directory: Path,
+    name: str,
+    hosts: tuple[str, ...],
+    days: int = 365,
+    dev: bool = False,
+    not_before: dt.datetime | None = None,
+) -> tuple[Path, Path]:
+    """Issue an HTTPS server certificate for the gateway's ``hosts``; returns (cert, key).
+
+    It binds no consortium role and is for server authentication only. Loopback names
+    (localhost, 127.0.0.1, ::1) are refused unless ``dev``: a deployed gateway is
+    reached by its real names, and a certificate for localhost verifies anywhere."""
+    if not _NAME.match(name):
+        raise PKIError(f"names are 1-63 letters, digits, '.', '_' or '-', got {name!r}")
+    if not hosts:
+        raise PKIError(
+            "an HTTPS certificate names the hosts clients reach the gateway by: "
+            "pass --host NAME (repeatable), e.g. --host gateway.example.org"
+        )
+    local = [h for h in hosts if _is_loopback(h)]
+    if local and not dev:
+        raise PKIError(
+            f"{', '.join(local)} belong only in development certificates; name the gateway's "
+            "public DNS names or addresses with --host, or pass --dev for a local one"
+        )
+    ca_cert, ca_key = _load_ca(directory)
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = not_before or dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(_host_names(hosts)), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = https_paths(directory, name)
+    _write_private(key_path, _key_pem(key))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def check_https(cert_path: Path, key_path: Path, at: dt.datetime | None = None) -> None:
+    """Refuse to serve HTTPS with a missing, unreadable, mismatched or expired pair."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert_path, key_path)
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    except FileNotFoundError as err:
+        raise PKIError(f"missing HTTPS file {err.filename}") from None
+    except (ssl.SSLError, ValueError) as err:
+        raise PKIError(
+            f"{cert_path} and {key_path} are not a PEM certificate and its key ({err})"
+        ) from None
+    now = at or dt.datetime.now(dt.UTC)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise PKIError(
+            f"{cert_path} is outside its validity window ({cert.not_valid_before_utc:%Y-%m-%d} "
+            f"to {cert.not_valid_after_utc:%Y-%m-%d}); issue a new one"
+        )
+
+
+def spki_sha256(cert_pem: bytes) -> str:
+    """base64 SHA-256 of a certificate's public key, as Chromium's
+    --ignore-certificate-errors-spki-list takes it: trusts that one key, nothing else."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    der = cert.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
 def identity(cert_pem: bytes) -> Identity:
     """Name and role a certificate carries (both places must agree)."""
     cert = x509.load_pem_x509_certificate(cert_pem)
@@ -599,6 +706,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     rev.add_argument("--reason", choices=list(REASONS), default="unspecified")
     rev.add_argument("--days", type=int, default=365, help="days until the CRL is due for renewal")
     rev.set_defaults(handler=_cmd_revoke)
+    web = psub.add_parser(
+        "issue-https",
+        help="issue the gateway's HTTPS certificate (NAME-https.pem/.key) for its hosts",
+    )
+    web.add_argument("--dir", type=Path, default=Path("pki"))
+    web.add_argument("--name", default="gateway", help="the gateway's --name")
+    web.add_argument(
+        "--host",
+        action="append",
+        required=True,
+        help="DNS name or IP analysts reach the gateway by (repeatable)",
+    )
+    web.add_argument(
+        "--dev", action="store_true", help="a development certificate: allows localhost names"
+    )
+    web.add_argument("--days", type=int, default=365)
+    web.set_defaults(handler=_cmd_issue_https)
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -630,6 +754,16 @@ def _cmd_issue(args: argparse.Namespace) -> int:
         print(f"error: {err}")
         return 2
     print(f"{args.role} certificate for {args.name}: {cert} (key {key})")
+    return 0
+
+
+def _cmd_issue_https(args: argparse.Namespace) -> int:
+    try:
+        cert, key = issue_https(args.dir, args.name, tuple(args.host), args.days, args.dev)
+    except PKIError as err:
+        print(f"error: {err}")
+        return 2
+    print(f"HTTPS certificate for {', '.join(args.host)}: {cert} (key {key})")
     return 0
 
 

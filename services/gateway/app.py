@@ -2,14 +2,17 @@
 
 Every route under ``/v1`` needs a bearer token: analysts create and read jobs
 and models; admins also read parties, budgets, the ledger and the audit log
-and set caps. ``/healthz``, ``/metrics`` and the dashboard page are open; the
-dashboard reads its data with the token the viewer gives it.
+and set caps. ``/metrics`` needs a ``metrics`` (scrape) or admin token: it
+carries every party's cap and spend. Each token is held to its requests per
+minute (429 with Retry-After). ``/healthz`` and the dashboard page are open;
+the dashboard reads its data with the token the viewer gives it.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -23,12 +26,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from google.protobuf.message import Message as ProtoMessage
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter, ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common import serde
 from services.common.limits import (
     DEFAULT_BATCH,
     DEFAULT_LIST_PAGE,
+    GATEWAY_REQUESTS_PER_MINUTE,
     MAX_LIST_PAGE,
     MAX_TENSOR_BYTES,
     MAX_UPLOAD_BYTES,
@@ -37,8 +42,9 @@ from services.common.limits import (
 from services.common.protocol import RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
-from services.gateway.datasets import DatasetError, parse_dataset
+from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.ratelimit import TokenBuckets
 from services.gateway.tokens import Principal, Role, TokenError, TokenStore
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 
@@ -113,28 +119,44 @@ BEARER = HTTPBearer(auto_error=False, description="a token from `capc gateway to
 
 
 def principal(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+    request: Request, credentials: HTTPAuthorizationCredentials | None, role: Role
 ) -> Principal:
-    """The caller's token, verified against the app's token store; 401 says what is wrong."""
+    """The caller's token, verified against the app's token store and charged to its rate
+    limit; 401 says what is wrong, 429 when to come back."""
     if credentials is None:
         raise HTTPException(
             401,
             "missing bearer token: send 'Authorization: Bearer capc_...' "
-            "(an admin creates one with `capc gateway token create --role ROLE`)",
+            f"(an admin creates one with `capc gateway token create --role {role.value}`)",
             headers={"WWW-Authenticate": "Bearer"},
         )
     store: TokenStore = request.app.state.tokens
     try:
-        return store.verify(credentials.credentials)
+        who = store.verify(credentials.credentials)
     except TokenError as err:
         raise HTTPException(401, str(err), headers={"WWW-Authenticate": "Bearer"}) from None
+    buckets: TokenBuckets = request.app.state.buckets
+    wait = buckets.take(who.token_id)
+    if wait > 0:
+        seconds = max(1, math.ceil(wait))
+        raise HTTPException(
+            429,
+            f"token {who.token_id} ({who.name}) is over its {buckets.per_minute} requests "
+            f"per minute; retry in {seconds} s, or ask the gateway's operator for a higher "
+            "--rate-limit",
+            headers={"Retry-After": str(seconds)},
+        )
+    return who
 
 
-def needs(role: Role) -> Callable[[Principal], Principal]:
+def needs(role: Role) -> Callable[..., Principal]:
     """A dependency admitting tokens whose role grants ``role`` (403 otherwise)."""
 
-    def check(who: Annotated[Principal, Depends(principal)]) -> Principal:
+    def check(
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+    ) -> Principal:
+        who = principal(request, credentials, role)
         if not who.may(role):
             raise HTTPException(
                 403, f"this needs the {role.value} role; token {who.token_id} is {who.role.value}"
@@ -146,6 +168,7 @@ def needs(role: Role) -> Callable[[Principal], Principal]:
 
 Analyst = Annotated[Principal, Depends(needs(Role.ANALYST))]
 Admin = Annotated[Principal, Depends(needs(Role.ADMIN))]
+Scraper = Annotated[Principal, Depends(needs(Role.METRICS))]
 
 
 def fields(msg: ProtoMessage, **overrides: Any) -> dict[str, Any]:
@@ -191,16 +214,23 @@ def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
 
 
 def create_app(
-    backends: Backends, tokens: TokenStore, max_upload_bytes: int = MAX_UPLOAD_BYTES
+    backends: Backends,
+    tokens: TokenStore,
+    max_upload_bytes: int = MAX_UPLOAD_BYTES,
+    requests_per_minute: int = GATEWAY_REQUESTS_PER_MINUTE,
+    clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
-    """The gateway app over live backends; ``max_upload_bytes`` bounds any request body."""
+    """The gateway app over live backends; ``max_upload_bytes`` bounds any request body,
+    ``requests_per_minute`` what each token may send (``clock`` paces both the rate
+    limits and the metrics cache)."""
     app = FastAPI(
         title="capc gateway",
         version="1",
         description="Labelling jobs, student models and privacy budgets of a capc consortium.",
     )
-    metrics = GatewayMetrics(backends)
+    metrics = GatewayMetrics(backends, clock)
     app.state.tokens = tokens
+    app.state.buckets = TokenBuckets(requests_per_minute, clock)
     app.add_middleware(BodyLimit, limit=max_upload_bytes)
 
     @app.exception_handler(RequestValidationError)
@@ -236,8 +266,17 @@ def create_app(
         response.status_code = 200 if ok else 503
         return schemas.Health(status="ok" if ok else "degraded", backends=states)
 
-    @app.get("/metrics", tags=["operations"], response_class=Response)
-    def prometheus() -> Response:
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        response_class=Response,
+        responses={
+            **{code: ERRORS[code] for code in (401, 403, 429)},
+            200: {"description": "Prometheus text format", "content": {"text/plain": {}}},
+        },
+        summary="Prometheus metrics (a metrics or admin token)",
+    )
+    def prometheus(_: Scraper) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     static = resources.files("services.gateway") / "static"
@@ -309,16 +348,15 @@ def create_app(
         except ValidationError as err:
             raise HTTPException(422, f"mechanism: {err.errors()[0]['msg']}") from None
         try:
-            x = parse_dataset(await file.read())
+            # Sized from its headers against what one job's message carries, before it is
+            # inflated (integer uploads grow fourfold as float32); inflating is CPU work,
+            # kept off the event loop that serves every other request.
+            data = await file.read()
+            x = await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES)
+        except DatasetTooLargeError as err:
+            raise HTTPException(413, str(err)) from None
         except DatasetError as err:
             raise HTTPException(422, str(err)) from None
-        if x.nbytes > MAX_TENSOR_BYTES:
-            # Integer uploads grow fourfold as float32, past what one job's message carries.
-            raise HTTPException(
-                413,
-                f"the upload is {x.nbytes} bytes as float32 queries, over the {MAX_TENSOR_BYTES} "
-                "one job can carry; split it into several jobs",
-            )
         tensor = serde.queries_to_proto(x)
         result: schemas.JobOut = _create(
             common_pb2.QueryBatch(tensor=tensor),

@@ -1,7 +1,8 @@
 """``capc gateway``: serve the REST gateway, or manage its bearer tokens.
 
 capc gateway serve --student HOST:PORT --guardian HOST:PORT --task NAME --pki DIR
-capc gateway token create --role analyst|admin [--name NAME] [--days 90]
+    [--tls-cert FILE --tls-key FILE] [--rate-limit N]
+capc gateway token create --role analyst|admin|metrics [--name NAME] [--days 90]
 capc gateway token list | revoke ID
 """
 
@@ -9,14 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+from pathlib import Path
 
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
-from services.common.limits import MAX_UPLOAD_BYTES
+from services.common.limits import GATEWAY_REQUESTS_PER_MINUTE, MAX_UPLOAD_BYTES
 from services.gateway.tokens import Role, TokenError, TokenStore
 
 DEFAULT_DB = "gateway.db"
+log = logging.getLogger("capc.gateway")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     serve.add_argument("--student", required=True, help="student party address host:port")
     serve.add_argument("--guardian", required=True, help="guardian address host:port")
     serve.add_argument("--task", default="", help="task name (budget projections, job headers)")
-    serve.add_argument("--listen", default="127.0.0.1:8080", help="host:port to serve HTTP on")
+    serve.add_argument("--listen", default="127.0.0.1:8080", help="host:port to serve HTTPS on")
     serve.add_argument("--db", default=DEFAULT_DB, help="token database: SQLite path or URL")
     serve.add_argument("--name", default="gateway", help="this gateway's certificate name")
     serve.add_argument(
@@ -36,7 +40,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=MAX_UPLOAD_BYTES / 2**20,
         help="largest request body (MiB)",
     )
-    add_tls_args(serve)
+    serve.add_argument(
+        "--rate-limit",
+        type=_per_minute,
+        default=GATEWAY_REQUESTS_PER_MINUTE,
+        metavar="N",
+        help="requests each token may make a minute, in bursts of up to N (429 beyond)",
+    )
+    serve.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="HTTPS certificate (PEM, chain included); default: PKI/NAME-https.pem from "
+        "`capc pki issue-https`",
+    )
+    serve.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
+    add_tls_args(
+        serve,
+        insecure_help="plain HTTP and plaintext gRPC, no certificates (development only; "
+        "bearer tokens then cross the network in clear)",
+    )
     serve.set_defaults(handler=run_serve)
 
     token = gsub.add_parser("token", help="create, list or revoke bearer tokens")
@@ -55,6 +78,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     revoke.add_argument("id")
     revoke.add_argument("--db", default=DEFAULT_DB)
     revoke.set_defaults(handler=run_token_revoke)
+
+
+def _per_minute(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of requests, at least 1, got {text!r}")
+    return n
 
 
 def run_token_create(args: argparse.Namespace) -> int:
@@ -91,6 +124,38 @@ def run_token_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+INSECURE_HTTP_WARNING = (
+    "--insecure-dev: plain HTTP; bearer tokens, uploads and budgets cross the network "
+    "unencrypted. Never use this with real patient data."
+)
+
+
+def https_files(args: argparse.Namespace) -> tuple[Path, Path] | None:
+    """The certificate and key to serve HTTPS with, checked; None under --insecure-dev."""
+    supplied = args.tls_cert is not None or args.tls_key is not None
+    if args.insecure_dev:
+        if supplied:
+            raise ValueError(
+                "--insecure-dev serves plain HTTP: drop --tls-cert/--tls-key, or drop "
+                "--insecure-dev to serve HTTPS"
+            )
+        return None
+    if supplied:
+        if args.tls_cert is None or args.tls_key is None:
+            raise ValueError("--tls-cert and --tls-key go together: pass both")
+        cert, key = args.tls_cert, args.tls_key
+    else:
+        cert, key = pki.https_paths(args.pki, args.name)
+        if not cert.exists():
+            raise pki.PKIError(
+                f"no HTTPS certificate at {cert}: issue one with `capc pki issue-https "
+                f"--dir {args.pki} --name {args.name} --host GATEWAY_DNS_NAME`, pass "
+                "--tls-cert/--tls-key, or serve plain HTTP in development with --insecure-dev"
+            )
+    pki.check_https(cert, key)
+    return cert, key
+
+
 def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -102,19 +167,36 @@ def run_serve(args: argparse.Namespace) -> int:
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
         if files is not None:
             files.read()
+        https = https_files(args)
         host, _, port = args.listen.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"--listen must be host:port, got {args.listen!r}")
     except (OSError, ValueError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if https is None:
+        log.warning(INSECURE_HTTP_WARNING)
     backends = Backends(
         args.student, args.guardian, files, server_name=args.server_name, task=args.task
     )
-    app = create_app(backends, TokenStore(args.db), int(args.max_upload_mb * 1024 * 1024))
-    config = uvicorn.Config(app, host=host, port=int(port), log_level="info", access_log=False)
+    app = create_app(
+        backends,
+        TokenStore(args.db),
+        int(args.max_upload_mb * 1024 * 1024),
+        requests_per_minute=args.rate_limit,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=int(port),
+        log_level="info",
+        access_log=False,
+        ssl_certfile=None if https is None else str(https[0]),
+        ssl_keyfile=None if https is None else str(https[1]),
+    )
     server = uvicorn.Server(config)
-    print(f"gateway serving on http://{host}:{port} (dashboard at /dashboard)", flush=True)
+    scheme = "http" if https is None else "https"
+    print(f"gateway serving on {scheme}://{host}:{port} (dashboard at /dashboard)", flush=True)
     server.run()
     backends.close()
     return 0

@@ -24,12 +24,16 @@ from services.common.db import as_utc, make_engine
 class Role(enum.StrEnum):
     ANALYST = "analyst"
     ADMIN = "admin"
+    #: Scrapes /metrics and nothing else: what Prometheus holds, so a leaked scrape
+    #: token reads the consortium's gauges but neither jobs nor the admin API.
+    METRICS = "metrics"
 
 
-#: What each role may do: an admin may also act as an analyst.
+#: What each role may do: an admin may also act as an analyst and scrape metrics.
 GRANTS: dict[Role, frozenset[Role]] = {
     Role.ANALYST: frozenset({Role.ANALYST}),
-    Role.ADMIN: frozenset({Role.ANALYST, Role.ADMIN}),
+    Role.ADMIN: frozenset({Role.ANALYST, Role.ADMIN, Role.METRICS}),
+    Role.METRICS: frozenset({Role.METRICS}),
 }
 PREFIX = "capc"
 

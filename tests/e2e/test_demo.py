@@ -35,7 +35,7 @@ def test_demo_runs_a_consortium_and_reports(tmp_path: Path) -> None:
     spent = re.findall(r"hospital-(\d): ([0-9.]+) of cap", text)
     assert sorted(i for i, _ in spent) == ["0", "1", "2"]
     assert all(float(eps) > 0 for _, eps in spent)
-    assert re.search(r"dashboard:\s+http://127\.0\.0\.1:\d+/dashboard", text)
+    assert re.search(r"dashboard:\s+https://127\.0\.0\.1:\d+/dashboard", text)
     if shutil.which("chromium"):
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
     # The student downloaded through the gateway keeps the head that standardises each batch,

@@ -1,5 +1,6 @@
 """The people-facing side end to end: guardian, three hospitals, student and gateway as
-separate processes over mutual TLS, driven through REST, the SDK and ``capcctl``."""
+separate processes over mutual TLS, driven through REST (HTTPS, verified against the
+consortium's CA), the SDK and ``capcctl``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import io
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -35,6 +37,17 @@ def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsor
 
 
 @pytest.fixture(scope="module")
+def http(consortium: LocalConsortium) -> Iterator[httpx.Client]:
+    """Plain REST calls, verifying the gateway's certificate against the consortium CA."""
+    with httpx.Client(verify=ssl.create_default_context(cafile=consortium.ca)) as client:
+        yield client
+
+
+def sdk(c: LocalConsortium, token: str) -> Client:
+    return Client(c.gateway_url, token, ca=c.ca)
+
+
+@pytest.fixture(scope="module")
 def admin(consortium: LocalConsortium) -> str:
     return consortium.token("admin", "data-office")
 
@@ -49,7 +62,7 @@ def auth(token: str) -> dict[str, str]:
 
 
 def capcctl(c: LocalConsortium, token: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CAPC_URL": c.gateway_url, "CAPC_TOKEN": token}
+    env = {**os.environ, "CAPC_URL": c.gateway_url, "CAPC_TOKEN": token, "CAPC_CA": str(c.ca)}
     return subprocess.run(
         [sys.executable, "-m", "capc_client.cli", *args],
         capture_output=True,
@@ -59,10 +72,10 @@ def capcctl(c: LocalConsortium, token: str, *args: str) -> subprocess.CompletedP
     )
 
 
-def test_health_and_openapi(consortium: LocalConsortium) -> None:
-    health = httpx.get(consortium.gateway_url + "/healthz").json()
+def test_health_and_openapi(consortium: LocalConsortium, http: httpx.Client) -> None:
+    health = http.get(consortium.gateway_url + "/healthz").json()
     assert health == {"status": "ok", "backends": {"student": "SERVING", "guardian": "SERVING"}}
-    spec = httpx.get(consortium.gateway_url + "/openapi.json").json()
+    spec = http.get(consortium.gateway_url + "/openapi.json").json()
     for path in (
         "/v1/jobs",
         "/v1/jobs/upload",
@@ -71,7 +84,7 @@ def test_health_and_openapi(consortium: LocalConsortium) -> None:
         "/v1/admin/ledger",
     ):
         assert path in spec["paths"]
-    assert httpx.get(consortium.gateway_url + "/docs").status_code == 200
+    assert http.get(consortium.gateway_url + "/docs").status_code == 200
 
 
 def test_capcctl_drives_a_job_end_to_end(
@@ -136,7 +149,7 @@ def test_capcctl_budget_parties_ledger_audit(consortium: LocalConsortium, admin:
 def test_cap_change_is_audited_with_the_token_holder(
     consortium: LocalConsortium, admin: str
 ) -> None:
-    with Client(consortium.gateway_url, admin) as client:
+    with sdk(consortium, admin) as client:
         party = client.set_cap("hospital-2", 5e5)
         assert party.epsilon_cap == 5e5 and party.connected
         entry = client.audit(limit=1).entries[0]
@@ -150,26 +163,26 @@ def test_cap_change_is_audited_with_the_token_holder(
 
 
 def test_tokens_missing_wrong_role_expired_revoked(
-    consortium: LocalConsortium, analyst: str
+    consortium: LocalConsortium, analyst: str, http: httpx.Client
 ) -> None:
     url = consortium.gateway_url
-    r = httpx.get(url + "/v1/jobs")
+    r = http.get(url + "/v1/jobs")
     assert r.status_code == 401 and "missing bearer token" in r.json()["detail"]
     assert r.headers["www-authenticate"] == "Bearer"
-    assert httpx.get(url + "/v1/jobs", headers=auth("capc_bad")).status_code == 401
+    assert http.get(url + "/v1/jobs", headers=auth("capc_bad")).status_code == 401
     forged = analyst.rsplit("_", 1)[0] + "_" + "x" * 43
-    assert httpx.get(url + "/v1/jobs", headers=auth(forged)).json()["detail"] == "unknown token"
-    r = httpx.get(url + "/v1/admin/budgets", headers=auth(analyst))
+    assert http.get(url + "/v1/jobs", headers=auth(forged)).json()["detail"] == "unknown token"
+    r = http.get(url + "/v1/admin/budgets", headers=auth(analyst))
     assert r.status_code == 403 and "admin role" in r.json()["detail"]
     store = TokenStore(consortium.gateway_db)
     short, info = store.create("admin", "short-lived", days=1e-5)  # about a second
     time.sleep(1.5)
-    r = httpx.get(url + "/v1/admin/budgets", headers=auth(short))
+    r = http.get(url + "/v1/admin/budgets", headers=auth(short))
     assert r.status_code == 401 and "expired" in r.json()["detail"]
     revoked, info = store.create("analyst", "leaver")
-    assert httpx.get(url + "/v1/jobs", headers=auth(revoked)).status_code == 200
+    assert http.get(url + "/v1/jobs", headers=auth(revoked)).status_code == 200
     store.revoke(info.id)
-    r = httpx.get(url + "/v1/jobs", headers=auth(revoked))
+    r = http.get(url + "/v1/jobs", headers=auth(revoked))
     assert r.status_code == 401 and "revoked" in r.json()["detail"]
 
 
@@ -184,14 +197,16 @@ def _npy(x: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def test_uploads_good_and_bad(consortium: LocalConsortium, analyst: str) -> None:
+def test_uploads_good_and_bad(
+    consortium: LocalConsortium, analyst: str, http: httpx.Client
+) -> None:
     url, h = consortium.gateway_url + "/v1/jobs/upload", auth(analyst)
     # 160 queries: with three quick teachers and the task's noise a third or more are
     # answered, so the counts below hold with all but negligible chance (40 did not)
     x = consortium.queries[:160]
-    r = httpx.post(url, headers=h, files={"file": ("q.npy", _npy(x))}, data={"batch_size": "160"})
+    r = http.post(url, headers=h, files={"file": ("q.npy", _npy(x))}, data={"batch_size": "160"})
     assert r.status_code == 201, r.text
-    with Client(consortium.gateway_url, analyst) as client:
+    with sdk(consortium, analyst) as client:
         job = client.wait(r.json()["id"], timeout=120)
         assert job.state == "done" and job.source == "upload"
         labels = np.asarray(client.labels(job.id))
@@ -201,7 +216,7 @@ def test_uploads_good_and_bad(consortium: LocalConsortium, analyst: str) -> None
     assert (labels[answered] == consortium.truth[:160][answered]).mean() > 0.25
 
     def refused(files: dict[str, tuple[str, bytes]], status: int, text: str) -> None:
-        r = httpx.post(url, headers=h, files=files)
+        r = http.post(url, headers=h, files=files)
         assert r.status_code == status, r.text
         assert text in r.json()["detail"]
 
@@ -214,9 +229,16 @@ def test_uploads_good_and_bad(consortium: LocalConsortium, analyst: str) -> None
     refused({"file": ("q.npy", b"")}, 422, "empty")
     big = b"\0" * (65 * 1024 * 1024)
     refused({"file": ("q.npy", big)}, 413, "exceeds the gateway's limit")
+    # A compressed bomb within the body limit: refused from its header, never inflated.
+    bomb = io.BytesIO()
+    np.savez_compressed(bomb, x=np.zeros((200_000, 1, 28, 28), np.uint8))
+    assert len(bomb.getvalue()) < 1024 * 1024
+    refused({"file": ("q.npz", bomb.getvalue())}, 413, "627200000 bytes as float32 queries")
 
 
-def test_bad_job_requests_are_4xx(consortium: LocalConsortium, analyst: str) -> None:
+def test_bad_job_requests_are_4xx(
+    consortium: LocalConsortium, analyst: str, http: httpx.Client
+) -> None:
     url, h = consortium.gateway_url, auth(analyst)
     cases = [
         ({"recipe": {"generator": "nope"}, "count": 4}, "generator"),
@@ -229,27 +251,27 @@ def test_bad_job_requests_are_4xx(consortium: LocalConsortium, analyst: str) -> 
         ({"recipe": {"generator": "gaussian"}, "count": 4, "mechanism": {"sigma": -1}}, "greater"),
     ]
     for body, text in cases:
-        r = httpx.post(url + "/v1/jobs", headers=h, json=body)
+        r = http.post(url + "/v1/jobs", headers=h, json=body)
         assert 400 <= r.status_code < 500, (body, r.text)
         assert text in r.text, (body, r.text)
-    r = httpx.post(
+    r = http.post(
         url + "/v1/jobs",
         headers={**h, "content-type": "application/json"},
         content=b'{"recipe": {"generator": "gaussian", "params": {"std": NaN}}, "count": 4}',
     )
     assert r.status_code == 422
-    assert httpx.get(url + "/v1/jobs/not-a-job", headers=h).status_code == 422
+    assert http.get(url + "/v1/jobs/not-a-job", headers=h).status_code == 422
     missing = "00000000-0000-0000-0000-000000000000"
-    r = httpx.get(url + f"/v1/jobs/{missing}", headers=h)
+    r = http.get(url + f"/v1/jobs/{missing}", headers=h)
     assert r.status_code == 404 and missing in r.json()["detail"]
-    r = httpx.post(url + "/v1/models", headers=h, json={"job_ids": [missing]})
+    r = http.post(url + "/v1/models", headers=h, json={"job_ids": [missing]})
     assert r.status_code == 422 and "no job" in r.json()["detail"]
 
 
 def test_mechanism_override_adds_noise_and_costs_less(
     consortium: LocalConsortium, analyst: str, admin: str
 ) -> None:
-    with Client(consortium.gateway_url, analyst) as client:
+    with sdk(consortium, analyst) as client:
         plain = client.wait(client.submit_recipe("spectral", 32, batch_size=32).id, timeout=120)
         noisy = client.wait(
             client.submit_recipe(
@@ -260,7 +282,7 @@ def test_mechanism_override_adds_noise_and_costs_less(
     assert plain.state == noisy.state == "done"
     assert noisy.mechanism is not None and noisy.mechanism.params["sigma"] == 30.0
     assert noisy.mechanism.params["sigma1"] == 40.0 and noisy.mechanism.params["threshold"] == 3.5
-    with Client(consortium.gateway_url, admin) as client:
+    with sdk(consortium, admin) as client:
         entries = client.ledger(party="hospital-0", limit=2).entries
     newer, older = entries
     assert newer.kind == older.kind == "charge"
@@ -268,8 +290,10 @@ def test_mechanism_override_adds_noise_and_costs_less(
     assert newer.epsilon_alone < older.epsilon_alone / 10
 
 
-def test_budget_history_and_metrics(consortium: LocalConsortium, admin: str) -> None:
-    with Client(consortium.gateway_url, admin) as client:
+def test_budget_history_and_metrics(
+    consortium: LocalConsortium, admin: str, http: httpx.Client
+) -> None:
+    with sdk(consortium, admin) as client:
         history = client.history()
         budgets = {b.party: b for b in client.budgets().budgets}
     for series in history.series:
@@ -279,7 +303,10 @@ def test_budget_history_and_metrics(consortium: LocalConsortium, admin: str) -> 
         assert eps == sorted(eps), "composition only ever adds"
         assert eps[-1] == pytest.approx(budgets[series.party].epsilon_spent, rel=1e-6)
         assert series.points[-1].at.endswith("+00:00")
-    text = httpx.get(consortium.gateway_url + "/metrics").text
+    anonymous = http.get(consortium.gateway_url + "/metrics")
+    assert anonymous.status_code == 401 and "epsilon" not in anonymous.text
+    scraper = consortium.token("metrics", "prometheus")
+    text = http.get(consortium.gateway_url + "/metrics", headers=auth(scraper)).text
     for i in range(PARTIES):
         line = next(
             ln for ln in text.splitlines()
@@ -307,6 +334,7 @@ def test_dashboard_in_headless_chromium(
     url = f"{consortium.gateway_url}/dashboard#token={admin}"
     flags = [
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+        f"--ignore-certificate-errors-spki-list={consortium.gateway_pin()}",
         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=8000",
     ]  # fmt: skip
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=120)
@@ -346,7 +374,7 @@ def test_fuzz_the_openapi_spec_finds_no_server_errors(
         f"{consortium.gateway_url}/openapi.json",
         "--checks", "not_a_server_error",
         "--max-examples", "25", "--max-time", seconds, "--seed", "1",
-        "--request-timeout", "60",
+        "--request-timeout", "60", "--tls-verify", str(consortium.ca),
         "-H", f"Authorization: Bearer {admin}",
     ]  # fmt: skip
     run = subprocess.run(

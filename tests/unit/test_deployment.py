@@ -38,8 +38,27 @@ def test_compose_has_every_role_with_healthchecks_and_no_hospital_ports() -> Non
             "each hospital mounts only its own certificate"
         )
         assert svc["depends_on"]["guardian"]["condition"] == "service_healthy"
-    assert services["gateway"]["ports"] == ["${CAPC_GATEWAY_PORT:-8080}:8080"]
     assert not any("ports" in services[s] for s in ("guardian", "student"))
+
+
+def test_compose_gateway_is_https_on_the_loopback_only() -> None:
+    gateway = compose()["services"]["gateway"]
+    # Loopback only: exposing it further is an explicit choice (docs/usage.md).
+    assert gateway["ports"] == ["127.0.0.1:${CAPC_GATEWAY_PORT:-8080}:8080"]
+    assert "--insecure-dev" not in gateway["command"]
+    assert "./pki/gateway:/pki:ro" in gateway["volumes"]
+    health = gateway["healthcheck"]["test"]
+    at = health.index("--http")
+    assert health[at + 1] == "https://127.0.0.1:8080/healthz"
+    assert health[health.index("--ca") + 1] == "/pki/ca.pem"
+    assert health[health.index("--server-name") + 1] == "gateway"
+
+
+def test_make_pki_issues_the_gateway_https_certificate_into_its_directory() -> None:
+    text = (ROOT / "deploy" / "make-pki.sh").read_text()
+    assert "pki issue-https" in text and "--host gateway" in text
+    assert "CAPC_GATEWAY_HOSTS" in text
+    assert '"$OUT/ca/gateway-https.pem" "$OUT/ca/gateway-https.key" "$OUT/gateway/"' in text
 
 
 def test_compose_commands_parse_with_the_real_cli() -> None:
@@ -112,3 +131,17 @@ def test_k8s_each_hospital_in_its_own_namespace_with_egress_only_to_the_guardian
         dns = {t["podSelector"]["matchLabels"].get("k8s-app") for t in targets}
         assert apps - {None} == {"guardian"} and "kube-dns" in dns
         assert all("ipBlock" not in t for t in targets), "no egress beyond the guardian and DNS"
+
+
+def test_k8s_gateway_serves_https() -> None:
+    docs = manifests()
+    gateway = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "gateway"
+    )
+    container = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert "--insecure-dev" not in container["args"]
+    assert container["ports"] == [{"containerPort": 8080, "name": "https"}]
+    probe = container["readinessProbe"]["httpGet"]
+    assert probe["scheme"] == "HTTPS" and probe["port"] == "https"
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gateway")
+    assert service["spec"]["ports"] == [{"port": 8080, "targetPort": "https", "name": "https"}]

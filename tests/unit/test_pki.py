@@ -188,3 +188,57 @@ def test_a_running_service_follows_the_crl_and_refuses_forgeries(
     (ca / pki.CRL_FILE).write_bytes(b"not a crl")
     with pytest.raises(pki.PKIError, match="not usable"):
         watcher.check(12345, "anyone")
+
+
+def test_https_certificate_names_its_hosts_and_binds_no_role(ca: Path) -> None:
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    cert, key = pki.issue_https(ca, "gateway", ("gateway.example.org", "10.0.0.7"))
+    assert (cert, key) == pki.https_paths(ca, "gateway")
+    assert cert.name == "gateway-https.pem" and stat.S_IMODE(key.stat().st_mode) == 0o600
+    parsed = x509.load_pem_x509_certificate(cert.read_bytes())
+    sans = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["gateway.example.org"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.7"]
+    assert not sans.get_values_for_type(x509.UniformResourceIdentifier)
+    eku = parsed.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    # Whoever holds the HTTPS key cannot pass for the gateway on the consortium's gRPC.
+    with pytest.raises(pki.PKIError, match="no single common name and role"):
+        pki.verify(cert.read_bytes(), (ca / pki.CA_CERT).read_bytes())
+    pki.check_https(cert, key)
+
+
+def test_https_localhost_names_only_in_development_certificates(ca: Path) -> None:
+    for host in ("localhost", "127.0.0.1", "::1", "api.localhost", "127.8.0.1"):
+        with pytest.raises(pki.PKIError, match="only in development certificates"):
+            pki.issue_https(ca, "gateway", ("gateway.example.org", host))
+    with pytest.raises(pki.PKIError, match="--host"):
+        pki.issue_https(ca, "gateway", ())
+    cert, key = pki.issue_https(ca, "gateway", ("localhost", "127.0.0.1"), dev=True)
+    pki.check_https(cert, key)
+
+
+def test_https_pairs_are_checked_before_serving(ca: Path, tmp_path: Path) -> None:
+    cert, key = pki.issue_https(ca, "gw", ("gw.example.org",))
+    _, other_key = pki.issue_https(ca, "other", ("gw.example.org",))
+    with pytest.raises(pki.PKIError, match="not a PEM certificate and its key"):
+        pki.check_https(cert, other_key)
+    with pytest.raises(pki.PKIError, match="missing HTTPS file"):
+        pki.check_https(tmp_path / "nope.pem", key)
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=10)
+    stale, stale_key = pki.issue_https(ca, "stale", ("gw.example.org",), days=1, not_before=old)
+    with pytest.raises(pki.PKIError, match="validity window"):
+        pki.check_https(stale, stale_key)
+
+
+def test_https_cli(ca: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["pki", "issue-https", "--dir", str(ca), "--name", "gateway"]
+    assert main([*base, "--host", "localhost"]) == 2
+    assert "only in development certificates" in capsys.readouterr().out
+    assert main([*base, "--host", "gw.example.org", "--host", "10.1.2.3"]) == 0
+    assert "HTTPS certificate for gw.example.org, 10.1.2.3" in capsys.readouterr().out
+    assert main([*base, "--host", "localhost", "--dev"]) == 0
+    with pytest.raises(SystemExit):
+        main(base)  # --host is required
