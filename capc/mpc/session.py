@@ -212,6 +212,11 @@ class _Session:
                 f"round {round_id} is not after round {self._state.last_round_id}: replayed round refused"
             )
 
+    def abort(self, reason: str) -> None:
+        """Stop this session and tell the other party why (best effort)."""
+        if self._state.broken is None:
+            self._fail(ProtocolError(reason))
+
     def _fail(self, err: BaseException) -> None:
         self._state.broken = str(err) or type(err).__name__
         if not isinstance(err, PeerAbortedError):

@@ -1,4 +1,4 @@
-"""Every size limit the services enforce, each defined once with the reason for its value.
+"""Every size and time limit the services enforce, each defined once with the reason for its value.
 
 The gateway, the student party, the guardian and the answering parties import
 these, so they agree on what is too large and say so in the same words. The
@@ -70,6 +70,14 @@ MAX_UPLOAD_MEMBERS = 8
 #: every 5 s, both far below; a runaway script gets 429 with Retry-After instead of
 #: tying up the student party and the guardian.
 GATEWAY_REQUESTS_PER_MINUTE = 600
+
+
+#: Seconds a round may stay opened but not released (``capc guardian --round-timeout``)
+#: before the guardian aborts it and returns its reservations. A round's shares arrive
+#: within the share timeout (60 s by default) and a MAX_BATCH 2PC takes well under a
+#: minute on one core, so ten minutes never cuts a live round, yet a student that opens
+#: rounds and vanishes holds the parties' budgets for minutes, not until a restart.
+ROUND_TIMEOUT_S = 600.0
 
 
 def count_refusal(count: int, limit: int, what: str) -> str | None:

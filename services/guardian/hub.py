@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
-from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
+from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE, ROUND_TIMEOUT_S
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
@@ -58,6 +58,8 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
 }
 HEADER = protocol.header()
+#: Seconds between passes of the reaper (at most; a short --round-timeout checks more often).
+REAP_EVERY_S = 5.0
 
 
 def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> None:
@@ -434,8 +436,10 @@ class RunningServer:
     server: grpc.Server
     port: int
     health: health.HealthServicer
+    stopping: threading.Event
 
     def stop(self, grace: float = 1.0) -> None:
+        self.stopping.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
 
@@ -447,16 +451,19 @@ def serve(
     workers: int = 64,
     share_timeout: float = 60.0,
     rng: SecureRandom | None = None,
+    round_timeout: float = ROUND_TIMEOUT_S,
 ) -> RunningServer:
-    """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev."""
+    """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev.
+
+    Rounds not released within ``round_timeout`` s of opening are aborted while it runs.
+    """
+    engine = RoundEngine(ledger, share_timeout, rng, round_timeout=round_timeout)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
         interceptors=[tls.server_interceptor(POLICY, files)],
         options=list(tls.SERVER_OPTIONS),
     )
-    guardian_pb2_grpc.add_GuardianHubServicer_to_server(
-        GuardianHub(ledger, RoundEngine(ledger, share_timeout, rng)), server
-    )
+    guardian_pb2_grpc.add_GuardianHubServicer_to_server(GuardianHub(ledger, engine), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if files is None:
@@ -469,4 +476,18 @@ def serve(
     server.start()
     health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, port, health_servicer)
+    stop = threading.Event()
+    threading.Thread(
+        target=_reap_forever, args=(engine, stop), name="capc-reaper", daemon=True
+    ).start()
+    return RunningServer(server, port, health_servicer, stop)
+
+
+def _reap_forever(engine: RoundEngine, stop: threading.Event) -> None:
+    # A quarter of the timeout keeps a stale round's overstay under 25 %.
+    every = min(REAP_EVERY_S, engine.round_timeout / 4)
+    while not stop.wait(every):
+        try:
+            engine.reap()
+        except Exception:  # a ledger hiccup must not end the reaper; the next pass retries
+            log.exception("reaping stale rounds failed")

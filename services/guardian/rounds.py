@@ -17,6 +17,12 @@ guardian's secure noise folded into its share sum; record the round as
 released right before the first garbled input leaves; charge the actual cost
 after the outputs.
 
+reap: a round that is not released within ``round_timeout`` seconds of its
+opening (the student never ran its 2PC, or vanished) is aborted and its
+reservations go back to the parties, without a restart. A 2PC that breaks
+settles its round at once: aborted before the release, charged at its
+reservation after it. Released rounds are never aborted.
+
 Personalized budgets: with weighting, each party's vote weight comes from its
 cap (``vote_weights``) and it is charged w**2 times; with vanishing, the
 guardian draws per query who votes (``participation_rates``) and charges a
@@ -26,6 +32,7 @@ the guardian's randomness, never of the data.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -40,11 +47,11 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
-from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
+from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, ROUND_TIMEOUT_S, count_refusal
 from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
-from services.guardian.ledger import Ledger, QuorumError
+from services.guardian.ledger import Ledger, QuorumError, RoundStateError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
@@ -119,6 +126,9 @@ class _Round:
     ciphertext_hash: bytes | None = None
     # The stream each party's work went out on: only its end fails the party here.
     sent: dict[str, PartyLink] = field(default_factory=dict)
+    # Monotonic seconds at opening; the reaper aborts rounds not released in time.
+    opened_at: float = field(default_factory=time.monotonic)
+    released: bool = False
 
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
@@ -138,9 +148,16 @@ class RoundEngine:
         share_timeout: float = 60.0,
         rng: SecureRandom | None = None,
         silent_after: float = SILENT_AFTER_S,
+        round_timeout: float = ROUND_TIMEOUT_S,
     ) -> None:
+        if round_timeout <= share_timeout:
+            raise ValueError(
+                f"the round timeout ({round_timeout:g} s) must exceed the share timeout "
+                f"({share_timeout:g} s): a round collects shares before its 2PC can start"
+            )
         self.ledger = ledger
         self.share_timeout = share_timeout
+        self.round_timeout = round_timeout
         self.silent_after = silent_after
         self._rng = rng or SecureRandom()
         self._links: dict[str, PartyLink] = {}
@@ -320,11 +337,12 @@ class RoundEngine:
             rnd.complete.set()  # late shares are refused from here on
             used = tuple(sorted(rnd.shares))
         if len(used) < task.quorum:
-            self.ledger.abort(
-                rnd.round_id, reason=f"only {len(used)} parties answered, quorum {task.quorum}"
-            )
+            with contextlib.suppress(RoundStateError):  # the reaper may have been first
+                self.ledger.abort(
+                    rnd.round_id, reason=f"only {len(used)} parties answered, quorum {task.quorum}"
+                )
             with self._lock:
-                del self._rounds[rnd.round_id]
+                self._rounds.pop(rnd.round_id, None)
             missing = sorted(set(rnd.included) - set(used))
             raise RoundRefusedError(
                 f"round aborted: {len(used)} of {len(rnd.included)} parties answered (quorum {task.quorum}); missing {missing}; nothing was charged"
@@ -432,16 +450,88 @@ class RoundEngine:
         ready = self._ready_queue(querier, session_id)
         done = 0
         idle_since = time.monotonic()
-        while True:
+        try:
+            while True:
+                try:
+                    round_id = ready.get(timeout=0.25)
+                except queue.Empty:
+                    if ended() or time.monotonic() - idle_since > idle_timeout:
+                        return done
+                    continue
+                self._compute(session, round_id)
+                done += 1
+                idle_since = time.monotonic()
+        except Exception as err:
+            session.abort(str(err))
+            raise
+        finally:
+            self._end_session(querier, session_id)
+
+    def _end_session(self, querier: str, session_id: bytes) -> None:
+        """The 2PC session ended: rounds still waiting for it can never run, so abort them now."""
+        with self._lock:
+            ready = self._ready.pop((querier, session_id), None)
+        while ready is not None:
             try:
-                round_id = ready.get(timeout=0.25)
+                round_id = ready.get_nowait()
             except queue.Empty:
-                if ended() or time.monotonic() - idle_since > idle_timeout:
-                    return done
-                continue
-            self._compute(session, round_id)
-            done += 1
-            idle_since = time.monotonic()
+                return
+            with self._lock:
+                rnd = self._rounds.pop(round_id, None)
+            if rnd is not None:
+                self._settle(rnd, "the student's 2PC session ended before the round was computed")
+
+    def _settle(self, rnd: _Round, why: str) -> None:
+        """A round that will not finish: abort it before its release, charge its reservation after.
+
+        The ledger decides under its row lock, so a reaper racing a release cannot
+        return a reservation whose noisy output has left.
+        """
+        try:
+            if rnd.released:
+                self.ledger.charge_reservation(rnd.round_id)
+                log.warning("round %d charged at its reservation: %s", rnd.round_id, why)
+            else:
+                self.ledger.abort(rnd.round_id, reason=why)
+                log.warning("round %d aborted, nothing charged: %s", rnd.round_id, why)
+        except RoundStateError:
+            pass  # settled already: committed, aborted by the reaper, or released meanwhile
+
+    def reap(self) -> list[int]:
+        """Abort every round not released within ``round_timeout`` s of opening; returns their ids.
+
+        Such a round was opened but never computed: its reservations go back to
+        the parties. A round released meanwhile is left alone (the ledger
+        refuses to abort it) and stays charged.
+        """
+        now = time.monotonic()
+        with self._lock:
+            stale = [
+                r
+                for r in self._rounds.values()
+                if not r.released and now - r.opened_at > self.round_timeout
+            ]
+        reaped = []
+        for rnd in stale:
+            try:
+                self.ledger.abort(
+                    rnd.round_id,
+                    reason=f"not computed within {self.round_timeout:g} s of opening "
+                    f"(--round-timeout); nothing was released",
+                )
+            except RoundStateError:
+                continue  # released or settled meanwhile: whoever holds it finishes it
+            rnd.complete.set()
+            with self._lock:
+                self._rounds.pop(rnd.round_id, None)
+            log.warning(
+                "round %d of %s aborted: not computed within %g s; reservations returned",
+                rnd.round_id,
+                rnd.querier,
+                self.round_timeout,
+            )
+            reaped.append(rnd.round_id)
+        return reaped
 
     def rates(
         self, task: TaskConfig, parties: list[str] | None = None
@@ -488,8 +578,24 @@ class RoundEngine:
         with self._lock:
             rnd = self._rounds.get(round_id)
         if rnd is None or rnd.guardian_sum is None:
-            raise RoundRefusedError(f"round {round_id} is not ready for the 2PC")
-        task, b = rnd.task, rnd.batch
+            raise RoundRefusedError(
+                f"round {round_id} is no longer open: it was not computed within "
+                f"{self.round_timeout:g} s of opening and was aborted; nothing was charged. "
+                "Open a new round"
+            )
+        try:
+            self._garble(session, rnd, rnd.guardian_sum)
+        except BaseException as err:
+            self._settle(rnd, f"the 2PC broke: {err}")
+            raise
+        finally:
+            with self._lock:
+                self._rounds.pop(round_id, None)
+
+    def _garble(
+        self, session: GarblerSession, rnd: _Round, guardian_sum: NDArray[np.uint64]
+    ) -> None:
+        round_id, task, b = rnd.round_id, rnd.task, rnd.batch
         total = sum(rnd.weight(p) for p in rnd.used)
         spec = task.circuit_spec(len(rnd.used), total)
         mech = task.mechanism
@@ -497,11 +603,22 @@ class RoundEngine:
         theta = None
         if rnd.votes_on and mech.per_label:  # vanishing: the majority of those who voted
             theta = np.sum([rnd.voting(p) for p in rnd.used], axis=0) / 2.0
-        inputs = mech.garbler_inputs(spec, rnd.guardian_sum, noise, theta)
+        inputs = mech.garbler_inputs(spec, guardian_sum, noise, theta)
         start = time.perf_counter()
-        out = session.run_round(
-            round_id, spec.circuit(), inputs, b, on_release=lambda: self.ledger.release(round_id)
-        )
+
+        def release() -> None:
+            try:
+                self.ledger.release(round_id)
+            except RoundStateError as err:
+                # The reaper was first: nothing may leave for an aborted round.
+                raise RoundRefusedError(
+                    f"round {round_id} was aborted before its 2PC ({err}): it was not computed "
+                    f"within {self.round_timeout:g} s of opening; nothing was charged. "
+                    "Open a new round"
+                ) from None
+            rnd.released = True
+
+        out = session.run_round(round_id, spec.circuit(), inputs, b, on_release=release)
         answered = mech.answered(spec, out, b)
         charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
         self.ledger.commit(round_id, charges)
@@ -513,8 +630,6 @@ class RoundEngine:
             len(rnd.used),
             time.perf_counter() - start,
         )
-        with self._lock:
-            del self._rounds[round_id]
 
 
 LAYOUTS = ("batched", "single")
