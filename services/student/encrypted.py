@@ -30,6 +30,7 @@ from capc.he.single import SingleLayout, encrypt_query
 from capc.models.registry import build
 from capc.mpc.mechanism_circuits import LogitsToShares
 from capc.mpc.session import EvaluatorSession
+from capc.mpc.votes import PartyInputError
 from services.common.relay import CHUNK, RelayChannel, RelayError, session_id
 from services.common.task import Encryption
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -159,14 +160,18 @@ class EncryptedBatch:
         finally:
             self.done.setdefault(party, threading.Event()).set()
 
-    def share(self, party: str, timeout: float) -> NDArray[np.uint64]:
+    def share(self, party: str, round_id: int, timeout: float) -> NDArray[np.uint64]:
         """The student's share of ``party``'s votes, once its exchange has finished."""
         if not self.done.setdefault(party, threading.Event()).wait(timeout):
-            raise RuntimeError(f"the exchange with {party} did not finish in {timeout} s")
+            raise PartyInputError(
+                party, round_id, f"its exchange with the student did not finish in {timeout} s"
+            )
         if party not in self.shares:
-            raise RuntimeError(
-                f"{party} answered the guardian but its exchange with the student failed: "
-                f"{self.errors.get(party, 'no hello')}"
+            raise PartyInputError(
+                party,
+                round_id,
+                "it answered the guardian but its exchange with the student failed: "
+                f"{self.errors.get(party, 'no hello')}",
             )
         return self.shares[party]
 

@@ -26,7 +26,7 @@ from services.common import pki, protocol, tls
 from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger import Ledger
 from services.local import Process, free_port, spawn
-from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc, student_pb2_grpc
 from services.student.client import StudentClient
 
 TASK_NAME = "light"
@@ -57,6 +57,7 @@ class LightConsortium:
     guardian_args: Sequence[str] = ()
     task: dict[str, Any] = field(default_factory=lambda: dict(TASK))
     port: int = 0
+    student_port: int = 0
     procs: list[Process] = field(default_factory=list)
     guardian: Process | None = None
 
@@ -146,6 +147,41 @@ class LightConsortium:
                 raise RuntimeError(f"parties did not connect: {''.join(proc.lines)[-3000:]}")
             time.sleep(0.1)
 
+    def start_student(self) -> Process:
+        """``capc student``, the jobs API, on a free port (``student_port``)."""
+        self.student_port = free_port()
+        proc = spawn(
+            "student",
+            "student",
+            "--guardian",
+            self.address,
+            "--task",
+            str(self.directory / "task.json"),
+            "--task-name",
+            TASK_NAME,
+            "--db",
+            str(self.directory / "student.db"),
+            "--listen",
+            f"127.0.0.1:{self.student_port}",
+            "--pki",
+            str(self.pki_dir),
+            "--server-name",
+            "localhost",
+        )
+        self.procs.append(proc)
+        proc.wait_for("student serving jobs", timeout=60)
+        return proc
+
+    def jobs(self) -> Any:
+        """The student party's jobs API, as the gateway reaches it."""
+        channel = tls.secure_channel(
+            f"127.0.0.1:{self.student_port}",
+            tls.TLSFiles.in_dir(self.pki_dir, "gateway"),
+            "localhost",
+            role="student",
+        )
+        return student_pb2_grpc.StudentPartyStub(channel)
+
     def stub(self, name: str = "student", role: str = "guardian") -> Any:
         channel = tls.secure_channel(
             self.address, tls.TLSFiles.in_dir(self.pki_dir, name), "localhost", role=role
@@ -176,6 +212,13 @@ class LightConsortium:
             metadata=[("capc-session-id", secrets.token_hex(16))],
             timeout=60,
         )
+
+    def connected(self) -> list[str]:
+        """The parties the guardian reports connected (through the admin API)."""
+        reply = self.stub("gateway").ListParties(
+            guardian_pb2.ListPartiesRequest(header=protocol.header()), timeout=10
+        )
+        return [p.name for p in reply.parties if p.connected]
 
     def ledger(self) -> Ledger:
         return Ledger(self.db)
@@ -213,3 +256,50 @@ def wait_until(condition: Any, timeout: float, what: str) -> None:
 
 def rpc_code(err: BaseException) -> grpc.StatusCode | None:
     return err.code() if isinstance(err, grpc.RpcError) else None
+
+
+class DeviatingParty:
+    """An answering party that speaks the protocol over its own certificate but sends
+    sealed seeds that open for nobody (random bytes of the right length)."""
+
+    def __init__(self, c: LightConsortium, name: str) -> None:
+        import queue
+        import threading
+
+        from capc.mpc.sealing import OVERHEAD
+        from services.common import serde
+
+        self.rounds: list[int] = []
+        self._out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+        self._responses = c.stub(name).Connect(iter(self._out.get, None))
+        first = next(self._responses)
+        if first.WhichOneof("body") != "registered":
+            raise RuntimeError(f"{name} was not registered: {first}")
+        width = c.task_config.vote_width
+
+        def answer() -> None:
+            try:
+                for msg in self._responses:
+                    if msg.WhichOneof("body") != "work":
+                        continue
+                    batch = msg.work.queries.tensor.shape[0]
+                    share = np.zeros((batch, width), dtype=np.uint64)
+                    self._out.put(
+                        guardian_pb2.PartyMessage(
+                            header=protocol.header(msg.header.task),
+                            shares=serde.shares_to_proto(
+                                msg.work.round_id,
+                                share,
+                                sealed_seed=secrets.token_bytes(OVERHEAD + 16),
+                            ),
+                        )
+                    )
+                    self.rounds.append(msg.work.round_id)
+            except grpc.RpcError:
+                pass
+
+        threading.Thread(target=answer, daemon=True).start()
+
+    def leave(self) -> None:
+        self._out.put(None)
+        self._responses.cancel()

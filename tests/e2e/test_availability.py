@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from services.guardian.ledger.models import RoundState
-from tests.e2e.light import light_consortium, queries, wait_until
+from services.proto.capc.v1 import common_pb2, student_pb2
+from tests.e2e.light import (
+    TASK_NAME,
+    DeviatingParty,
+    light_consortium,
+    queries,
+    tensor_batch,
+    wait_until,
+)
 
 ROUND_TIMEOUT = 4.0
 
@@ -54,3 +62,45 @@ def test_a_round_never_computed_is_aborted_without_a_restart(tmp_path: Path) -> 
         assert ledger.round_state(done.round_id) == RoundState.COMMITTED
         assert {n: ledger.budget(n).spent for n in c.names} == charged
         assert ledger.verify_audit() > 0
+
+
+def test_the_job_runner_survives_a_party_whose_seed_does_not_open(tmp_path: Path) -> None:
+    with light_consortium(tmp_path, parties=3) as c:
+        c.start_guardian("--share-timeout", "5")
+        honest = c.names[:2]
+        c.wait_connected(c.start_parties(honest), 2)
+        mallory = DeviatingParty(c, "hospital-2")
+        c.start_student()
+        jobs = c.jobs()
+        header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
+
+        def job(n: int) -> student_pb2.Job:
+            created = jobs.CreateJob(
+                student_pb2.CreateJobRequest(
+                    header=header, queries=tensor_batch(queries(n)), batch_size=n
+                ),
+                timeout=30,
+            )
+            watch = student_pb2.WatchJobRequest(header=header, id=created.id)
+            states: list[student_pb2.Job] = list(jobs.WatchJob(watch, timeout=120))
+            return states[-1]
+
+        bad = job(8)
+        assert bad.state == "failed"
+        assert "hospital-2" in bad.error and "sealed seed" in bad.error
+        assert mallory.rounds
+        ledger = c.ledger()
+        # The round was abandoned before its 2PC: aborted at once, nothing charged, and
+        # the guardian's audit log says which party the student blamed.
+        wait_until(
+            lambda: ledger.round_state(mallory.rounds[0]) == RoundState.ABORTED, 30, "the abort"
+        )
+        assert all(b.spent == 0.0 for b in ledger.budgets())
+        aborts = [e for e in ledger.audit_entries(50) if e.action == "abort"]
+        assert any("hospital-2" in str(e.detail.get("reason")) for e in aborts)
+        # The same runner goes on with the next job once the party is gone.
+        mallory.leave()
+        wait_until(lambda: "hospital-2" not in c.connected(), 30, "hospital-2 to leave")
+        good = job(8)
+        assert good.state == "done", good.error
+        assert good.processed == 8
