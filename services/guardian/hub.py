@@ -8,9 +8,11 @@ reads budgets, ledger and audit log and sets caps. The round logic itself is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -22,7 +24,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
-from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE, ROUND_TIMEOUT_S
+from services.common.limits import (
+    DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
+    ROUND_TIMEOUT_S,
+    STREAM_SEND_TIMEOUT_S,
+)
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
@@ -275,18 +282,26 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             self._refuse_duplicate(name, peer, err, context)
         log.info("answering party %s connected from %s", name, peer)
 
-        def refuse(round_id: int, what: str, accept: Callable[[str, Any], None], body: Any) -> None:
+        def refuse(round_id: int, what: str, accept: Callable[[str, Any], Any], body: Any) -> None:
             # A message the round cannot take: the party is told, the stream stays up.
             try:
-                accept(name, body)
+                routed = accept(name, body)
+                if routed is not None:  # a relayed frame: wait for room at the student
+                    box, frame = routed
+                    box.put(frame, timeout=STREAM_SEND_TIMEOUT_S)
+            except queue.Full:
+                log.warning("the student of round %d is not reading; dropped %s", round_id, what)
             except RoundInputError as err:
                 log.warning("refused %s from %s: %s", what, name, err)
-                link.outbox.put(
-                    guardian_pb2.HubMessage(
-                        header=HEADER,
-                        cancelled=guardian_pb2.RoundCancelled(round_id=round_id, reason=str(err)),
+                with contextlib.suppress(queue.Full):  # a party that reads nothing is not told
+                    link.outbox.put_nowait(
+                        guardian_pb2.HubMessage(
+                            header=HEADER,
+                            cancelled=guardian_pb2.RoundCancelled(
+                                round_id=round_id, reason=str(err)
+                            ),
+                        )
                     )
-                )
 
         def read() -> None:
             try:
@@ -319,7 +334,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 pass
             finally:
                 self.engine.detach(link)
-                link.outbox.put(None)
+                link.outbox.close()
                 log.info("answering party %s disconnected", name)
 
         threading.Thread(target=read, name=f"capc-party-{name}", daemon=True).start()
@@ -393,9 +408,13 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 log.warning("2PC session with %s ended: %s", querier, err)
             finally:
                 chan.close()
+                chan.stop_reading()
 
         threading.Thread(target=work, name=f"capc-compute-{querier}", daemon=True).start()
         yield from chan.outgoing()
+        if chan.refused is not None:
+            log.warning("refused %s's 2PC stream: %s", querier, chan.refused)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, chan.refused)
 
     def Relay(
         self, request_iterator: Iterator[guardian_pb2.RelayFrame], context: grpc.ServicerContext
@@ -415,7 +434,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                         )
                         continue
                     try:
-                        self.engine.relay_to_party(querier, session_id, frame)
+                        outbox, message = self.engine.relay_to_party(querier, session_id, frame)
+                        outbox.put(message, timeout=STREAM_SEND_TIMEOUT_S)
+                    except queue.Full:
+                        log.warning("%s is not reading; dropped a relayed frame", frame.party)
                     except RoundInputError as err:
                         log.warning("refused a relayed frame from %s: %s", querier, err)
             except grpc.RpcError:

@@ -47,7 +47,16 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
-from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, ROUND_TIMEOUT_S, count_refusal
+from services.common.buffers import BoundedBuffer
+from services.common.limits import (
+    MAX_BATCH,
+    MAX_CIPHERTEXTS,
+    MAX_RELAY_FRAME_BYTES,
+    PARTY_OUTBOX_MESSAGES,
+    RELAY_BUFFER_FRAMES,
+    ROUND_TIMEOUT_S,
+    count_refusal,
+)
 from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
@@ -85,7 +94,8 @@ def _always() -> bool:
 
 @dataclass
 class PartyLink:
-    """An answering party's live stream: what the hub sends it goes through ``outbox``.
+    """An answering party's live stream: what the hub sends it goes through ``outbox``
+    (bounded: a party that stops reading cannot make the guardian hold more).
 
     ``peer`` is the stream's network address; ``active`` says whether its RPC
     is still open (the servicer context's ``is_active``).
@@ -94,7 +104,9 @@ class PartyLink:
     name: str
     peer: str = ""
     active: Callable[[], bool] = _always
-    outbox: queue.Queue[guardian_pb2.HubMessage | None] = field(default_factory=queue.Queue)
+    outbox: BoundedBuffer[guardian_pb2.HubMessage] = field(
+        default_factory=lambda: BoundedBuffer(PARTY_OUTBOX_MESSAGES)
+    )
     last_heard: float = field(default_factory=time.monotonic)
 
     def heard(self) -> None:
@@ -165,7 +177,7 @@ class RoundEngine:
         # Opened rounds wait here for the 2PC session the student named.
         self._ready: dict[tuple[str, bytes], queue.Queue[int]] = {}
         # Encrypted-query mode: each student session's Relay stream.
-        self._relays: dict[tuple[str, bytes], queue.Queue[guardian_pb2.RelayFrame | None]] = {}
+        self._relays: dict[tuple[str, bytes], BoundedBuffer[guardian_pb2.RelayFrame]] = {}
         self._lock = threading.Lock()
 
     # -- answering parties ----------------------------------------------------
@@ -189,7 +201,7 @@ class RoundEngine:
             log.info(
                 "party %s reconnected from %s; its old stream (%s) was dead", name, peer, old.peer
             )
-            old.outbox.put(None)
+            old.outbox.close()
         self.ledger.touch(name)
         return link
 
@@ -318,20 +330,28 @@ class RoundEngine:
                 self._party_failed(rnd, name)
                 continue
             mask = votes_on.get(name)
-            link.outbox.put(
-                guardian_pb2.HubMessage(
-                    header=header,
-                    work=guardian_pb2.RoundWork(
-                        round_id=rnd.round_id,
-                        queries=request.queries,
-                        mechanism=mechanism_to_proto(task.mechanism),
-                        student_public_key=request.student_public_key,
-                        vote_weight=rnd.weight(name),
-                        frac_bits=task.frac_bits,
-                        participation=serde.participation_to_bytes(mask),
-                    ),
-                )
+            work = guardian_pb2.HubMessage(
+                header=header,
+                work=guardian_pb2.RoundWork(
+                    round_id=rnd.round_id,
+                    queries=request.queries,
+                    mechanism=mechanism_to_proto(task.mechanism),
+                    student_public_key=request.student_public_key,
+                    vote_weight=rnd.weight(name),
+                    frac_bits=task.frac_bits,
+                    participation=serde.participation_to_bytes(mask),
+                ),
             )
+            try:
+                link.outbox.put_nowait(work)
+            except queue.Full:
+                log.warning(
+                    "%s is not reading its stream (%d messages waiting): left out of round %d",
+                    name,
+                    link.outbox.qsize(),
+                    rnd.round_id,
+                )
+                self._party_failed(rnd, name)
         rnd.complete.wait(self.share_timeout)
         with self._lock:
             rnd.complete.set()  # late shares are refused from here on
@@ -366,26 +386,24 @@ class RoundEngine:
         )
 
     # -- encrypted-query mode: relayed frames ----------------------------------
-    def open_relay(
-        self, querier: str, session_id: bytes
-    ) -> queue.Queue[guardian_pb2.RelayFrame | None]:
+    def open_relay(self, querier: str, session_id: bytes) -> BoundedBuffer[guardian_pb2.RelayFrame]:
         """The student's Relay stream opened: frames from its rounds' parties go here."""
-        box: queue.Queue[guardian_pb2.RelayFrame | None] = queue.Queue()
+        box: BoundedBuffer[guardian_pb2.RelayFrame] = BoundedBuffer(RELAY_BUFFER_FRAMES)
         with self._lock:
             old = self._relays.get((querier, session_id))
             self._relays[(querier, session_id)] = box
         if old is not None:
-            old.put(None)
+            old.close()
         return box
 
     def close_relay(
-        self, querier: str, session_id: bytes, box: queue.Queue[guardian_pb2.RelayFrame | None]
+        self, querier: str, session_id: bytes, box: BoundedBuffer[guardian_pb2.RelayFrame]
     ) -> None:
         """The Relay stream that opened ``box`` ended (a newer stream keeps its own)."""
         with self._lock:
             if self._relays.get((querier, session_id)) is box:
                 del self._relays[(querier, session_id)]
-        box.put(None)
+        box.close()
 
     def _encrypted_round(self, round_id: int, party: str) -> _Round:
         with self._lock:
@@ -398,8 +416,13 @@ class RoundEngine:
 
     def relay_to_party(
         self, querier: str, session_id: bytes, frame: guardian_pb2.RelayFrame
-    ) -> None:
-        """A student's frame for one party of one of its rounds."""
+    ) -> tuple[BoundedBuffer[guardian_pb2.HubMessage], guardian_pb2.HubMessage]:
+        """A student's frame for one party of one of its rounds: where it goes and what.
+
+        The caller puts it there, waiting for room: the student is held back while
+        the party reads slowly, and nothing piles up in the guardian.
+        """
+        _check_relay_size(frame)
         rnd = self._encrypted_round(frame.round_id, frame.party)
         if (rnd.querier, rnd.session_id) != (querier, session_id):
             raise RoundInputError(f"round {frame.round_id} belongs to another student session")
@@ -409,28 +432,28 @@ class RoundEngine:
             link = self._links.get(frame.party)
         if link is None:
             raise RoundInputError(f"{frame.party} is not connected")
-        link.outbox.put(
-            guardian_pb2.HubMessage(
-                header=protocol.header(rnd.task.name, rnd.task.config_hash),
-                relay=guardian_pb2.RelayFrame(round_id=frame.round_id, payload=frame.payload),
-            )
+        return link.outbox, guardian_pb2.HubMessage(
+            header=protocol.header(rnd.task.name, rnd.task.config_hash),
+            relay=guardian_pb2.RelayFrame(round_id=frame.round_id, payload=frame.payload),
         )
 
-    def relay_to_student(self, party: str, frame: guardian_pb2.RelayFrame) -> None:
-        """A party's frame for the student of its round; the guardian names the party."""
+    def relay_to_student(
+        self, party: str, frame: guardian_pb2.RelayFrame
+    ) -> tuple[BoundedBuffer[guardian_pb2.RelayFrame], guardian_pb2.RelayFrame]:
+        """A party's frame for the student of its round, naming the party: where it goes
+        and what (the caller puts it there, waiting for room)."""
+        _check_relay_size(frame)
         rnd = self._encrypted_round(frame.round_id, party)
         with self._lock:
             box = self._relays.get((rnd.querier, rnd.session_id))
         if box is None:
             raise RoundInputError(f"the student of round {frame.round_id} closed its relay")
-        box.put(
-            guardian_pb2.RelayFrame(
-                header=protocol.header(rnd.task.name, rnd.task.config_hash),
-                round_id=frame.round_id,
-                party=party,
-                payload=frame.payload,
-                hello=frame.hello,
-            )
+        return box, guardian_pb2.RelayFrame(
+            header=protocol.header(rnd.task.name, rnd.task.config_hash),
+            round_id=frame.round_id,
+            party=party,
+            payload=frame.payload,
+            hello=frame.hello,
         )
 
     def serve_compute(
@@ -629,6 +652,14 @@ class RoundEngine:
             b,
             len(rnd.used),
             time.perf_counter() - start,
+        )
+
+
+def _check_relay_size(frame: guardian_pb2.RelayFrame) -> None:
+    if len(frame.payload) > MAX_RELAY_FRAME_BYTES:
+        raise RoundInputError(
+            f"a relayed frame of {len(frame.payload)} bytes exceeds the limit of "
+            f"{MAX_RELAY_FRAME_BYTES} (MAX_RELAY_FRAME_BYTES); send blobs in chunks"
         )
 
 

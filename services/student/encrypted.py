@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,8 @@ from capc.models.registry import build
 from capc.mpc.mechanism_circuits import LogitsToShares
 from capc.mpc.session import EvaluatorSession
 from capc.mpc.votes import PartyInputError
+from services.common.buffers import BoundedBuffer
+from services.common.limits import RELAY_BUFFER_FRAMES
 from services.common.relay import CHUNK, RelayChannel, RelayError, session_id
 from services.common.task import Encryption
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -158,6 +159,7 @@ class EncryptedBatch:
             log.warning("encrypted exchange with %s in round %d failed: %s", party, round_id, err)
             self.errors[party] = str(err)
         finally:
+            channel.close()
             self.done.setdefault(party, threading.Event()).set()
 
     def share(self, party: str, round_id: int, timeout: float) -> NDArray[np.uint64]:
@@ -183,7 +185,7 @@ class RelayRouter:
         self._header = header
         self._key = key
         self._timeout = timeout
-        self._out: queue.Queue[guardian_pb2.RelayFrame | None] = queue.Queue()
+        self._out: BoundedBuffer[guardian_pb2.RelayFrame] = BoundedBuffer(RELAY_BUFFER_FRAMES)
         self._channels: dict[tuple[int, str], RelayChannel] = {}
         self._lock = threading.Lock()
         self.pending: EncryptedBatch | None = None
@@ -259,4 +261,4 @@ class RelayRouter:
             self._channels.clear()
 
     def close(self) -> None:
-        self._out.put(None)
+        self._out.finish()

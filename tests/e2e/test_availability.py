@@ -7,11 +7,18 @@ student (StudentClient) or a deviating one (raw stubs).
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
+from capc.mpc.channel import ProtocolError
+from capc.mpc.session import EvaluatorSession, new_session_id
+from services.common import protocol
+from services.common.mpc_stream import StreamChannel
 from services.guardian.ledger.models import RoundState
 from services.proto.capc.v1 import common_pb2, student_pb2
 from tests.e2e.light import (
@@ -104,3 +111,45 @@ def test_the_job_runner_survives_a_party_whose_seed_does_not_open(tmp_path: Path
         good = job(8)
         assert good.state == "done", good.error
         assert good.processed == 8
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory (VmHWM) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def test_oversized_2pc_frames_after_a_valid_setup_do_not_inflate_the_guardian(
+    tmp_path: Path,
+) -> None:
+    with light_consortium(tmp_path, parties=2) as c:
+        guardian = c.start_guardian()
+        cfg = c.task_config
+        sid = new_session_id()
+        stream = StreamChannel(protocol.header(cfg.name, cfg.config_hash))
+        responses = c.stub().Compute(stream.outgoing(), metadata=[("capc-session-id", sid.hex())])
+        stream.attach(responses)
+        EvaluatorSession(stream, sid, timeout=30).setup()  # a valid session, base OTs done
+        before = peak_rss_mib(guardian.popen.pid)
+        frame = bytes(16 << 20)
+
+        def flood() -> None:
+            with contextlib.suppress(ProtocolError):  # the guardian stops reading
+                for _ in range(48):
+                    stream.send(frame)
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert stream.ended.wait(60), "the guardian kept reading"
+        time.sleep(1.0)
+        grown = peak_rss_mib(guardian.popen.pid) - before
+        assert grown < 160, f"the guardian grew by {grown:.0f} MiB"
+        error = stream.error
+        assert isinstance(error, grpc.RpcError)
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "exceeds the limit" in str(error.details()) and "MAX_MPC_FRAME_BYTES" in str(
+            error.details()
+        )
+        assert guardian.popen.poll() is None
+        responses.cancel()
