@@ -108,6 +108,17 @@ PARTY_OUTBOX_MESSAGES = 64
 #: frames, heartbeats); its round threads wait while the guardian catches up.
 PARTY_OUTGOING_MESSAGES = 64
 
+#: Streams one identity may hold open at once on the guardian (its Compute and
+#: Relay streams; an answering party holds its one Connect stream). A student
+#: client holds one Compute stream, plus one Relay stream in encrypted mode, so
+#: 8 leaves room for a few clients and their reconnections; more is a leak or abuse.
+MAX_STREAMS_PER_IDENTITY = 8
+
+#: Rounds one querier may hold opened but not yet computed or settled. A student
+#: runs its rounds one after another; 16 leaves room for clients side by side, and
+#: bounds the parties' budget one querier can hold in reservations at once.
+MAX_OPEN_ROUNDS_PER_QUERIER = 16
+
 #: Seconds a round may stay opened but not released (``capc guardian --round-timeout``)
 #: before the guardian aborts it and returns its reservations. A round's shares arrive
 #: within the share timeout (60 s by default) and a MAX_BATCH 2PC takes well under a

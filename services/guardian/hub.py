@@ -44,6 +44,7 @@ from services.guardian.ledger import (
 )
 from services.guardian.rounds import (
     DuplicateLinkError,
+    LimitError,
     RoundEngine,
     RoundInputError,
     RoundRefusedError,
@@ -376,6 +377,14 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             f"the certificate (`capc pki revoke {name}`) and issue a new one",
         )
 
+    def _admit(self, identity: str, what: str, context: grpc.ServicerContext) -> Callable[[], None]:
+        try:
+            return self.engine.admit_stream(identity, what)
+        except LimitError as err:
+            log.warning("refused a %s stream: %s", what, err)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        raise AssertionError("unreachable")
+
     def OpenRound(
         self, request: guardian_pb2.OpenRoundRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.OpenRoundReply:
@@ -385,7 +394,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             return self.engine.open_round(querier, request, session_id)
         except (RequestError, UnknownTaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except QuorumError as err:
+        except (QuorumError, LimitError) as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         except DuplicateRoundError as err:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
@@ -398,6 +407,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> Iterator[guardian_pb2.MpcFrame]:
         querier = self._caller(context, "capc-student")
         session_id = _session_id(context)
+        release = self._admit(querier, "Compute", context)
         chan = StreamChannel(HEADER)
         chan.attach(request_iterator)
 
@@ -409,6 +419,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             finally:
                 chan.close()
                 chan.stop_reading()
+                release()
 
         threading.Thread(target=work, name=f"capc-compute-{querier}", daemon=True).start()
         yield from chan.outgoing()
@@ -421,6 +432,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> Iterator[guardian_pb2.RelayFrame]:
         querier = self._caller(context, "capc-student")
         session_id = _session_id(context)
+        release = self._admit(querier, "Relay", context)
         box = self.engine.open_relay(querier, session_id)
 
         def read() -> None:
@@ -444,6 +456,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 pass
             finally:
                 self.engine.close_relay(querier, session_id, box)
+                release()
 
         threading.Thread(target=read, name=f"capc-relay-{querier}", daemon=True).start()
         while True:

@@ -51,7 +51,9 @@ from services.common.buffers import BoundedBuffer
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
+    MAX_OPEN_ROUNDS_PER_QUERIER,
     MAX_RELAY_FRAME_BYTES,
+    MAX_STREAMS_PER_IDENTITY,
     PARTY_OUTBOX_MESSAGES,
     RELAY_BUFFER_FRAMES,
     ROUND_TIMEOUT_S,
@@ -72,6 +74,10 @@ class RoundInputError(RequestError):
 
 class RoundRefusedError(RuntimeError):
     """The round cannot run (quorum lost, unknown round); maps to FAILED_PRECONDITION."""
+
+
+class LimitError(RuntimeError):
+    """One identity holds as many streams or open rounds as it may; maps to RESOURCE_EXHAUSTED."""
 
 
 class DuplicateLinkError(RuntimeError):
@@ -178,7 +184,75 @@ class RoundEngine:
         self._ready: dict[tuple[str, bytes], queue.Queue[int]] = {}
         # Encrypted-query mode: each student session's Relay stream.
         self._relays: dict[tuple[str, bytes], BoundedBuffer[guardian_pb2.RelayFrame]] = {}
+        # Per identity: streams held open, and rounds being opened (not yet in _rounds).
+        self._streams: dict[str, int] = {}
+        self._opening: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    # -- per-identity limits ---------------------------------------------------
+    def admit_stream(self, identity: str, what: str) -> Callable[[], None]:
+        """Count one more stream for ``identity``; returns what to call when it ends.
+
+        Raises :class:`LimitError` when the identity holds MAX_STREAMS_PER_IDENTITY already.
+        """
+        with self._lock:
+            held = self._streams.get(identity, 0)
+            if held >= MAX_STREAMS_PER_IDENTITY:
+                raise LimitError(
+                    f"{identity} already holds {held} streams to the guardian, the most one "
+                    f"identity may (MAX_STREAMS_PER_IDENTITY); this {what} stream is refused. "
+                    "Close idle clients (a student client holds one Compute stream, and one "
+                    "Relay stream in encrypted mode) before opening more"
+                )
+            self._streams[identity] = held + 1
+        released = threading.Event()
+
+        def release() -> None:
+            if released.is_set():
+                return
+            released.set()
+            with self._lock:
+                left = self._streams.get(identity, 1) - 1
+                if left:
+                    self._streams[identity] = left
+                else:
+                    self._streams.pop(identity, None)
+
+        return release
+
+    def streams(self, identity: str) -> int:
+        with self._lock:
+            return self._streams.get(identity, 0)
+
+    def _admit_round(self, querier: str) -> list[bool]:
+        """Count a round being opened for ``querier``; returns its token for _admitted_round."""
+        with self._lock:
+            held = self._opening.get(querier, 0) + sum(
+                1 for r in self._rounds.values() if r.querier == querier
+            )
+            if held >= MAX_OPEN_ROUNDS_PER_QUERIER:
+                raise LimitError(
+                    f"{querier} holds {held} rounds opened but not yet computed, the most one "
+                    f"querier may (MAX_OPEN_ROUNDS_PER_QUERIER); this round is refused and "
+                    "nothing was reserved. Run the 2PC of the open rounds first; a round "
+                    f"never computed is aborted {self.round_timeout:g} s after its opening"
+                )
+            self._opening[querier] = self._opening.get(querier, 0) + 1
+        return [False]
+
+    def _admitted_round(self, querier: str, token: list[bool]) -> None:
+        """The round admitted for ``querier`` is in _rounds now, or failed to open.
+
+        Call with the lock held; ``token`` makes a second call do nothing.
+        """
+        if token[0]:
+            return
+        token[0] = True
+        left = self._opening.get(querier, 1) - 1
+        if left:
+            self._opening[querier] = left
+        else:
+            self._opening.pop(querier, None)
 
     # -- answering parties ----------------------------------------------------
     def attach(self, name: str, peer: str = "", active: Callable[[], bool] = _always) -> PartyLink:
@@ -291,6 +365,26 @@ class RoundEngine:
                 "encrypted queries travel over the Relay stream: open it (with the same "
                 "capc-session-id) before opening the round"
             )
+        token = self._admit_round(querier)
+        try:
+            return self._open_round(
+                querier, request, session_id, task, digest, batch, encrypted, token
+            )
+        finally:
+            with self._lock:
+                self._admitted_round(querier, token)
+
+    def _open_round(
+        self,
+        querier: str,
+        request: guardian_pb2.OpenRoundRequest,
+        session_id: bytes,
+        task: TaskConfig,
+        digest: str,
+        batch: int,
+        encrypted: bool,
+        token: list[bool],
+    ) -> guardian_pb2.OpenRoundReply:
         candidates = self.connected()
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
@@ -322,6 +416,7 @@ class RoundEngine:
         )
         with self._lock:
             self._rounds[rnd.round_id] = rnd
+            self._admitted_round(querier, token)  # counted in _rounds from here on
             links = {p: self._links.get(p) for p in rnd.included}
             rnd.sent = {p: link for p, link in links.items() if link is not None}
         header = protocol.header(task.name, digest)

@@ -197,12 +197,14 @@ class LightConsortium:
             timeout=timeout,
         )
 
-    def open_round_without_computing(self, x: np.ndarray) -> guardian_pb2.OpenRoundReply:
+    def open_round_without_computing(
+        self, x: np.ndarray, student: str = "student"
+    ) -> guardian_pb2.OpenRoundReply:
         """A student that opens a round and vanishes: no 2PC session ever runs it."""
         from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
         cfg = self.task_config
-        return self.stub().OpenRound(  # type: ignore[no-any-return]
+        return self.stub(student).OpenRound(  # type: ignore[no-any-return]
             guardian_pb2.OpenRoundRequest(
                 header=protocol.header(cfg.name, cfg.config_hash),
                 round_key=secrets.token_hex(16),

@@ -8,22 +8,27 @@ student (StudentClient) or a deviating one (raw stubs).
 from __future__ import annotations
 
 import contextlib
+import queue
+import secrets
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from capc.mpc.channel import ProtocolError
 from capc.mpc.session import EvaluatorSession, new_session_id
-from services.common import protocol
+from services.common import pki, protocol
+from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, MAX_STREAMS_PER_IDENTITY
 from services.common.mpc_stream import StreamChannel
 from services.guardian.ledger.models import RoundState
-from services.proto.capc.v1 import common_pb2, student_pb2
+from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 from tests.e2e.light import (
     TASK_NAME,
     DeviatingParty,
+    LightConsortium,
     light_consortium,
     queries,
     tensor_batch,
@@ -153,3 +158,70 @@ def test_oversized_2pc_frames_after_a_valid_setup_do_not_inflate_the_guardian(
         )
         assert guardian.popen.poll() is None
         responses.cancel()
+
+
+def idle_compute(c: LightConsortium, name: str = "student") -> Any:
+    """A Compute stream that sends nothing: it only holds its place."""
+    never: queue.Queue[guardian_pb2.MpcFrame | None] = queue.Queue()
+    return c.stub(name).Compute(
+        iter(never.get, None), metadata=[("capc-session-id", secrets.token_hex(16))]
+    )
+
+
+def refused_within(call: Any, seconds: float) -> str | None:
+    """The details of the call's RESOURCE_EXHAUSTED refusal, or None if it stays up."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if call.done():
+            assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, call.code()
+            return str(call.details())
+        time.sleep(0.05)
+    return None
+
+
+def test_one_identity_holds_a_bounded_number_of_streams(tmp_path: Path) -> None:
+    with light_consortium(tmp_path, parties=2) as c:
+        c.start_guardian()
+        held = [idle_compute(c) for _ in range(MAX_STREAMS_PER_IDENTITY)]
+        time.sleep(1.0)
+        assert not any(call.done() for call in held)
+        extra = idle_compute(c)
+        why = refused_within(extra, 10)
+        assert why is not None, "a stream past the limit was accepted"
+        assert "student already holds 8 streams" in why and "MAX_STREAMS_PER_IDENTITY" in why
+        assert "Close idle clients" in why
+        assert not any(call.done() for call in held)
+        # Another identity is not affected, and a closed stream makes room again.
+        pki.issue(c.pki_dir, "student", "student-2", dev=True)
+        assert refused_within(idle_compute(c, "student-2"), 1.0) is None
+        held.pop().cancel()
+        time.sleep(0.5)
+        assert refused_within(idle_compute(c), 1.0) is None
+        for call in held:
+            call.cancel()
+
+
+def test_one_querier_holds_a_bounded_number_of_open_rounds(tmp_path: Path) -> None:
+    with light_consortium(tmp_path, parties=2) as c:
+        c.start_guardian("--share-timeout", "2", "--round-timeout", "5")
+        c.wait_connected(c.start_parties(c.names), 2)
+        opened = [
+            c.open_round_without_computing(queries(2)).round_id
+            for _ in range(MAX_OPEN_ROUNDS_PER_QUERIER)
+        ]
+        ledger = c.ledger()
+        assert ledger.count_rounds(RoundState.RESERVED) == MAX_OPEN_ROUNDS_PER_QUERIER
+        with pytest.raises(grpc.RpcError) as err:
+            c.open_round_without_computing(queries(2))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = str(err.value.details())
+        assert "MAX_OPEN_ROUNDS_PER_QUERIER" in details and "nothing was reserved" in details
+        assert ledger.count_rounds(RoundState.RESERVED) == MAX_OPEN_ROUNDS_PER_QUERIER
+        # Another querier still opens rounds.
+        pki.issue(c.pki_dir, "student", "student-2", dev=True)
+        assert c.open_round_without_computing(queries(2), "student-2").round_id > max(opened)
+        # Once the reaper has aborted the stale rounds, the first querier gets in again.
+        wait_until(
+            lambda: ledger.count_rounds(RoundState.RESERVED) == 0, 30, "the stale rounds to go"
+        )
+        c.open_round_without_computing(queries(2))
