@@ -1,4 +1,4 @@
-"""A bounded, closable buffer between threads and asyncio tasks.
+"""Bridges between threads and asyncio tasks: a bounded, closable buffer and a signal.
 
 Every queue between a network stream and the code behind it is one of these,
 so no peer can make a service hold more than ``capacity`` items for it: a
@@ -161,3 +161,43 @@ class BoundedBuffer(Generic[T]):
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+class Signal:
+    """A one-way flag that threads wait on with :meth:`wait` and coroutines with
+    :meth:`wait_async` (no thread held while waiting)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            waiters, self._waiters = self._waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_wake, future)
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    async def wait_async(self, timeout: float | None = None) -> bool:
+        """True once set; False if ``timeout`` s pass first."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._event.is_set():
+                return True
+            self._waiters.append((loop, future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            with self._lock:
+                if (loop, future) in self._waiters:
+                    self._waiters.remove((loop, future))
+            return self._event.is_set()
+        return True

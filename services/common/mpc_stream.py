@@ -6,14 +6,17 @@ bounded buffer so ``recv`` can honour a timeout, which a blocking gRPC
 iterator cannot. Both directions are bounded (MPC_STREAM_BUFFER_FRAMES
 frames of at most MAX_MPC_FRAME_BYTES): a peer that sends faster than this
 side computes is held back by gRPC's flow control, and a frame larger than
-the protocol allows is refused on arrival and ends the stream.
+the protocol allows is refused on arrival and ends the stream. A threaded
+client reads with :meth:`attach`; the guardian's asyncio server with
+:meth:`pump_async` and :meth:`outgoing_async`, which hold no thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 from capc.mpc.channel import ProtocolError
 from services.common.buffers import BoundedBuffer
@@ -89,6 +92,34 @@ class StreamChannel:
                 self.finished()
 
         threading.Thread(target=pump, name="capc-mpc-stream", daemon=True).start()
+
+    async def pump_async(
+        self,
+        incoming: AsyncIterator[guardian_pb2.MpcFrame],
+        on_first: Callable[[], None] | None = None,
+    ) -> None:
+        """Read the other side's messages on the event loop (an asyncio server's stream);
+        ``on_first`` runs once the first frame is buffered."""
+        try:
+            async for msg in incoming:
+                frame = self.accept(msg)
+                if frame is None or self._in.closed:
+                    return
+                await self._in.aput(frame)  # waits while the buffer is full
+                if on_first is not None:
+                    on_first()
+                    on_first = None
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # the stream broke: recv reports it
+            self._error = err
+        finally:
+            self.finished()
+
+    async def outgoing_async(self) -> AsyncIterator[guardian_pb2.MpcFrame]:
+        """Messages for an asyncio server's response stream."""
+        while (item := await self._out.aget()) is not None:
+            yield self.message(item)
 
     def outgoing(self) -> Iterator[guardian_pb2.MpcFrame]:
         """Messages to hand to gRPC (request iterator or response generator)."""

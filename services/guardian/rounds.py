@@ -47,7 +47,7 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
-from services.common.buffers import BoundedBuffer
+from services.common.buffers import BoundedBuffer, Signal
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
@@ -133,7 +133,7 @@ class _Round:
     shares: dict[str, NDArray[np.uint64]] = field(default_factory=dict)
     seeds: dict[str, bytes] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)
-    complete: threading.Event = field(default_factory=threading.Event)
+    complete: Signal = field(default_factory=Signal)
     guardian_sum: NDArray[np.uint64] | None = None
     used: tuple[str, ...] = ()
     # Personalized budgets: vote weight and, with vanishing, who votes on which query.
@@ -144,6 +144,8 @@ class _Round:
     ciphertext_hash: bytes | None = None
     # The stream each party's work went out on: only its end fails the party here.
     sent: dict[str, PartyLink] = field(default_factory=dict)
+    # Parties the reservation left out, with the epsilon each has left.
+    excluded: dict[str, float] = field(default_factory=dict)
     # Monotonic seconds at opening; the reaper aborts rounds not released in time.
     opened_at: float = field(default_factory=time.monotonic)
     released: bool = False
@@ -340,6 +342,15 @@ class RoundEngine:
         self, querier: str, request: guardian_pb2.OpenRoundRequest, session_id: bytes
     ) -> guardian_pb2.OpenRoundReply:
         """Reserve, distribute, collect; raises QuorumError, RoundInputError or RoundRefusedError."""
+        rnd = self.begin_round(querier, request, session_id)
+        rnd.complete.wait(self.share_timeout)
+        return self.finish_round(rnd)
+
+    def begin_round(
+        self, querier: str, request: guardian_pb2.OpenRoundRequest, session_id: bytes
+    ) -> _Round:
+        """Check the request, reserve and send the work; the round collects shares until
+        ``complete`` is set or the share timeout passes, then :meth:`finish_round`."""
         header = request.header
         check_version(header, "guardian")
         config, digest = self.ledger.task(header.task)
@@ -367,14 +378,14 @@ class RoundEngine:
             )
         token = self._admit_round(querier)
         try:
-            return self._open_round(
+            return self._begin_round(
                 querier, request, session_id, task, digest, batch, encrypted, token
             )
         finally:
             with self._lock:
                 self._admitted_round(querier, token)
 
-    def _open_round(
+    def _begin_round(
         self,
         querier: str,
         request: guardian_pb2.OpenRoundRequest,
@@ -384,7 +395,7 @@ class RoundEngine:
         batch: int,
         encrypted: bool,
         token: list[bool],
-    ) -> guardian_pb2.OpenRoundReply:
+    ) -> _Round:
         candidates = self.connected()
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
@@ -413,6 +424,7 @@ class RoundEngine:
             votes_on=votes_on,
             session_id=session_id,
             ciphertext_hash=bytes(request.queries.encrypted.ciphertext_hash) if encrypted else None,
+            excluded=dict(reservation.excluded),
         )
         with self._lock:
             self._rounds[rnd.round_id] = rnd
@@ -447,7 +459,12 @@ class RoundEngine:
                     rnd.round_id,
                 )
                 self._party_failed(rnd, name)
-        rnd.complete.wait(self.share_timeout)
+        return rnd
+
+    def finish_round(self, rnd: _Round) -> guardian_pb2.OpenRoundReply:
+        """After the shares are in (or the share timeout): abort below quorum, or sum the
+        guardian shares, queue the round for its 2PC and reply with the sealed seeds."""
+        task, batch = rnd.task, rnd.batch
         with self._lock:
             rnd.complete.set()  # late shares are refused from here on
             used = tuple(sorted(rnd.shares))
@@ -468,11 +485,11 @@ class RoundEngine:
             total += rnd.shares[p]
         rnd.guardian_sum = total
         rnd.shares.clear()
-        self._ready_queue(querier, session_id).put(rnd.round_id)
+        self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
         return guardian_pb2.OpenRoundReply(
             round_id=rnd.round_id,
             included=list(used),
-            excluded_remaining_epsilon=dict(reservation.excluded),
+            excluded_remaining_epsilon=dict(rnd.excluded),
             seeds=[
                 guardian_pb2.SealedSeed(party=p, sealed=rnd.seeds[p])
                 for p in used
@@ -614,6 +631,13 @@ class RoundEngine:
                 log.warning("round %d aborted, nothing charged: %s", rnd.round_id, why)
         except RoundStateError:
             pass  # settled already: committed, aborted by the reaper, or released meanwhile
+
+    def abandon_round(self, rnd: _Round, why: str) -> None:
+        """Nobody will compute ``rnd`` (its opener went away): settle it now, not at the timeout."""
+        rnd.complete.set()
+        with self._lock:
+            self._rounds.pop(rnd.round_id, None)
+        self._settle(rnd, why)
 
     def reap(self) -> list[int]:
         """Abort every round not released within ``round_timeout`` s of opening; returns their ids.

@@ -25,15 +25,15 @@ from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, MAX_STREAMS_PER_
 from services.common.mpc_stream import StreamChannel
 from services.guardian.ledger.models import RoundState
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
-from tests.e2e.light import (
+from services.testbed.light import (
     TASK_NAME,
-    DeviatingParty,
     LightConsortium,
     light_consortium,
     queries,
     tensor_batch,
     wait_until,
 )
+from tests.e2e.light import DeviatingParty
 
 ROUND_TIMEOUT = 4.0
 
@@ -225,3 +225,46 @@ def test_one_querier_holds_a_bounded_number_of_open_rounds(tmp_path: Path) -> No
             lambda: ledger.count_rounds(RoundState.RESERVED) == 0, 30, "the stale rounds to go"
         )
         c.open_round_without_computing(queries(2))
+
+
+def idle_connect(c: LightConsortium, name: str) -> tuple[Any, Any]:
+    """An answering party's Connect stream that sends nothing after its registration."""
+    outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    responses = c.stub(name).Connect(iter(outgoing.get, None))
+    return outgoing, responses
+
+
+def test_many_idle_streams_do_not_starve_a_unary_call(tmp_path: Path) -> None:
+    hospitals = 72  # more than the 64 threads the guardian once served every call with
+    with light_consortium(tmp_path, parties=hospitals) as c:
+        c.start_guardian()
+        streams = [idle_connect(c, name) for name in c.names]
+        computes = [idle_compute(c) for _ in range(MAX_STREAMS_PER_IDENTITY)]
+        time.sleep(2.0)  # the guardian takes up every stream
+        # Every hospital and the student hold their streams; an admin read still answers.
+        admin = c.stub("gateway")
+        reply = admin.ListParties(
+            guardian_pb2.ListPartiesRequest(header=protocol.header()), timeout=15
+        )
+        assert len(reply.parties) == hospitals
+        wait_until(
+            lambda: (
+                sum(
+                    p.connected
+                    for p in admin.ListParties(
+                        guardian_pb2.ListPartiesRequest(header=protocol.header()), timeout=15
+                    ).parties
+                )
+                == hospitals
+            ),
+            30,
+            "every hospital to be connected",
+        )
+        for _, responses in streams:
+            assert next(responses).WhichOneof("body") == "registered"
+        assert not any(call.done() for call in computes)
+        for outgoing, responses in streams:
+            outgoing.put(None)
+            responses.cancel()
+        for call in computes:
+            call.cancel()
