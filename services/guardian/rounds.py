@@ -298,6 +298,16 @@ class RoundEngine:
         with self._lock:
             return sorted(self._links)
 
+    def reachable(self) -> list[str]:
+        """Connected parties heard from within ``silent_after`` s: those a round can ask.
+
+        A hospital behind a partition keeps its stream open until its transport
+        notices; it sends no heartbeat meanwhile, so it is left out of new rounds
+        (and not reserved for) instead of holding each round to its share timeout.
+        """
+        with self._lock:
+            return sorted(n for n, link in self._links.items() if link.alive(self.silent_after))
+
     def _party_failed(self, rnd: _Round, name: str) -> None:
         rnd.failed.add(name)
         if set(rnd.shares) | rnd.failed >= set(rnd.included):
@@ -396,7 +406,7 @@ class RoundEngine:
         encrypted: bool,
         token: list[bool],
     ) -> _Round:
-        candidates = self.connected()
+        candidates = self.reachable()
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {

@@ -61,6 +61,8 @@ class LightConsortium:
     guardian_args: Sequence[str] = ()
     task: dict[str, Any] = field(default_factory=lambda: dict(TASK))
     port: int = 0
+    #: Where the guardian listens: a lab link's host address keeps traffic on the lab's addresses.
+    listen_host: str = "127.0.0.1"
     student_port: int = 0
     procs: list[Process] = field(default_factory=list)
     guardian: Process | None = None
@@ -79,7 +81,7 @@ class LightConsortium:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.listen_host}:{self.port}"
 
     @property
     def task_config(self) -> TaskConfig:
@@ -103,7 +105,7 @@ class LightConsortium:
             save_teacher(self.model, Teacher("mlp", (4,), 3, model, {"data": "none"}, width=8))
         (self.directory / "task.json").write_text(json.dumps(self.task))
 
-    def start_guardian(self, *extra: str) -> Process:
+    def start_guardian(self, *extra: str, prefix: Sequence[str] = ()) -> Process:
         self.port = self.port or free_port()
         register = [a for n in self.names for a in ("--register", f"{n}={self.cap}")]
         proc = spawn(
@@ -120,14 +122,18 @@ class LightConsortium:
             *register,
             *self.guardian_args,
             *extra,
+            prefix=prefix,
         )
         self.procs.append(proc)
         proc.wait_for("guardian serving", timeout=60)
         self.guardian = proc
         return proc
 
-    def start_parties(self, names: Sequence[str], target: str | None = None) -> Process:
-        """One ``capc answerer`` process hosting ``names``; returns once all are connected."""
+    def start_parties(
+        self, names: Sequence[str], target: str | None = None, prefix: Sequence[str] = ()
+    ) -> Process:
+        """One ``capc answerer`` process hosting ``names``, dialling ``target`` (default the
+        guardian's address), run under ``prefix`` (e.g. a lab namespace)."""
         proc = spawn(
             "answerers",
             "answerer",
@@ -140,6 +146,7 @@ class LightConsortium:
             str(self.pki_dir),
             "--server-name",
             "localhost",
+            prefix=prefix,
         )
         self.procs.append(proc)
         return proc
@@ -192,9 +199,9 @@ class LightConsortium:
         )
         return guardian_pb2_grpc.GuardianHubStub(channel)
 
-    def student(self, timeout: float = 60.0) -> StudentClient:
+    def student(self, timeout: float = 60.0, target: str | None = None) -> StudentClient:
         return StudentClient(
-            self.address,
+            target or self.address,
             tls.TLSFiles.in_dir(self.pki_dir, "student"),
             self.task_config,
             server_name="localhost",
