@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,8 +28,9 @@ from capc.learning.diet import (
     save_body,
 )
 from capc.learning.pate import ACCOUNTANTS, ConfidentParams
-from capc.learning.simclr import PRECISIONS, PretrainConfig
+from capc.learning.simclr import PRECISIONS, PretrainConfig, PretrainingPausedError
 from capc.models import ARCHITECTURES
+from capc.models.checkpoint import weights_sha256
 
 #: The experiment's defaults, so the command line and ``DietConfig`` cannot drift apart.
 DEFAULTS = DietConfig()
@@ -119,6 +121,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pre.add_argument("--classes", type=int, default=10, help="outputs of the (unused) head")
     pre.add_argument("--out", type=Path, required=True, help="checkpoint to write")
     pre.add_argument("--cache", type=Path, default=Path(".capc-cache"), help="pretrained bodies")
+    pre.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="minutes; pause there, keeping the state in the cache (the same command resumes; "
+        "exit status 3 while unfinished)",
+    )
     pre.set_defaults(handler=run_pretrain)
 
     r = dsub.add_parser("run", help="the central-mode DIET-PATE experiment (no services)")
@@ -198,11 +207,19 @@ def run_pretrain(args: argparse.Namespace) -> int:
     """Write a pretrained body as a model checkpoint with a card saying how it was made."""
     config = _body_config(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = pretrained_body(
-        config, args.cache, args.classes, lambda s: print(s, flush=True), device
-    )
+    if args.time_limit is not None and not args.time_limit > 0:
+        print("error: --time-limit must be a positive number of minutes", file=sys.stderr)
+        return 2
+    deadline = None if args.time_limit is None else time.monotonic() + 60 * args.time_limit
+    try:
+        model = pretrained_body(
+            config, args.cache, args.classes, lambda s: print(s, flush=True), device, deadline
+        )
+    except PretrainingPausedError as paused:
+        print(str(paused), flush=True)
+        return 3
     save_body(args.out, model, config)
-    print(f"wrote {args.out}")
+    print(f"wrote {args.out} (weights SHA-256 {weights_sha256(model.features)})")
     return 0
 
 

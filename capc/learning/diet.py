@@ -105,13 +105,21 @@ def synthetic_pool(config: BodyConfig) -> NDArray[np.float32]:
 
 
 def pretrained_body(
-    config: BodyConfig, cache: Path | None, num_classes: int, log: Log, device: str
+    config: BodyConfig,
+    cache: Path | None,
+    num_classes: int,
+    log: Log,
+    device: str,
+    deadline: float | None = None,
 ) -> Classifier:
     """The body pretrained on synthetic images, read from ``cache`` when it is there.
 
     Its initial weights come from ``config.pretrain.seed`` too, so a body is a
     function of its configuration (and of the thread count, which orders the
     floating-point sums), not of whatever drew from torch's generator before.
+    With a ``cache`` the pretraining is resumable (its state is kept beside the
+    body until it ends); ``deadline`` (``time.monotonic()`` seconds) pauses it
+    there with :class:`capc.learning.simclr.PretrainingPausedError`.
     """
     model = build(
         config.architecture,
@@ -130,11 +138,33 @@ def pretrained_body(
         f"pretraining {config.architecture} (width {config.width}) on {config.pool} synthetic "
         f"images ({', '.join(config.generators)}), {config.pretrain.steps} steps"
     )
-    pretrain(model, synthetic_pool(config), config.pretrain, log)
+    state = None if path is None else path.with_suffix(".state.pt")
+    if state is not None:
+        state.parent.mkdir(parents=True, exist_ok=True)
+    elif deadline is not None:
+        raise ValueError("a pretraining deadline needs a cache to keep its state in")
+    pool = _pool(config, path, deadline is not None)
+    pretrain(model, pool, config.pretrain, log, state=state, deadline=deadline)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.features.state_dict(), path)
+        path.with_suffix(".pool.npy").unlink(missing_ok=True)
+    if state is not None:
+        state.unlink(missing_ok=True)
     return model.eval()
+
+
+def _pool(config: BodyConfig, body: Path | None, pausable: bool) -> NDArray[np.float32]:
+    """The synthetic pool; a pretraining that may pause keeps it beside its state, since
+    generating 48,000 images costs minutes that each resumed part would pay again."""
+    kept = None if body is None else body.with_suffix(".pool.npy")
+    if kept is not None and kept.exists():
+        pool = np.load(kept)
+        if pool.shape == (config.pool, *config.input_shape):
+            return np.asarray(pool, dtype=np.float32)
+    pool = synthetic_pool(config)
+    if kept is not None and pausable:
+        np.save(kept, pool)
+    return pool
 
 
 def save_body(path: Path, model: Classifier, config: BodyConfig) -> None:
