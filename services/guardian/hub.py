@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
-from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
+from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE, MAX_TEACHERS_PER_PARTY
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
@@ -97,9 +97,11 @@ def _status(
     b: PartyBudget,
     connected: bool = False,
     projection: tuple[float, float, int] = (1.0, 1.0, -1),
+    teachers: int = 0,
 ) -> guardian_pb2.PartyStatus:
     weight, participation, queries_left = projection
     return guardian_pb2.PartyStatus(
+        teachers=teachers,
         vote_weight=weight,
         participation=participation,
         queries_left=queries_left,
@@ -133,10 +135,15 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 projections = self._projections(request.header.task)
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        online = set(self.engine.connected())
+        online = self.engine.teachers()
         return guardian_pb2.ListPartiesReply(
             parties=[
-                _status(b, b.name in online, projections.get(b.name, (1.0, 1.0, -1)))
+                _status(
+                    b,
+                    b.name in online,
+                    projections.get(b.name, (1.0, 1.0, -1)),
+                    online.get(b.name, 0),
+                )
                 for b in self.ledger.budgets()
             ],
             delta=self.ledger.delta,
@@ -267,8 +274,9 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 f"{name} is not a registered answering party; ask the guardian's operator to register it",
             )
         peer = context.peer()
+        teachers = self._registration(name, request_iterator, context)
         try:
-            link = self.engine.attach(name, peer, context.is_active)
+            link = self.engine.attach(name, peer, context.is_active, teachers)
         except DuplicateLinkError as err:
             self._refuse_duplicate(name, peer, err, context)
         log.info("answering party %s connected from %s", name, peer)
@@ -329,6 +337,32 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             if item is None:
                 return
             yield item
+
+    def _registration(
+        self,
+        name: str,
+        request_iterator: Iterator[guardian_pb2.PartyMessage],
+        context: grpc.ServicerContext,
+    ) -> int:
+        """The teacher count of the Register message a stream must open with."""
+        try:
+            first = next(request_iterator)
+        except (StopIteration, grpc.RpcError):
+            context.abort(grpc.StatusCode.CANCELLED, f"{name} closed its stream before registering")
+        check_header(first.header, context)
+        if first.WhichOneof("body") != "register":
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "a Connect stream opens with a Register message naming the party's teachers",
+            )
+        teachers = len(first.register.teachers)
+        if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name} registered {teachers} teachers; a party votes with 1 to "
+                f"{MAX_TEACHERS_PER_PARTY}",
+            )
+        return teachers
 
     def _refuse_duplicate(
         self, name: str, peer: str, err: DuplicateLinkError, context: grpc.ServicerContext

@@ -40,7 +40,12 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
-from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
+from services.common.limits import (
+    MAX_BATCH,
+    MAX_CIPHERTEXTS,
+    MAX_TEACHERS_PER_PARTY,
+    count_refusal,
+)
 from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
@@ -89,6 +94,8 @@ class PartyLink:
     active: Callable[[], bool] = _always
     outbox: queue.Queue[guardian_pb2.HubMessage | None] = field(default_factory=queue.Queue)
     last_heard: float = field(default_factory=time.monotonic)
+    #: Teachers the party votes with (its Register): its counts of a query sum to this.
+    teachers: int = 1
 
     def heard(self) -> None:
         """The party sent something on this stream."""
@@ -119,9 +126,14 @@ class _Round:
     ciphertext_hash: bytes | None = None
     # The stream each party's work went out on: only its end fails the party here.
     sent: dict[str, PartyLink] = field(default_factory=dict)
+    # Teachers of each included party, as registered when the round opened.
+    teachers: dict[str, int] = field(default_factory=dict)
 
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
+
+    def voters(self, party: str) -> int:
+        return self.teachers.get(party, 1)
 
     def voting(self, party: str) -> NDArray[np.bool_]:
         """(batch,) mask of the queries ``party`` voted on."""
@@ -152,8 +164,14 @@ class RoundEngine:
         self._lock = threading.Lock()
 
     # -- answering parties ----------------------------------------------------
-    def attach(self, name: str, peer: str = "", active: Callable[[], bool] = _always) -> PartyLink:
-        """A party's stream opened.
+    def attach(
+        self,
+        name: str,
+        peer: str = "",
+        active: Callable[[], bool] = _always,
+        teachers: int = 1,
+    ) -> PartyLink:
+        """A party's stream opened; the party votes with ``teachers`` teachers.
 
         While the party's earlier stream is alive (open and heard from within
         ``silent_after``), the new one is refused with :class:`DuplicateLinkError`:
@@ -162,7 +180,12 @@ class RoundEngine:
         stream is ended and replaced, so a party that lost its connection
         gets back in.
         """
-        link = PartyLink(name, peer, active)
+        if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
+            raise RequestError(
+                f"a party votes with 1 to {MAX_TEACHERS_PER_PARTY} teachers, {name} "
+                f"registered {teachers}"
+            )
+        link = PartyLink(name, peer, active, teachers=teachers)
         with self._lock:
             old = self._links.get(name)
             if old is not None and old.alive(self.silent_after):
@@ -192,6 +215,11 @@ class RoundEngine:
     def connected(self) -> list[str]:
         with self._lock:
             return sorted(self._links)
+
+    def teachers(self) -> dict[str, int]:
+        """Teachers of every connected party."""
+        with self._lock:
+            return {n: link.teachers for n, link in self._links.items()}
 
     def _party_failed(self, rnd: _Round, name: str) -> None:
         rnd.failed.add(name)
@@ -295,6 +323,7 @@ class RoundEngine:
             self._rounds[rnd.round_id] = rnd
             links = {p: self._links.get(p) for p in rnd.included}
             rnd.sent = {p: link for p, link in links.items() if link is not None}
+            rnd.teachers = {p: link.teachers for p, link in rnd.sent.items()}
         header = protocol.header(task.name, digest)
         for name, link in links.items():
             if link is None:
@@ -312,6 +341,7 @@ class RoundEngine:
                         vote_weight=rnd.weight(name),
                         frac_bits=task.frac_bits,
                         participation=serde.participation_to_bytes(mask),
+                        teachers=rnd.voters(name),
                     ),
                 )
             )
@@ -345,6 +375,7 @@ class RoundEngine:
                 for p in used
                 if p in rnd.seeds
             ],
+            teachers={p: rnd.voters(p) for p in used},
         )
 
     # -- encrypted-query mode: relayed frames ----------------------------------
@@ -490,13 +521,14 @@ class RoundEngine:
         if rnd is None or rnd.guardian_sum is None:
             raise RoundRefusedError(f"round {round_id} is not ready for the 2PC")
         task, b = rnd.task, rnd.batch
-        total = sum(rnd.weight(p) for p in rnd.used)
-        spec = task.circuit_spec(len(rnd.used), total)
+        # A party with m teachers adds m votes (times its weight) to every query.
+        total = sum(rnd.voters(p) * rnd.weight(p) for p in rnd.used)
+        spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total)
         mech = task.mechanism
         noise = mech.draw_noise(b, self._rng)
         theta = None
-        if rnd.votes_on and mech.per_label:  # vanishing: the majority of those who voted
-            theta = np.sum([rnd.voting(p) for p in rnd.used], axis=0) / 2.0
+        if rnd.votes_on and mech.per_label:  # vanishing: the majority of the teachers who voted
+            theta = np.sum([rnd.voters(p) * rnd.voting(p) for p in rnd.used], axis=0) / 2.0
         inputs = mech.garbler_inputs(spec, rnd.guardian_sum, noise, theta)
         start = time.perf_counter()
         out = session.run_round(

@@ -195,7 +195,9 @@ class StudentClient:
             student_sum = student_share_sum(
                 self.key, sealed, reply.round_id, (batch, task.vote_width)
             )
-        spec = task.circuit_spec(len(reply.included))
+        # A party with m teachers adds up to m votes to a count; a guardian that names no
+        # counts counts each party as one teacher.
+        spec = task.circuit_spec(sum(reply.teachers.get(p, 1) for p in reply.included))
         out = session.run_round(
             reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
         )
