@@ -20,7 +20,9 @@ def test_the_gateway_offers_the_student_partys_semi_supervised_modes() -> None:
 
 
 def test_options_default_to_the_central_experiments_best_student() -> None:
-    assert TrainingOptions.parse(0.0, "") == TrainingOptions(STUDENT_L2, "none") == TrainingOptions()
+    assert (
+        TrainingOptions.parse(0.0, "") == TrainingOptions(STUDENT_L2, "none") == TrainingOptions()
+    )
     assert STUDENT_L2 == 0.01
     opts = TrainingOptions.parse(0.003, "pseudo-labels")
     assert TrainingOptions.from_dict(opts.to_dict()) == opts
