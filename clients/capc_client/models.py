@@ -76,6 +76,7 @@ class Party(_Model):
     vote_weight: float = 1.0
     participation: float = 1.0
     queries_left: int | None = None
+    teachers: int = 0
 
 
 class Budget(_Model):

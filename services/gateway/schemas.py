@@ -191,6 +191,9 @@ class PartyOut(BaseModel):
     queries_left: int | None = Field(
         description="queries its remaining budget covers at the task's worst case"
     )
+    teachers: int = Field(
+        0, description="teachers the party votes with while connected (an ensemble); 0 offline"
+    )
 
 
 class PartyList(BaseModel):
