@@ -93,13 +93,20 @@ class BodyConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: Images generated at a time for a pretraining pool: a generator's working memory
+#: grows with its batch (16,000 fractals at once took 16 GB), its images do not
+#: depend on how their index range is split.
+POOL_CHUNK = 1000
+
+
 def synthetic_pool(config: BodyConfig) -> NDArray[np.float32]:
     """The pretraining images: ``pool`` images split evenly among ``generators``."""
     per = -(-config.pool // len(config.generators))
     return np.concatenate(
         [
-            Recipe(g, 10_000 + i, 0, per, config.input_shape).generate()
+            Recipe(g, 10_000 + i, lo, min(POOL_CHUNK, per - lo), config.input_shape).generate()
             for i, g in enumerate(config.generators)
+            for lo in range(0, per, POOL_CHUNK)
         ]
     )[: config.pool]
 

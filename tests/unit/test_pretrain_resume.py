@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from capc.learning import simclr
-from capc.learning.diet import BodyConfig, pretrained_body
+from capc.learning import diet, simclr
+from capc.learning.diet import BodyConfig, pretrained_body, synthetic_pool
 from capc.learning.simclr import PretrainConfig, PretrainingPausedError, pretrain
 from capc.models import build
 from capc.models.checkpoint import weights_sha256
@@ -72,3 +72,13 @@ def test_a_cached_body_pauses_and_resumes_to_the_uninterrupted_body(tmp_path: Pa
         next(iter(again.features.state_dict().values())),
         next(iter(whole.features.state_dict().values())),
     )
+
+
+def test_the_pool_is_generated_in_chunks_with_the_same_images(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = BodyConfig(input_shape=(1, 12, 12), pool=50)
+    whole = synthetic_pool(config)
+    monkeypatch.setattr(diet, "POOL_CHUNK", 7)
+    assert whole.shape == (50, 1, 12, 12)
+    np.testing.assert_array_equal(synthetic_pool(config), whole)
