@@ -150,6 +150,8 @@ class LocalConsortium:
     teachers: list[int] | None = None
     #: Each DIET teacher head's L2 penalty (the central-mode experiment's, docs/diet.md).
     teacher_l2: float = 1e-2
+    #: Records held out from every hospital as the student's test set (and queries).
+    held_out: int = HELD_OUT
 
     def cap(self, i: int) -> float:
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
@@ -200,7 +202,7 @@ class LocalConsortium:
         outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
         rng = np.random.default_rng(7)
         order = rng.permutation(len(x))
-        held = min(HELD_OUT, len(x) // 4)
+        held = min(self.held_out, len(x) // 4)
         ref = min(REFERENCE, len(x) // 8) if self.body is not None else 0
         test, train = order[:held], order[held + ref :]
         self.queries, self.truth = x[test], y[test]
@@ -386,6 +388,60 @@ class LocalConsortium:
         self.procs.append(proc)
         proc.wait_for("student serving jobs")
         return proc
+
+    def start_querier(
+        self,
+        i: int,
+        own: tuple[NDArray[np.float32], NDArray[np.integer]],
+        test: tuple[NDArray[np.float32], NDArray[np.integer]],
+    ) -> int:
+        """Hospital ``i`` querying the consortium (the CaPC loop): a student party of its own,
+        under its own student certificate, whose rounds leave hospital ``i`` out and whose
+        pretrained student learns from ``own`` (x, y) plus what its jobs bring back; tested
+        on ``test``. Returns the port of its jobs API."""
+        if self.body is None:
+            raise ValueError("the CaPC loop's querier fits the pretrained body's last layer")
+        name = f"hospital-{i}-querier"
+        if not (self.pki_dir / f"{name}.pem").exists():
+            pki.issue(self.pki_dir, "student", name, dev=True)
+        task_file = self.directory / f"{TASK_NAME}.json"
+        task_file.write_text(json.dumps(self.task))
+        own_file, test_file = (
+            self.directory / f"{name}-own.npz",
+            self.directory / f"{name}-test.npz",
+        )
+        np.savez(own_file, x=own[0], y=own[1])
+        np.savez(test_file, x=test[0], y=test[1])
+        port = free_port()
+        proc = spawn(
+            name,
+            "student",
+            "--guardian",
+            f"127.0.0.1:{self.port}",
+            "--task",
+            str(task_file),
+            "--db",
+            str(self.directory / f"{name}.db"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--pki",
+            str(self.pki_dir),
+            "--name",
+            name,
+            "--server-name",
+            "localhost",
+            "--own-data",
+            str(own_file),
+            "--test-data",
+            str(test_file),
+            "--exclude",
+            f"hospital-{i}",
+            "--body",
+            str(self.body),
+        )
+        self.procs.append(proc)
+        proc.wait_for("student serving jobs")
+        return port
 
     @property
     def gateway_db(self) -> str:

@@ -174,14 +174,24 @@ def _pool(config: BodyConfig, body: Path | None, pausable: bool) -> NDArray[np.f
     return pool
 
 
-def save_body(path: Path, model: Classifier, config: BodyConfig) -> None:
-    """Write a pretrained body as a model checkpoint whose card says how it was made."""
-    card = {
+def save_body(path: Path, model: Classifier, config: BodyConfig, half: bool = False) -> None:
+    """Write a pretrained body as a model checkpoint whose card says how it was made.
+
+    ``half``: store its floating-point tensors as float16, half the bytes (a body
+    shipped in a repository); loading upcasts them, so the body used is the
+    float16 rounding of the pretrained one.
+    """
+    card: dict[str, object] = {
         "kind": "pretrained body",
         "data": f"{config.pool} synthetic images ({', '.join(config.generators)}); no real data",
         "pretraining": {"method": "SimCLR", **config.pretrain.to_dict()},
         "note": "the head is untrained; fit the last layer before use",
+        "body_config_key": config.key,
     }
+    stored = copy.deepcopy(model).cpu()
+    if half:
+        card["stored"] = "float16 (the float16 rounding of the pretrained float32 weights)"
+        stored = stored.half()
     path.parent.mkdir(parents=True, exist_ok=True)
     save_teacher(
         path,
@@ -189,7 +199,7 @@ def save_body(path: Path, model: Classifier, config: BodyConfig) -> None:
             config.architecture,
             config.input_shape,
             model.head.out_features,
-            copy.deepcopy(model).cpu(),
+            stored,
             card,
             device="cpu",
             width=config.width,

@@ -47,6 +47,10 @@ DEFAULT_LIST_PAGE = 100
 #: TeacherInfo per teacher.
 MAX_TEACHERS_PER_PARTY = 1024
 
+#: Parties one round request may leave out (the CaPC loop: a querying hospital
+#: names its own answering party): the consortium's size is far below it.
+MAX_EXCLUDED = 1024
+
 #: Records in one prediction request: 4,096 (3, 32, 32) float32 records are 50 MB,
 #: under MAX_MESSAGE_BYTES, and a forward pass over them takes seconds on a CPU.
 MAX_PREDICT_RECORDS = 4096

@@ -113,7 +113,11 @@ SemiSupervised = Literal["none", "self-training", "pseudo-labels"]
 
 
 class ModelCreate(Strict):
-    job_ids: list[JobId] = Field(min_length=1, max_length=100)
+    job_ids: list[JobId] = Field(
+        max_length=100,
+        description="finished jobs whose labels it learns; none only for a querier with its "
+        "own labelled records (the CaPC loop: its model before it queried the consortium)",
+    )
     architecture: Literal["pretrained", "small-cnn", "mlp", "resnet10", "resnet18"] | None = Field(
         None,
         description="pretrained: fit the last layer of the student's pretrained body (DIET); "

@@ -30,7 +30,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +43,7 @@ from services.common import protocol, serde
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
+    MAX_EXCLUDED,
     MAX_TEACHERS_PER_PARTY,
     count_refusal,
 )
@@ -290,7 +291,8 @@ class RoundEngine:
                 "encrypted queries travel over the Relay stream: open it (with the same "
                 "capc-session-id) before opening the round"
             )
-        candidates = self.connected()
+        excluded = _excluded(request.exclude)
+        candidates = [p for p in self.connected() if p not in excluded]
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
@@ -550,6 +552,18 @@ class RoundEngine:
 
 
 LAYOUTS = ("batched", "single")
+
+
+def _excluded(names: Sequence[str]) -> frozenset[str]:
+    """The parties a round request leaves out, checked: names, at most MAX_EXCLUDED."""
+    if len(names) > MAX_EXCLUDED:
+        raise RequestError(
+            f"a round may leave out at most {MAX_EXCLUDED} parties, got {len(names)}"
+        )
+    bad = [n for n in names if not 1 <= len(n) <= 128]
+    if bad:
+        raise RequestError("exclude: party names are 1 to 128 characters")
+    return frozenset(names)
 
 
 def _check_encrypted(batch: common_pb2.EncryptedBatch, task: TaskConfig) -> int:

@@ -55,6 +55,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "alone (default: the inputs of --test-data)",
     )
     p.add_argument(
+        "--own-data",
+        type=Path,
+        default=None,
+        help="the querier's own labelled records (.npz with x and y): a hospital that queries "
+        "the consortium (the CaPC loop) fits its pretrained student on them plus the labels "
+        "its jobs bring back; a model of no jobs is fitted on them alone",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PARTY",
+        help="an answering party every round leaves out: a hospital querying the consortium "
+        "names its own, so its teachers do not vote on its queries; repeatable",
+    )
+    p.add_argument(
         "--body",
         type=Path,
         default=None,
@@ -102,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         reference = (
             None if args.reference_data is None else load_reference(args.reference_data, task)
         )
+        own = None if args.own_data is None else load_test_set(args.own_data, task)
     except (OSError, ValueError, TaskError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -109,11 +126,16 @@ def run(args: argparse.Namespace) -> int:
     runner = JobRunner(
         store,
         lambda: StudentClient(
-            args.guardian, files, task, server_name=args.server_name, name=args.name
+            args.guardian,
+            files,
+            task,
+            server_name=args.server_name,
+            name=args.name,
+            exclude=tuple(args.exclude),
         ),
     )
     try:
-        trainer = ModelTrainer(store, task, test_set, body, reference)
+        trainer = ModelTrainer(store, task, test_set, body, reference, own)
         server, port = serve_jobs(StudentParty(store, runner, task, trainer), args.listen, files)
     except (ValueError, OSError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -58,6 +58,8 @@ STUDENT_L2 = 1e-2
 SEMI_SUPERVISED = ("none", "self-training", "pseudo-labels")
 #: Smallest reference batch: the DIET paper's smallest current-statistics batch.
 MIN_REFERENCE_RECORDS = 16
+#: The querier's own records per BatchNorm batch when its student is fitted on them.
+OWN_BATCH = 512
 
 
 class TrainingError(ValueError):
@@ -220,15 +222,19 @@ class ModelTrainer:
         test_set: tuple[NDArray[np.float32], NDArray[np.int64]] | None = None,
         body: Teacher | None = None,
         reference: NDArray[np.float32] | None = None,
+        own: tuple[NDArray[np.float32], NDArray[np.int64]] | None = None,
     ) -> None:
         self.store = store
         self.task = task
         self.test_set = test_set
         self.body = body
-        if reference is None and test_set is not None and body is not None:
-            # Unlabelled use of the test inputs: the statistics a batch of them would have.
-            order = np.random.default_rng(0).permutation(len(test_set[0]))
-            reference = test_set[0][order[:MAX_REFERENCE_RECORDS]]
+        #: The querier's own labelled records (a hospital in the CaPC loop), or None.
+        self.own = own
+        inputs = own if own is not None else test_set
+        if reference is None and inputs is not None and body is not None:
+            # Unlabelled use of its own or its test inputs: a batch of them, at random.
+            order = np.random.default_rng(0).permutation(len(inputs[0]))
+            reference = inputs[0][order[:MAX_REFERENCE_RECORDS]]
         self.reference = (
             None if reference is None else checked_reference(reference, task, "reference")
         )
@@ -255,7 +261,7 @@ class ModelTrainer:
     ) -> None:
         """Refuse a request that cannot train: raises TrainingError with the reason."""
         options = options or TrainingOptions()
-        if not job_ids:
+        if not job_ids and (architecture != PRETRAINED or self.own is None):
             raise TrainingError("name at least one finished job to train on")
         if architecture == PRETRAINED and self.body is None:
             raise TrainingError(
@@ -315,6 +321,18 @@ class ModelTrainer:
         )
         answered = jf.answered
         f, y = jf.features[torch.from_numpy(answered)], jf.labels[answered]
+        if self.own is not None:
+            # The CaPC loop: the querier's own records with the labels the consortium gave.
+            own_x, own_y = self.own
+            order = np.random.default_rng(1).permutation(len(own_x))
+            own_f = features(model, own_x[order], current_statistics=True, batch=OWN_BATCH)
+            f, y = torch.cat([own_f, f]), np.concatenate([own_y[order], y])
+            jf = JobFeatures(
+                np.concatenate([own_x[order], jf.queries]),
+                torch.cat([own_f, jf.features]),
+                np.concatenate([own_y[order], jf.labels]),
+            )
+            answered = jf.answered
         if len(y) == 0:
             raise TrainingError("the jobs have no fully answered queries")
         if not self.task.multi_label and len(np.unique(y)) < 2:
@@ -324,7 +342,8 @@ class ModelTrainer:
         if options.semi_supervised == "self-training":
             return self_train_linear(jf.features, jf.labels, outputs, l2=options.l2), f, y, unused
         if options.semi_supervised == "pseudo-labels":
-            batch = min(j.batch_size for j in map(self.store.get, job_ids) if j is not None)
+            sizes = [j.batch_size for j in map(self.store.get, job_ids) if j is not None]
+            batch = min(sizes, default=OWN_BATCH)
             head = pseudo_label_head(
                 model, f, y, jf.queries[~answered], outputs, batch=batch, l2=options.l2, seed=seed
             )
@@ -422,7 +441,9 @@ class ModelTrainer:
             "input_shape": list(self.task.input_shape),
             "outputs": outputs,
             "multi_label": self.task.multi_label,
-            "data": f"{examples} queries labelled by the consortium (jobs {', '.join(jobs)}); "
+            "data": f"{examples} labelled records: "
+            + (f"{len(self.own[0])} of the querier's own, " if self.own is not None else "")
+            + f"queries labelled by the consortium (jobs {', '.join(jobs) or 'none'}); "
             "unanswered queries left out",
             "mechanism": self.task.mechanism.name,
             **extra,

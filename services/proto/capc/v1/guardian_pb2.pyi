@@ -134,18 +134,20 @@ class RoundCancelled(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key")
+    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_KEY_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     STUDENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     round_key: str
     queries: _common_pb2.QueryBatch
     mechanism: _common_pb2.Mechanism
     student_public_key: bytes
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ...) -> None: ...
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SealedSeed(_message.Message):
     __slots__ = ("party", "sealed")
