@@ -152,6 +152,8 @@ class LocalConsortium:
     teacher_l2: float = 1e-2
     #: Records held out from every hospital as the student's test set (and queries).
     held_out: int = HELD_OUT
+    #: Seeds which records are held out and how they are split among hospitals and teachers.
+    split_seed: int = 0
 
     def cap(self, i: int) -> float:
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
@@ -200,7 +202,8 @@ class LocalConsortium:
             pki.issue_https(self.pki_dir, "gateway", ("localhost", "127.0.0.1"), dev=True)
         x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]))
         outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
-        rng = np.random.default_rng(7)
+        # Split seed 0 keeps the split every earlier consortium of this class had.
+        rng = np.random.default_rng(7 if self.split_seed == 0 else [7, self.split_seed])
         order = rng.permutation(len(x))
         held = min(self.held_out, len(x) // 4)
         ref = min(REFERENCE, len(x) // 8) if self.body is not None else 0
@@ -208,7 +211,7 @@ class LocalConsortium:
         self.queries, self.truth = x[test], y[test]
         self.reference = x[order[held : held + ref]]
         base = None if self.body is None else load_teacher(self.body)
-        for i, part in enumerate(partition(len(train), self.parties, seed=1)):
+        for i, part in enumerate(partition(len(train), self.parties, seed=1 + self.split_seed)):
             name = f"hospital-{i}"
             if not (self.pki_dir / f"{name}.pem").exists():
                 pki.issue(self.pki_dir, "answerer", name, dev=True)
@@ -217,7 +220,7 @@ class LocalConsortium:
             idx = train[part]
             m = self.teacher_count(i)
             # Disjoint parts: a record sits in one teacher's data and moves one vote.
-            parts = [idx[p] for p in partition(len(idx), m, seed=100 + i)]
+            parts = [idx[p] for p in partition(len(idx), m, seed=100 + 1000 * self.split_seed + i)]
             card: dict[str, Any] = {
                 "data": f"{self.dataset}, partition {i} of {self.parties}",
                 "examples": len(idx),
