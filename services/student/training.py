@@ -139,6 +139,8 @@ def load_test_set(path: Path, task: TaskConfig) -> tuple[NDArray[np.float32], ND
 
 
 def _answered(labels: NDArray[np.int64]) -> NDArray[np.bool_]:
+    if len(labels) == 0:
+        return np.zeros(0, dtype=bool)
     return np.asarray((labels >= 0).reshape(len(labels), -1).all(axis=1), dtype=bool)
 
 
