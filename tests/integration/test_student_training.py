@@ -72,8 +72,10 @@ def test_the_service_fits_the_central_experiments_head(
     # each round of 40 queries read with its own statistics.
     f = features(body.model, x, current_statistics=True, batch=40)
     head = fit_batch_standardised(f, y, 3, l2=0.01, balanced=True)
-    assert torch.allclose(model.head[1].weight, head[1].weight, atol=1e-5)  # type: ignore[index]
-    assert found[1]["reference"]["records"] == 90
+    fitted, expected = model.head[1], head[1]  # type: ignore[index]
+    assert isinstance(fitted, torch.nn.Linear) and isinstance(expected, torch.nn.Linear)
+    assert torch.allclose(fitted.weight, expected.weight, atol=1e-5)
+    assert found[1]["reference"] == {"records": 90, "sha256": found[1]["reference"]["sha256"]}  # type: ignore[index]
 
 
 def test_the_capc_loop_fits_own_records_with_or_without_jobs(
