@@ -12,6 +12,7 @@ from services.common.limits import (
     DEFAULT_EPOCHS,
     MAX_BATCH,
     MAX_EPOCHS,
+    MAX_PREDICT_RECORDS,
     MAX_RECIPE_COUNT,
     batch_refusal,
 )
@@ -106,8 +107,17 @@ class LabelsOut(BaseModel):
     )
 
 
+#: What a pretrained student's head may also learn from unanswered queries (the student
+#: party's ``SEMI_SUPERVISED``; a unit test keeps the two equal).
+SemiSupervised = Literal["none", "self-training", "pseudo-labels"]
+
+
 class ModelCreate(Strict):
-    job_ids: list[JobId] = Field(min_length=1, max_length=100)
+    job_ids: list[JobId] = Field(
+        max_length=100,
+        description="finished jobs whose labels it learns; none only for a querier with its "
+        "own labelled records (the CaPC loop: its model before it queried the consortium)",
+    )
     architecture: Literal["pretrained", "small-cnn", "mlp", "resnet10", "resnet18"] | None = Field(
         None,
         description="pretrained: fit the last layer of the student's pretrained body (DIET); "
@@ -115,6 +125,39 @@ class ModelCreate(Strict):
     )
     epochs: int = Field(DEFAULT_EPOCHS, ge=1, le=MAX_EPOCHS)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    l2: float | None = Field(
+        None,
+        ge=1e-8,
+        le=1e3,
+        description="pretrained students: the head's L2 penalty (default 0.01)",
+    )
+    semi_supervised: SemiSupervised = Field(
+        "none",
+        description="pretrained students: also learn from the jobs' unanswered queries, by "
+        "the head's own confident predictions (self-training) or by confident predictions "
+        "taught on strongly augmented views (pseudo-labels, FixMatch-style); no privacy cost",
+    )
+
+
+class PredictIn(Strict):
+    """Records to predict: a list of N records, each of the task's input shape."""
+
+    records: list[Any] = Field(
+        min_length=1,
+        max_length=MAX_PREDICT_RECORDS,
+        description="N records (1 <= N <= 4096), each a nested list of the task's input shape "
+        "(e.g. [1][28][28] numbers)",
+    )
+
+
+class PredictOut(BaseModel):
+    model: str
+    labels: list[int] | list[list[int]] = Field(
+        description="per record: its class, or 0/1 per label for a multi-label task"
+    )
+    scores: list[list[float]] = Field(
+        description="per record: class probabilities (softmax), or each label's probability"
+    )
 
 
 class ModelOut(BaseModel):
@@ -127,6 +170,9 @@ class ModelOut(BaseModel):
     metrics: dict[str, Any]
     error: str
     created_at: str
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the training options the model was asked for"
+    )
 
 
 class ModelList(BaseModel):
@@ -148,6 +194,9 @@ class PartyOut(BaseModel):
     participation: float
     queries_left: int | None = Field(
         description="queries its remaining budget covers at the task's worst case"
+    )
+    teachers: int = Field(
+        0, description="teachers the party votes with while connected (an ensemble); 0 offline"
     )
 
 

@@ -99,9 +99,11 @@ def _status(
     b: PartyBudget,
     connected: bool = False,
     projection: tuple[float, float, int] = (1.0, 1.0, -1),
+    teachers: int = 0,
 ) -> guardian_pb2.PartyStatus:
     weight, participation, queries_left = projection
     return guardian_pb2.PartyStatus(
+        teachers=teachers,
         vote_weight=weight,
         participation=participation,
         queries_left=queries_left,
@@ -135,10 +137,15 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 projections = self._projections(request.header.task)
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        online = set(self.engine.connected())
+        online = self.engine.teachers()
         return guardian_pb2.ListPartiesReply(
             parties=[
-                _status(b, b.name in online, projections.get(b.name, (1.0, 1.0, -1)))
+                _status(
+                    b,
+                    b.name in online,
+                    projections.get(b.name, (1.0, 1.0, -1)),
+                    online.get(b.name, 0),
+                )
                 for b in self.ledger.budgets()
             ],
             delta=self.ledger.delta,
