@@ -15,6 +15,7 @@ import torch
 from capc.he.batched import BatchedEvaluator, encrypt_batch
 from capc.he.ckks import PublicContext, StudentKeys
 from capc.he.masking import (
+    SlotDecoder,
     _cos_table,
     decoder,
     lift,
@@ -114,16 +115,13 @@ def test_cosine_table_is_exact_and_the_same_everywhere() -> None:
 
 
 def test_decoding_is_linear_modulo_2_64(party: PublicContext) -> None:
-    dec = decoder(party)
+    dec = SlotDecoder(PARAMS, party.moduli(PARAMS.output_level))
+    dec.shift = np.uint64(0)  # look at the full 64-bit sums
     rng = SecureRandom.from_seed("linear")
     a, b = rng.uint64((2, PARAMS.poly_modulus_degree)), rng.uint64((2, PARAMS.poly_modulus_degree))
-    dec.shift = np.uint64(0)  # look at the full 64-bit sums
-    try:
-        np.testing.assert_array_equal(
-            dec.decode(a + b, 300), dec.decode(a, 300) + dec.decode(b, 300)
-        )
-    finally:
-        dec.shift = np.uint64(64 - PARAMS.share_bits)
+    np.testing.assert_array_equal(dec.decode(a + b, 300), dec.decode(a, 300) + dec.decode(b, 300))
+    # the cached decoder is the same matrix
+    np.testing.assert_array_equal(decoder(party).matrix(0, 8), dec.matrix(0, 8))
 
 
 @pytest.mark.parametrize("scale", [1.0, LAM])
