@@ -176,10 +176,10 @@ def test_encrypted_tasks() -> None:
         "num_classes": 10,
         "input_shape": [1, 28, 28],
         "mechanism": {"name": "confident-gnmax", "sigma": 4.0, "threshold": 8.0, "sigma1": 4.0},
-        "encryption": {"architecture": "he-cnn", "width": 5, "params": {"mask_bits": 25}},
+        "encryption": {"architecture": "he-cnn", "width": 5, "params": {"share_bits": 22}},
     }
     task = TaskConfig.parse("t", base, config_hash(base))
-    assert task.encryption is not None and task.encryption.params.mask_bits == 25
+    assert task.encryption is not None and task.encryption.params.share_bits == 22
     assert '"architecture":"he-cnn"' in task.encryption.to_json()
     bad: list[tuple[dict[str, Any], str]] = [
         ({**base, "encryption": {"architecture": "resnet10"}}, "HE-friendly"),
