@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from capc.labeldp import cli as labeldp_cli
 from capc.learning import cli as diet_cli
 from capc.privacy import cli as privacy_cli
 from services import demo, local
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     privacy_cli.add_parser(sub)
     diet_cli.add_parser(sub)
+    labeldp_cli.add_parser(sub)
     demo.add_parser(sub)
     pki.add_parser(sub)
     guardian_main.add_parser(sub)
