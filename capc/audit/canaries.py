@@ -123,6 +123,34 @@ def guess(
     return Guesses(made, made & (pick == canaries.planted))
 
 
+def guess_by_score(canaries: Canaries, log_odds: NDArray[np.floating], margin: float) -> Guesses:
+    """Guess y' where ``log_odds`` (M,), the release's log-likelihood ratio of y' against
+    y'', is at least ``margin``, y'' where it is at most -``margin``, abstain between.
+
+    Used on a mechanism's direct output (ALIBI's noisy vectors), where the ratio is
+    known in closed form: guessing only at its extreme makes the attack exact."""
+    s = np.asarray(log_odds, dtype=np.float64)
+    if s.shape != (len(canaries),):
+        raise ValueError(f"need one score per canary, got shape {s.shape}")
+    if not margin >= 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    made = np.abs(s) >= margin
+    return Guesses(made, made & (s > 0))
+
+
+def audit_scores(
+    canaries: Canaries,
+    log_odds: NDArray[np.floating],
+    margin: float,
+    *,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+) -> EmpiricalEpsilon:
+    """:func:`guess_by_score`, turned into an empirical epsilon (nats)."""
+    g = guess_by_score(canaries, log_odds, margin)
+    return empirical_epsilon(g.correct, g.count, len(canaries), delta=delta, confidence=confidence)
+
+
 def audit(
     canaries: Canaries,
     probabilities: NDArray[np.floating] | None,

@@ -84,6 +84,21 @@ def posterior(noisy: torch.Tensor, scale: float, log_prior: torch.Tensor) -> tor
     return functional.softmax(evidence + log_prior, dim=1)
 
 
+def log_odds(
+    noisy: NDArray[np.float64],
+    first: NDArray[np.integer],
+    second: NDArray[np.integer],
+    scale: float,
+) -> NDArray[np.float64]:
+    """log p(o | y = first) - log p(o | y = second) per row of ``noisy`` (N, C), at Laplace
+    ``scale``: (|o_a| - |o_a - 1| + |o_b - 1| - |o_b|) / scale, at most 2 / scale = epsilon
+    (reached where o_a >= 1 and o_b <= 0)."""
+    o = np.asarray(noisy, dtype=np.float64)
+    rows = np.arange(len(o))
+    a, b = o[rows, np.asarray(first)], o[rows, np.asarray(second)]
+    return (np.abs(a) - np.abs(a - 1.0) + np.abs(b - 1.0) - np.abs(b)) / scale
+
+
 def train(
     model: nn.Module,
     x: NDArray[np.float32],

@@ -175,7 +175,11 @@ def _row(
         "accuracy": accuracy,
         "canaries": len(split.canaries),
         "audit": audit.to_dict(),
-        "flagged": audit.exceeds(claimed),
+        "flagged": audit.exceeds(claimed)
+        or any(
+            isinstance(a, dict) and a.get("lower", 0.0) > claimed
+            for a in (extra.get("release_audit"),)
+        ),
         "seconds": time.perf_counter() - started,
         **extra,
     }
@@ -189,6 +193,11 @@ def _finetuned(body: Classifier, classes: int, seed: int) -> Classifier:
     return model
 
 
+def _canary_positions(split: Split) -> NDArray[np.int64]:
+    """Where each canary sits among the training records."""
+    return np.searchsorted(split.train, split.canaries.index).astype(np.int64)
+
+
 def run_alibi(
     split: Split,
     body: Classifier,
@@ -197,9 +206,12 @@ def run_alibi(
     rng: SecureRandom,
     *,
     released: NDArray[np.float64] | None = None,
+    train_scale: float | None = None,
 ) -> dict[str, Any]:
-    """ALIBI at ``epsilon``; ``released`` replaces the noisy vectors (tests build broken
-    mechanisms with it; the claim stays that of ``epsilon``)."""
+    """ALIBI at ``epsilon``. ``released`` replaces the noisy vectors and ``train_scale`` the
+    scale the trainer assumes: tests build broken mechanisms with them, and the claim
+    stays that of ``epsilon``. Two audits: the model's (``audit``) and the released
+    vectors' own (``release_audit``, exact at the likelihood ratio's extreme)."""
     started = time.perf_counter()
     tr = split.train
     scale = alibi.laplace_scale(epsilon)
@@ -209,20 +221,38 @@ def run_alibi(
         else released
     )
     model = alibi.train(
-        _finetuned(body, split.classes, config.seed), split.x[tr], noisy, scale, config
+        _finetuned(body, split.classes, config.seed),
+        split.x[tr],
+        noisy,
+        scale if train_scale is None else train_scale,
+        config,
     )
     acc = float(
         (_probabilities(model, split.x[split.test]).argmax(1) == split.truth[split.test]).mean()
     )
     probs = _probabilities(model, split.x[split.canaries.index])
     claimed = alibi.label_event(epsilon).epsilon
-    return _row("alibi", split, claimed, 0.0, acc, probs, None, started, {"laplace_scale": scale})
+    c = split.canaries
+    odds = alibi.log_odds(noisy[_canary_positions(split)], c.planted, c.alternative, scale)
+    release = canary_audit.audit_scores(c, odds, claimed * (1 - 1e-9))
+    return _row(
+        "alibi",
+        split,
+        claimed,
+        0.0,
+        acc,
+        probs,
+        None,
+        started,
+        {"laplace_scale": scale, "release_audit": release.to_dict()},
+    )
 
 
 def run_rr(
     split: Split, body: Classifier, epsilon: float, config: TrainConfig, rng: SecureRandom
 ) -> dict[str, Any]:
-    """Randomized response at ``epsilon``, then supervised fine-tuning on the noisy labels."""
+    """Randomized response at ``epsilon``, then supervised fine-tuning on the noisy labels.
+    Two audits: the model's and the released labels' own."""
     started = time.perf_counter()
     tr = split.train
     noisy = rr.randomize(split.y[tr], split.classes, epsilon, rng)
@@ -233,6 +263,7 @@ def run_rr(
         (_probabilities(model, split.x[split.test]).argmax(1) == split.truth[split.test]).mean()
     )
     probs = _probabilities(model, split.x[split.canaries.index])
+    release = canary_audit.audit(split.canaries, None, noisy[_canary_positions(split)])
     return _row(
         "rr",
         split,
@@ -242,7 +273,10 @@ def run_rr(
         probs,
         None,
         started,
-        {"keep_probability": rr.keep_probability(epsilon, split.classes)},
+        {
+            "keep_probability": rr.keep_probability(epsilon, split.classes),
+            "release_audit": release.to_dict(),
+        },
     )
 
 
