@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from capc.labeldp import cli as labeldp_cli
 from capc.learning import cli as diet_cli
 from capc.privacy import cli as privacy_cli
-from services import demo, local
+from services import audit, demo, local
 from services.answerer import main as answerer_main
 from services.common import health, pki
 from services.gateway import main as gateway_main
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     guardian_main.add_parser(sub)
     answerer_main.add_parser(sub)
     local.add_parser(sub)
+    audit.add_parser(sub)
     student_main.add_parser(sub)
     gateway_main.add_parser(sub)
     health.add_parser(sub)

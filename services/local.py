@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.audit import canaries as canary_audit
+from capc.audit.canaries import Canaries
 from capc.data.multilabel import animal_attributes
 from capc.data.offline import animal_mnist, breast_cancer, digits, partition
 from capc.learning.last_layer import finetune_teacher
@@ -113,6 +115,28 @@ def spawn(name: str, *args: str) -> Process:
     return Process(name, popen)
 
 
+@dataclass(frozen=True)
+class CanarySpec:
+    """``count`` canaries (records given a random wrong label) in the teacher data of each
+    hospital in ``hospitals`` (indices), drawn with the auditor's ``seed``."""
+
+    hospitals: tuple[int, ...]
+    count: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not self.hospitals or min(self.hospitals) < 0:
+            raise ValueError("canaries need a count >= 1 and at least one hospital index >= 0")
+
+
+@dataclass(frozen=True)
+class PlantedCanaries:
+    """One hospital's canaries: their images (M, *shape) and labels (the auditor's secret)."""
+
+    images: NDArray[np.float32]
+    canaries: Canaries
+
+
 @dataclass
 class LocalConsortium:
     """Guardian and answering parties as local processes; see the module docstring."""
@@ -138,6 +162,8 @@ class LocalConsortium:
     epsilon_caps: list[float] | None = None
     #: A pretrained body (capc diet pretrain): DIET teachers and a DIET student when set.
     body: Path | None = None
+    #: Canaries planted in some hospitals' teacher data (``capc audit run``).
+    canaries: CanarySpec | None = None
 
     def cap(self, i: int) -> float:
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
@@ -156,6 +182,34 @@ class LocalConsortium:
 
     def model_path(self, i: int) -> Path:
         return self.directory / f"hospital-{i}.pt"
+
+    def canary_path(self, i: int) -> Path:
+        return self.directory / f"canaries-hospital-{i}.npz"
+
+    def planted(self, i: int) -> PlantedCanaries:
+        """Hospital ``i``'s canaries, as :meth:`prepare` planted them."""
+        with np.load(self.canary_path(i), allow_pickle=False) as f:
+            c = Canaries(f["index"], f["true"], f["planted"], f["alternative"])
+            return PlantedCanaries(np.asarray(f["images"], dtype=np.float32), c)
+
+    def _plant(
+        self, i: int, x: NDArray[np.float32], y: NDArray[np.integer], idx: NDArray[np.int64]
+    ) -> NDArray[np.integer]:
+        """Labels of hospital ``i``'s records ``idx`` with its canaries planted (and saved)."""
+        spec = self.canaries
+        if spec is None or i not in spec.hospitals:
+            return y[idx]
+        if y.ndim != 1 or spec.count > len(idx) // 2:
+            raise ValueError(
+                f"hospital-{i} holds {len(idx)} single-label records: at most half can be canaries"
+            )
+        rng = np.random.default_rng([spec.seed, i])
+        chosen = np.sort(rng.choice(len(idx), spec.count, replace=False))
+        classes = int(y.max()) + 1
+        local, planted = canary_audit.plant(y[idx], classes, chosen, rng)
+        arrays: dict[str, NDArray[np.generic]] = {"images": x[idx][chosen], **planted.to_arrays()}
+        np.savez(self.canary_path(i), allow_pickle=False, **arrays)
+        return local
 
     def _say(self, text: str) -> None:
         if self.log is not None:
@@ -185,9 +239,11 @@ class LocalConsortium:
             name = f"hospital-{i}"
             if not (self.pki_dir / f"{name}.pem").exists():
                 pki.issue(self.pki_dir, "answerer", name, dev=True)
-            if self.model_path(i).exists():
+            canaried = self.canaries is not None and i in self.canaries.hospitals
+            if self.model_path(i).exists() and (not canaried or self.canary_path(i).exists()):
                 continue
             idx = train[part]
+            labels = self._plant(i, x, y, idx)
             card: dict[str, Any] = {
                 "data": f"{self.dataset}, partition {i} of {self.parties}",
                 "examples": len(idx),
@@ -195,7 +251,7 @@ class LocalConsortium:
             shape = tuple(self.task["input_shape"])
             if base is not None:
                 self._say(f"fitting {name}'s last layer on {len(idx)} private images")
-                model = finetune_teacher(copy.deepcopy(base.model), x[idx], y[idx])
+                model = finetune_teacher(copy.deepcopy(base.model), x[idx], labels)
                 card["method"] = "pretrained body; own BatchNorm statistics and last layer"
                 architecture, width = base.architecture, base.width
             else:
@@ -206,11 +262,13 @@ class LocalConsortium:
                 model = fit(
                     build(architecture, shape, outputs, width),
                     x[idx],
-                    y[idx],
+                    labels,
                     epochs=self.epochs,
                     seed=i,
                 )
                 card["method"] = "trained from scratch"
+            if canaried and self.canaries is not None:
+                card["canaries"] = f"{self.canaries.count} records relabelled at random (audit)"
             save_teacher(
                 self.model_path(i),
                 Teacher(
