@@ -449,7 +449,7 @@ def test_privacy_audits_sit_beside_the_claimed_epsilon(ledger_url: str) -> None:
         {"canaries": 0, "guesses": 0, "correct": 0},
         {"canaries": 10, "guesses": -1, "correct": 0},
     ):
-        with pytest.raises(LedgerError, match="canaries|whole number"):
+        with pytest.raises(LedgerError, match=r"canaries|whole number"):
             ledger.record_privacy_audit("h1", attack="x", actor="a", **bad)
     with pytest.raises(UnknownPartyError):
         ledger.record_privacy_audit(
