@@ -98,6 +98,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     f.add_argument(
         "--queries", type=positive_int, help="at most this many (default: what the budget admits)"
     )
+    f.add_argument(
+        "--min-queries",
+        type=positive_int,
+        default=d.min_queries,
+        help="raise every noise until this many queries fit the budget",
+    )
     f.add_argument("--selection", choices=("prototypes", "random"), default=d.selection)
     f.add_argument("--delta", type=positive_float, default=d.delta)
     f.add_argument("--accountant", choices=tuple(accountants.ACCOUNTANTS), default=d.accountant)
@@ -124,6 +130,7 @@ def run_method(args: argparse.Namespace, log: Any) -> dict[str, Any]:
             sigma1=args.sigma1,
             threshold=args.threshold,
             queries=args.queries,
+            min_queries=args.min_queries,
             selection=args.selection,
             delta=args.delta,
             accountant=args.accountant,

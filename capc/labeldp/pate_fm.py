@@ -163,10 +163,14 @@ def run(
     classes: int,
     config: PateFmConfig,
     rng: SecureRandom,
+    teachers: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> PateFmResult:
     """Algorithms 1 and 2 on a pool ``bank``: teachers on ``train_index`` (labels
     ``labels`` (N,) over the whole pool; only those of ``train_index`` are read),
-    queries, noisy aggregation with noise from ``rng``, accounting, and the student."""
+    queries, noisy aggregation with noise from ``rng``, accounting, and the student.
+
+    ``teachers``: heads (weights, biases) already trained by :func:`train_teachers` with
+    this configuration (an ensemble serves every budget: it does not depend on epsilon)."""
     mech = mechanism(config, classes)
     acct = accountants.make(config.accountant)
     fit = budget_queries(mech, acct, config.epsilon, config.delta)
@@ -176,7 +180,14 @@ def run(
             f"{mech.name} with these parameters; add noise or raise the budget"
         )
     count = min(fit, config.queries or fit, len(bank))
-    w, b, _ = train_teachers(bank, train_index, labels, classes, config)
+    if teachers is None:
+        w, b, _ = train_teachers(bank, train_index, labels, classes, config)
+    else:
+        w, b = teachers
+        if w.shape[0] != config.teachers:
+            raise ValueError(
+                f"got {w.shape[0]} teachers, the configuration names {config.teachers}"
+            )
     queries = select_queries(bank, count, config.selection, config.seed)
     votes = head_predictions(bank.clean[torch.from_numpy(queries)], w, b)
     hist = mech.summed_votes(votes)

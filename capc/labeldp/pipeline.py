@@ -38,9 +38,11 @@ from capc.labeldp.training import TrainConfig
 from capc.learning.fixmatch import FixMatchConfig, Projection, ViewBank, view_bank
 from capc.learning.randaugment import StrongAugmentation, WeakAugmentation, strong, weak
 from capc.learning.simclr import PretrainConfig, pretrain
+from capc.mechanisms import from_config
 from capc.models import build
 from capc.models.inference import logits as model_logits
 from capc.models.registry import Classifier
+from capc.privacy import accountants
 from capc.privacy.randomness import SecureRandom
 
 DATASETS = ("digits", "animal-mnist")
@@ -298,13 +300,17 @@ def pool_features(split: Split, body: Classifier, seed: int = 0) -> PoolFeatures
 @dataclass(frozen=True)
 class PateFmSettings:
     """PATE-FM's knobs in fractions of the ensemble, so they scale with ``teachers``:
-    ``sigma``, ``sigma1`` and ``threshold`` are multiplied by the number of teachers."""
+    ``sigma``, ``sigma1`` and ``threshold`` are multiplied by the number of teachers
+    (``sigma1`` 0: plain GNMax, no threshold test). Every noise is raised, where needed,
+    until ``min_queries`` queries fit the budget; at most ``queries`` are asked. Both rules
+    read only epsilon, delta and these constants: never the data."""
 
     teachers: int = 100
     sigma: float = 0.4
     sigma1: float = 0.3
     threshold: float = 0.5
     queries: int | None = None
+    min_queries: int = 1
     selection: str = "prototypes"
     delta: float = 1e-5
     accountant: str = "gdp"
@@ -315,8 +321,20 @@ class PateFmSettings:
         default_factory=lambda: FixMatchConfig(steps=300, unlabelled_ratio=8)
     )
 
-    def mechanism(self) -> dict[str, Any]:
-        """The mechanism's configuration in votes."""
+    def mechanism(self, epsilon: float, classes: int) -> dict[str, Any]:
+        """The mechanism's configuration in votes at ``epsilon``: the base noise, scaled up
+        by the smallest factor that lets ``min_queries`` queries fit."""
+        base = self._base()
+        mech = from_config(base, classes)
+        acct = accountants.make(self.accountant)
+        room = acct.max_multiplier(mech.per_query(), self.min_queries, epsilon, self.delta)
+        if room >= 1.0:
+            return base
+        # A Gaussian's loss falls with the square of its noise; a hair more, for rounding.
+        factor = (1.0 + 1e-9) / math.sqrt(room)
+        return mech.scaled_noise(factor).to_config()
+
+    def _base(self) -> dict[str, Any]:
         t = float(self.teachers)
         if self.sigma1 > 0:
             # A task configuration names the mechanism; capc.mechanisms owns the name.
@@ -333,19 +351,13 @@ class PateFmSettings:
         return {"name": GNMax.name, "sigma": self.sigma * t}
 
 
-def run_pate_fm(
-    split: Split,
-    features: PoolFeatures,
-    epsilon: float,
-    settings: PateFmSettings,
-    rng: SecureRandom,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """PATE-FM at ``epsilon`` (nats, at ``settings.delta``) on the pool's features."""
-    started = time.perf_counter()
-    config = pate_fm.PateFmConfig(
+def pate_config(
+    epsilon: float, settings: PateFmSettings, seed: int, classes: int
+) -> pate_fm.PateFmConfig:
+    """The library's configuration for ``settings`` at ``epsilon``."""
+    return pate_fm.PateFmConfig(
         epsilon=epsilon,
-        mechanism=settings.mechanism(),
+        mechanism=settings.mechanism(epsilon, classes),
         teachers=settings.teachers,
         delta=settings.delta,
         queries=settings.queries,
@@ -355,10 +367,42 @@ def run_pate_fm(
         student=settings.student,
         seed=seed,
     )
+
+
+def pate_teachers(
+    split: Split, features: PoolFeatures, settings: PateFmSettings, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PATE-FM's teacher heads (they serve every epsilon)."""
+    config = pate_config(1.0, settings, seed, split.classes)
+    w, b, _ = pate_fm.train_teachers(
+        features.bank, np.arange(len(split.train)), split.y[split.train], split.classes, config
+    )
+    return w, b
+
+
+def run_pate_fm(
+    split: Split,
+    features: PoolFeatures,
+    epsilon: float,
+    settings: PateFmSettings,
+    rng: SecureRandom,
+    seed: int = 0,
+    teachers: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, Any]:
+    """PATE-FM at ``epsilon`` (nats, at ``settings.delta``) on the pool's features;
+    ``teachers`` from :func:`pate_teachers` with the same settings and seed, or None."""
+    started = time.perf_counter()
+    config = pate_config(epsilon, settings, seed, split.classes)
     # Pool positions are indices into split.train; the labels are read there.
     pool_labels = split.y[split.train]
     result = pate_fm.run(
-        features.bank, np.arange(len(split.train)), pool_labels, split.classes, config, rng
+        features.bank,
+        np.arange(len(split.train)),
+        pool_labels,
+        split.classes,
+        config,
+        rng,
+        teachers,
     )
     weights, biases = result.student
     head = torch.nn.Linear(weights.shape[2], weights.shape[1])
@@ -413,7 +457,7 @@ def default_train_config(dataset: str, seed: int = 0) -> TrainConfig:
     return TrainConfig(
         epochs=30 if dataset == "digits" else 15,
         batch=64,
-        lr=0.05,
+        lr=0.01,
         seed=seed,
         weak=WeakAugmentation(shift=0.125, flip=dataset != "digits"),
     )

@@ -142,3 +142,25 @@ def test_diet_label_noise_experiment_draw_zero_is_the_diet_run(tmp_path: Path) -
     (row,) = diet["rows"]
     assert row["answered"] == seed["answered"][0]
     assert row["student_accuracy"] == seed["noisy"][0][0]
+
+
+def test_labeldp_table_quick(tmp_path: Path) -> None:
+    from experiments.labeldp_table import claims, summarise
+
+    result: dict[str, Any] = run(
+        "experiments.labeldp_table",
+        tmp_path / "labeldp.json",
+        "--quick",
+        "--epsilons",
+        "1,4",
+        "--cache",
+        str(tmp_path / "cache"),
+    )  # type: ignore[assignment]
+    rows = result["rows"]
+    assert {(r["method"], r["budget"]) for r in rows} == {
+        (m, e) for m in ("alibi", "rr", "pate-fm") for e in (1.0, 4.0)
+    }
+    assert result["table"] == summarise(rows) and result["claims"] == claims(rows)
+    assert result["claims"]["no_audit_refutes_a_claim"]
+    for r in rows:
+        assert r["audit"]["canaries"] == 20 and r["epsilon"] <= r["budget"] + 1e-12
