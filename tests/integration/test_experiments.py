@@ -155,7 +155,7 @@ def test_labeldp_table_quick(tmp_path: Path) -> None:
         "1,4",
         "--cache",
         str(tmp_path / "cache"),
-    )  # type: ignore[assignment]
+    )
     rows = result["rows"]
     assert {(r["method"], r["budget"]) for r in rows} == {
         (m, e) for m in ("alibi", "rr", "pate-fm") for e in (1.0, 4.0)
