@@ -19,6 +19,13 @@ their bound adds a failure probability of order r delta (at most 1e-2 here:
 delta 1e-5, r <= 1000); the paper's heuristic, which we follow, subtracts
 delta from alpha instead.
 
+A tight attack (the release attacks on ALIBI and randomized response are
+exact) makes a 95% lower bound exceed the true epsilon 2.5% of the time, so
+the interval reported is the 95% one, as in the paper, but a claim is
+*refuted* only when the lower end of the :data:`REFUTE_CONFIDENCE` interval
+exceeds it: a true claim then survives each tight audit with probability
+at least 0.9995.
+
 Units: epsilon in nats; confidence a probability.
 """
 
@@ -29,6 +36,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from scipy.stats import beta
+
+#: Two-sided confidence of the interval whose lower end must exceed a claim to refute it.
+REFUTE_CONFIDENCE = 0.999
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -64,7 +74,8 @@ class EmpiricalEpsilon:
     ``lower``/``upper``: epsilon at the ends of the two-sided ``confidence``
     Clopper-Pearson interval on the accuracy (``lower`` is the empirical
     lower bound, at one-sided confidence (1 + confidence) / 2); ``point``: at
-    the observed accuracy. All 0 when nothing was guessed.
+    the observed accuracy. All 0 when nothing was guessed. ``refuting_lower``: the
+    lower end at :data:`REFUTE_CONFIDENCE`, what :meth:`exceeds` compares.
     """
 
     canaries: int
@@ -78,10 +89,12 @@ class EmpiricalEpsilon:
     upper: float
     delta: float
     confidence: float
+    refuting_lower: float = 0.0
 
     def exceeds(self, claimed: float) -> bool:
-        """True when the audit refutes a claimed epsilon: its lower bound is above it."""
-        return self.lower > claimed
+        """True when the audit refutes a claimed epsilon: the lower end of its
+        :data:`REFUTE_CONFIDENCE` interval is above it."""
+        return self.refuting_lower > claimed
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +116,7 @@ def empirical_epsilon(
     if total < guesses:
         raise ValueError(f"cannot make {guesses} guesses on {total} canaries")
     lo, hi = clopper_pearson(correct, guesses, confidence)
+    strict = clopper_pearson(correct, guesses, max(confidence, REFUTE_CONFIDENCE))[0]
     acc = correct / guesses if guesses else 0.5
     return EmpiricalEpsilon(
         canaries=total,
@@ -116,4 +130,5 @@ def empirical_epsilon(
         upper=epsilon_for_accuracy(hi, 0.0) if guesses else math.inf,
         delta=delta,
         confidence=confidence,
+        refuting_lower=epsilon_for_accuracy(strict, delta) if guesses else 0.0,
     )

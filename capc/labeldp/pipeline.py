@@ -179,7 +179,7 @@ def _row(
         "audit": audit.to_dict(),
         "flagged": audit.exceeds(claimed)
         or any(
-            isinstance(a, dict) and a.get("lower", 0.0) > claimed
+            isinstance(a, dict) and a.get("refuting_lower", 0.0) > claimed
             for a in (extra.get("release_audit"),)
         ),
         "seconds": time.perf_counter() - started,

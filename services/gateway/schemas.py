@@ -272,7 +272,9 @@ class PrivacyAuditOut(BaseModel):
     empirical_lower: float = Field(description="lower end of the empirical epsilon's interval")
     empirical_point: float | None = Field(description="at the observed accuracy; null: unbounded")
     empirical_upper: float | None = Field(description="upper end; null: unbounded")
-    refuted: bool = Field(description="the empirical lower bound exceeds the claimed epsilon")
+    refuted: bool = Field(
+        description="the lower end of the 99.9% interval exceeds the claimed epsilon"
+    )
 
 
 class PrivacyAuditList(BaseModel):

@@ -141,7 +141,7 @@ class QuerierSpendRow(Base):
 
 class AuditResultRow(Base):
     """An empirical privacy audit of one party (a canary attack) beside the epsilon its
-    ledger claimed when the result was recorded."""
+    ledger claimed when the result was recorded; ``refuted`` at 99.9% confidence."""
 
     __tablename__ = "audit_results"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

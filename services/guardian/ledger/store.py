@@ -157,7 +157,8 @@ class PrivacyAudit:
     out of ``guesses`` on ``canaries`` canaries, the empirical epsilon the ledger computed
     from them (nats, at its ``delta``, two-sided ``confidence`` Clopper-Pearson interval;
     ``empirical_upper`` None when unbounded), and ``claimed_epsilon``, the party's epsilon
-    by the ledger when the result was recorded. ``refuted``: the lower bound exceeds it."""
+    by the ledger when the result was recorded. ``refuted``: the lower end of the 99.9%
+    interval exceeds it (:data:`capc.audit.bounds.REFUTE_CONFIDENCE`)."""
 
     id: int
     party: str
