@@ -121,7 +121,7 @@ def cmd_jobs_results(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_models_train(client: Client, args: argparse.Namespace) -> int:
-    model = client.train(args.jobs, args.architecture, args.epochs, args.seed)
+    model = client.train(args.jobs, args.architecture, args.epochs, args.seed, args.semi_supervised)
     if args.wait:
         model = client.wait_model(model.id)
     _print(args, model, [f"{model.id}  {model.state}  {json.dumps(model.metrics)} {model.error}"])
@@ -265,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument(
+        "--semi-supervised",
+        action="store_true",
+        help="FixMatch: the jobs' unanswered queries as unlabelled data (image tasks)",
+    )
     train.add_argument("--wait", action="store_true")
     train.set_defaults(run=cmd_models_train)
     show = models.add_parser("show", parents=[common])

@@ -47,6 +47,7 @@ class StudentModel(_Model):
     metrics: dict[str, Any]
     error: str
     created_at: str
+    semi_supervised: bool = False
 
     @property
     def finished(self) -> bool:

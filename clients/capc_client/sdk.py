@@ -267,8 +267,17 @@ class Client:
         architecture: str | None = None,
         epochs: int = 10,
         seed: int = 0,
+        semi_supervised: bool = False,
     ) -> StudentModel:
-        body = {"job_ids": job_ids, "architecture": architecture, "epochs": epochs, "seed": seed}
+        """Train a student model on finished jobs; ``semi_supervised``: FixMatch, with the
+        jobs' unanswered queries as unlabelled data."""
+        body = {
+            "job_ids": job_ids,
+            "architecture": architecture,
+            "epochs": epochs,
+            "seed": seed,
+            "semi_supervised": semi_supervised,
+        }
         return StudentModel.model_validate(self._request("POST", "/v1/models", json=body).json())
 
     def model(self, model_id: str) -> StudentModel:

@@ -471,6 +471,7 @@ def create_app(
                 architecture=body.architecture or "",
                 epochs=body.epochs,
                 seed=body.seed,
+                semi_supervised=body.semi_supervised,
             ),
         )
         return model_out(model)

@@ -115,6 +115,11 @@ class ModelCreate(Strict):
     )
     epochs: int = Field(DEFAULT_EPOCHS, ge=1, le=MAX_EPOCHS)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    semi_supervised: bool = Field(
+        False,
+        description="FixMatch: the jobs' unanswered queries as unlabelled data (image tasks, "
+        "single labels, trained from scratch)",
+    )
 
 
 class ModelOut(BaseModel):
@@ -127,6 +132,7 @@ class ModelOut(BaseModel):
     metrics: dict[str, Any]
     error: str
     created_at: str
+    semi_supervised: bool = False
 
 
 class ModelList(BaseModel):

@@ -89,6 +89,7 @@ def model_proto(model: StudentModel) -> student_pb2.StudentModel:
         metrics_json=json.dumps(model.metrics, sort_keys=True),
         error=model.error,
         created_at=model.created_at,
+        semi_supervised=model.semi_supervised,
     )
 
 
@@ -302,11 +303,15 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         arch = request.architecture or self.trainer.default_architecture
         epochs = request.epochs or DEFAULT_EPOCHS
         try:
-            self.trainer.check(list(request.job_ids), arch, epochs)
+            self.trainer.check(list(request.job_ids), arch, epochs, request.semi_supervised)
         except TrainingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         model = self.store.create_model(
-            list(request.job_ids), arch, epochs, int(request.seed % (1 << 31))
+            list(request.job_ids),
+            arch,
+            epochs,
+            int(request.seed % (1 << 31)),
+            semi_supervised=request.semi_supervised,
         )
         self.trainer.submit(model.id)
         return model_proto(model)

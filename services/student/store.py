@@ -82,6 +82,12 @@ class ModelRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+def _semi_supervised(card: Mapping[str, object] | None) -> bool:
+    """Whether a model's card records a FixMatch request."""
+    request = (card or {}).get("request")
+    return isinstance(request, Mapping) and request.get("semi_supervised") is True
+
+
 def _pack(arr: NDArray[np.generic]) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
@@ -142,6 +148,8 @@ class StudentModel:
     metrics: dict[str, object]
     error: str
     created_at: str
+    #: FixMatch on the jobs' unanswered queries as well (kept in the card's "request").
+    semi_supervised: bool = False
 
 
 class JobStore:
@@ -289,10 +297,17 @@ class JobStore:
             dict(row.metrics),
             row.error,
             row.created_at.isoformat(),
+            _semi_supervised(row.card),
         )
 
     def create_model(
-        self, job_ids: list[str], architecture: str, epochs: int, seed: int
+        self,
+        job_ids: list[str],
+        architecture: str,
+        epochs: int,
+        seed: int,
+        *,
+        semi_supervised: bool = False,
     ) -> StudentModel:
         with Session(self.engine) as s, s.begin():
             row = ModelRow(
@@ -305,7 +320,7 @@ class JobStore:
                 examples=0,
                 metrics={},
                 error="",
-                card={},
+                card={"request": {"semi_supervised": bool(semi_supervised)}},
                 created_at=_now(),
             )
             s.add(row)

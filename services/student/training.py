@@ -7,7 +7,9 @@ Two ways to train:
   exactly as the hospitals saw the queries. Its card says to infer with
   current statistics.
 - an architecture name (``small-cnn``, ``resnet10``, ...): trained from
-  scratch on the labelled queries.
+  scratch on the labelled queries; with ``semi_supervised``, by FixMatch
+  (:mod:`capc.learning.fixmatch`), the jobs' unanswered queries serving as
+  unlabelled data beside the answered ones (image tasks with single labels).
 
 The student keeps its own labelled test set (``--test-data``, an .npz with
 ``x`` and ``y``) to report test accuracy; without one only the training fit
@@ -20,15 +22,19 @@ from __future__ import annotations
 import copy
 import io
 import logging
+import math
 import queue
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from capc.learning import fixmatch
+from capc.learning.fixmatch import FixMatchConfig
 from capc.learning.last_layer import fit_batch_standardised
 from capc.learning.supervised import accuracy, fit
 from capc.models import ARCHITECTURES, Teacher, build, save_teacher
@@ -43,6 +49,8 @@ log = logging.getLogger("capc.student")
 PRETRAINED = "pretrained"
 #: Test images per BatchNorm batch when a pretrained student is evaluated.
 TEST_BATCH = 512
+#: FixMatch steps per epoch at least, however small the pool.
+FIXMATCH_MIN_STEPS_PER_EPOCH = 20
 
 
 class TrainingError(ValueError):
@@ -137,10 +145,19 @@ class ModelTrainer:
         """What a request naming no architecture gets: the DIET student when there is a body."""
         return PRETRAINED if self.body is not None else "small-cnn"
 
-    def check(self, job_ids: list[str], architecture: str, epochs: int) -> None:
+    def check(
+        self, job_ids: list[str], architecture: str, epochs: int, semi_supervised: bool = False
+    ) -> None:
         """Refuse a request that cannot train: raises TrainingError with the reason."""
         if not job_ids:
             raise TrainingError("name at least one finished job to train on")
+        if semi_supervised and (
+            architecture == PRETRAINED or self.task.multi_label or len(self.task.input_shape) != 3
+        ):
+            raise TrainingError(
+                "semi-supervised training (FixMatch) is for image tasks with single labels, "
+                "trained from scratch: choose an image architecture such as small-cnn"
+            )
         if architecture == PRETRAINED and self.body is None:
             raise TrainingError(
                 "this student party has no pretrained body (start it with --body FILE); "
@@ -229,6 +246,36 @@ class ModelTrainer:
         }
         return model, len(x), metrics, card
 
+    def _fit_fixmatch(
+        self, job_ids: list[str], architecture: str, epochs: int, seed: int
+    ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
+        x, y = labelled_examples(self.store, job_ids, self.task)
+        if len(x) == 0:
+            raise TrainingError("the jobs have no fully answered queries")
+        pool = np.concatenate([self.store.queries(j) for j in job_ids])
+        config = FixMatchConfig(seed=seed)
+        # An epoch is a pass over the pool at unlabelled_ratio x batch images a step.
+        per_epoch = math.ceil(len(pool) / (config.batch * max(config.unlabelled_ratio, 1)))
+        config = replace(config, steps=epochs * max(per_epoch, FIXMATCH_MIN_STEPS_PER_EPOCH))
+        torch.manual_seed(seed)
+        model = build(architecture, self.task.input_shape, self.task.outputs)
+        stats = fixmatch.train(model, x, y, pool, config)
+        metrics: dict[str, object] = {
+            "train_accuracy": accuracy(model, x, y),
+            "unlabelled_examples": len(pool) - len(x),
+            "pseudo_labelled_at_end": stats.mask_rates[-1],
+        }
+        if self.test_set is not None:
+            metrics["test_accuracy"] = accuracy(model, *self.test_set)
+        card: dict[str, object] = {
+            "method": "FixMatch from scratch: answered queries labelled, every query unlabelled",
+            "epochs": epochs,
+            "steps": config.steps,
+            "seed": seed,
+            "inference": "stored BatchNorm statistics",
+        }
+        return model, len(x), metrics, card
+
     def _train(self, model_id: str) -> None:
         spec = self.store.model(model_id)
         if spec is None:
@@ -241,9 +288,8 @@ class ModelTrainer:
             model, examples, metrics, extra = self._fit_pretrained(jobs)
             architecture, width = self.body.architecture, self.body.width
         else:
-            model, examples, metrics, extra = self._fit_scratch(
-                jobs, spec.architecture, spec.epochs, spec.seed
-            )
+            fit = self._fit_fixmatch if spec.semi_supervised else self._fit_scratch
+            model, examples, metrics, extra = fit(jobs, spec.architecture, spec.epochs, spec.seed)
             architecture, width = spec.architecture, None
         metrics["examples"] = examples
         if self.test_set is not None:
@@ -261,6 +307,7 @@ class ModelTrainer:
             "data": f"{examples} queries labelled by the consortium (jobs {', '.join(jobs)}); "
             "unanswered queries left out",
             "mechanism": self.task.mechanism.name,
+            "request": {"semi_supervised": spec.semi_supervised},
             **extra,
             "metrics": metrics,
         }

@@ -98,21 +98,23 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
 class TrainModelRequest(_message.Message):
-    __slots__ = ("header", "job_ids", "architecture", "epochs", "seed")
+    __slots__ = ("header", "job_ids", "architecture", "epochs", "seed", "semi_supervised")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    SEMI_SUPERVISED_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     architecture: str
     epochs: int
     seed: int
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    semi_supervised: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ..., semi_supervised: _Optional[bool] = ...) -> None: ...
 
 class StudentModel(_message.Message):
-    __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at")
+    __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at", "semi_supervised")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,7 @@ class StudentModel(_message.Message):
     METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SEMI_SUPERVISED_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     job_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -131,7 +134,8 @@ class StudentModel(_message.Message):
     metrics_json: str
     error: str
     created_at: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., examples: _Optional[int] = ..., metrics_json: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+    semi_supervised: bool
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., examples: _Optional[int] = ..., metrics_json: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., semi_supervised: _Optional[bool] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("header", "id")
