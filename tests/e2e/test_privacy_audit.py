@@ -8,6 +8,7 @@ over mutual TLS; the auditor is the ``capc audit run`` process itself.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import ssl
 import subprocess
@@ -103,6 +104,20 @@ def test_audit_run_shows_claimed_against_empirical_epsilon(tmp_path: Path) -> No
             assert sum(e["action"] == "privacy_audit" for e in log) == 2
             no_token = httpx.get(f"{base}/v1/admin/privacy-audits", verify=ca)
             assert no_token.status_code == 401
+
+        env = {**os.environ, "CAPC_URL": base, "CAPC_TOKEN": token}
+        env["CAPC_CA"] = str(directory / "pki" / "ca.pem")
+        ctl = subprocess.run(
+            [sys.executable, "-m", "capc_client.cli", "privacy-audits", "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert ctl.returncode == 0, ctl.stderr
+        listed = json.loads(ctl.stdout)
+        assert [a["party"] for a in listed] == ["hospital-1", "hospital-0"]
+        assert listed[1]["claimed_epsilon"] == pytest.approx(mine["claimed_epsilon"])
 
         if CHROMIUM is not None:
             pin = pki.spki_sha256(pki.https_paths(directory / "pki", "gateway")[0].read_bytes())
