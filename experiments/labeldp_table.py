@@ -115,9 +115,10 @@ def run(config: Config, cache: Path, out: Path | None = None) -> dict[str, Any]:
                     row = pipeline.run_alibi(split, body, eps, train, rng)
                 elif method == "rr":
                     row = pipeline.run_rr(split, body, eps, train, rng)
-                else:
-                    assert features is not None
+                elif features is not None:
                     row = pipeline.run_pate_fm(split, features, eps, s.pate, rng, seed, teachers)
+                else:
+                    raise RuntimeError("PATE-FM's pool features were not computed")
                 row = {"dataset": config.dataset, "seed": seed, "budget": eps, **row}
                 rows.append(row)
                 _log(

@@ -35,7 +35,14 @@ from capc.audit.canaries import Canaries
 from capc.data.offline import animal_mnist, digits
 from capc.labeldp import alibi, pate_fm, rr
 from capc.labeldp.training import TrainConfig
-from capc.learning.fixmatch import FixMatchConfig, Projection, ViewBank, view_bank
+from capc.learning.fixmatch import (
+    FixMatchConfig,
+    ProjectedClassifier,
+    Projection,
+    ViewBank,
+    head_module,
+    view_bank,
+)
 from capc.learning.randaugment import StrongAugmentation, WeakAugmentation, strong, weak
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.mechanisms import from_config
@@ -404,19 +411,12 @@ def run_pate_fm(
         rng,
         teachers,
     )
-    weights, biases = result.student
-    head = torch.nn.Linear(weights.shape[2], weights.shape[1])
-    with torch.no_grad():
-        head.weight.copy_(weights[0])
-        head.bias.copy_(biases[0])
-    from capc.learning.fixmatch import ProjectedClassifier
-
+    head = head_module(*result.student)
     student = ProjectedClassifier(features.body.features, features.projection, head).eval()
     acc = float(
         (_probabilities(student, split.x[split.test]).argmax(1) == split.truth[split.test]).mean()
     )
-    position = {int(i): k for k, i in enumerate(split.train)}
-    canary_pos = np.array([position[int(i)] for i in split.canaries.index], dtype=np.int64)
+    canary_pos = _canary_positions(split)
     probs = _probabilities(student, split.x[split.canaries.index])
     # What the student was told about each canary: its released label, if it was a query.
     released = np.full(len(canary_pos), canary_audit.NO_LABEL, dtype=np.int64)
@@ -445,7 +445,7 @@ def run_pate_fm(
             "answered": int(answered.sum()),
             "label_accuracy": float((result.labels[answered] == truth_q[answered]).mean())
             if answered.any()
-            else math.nan,
+            else None,
             "teacher_accuracy": float((votes == truth_q[:, None]).mean()),
             "selection": settings.selection,
         },

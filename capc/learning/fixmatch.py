@@ -212,6 +212,10 @@ class ViewBank:
 class Projection(nn.Module):
     """(x - mean) @ components.T / scale: a fixed linear map of body features (D -> P)."""
 
+    mean: torch.Tensor
+    components: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, mean: torch.Tensor, components: torch.Tensor, scale: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("mean", mean.detach().clone())
@@ -219,10 +223,7 @@ class Projection(nn.Module):
         self.register_buffer("scale", scale.detach().clone())
 
     def forward(self, f: torch.Tensor) -> torch.Tensor:
-        mean, comp, scale = self.mean, self.components, self.scale
-        assert isinstance(mean, torch.Tensor) and isinstance(comp, torch.Tensor)
-        assert isinstance(scale, torch.Tensor)
-        return (f - mean) @ comp.T / scale
+        return (f - self.mean) @ self.components.T / self.scale
 
 
 class ProjectedClassifier(nn.Module):
