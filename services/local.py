@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.audit import canaries as canary_audit
+from capc.audit.canaries import Canaries
 from capc.data.multilabel import animal_attributes
 from capc.data.offline import animal_mnist, breast_cancer, digits, partition
 from capc.learning.last_layer import finetune_teacher
@@ -122,6 +124,28 @@ def spawn(name: str, *args: str, prefix: Sequence[str] = ()) -> Process:
     return Process(name, popen)
 
 
+@dataclass(frozen=True)
+class CanarySpec:
+    """``count`` canaries (records given a random wrong label) in the teacher data of each
+    hospital in ``hospitals`` (indices), drawn with the auditor's ``seed``."""
+
+    hospitals: tuple[int, ...]
+    count: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not self.hospitals or min(self.hospitals) < 0:
+            raise ValueError("canaries need a count >= 1 and at least one hospital index >= 0")
+
+
+@dataclass(frozen=True)
+class PlantedCanaries:
+    """One hospital's canaries: their images (M, *shape) and labels (the auditor's secret)."""
+
+    images: NDArray[np.float32]
+    canaries: Canaries
+
+
 @dataclass
 class LocalConsortium:
     """Guardian and answering parties as local processes; see the module docstring."""
@@ -158,6 +182,8 @@ class LocalConsortium:
     held_out: int = HELD_OUT
     #: Seeds which records are held out and how they are split among hospitals and teachers.
     split_seed: int = 0
+    #: Canaries planted in some hospitals' teacher data (``capc audit run``).
+    canaries: CanarySpec | None = None
 
     def cap(self, i: int) -> float:
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
@@ -187,6 +213,34 @@ class LocalConsortium:
 
     def model_path(self, i: int) -> Path:
         return self.directory / f"hospital-{i}.pt"
+
+    def canary_path(self, i: int) -> Path:
+        return self.directory / f"canaries-hospital-{i}.npz"
+
+    def planted(self, i: int) -> PlantedCanaries:
+        """Hospital ``i``'s canaries, as :meth:`prepare` planted them."""
+        with np.load(self.canary_path(i), allow_pickle=False) as f:
+            c = Canaries(f["index"], f["true"], f["planted"], f["alternative"])
+            return PlantedCanaries(np.asarray(f["images"], dtype=np.float32), c)
+
+    def _plant(
+        self, i: int, x: NDArray[np.float32], y: NDArray[np.integer], idx: NDArray[np.int64]
+    ) -> NDArray[np.integer]:
+        """Labels of hospital ``i``'s records ``idx`` with its canaries planted (and saved)."""
+        spec = self.canaries
+        if spec is None or i not in spec.hospitals:
+            return y[idx]
+        if y.ndim != 1 or spec.count > len(idx) // 2:
+            raise ValueError(
+                f"hospital-{i} holds {len(idx)} single-label records: at most half can be canaries"
+            )
+        rng = np.random.default_rng([spec.seed, i])
+        chosen = np.sort(rng.choice(len(idx), spec.count, replace=False))
+        classes = int(y.max()) + 1
+        local, planted = canary_audit.plant(y[idx], classes, chosen, rng)
+        arrays: dict[str, NDArray[np.generic]] = {"images": x[idx][chosen], **planted.to_arrays()}
+        np.savez(self.canary_path(i), allow_pickle=False, **arrays)
+        return local
 
     def _say(self, text: str) -> None:
         if self.log is not None:
@@ -219,20 +273,28 @@ class LocalConsortium:
             name = f"hospital-{i}"
             if not (self.pki_dir / f"{name}.pem").exists():
                 pki.issue(self.pki_dir, "answerer", name, dev=True)
-            if all(path.exists() for path in self.model_paths(i)):
+            canaried = self.canaries is not None and i in self.canaries.hospitals
+            if all(path.exists() for path in self.model_paths(i)) and (
+                not canaried or self.canary_path(i).exists()
+            ):
                 continue
             idx = train[part]
             m = self.teacher_count(i)
             # Disjoint parts: a record sits in one teacher's data and moves one vote.
             parts = [idx[p] for p in partition(len(idx), m, seed=100 + 1000 * self.split_seed + i)]
+            # The labels the hospital trains on: its canaries (capc audit run) planted.
+            labels = np.array(y, copy=True)
+            labels[idx] = self._plant(i, x, y, idx)
             card: dict[str, Any] = {
                 "data": f"{self.dataset}, partition {i} of {self.parties}",
                 "examples": len(idx),
             }
+            if canaried and self.canaries is not None:
+                card["canaries"] = f"{self.canaries.count} records relabelled at random (audit)"
             if base is not None:
-                self._prepare_diet(i, base, x, y, parts, card)
+                self._prepare_diet(i, base, x, labels, parts, card)
             else:
-                self._prepare_scratch(i, x, y, parts, card, outputs)
+                self._prepare_scratch(i, x, labels, parts, card, outputs)
         ledger = Ledger(self.db)
         ledger.create_task(TASK_NAME, self.task)
         ledger.close()
@@ -315,10 +377,6 @@ class LocalConsortium:
                     width=width,
                 ),
             )
-
-        ledger = Ledger(self.db)
-        ledger.create_task(TASK_NAME, self.task)
-        ledger.close()
 
     def start(self) -> None:
         """Start the guardian and every answering party; returns once all are connected."""

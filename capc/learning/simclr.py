@@ -111,12 +111,15 @@ def pretrain(
     pool: NDArray[np.float32],
     config: PretrainConfig = PretrainConfig(),
     log: Callable[[str], None] | None = None,
+    view: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
     *,
     state: Path | None = None,
     deadline: float | None = None,
 ) -> list[float]:
     """Train ``model.features`` in place on batches drawn from ``pool`` (N, C, H, W) in [0, 1].
 
+    ``view`` makes one random view of a batch (default :func:`capc.learning.augment.augment`
+    with ``config.augmentation``; label-DP's public pools pass views without flips).
     Returns the loss (nats) of every step. The head is left as it was; the
     model ends in evaluation mode on the device it started on.
 
@@ -196,7 +199,7 @@ def pretrain(
             idx = torch.randint(0, len(images), (config.batch,), generator=gen)
             x = images[idx]
             v1, v2 = (
-                augment(x, gen, config.augmentation)
+                (augment(x, gen, config.augmentation) if view is None else view(x, gen))
                 .contiguous(memory_format=layout)
                 .to(dev, non_blocking=True)
                 for _ in range(2)

@@ -231,6 +231,18 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> int:
     return 0 if page.chain_valid else 1
 
 
+def cmd_privacy_audits(client: Client, args: argparse.Namespace) -> int:
+    audits = client.privacy_audits(args.party, args.limit)
+    lines = [
+        f"{a.party:16} claimed {a.claimed_epsilon:.4g}  empirical >= {a.empirical_lower:.3f} "
+        f"(95% up to {'inf' if a.empirical_upper is None else f'{a.empirical_upper:.2f}'})  "
+        f"{a.correct}/{a.guesses}/{a.canaries}  {'REFUTED' if a.refuted else 'consistent'}  {a.at}"
+        for a in audits
+    ]
+    _print(args, audits, lines or ["no privacy audits"])
+    return 1 if any(a.refuted for a in audits) else 0
+
+
 def cmd_set_cap(client: Client, args: argparse.Namespace) -> int:
     p = client.set_cap(args.party, args.epsilon)
     _print(args, p, [f"{p.name}: cap {p.epsilon_cap:g}, spent {p.epsilon_spent:.4f}"])
@@ -314,7 +326,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--semi-supervised",
         choices=["none", "self-training", "pseudo-labels"],
         default="none",
-        help="pretrained students: also learn from the jobs' unanswered queries",
+        help="also learn from the jobs' unanswered queries: a pretrained student's head by "
+        "self-training or pseudo-labels; a student trained from scratch by FixMatch "
+        "(pseudo-labels, image tasks)",
     )
     train.set_defaults(run=cmd_models_train)
     predict = models.add_parser(
@@ -355,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--limit", type=int, default=50)
     audit.add_argument("--offset", type=int, default=0)
     audit.set_defaults(run=cmd_audit)
+    pa = sub.add_parser(
+        "privacy-audits",
+        parents=[common],
+        help="claimed against empirical epsilon (canary audits); exit 1 if one refutes its claim",
+    )
+    pa.add_argument("--party")
+    pa.add_argument("--limit", type=int, default=100)
+    pa.set_defaults(run=cmd_privacy_audits)
     cap = sub.add_parser("set-cap", parents=[common], help="set a party's epsilon cap (admin)")
     cap.add_argument("party")
     cap.add_argument("epsilon", type=float)

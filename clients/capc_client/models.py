@@ -141,6 +141,27 @@ class AuditEntry(_Model):
     hash: str
 
 
+class PrivacyAudit(_Model):
+    """A canary audit of one party beside the epsilon its ledger claimed (nats)."""
+
+    id: int
+    party: str
+    at: str
+    actor: str
+    attack: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    delta: float
+    accountant: str
+    claimed_epsilon: float
+    empirical_lower: float
+    empirical_point: float | None
+    empirical_upper: float | None
+    refuted: bool
+
+
 class AuditPage(_Model):
     entries: list[AuditEntry]
     chain_valid: bool

@@ -22,6 +22,7 @@ from capc_client.models import (
     LedgerPage,
     Party,
     Prediction,
+    PrivacyAudit,
     StudentModel,
 )
 
@@ -344,6 +345,14 @@ class Client:
 
     def audit(self, limit: int = 100, offset: int = 0) -> AuditPage:
         return self._get(AuditPage, "/v1/admin/audit", limit=limit, offset=offset)
+
+    def privacy_audits(self, party: str | None = None, limit: int = 100) -> list[PrivacyAudit]:
+        """Empirical canary audits beside each party's claimed epsilon, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if party is not None:
+            params["party"] = party
+        body = self._request("GET", "/v1/admin/privacy-audits", params=params).json()
+        return [PrivacyAudit.model_validate(a) for a in body["audits"]]
 
     def set_cap(self, party: str, epsilon_cap: float) -> Party:
         response = self._request(

@@ -183,6 +183,17 @@ def fields(msg: ProtoMessage, **overrides: Any) -> dict[str, Any]:
     return out
 
 
+def privacy_audit_out(a: guardian_pb2.PrivacyAudit) -> schemas.PrivacyAuditOut:
+    """An audit, with its unbounded ends (absent in the message) as null."""
+    return schemas.PrivacyAuditOut(
+        **fields(
+            a,
+            empirical_point=a.empirical_point if a.HasField("empirical_point") else None,
+            empirical_upper=a.empirical_upper if a.HasField("empirical_upper") else None,
+        )
+    )
+
+
 def job_out(job: student_pb2.Job) -> schemas.JobOut:
     return schemas.JobOut(
         **fields(
@@ -687,5 +698,48 @@ def create_app(
             ),
         )
         return party_out(reply.party)
+
+    @app.get(
+        "/v1/admin/privacy-audits",
+        response_model=schemas.PrivacyAuditList,
+        responses=ERRORS,
+        tags=["admin"],
+        summary="Empirical privacy audits (canary attacks) beside each party's claimed epsilon",
+    )
+    def privacy_audits(
+        _: Admin,
+        party: Annotated[str | None, Query(pattern=NAME)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
+    ) -> schemas.PrivacyAuditList:
+        reply = backends.guardian_call(
+            backends.hub.ListPrivacyAudits,
+            guardian_pb2.ListPrivacyAuditsRequest(
+                header=backends.header, party=party or "", limit=limit
+            ),
+        )
+        return schemas.PrivacyAuditList(audits=[privacy_audit_out(a) for a in reply.audits])
+
+    @app.post(
+        "/v1/admin/privacy-audits",
+        response_model=schemas.PrivacyAuditOut,
+        responses=ERRORS,
+        tags=["admin"],
+        summary="Record a canary attack's counts; the guardian sets them beside the ledger",
+    )
+    def record_privacy_audit(body: schemas.PrivacyAuditIn, who: Admin) -> schemas.PrivacyAuditOut:
+        reply = backends.guardian_call(
+            backends.hub.RecordPrivacyAudit,
+            guardian_pb2.RecordPrivacyAuditRequest(
+                header=backends.header,
+                party=body.party,
+                canaries=body.canaries,
+                guesses=body.guesses,
+                correct=body.correct,
+                confidence=body.confidence,
+                attack=body.attack,
+                actor=f"gateway:{who.name} (token {who.token_id})",
+            ),
+        )
+        return privacy_audit_out(reply)
 
     return app

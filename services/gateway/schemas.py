@@ -133,9 +133,10 @@ class ModelCreate(Strict):
     )
     semi_supervised: SemiSupervised = Field(
         "none",
-        description="pretrained students: also learn from the jobs' unanswered queries, by "
-        "the head's own confident predictions (self-training) or by confident predictions "
-        "taught on strongly augmented views (pseudo-labels, FixMatch-style); no privacy cost",
+        description="also learn from the jobs' unanswered queries: a pretrained student's head "
+        "by its own confident predictions (self-training) or by confident predictions taught "
+        "on strongly augmented views (pseudo-labels, FixMatch-style); a student trained from "
+        "scratch by FixMatch (pseudo-labels, image tasks); no privacy cost",
     )
 
 
@@ -290,3 +291,41 @@ class Health(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: str
+
+
+class PrivacyAuditIn(Strict):
+    """A canary attack's counts on one party; the guardian computes the empirical epsilon."""
+
+    party: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    canaries: int = Field(ge=1, le=1_000_000, description="canaries planted in its data")
+    guesses: int = Field(ge=0, le=1_000_000, description="canaries the attack guessed")
+    correct: int = Field(ge=0, le=1_000_000, description="guesses that were right")
+    confidence: float = Field(0.95, ge=0.5, lt=1.0, description="two-sided Clopper-Pearson")
+    attack: str = Field(min_length=1, max_length=256, description="what the attack saw and did")
+
+
+class PrivacyAuditOut(BaseModel):
+    """An empirical audit beside the epsilon the ledger claimed when it was recorded."""
+
+    id: int
+    party: str
+    at: str
+    actor: str
+    attack: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    delta: float
+    accountant: str
+    claimed_epsilon: float = Field(description="the party's epsilon by the ledger (nats)")
+    empirical_lower: float = Field(description="lower end of the empirical epsilon's interval")
+    empirical_point: float | None = Field(description="at the observed accuracy; null: unbounded")
+    empirical_upper: float | None = Field(description="upper end; null: unbounded")
+    refuted: bool = Field(
+        description="the lower end of the 99.9% interval exceeds the claimed epsilon"
+    )
+
+
+class PrivacyAuditList(BaseModel):
+    audits: list[PrivacyAuditOut]

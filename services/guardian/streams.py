@@ -140,6 +140,12 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     async def SetCap(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.SetCap, request, context)
 
+    async def RecordPrivacyAudit(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.RecordPrivacyAudit, request, context)
+
+    async def ListPrivacyAudits(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.ListPrivacyAudits, request, context)
+
     # -- who is calling ---------------------------------------------------------
     async def _caller(self, context: grpc.aio.ServicerContext[Any, Any], metadata_key: str) -> str:
         who = tls.peer_identity(context)  # type: ignore[arg-type]

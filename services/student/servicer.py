@@ -35,7 +35,7 @@ from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.predictor import PredictionError, Predictor
 from services.student.store import TERMINAL, Job, JobStore, StudentModel
-from services.student.training import PRETRAINED, ModelTrainer, TrainingError, TrainingOptions
+from services.student.training import ModelTrainer, TrainingError, TrainingOptions
 
 log = logging.getLogger("capc.student")
 SERVICE = "capc.v1.StudentParty"
@@ -331,7 +331,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             arch,
             epochs,
             int(request.seed % (1 << 31)),
-            options.to_dict() if arch == PRETRAINED else None,
+            options.to_dict(),
         )
         self.trainer.submit(model.id)
         return model_proto(model)

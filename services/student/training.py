@@ -13,7 +13,9 @@ Two ways to train:
   the test set; :func:`capc.models.inference.reference_statistics`): each of
   its predictions then depends on its own record only.
 - an architecture name (``small-cnn``, ``resnet10``, ...): trained from
-  scratch on the labelled queries.
+  scratch on the labelled queries; with ``semi_supervised="pseudo-labels"``, by FixMatch
+  (:mod:`capc.learning.fixmatch`), the jobs' unanswered queries serving as
+  unlabelled data beside the answered ones (image tasks with single labels).
 
 The student keeps its own labelled test set (``--test-data``, an .npz with
 ``x`` and ``y``) to report test accuracy; without one only the training fit
@@ -27,10 +29,11 @@ import copy
 import hashlib
 import io
 import logging
+import math
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from capc.learning import fixmatch
+from capc.learning.fixmatch import FixMatchConfig
 from capc.learning.last_layer import fit_batch_standardised, self_train_linear
 from capc.learning.semi_supervised import pseudo_label_head
 from capc.learning.supervised import accuracy, fit
@@ -56,10 +61,16 @@ PRETRAINED = "pretrained"
 STUDENT_L2 = 1e-2
 #: What a pretrained student's head may also learn from the unanswered queries.
 SEMI_SUPERVISED = ("none", "self-training", "pseudo-labels")
+#: Those a student trained from scratch takes: "pseudo-labels" is FixMatch on the whole net.
+FROM_SCRATCH_SEMI = ("none", "pseudo-labels")
 #: Smallest reference batch: the DIET paper's smallest current-statistics batch.
 MIN_REFERENCE_RECORDS = 16
 #: The querier's own records per BatchNorm batch when its student is fitted on them.
 OWN_BATCH = 512
+#: Test images per BatchNorm batch when a pretrained student is evaluated.
+TEST_BATCH = 512
+#: FixMatch steps per epoch at least, however small the pool.
+FIXMATCH_MIN_STEPS_PER_EPOCH = 20
 
 
 class TrainingError(ValueError):
@@ -276,11 +287,22 @@ class ModelTrainer:
                 "reference batch of unlabelled records to predict one record at a time: start "
                 "the student party with --reference-data FILE (or --test-data)"
             )
-        if options.semi_supervised != "none" and (
-            architecture != PRETRAINED or self.task.multi_label
+        if options.semi_supervised != "none" and self.task.multi_label:
+            raise TrainingError("semi_supervised applies to single-label tasks only")
+        if architecture != PRETRAINED and options.semi_supervised not in FROM_SCRATCH_SEMI:
+            raise TrainingError(
+                "a student trained from scratch learns from unanswered queries by FixMatch: "
+                f"semi_supervised must be one of {', '.join(FROM_SCRATCH_SEMI)}, got "
+                f"{options.semi_supervised!r}"
+            )
+        if (
+            architecture != PRETRAINED
+            and options.semi_supervised != "none"
+            and len(self.task.input_shape) != 3
         ):
             raise TrainingError(
-                "semi_supervised applies to a pretrained student of a single-label task only"
+                "FixMatch's augmentations are for images (C, H, W): choose semi_supervised "
+                "none for this task"
             )
         if architecture not in ARCHITECTURES and architecture != PRETRAINED:
             raise TrainingError(
@@ -413,6 +435,36 @@ class ModelTrainer:
         }
         return model, len(x), metrics, card
 
+    def _fit_fixmatch(
+        self, job_ids: list[str], architecture: str, epochs: int, seed: int
+    ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
+        x, y = labelled_examples(self.store, job_ids, self.task)
+        if len(x) == 0:
+            raise TrainingError("the jobs have no fully answered queries")
+        pool = np.concatenate([self.store.queries(j) for j in job_ids])
+        config = FixMatchConfig(seed=seed)
+        # An epoch is a pass over the pool at unlabelled_ratio x batch images a step.
+        per_epoch = math.ceil(len(pool) / (config.batch * max(config.unlabelled_ratio, 1)))
+        config = replace(config, steps=epochs * max(per_epoch, FIXMATCH_MIN_STEPS_PER_EPOCH))
+        torch.manual_seed(seed)
+        model = build(architecture, self.task.input_shape, self.task.outputs)
+        stats = fixmatch.train(model, x, y, pool, config)
+        metrics: dict[str, object] = {
+            "train_accuracy": accuracy(model, x, y),
+            "unlabelled_examples": len(pool) - len(x),
+            "pseudo_labelled_at_end": stats.mask_rates[-1],
+        }
+        if self.test_set is not None:
+            metrics["test_accuracy"] = accuracy(model, *self.test_set)
+        card: dict[str, object] = {
+            "method": "FixMatch from scratch: answered queries labelled, every query unlabelled",
+            "epochs": epochs,
+            "steps": config.steps,
+            "seed": seed,
+            "inference": "stored BatchNorm statistics",
+        }
+        return model, len(x), metrics, card
+
     def _train(self, model_id: str) -> None:
         spec = self.store.model(model_id)
         if spec is None:
@@ -426,9 +478,10 @@ class ModelTrainer:
             model, examples, metrics, extra = self._fit_pretrained(jobs, options, spec.seed)
             architecture, width = self.body.architecture, self.body.width
         else:
-            model, examples, metrics, extra = self._fit_scratch(
-                jobs, spec.architecture, spec.epochs, spec.seed
-            )
+            options = TrainingOptions.from_dict(self.store.model_options(model_id))
+            fixmatch_on = options.semi_supervised == "pseudo-labels"
+            fit = self._fit_fixmatch if fixmatch_on else self._fit_scratch
+            model, examples, metrics, extra = fit(jobs, spec.architecture, spec.epochs, spec.seed)
             architecture, width = spec.architecture, None
         metrics["examples"] = examples
         if self.test_set is not None:
@@ -448,6 +501,7 @@ class ModelTrainer:
             + f"queries labelled by the consortium (jobs {', '.join(jobs) or 'none'}); "
             "unanswered queries left out",
             "mechanism": self.task.mechanism.name,
+            "options": options.to_dict(),
             **extra,
             "metrics": metrics,
         }

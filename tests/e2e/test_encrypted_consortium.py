@@ -267,8 +267,8 @@ def test_a_batch_of_one_with_every_slot_filled_pays_for_and_gets_one_query(
         result = student._round(
             crypto.message(batch),
             1,
-            shares=lambda parties: sum(
-                (batch.share(p, student.timeout) for p in parties),
+            shares=lambda rid, parties: sum(
+                (batch.share(p, rid, student.timeout) for p in parties),
                 np.zeros((1, batch.num_classes), dtype=np.uint64),
             ),
         )

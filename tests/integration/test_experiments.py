@@ -170,3 +170,25 @@ def test_diet_services_experiment_runs_the_networked_consortium(tmp_path: Path) 
         assert all(0 < eps <= r["epsilon"] for eps in r["epsilon_spent"].values())
         assert 0.0 <= r["student_accuracy"] <= 1.0 and r["test_examples"] == 200
     assert result["summary"] == diet_services.summarise(rows)
+
+
+def test_labeldp_table_quick(tmp_path: Path) -> None:
+    from experiments.labeldp_table import claims, summarise
+
+    result: dict[str, Any] = run(
+        "experiments.labeldp_table",
+        tmp_path / "labeldp.json",
+        "--quick",
+        "--epsilons",
+        "1,4",
+        "--cache",
+        str(tmp_path / "cache"),
+    )
+    rows = result["rows"]
+    assert {(r["method"], r["budget"]) for r in rows} == {
+        (m, e) for m in ("alibi", "rr", "pate-fm") for e in (1.0, 4.0)
+    }
+    assert result["table"] == summarise(rows) and result["claims"] == claims(rows)
+    assert result["claims"]["no_audit_refutes_a_claim"]
+    for r in rows:
+        assert r["audit"]["canaries"] == 20 and r["epsilon"] <= r["budget"] + 1e-12

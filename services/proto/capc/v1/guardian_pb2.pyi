@@ -376,3 +376,75 @@ class BudgetHistoryReply(_message.Message):
     series: _containers.RepeatedCompositeFieldContainer[BudgetSeries]
     delta: float
     def __init__(self, series: _Optional[_Iterable[_Union[BudgetSeries, _Mapping]]] = ..., delta: _Optional[float] = ...) -> None: ...
+
+class RecordPrivacyAuditRequest(_message.Message):
+    __slots__ = ("header", "party", "canaries", "guesses", "correct", "confidence", "attack", "actor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    CANARIES_FIELD_NUMBER: _ClassVar[int]
+    GUESSES_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    party: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    attack: str
+    actor: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., canaries: _Optional[int] = ..., guesses: _Optional[int] = ..., correct: _Optional[int] = ..., confidence: _Optional[float] = ..., attack: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class PrivacyAudit(_message.Message):
+    __slots__ = ("id", "party", "at", "actor", "attack", "canaries", "guesses", "correct", "confidence", "delta", "accountant", "claimed_epsilon", "empirical_lower", "empirical_point", "empirical_upper", "refuted")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_FIELD_NUMBER: _ClassVar[int]
+    CANARIES_FIELD_NUMBER: _ClassVar[int]
+    GUESSES_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    EMPIRICAL_LOWER_FIELD_NUMBER: _ClassVar[int]
+    EMPIRICAL_POINT_FIELD_NUMBER: _ClassVar[int]
+    EMPIRICAL_UPPER_FIELD_NUMBER: _ClassVar[int]
+    REFUTED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    party: str
+    at: str
+    actor: str
+    attack: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    delta: float
+    accountant: str
+    claimed_epsilon: float
+    empirical_lower: float
+    empirical_point: float
+    empirical_upper: float
+    refuted: bool
+    def __init__(self, id: _Optional[int] = ..., party: _Optional[str] = ..., at: _Optional[str] = ..., actor: _Optional[str] = ..., attack: _Optional[str] = ..., canaries: _Optional[int] = ..., guesses: _Optional[int] = ..., correct: _Optional[int] = ..., confidence: _Optional[float] = ..., delta: _Optional[float] = ..., accountant: _Optional[str] = ..., claimed_epsilon: _Optional[float] = ..., empirical_lower: _Optional[float] = ..., empirical_point: _Optional[float] = ..., empirical_upper: _Optional[float] = ..., refuted: _Optional[bool] = ...) -> None: ...
+
+class ListPrivacyAuditsRequest(_message.Message):
+    __slots__ = ("header", "party", "limit")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    party: str
+    limit: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListPrivacyAuditsReply(_message.Message):
+    __slots__ = ("audits",)
+    AUDITS_FIELD_NUMBER: _ClassVar[int]
+    audits: _containers.RepeatedCompositeFieldContainer[PrivacyAudit]
+    def __init__(self, audits: _Optional[_Iterable[_Union[PrivacyAudit, _Mapping]]] = ...) -> None: ...
