@@ -33,9 +33,9 @@ from capc.learning.supervised import fit
 from capc.models import Teacher, build, load_teacher, save_teacher
 from services import tasks
 from services.common import pki, tls
+from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
 from services.gateway.tokens import TokenStore
-from services.guardian.ledger import Ledger
 from services.student.client import StudentClient
 
 ROOT = Path(__file__).resolve().parents[1]

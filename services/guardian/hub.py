@@ -22,11 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
-from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
-from services.common.mpc_stream import StreamChannel
-from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
-from services.common.task import TaskConfig, TaskError
-from services.guardian.ledger import (
+from services.common.ledger import (
     DuplicateRoundError,
     Ledger,
     LedgerError,
@@ -35,6 +31,10 @@ from services.guardian.ledger import (
     UnknownPartyError,
     UnknownTaskError,
 )
+from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
+from services.common.mpc_stream import StreamChannel
+from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
+from services.common.task import TaskConfig, TaskError
 from services.guardian.rounds import (
     DuplicateLinkError,
     RoundEngine,

@@ -14,9 +14,9 @@ from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
+from services.common.ledger import Ledger, LedgerError
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
-from services.guardian.ledger import Ledger, LedgerError
 
 log = logging.getLogger("capc.guardian")
 

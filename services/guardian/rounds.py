@@ -40,11 +40,11 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
+from services.common.ledger import Ledger, QuorumError
 from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
 from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
-from services.guardian.ledger import Ledger, QuorumError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")

@@ -22,10 +22,10 @@ from capc.models import load_teacher
 from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.common.recipes import recipe_to_proto
 from services.common.task import TaskConfig
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.proto.capc.v1 import common_pb2, student_pb2
 from services.student.client import StudentClient

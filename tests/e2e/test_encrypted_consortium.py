@@ -24,8 +24,8 @@ from capc.models import load_teacher
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
 from tests.e2e.jobs import jobs_stub, run_job, tensor_batch
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from capc.mpc.channel import ProtocolError
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.student.client import RoundResult
 

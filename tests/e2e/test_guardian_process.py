@@ -12,9 +12,9 @@ import pytest
 
 from capc.privacy import events
 from services.common import pki, tls
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.common.protocol import PROTOCOL_VERSION
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.local import Process, free_port, spawn
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 

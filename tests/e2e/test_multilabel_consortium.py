@@ -35,10 +35,10 @@ from capc.privacy.mechanisms.multi_label import (
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED, confident_decide, gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.common.protocol import header
 from services.common.task import TaskConfig, config_hash
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 from services.student.client import StudentClient

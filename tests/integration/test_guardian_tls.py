@@ -22,11 +22,11 @@ from capc.models import Teacher
 from services.answerer.party import AnsweringParty
 from services.cli import main
 from services.common import pki, tls
+from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
 from services.common.task import TaskConfig, config_hash
 from services.gateway.backends import BackendError, Backends
 from services.guardian.hub import RunningServer, serve
-from services.guardian.ledger import Ledger
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 from services.student.main import serve_jobs
 from services.student.servicer import JobRunner, StudentParty

@@ -16,7 +16,7 @@ from capc.privacy import events
 from capc.privacy.accountant import Accountant
 from capc.privacy.accountants import GaussianDp
 from capc.privacy.events import DpEvent, GaussianEvent, PureDpEvent
-from services.guardian.ledger import (
+from services.common.ledger import (
     DuplicateRoundError,
     Ledger,
     LedgerError,
@@ -24,7 +24,7 @@ from services.guardian.ledger import (
     RoundStateError,
     UnknownPartyError,
 )
-from services.guardian.ledger.models import Base, RoundState
+from services.common.ledger.models import Base, RoundState
 
 DELTA = 1e-5
 GDP = GaussianDp()
@@ -334,7 +334,7 @@ def test_migration_keeps_an_existing_rdp_ledger_exactly(tmp_path: Path) -> None:
     from capc.privacy.accountants import RenyiDp
     from capc.privacy.conversion import DEFAULT_ORDERS
     from services.common.db import make_engine, normalise_url
-    from services.guardian.ledger import store
+    from services.common.ledger import store
 
     url = normalise_url(str(tmp_path / "old.db"))
     engine = make_engine(url)

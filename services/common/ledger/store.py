@@ -49,8 +49,7 @@ from capc.privacy.accountants import Accounting, RenyiDp, UnsupportedEventError
 from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.events import DpEvent
 from services.common.db import iso_utc, make_engine, normalise_url
-from services.common.task import config_hash
-from services.guardian.ledger.models import (
+from services.common.ledger.models import (
     AllowanceRow,
     AuditRow,
     ChargeKind,
@@ -64,6 +63,7 @@ from services.guardian.ledger.models import (
     TaskRow,
     utcnow,
 )
+from services.common.task import config_hash
 
 FloatArray = NDArray[np.float64]
 _MIGRATIONS = Path(__file__).with_name("migrations")
