@@ -10,6 +10,7 @@ from capc.learning import cli as diet_cli
 from capc.privacy import cli as privacy_cli
 from services import demo, local
 from services.answerer import main as answerer_main
+from services.audit import cli as audit_cli
 from services.common import health, pki
 from services.gateway import main as gateway_main
 from services.guardian import main as guardian_main
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     student_main.add_parser(sub)
     gateway_main.add_parser(sub)
     health.add_parser(sub)
+    audit_cli.add_parser(sub)
     return parser
 
 

@@ -135,12 +135,21 @@ class LocalConsortium:
     )
     truth: NDArray[np.integer] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: Per-hospital eps caps (personalized budgets); ``epsilon_cap`` for all when unset.
+    #: Each hospital sets its own (``capc answerer --epsilon-cap``).
     epsilon_caps: list[float] | None = None
+    #: The guardian operator's ceilings (``capc guardian --register``); the hospitals'
+    #: own caps when unset. The guardian enforces the smaller of the two.
+    registered_caps: list[float] | None = None
     #: A pretrained body (capc diet pretrain): DIET teachers and a DIET student when set.
     body: Path | None = None
 
     def cap(self, i: int) -> float:
+        """Hospital ``i``'s own cap."""
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
+
+    def party_ledger(self, i: int) -> str:
+        """Hospital ``i``'s own ledger (SQLite file)."""
+        return str(self.directory / f"hospital-{i}-ledger.db")
 
     @property
     def pki_dir(self) -> Path:
@@ -241,8 +250,9 @@ class LocalConsortium:
     def start_guardian(self) -> Process:
         """(Re)start the guardian on the same port and ledger; it recovers on start-up."""
         self.port = self.port or free_port()
+        ceilings = self.registered_caps or [self.cap(i) for i in range(self.parties)]
         register = [
-            a for i in range(self.parties) for a in ("--register", f"hospital-{i}={self.cap(i)}")
+            a for i in range(self.parties) for a in ("--register", f"hospital-{i}={ceilings[i]}")
         ]
         # A seed is for tests that replay the noise; the guardian accepts it only under
         # --insecure-dev, which keeps mutual TLS on because --pki is named.
@@ -366,6 +376,10 @@ class LocalConsortium:
             f"127.0.0.1:{self.port}",
             "--name",
             f"hospital-{i}",
+            "--epsilon-cap",
+            repr(self.cap(i)),
+            "--ledger",
+            self.party_ledger(i),
             "--pki",
             str(self.pki_dir),
             "--server-name",

@@ -322,12 +322,6 @@ class Client:
     def audit(self, limit: int = 100, offset: int = 0) -> AuditPage:
         return self._get(AuditPage, "/v1/admin/audit", limit=limit, offset=offset)
 
-    def set_cap(self, party: str, epsilon_cap: float) -> Party:
-        response = self._request(
-            "PUT", f"/v1/admin/parties/{party}/cap", json={"epsilon_cap": epsilon_cap}
-        )
-        return Party.model_validate(response.json())
-
     def health(self) -> dict[str, Any]:
         """``/healthz``: 200 when both backends serve (no token needed)."""
         body: dict[str, Any] = self._send("GET", "/healthz").json()

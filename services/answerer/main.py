@@ -1,4 +1,5 @@
-"""``capc answerer``: load a teacher checkpoint and serve the guardian's rounds."""
+"""``capc answerer``: load a teacher checkpoint, open the hospital's own ledger, serve the
+guardian's rounds within the hospital's own cap."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import time
 from pathlib import Path
 
 from capc.models import load_teacher
+from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
+from services.common.ledger import Ledger, LedgerError
 
 STATUS_EVERY_S = 5.0
 
@@ -24,6 +28,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
     p.add_argument("--name", required=True, help="this party's certificate name")
+    p.add_argument(
+        "--epsilon-cap",
+        type=float,
+        required=True,
+        metavar="EPS",
+        help="this hospital's own privacy budget (epsilon at the ledger's delta): it stops "
+        "voting there, whatever the guardian says, and the guardian never holds a larger cap "
+        "for it. A changed value is audited in the hospital's ledger",
+    )
+    p.add_argument(
+        "--ledger",
+        default=None,
+        help="this hospital's own ledger: SQLite path or URL, or postgresql://... "
+        "(default: NAME-ledger.db)",
+    )
+    p.add_argument(
+        "--accountant",
+        choices=list(ACCOUNTANTS),
+        help=f"the ledger's accountant, fixed at creation (default {DEFAULT_ACCOUNTANT}); it "
+        "must be the guardian's, or this party refuses to vote",
+    )
+    p.add_argument(
+        "--delta", type=float, default=1e-5, help="delta the ledger accounts at (the guardian's)"
+    )
+    p.add_argument(
+        "--guardian-audit-key",
+        default=None,
+        metavar="HEX",
+        help="the guardian's audit signing key (Ed25519 public key, hex); by default it is "
+        "pinned on first contact, and a different key later is refused",
+    )
     p.add_argument(
         "--status-file",
         type=Path,
@@ -41,15 +76,20 @@ def run(args: argparse.Namespace) -> int:
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
         if files is not None:
             files.read()
-    except (ValueError, pki.PKIError) as err:
+        ledger = Ledger(
+            args.ledger or f"{args.name}-ledger.db", accountant=args.accountant, delta=args.delta
+        )
+        budget = OwnBudget(args.name, ledger, args.epsilon_cap, args.guardian_audit_key)
+    except (ValueError, pki.PKIError, LedgerError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    party = AnsweringParty(args.name, teacher, args.guardian, files, args.server_name)
+    party = AnsweringParty(args.name, teacher, args.guardian, files, budget, args.server_name)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(
-        f"answering party {args.name} dialling {args.guardian} ({teacher.architecture}, device {teacher.device})",
+        f"answering party {args.name} dialling {args.guardian} ({teacher.architecture}, device "
+        f"{teacher.device}); own ledger {ledger.url}, cap {budget.cap:g} eps",
         flush=True,
     )
     if args.status_file is not None:

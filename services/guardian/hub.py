@@ -2,8 +2,10 @@
 
 Answering parties hold a Connect stream and receive work over it; the student
 opens rounds and runs the 2PC over one long-lived Compute stream; the gateway
-reads budgets, ledger and audit log and sets caps. The round logic itself is
-:mod:`services.guardian.rounds`.
+reads budgets (the guardian's ledger beside each party's own), the ledger and
+the audit log. Nobody changes a cap over the network. The round logic itself
+is :mod:`services.guardian.rounds`, the parties' own budgets
+:mod:`services.guardian.budgets`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
+from services.guardian import budgets
 from services.guardian.rounds import (
     DuplicateLinkError,
     RoundEngine,
@@ -54,10 +57,11 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/ListParties": ("gateway", "guardian"),
     f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
     f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
-    f"/{SERVICE}/SetCap": ("gateway",),
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
 }
 HEADER = protocol.header()
+#: Most open rounds one message may ask the guardian to settle.
+MAX_SETTLE = 256
 
 
 def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> None:
@@ -97,9 +101,19 @@ def _status(
     b: PartyBudget,
     connected: bool = False,
     projection: tuple[float, float, int] = (1.0, 1.0, -1),
+    own: budgets.Comparison | None = None,
 ) -> guardian_pb2.PartyStatus:
     weight, participation, queries_left = projection
+    own = own or budgets.Comparison("unreported")
     return guardian_pb2.PartyStatus(
+        registered_cap=b.registered_cap,
+        declared_cap=b.declared_cap or 0.0,
+        party_epsilon_spent=own.party_spent,
+        party_through_round=own.through,
+        party_open_rounds=own.open_rounds,
+        party_reported_at=own.reported_at,
+        ledgers=own.state,
+        ledger_gap=own.gap,
         vote_weight=weight,
         participation=participation,
         queries_left=queries_left,
@@ -136,7 +150,12 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         online = set(self.engine.connected())
         return guardian_pb2.ListPartiesReply(
             parties=[
-                _status(b, b.name in online, projections.get(b.name, (1.0, 1.0, -1)))
+                _status(
+                    b,
+                    b.name in online,
+                    projections.get(b.name, (1.0, 1.0, -1)),
+                    budgets.compare(self.ledger, b),
+                )
                 for b in self.ledger.budgets()
             ],
             delta=self.ledger.delta,
@@ -178,11 +197,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> guardian_pb2.ListAuditReply:
         check_header(request.header, context)
         limit = page_limit(request.limit, context)
-        try:
-            self.ledger.verify_audit()
-            valid = True
-        except LedgerError:
-            valid = False
+        _, problem = self.ledger.check_audit()
+        key = self.ledger.audit_key()
         return guardian_pb2.ListAuditReply(
             entries=[
                 guardian_pb2.AuditEntry(
@@ -192,10 +208,14 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     action=e.action,
                     detail_json=json.dumps(e.detail, sort_keys=True),
                     hash=e.hash,
+                    note=e.note or "",
+                    signature=e.signature or "",
                 )
                 for e in self.ledger.audit_entries(limit, request.offset)
             ],
-            chain_valid=valid,
+            chain_valid=problem is None,
+            head=budgets.head_to_proto(self.ledger.audit_head()),
+            audit_public_key="" if key is None else key[0],
         )
 
     def BudgetHistory(
@@ -225,21 +245,6 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             delta=self.ledger.delta,
         )
 
-    def SetCap(
-        self, request: guardian_pb2.SetCapRequest, context: grpc.ServicerContext
-    ) -> guardian_pb2.SetCapReply:
-        check_header(request.header, context)
-        who = tls.peer_identity(context)
-        actor = request.actor or (who.name if who else "insecure-dev")
-        try:
-            self.ledger.set_cap(request.party, request.epsilon_cap, actor=actor)
-        except UnknownPartyError as err:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        except LedgerError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        online = request.party in set(self.engine.connected())
-        return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party), online))
-
     def _caller(self, context: grpc.ServicerContext, metadata_key: str) -> str:
         who = tls.peer_identity(context)
         if who is not None:
@@ -260,12 +265,25 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> Iterator[guardian_pb2.HubMessage]:
         name = self._caller(context, "capc-party")
         try:
-            cap = self.ledger.budget(name).cap
+            self.ledger.budget(name)
         except UnknownPartyError:
             context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"{name} is not a registered answering party; ask the guardian's operator to register it",
             )
+        # A party's first message declares the cap it set itself: the guardian holds no
+        # larger one for it from here on, before it can be sent any work.
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("body") != "register":
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "the first message on a Connect stream must be Register, with the party's "
+                "own epsilon cap",
+            )
+        try:
+            budgets.declare(self.ledger, name, first.register)
+        except RequestError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         peer = context.peer()
         try:
             link = self.engine.attach(name, peer, context.is_active)
@@ -311,8 +329,21 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                         )
                     elif kind == "failure":
                         self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
-                    elif kind in ("heartbeat", "register"):
+                        if msg.failure.budget_refused:
+                            self.ledger.record(
+                                name,
+                                "party_refused_budget",
+                                {"party": name, "round": msg.failure.round_id},
+                                note=msg.failure.reason,
+                            )
+                    elif kind == "heartbeat":
                         self.ledger.touch(name)
+                        self.engine.settle(name, list(msg.heartbeat.open_rounds)[:MAX_SETTLE])
+                    elif kind == "report":
+                        try:
+                            budgets.store_report(self.ledger, name, msg.report)
+                        except RequestError as err:
+                            log.warning("refused a spend report from %s: %s", name, err)
             except grpc.RpcError:
                 pass
             finally:
@@ -322,8 +353,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
 
         threading.Thread(target=read, name=f"capc-party-{name}", daemon=True).start()
         yield guardian_pb2.HubMessage(
-            header=HEADER, registered=guardian_pb2.Registered(party=name, epsilon_cap=cap)
+            header=HEADER, registered=budgets.registered(self.ledger, name)
         )
+        # Rounds the party's ledger still holds open from before (a restart on either side).
+        self.engine.settle(name, list(first.register.open_rounds)[:MAX_SETTLE])
         while True:
             item = link.outbox.get()
             if item is None:

@@ -17,6 +17,9 @@ guardian's secure noise folded into its share sum; record the round as
 released right before the first garbled input leaves; charge the actual cost
 after the outputs.
 
+Every party that was sent a round is told how it ended (:mod:`services.guardian.budgets`):
+charged for what it released, or nothing; its own ledger charges itself the same.
+
 Personalized budgets: with weighting, each party's vote weight comes from its
 cap (``vote_weights``) and it is charged w**2 times; with vanishing, the
 guardian draws per query who votes (``participation_rates``) and charges a
@@ -44,7 +47,8 @@ from services.common.ledger import Ledger, QuorumError
 from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
 from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
-from services.common.task import TaskConfig, TaskError
+from services.common.task import TaskConfig, TaskError, canonical_json
+from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
@@ -312,6 +316,7 @@ class RoundEngine:
                         vote_weight=rnd.weight(name),
                         frac_bits=task.frac_bits,
                         participation=serde.participation_to_bytes(mask),
+                        task_json=canonical_json(config),
                     ),
                 )
             )
@@ -325,6 +330,7 @@ class RoundEngine:
             )
             with self._lock:
                 del self._rounds[rnd.round_id]
+            self._notify(rnd)
             missing = sorted(set(rnd.included) - set(used))
             raise RoundRefusedError(
                 f"round aborted: {len(used)} of {len(rnd.included)} parties answered (quorum {task.quorum}); missing {missing}; nothing was charged"
@@ -504,7 +510,7 @@ class RoundEngine:
         )
         answered = mech.answered(spec, out, b)
         charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
-        self.ledger.commit(round_id, charges)
+        self.ledger.commit(round_id, charges, outcome=budgets.outcome(answered))
         log.info(
             "round %d: %d of %d answered by %d parties in %.2f s",
             round_id,
@@ -515,6 +521,28 @@ class RoundEngine:
         )
         with self._lock:
             del self._rounds[round_id]
+        self._notify(rnd)
+
+    # -- the parties' own ledgers ----------------------------------------------
+    def _notify(self, rnd: _Round) -> None:
+        """Tell every party the round was sent to how it ended for it."""
+        for name in sorted(rnd.sent):
+            self.settle(name, [rnd.round_id])
+
+    def settle(self, name: str, round_ids: list[int]) -> int:
+        """Send ``name`` the settlement of each of ``round_ids`` that has ended (rounds
+        still open, or unknown here, get none); returns how many were sent."""
+        with self._lock:
+            link = self._links.get(name)
+        if link is None:
+            return 0
+        sent = 0
+        for round_id in round_ids:
+            settled = budgets.settlement(self.ledger, name, round_id)
+            if settled is not None:
+                link.outbox.put(guardian_pb2.HubMessage(header=protocol.header(), settled=settled))
+                sent += 1
+        return sent
 
 
 LAYOUTS = ("batched", "single")

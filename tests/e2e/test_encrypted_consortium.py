@@ -27,7 +27,7 @@ from capc.privacy.randomness import SecureRandom
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
-from tests.e2e.jobs import jobs_stub, run_job, tensor_batch
+from tests.e2e.jobs import assert_ledgers_agree, jobs_stub, run_job, tensor_batch
 
 PARTIES = 3
 NOISE_SEED = "e2e-encrypted"
@@ -158,6 +158,8 @@ def test_tabular_rounds_in_both_layouts_match_the_plaintext_pipeline(
         time.sleep(0.1)
     assert ledger.count_rounds(RoundState.COMMITTED) == 3
     assert all(b.spent > 0 for b in ledger.budgets() if b.role == "answerer")
+    # Each hospital charged itself the same, the refused round included (nothing).
+    assert_ledgers_agree(tabular)
 
 
 @pytest.mark.slow

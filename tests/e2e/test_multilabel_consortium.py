@@ -42,6 +42,7 @@ from services.common.task import TaskConfig, config_hash
 from services.local import LocalConsortium
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 from services.student.client import StudentClient
+from tests.e2e.jobs import assert_ledgers_agree
 
 PARTIES = 4
 NOISE_SEED = "e2e-multilabel"
@@ -234,6 +235,9 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
         assert released > 0.3, (name, released)
         assert accuracy > 0.75, (name, accuracy)
     assert ledger.verify_audit() > 0
+    # Weighted and vanishing rounds too: each hospital charged itself at its own weight,
+    # for the queries it voted on, exactly as the guardian did.
+    assert_ledgers_agree(consortium)
 
 
 def test_admin_view_shows_caps_spend_weights_and_projected_exhaustion(

@@ -1,0 +1,13 @@
+"""The ``capc audit`` command group; each command lives in a module of its own."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.audit import verify
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("audit", help="check the consortium's audit logs")
+    commands = p.add_subparsers(dest="audit_command", required=True)
+    verify.add_parser(commands)
