@@ -65,12 +65,6 @@ class VoteRefusedError(Exception):
         self.budget = budget
 
 
-def accounting_json(ledger: Ledger) -> str:
-    """A ledger's accountant, its settings and delta, as canonical JSON (as the guardian
-    sends its own: the two ledgers are comparable only when these are equal)."""
-    return json.dumps(ledger.accounting_id(), sort_keys=True, separators=(",", ":"))
-
-
 def query_count(queries: common_pb2.QueryBatch) -> int:
     """How many queries a round's batch holds, from its description."""
     source = queries.WhichOneof("source")
@@ -129,7 +123,7 @@ class OwnBudget:
         return guardian_pb2.Register(
             teachers=teachers,
             epsilon_cap=self.cap,
-            accounting_json=accounting_json(self.ledger),
+            accounting_json=self.ledger.accounting_json(),
             open_rounds=self.ledger.open_rounds()[:MAX_ASKED],
         )
 
@@ -153,7 +147,7 @@ class OwnBudget:
         """Check the guardian's Registered: the same accounting, the same audit key as
         pinned before (pinned now on first contact), and its head."""
         self.refusing = None
-        mine, theirs = accounting_json(self.ledger), registered.accounting_json
+        mine, theirs = self.ledger.accounting_json(), registered.accounting_json
         if theirs != mine:
             self.refusing = (
                 f"the guardian accounts with {theirs or 'an unstated accountant'}, this party's "
@@ -336,5 +330,5 @@ class OwnBudget:
             epsilon_spent=spent.spent,
             epsilon_cap=spent.cap,
             open_rounds=len(opened),
-            accounting_json=accounting_json(self.ledger),
+            accounting_json=self.ledger.accounting_json(),
         )

@@ -16,7 +16,6 @@ Each hospital keeps its own ledger and is the authority on its own cap
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -32,11 +31,6 @@ from services.proto.capc.v1 import guardian_pb2
 AGREE_RTOL = 1e-9
 #: Loss vectors longer than this are refused in a report (an RDP grid has a few hundred).
 MAX_LOSS_ENTRIES = 10_000
-
-
-def accounting_json(ledger: Ledger) -> str:
-    """The ledger's accountant, its settings and delta, as canonical JSON."""
-    return json.dumps(ledger.accounting_id(), sort_keys=True, separators=(",", ":"))
 
 
 def head_to_proto(head: AuditHead) -> guardian_pb2.AuditHead:
@@ -65,7 +59,7 @@ def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
     return guardian_pb2.Registered(
         party=name,
         epsilon_cap=ledger.budget(name).cap,
-        accounting_json=accounting_json(ledger),
+        accounting_json=ledger.accounting_json(),
         audit_public_key=b"" if key is None else bytes.fromhex(key[0]),
         head=head_to_proto(ledger.audit_head()),
     )
@@ -156,7 +150,7 @@ def compare(ledger: Ledger, budget: PartyBudget) -> Comparison:
     )
     settled = report.get("settled")
     theirs = np.asarray(settled if isinstance(settled, list) else [], dtype=np.float64)
-    if report.get("accounting") != accounting_json(ledger) or theirs.shape != (
+    if report.get("accounting") != ledger.accounting_json() or theirs.shape != (
         ledger.accounting.size,
     ):
         return seen
@@ -176,7 +170,6 @@ def compare(ledger: Ledger, budget: PartyBudget) -> Comparison:
 
 __all__ = [
     "Comparison",
-    "accounting_json",
     "compare",
     "declare",
     "head_from_proto",

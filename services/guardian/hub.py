@@ -272,7 +272,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 f"{name} is not a registered answering party; ask the guardian's operator to register it",
             )
         # A party's first message declares the cap it set itself: the guardian holds no
-        # larger one for it from here on, before it can be sent any work.
+        # larger one for it from here on. Taken once the stream is the party's only one,
+        # so a refused second stream declares nothing.
         first = next(request_iterator, None)
         if first is None or first.WhichOneof("body") != "register":
             context.abort(
@@ -280,15 +281,16 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 "the first message on a Connect stream must be Register, with the party's "
                 "own epsilon cap",
             )
-        try:
-            budgets.declare(self.ledger, name, first.register)
-        except RequestError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         peer = context.peer()
         try:
             link = self.engine.attach(name, peer, context.is_active)
         except DuplicateLinkError as err:
             self._refuse_duplicate(name, peer, err, context)
+        try:
+            budgets.declare(self.ledger, name, first.register)
+        except RequestError as err:
+            self.engine.detach(link)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         log.info("answering party %s connected from %s", name, peer)
 
         def refuse(round_id: int, what: str, accept: Callable[[str, Any], None], body: Any) -> None:

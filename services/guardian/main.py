@@ -16,6 +16,7 @@ from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
+from services.common.db import normalise_url
 from services.common.ledger import Ledger, LedgerError, audit
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
@@ -128,12 +129,17 @@ def transport(args: argparse.Namespace) -> tls.TLSFiles | None:
 
 def audit_signer(args: argparse.Namespace) -> Ed25519PrivateKey:
     """The key that signs the audit log's heads. Under --insecure-dev without a PKI a
-    missing key is created; otherwise it must exist (it comes with the certificate)."""
+    missing key is created beside a SQLite ledger (else in the working directory);
+    otherwise it must exist (it comes with the guardian's certificate)."""
     path = args.audit_key or pki.audit_key_path(
         Path("pki") if args.pki is None else args.pki, args.name
     )
     if args.insecure_dev and args.pki is None and args.audit_key is None:
-        path = Path(f"{args.name}{pki.AUDIT_KEY_SUFFIX}")
+        url = normalise_url(args.db)
+        where = (
+            Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else Path()
+        )
+        path = where / f"{args.name}{pki.AUDIT_KEY_SUFFIX}"
         if not path.exists():
             log.warning("--insecure-dev: created an audit signing key at %s", path)
             return audit.create_key(path)

@@ -131,6 +131,9 @@ def test_insecure_dev_warns_loudly(tmp_path: Path) -> None:
         proc.wait_for("guardian serving")
         seen = "".join(proc.lines)
         assert "insecure-dev" in seen and "Never use this with real patient data" in seen
+        # Its audit signing key is made beside its ledger, never in the source tree.
+        assert (tmp_path / "guardian-audit.key").exists()
+        assert not (ROOT / "guardian-audit.key").exists()
     finally:
         proc.popen.kill()
         proc.popen.wait(timeout=10)

@@ -386,7 +386,7 @@ def test_the_guardian_holds_no_larger_cap_and_settles_what_the_party_holds_open(
     assert entry.chain_valid and entry.head.signature
     # The party reports its own ledger: the guardian sets it beside its own.
     settled_loss = ledger.settled_loss(NAME, done.round_id).tolist()
-    accounting = budgets.accounting_json(ledger)
+    accounting = ledger.accounting_json()
 
     def report(loss: list[float], acct: str = accounting) -> str:
         out.put(guardian_pb2.PartyMessage(header=HEADER, report=guardian_pb2.SpendReport(

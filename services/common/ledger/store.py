@@ -333,13 +333,14 @@ class Ledger:
         """The name of the ledger's accountant."""
         return self.accounting.name
 
-    def accounting_id(self) -> dict[str, object]:
-        """What two ledgers must share for their loss vectors to be compared: the
-        accountant with its settings, and delta."""
-        return {
+    def accounting_json(self) -> str:
+        """What two ledgers must share for their loss vectors to be compared, as canonical
+        JSON: the accountant with its settings, and delta."""
+        ident = {
             "accountant": {"name": self.accounting.name, **self.accounting.settings()},
             "delta": self.delta,
         }
+        return json.dumps(ident, sort_keys=True, separators=(",", ":"))
 
     def _adopt_key(self, signer: Ed25519PrivateKey) -> None:
         """Record which key signs this ledger's audit heads, from which entry on; refuse
