@@ -451,6 +451,7 @@ def run(args: argparse.Namespace) -> int:
                     "guardian": f"127.0.0.1:{c.port}",
                     "pki": str(c.pki_dir),
                     "ledger": c.db,
+                    "hospital_ledgers": [c.party_ledger(i) for i in range(c.parties)],
                     "task": c.task,
                 }
             ),

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -216,7 +216,7 @@ class OwnBudget:
                 mechanism=mech.name,
                 quorum=1,
                 round_id=int(work.round_id),
-                terms=terms.__dict__,
+                terms=asdict(terms),
             )
         except QuorumError as err:
             left = err.remaining.get(self.name, 0.0)

@@ -97,6 +97,24 @@ def test_the_guardian_holds_each_hospitals_own_cap(consortium: LocalConsortium) 
     assert audit.chain_valid and audit.head.signature and audit.audit_public_key
 
 
+def test_the_gateways_admin_cannot_raise_a_hospitals_cap(consortium: LocalConsortium) -> None:
+    """The querier-side gateway's admin once raised hospital-a's cap from 8 to 1e6."""
+    token = consortium.token("admin", "querier-admin")
+    ctx = ssl.create_default_context(cafile=consortium.ca)
+    with httpx.Client(verify=ctx, headers={"Authorization": f"Bearer {token}"}) as http:
+        r = http.put(
+            consortium.gateway_url + "/v1/admin/parties/hospital-0/cap",
+            json={"epsilon_cap": CEILING},
+        )
+        assert r.status_code in (404, 405), r.text
+        budgets = {
+            b["party"]: b
+            for b in http.get(consortium.gateway_url + "/v1/admin/budgets").json()["budgets"]
+        }
+    assert budgets["hospital-0"]["epsilon_cap"] == CAPS[0]
+    assert parties(consortium)["hospital-0"].epsilon_cap == CAPS[0]
+
+
 def test_a_hospital_stops_at_its_own_cap_whatever_the_guardians_ledger_says(
     consortium: LocalConsortium,
 ) -> None:
