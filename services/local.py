@@ -142,6 +142,17 @@ class LocalConsortium:
     epsilon_caps: list[float] | None = None
     #: A pretrained body (capc diet pretrain): DIET teachers and a DIET student when set.
     body: Path | None = None
+    #: Where the guardian listens, and the command it runs under (e.g. ``ip netns exec NS``,
+    #: services.testbed.netlab); ``dial``: the address hospitals and the student dial
+    #: (default the guardian's own), e.g. a relay on an emulated link.
+    listen_host: str = "127.0.0.1"
+    guardian_prefix: Sequence[str] = ()
+    dial: str = ""
+
+    @property
+    def address(self) -> str:
+        """What hospitals and the student dial to reach the guardian."""
+        return self.dial or f"{self.listen_host}:{self.port}"
 
     def cap(self, i: int) -> float:
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
@@ -234,7 +245,7 @@ class LocalConsortium:
     def start(self) -> None:
         """Start the guardian and every answering party; returns once all are connected."""
         self.start_guardian()
-        self._say(f"guardian listening on 127.0.0.1:{self.port}")
+        self._say(f"guardian listening on {self.listen_host}:{self.port}")
         for i in range(self.parties):
             self.start_party(i)
         for p in self.procs:
@@ -257,13 +268,14 @@ class LocalConsortium:
             "--db",
             self.db,
             "--listen",
-            f"127.0.0.1:{self.port}",
+            f"{self.listen_host}:{self.port}",
             "--pki",
             str(self.pki_dir),
             "--share-timeout",
             str(self.share_timeout),
             *register,
             *extra,
+            prefix=self.guardian_prefix,
         )
         self.procs.append(guardian)
         guardian.wait_for("guardian serving")
@@ -282,7 +294,7 @@ class LocalConsortium:
             "student",
             "student",
             "--guardian",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--task",
             str(task_file),
             "--db",
@@ -333,7 +345,7 @@ class LocalConsortium:
             "--student",
             f"127.0.0.1:{self.student_port}",
             "--guardian",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--task",
             TASK_NAME,
             "--listen",
@@ -367,7 +379,7 @@ class LocalConsortium:
             "--model",
             str(self.model_path(i)),
             "--guardian",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--name",
             f"hospital-{i}",
             "--pki",
@@ -380,7 +392,7 @@ class LocalConsortium:
 
     def student(self) -> StudentClient:
         return StudentClient(
-            f"127.0.0.1:{self.port}",
+            self.address,
             tls.TLSFiles.in_dir(self.pki_dir, "student"),
             self.task_config,
             server_name="localhost",
