@@ -15,7 +15,18 @@ many rounds on a scratch ledger; ``mpc_s`` is the student's 2PC time;
 waiting for the slowest party, which on a small machine includes the
 parties' inference competing for the same cores.
 
+With ``--link RATE:DELAY`` (e.g. 100mbit:20ms; needs root and iproute2) the
+same consortium then runs again with the guardian behind an emulated link:
+the guardian in a network namespace joined by a veth pair that ``tc tbf``
+holds to RATE each way, and every hospital and the student dialling it
+through a relay that adds DELAY each way (services.testbed: the kernel has
+no netem). The JSON object then also carries ``link_queries_per_s``,
+``link_round_p50_s`` and ``link_bytes_per_query`` (every byte to and from
+the guardian, hospitals' and student's, per labelled query) beside the
+loopback figures.
+
 Usage: python benchmarks/consortium.py [--parties 10] [--queries 2048] [--batch 512] [--dir DIR]
+       [--link 100mbit:20ms]
 """
 
 from __future__ import annotations
@@ -38,6 +49,9 @@ from capc.privacy.mechanisms.single_label import confident_decide, gaussian_nois
 from capc.privacy.randomness import SecureRandom
 from services.common.ledger import Ledger
 from services.local import TASK_NAME, LocalConsortium
+from services.student.client import RoundResult
+from services.testbed import netlab
+from services.testbed.proxy import LinkProxy
 
 
 def plain_pate(c: LocalConsortium, queries: np.ndarray, batch: int) -> float:
@@ -97,6 +111,46 @@ def local_costs(
     return {"inference_s": inference, "sharing_s": sharing, "ledger_s": ledger_s}
 
 
+def label(
+    c: LocalConsortium, queries: np.ndarray, batch: int
+) -> tuple[np.ndarray, list[RoundResult], float]:
+    """Labels, rounds and wall seconds for ``queries``, after a warm-up round."""
+    student = c.student()
+    student.label(queries[:batch], batch_size=batch)  # warm-up: base OTs, caches
+    start = time.perf_counter()
+    labels, rounds = student.label(queries, batch_size=batch)
+    wall = time.perf_counter() - start
+    student.close()
+    return labels, rounds, wall
+
+
+def over_link(c: LocalConsortium, spec: str, queries: np.ndarray, batch: int) -> dict[str, float]:
+    """The same labelling with the guardian behind an emulated RATE:DELAY link."""
+    rate, delay = netlab.parse_link(spec)
+    c.stop()
+    with netlab.NetLab() as lab:
+        link = lab.add()
+        lab.shape(link, rate)
+        c.listen_host, c.guardian_prefix = link.ns_addr, lab.prefix(link)
+        relay = LinkProxy((link.host_addr, 0), (link.ns_addr, c.port), delay=delay)
+        with relay:
+            c.dial = relay.address
+            c.start()
+            student = c.student()
+            student.label(queries[:batch], batch_size=batch)
+            student.close()
+            relay.reset_counters()
+            _, rounds, wall = label(c, queries, batch)
+            moved = relay.bytes_total
+            c.stop()
+    return {
+        "link_queries_per_s": round(len(queries) / wall, 1),
+        "link_round_p50_s": round(statistics.median(r.open_s + r.mpc_s for r in rounds), 3),
+        "link_bytes_per_query": round(moved / len(queries)),
+        "link_rounds": len(rounds),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parties", type=int, default=10)
@@ -105,7 +159,18 @@ def main() -> None:
     ap.add_argument(
         "--dir", type=Path, default=None, help="keep PKI and teachers here between runs"
     )
+    ap.add_argument(
+        "--link",
+        default=None,
+        metavar="RATE:DELAY",
+        help="also run over an emulated link, e.g. 100mbit:20ms (rate each way, one-way delay)",
+    )
     args = ap.parse_args()
+    if args.link is not None:
+        netlab.parse_link(args.link)  # a bad spec fails before anything starts
+        reason = netlab.unavailable()
+        if reason is not None:
+            ap.error(f"--link needs network namespaces: {reason}")
     tmp = tempfile.TemporaryDirectory()
     directory = args.dir or Path(tmp.name)
     c = LocalConsortium(directory / f"p{args.parties}", parties=args.parties, epsilon_cap=1e9)
@@ -114,14 +179,14 @@ def main() -> None:
         setup_s = time.perf_counter() - t_setup
         reps = -(-args.queries // len(c.queries))
         queries = np.concatenate([c.queries] * reps)[: args.queries]
-        student = c.student()
-        student.label(queries[: args.batch], batch_size=args.batch)  # warm-up: base OTs, caches
-        start = time.perf_counter()
-        labels, rounds = student.label(queries, batch_size=args.batch)
-        wall = time.perf_counter() - start
-        student.close()
+        labels, rounds, wall = label(c, queries, args.batch)
         plain_s = plain_pate(c, queries, args.batch)
         costs = local_costs(c, queries, args.batch, len(rounds))
+        link = (
+            {}
+            if args.link is None
+            else {"link": args.link, **over_link(c, args.link, queries, args.batch)}
+        )
     per_round = [r.open_s + r.mpc_s for r in rounds]
     mpc_s = sum(r.mpc_s for r in rounds)
     open_s = sum(r.open_s for r in rounds)
@@ -159,6 +224,7 @@ def main() -> None:
                 else None,
                 "setup_s": round(setup_s, 1),
                 "targets": {"queries_per_s_min": 100, "secure_over_plain_max": 3},
+                **link,
             }
         )
     )

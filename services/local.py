@@ -188,6 +188,17 @@ class LocalConsortium:
     split_seed: int = 0
     #: Canaries planted in some hospitals' teacher data (``capc audit run``).
     canaries: CanarySpec | None = None
+    #: Where the guardian listens, and the command it runs under (e.g. ``ip netns exec NS``,
+    #: services.testbed.netlab); ``dial``: the address hospitals and the student dial
+    #: (default the guardian's own), e.g. a relay on an emulated link.
+    listen_host: str = "127.0.0.1"
+    guardian_prefix: Sequence[str] = ()
+    dial: str = ""
+
+    @property
+    def address(self) -> str:
+        """What hospitals and the student dial to reach the guardian."""
+        return self.dial or f"{self.listen_host}:{self.port}"
 
     def cap(self, i: int) -> float:
         """Hospital ``i``'s own cap."""
@@ -390,7 +401,7 @@ class LocalConsortium:
     def start(self) -> None:
         """Start the guardian and every answering party; returns once all are connected."""
         self.start_guardian()
-        self._say(f"guardian listening on 127.0.0.1:{self.port}")
+        self._say(f"guardian listening on {self.listen_host}:{self.port}")
         for i in range(self.parties):
             self.start_party(i)
         for p in self.procs:
@@ -414,13 +425,14 @@ class LocalConsortium:
             "--db",
             self.db,
             "--listen",
-            f"127.0.0.1:{self.port}",
+            f"{self.listen_host}:{self.port}",
             "--pki",
             str(self.pki_dir),
             "--share-timeout",
             str(self.share_timeout),
             *register,
             *extra,
+            prefix=self.guardian_prefix,
         )
         self.procs.append(guardian)
         guardian.wait_for("guardian serving")
@@ -444,7 +456,7 @@ class LocalConsortium:
             "student",
             "student",
             "--guardian",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--task",
             str(task_file),
             "--db",
@@ -492,7 +504,7 @@ class LocalConsortium:
             name,
             "student",
             "--guardian",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--task",
             str(task_file),
             "--db",
@@ -550,7 +562,7 @@ class LocalConsortium:
             "--student",
             f"127.0.0.1:{self.student_port}",
             "--guardian",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--task",
             TASK_NAME,
             "--listen",
@@ -601,7 +613,7 @@ class LocalConsortium:
             "answerer",
             *[a for path in self.model_paths(i) for a in ("--model", str(path))],
             "--guardian",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--name",
             f"hospital-{i}",
             "--epsilon-cap",
@@ -618,7 +630,7 @@ class LocalConsortium:
 
     def student(self) -> StudentClient:
         return StudentClient(
-            f"127.0.0.1:{self.port}",
+            self.address,
             tls.TLSFiles.in_dir(self.pki_dir, "student"),
             self.task_config,
             server_name="localhost",

@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
-from services.common import protocol, tls
+from services.common import tls
 from services.common.ledger import (
     Ledger,
     LedgerError,
@@ -62,7 +62,6 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/RecordPrivacyAudit": ("gateway",),
     f"/{SERVICE}/ListPrivacyAudits": ("gateway", "guardian"),
 }
-HEADER = protocol.header()
 #: Seconds between passes of the reaper (at most; a short --round-timeout checks more often).
 REAP_EVERY_S = 5.0
 
@@ -73,21 +72,6 @@ def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> No
         check_version(header, "guardian")
     except RequestError as err:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-
-
-def _session_id(context: grpc.ServicerContext) -> bytes:
-    """The student's 2PC session named in the call's metadata: rounds run on that session only."""
-    sid = dict(context.invocation_metadata()).get("capc-session-id")
-    try:
-        session_id = bytes.fromhex(sid) if isinstance(sid, str) else b""
-    except ValueError:
-        session_id = b""
-    if len(session_id) != 16:
-        context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            "open a Compute stream first and send its 16-byte hex 'capc-session-id' in the metadata",
-        )
-    return session_id
 
 
 def page_limit(requested: int, context: grpc.ServicerContext) -> int:

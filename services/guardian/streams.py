@@ -384,7 +384,9 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 await rnd.complete.wait_async(self.engine.share_timeout)
             except asyncio.CancelledError:
                 # The student gave up waiting: the round will never be computed.
-                self.engine.abandon_round(rnd, "the student cancelled its OpenRound call")
+                self._pool.submit(
+                    self.engine.abandon_round, rnd, "the student cancelled its OpenRound call"
+                )
                 raise
             return await self._run(self.engine.finish_round, rnd)
         except (RequestError, UnknownTaskError) as err:

@@ -206,6 +206,7 @@ class RelayRouter:
                 log.warning("the relay stream ended: %s", err)
             finally:
                 self.ended.set()
+                self._out.close()  # the call is over: exchanges still sending stop waiting
                 with self._lock:
                     for ch in self._channels.values():
                         ch.feed(None)

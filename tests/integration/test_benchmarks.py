@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from services.testbed import netlab
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -50,6 +52,8 @@ def test_secure_argmax_benchmark_reports_correct_outputs() -> None:
 
 @pytest.mark.slow
 def test_consortium_benchmark_runs_end_to_end(tmp_path: Path) -> None:
+    # Over an emulated link too where network namespaces can be made (root, iproute2).
+    link = [] if netlab.unavailable() else ["--link", "100mbit:20ms"]
     out = bench(
         [
             "benchmarks/consortium.py",
@@ -61,11 +65,15 @@ def test_consortium_benchmark_runs_end_to_end(tmp_path: Path) -> None:
             "64",
             "--dir",
             str(tmp_path),
+            *link,
         ],
         timeout=600,
     )
     report = json.loads(out.strip().splitlines()[-1])
     assert report["rounds"] == 2 and report["queries_per_s"] > 0 and report["secure_over_plain"] > 0
+    if link:
+        assert report["link"] == "100mbit:20ms" and report["link_rounds"] == 2
+        assert report["link_queries_per_s"] > 0 and report["link_bytes_per_query"] > 0
 
 
 def test_diet_throughput_benchmark_reports_every_generator_and_inference() -> None:

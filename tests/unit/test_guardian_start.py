@@ -47,3 +47,14 @@ def test_insecure_dev_keeps_tls_when_certificates_are_named(tmp_path: Path) -> N
     assert guardian_main.transport(parse(["guardian"])) == tls.TLSFiles.in_dir(
         Path("pki"), "guardian"
     )
+
+
+def test_a_round_timeout_within_the_share_timeout_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "ledger.db"
+    args = ["guardian", "--db", str(db), "--share-timeout", "60", "--round-timeout", "30"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--round-timeout (30 s) must exceed --share-timeout (60 s)" in err
+    assert "Raise --round-timeout" in err and not db.exists()
