@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,13 @@ class Process:
         raise RuntimeError(f"{self.name} did not report {text!r}: {''.join(self.lines)[-2000:]}")
 
 
-def spawn(name: str, *args: str) -> Process:
-    """Run ``capc ARGS...`` as a child process with its output drained."""
+def spawn(name: str, *args: str, prefix: Sequence[str] = ()) -> Process:
+    """Run ``capc ARGS...`` as a child process with its output drained.
+
+    ``prefix``: a command that runs it, e.g. ``ip netns exec NS`` (services.testbed.netlab).
+    """
     popen = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", *args],
+        [*prefix, sys.executable, "-m", "services.cli", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

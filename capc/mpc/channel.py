@@ -196,8 +196,16 @@ class FramedLink:
             )
             self._send_seq += 1
 
-    def recv(self, expected: Kind, round_id: int | None = None) -> Message:
-        """Receive one whole message of kind ``expected`` (for ``round_id`` if given)."""
+    def recv(
+        self, expected: Kind, round_id: int | None = None, max_bytes: int | None = None
+    ) -> Message:
+        """Receive one whole message of kind ``expected`` (for ``round_id`` if given).
+
+        ``max_bytes``: the most the message may hold, when the protocol fixes its
+        size; a peer that sends more is refused at the first frame past it, so it
+        cannot make this side buffer more than the protocol needs.
+        """
+        limit = self._max_message if max_bytes is None else min(max_bytes, self._max_message)
         parts: list[memoryview] = []
         total = 0
         while True:
@@ -214,6 +222,11 @@ class FramedLink:
             if version != PROTOCOL_VERSION:
                 raise ProtocolError(
                     f"peer speaks 2PC protocol version {version}, this side {PROTOCOL_VERSION}; upgrade one side"
+                )
+            if length > self._max_frame:
+                raise MessageSizeError(
+                    f"frame {seq} carries {length} payload bytes, more than the {self._max_frame} "
+                    "a frame may hold"
                 )
             if len(frame) != HEADER_BYTES + length + TAG_BYTES:
                 raise MessageSizeError(
@@ -245,8 +258,10 @@ class FramedLink:
             if round_id is not None and rid != round_id:
                 raise ReplayError(f"message for round {rid} arrived during round {round_id}")
             total += length
-            if total > self._max_message:
-                raise MessageSizeError(f"message exceeds the limit of {self._max_message} bytes")
+            if total > limit:
+                raise MessageSizeError(
+                    f"a {Kind(kind).name} message exceeds the limit of {limit} bytes"
+                )
             parts.append(view[HEADER_BYTES:-TAG_BYTES])
             if flags & _LAST:
                 return Message(Kind(kind), rid, b"".join(parts))

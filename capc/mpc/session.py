@@ -179,7 +179,7 @@ class _Session:
         sk = self._hello_key()
         mine = _HELLO.pack(int(self.role), self.session_id, sk.public_key().public_bytes_raw())
         self._link.send(Kind.HELLO, 0, mine)
-        theirs = self._link.recv(Kind.HELLO).payload
+        theirs = self._link.recv(Kind.HELLO, max_bytes=_HELLO.size).payload
         if len(theirs) != _HELLO.size:
             raise MessageSizeError(f"hello must be {_HELLO.size} bytes, got {len(theirs)}")
         role, sid, pk = _HELLO.unpack(theirs)
@@ -212,6 +212,11 @@ class _Session:
                 f"round {round_id} is not after round {self._state.last_round_id}: replayed round refused"
             )
 
+    def abort(self, reason: str) -> None:
+        """Stop this session and tell the other party why (best effort)."""
+        if self._state.broken is None:
+            self._fail(ProtocolError(reason))
+
     def _fail(self, err: BaseException) -> None:
         self._state.broken = str(err) or type(err).__name__
         if not isinstance(err, PeerAbortedError):
@@ -239,7 +244,8 @@ class GarblerSession(_Session):
         choices = ot.random_choices(ot.KAPPA)
         receiver, request = ot.BaseOTReceiver.start(choices)
         self._link.send(Kind.BASE_OT_REQUEST, 0, request)
-        seeds = receiver.finish(self._link.recv(Kind.BASE_OT_REPLY).payload)
+        reply_bytes = ot.KAPPA * (ot.KEY_BYTES + 2 * ot.SEED_BYTES)
+        seeds = receiver.finish(self._link.recv(Kind.BASE_OT_REPLY, max_bytes=reply_bytes).payload)
         self._ext = ot.ExtensionSender(choices, seeds, self._hash)
 
     def run_round(
@@ -257,7 +263,11 @@ class GarblerSession(_Session):
         )  # bad input fails before any message
         stats = self._begin_round(round_id, circuit, batch)
         try:
-            request = self._link.recv(Kind.ROUND_REQUEST, round_id).payload
+            # The request's size follows from the circuit: nothing larger is buffered.
+            request_bytes = _ROUND.size + ot.request_bytes(
+                circuit.evaluator_input_wires.size * batch
+            )
+            request = self._link.recv(Kind.ROUND_REQUEST, round_id, request_bytes).payload
             if len(request) < _ROUND.size:
                 raise MessageSizeError("round request is truncated")
             their_batch, digest = _ROUND.unpack_from(request)
@@ -293,7 +303,7 @@ class GarblerSession(_Session):
                 ],
             )
             n_out = circuit.output_wires(Party.GARBLER).size
-            reply = self._link.recv(Kind.OUTPUT_LABELS, round_id).payload
+            reply = self._link.recv(Kind.OUTPUT_LABELS, round_id, n_out * batch * 16).payload
             if len(reply) != n_out * batch * 16:
                 raise MessageSizeError(
                     f"output labels must be {n_out * batch * 16} bytes, got {len(reply)}"
@@ -324,7 +334,9 @@ class EvaluatorSession(_Session):
 
     def _base_ots(self) -> None:
         """As base-OT sender of fresh seed pairs."""
-        request = self._link.recv(Kind.BASE_OT_REQUEST).payload
+        request = self._link.recv(
+            Kind.BASE_OT_REQUEST, max_bytes=ot.KAPPA * 2 * ot.KEY_BYTES
+        ).payload
         pairs = ot.base_seeds()
         self._link.send(Kind.BASE_OT_REPLY, 0, ot.base_ot_send(pairs, request))
         self._ext = ot.ExtensionReceiver(pairs, self._hash)
@@ -344,7 +356,6 @@ class EvaluatorSession(_Session):
             self._link.send(
                 Kind.ROUND_REQUEST, round_id, _ROUND.pack(batch, circuit.digest) + request
             )
-            payload = self._link.recv(Kind.GARBLED, round_id).payload
             n_g = circuit.garbler_input_wires.size
             n_e = circuit.evaluator_input_wires.size
             n_dec = circuit.output_wires(Party.EVALUATOR).size * batch
@@ -354,6 +365,7 @@ class EvaluatorSession(_Session):
                 n_e * batch * 32,
                 -(-n_dec // 8),
             )
+            payload = self._link.recv(Kind.GARBLED, round_id, sum(sizes)).payload
             if len(payload) != sum(sizes):
                 raise MessageSizeError(
                     f"garbled circuit for {batch} queries of {circuit.name} must be {sum(sizes)} bytes, got {len(payload)}"

@@ -15,9 +15,25 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from capc.mpc import ring
-from capc.mpc.sealing import open_sealed, seal, seed_context
+from capc.mpc.sealing import SealError, open_sealed, seal, seed_context
 
 U64 = NDArray[np.uint64]
+
+
+class PartyInputError(ValueError):
+    """One answering party's input to a round cannot be used; ``party`` names the party."""
+
+    def __init__(self, party: str, round_id: int, reason: str) -> None:
+        super().__init__(
+            f"{party}'s input to round {round_id} cannot be used: {reason}. {party} deviated "
+            f"from the protocol or its software is broken; ask its operator to check it"
+        )
+        self.party = party
+        self.round_id = round_id
+
+
+class UnopenableSeedError(PartyInputError, SealError):
+    """A party's sealed seed does not open with the student's key."""
 
 
 def one_hot_votes(predictions: ArrayLike, num_classes: int, weight: int = 1) -> U64:
@@ -46,8 +62,15 @@ def share_votes(
 def student_share_sum(
     key: X25519PrivateKey, sealed: Mapping[str, bytes], round_id: int, shape: tuple[int, ...]
 ) -> U64:
-    """Open every party's sealed seed for ``round_id`` and sum the expanded shares; shape ``shape``."""
+    """Open every party's sealed seed for ``round_id`` and sum the expanded shares; shape ``shape``.
+
+    A seed that does not open raises :class:`UnopenableSeedError` naming its party.
+    """
     total = np.zeros(shape, dtype=np.uint64)
     for party, box in sorted(sealed.items()):
-        total += ring.expand_seed(open_sealed(key, box, seed_context(round_id, party)), shape)
+        try:
+            seed = open_sealed(key, box, seed_context(round_id, party))
+        except SealError as err:
+            raise UnopenableSeedError(party, round_id, f"its sealed seed: {err}") from None
+        total += ring.expand_seed(seed, shape)
     return total

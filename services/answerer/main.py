@@ -29,7 +29,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "sends the sum of all its teachers' votes",
     )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
-    p.add_argument("--name", required=True, help="this party's certificate name")
+    p.add_argument(
+        "--name",
+        required=True,
+        action="append",
+        help="this party's certificate name; repeat it to run several parties in one "
+        "process with the same model, each with its own certificate and stream (load tests)",
+    )
     p.add_argument(
         "--status-file",
         type=Path,
@@ -42,29 +48,45 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     setup_logging()
+    names: list[str] = args.name
+    if len(set(names)) != len(names):
+        print("error: each --name may be given once", file=sys.stderr)
+        return 2
+    if args.status_file is not None and len(names) > 1:
+        print("error: --status-file reports one party; give one --name with it", file=sys.stderr)
+        return 2
     try:
         voters = Voters.load(args.model)
-        files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
-        if files is not None:
-            files.read()
+        parties = []
+        for name in names:
+            files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, name)
+            if files is not None:
+                files.read()
+            parties.append(AnsweringParty(name, voters, args.guardian, files, args.server_name))
     except (ValueError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    party = AnsweringParty(args.name, voters, args.guardian, files, args.server_name)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(
-        f"answering party {args.name} dialling {args.guardian} ({len(voters)} "
-        f"{'teacher' if len(voters) == 1 else 'teachers'}: {voters.architecture}, device "
-        f"{voters.device})",
+        f"answering part{'y' if len(names) == 1 else 'ies'} {', '.join(names)} dialling "
+        f"{args.guardian} ({len(voters)} {'teacher' if len(voters) == 1 else 'teachers'}: "
+        f"{voters.architecture}, device {voters.device})",
         flush=True,
     )
     if args.status_file is not None:
         threading.Thread(
-            target=_keep_status, args=(party, args.status_file, stop), daemon=True
+            target=_keep_status, args=(parties[0], args.status_file, stop), daemon=True
         ).start()
-    party.run(stop)
+    threads = [
+        threading.Thread(target=party.run, args=(stop,), name=f"capc-party-{party.name}")
+        for party in parties
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     return 0
 
 

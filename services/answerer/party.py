@@ -17,7 +17,6 @@ sends the guardian share in the clear and the seed sealed to the student
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
@@ -32,7 +31,8 @@ from capc.models.ensemble import Voters
 from capc.mpc.votes import share_votes
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
-from services.common.limits import MAX_BATCH
+from services.common.buffers import BoundedBuffer
+from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
 from services.common.serde import mechanism_from_proto
@@ -111,7 +111,7 @@ class AnsweringParty:
 
     def _session(self, stop: threading.Event) -> None:
         channel = tls.secure_channel(self.guardian, self.files, self.server_name, role="guardian")
-        outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+        outgoing: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(PARTY_OUTGOING_MESSAGES)
         infos = [
             guardian_pb2.TeacherInfo(
                 architecture=architecture,
@@ -192,14 +192,14 @@ class AnsweringParty:
                         stale.feed(None)
         finally:
             ended.set()
-            outgoing.put(None)
+            outgoing.close()
             channel.close()
 
     def _answer(
         self,
         work: guardian_pb2.RoundWork,
         task: str,
-        outgoing: queue.Queue[guardian_pb2.PartyMessage | None],
+        outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
     ) -> None:
         try:
             source = work.queries.WhichOneof("source")
@@ -247,7 +247,7 @@ class AnsweringParty:
         self,
         work: guardian_pb2.RoundWork,
         task: str,
-        outgoing: queue.Queue[guardian_pb2.PartyMessage | None],
+        outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
     ) -> None:
         header = self._header(task)
 
@@ -270,6 +270,7 @@ class AnsweringParty:
             answer = self._encrypted.answer(work, channel, key, lambda p: send(p, hello=True))
         finally:
             self._relays.pop(work.round_id, None)
+            channel.close()
         outgoing.put(
             guardian_pb2.PartyMessage(
                 header=header,

@@ -1,4 +1,4 @@
-"""Every size limit the services enforce, each defined once with the reason for its value.
+"""Every size and time limit the services enforce, each defined once with the reason for its value.
 
 The gateway, the student party, the guardian and the answering parties import
 these, so they agree on what is too large and say so in the same words. The
@@ -9,6 +9,7 @@ refusal's message.
 from __future__ import annotations
 
 from capc.data.generators import MAX_COUNT
+from capc.mpc.channel import DEFAULT_MAX_FRAME, HEADER_BYTES, TAG_BYTES
 
 #: Queries in one round. The guardian garbles the whole round's circuit and
 #: sends it as one 2PC message, which capc.mpc caps at 512 MiB: the deployed
@@ -91,6 +92,60 @@ MAX_UPLOAD_MEMBERS = 8
 #: every 5 s, both far below; a runaway script gets 429 with Retry-After instead of
 #: tying up the student party and the guardian.
 GATEWAY_REQUESTS_PER_MINUTE = 600
+
+
+#: Payload bytes of one 2PC frame on the Compute stream: capc.mpc splits messages into
+#: frames of at most 4 MiB, each with its 32-byte header and 16-byte tag. A larger frame
+#: is refused on arrival and the stream is ended, before it is buffered.
+MAX_MPC_FRAME_BYTES = DEFAULT_MAX_FRAME + HEADER_BYTES + TAG_BYTES
+
+#: 2PC frames buffered per direction of one Compute stream (at most 32 MiB). A side
+#: that gets further ahead waits, and gRPC's flow control holds the sender back.
+MPC_STREAM_BUFFER_FRAMES = 8
+
+#: Seconds a service waits for its peer to take a frame off a full stream buffer
+#: before it gives the stream up: a peer that stopped reading holds no memory longer.
+STREAM_SEND_TIMEOUT_S = 120.0
+
+#: Payload bytes a relayed blob is cut into (encrypted-query mode; services.common.relay).
+RELAY_CHUNK_BYTES = 1 << 20
+
+#: Largest relayed frame the guardian forwards: a chunk, or a 2PC frame of the
+#: party's own session (at most a chunk plus its header and tag), sealed with a
+#: 16-byte tag. 1 KiB covers the overheads.
+MAX_RELAY_FRAME_BYTES = RELAY_CHUNK_BYTES + 1024
+
+#: Relayed frames buffered for one student's Relay stream, and for one end of a
+#: sealed channel (at most 64 MiB each): an exchange sends its blobs without waiting,
+#: so the sender then waits for the reader.
+RELAY_BUFFER_FRAMES = 64
+
+#: Messages the guardian holds for one answering party (round work, cancellations,
+#: relayed frames) until the party reads them. A relayed frame waits for room; round
+#: work that finds no room leaves the party out of that round.
+PARTY_OUTBOX_MESSAGES = 64
+
+#: Messages an answering party queues for the guardian (shares, failures, relayed
+#: frames, heartbeats); its round threads wait while the guardian catches up.
+PARTY_OUTGOING_MESSAGES = 64
+
+#: Streams one identity may hold open at once on the guardian (its Compute and
+#: Relay streams; an answering party holds its one Connect stream). A student
+#: client holds one Compute stream, plus one Relay stream in encrypted mode, so
+#: 8 leaves room for a few clients and their reconnections; more is a leak or abuse.
+MAX_STREAMS_PER_IDENTITY = 8
+
+#: Rounds one querier may hold opened but not yet computed or settled. A student
+#: runs its rounds one after another; 16 leaves room for clients side by side, and
+#: bounds the parties' budget one querier can hold in reservations at once.
+MAX_OPEN_ROUNDS_PER_QUERIER = 16
+
+#: Seconds a round may stay opened but not released (``capc guardian --round-timeout``)
+#: before the guardian aborts it and returns its reservations. A round's shares arrive
+#: within the share timeout (60 s by default) and a MAX_BATCH 2PC takes well under a
+#: minute on one core, so ten minutes never cuts a live round, yet a student that opens
+#: rounds and vanishes holds the parties' budgets for minutes, not until a restart.
+ROUND_TIMEOUT_S = 600.0
 
 
 def count_refusal(count: int, limit: int, what: str) -> str | None:

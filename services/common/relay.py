@@ -28,10 +28,12 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from capc.mpc.channel import ProtocolError
+from services.common.buffers import BoundedBuffer
+from services.common.limits import RELAY_BUFFER_FRAMES, RELAY_CHUNK_BYTES, STREAM_SEND_TIMEOUT_S
 
 _INFO = b"capc/v1/relay"
 #: Payload bytes per relayed frame; larger blobs are split.
-CHUNK = 1 << 20
+CHUNK = RELAY_CHUNK_BYTES
 _BLOB = struct.Struct("<Q")
 
 Send = Callable[[bytes], None]
@@ -69,7 +71,8 @@ class RelayChannel:
         self._sent = 0
         self._received = 0
         self._send = send
-        self._inbox: queue.Queue[bytes | None] = queue.Queue()
+        # Bounded: the transport waits in feed() while this end is behind.
+        self._inbox: BoundedBuffer[bytes] = BoundedBuffer(RELAY_BUFFER_FRAMES)
 
     @classmethod
     def for_party(
@@ -105,9 +108,23 @@ class RelayChannel:
         self._sent += 1
         self._send(sealed)
 
-    def feed(self, sealed: bytes | None) -> None:
-        """A frame from the transport; None when the transport closed."""
-        self._inbox.put(sealed)
+    def feed(self, sealed: bytes | None, timeout: float = STREAM_SEND_TIMEOUT_S) -> None:
+        """A frame from the transport; None when the transport closed.
+
+        Waits up to ``timeout`` s while this end's buffer is full; after that the
+        reader is taken to be gone and the channel is closed.
+        """
+        if sealed is None:
+            self._inbox.finish()
+            return
+        try:
+            self._inbox.put(sealed, timeout=timeout)
+        except queue.Full:
+            self._inbox.close()
+
+    def close(self) -> None:
+        """This end is done: frames that still arrive are dropped, not buffered."""
+        self._inbox.close()
 
     def recv(self, timeout: float | None = None) -> bytes:
         try:
@@ -117,7 +134,6 @@ class RelayChannel:
                 f"the other side sent nothing for {timeout} s; is it still running?"
             ) from None
         if sealed is None:
-            self._inbox.put(None)
             raise RelayError("the relay closed before the exchange finished")
         try:
             frame = self._aead.decrypt(self._nonce(self._in_dir, self._received), sealed, self._aad)

@@ -15,12 +15,13 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import grpc
+import grpc.aio
 
 from services.common import pki
 from services.common.limits import MAX_MESSAGE_BYTES
@@ -41,6 +42,10 @@ SERVER_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # The server pings too: a stream whose peer is cut off (a partition, a host that
+    # lost power) ends within 30 s instead of when TCP gives up.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
 )
 INSECURE_WARNING = (
     "--insecure-dev: plaintext gRPC without certificates. Never use this with real patient data."
@@ -114,6 +119,13 @@ def server_interceptor(
     if files is None:
         return RoleInterceptor(policy, insecure=True)
     return RoleInterceptor(policy, revocations=revocations(files))
+
+
+def async_server_interceptor(
+    policy: Mapping[str, Iterable[str]], files: TLSFiles | None
+) -> AsyncRoleInterceptor:
+    """:func:`server_interceptor` for an asyncio (grpc.aio) server."""
+    return AsyncRoleInterceptor(server_interceptor(policy, files))
 
 
 class ChannelError(grpc.RpcError):
@@ -617,16 +629,11 @@ class RoleInterceptor(grpc.ServerInterceptor):
         self._open = tuple(open_methods)
         self._revocations = revocations
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = continuation(details)
-        method = details.method
+    def _checker(self, method: str) -> _Check | None:
+        """What checks a call of ``method`` (raising :class:`_RefusalError`), or None: nothing to check."""
         is_open = method.startswith(self._open)
-        if handler is None or self._insecure or (is_open and self._revocations is None):
-            return handler
+        if self._insecure or (is_open and self._revocations is None):
+            return None
         allowed = self._policy.get(method, frozenset())
         revocations = self._revocations
 
@@ -634,11 +641,11 @@ class RoleInterceptor(grpc.ServerInterceptor):
             try:
                 who = peer_identity(context)
             except pki.PKIError as err:
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
+                raise _RefusalError(grpc.StatusCode.UNAUTHENTICATED, str(err)) from None
             if who is None:
                 if is_open:
                     return lambda: None
-                context.abort(
+                raise _RefusalError(
                     grpc.StatusCode.UNAUTHENTICATED,
                     "a client certificate from the consortium CA is required",
                 )
@@ -655,12 +662,125 @@ class RoleInterceptor(grpc.ServerInterceptor):
             why = still()
             if why is not None:
                 log.warning("refused %s (%s) on %s: %s", who.name, context.peer(), method, why)
-                context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+                raise _RefusalError(grpc.StatusCode.UNAUTHENTICATED, why)
             if not is_open and who.role not in allowed:
-                context.abort(
+                raise _RefusalError(
                     grpc.StatusCode.PERMISSION_DENIED,
                     f"{who.name} has role {who.role}; {method} is for {', '.join(sorted(allowed)) or 'no role'}",
                 )
             return still
 
-        return _wrap(handler, check)
+        return check
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler[Any, Any] | None],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = continuation(details)
+        check = self._checker(details.method)
+        if handler is None or check is None:
+            return handler
+
+        def checked(context: grpc.ServicerContext) -> Callable[[], str | None]:
+            try:
+                return check(context)
+            except _RefusalError as refusal:
+                context.abort(refusal.code, refusal.details)
+
+        return _wrap(handler, checked)
+
+
+class AsyncRoleInterceptor(grpc.aio.ServerInterceptor):
+    """:class:`RoleInterceptor`'s checks for an asyncio server, whose handlers are coroutines."""
+
+    def __init__(self, roles: RoleInterceptor) -> None:
+        self._roles = roles
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        check = self._roles._checker(details.method)
+        if handler is None or check is None:
+            return handler
+        return _wrap_async(handler, check)
+
+
+class _RefusalError(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def _wrap_async(
+    handler: grpc.RpcMethodHandler[Any, Any], check: _Check
+) -> grpc.RpcMethodHandler[Any, Any]:
+    streaming_in = handler.request_streaming
+    streaming_out = handler.response_streaming
+    behaviour: Any = (
+        handler.unary_unary or handler.unary_stream or handler.stream_unary or handler.stream_stream
+    )
+    if behaviour is None:
+        raise TypeError(f"a gRPC method handler with no behaviour: {handler!r}")
+
+    async def start(context: Any) -> Callable[[], str | None]:
+        try:
+            return check(context)
+        except _RefusalError as refusal:
+            await context.abort(refusal.code, refusal.details)
+        raise AssertionError("unreachable")
+
+    async def watch(
+        requests: AsyncIterator[Any], context: Any, still: Callable[[], str | None]
+    ) -> AsyncIterator[Any]:
+        async for message in requests:
+            why = still()
+            if why is not None:
+                # Read by the servicer's own task: the status is set here, its stream breaks.
+                context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+                context.set_details(why)
+                raise PeerRevokedError(why)
+            yield message
+
+    async def unary(request: Any, context: Any) -> Any:
+        still = await start(context)
+        if streaming_in:
+            request = watch(request, context, still)
+        try:
+            return await behaviour(request, context)
+        except PeerRevokedError as err:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
+
+    async def streaming(request: Any, context: Any) -> AsyncIterator[Any]:
+        still = await start(context)
+        if streaming_in:
+            request = watch(request, context, still)
+        responses = behaviour(request, context)
+        try:
+            async for message in responses:
+                why = still()
+                if why is not None:
+                    await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+                yield message
+        except PeerRevokedError as err:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
+        finally:
+            await responses.aclose()
+
+    make = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(streaming_in, streaming_out)]
+    return make(
+        streaming if streaming_out else unary,
+        handler.request_deserializer,
+        handler.response_serializer,
+    )

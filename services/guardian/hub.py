@@ -3,44 +3,44 @@
 Answering parties hold a Connect stream and receive work over it; the student
 opens rounds and runs the 2PC over one long-lived Compute stream; the gateway
 reads budgets, ledger and audit log and sets caps. The round logic itself is
-:mod:`services.guardian.rounds`.
+:mod:`services.guardian.rounds`; the streams and the round opening are served
+as coroutines by :mod:`services.guardian.streams`, and the admin handlers
+below are plain functions it runs on a thread pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, tls
-from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE, MAX_TEACHERS_PER_PARTY
-from services.common.mpc_stream import StreamChannel
-from services.common.protocol import PROTOCOL_VERSION, RequestError, check_version
+from services.common.limits import (
+    DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
+    ROUND_TIMEOUT_S,
+)
+from services.common.protocol import RequestError, check_version
 from services.common.task import TaskConfig, TaskError
 from services.guardian.ledger import (
-    DuplicateRoundError,
     Ledger,
     LedgerError,
     PartyBudget,
-    QuorumError,
     UnknownPartyError,
     UnknownTaskError,
 )
 from services.guardian.rounds import (
-    DuplicateLinkError,
     RoundEngine,
-    RoundInputError,
-    RoundRefusedError,
 )
+from services.guardian.streams import AsyncGuardianHub
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.guardian")
@@ -58,6 +58,8 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
 }
 HEADER = protocol.header()
+#: Seconds between passes of the reaper (at most; a short --round-timeout checks more often).
+REAP_EVERY_S = 5.0
 
 
 def check_header(header: common_pb2.Header, context: grpc.ServicerContext) -> None:
@@ -247,260 +249,96 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         online = request.party in set(self.engine.connected())
         return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party), online))
 
-    def _caller(self, context: grpc.ServicerContext, metadata_key: str) -> str:
-        who = tls.peer_identity(context)
-        if who is not None:
-            return who.name
-        # --insecure-dev only: no certificate, so the caller names itself.
-        meta = dict(context.invocation_metadata())
-        name = meta.get(metadata_key)
-        if not isinstance(name, str) or not name:
-            context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"without TLS the caller must send its name in {metadata_key!r}",
-            )
-        assert isinstance(name, str)
-        return name
-
-    def Connect(
-        self, request_iterator: Iterator[guardian_pb2.PartyMessage], context: grpc.ServicerContext
-    ) -> Iterator[guardian_pb2.HubMessage]:
-        name = self._caller(context, "capc-party")
-        try:
-            cap = self.ledger.budget(name).cap
-        except UnknownPartyError:
-            context.abort(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"{name} is not a registered answering party; ask the guardian's operator to register it",
-            )
-        peer = context.peer()
-        teachers = self._registration(name, request_iterator, context)
-        try:
-            link = self.engine.attach(name, peer, context.is_active, teachers)
-        except DuplicateLinkError as err:
-            self._refuse_duplicate(name, peer, err, context)
-        log.info("answering party %s connected from %s", name, peer)
-
-        def refuse(round_id: int, what: str, accept: Callable[[str, Any], None], body: Any) -> None:
-            # A message the round cannot take: the party is told, the stream stays up.
-            try:
-                accept(name, body)
-            except RoundInputError as err:
-                log.warning("refused %s from %s: %s", what, name, err)
-                link.outbox.put(
-                    guardian_pb2.HubMessage(
-                        header=HEADER,
-                        cancelled=guardian_pb2.RoundCancelled(round_id=round_id, reason=str(err)),
-                    )
-                )
-
-        def read() -> None:
-            try:
-                for msg in request_iterator:
-                    link.heard()
-                    kind = msg.WhichOneof("body")
-                    if msg.header.protocol_version != PROTOCOL_VERSION:
-                        log.warning(
-                            "%s speaks protocol %d; ignoring its message",
-                            name,
-                            msg.header.protocol_version,
-                        )
-                        continue
-                    if kind == "shares":
-                        refuse(
-                            msg.shares.round_id, "shares", self.engine.receive_shares, msg.shares
-                        )
-                    elif kind == "relay":
-                        refuse(
-                            msg.relay.round_id,
-                            "a relayed frame",
-                            self.engine.relay_to_student,
-                            msg.relay,
-                        )
-                    elif kind == "failure":
-                        self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
-                    elif kind in ("heartbeat", "register"):
-                        self.ledger.touch(name)
-            except grpc.RpcError:
-                pass
-            finally:
-                self.engine.detach(link)
-                link.outbox.put(None)
-                log.info("answering party %s disconnected", name)
-
-        threading.Thread(target=read, name=f"capc-party-{name}", daemon=True).start()
-        yield guardian_pb2.HubMessage(
-            header=HEADER, registered=guardian_pb2.Registered(party=name, epsilon_cap=cap)
-        )
-        while True:
-            item = link.outbox.get()
-            if item is None:
-                return
-            yield item
-
-    def _registration(
-        self,
-        name: str,
-        request_iterator: Iterator[guardian_pb2.PartyMessage],
-        context: grpc.ServicerContext,
-    ) -> int:
-        """The teacher count of the Register message a stream must open with."""
-        try:
-            first = next(request_iterator)
-        except (StopIteration, grpc.RpcError):
-            context.abort(grpc.StatusCode.CANCELLED, f"{name} closed its stream before registering")
-        check_header(first.header, context)
-        if first.WhichOneof("body") != "register":
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "a Connect stream opens with a Register message naming the party's teachers",
-            )
-        teachers = len(first.register.teachers)
-        if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{name} registered {teachers} teachers; a party votes with 1 to "
-                f"{MAX_TEACHERS_PER_PARTY}",
-            )
-        return teachers
-
-    def _refuse_duplicate(
-        self, name: str, peer: str, err: DuplicateLinkError, context: grpc.ServicerContext
-    ) -> NoReturn:
-        who = tls.peer_identity(context)
-        log.warning(
-            "refused a second stream for %s from %s: already connected from %s",
-            name,
-            peer,
-            err.connected_from,
-        )
-        self.ledger.record(
-            name,
-            "duplicate_connection_refused",
-            {
-                "party": name,
-                "peer": peer,
-                "connected_from": err.connected_from,
-                "certificate_sha256": who.fingerprint if who else None,
-            },
-        )
-        context.abort(
-            grpc.StatusCode.ALREADY_EXISTS,
-            f"{name} is already connected (from {err.connected_from}); a second stream under "
-            "the same identity is refused and recorded in the guardian's audit log. A party "
-            f"that is restarting gets back in once its old stream is gone (at most "
-            f"{self.engine.silent_after:.0f} s). Otherwise its key is in two places: revoke "
-            f"the certificate (`capc pki revoke {name}`) and issue a new one",
-        )
-
-    def OpenRound(
-        self, request: guardian_pb2.OpenRoundRequest, context: grpc.ServicerContext
-    ) -> guardian_pb2.OpenRoundReply:
-        querier = self._caller(context, "capc-student")
-        session_id = _session_id(context)
-        try:
-            return self.engine.open_round(querier, request, session_id)
-        except (RequestError, UnknownTaskError) as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except QuorumError as err:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-        except DuplicateRoundError as err:
-            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(err))
-        except (RoundRefusedError, LedgerError, TaskError) as err:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
-        raise AssertionError("unreachable")
-
-    def Compute(
-        self, request_iterator: Iterator[guardian_pb2.MpcFrame], context: grpc.ServicerContext
-    ) -> Iterator[guardian_pb2.MpcFrame]:
-        querier = self._caller(context, "capc-student")
-        session_id = _session_id(context)
-        chan = StreamChannel(HEADER)
-        chan.attach(request_iterator)
-
-        def work() -> None:
-            try:
-                self.engine.serve_compute(querier, chan, session_id, ended=chan.ended.is_set)
-            except Exception as err:
-                log.warning("2PC session with %s ended: %s", querier, err)
-            finally:
-                chan.close()
-
-        threading.Thread(target=work, name=f"capc-compute-{querier}", daemon=True).start()
-        yield from chan.outgoing()
-
-    def Relay(
-        self, request_iterator: Iterator[guardian_pb2.RelayFrame], context: grpc.ServicerContext
-    ) -> Iterator[guardian_pb2.RelayFrame]:
-        querier = self._caller(context, "capc-student")
-        session_id = _session_id(context)
-        box = self.engine.open_relay(querier, session_id)
-
-        def read() -> None:
-            try:
-                for frame in request_iterator:
-                    if frame.header.protocol_version != PROTOCOL_VERSION:
-                        log.warning(
-                            "%s relays with protocol %d; ignored",
-                            querier,
-                            frame.header.protocol_version,
-                        )
-                        continue
-                    try:
-                        self.engine.relay_to_party(querier, session_id, frame)
-                    except RoundInputError as err:
-                        log.warning("refused a relayed frame from %s: %s", querier, err)
-            except grpc.RpcError:
-                pass
-            finally:
-                self.engine.close_relay(querier, session_id, box)
-
-        threading.Thread(target=read, name=f"capc-relay-{querier}", daemon=True).start()
-        while True:
-            item = box.get()
-            if item is None:
-                return
-            yield item
-
 
 @dataclass
 class RunningServer:
-    server: grpc.Server
+    """The hub serving on ``port``, on an event loop of its own thread."""
+
+    server: grpc.aio.Server
     port: int
-    health: health.HealthServicer
+    health: health.aio.HealthServicer
+    stopping: threading.Event
+    loop: asyncio.AbstractEventLoop
+    thread: threading.Thread
+    pool: futures.ThreadPoolExecutor
 
     def stop(self, grace: float = 1.0) -> None:
-        self.health.enter_graceful_shutdown()
-        self.server.stop(grace).wait()
+        self.stopping.set()
+        if self.loop.is_running():
+
+            async def shut_down() -> None:
+                await self.health.enter_graceful_shutdown()
+                await self.server.stop(grace)
+
+            asyncio.run_coroutine_threadsafe(shut_down(), self.loop).result(grace + 30)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def serve(
     ledger: Ledger,
     address: str,
     files: tls.TLSFiles | None,
-    workers: int = 64,
+    workers: int = 32,
     share_timeout: float = 60.0,
     rng: SecureRandom | None = None,
+    round_timeout: float = ROUND_TIMEOUT_S,
 ) -> RunningServer:
-    """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev."""
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers),
-        interceptors=[tls.server_interceptor(POLICY, files)],
-        options=list(tls.SERVER_OPTIONS),
-    )
-    guardian_pb2_grpc.add_GuardianHubServicer_to_server(
-        GuardianHub(ledger, RoundEngine(ledger, share_timeout, rng)), server
-    )
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if files is None:
-        log.warning(tls.INSECURE_WARNING)
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, tls.server_credentials(files))
-    if port == 0:
-        raise OSError(f"could not listen on {address}")
-    server.start()
-    health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server, port, health_servicer)
+    """Start the hub on ``address`` ("host:port", port 0 picks one). ``files=None`` is --insecure-dev.
+
+    Streams are served as coroutines on an event loop (services.guardian.streams):
+    any number of them wait without a thread each. ``workers`` threads run what
+    blocks (ledger transactions, the admin handlers). Rounds not released within
+    ``round_timeout`` s of opening are aborted while it runs.
+    """
+    engine = RoundEngine(ledger, share_timeout, rng, round_timeout=round_timeout)
+    # Checked here, in the caller's thread: a bad or revoked certificate fails serve().
+    credentials = None if files is None else tls.server_credentials(files)
+    interceptor = tls.async_server_interceptor(POLICY, files)
+    pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="capc-guardian")
+    servicer = AsyncGuardianHub(GuardianHub(ledger, engine), pool)
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(pool)
+
+    async def start() -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+        server = grpc.aio.server(interceptors=[interceptor], options=list(tls.SERVER_OPTIONS))
+        guardian_pb2_grpc.add_GuardianHubServicer_to_server(servicer, server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        if credentials is None:
+            log.warning(tls.INSECURE_WARNING)
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+        if port == 0:
+            raise OSError(f"could not listen on {address}")
+        await server.start()
+        await health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        return server, port, health_servicer
+
+    thread = threading.Thread(target=loop.run_forever, name="capc-guardian-loop", daemon=True)
+    thread.start()
+    try:
+        server, port, health_servicer = asyncio.run_coroutine_threadsafe(start(), loop).result(60)
+    except BaseException:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        pool.shutdown(wait=False)
+        raise
+    stop = threading.Event()
+    threading.Thread(
+        target=_reap_forever, args=(engine, stop), name="capc-reaper", daemon=True
+    ).start()
+    return RunningServer(server, port, health_servicer, stop, loop, thread, pool)
+
+
+def _reap_forever(engine: RoundEngine, stop: threading.Event) -> None:
+    # A quarter of the timeout keeps a stale round's overstay under 25 %.
+    every = min(REAP_EVERY_S, engine.round_timeout / 4)
+    while not stop.wait(every):
+        try:
+            engine.reap()
+        except Exception:  # a ledger hiccup must not end the reaper; the next pass retries
+            log.exception("reaping stale rounds failed")

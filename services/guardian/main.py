@@ -14,6 +14,7 @@ from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
+from services.common.limits import ROUND_TIMEOUT_S
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
 from services.guardian.ledger import Ledger, LedgerError
@@ -71,6 +72,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--share-timeout", type=float, default=60.0, help="seconds to wait for parties' shares"
     )
     p.add_argument(
+        "--round-timeout",
+        type=float,
+        default=ROUND_TIMEOUT_S,
+        help="seconds a round may stay opened but not computed before it is aborted and its "
+        f"reservations returned; must exceed --share-timeout (default {ROUND_TIMEOUT_S:g})",
+    )
+    p.add_argument(
         "--noise-seed",
         default=None,
         help="TESTS ONLY, needs --insecure-dev: draw noise from a seeded stream so a test can "
@@ -101,6 +109,12 @@ def start_up_error(args: argparse.Namespace) -> str | None:
     """Why the guardian must not start with ``args``, or None; checked before the ledger opens."""
     if args.noise_seed is not None and not args.insecure_dev:
         return NOISE_SEED_REFUSED
+    if args.round_timeout <= args.share_timeout:
+        return (
+            f"--round-timeout ({args.round_timeout:g} s) must exceed --share-timeout "
+            f"({args.share_timeout:g} s): a round collects its shares before its 2PC can "
+            "start. Raise --round-timeout or lower --share-timeout"
+        )
     return None
 
 
@@ -173,7 +187,14 @@ def run(args: argparse.Namespace) -> int:
                 "restart. This is for tests only."
             )
             rng = SecureRandom.from_seed(args.noise_seed)
-        server = serve(ledger, args.listen, files, share_timeout=args.share_timeout, rng=rng)
+        server = serve(
+            ledger,
+            args.listen,
+            files,
+            share_timeout=args.share_timeout,
+            rng=rng,
+            round_timeout=args.round_timeout,
+        )
     except (LedgerError, pki.PKIError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -17,6 +17,12 @@ guardian's secure noise folded into its share sum; record the round as
 released right before the first garbled input leaves; charge the actual cost
 after the outputs.
 
+reap: a round that is not released within ``round_timeout`` seconds of its
+opening (the student never ran its 2PC, or vanished) is aborted and its
+reservations go back to the parties, without a restart. A 2PC that breaks
+settles its round at once: aborted before the release, charged at its
+reservation after it. Released rounds are never aborted.
+
 Personalized budgets: with weighting, each party's vote weight comes from its
 cap (``vote_weights``) and it is charged w**2 times; with vanishing, the
 guardian draws per query who votes (``participation_rates``) and charges a
@@ -26,6 +32,7 @@ the guardian's randomness, never of the data.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -40,17 +47,24 @@ from capc.mpc.channel import Channel
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
+from services.common.buffers import BoundedBuffer, Signal
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
     MAX_EXCLUDED,
+    MAX_OPEN_ROUNDS_PER_QUERIER,
+    MAX_RELAY_FRAME_BYTES,
+    MAX_STREAMS_PER_IDENTITY,
     MAX_TEACHERS_PER_PARTY,
+    PARTY_OUTBOX_MESSAGES,
+    RELAY_BUFFER_FRAMES,
+    ROUND_TIMEOUT_S,
     count_refusal,
 )
 from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
-from services.guardian.ledger import Ledger, QuorumError
+from services.guardian.ledger import Ledger, QuorumError, RoundStateError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
@@ -62,6 +76,10 @@ class RoundInputError(RequestError):
 
 class RoundRefusedError(RuntimeError):
     """The round cannot run (quorum lost, unknown round); maps to FAILED_PRECONDITION."""
+
+
+class LimitError(RuntimeError):
+    """One identity holds as many streams or open rounds as it may; maps to RESOURCE_EXHAUSTED."""
 
 
 class DuplicateLinkError(RuntimeError):
@@ -84,7 +102,8 @@ def _always() -> bool:
 
 @dataclass
 class PartyLink:
-    """An answering party's live stream: what the hub sends it goes through ``outbox``.
+    """An answering party's live stream: what the hub sends it goes through ``outbox``
+    (bounded: a party that stops reading cannot make the guardian hold more).
 
     ``peer`` is the stream's network address; ``active`` says whether its RPC
     is still open (the servicer context's ``is_active``).
@@ -93,7 +112,9 @@ class PartyLink:
     name: str
     peer: str = ""
     active: Callable[[], bool] = _always
-    outbox: queue.Queue[guardian_pb2.HubMessage | None] = field(default_factory=queue.Queue)
+    outbox: BoundedBuffer[guardian_pb2.HubMessage] = field(
+        default_factory=lambda: BoundedBuffer(PARTY_OUTBOX_MESSAGES)
+    )
     last_heard: float = field(default_factory=time.monotonic)
     #: Teachers the party votes with (its Register): its counts of a query sum to this.
     teachers: int = 1
@@ -116,7 +137,7 @@ class _Round:
     shares: dict[str, NDArray[np.uint64]] = field(default_factory=dict)
     seeds: dict[str, bytes] = field(default_factory=dict)
     failed: set[str] = field(default_factory=set)
-    complete: threading.Event = field(default_factory=threading.Event)
+    complete: Signal = field(default_factory=Signal)
     guardian_sum: NDArray[np.uint64] | None = None
     used: tuple[str, ...] = ()
     # Personalized budgets: vote weight and, with vanishing, who votes on which query.
@@ -127,6 +148,11 @@ class _Round:
     ciphertext_hash: bytes | None = None
     # The stream each party's work went out on: only its end fails the party here.
     sent: dict[str, PartyLink] = field(default_factory=dict)
+    # Parties the reservation left out, with the epsilon each has left.
+    excluded: dict[str, float] = field(default_factory=dict)
+    # Monotonic seconds at opening; the reaper aborts rounds not released in time.
+    opened_at: float = field(default_factory=time.monotonic)
+    released: bool = False
     # Teachers of each included party, as registered when the round opened.
     teachers: dict[str, int] = field(default_factory=dict)
 
@@ -151,9 +177,16 @@ class RoundEngine:
         share_timeout: float = 60.0,
         rng: SecureRandom | None = None,
         silent_after: float = SILENT_AFTER_S,
+        round_timeout: float = ROUND_TIMEOUT_S,
     ) -> None:
+        if round_timeout <= share_timeout:
+            raise ValueError(
+                f"the round timeout ({round_timeout:g} s) must exceed the share timeout "
+                f"({share_timeout:g} s): a round collects shares before its 2PC can start"
+            )
         self.ledger = ledger
         self.share_timeout = share_timeout
+        self.round_timeout = round_timeout
         self.silent_after = silent_after
         self._rng = rng or SecureRandom()
         self._links: dict[str, PartyLink] = {}
@@ -161,8 +194,76 @@ class RoundEngine:
         # Opened rounds wait here for the 2PC session the student named.
         self._ready: dict[tuple[str, bytes], queue.Queue[int]] = {}
         # Encrypted-query mode: each student session's Relay stream.
-        self._relays: dict[tuple[str, bytes], queue.Queue[guardian_pb2.RelayFrame | None]] = {}
+        self._relays: dict[tuple[str, bytes], BoundedBuffer[guardian_pb2.RelayFrame]] = {}
+        # Per identity: streams held open, and rounds being opened (not yet in _rounds).
+        self._streams: dict[str, int] = {}
+        self._opening: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    # -- per-identity limits ---------------------------------------------------
+    def admit_stream(self, identity: str, what: str) -> Callable[[], None]:
+        """Count one more stream for ``identity``; returns what to call when it ends.
+
+        Raises :class:`LimitError` when the identity holds MAX_STREAMS_PER_IDENTITY already.
+        """
+        with self._lock:
+            held = self._streams.get(identity, 0)
+            if held >= MAX_STREAMS_PER_IDENTITY:
+                raise LimitError(
+                    f"{identity} already holds {held} streams to the guardian, the most one "
+                    f"identity may (MAX_STREAMS_PER_IDENTITY); this {what} stream is refused. "
+                    "Close idle clients (a student client holds one Compute stream, and one "
+                    "Relay stream in encrypted mode) before opening more"
+                )
+            self._streams[identity] = held + 1
+        released = threading.Event()
+
+        def release() -> None:
+            if released.is_set():
+                return
+            released.set()
+            with self._lock:
+                left = self._streams.get(identity, 1) - 1
+                if left:
+                    self._streams[identity] = left
+                else:
+                    self._streams.pop(identity, None)
+
+        return release
+
+    def streams(self, identity: str) -> int:
+        with self._lock:
+            return self._streams.get(identity, 0)
+
+    def _admit_round(self, querier: str) -> list[bool]:
+        """Count a round being opened for ``querier``; returns its token for _admitted_round."""
+        with self._lock:
+            held = self._opening.get(querier, 0) + sum(
+                1 for r in self._rounds.values() if r.querier == querier
+            )
+            if held >= MAX_OPEN_ROUNDS_PER_QUERIER:
+                raise LimitError(
+                    f"{querier} holds {held} rounds opened but not yet computed, the most one "
+                    f"querier may (MAX_OPEN_ROUNDS_PER_QUERIER); this round is refused and "
+                    "nothing was reserved. Run the 2PC of the open rounds first; a round "
+                    f"never computed is aborted {self.round_timeout:g} s after its opening"
+                )
+            self._opening[querier] = self._opening.get(querier, 0) + 1
+        return [False]
+
+    def _admitted_round(self, querier: str, token: list[bool]) -> None:
+        """The round admitted for ``querier`` is in _rounds now, or failed to open.
+
+        Call with the lock held; ``token`` makes a second call do nothing.
+        """
+        if token[0]:
+            return
+        token[0] = True
+        left = self._opening.get(querier, 1) - 1
+        if left:
+            self._opening[querier] = left
+        else:
+            self._opening.pop(querier, None)
 
     # -- answering parties ----------------------------------------------------
     def attach(
@@ -196,7 +297,7 @@ class RoundEngine:
             log.info(
                 "party %s reconnected from %s; its old stream (%s) was dead", name, peer, old.peer
             )
-            old.outbox.put(None)
+            old.outbox.close()
         self.ledger.touch(name)
         return link
 
@@ -216,6 +317,16 @@ class RoundEngine:
     def connected(self) -> list[str]:
         with self._lock:
             return sorted(self._links)
+
+    def reachable(self) -> list[str]:
+        """Connected parties heard from within ``silent_after`` s: those a round can ask.
+
+        A hospital behind a partition keeps its stream open until its transport
+        notices; it sends no heartbeat meanwhile, so it is left out of new rounds
+        (and not reserved for) instead of holding each round to its share timeout.
+        """
+        with self._lock:
+            return sorted(n for n, link in self._links.items() if link.alive(self.silent_after))
 
     def teachers(self) -> dict[str, int]:
         """Teachers of every connected party."""
@@ -266,6 +377,15 @@ class RoundEngine:
         self, querier: str, request: guardian_pb2.OpenRoundRequest, session_id: bytes
     ) -> guardian_pb2.OpenRoundReply:
         """Reserve, distribute, collect; raises QuorumError, RoundInputError or RoundRefusedError."""
+        rnd = self.begin_round(querier, request, session_id)
+        rnd.complete.wait(self.share_timeout)
+        return self.finish_round(rnd)
+
+    def begin_round(
+        self, querier: str, request: guardian_pb2.OpenRoundRequest, session_id: bytes
+    ) -> _Round:
+        """Check the request, reserve and send the work; the round collects shares until
+        ``complete`` is set or the share timeout passes, then :meth:`finish_round`."""
         header = request.header
         check_version(header, "guardian")
         config, digest = self.ledger.task(header.task)
@@ -291,8 +411,28 @@ class RoundEngine:
                 "encrypted queries travel over the Relay stream: open it (with the same "
                 "capc-session-id) before opening the round"
             )
+        token = self._admit_round(querier)
+        try:
+            return self._begin_round(
+                querier, request, session_id, task, digest, batch, encrypted, token
+            )
+        finally:
+            with self._lock:
+                self._admitted_round(querier, token)
+
+    def _begin_round(
+        self,
+        querier: str,
+        request: guardian_pb2.OpenRoundRequest,
+        session_id: bytes,
+        task: TaskConfig,
+        digest: str,
+        batch: int,
+        encrypted: bool,
+        token: list[bool],
+    ) -> _Round:
         excluded = _excluded(request.exclude)
-        candidates = [p for p in self.connected() if p not in excluded]
+        candidates = [p for p in self.reachable() if p not in excluded]
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
@@ -320,9 +460,11 @@ class RoundEngine:
             votes_on=votes_on,
             session_id=session_id,
             ciphertext_hash=bytes(request.queries.encrypted.ciphertext_hash) if encrypted else None,
+            excluded=dict(reservation.excluded),
         )
         with self._lock:
             self._rounds[rnd.round_id] = rnd
+            self._admitted_round(querier, token)  # counted in _rounds from here on
             links = {p: self._links.get(p) for p in rnd.included}
             rnd.sent = {p: link for p, link in links.items() if link is not None}
             rnd.teachers = {p: link.teachers for p, link in rnd.sent.items()}
@@ -332,31 +474,45 @@ class RoundEngine:
                 self._party_failed(rnd, name)
                 continue
             mask = votes_on.get(name)
-            link.outbox.put(
-                guardian_pb2.HubMessage(
-                    header=header,
-                    work=guardian_pb2.RoundWork(
-                        round_id=rnd.round_id,
-                        queries=request.queries,
-                        mechanism=mechanism_to_proto(task.mechanism),
-                        student_public_key=request.student_public_key,
-                        vote_weight=rnd.weight(name),
-                        frac_bits=task.frac_bits,
-                        participation=serde.participation_to_bytes(mask),
-                        teachers=rnd.voters(name),
-                    ),
-                )
+            work = guardian_pb2.HubMessage(
+                header=header,
+                work=guardian_pb2.RoundWork(
+                    round_id=rnd.round_id,
+                    queries=request.queries,
+                    mechanism=mechanism_to_proto(task.mechanism),
+                    student_public_key=request.student_public_key,
+                    vote_weight=rnd.weight(name),
+                    frac_bits=task.frac_bits,
+                    participation=serde.participation_to_bytes(mask),
+                    teachers=rnd.voters(name),
+                ),
             )
-        rnd.complete.wait(self.share_timeout)
+            try:
+                link.outbox.put_nowait(work)
+            except queue.Full:
+                log.warning(
+                    "%s is not reading its stream (%d messages waiting): left out of round %d",
+                    name,
+                    link.outbox.qsize(),
+                    rnd.round_id,
+                )
+                self._party_failed(rnd, name)
+        return rnd
+
+    def finish_round(self, rnd: _Round) -> guardian_pb2.OpenRoundReply:
+        """After the shares are in (or the share timeout): abort below quorum, or sum the
+        guardian shares, queue the round for its 2PC and reply with the sealed seeds."""
+        task, batch = rnd.task, rnd.batch
         with self._lock:
             rnd.complete.set()  # late shares are refused from here on
             used = tuple(sorted(rnd.shares))
         if len(used) < task.quorum:
-            self.ledger.abort(
-                rnd.round_id, reason=f"only {len(used)} parties answered, quorum {task.quorum}"
-            )
+            with contextlib.suppress(RoundStateError):  # the reaper may have been first
+                self.ledger.abort(
+                    rnd.round_id, reason=f"only {len(used)} parties answered, quorum {task.quorum}"
+                )
             with self._lock:
-                del self._rounds[rnd.round_id]
+                self._rounds.pop(rnd.round_id, None)
             missing = sorted(set(rnd.included) - set(used))
             raise RoundRefusedError(
                 f"round aborted: {len(used)} of {len(rnd.included)} parties answered (quorum {task.quorum}); missing {missing}; nothing was charged"
@@ -367,11 +523,11 @@ class RoundEngine:
             total += rnd.shares[p]
         rnd.guardian_sum = total
         rnd.shares.clear()
-        self._ready_queue(querier, session_id).put(rnd.round_id)
+        self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
         return guardian_pb2.OpenRoundReply(
             round_id=rnd.round_id,
             included=list(used),
-            excluded_remaining_epsilon=dict(reservation.excluded),
+            excluded_remaining_epsilon=dict(rnd.excluded),
             seeds=[
                 guardian_pb2.SealedSeed(party=p, sealed=rnd.seeds[p])
                 for p in used
@@ -381,26 +537,24 @@ class RoundEngine:
         )
 
     # -- encrypted-query mode: relayed frames ----------------------------------
-    def open_relay(
-        self, querier: str, session_id: bytes
-    ) -> queue.Queue[guardian_pb2.RelayFrame | None]:
+    def open_relay(self, querier: str, session_id: bytes) -> BoundedBuffer[guardian_pb2.RelayFrame]:
         """The student's Relay stream opened: frames from its rounds' parties go here."""
-        box: queue.Queue[guardian_pb2.RelayFrame | None] = queue.Queue()
+        box: BoundedBuffer[guardian_pb2.RelayFrame] = BoundedBuffer(RELAY_BUFFER_FRAMES)
         with self._lock:
             old = self._relays.get((querier, session_id))
             self._relays[(querier, session_id)] = box
         if old is not None:
-            old.put(None)
+            old.close()
         return box
 
     def close_relay(
-        self, querier: str, session_id: bytes, box: queue.Queue[guardian_pb2.RelayFrame | None]
+        self, querier: str, session_id: bytes, box: BoundedBuffer[guardian_pb2.RelayFrame]
     ) -> None:
         """The Relay stream that opened ``box`` ended (a newer stream keeps its own)."""
         with self._lock:
             if self._relays.get((querier, session_id)) is box:
                 del self._relays[(querier, session_id)]
-        box.put(None)
+        box.close()
 
     def _encrypted_round(self, round_id: int, party: str) -> _Round:
         with self._lock:
@@ -413,8 +567,13 @@ class RoundEngine:
 
     def relay_to_party(
         self, querier: str, session_id: bytes, frame: guardian_pb2.RelayFrame
-    ) -> None:
-        """A student's frame for one party of one of its rounds."""
+    ) -> tuple[BoundedBuffer[guardian_pb2.HubMessage], guardian_pb2.HubMessage]:
+        """A student's frame for one party of one of its rounds: where it goes and what.
+
+        The caller puts it there, waiting for room: the student is held back while
+        the party reads slowly, and nothing piles up in the guardian.
+        """
+        _check_relay_size(frame)
         rnd = self._encrypted_round(frame.round_id, frame.party)
         if (rnd.querier, rnd.session_id) != (querier, session_id):
             raise RoundInputError(f"round {frame.round_id} belongs to another student session")
@@ -424,28 +583,28 @@ class RoundEngine:
             link = self._links.get(frame.party)
         if link is None:
             raise RoundInputError(f"{frame.party} is not connected")
-        link.outbox.put(
-            guardian_pb2.HubMessage(
-                header=protocol.header(rnd.task.name, rnd.task.config_hash),
-                relay=guardian_pb2.RelayFrame(round_id=frame.round_id, payload=frame.payload),
-            )
+        return link.outbox, guardian_pb2.HubMessage(
+            header=protocol.header(rnd.task.name, rnd.task.config_hash),
+            relay=guardian_pb2.RelayFrame(round_id=frame.round_id, payload=frame.payload),
         )
 
-    def relay_to_student(self, party: str, frame: guardian_pb2.RelayFrame) -> None:
-        """A party's frame for the student of its round; the guardian names the party."""
+    def relay_to_student(
+        self, party: str, frame: guardian_pb2.RelayFrame
+    ) -> tuple[BoundedBuffer[guardian_pb2.RelayFrame], guardian_pb2.RelayFrame]:
+        """A party's frame for the student of its round, naming the party: where it goes
+        and what (the caller puts it there, waiting for room)."""
+        _check_relay_size(frame)
         rnd = self._encrypted_round(frame.round_id, party)
         with self._lock:
             box = self._relays.get((rnd.querier, rnd.session_id))
         if box is None:
             raise RoundInputError(f"the student of round {frame.round_id} closed its relay")
-        box.put(
-            guardian_pb2.RelayFrame(
-                header=protocol.header(rnd.task.name, rnd.task.config_hash),
-                round_id=frame.round_id,
-                party=party,
-                payload=frame.payload,
-                hello=frame.hello,
-            )
+        return box, guardian_pb2.RelayFrame(
+            header=protocol.header(rnd.task.name, rnd.task.config_hash),
+            round_id=frame.round_id,
+            party=party,
+            payload=frame.payload,
+            hello=frame.hello,
         )
 
     def serve_compute(
@@ -465,16 +624,95 @@ class RoundEngine:
         ready = self._ready_queue(querier, session_id)
         done = 0
         idle_since = time.monotonic()
-        while True:
+        try:
+            while True:
+                try:
+                    round_id = ready.get(timeout=0.25)
+                except queue.Empty:
+                    if ended() or time.monotonic() - idle_since > idle_timeout:
+                        return done
+                    continue
+                self._compute(session, round_id)
+                done += 1
+                idle_since = time.monotonic()
+        except Exception as err:
+            session.abort(str(err))
+            raise
+        finally:
+            self._end_session(querier, session_id)
+
+    def _end_session(self, querier: str, session_id: bytes) -> None:
+        """The 2PC session ended: rounds still waiting for it can never run, so abort them now."""
+        with self._lock:
+            ready = self._ready.pop((querier, session_id), None)
+        while ready is not None:
             try:
-                round_id = ready.get(timeout=0.25)
+                round_id = ready.get_nowait()
             except queue.Empty:
-                if ended() or time.monotonic() - idle_since > idle_timeout:
-                    return done
-                continue
-            self._compute(session, round_id)
-            done += 1
-            idle_since = time.monotonic()
+                return
+            with self._lock:
+                rnd = self._rounds.pop(round_id, None)
+            if rnd is not None:
+                self._settle(rnd, "the student's 2PC session ended before the round was computed")
+
+    def _settle(self, rnd: _Round, why: str) -> None:
+        """A round that will not finish: abort it before its release, charge its reservation after.
+
+        The ledger decides under its row lock, so a reaper racing a release cannot
+        return a reservation whose noisy output has left.
+        """
+        try:
+            if rnd.released:
+                self.ledger.charge_reservation(rnd.round_id)
+                log.warning("round %d charged at its reservation: %s", rnd.round_id, why)
+            else:
+                self.ledger.abort(rnd.round_id, reason=why)
+                log.warning("round %d aborted, nothing charged: %s", rnd.round_id, why)
+        except RoundStateError:
+            pass  # settled already: committed, aborted by the reaper, or released meanwhile
+
+    def abandon_round(self, rnd: _Round, why: str) -> None:
+        """Nobody will compute ``rnd`` (its opener went away): settle it now, not at the timeout."""
+        rnd.complete.set()
+        with self._lock:
+            self._rounds.pop(rnd.round_id, None)
+        self._settle(rnd, why)
+
+    def reap(self) -> list[int]:
+        """Abort every round not released within ``round_timeout`` s of opening; returns their ids.
+
+        Such a round was opened but never computed: its reservations go back to
+        the parties. A round released meanwhile is left alone (the ledger
+        refuses to abort it) and stays charged.
+        """
+        now = time.monotonic()
+        with self._lock:
+            stale = [
+                r
+                for r in self._rounds.values()
+                if not r.released and now - r.opened_at > self.round_timeout
+            ]
+        reaped = []
+        for rnd in stale:
+            try:
+                self.ledger.abort(
+                    rnd.round_id,
+                    reason=f"not computed within {self.round_timeout:g} s of opening "
+                    f"(--round-timeout); nothing was released",
+                )
+            except RoundStateError:
+                continue  # released or settled meanwhile: whoever holds it finishes it
+            rnd.complete.set()
+            with self._lock:
+                self._rounds.pop(rnd.round_id, None)
+            log.warning(
+                "round %d of %s aborted: not computed within %g s; reservations returned",
+                rnd.round_id,
+                rnd.querier,
+                self.round_timeout,
+            )
+            reaped.append(rnd.round_id)
+        return reaped
 
     def rates(
         self, task: TaskConfig, parties: list[str] | None = None
@@ -521,8 +759,24 @@ class RoundEngine:
         with self._lock:
             rnd = self._rounds.get(round_id)
         if rnd is None or rnd.guardian_sum is None:
-            raise RoundRefusedError(f"round {round_id} is not ready for the 2PC")
-        task, b = rnd.task, rnd.batch
+            raise RoundRefusedError(
+                f"round {round_id} is no longer open: it was not computed within "
+                f"{self.round_timeout:g} s of opening and was aborted; nothing was charged. "
+                "Open a new round"
+            )
+        try:
+            self._garble(session, rnd, rnd.guardian_sum)
+        except BaseException as err:
+            self._settle(rnd, f"the 2PC broke: {err}")
+            raise
+        finally:
+            with self._lock:
+                self._rounds.pop(round_id, None)
+
+    def _garble(
+        self, session: GarblerSession, rnd: _Round, guardian_sum: NDArray[np.uint64]
+    ) -> None:
+        round_id, task, b = rnd.round_id, rnd.task, rnd.batch
         # A party with m teachers adds m votes (times its weight) to every query.
         total = sum(rnd.voters(p) * rnd.weight(p) for p in rnd.used)
         spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total)
@@ -531,11 +785,22 @@ class RoundEngine:
         theta = None
         if rnd.votes_on and mech.per_label:  # vanishing: the majority of the teachers who voted
             theta = np.sum([rnd.voters(p) * rnd.voting(p) for p in rnd.used], axis=0) / 2.0
-        inputs = mech.garbler_inputs(spec, rnd.guardian_sum, noise, theta)
+        inputs = mech.garbler_inputs(spec, guardian_sum, noise, theta)
         start = time.perf_counter()
-        out = session.run_round(
-            round_id, spec.circuit(), inputs, b, on_release=lambda: self.ledger.release(round_id)
-        )
+
+        def release() -> None:
+            try:
+                self.ledger.release(round_id)
+            except RoundStateError as err:
+                # The reaper was first: nothing may leave for an aborted round.
+                raise RoundRefusedError(
+                    f"round {round_id} was aborted before its 2PC ({err}): it was not computed "
+                    f"within {self.round_timeout:g} s of opening; nothing was charged. "
+                    "Open a new round"
+                ) from None
+            rnd.released = True
+
+        out = session.run_round(round_id, spec.circuit(), inputs, b, on_release=release)
         answered = mech.answered(spec, out, b)
         charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
         self.ledger.commit(round_id, charges)
@@ -547,8 +812,14 @@ class RoundEngine:
             len(rnd.used),
             time.perf_counter() - start,
         )
-        with self._lock:
-            del self._rounds[round_id]
+
+
+def _check_relay_size(frame: guardian_pb2.RelayFrame) -> None:
+    if len(frame.payload) > MAX_RELAY_FRAME_BYTES:
+        raise RoundInputError(
+            f"a relayed frame of {len(frame.payload)} bytes exceeds the limit of "
+            f"{MAX_RELAY_FRAME_BYTES} (MAX_RELAY_FRAME_BYTES); send blobs in chunks"
+        )
 
 
 LAYOUTS = ("batched", "single")

@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from capc.data.generators import FloatImages, Recipe
 from capc.mpc.session import EvaluatorSession, new_session_id
-from capc.mpc.votes import student_share_sum
+from capc.mpc.votes import PartyInputError, student_share_sum
 from services.common import protocol, serde, tls
 from services.common.limits import DEFAULT_BATCH
 from services.common.mpc_stream import StreamChannel
@@ -132,8 +132,8 @@ class StudentClient:
                 crypto.message(batch),
                 batch.batch,
                 overrides,
-                shares=lambda parties: sum(
-                    (batch.share(p, self.timeout) for p in parties),
+                shares=lambda round_id, parties: sum(
+                    (batch.share(p, round_id, self.timeout) for p in parties),
                     np.zeros((batch.batch, batch.num_classes), dtype=np.uint64),
                 ),
             )
@@ -170,7 +170,7 @@ class StudentClient:
         batch_msg: common_pb2.QueryBatch,
         batch: int,
         overrides: Mapping[str, float] | None = None,
-        shares: Callable[[list[str]], NDArray[np.uint64]] | None = None,
+        shares: Callable[[int, list[str]], NDArray[np.uint64]] | None = None,
     ) -> RoundResult:
         # The circuit's noise and thresholds follow the overrides, as the guardian's do.
         task = self.task.overridden(dict(overrides) if overrides else None)
@@ -189,15 +189,21 @@ class StudentClient:
             timeout=self.timeout,
         )
         opened = time.perf_counter()
-        if shares is not None:
-            student_sum = shares(list(reply.included))
-        else:
-            sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
-            if set(sealed) != set(reply.included):
-                raise RuntimeError("the guardian's seeds do not match the parties it reports")
-            student_sum = student_share_sum(
-                self.key, sealed, reply.round_id, (batch, task.vote_width)
-            )
+        try:
+            if shares is not None:
+                student_sum = shares(reply.round_id, list(reply.included))
+            else:
+                sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
+                if set(sealed) != set(reply.included):
+                    raise RuntimeError("the guardian's seeds do not match the parties it reports")
+                student_sum = student_share_sum(
+                    self.key, sealed, reply.round_id, (batch, task.vote_width)
+                )
+        except PartyInputError as err:
+            # Abandon the round before its 2PC: the guardian aborts it at once (nothing is
+            # released or charged) and records why, naming the party, in its audit log.
+            self._drop_session(f"the student abandons round {reply.round_id}: {err}")
+            raise
         # A party with m teachers adds up to m votes to a count; a guardian that names no
         # counts counts each party as one teacher.
         spec = task.circuit_spec(sum(reply.teachers.get(p, 1) for p in reply.included))
@@ -225,6 +231,18 @@ class StudentClient:
             np.concatenate([r.labels for r in results]) if results else np.zeros(0, dtype=np.int64)
         )
         return labels, results
+
+    def _drop_session(self, reason: str) -> None:
+        """Abort the 2PC session, telling the guardian why; the next round opens a new one."""
+        session, stream = self._session, self._stream
+        self._session = self._stream = None
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+        if session is not None:
+            session.abort(reason)
+        if stream is not None:
+            stream.close()
 
     def close(self, timeout: float = 30.0) -> None:
         """Half-close the 2PC stream, let the guardian finish its last round, then disconnect."""

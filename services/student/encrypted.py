@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,9 @@ from capc.he.single import SingleLayout, encrypt_query
 from capc.models.registry import build
 from capc.mpc.mechanism_circuits import LogitsToShares
 from capc.mpc.session import EvaluatorSession
+from capc.mpc.votes import PartyInputError
+from services.common.buffers import BoundedBuffer
+from services.common.limits import RELAY_BUFFER_FRAMES
 from services.common.relay import CHUNK, RelayChannel, RelayError, session_id
 from services.common.task import Encryption
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -157,16 +159,21 @@ class EncryptedBatch:
             log.warning("encrypted exchange with %s in round %d failed: %s", party, round_id, err)
             self.errors[party] = str(err)
         finally:
+            channel.close()
             self.done.setdefault(party, threading.Event()).set()
 
-    def share(self, party: str, timeout: float) -> NDArray[np.uint64]:
+    def share(self, party: str, round_id: int, timeout: float) -> NDArray[np.uint64]:
         """The student's share of ``party``'s votes, once its exchange has finished."""
         if not self.done.setdefault(party, threading.Event()).wait(timeout):
-            raise RuntimeError(f"the exchange with {party} did not finish in {timeout} s")
+            raise PartyInputError(
+                party, round_id, f"its exchange with the student did not finish in {timeout} s"
+            )
         if party not in self.shares:
-            raise RuntimeError(
-                f"{party} answered the guardian but its exchange with the student failed: "
-                f"{self.errors.get(party, 'no hello')}"
+            raise PartyInputError(
+                party,
+                round_id,
+                "it answered the guardian but its exchange with the student failed: "
+                f"{self.errors.get(party, 'no hello')}",
             )
         return self.shares[party]
 
@@ -178,7 +185,7 @@ class RelayRouter:
         self._header = header
         self._key = key
         self._timeout = timeout
-        self._out: queue.Queue[guardian_pb2.RelayFrame | None] = queue.Queue()
+        self._out: BoundedBuffer[guardian_pb2.RelayFrame] = BoundedBuffer(RELAY_BUFFER_FRAMES)
         self._channels: dict[tuple[int, str], RelayChannel] = {}
         self._lock = threading.Lock()
         self.pending: EncryptedBatch | None = None
@@ -254,4 +261,4 @@ class RelayRouter:
             self._channels.clear()
 
     def close(self) -> None:
-        self._out.put(None)
+        self._out.finish()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -15,6 +16,7 @@ import numpy as np
 
 from capc.data.generators import Recipe
 from capc.mpc.channel import ProtocolError
+from capc.mpc.votes import PartyInputError
 from services.common import serde
 from services.common.limits import (
     DEFAULT_BATCH,
@@ -114,7 +116,14 @@ class JobRunner:
     def _loop(self) -> None:
         while True:
             job_id, start = self._queue.get()
-            self._run(job_id, start)
+            try:
+                self._run(job_id, start)
+            except Exception as err:
+                # Whatever one job meets, the runner lives on for the next.
+                log.exception("job %s failed", job_id)
+                self._reset()
+                with contextlib.suppress(Exception):
+                    self.store.finish(job_id, f"internal error: {type(err).__name__}: {err}")
 
     def _run(self, job_id: str, start: int) -> None:
         job = self.store.get(job_id)
@@ -166,6 +175,12 @@ class JobRunner:
                         self.store.finish(job_id, f"guardian unavailable: {details}")
                         return
                     time.sleep(1.0 + attempt)
+                except PartyInputError as err:
+                    # One party's bad input: the round was abandoned (the guardian aborted
+                    # it, charging nothing). Retrying would meet the same party again.
+                    log.warning("job %s: %s", job_id, err)
+                    self.store.finish(job_id, f"party {err.party}: {err}")
+                    return
                 except (ProtocolError, RuntimeError) as err:
                     self._reset()
                     if attempt == 2:

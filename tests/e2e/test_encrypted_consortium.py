@@ -140,7 +140,9 @@ def test_tabular_rounds_in_both_layouts_match_the_plaintext_pipeline(
     relay.pending = batch
     with pytest.raises(grpc.RpcError) as err:
         student._round(
-            student.crypto.message(batch), 8, shares=lambda parties: batch.share(parties[0], 5)
+            student.crypto.message(batch),
+            8,
+            shares=lambda rid, parties: batch.share(parties[0], rid, 5),
         )
     relay.pending = None
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -126,3 +126,27 @@ def test_encrypted_inference_benchmark_reports_every_key() -> None:
         assert report[key] > 0, key
     assert report["security_bits"] == 128
     assert report["argmax_agreement"] >= 0.95 and report["single_argmax_agreement"] == 1.0
+
+
+@pytest.mark.slow
+def test_scale_benchmark_reports_round_latency_per_party_count(tmp_path: Path) -> None:
+    out = bench(
+        [
+            "benchmarks/scale.py",
+            "--parties",
+            "2,4",
+            "--rounds",
+            "2",
+            "--batch",
+            "8",
+            "--per-process",
+            "2",
+            "--dir",
+            str(tmp_path),
+        ],
+        timeout=600,
+    )
+    rows = [json.loads(line) for line in out.strip().splitlines()]
+    assert [r["parties"] for r in rows] == [2, 4] and [r["processes"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["round_p50_s"] > 0 and r["queries_per_s"] > 0 and r["guardian_rss_mib"] > 0

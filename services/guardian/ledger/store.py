@@ -766,13 +766,18 @@ class Ledger:
                 self.abort(rid, actor="recovery", reason="guardian restarted before release")
                 aborted += 1
             else:
-                with Session(self.engine) as s:
-                    held = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == rid)))
-                    res = {c.party: np.asarray(c.loss, dtype=np.float64) for c in held}
-                    events = {c.party: c.event for c in held}
-                self._commit(rid, res, events, "recovery")
+                self.charge_reservation(rid, actor="recovery")
                 committed += 1
         return aborted, committed
+
+    def charge_reservation(self, round_id: int, *, actor: str = "guardian") -> None:
+        """Commit a released round at its reservation, the worst case: its actual outcome is
+        unknown (the guardian restarted, or the 2PC broke after the release)."""
+        with Session(self.engine) as s:
+            held = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
+            res = {c.party: np.asarray(c.loss, dtype=np.float64) for c in held}
+            events = {c.party: c.event for c in held}
+        self._commit(round_id, res, events, actor)
 
     def round_state(self, round_id: int) -> RoundState:
         with Session(self.engine) as s:

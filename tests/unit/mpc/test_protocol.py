@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from capc.mpc import ot
 from capc.mpc.channel import (
     Channel,
     Kind,
@@ -317,3 +318,44 @@ def test_the_fixed_aes_key_depends_on_both_parties_and_the_session() -> None:
     assert fixed_keys(GarblerSession, ReplayingEvaluator, sid) != both  # guardian's part
     assert fixed_keys(ReplayingGarbler, EvaluatorSession, sid) != both  # student's part
     assert fixed_keys(ReplayingGarbler, ReplayingEvaluator, new_session_id()) != both
+
+
+# -- bounded buffering ----------------------------------------------------------------
+
+
+def padded_requests(monkeypatch: pytest.MonkeyPatch, extra: int) -> None:
+    """From now on every OT-extension request carries ``extra`` bytes more than it needs."""
+    honest = ot.ExtensionReceiver.request
+
+    def request(self: ot.ExtensionReceiver, choices: np.ndarray) -> tuple[bytes, object]:
+        message, state = honest(self, choices)
+        return message + bytes(extra), state
+
+    monkeypatch.setattr(ot.ExtensionReceiver, "request", request)
+
+
+def test_a_round_request_longer_than_its_circuit_needs_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 3 frames' worth of extra bytes, each frame within the frame limit: the garbler
+    # stops at the first frame past the size the circuit fixes, not at 512 MiB.
+    padded_requests(monkeypatch, 3 << 20)
+    ch_g, ch_e = memory_channel_pair()
+    sid = new_session_id()
+    g = GarblerSession(ch_g, sid, timeout=10)
+    e = EvaluatorSession(ch_e, sid, timeout=10, max_frame=1 << 20)
+    g_err, _ = run_sessions(g, e)
+    assert isinstance(g_err, MessageSizeError)
+    needed = 36 + ot.request_bytes(SPEC.circuit().evaluator_input_wires.size * B)
+    assert f"ROUND_REQUEST message exceeds the limit of {needed} bytes" in str(g_err)
+
+
+def test_a_frame_larger_than_the_frame_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    padded_requests(monkeypatch, 6 << 20)
+    ch_g, ch_e = memory_channel_pair()
+    sid = new_session_id()
+    g = GarblerSession(ch_g, sid, timeout=10)
+    e = EvaluatorSession(ch_e, sid, timeout=10, max_frame=8 << 20)
+    g_err, _ = run_sessions(g, e)
+    assert isinstance(g_err, MessageSizeError)
+    assert f"more than the {4 << 20} a frame may hold" in str(g_err)

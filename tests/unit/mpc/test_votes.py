@@ -10,7 +10,7 @@ from capc.mechanisms import Mechanism, MechanismError, mechanism_class
 from capc.mechanisms.tau import Tau
 from capc.mpc import ring
 from capc.mpc.sealing import SealError
-from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
+from capc.mpc.votes import UnopenableSeedError, one_hot_votes, share_votes, student_share_sum
 from capc.privacy import rdp
 from capc.privacy.mechanisms.single_label import vote_histogram
 
@@ -41,6 +41,19 @@ def test_seed_moved_to_another_party_or_round_fails() -> None:
         student_share_sum(student, {"h2": box}, 3, (1, 3))
     with pytest.raises(SealError):
         student_share_sum(student, {"h1": box}, 4, (1, 3))
+
+
+def test_a_seed_that_does_not_open_names_its_party() -> None:
+    student = X25519PrivateKey.generate()
+    pub = student.public_key().public_bytes_raw()
+    _, good = share_votes(one_hot_votes(np.array([1]), 3), pub, 3, "h1")
+    _, other = share_votes(one_hot_votes(np.array([1]), 3), pub, 3, "h2")
+    with pytest.raises(UnopenableSeedError) as err:
+        student_share_sum(
+            student, {"h1": good, "h2": other[:-1] + bytes([other[-1] ^ 1])}, 3, (1, 3)
+        )
+    assert err.value.party == "h2" and err.value.round_id == 3
+    assert "h2" in str(err.value) and "h1" not in str(err.value)
 
 
 def test_bad_predictions() -> None:

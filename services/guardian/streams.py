@@ -1,0 +1,453 @@
+"""The guardian's gRPC servicer on asyncio: no thread is held by a waiting stream.
+
+Every hospital keeps a Connect stream open for as long as it runs, and every
+student a Compute stream (and a Relay stream in encrypted mode), so the
+guardian serves them as coroutines on one event loop: a stream that waits
+for its next message, or for room in a bounded buffer, costs a few objects,
+not a thread. What blocks runs elsewhere:
+
+- ledger reads and writes, and the admin handlers of :class:`GuardianHub`
+  (plain functions over the ledger and the round engine), run on a bounded
+  thread pool;
+- OpenRound reserves and sends the work on the pool, waits for the shares on
+  the loop, and finishes on the pool;
+- a student's 2PC session (garbling is CPU work) runs on a thread of its own,
+  started at the session's first frame and ended with its stream; an idle
+  Compute stream holds none, and MAX_STREAMS_PER_IDENTITY bounds how many one
+  student may open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import grpc
+
+from services.common import protocol, tls
+from services.common.buffers import BoundedBuffer
+from services.common.limits import MAX_TEACHERS_PER_PARTY, STREAM_SEND_TIMEOUT_S
+from services.common.mpc_stream import StreamChannel
+from services.common.protocol import PROTOCOL_VERSION, RequestError
+from services.common.task import TaskError
+from services.guardian.ledger import (
+    DuplicateRoundError,
+    LedgerError,
+    QuorumError,
+    UnknownPartyError,
+    UnknownTaskError,
+)
+from services.guardian.rounds import (
+    DuplicateLinkError,
+    LimitError,
+    PartyLink,
+    RoundInputError,
+    RoundRefusedError,
+)
+from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
+
+if TYPE_CHECKING:
+    from services.guardian.hub import GuardianHub
+
+log = logging.getLogger("capc.guardian")
+
+HEADER = protocol.header()
+T = TypeVar("T")
+
+
+class _AbortedError(Exception):
+    """A plain handler aborted its call; the servicer passes the status on."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class ThreadContext:
+    """What a plain handler needs of its call's context, usable from a pool thread.
+
+    ``abort`` raises instead of ending the call: the coroutine that ran the
+    handler aborts the call on the event loop.
+    """
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self._context = context
+        self._metadata = tuple(context.invocation_metadata() or ())
+        self._peer = context.peer()
+        self._auth = context.auth_context()
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise _AbortedError(code, details)
+
+    def invocation_metadata(self) -> tuple[Any, ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> Mapping[str, Iterable[bytes]]:
+        return self._auth
+
+    def is_active(self) -> bool:
+        return not self._context.done()
+
+
+class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
+    """The hub's RPCs as coroutines over a :class:`GuardianHub` and its round engine."""
+
+    def __init__(self, hub: GuardianHub, pool: Executor) -> None:
+        self.hub = hub
+        self.ledger = hub.ledger
+        self.engine = hub.engine
+        self._pool = pool
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the pool: it may block on the ledger."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _unary(
+        self,
+        handler: Callable[[Any, Any], T],
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> T:
+        try:
+            return await self._run(handler, request, ThreadContext(context))
+        except _AbortedError as err:
+            await context.abort(err.code, err.details)
+        raise AssertionError("unreachable")
+
+    # -- admin reads and caps: the plain handlers, on the pool -------------------
+    async def ListParties(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.ListParties, request, context)
+
+    async def ListLedger(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.ListLedger, request, context)
+
+    async def ListAudit(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.ListAudit, request, context)
+
+    async def BudgetHistory(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.BudgetHistory, request, context)
+
+    async def SetCap(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.SetCap, request, context)
+
+    # -- who is calling ---------------------------------------------------------
+    async def _caller(self, context: grpc.aio.ServicerContext[Any, Any], metadata_key: str) -> str:
+        who = tls.peer_identity(context)  # type: ignore[arg-type]
+        if who is not None:
+            return who.name
+        # --insecure-dev only: no certificate, so the caller names itself.
+        name = dict(context.invocation_metadata() or ()).get(metadata_key)
+        if not isinstance(name, str) or not name:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"without TLS the caller must send its name in {metadata_key!r}",
+            )
+        return str(name)
+
+    async def _session_id(self, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        """The student's 2PC session named in the call's metadata: rounds run on that session only."""
+        sid = dict(context.invocation_metadata() or ()).get("capc-session-id")
+        try:
+            session_id = bytes.fromhex(sid) if isinstance(sid, str) else b""
+        except ValueError:
+            session_id = b""
+        if len(session_id) != 16:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "open a Compute stream first and send its 16-byte hex 'capc-session-id' in the "
+                "metadata",
+            )
+        return session_id
+
+    async def _admit(
+        self, identity: str, what: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Callable[[], None]:
+        try:
+            return self.engine.admit_stream(identity, what)
+        except LimitError as err:
+            log.warning("refused a %s stream: %s", what, err)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        raise AssertionError("unreachable")
+
+    # -- answering parties ------------------------------------------------------
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[guardian_pb2.PartyMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[guardian_pb2.HubMessage]:
+        name = await self._caller(context, "capc-party")
+        try:
+            cap = (await self._run(self.ledger.budget, name)).cap
+        except UnknownPartyError:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{name} is not a registered answering party; ask the guardian's operator to "
+                "register it",
+            )
+        peer = context.peer()
+        teachers = await self._registration(name, request_iterator, context)
+        try:
+            link = await self._run(
+                self.engine.attach, name, peer, lambda: not context.done(), teachers
+            )
+        except DuplicateLinkError as err:
+            await self._refuse_duplicate(name, peer, err, context)
+        log.info("answering party %s connected from %s", name, peer)
+        reader = asyncio.create_task(self._read_party(name, link, request_iterator))
+        try:
+            yield guardian_pb2.HubMessage(
+                header=HEADER, registered=guardian_pb2.Registered(party=name, epsilon_cap=cap)
+            )
+            while (item := await link.outbox.aget()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            self.engine.detach(link)
+            link.outbox.close()
+
+    async def _registration(
+        self,
+        name: str,
+        request_iterator: AsyncIterator[guardian_pb2.PartyMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> int:
+        """The teacher count of the Register message a stream must open with."""
+        try:
+            first = await anext(aiter(request_iterator))
+        except (StopAsyncIteration, grpc.RpcError):
+            await context.abort(
+                grpc.StatusCode.CANCELLED, f"{name} closed its stream before registering"
+            )
+        try:
+            protocol.check_version(first.header, "guardian")
+        except RequestError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if first.WhichOneof("body") != "register":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "a Connect stream opens with a Register message naming the party's teachers",
+            )
+        teachers = len(first.register.teachers)
+        if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name} registered {teachers} teachers; a party votes with 1 to "
+                f"{MAX_TEACHERS_PER_PARTY}",
+            )
+        return teachers
+
+    async def _read_party(
+        self,
+        name: str,
+        link: PartyLink,
+        request_iterator: AsyncIterator[guardian_pb2.PartyMessage],
+    ) -> None:
+        try:
+            async for msg in request_iterator:
+                link.heard()
+                kind = msg.WhichOneof("body")
+                if msg.header.protocol_version != PROTOCOL_VERSION:
+                    log.warning(
+                        "%s speaks protocol %d; ignoring its message",
+                        name,
+                        msg.header.protocol_version,
+                    )
+                    continue
+                if kind == "shares":
+                    try:
+                        self.engine.receive_shares(name, msg.shares)
+                    except RoundInputError as err:
+                        self._cancel(name, link, msg.shares.round_id, "shares", err)
+                elif kind == "relay":
+                    try:
+                        box, frame = self.engine.relay_to_student(name, msg.relay)
+                    except RoundInputError as err:
+                        self._cancel(name, link, msg.relay.round_id, "a relayed frame", err)
+                        continue
+                    await _put(box, frame, f"the student of round {msg.relay.round_id}")
+                elif kind == "failure":
+                    self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
+                elif kind in ("heartbeat", "register"):
+                    await self._run(self.ledger.touch, name)
+        except (grpc.RpcError, tls.PeerRevokedError, asyncio.CancelledError):
+            pass
+        finally:
+            self.engine.detach(link)
+            link.outbox.close()
+            log.info("answering party %s disconnected", name)
+
+    def _cancel(
+        self, name: str, link: PartyLink, round_id: int, what: str, err: RoundInputError
+    ) -> None:
+        # A message the round cannot take: the party is told, the stream stays up.
+        log.warning("refused %s from %s: %s", what, name, err)
+        with contextlib.suppress(queue.Full):  # a party that reads nothing is not told
+            link.outbox.put_nowait(
+                guardian_pb2.HubMessage(
+                    header=HEADER,
+                    cancelled=guardian_pb2.RoundCancelled(round_id=round_id, reason=str(err)),
+                )
+            )
+
+    async def _refuse_duplicate(
+        self,
+        name: str,
+        peer: str,
+        err: DuplicateLinkError,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> NoReturn:
+        who = tls.peer_identity(context)  # type: ignore[arg-type]
+        log.warning(
+            "refused a second stream for %s from %s: already connected from %s",
+            name,
+            peer,
+            err.connected_from,
+        )
+        await self._run(
+            self.ledger.record,
+            name,
+            "duplicate_connection_refused",
+            {
+                "party": name,
+                "peer": peer,
+                "connected_from": err.connected_from,
+                "certificate_sha256": who.fingerprint if who else None,
+            },
+        )
+        await context.abort(
+            grpc.StatusCode.ALREADY_EXISTS,
+            f"{name} is already connected (from {err.connected_from}); a second stream under "
+            "the same identity is refused and recorded in the guardian's audit log. A party "
+            f"that is restarting gets back in once its old stream is gone (at most "
+            f"{self.engine.silent_after:.0f} s). Otherwise its key is in two places: revoke "
+            f"the certificate (`capc pki revoke {name}`) and issue a new one",
+        )
+        raise AssertionError("unreachable")
+
+    # -- the student ------------------------------------------------------------
+    async def OpenRound(
+        self, request: guardian_pb2.OpenRoundRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> guardian_pb2.OpenRoundReply:
+        querier = await self._caller(context, "capc-student")
+        session_id = await self._session_id(context)
+        code: grpc.StatusCode
+        try:
+            rnd = await self._run(self.engine.begin_round, querier, request, session_id)
+            try:
+                await rnd.complete.wait_async(self.engine.share_timeout)
+            except asyncio.CancelledError:
+                # The student gave up waiting: the round will never be computed.
+                self.engine.abandon_round(rnd, "the student cancelled its OpenRound call")
+                raise
+            return await self._run(self.engine.finish_round, rnd)
+        except (RequestError, UnknownTaskError) as err:
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+        except (QuorumError, LimitError) as err:
+            code, details = grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
+        except DuplicateRoundError as err:
+            code, details = grpc.StatusCode.ALREADY_EXISTS, str(err)
+        except (RoundRefusedError, LedgerError, TaskError) as err:
+            code, details = grpc.StatusCode.FAILED_PRECONDITION, str(err)
+        await context.abort(code, details)
+        raise AssertionError("unreachable")
+
+    async def Compute(
+        self,
+        request_iterator: AsyncIterator[guardian_pb2.MpcFrame],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[guardian_pb2.MpcFrame]:
+        querier = await self._caller(context, "capc-student")
+        session_id = await self._session_id(context)
+        release = await self._admit(querier, "Compute", context)
+        chan = StreamChannel(HEADER)
+        started = threading.Event()
+
+        def work() -> None:
+            try:
+                self.engine.serve_compute(querier, chan, session_id, ended=chan.ended.is_set)
+            except Exception as err:
+                log.warning("2PC session with %s ended: %s", querier, err)
+            finally:
+                chan.close()
+                chan.stop_reading()
+
+        def start() -> None:
+            # The session's thread starts with its first frame: an idle stream holds none.
+            started.set()
+            threading.Thread(target=work, name=f"capc-compute-{querier}", daemon=True).start()
+
+        def pumped(_: object) -> None:
+            if not started.is_set():
+                chan.close()  # no session ran: end the stream here
+
+        pump = asyncio.create_task(chan.pump_async(request_iterator, on_first=start))
+        pump.add_done_callback(pumped)
+        try:
+            async for msg in chan.outgoing_async():
+                yield msg
+            if chan.refused is not None:
+                log.warning("refused %s's 2PC stream: %s", querier, chan.refused)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, chan.refused)
+        finally:
+            pump.cancel()
+            chan.close()
+            chan.stop_reading()
+            release()
+
+    async def Relay(
+        self,
+        request_iterator: AsyncIterator[guardian_pb2.RelayFrame],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[guardian_pb2.RelayFrame]:
+        querier = await self._caller(context, "capc-student")
+        session_id = await self._session_id(context)
+        release = await self._admit(querier, "Relay", context)
+        box = self.engine.open_relay(querier, session_id)
+
+        async def read() -> None:
+            try:
+                async for frame in request_iterator:
+                    if frame.header.protocol_version != PROTOCOL_VERSION:
+                        log.warning(
+                            "%s relays with protocol %d; ignored",
+                            querier,
+                            frame.header.protocol_version,
+                        )
+                        continue
+                    try:
+                        outbox, message = self.engine.relay_to_party(querier, session_id, frame)
+                    except RoundInputError as err:
+                        log.warning("refused a relayed frame from %s: %s", querier, err)
+                        continue
+                    await _put(outbox, message, frame.party)
+            except (grpc.RpcError, tls.PeerRevokedError, asyncio.CancelledError):
+                pass
+            finally:
+                self.engine.close_relay(querier, session_id, box)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await box.aget()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            self.engine.close_relay(querier, session_id, box)
+            release()
+
+
+async def _put(box: BoundedBuffer[T], item: T, reader: str) -> None:
+    """Hand ``item`` on, waiting for room: the sender is held back while ``reader`` catches up."""
+    try:
+        await asyncio.wait_for(box.aput(item), STREAM_SEND_TIMEOUT_S)
+    except TimeoutError:
+        log.warning("%s took nothing for %g s; a frame was dropped", reader, STREAM_SEND_TIMEOUT_S)

@@ -1,0 +1,271 @@
+"""A light consortium: real processes, one small model, any number of hospitals.
+
+The guardian runs as ``capc guardian`` and the answering parties as one or a
+few ``capc answerer`` processes (several parties per process, each with its
+own certificate and Connect stream), all over mutual TLS; the student is a
+:class:`StudentClient` or ``capc student``. Every hospital votes with the
+same untrained MLP on 4 features (random weights, seeded): the availability
+tests and the scale benchmark measure rounds, budgets and streams, not
+accuracy, so no training time is spent and 200 hospitals fit on one machine.
+Any process may run inside a network namespace (``prefix``) and dial the
+guardian through an emulated link (services.testbed.netlab).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from capc.models import Teacher, build, save_teacher
+from services.common import pki, protocol, tls
+from services.common.task import TaskConfig, config_hash
+from services.guardian.ledger import Ledger
+from services.local import Process, free_port, spawn
+from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc, student_pb2_grpc
+from services.student.client import StudentClient
+
+TASK_NAME = "light"
+TASK: dict[str, Any] = {
+    "num_classes": 3,
+    "input_shape": [4],
+    "mechanism": {"name": "gnmax", "sigma": 4.0},
+    "quorum": 2,
+}
+
+
+def queries(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, 4)).astype(np.float32)
+
+
+def tensor_batch(x: np.ndarray) -> common_pb2.QueryBatch:
+    x = np.ascontiguousarray(x, dtype="<f4")
+    return common_pb2.QueryBatch(
+        tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
+    )
+
+
+@dataclass
+class LightConsortium:
+    directory: Path
+    parties: int = 3
+    cap: float = 50.0
+    guardian_args: Sequence[str] = ()
+    task: dict[str, Any] = field(default_factory=lambda: dict(TASK))
+    port: int = 0
+    #: Where the guardian listens: a lab link's host address keeps traffic on the lab's addresses.
+    listen_host: str = "127.0.0.1"
+    student_port: int = 0
+    procs: list[Process] = field(default_factory=list)
+    guardian: Process | None = None
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.directory / "pki"
+
+    @property
+    def db(self) -> str:
+        return str(self.directory / "ledger.db")
+
+    @property
+    def names(self) -> list[str]:
+        return [f"hospital-{i}" for i in range(self.parties)]
+
+    @property
+    def address(self) -> str:
+        return f"{self.listen_host}:{self.port}"
+
+    @property
+    def task_config(self) -> TaskConfig:
+        return TaskConfig.parse(TASK_NAME, self.task, config_hash(self.task))
+
+    @property
+    def model(self) -> Path:
+        return self.directory / "teacher.pt"
+
+    def prepare(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if not (self.pki_dir / pki.CA_CERT).exists():
+            pki.init_ca(self.pki_dir, dev=True)
+            for role in ("guardian", "student", "gateway"):
+                pki.issue(self.pki_dir, role, role, dev=True)
+        for name in self.names:
+            if not (self.pki_dir / f"{name}.pem").exists():
+                pki.issue(self.pki_dir, "answerer", name, dev=True)
+        if not self.model.exists():
+            model = build("mlp", (4,), 3, 8, seed=0).eval()
+            save_teacher(self.model, Teacher("mlp", (4,), 3, model, {"data": "none"}, width=8))
+        (self.directory / "task.json").write_text(json.dumps(self.task))
+
+    def start_guardian(self, *extra: str, prefix: Sequence[str] = ()) -> Process:
+        self.port = self.port or free_port()
+        register = [a for n in self.names for a in ("--register", f"{n}={self.cap}")]
+        proc = spawn(
+            "guardian",
+            "guardian",
+            "--db",
+            self.db,
+            "--listen",
+            self.address,
+            "--pki",
+            str(self.pki_dir),
+            "--task",
+            f"{TASK_NAME}={self.directory / 'task.json'}",
+            *register,
+            *self.guardian_args,
+            *extra,
+            prefix=prefix,
+        )
+        self.procs.append(proc)
+        proc.wait_for("guardian serving", timeout=60)
+        self.guardian = proc
+        return proc
+
+    def start_parties(
+        self, names: Sequence[str], target: str | None = None, prefix: Sequence[str] = ()
+    ) -> Process:
+        """One ``capc answerer`` process hosting ``names``, dialling ``target`` (default the
+        guardian's address), run under ``prefix`` (e.g. a lab namespace)."""
+        proc = spawn(
+            "answerers",
+            "answerer",
+            "--model",
+            str(self.model),
+            "--guardian",
+            target or self.address,
+            *[a for n in names for a in ("--name", n)],
+            "--pki",
+            str(self.pki_dir),
+            "--server-name",
+            "localhost",
+            prefix=prefix,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def wait_connected(self, proc: Process, count: int, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while sum("connected to the guardian" in line for line in proc.lines) < count:
+            if time.monotonic() > deadline or proc.popen.poll() is not None:
+                raise RuntimeError(f"parties did not connect: {''.join(proc.lines)[-3000:]}")
+            time.sleep(0.1)
+
+    def start_student(self) -> Process:
+        """``capc student``, the jobs API, on a free port (``student_port``)."""
+        self.student_port = free_port()
+        proc = spawn(
+            "student",
+            "student",
+            "--guardian",
+            self.address,
+            "--task",
+            str(self.directory / "task.json"),
+            "--task-name",
+            TASK_NAME,
+            "--db",
+            str(self.directory / "student.db"),
+            "--listen",
+            f"127.0.0.1:{self.student_port}",
+            "--pki",
+            str(self.pki_dir),
+            "--server-name",
+            "localhost",
+        )
+        self.procs.append(proc)
+        proc.wait_for("student serving jobs", timeout=60)
+        return proc
+
+    def jobs(self) -> Any:
+        """The student party's jobs API, as the gateway reaches it."""
+        channel = tls.secure_channel(
+            f"127.0.0.1:{self.student_port}",
+            tls.TLSFiles.in_dir(self.pki_dir, "gateway"),
+            "localhost",
+            role="student",
+        )
+        return student_pb2_grpc.StudentPartyStub(channel)
+
+    def stub(self, name: str = "student", role: str = "guardian") -> Any:
+        channel = tls.secure_channel(
+            self.address, tls.TLSFiles.in_dir(self.pki_dir, name), "localhost", role=role
+        )
+        return guardian_pb2_grpc.GuardianHubStub(channel)
+
+    def student(self, timeout: float = 60.0, target: str | None = None) -> StudentClient:
+        return StudentClient(
+            target or self.address,
+            tls.TLSFiles.in_dir(self.pki_dir, "student"),
+            self.task_config,
+            server_name="localhost",
+            timeout=timeout,
+        )
+
+    def open_round_without_computing(
+        self, x: np.ndarray, student: str = "student"
+    ) -> guardian_pb2.OpenRoundReply:
+        """A student that opens a round and vanishes: no 2PC session ever runs it."""
+        from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+        cfg = self.task_config
+        return self.stub(student).OpenRound(  # type: ignore[no-any-return]
+            guardian_pb2.OpenRoundRequest(
+                header=protocol.header(cfg.name, cfg.config_hash),
+                round_key=secrets.token_hex(16),
+                queries=tensor_batch(x),
+                student_public_key=X25519PrivateKey.generate().public_key().public_bytes_raw(),
+            ),
+            metadata=[("capc-session-id", secrets.token_hex(16))],
+            timeout=60,
+        )
+
+    def connected(self) -> list[str]:
+        """The parties the guardian reports connected (through the admin API)."""
+        reply = self.stub("gateway").ListParties(
+            guardian_pb2.ListPartiesRequest(header=protocol.header()), timeout=10
+        )
+        return [p.name for p in reply.parties if p.connected]
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.db)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        for p in self.procs:
+            try:
+                p.popen.wait(timeout=15)
+            except Exception:
+                p.popen.kill()
+                p.popen.wait(timeout=5)
+        self.procs.clear()
+
+
+@contextmanager
+def light_consortium(directory: Path, **kwargs: Any) -> Iterator[LightConsortium]:
+    c = LightConsortium(directory, **kwargs)
+    c.prepare()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def rpc_code(err: BaseException) -> grpc.StatusCode | None:
+    return err.code() if isinstance(err, grpc.RpcError) else None

@@ -1,0 +1,270 @@
+"""Availability under abuse, through the real processes (issue 34, item 3).
+
+Guardian and answering parties run as ``capc`` processes over mutual TLS
+(tests/e2e/light.py); the student's side is this test, acting as an honest
+student (StudentClient) or a deviating one (raw stubs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from capc.mpc.channel import ProtocolError
+from capc.mpc.session import EvaluatorSession, new_session_id
+from services.common import pki, protocol
+from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, MAX_STREAMS_PER_IDENTITY
+from services.common.mpc_stream import StreamChannel
+from services.guardian.ledger.models import RoundState
+from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
+from services.testbed.light import (
+    TASK_NAME,
+    LightConsortium,
+    light_consortium,
+    queries,
+    tensor_batch,
+    wait_until,
+)
+from tests.e2e.light import DeviatingParty
+
+ROUND_TIMEOUT = 4.0
+
+
+def test_a_round_never_computed_is_aborted_without_a_restart(tmp_path: Path) -> None:
+    with light_consortium(tmp_path, parties=2) as c:
+        guardian = c.start_guardian("--share-timeout", "2", "--round-timeout", str(ROUND_TIMEOUT))
+        c.wait_connected(c.start_parties(c.names), 2)
+        ledger = c.ledger()
+        # A student opens a round and never runs its 2PC: both parties' budgets are held.
+        stale = c.open_round_without_computing(queries(8))
+        assert sorted(stale.included) == c.names
+        assert ledger.round_state(stale.round_id) == RoundState.RESERVED
+        held = {n: ledger.budget(n).spent for n in c.names}
+        assert all(v > 0 for v in held.values())
+        # An honest student's round meanwhile is computed, released and charged.
+        student = c.student()
+        done = student.label_batch(queries(8, seed=1))
+        student.close()
+        wait_until(
+            lambda: ledger.round_state(done.round_id) == RoundState.COMMITTED, 30, "the commit"
+        )
+        # The stale round is aborted once its timeout passes; the guardian never restarted.
+        wait_until(
+            lambda: ledger.round_state(stale.round_id) == RoundState.ABORTED,
+            ROUND_TIMEOUT + 10,
+            "the stale round to be aborted",
+        )
+        assert guardian.popen.poll() is None
+        assert not any("recovered after a restart" in line for line in guardian.lines)
+        charged = {n: ledger.budget(n).spent for n in c.names}
+        for n in c.names:
+            alone = [e.epsilon_alone for e in ledger.entries(party=n)]
+            assert len(alone) == 1  # only the computed round's charge is left
+            assert charged[n] == pytest.approx(alone[0], rel=1e-9)
+        # The released round stays charged after the timeout has passed for it too.
+        time.sleep(ROUND_TIMEOUT + 1)
+        assert ledger.round_state(done.round_id) == RoundState.COMMITTED
+        assert {n: ledger.budget(n).spent for n in c.names} == charged
+        assert ledger.verify_audit() > 0
+
+
+def test_the_job_runner_survives_a_party_whose_seed_does_not_open(tmp_path: Path) -> None:
+    with light_consortium(tmp_path, parties=3) as c:
+        c.start_guardian("--share-timeout", "5")
+        honest = c.names[:2]
+        c.wait_connected(c.start_parties(honest), 2)
+        mallory = DeviatingParty(c, "hospital-2")
+        c.start_student()
+        jobs = c.jobs()
+        header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
+
+        def job(n: int) -> student_pb2.Job:
+            created = jobs.CreateJob(
+                student_pb2.CreateJobRequest(
+                    header=header, queries=tensor_batch(queries(n)), batch_size=n
+                ),
+                timeout=30,
+            )
+            watch = student_pb2.WatchJobRequest(header=header, id=created.id)
+            states: list[student_pb2.Job] = list(jobs.WatchJob(watch, timeout=120))
+            return states[-1]
+
+        bad = job(8)
+        assert bad.state == "failed"
+        assert "hospital-2" in bad.error and "sealed seed" in bad.error
+        assert mallory.rounds
+        ledger = c.ledger()
+        # The round was abandoned before its 2PC: aborted at once, nothing charged, and
+        # the guardian's audit log says which party the student blamed.
+        wait_until(
+            lambda: ledger.round_state(mallory.rounds[0]) == RoundState.ABORTED, 30, "the abort"
+        )
+        assert all(b.spent == 0.0 for b in ledger.budgets())
+        aborts = [e for e in ledger.audit_entries(50) if e.action == "abort"]
+        assert any("hospital-2" in str(e.detail.get("reason")) for e in aborts)
+        # The same runner goes on with the next job once the party is gone.
+        mallory.leave()
+        wait_until(lambda: "hospital-2" not in c.connected(), 30, "hospital-2 to leave")
+        good = job(8)
+        assert good.state == "done", good.error
+        assert good.processed == 8
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory (VmHWM) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def test_oversized_2pc_frames_after_a_valid_setup_do_not_inflate_the_guardian(
+    tmp_path: Path,
+) -> None:
+    with light_consortium(tmp_path, parties=2) as c:
+        guardian = c.start_guardian()
+        cfg = c.task_config
+        sid = new_session_id()
+        stream = StreamChannel(protocol.header(cfg.name, cfg.config_hash))
+        responses = c.stub().Compute(stream.outgoing(), metadata=[("capc-session-id", sid.hex())])
+        stream.attach(responses)
+        EvaluatorSession(stream, sid, timeout=30).setup()  # a valid session, base OTs done
+        before = peak_rss_mib(guardian.popen.pid)
+        frame = bytes(16 << 20)
+
+        def flood() -> None:
+            with contextlib.suppress(ProtocolError):  # the guardian stops reading
+                for _ in range(48):
+                    stream.send(frame)
+
+        threading.Thread(target=flood, daemon=True).start()
+        assert stream.ended.wait(60), "the guardian kept reading"
+        time.sleep(1.0)
+        grown = peak_rss_mib(guardian.popen.pid) - before
+        assert grown < 160, f"the guardian grew by {grown:.0f} MiB"
+        error = stream.error
+        assert isinstance(error, grpc.RpcError)
+        assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "exceeds the limit" in str(error.details()) and "MAX_MPC_FRAME_BYTES" in str(
+            error.details()
+        )
+        assert guardian.popen.poll() is None
+        responses.cancel()
+
+
+def idle_compute(c: LightConsortium, name: str = "student") -> Any:
+    """A Compute stream that sends nothing: it only holds its place."""
+    never: queue.Queue[guardian_pb2.MpcFrame | None] = queue.Queue()
+    return c.stub(name).Compute(
+        iter(never.get, None), metadata=[("capc-session-id", secrets.token_hex(16))]
+    )
+
+
+def refused_within(call: Any, seconds: float) -> str | None:
+    """The details of the call's RESOURCE_EXHAUSTED refusal, or None if it stays up."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if call.done():
+            assert call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, call.code()
+            return str(call.details())
+        time.sleep(0.05)
+    return None
+
+
+def test_one_identity_holds_a_bounded_number_of_streams(tmp_path: Path) -> None:
+    with light_consortium(tmp_path, parties=2) as c:
+        c.start_guardian()
+        held = [idle_compute(c) for _ in range(MAX_STREAMS_PER_IDENTITY)]
+        time.sleep(1.0)
+        assert not any(call.done() for call in held)
+        extra = idle_compute(c)
+        why = refused_within(extra, 10)
+        assert why is not None, "a stream past the limit was accepted"
+        assert "student already holds 8 streams" in why and "MAX_STREAMS_PER_IDENTITY" in why
+        assert "Close idle clients" in why
+        assert not any(call.done() for call in held)
+        # Another identity is not affected, and a closed stream makes room again.
+        pki.issue(c.pki_dir, "student", "student-2", dev=True)
+        assert refused_within(idle_compute(c, "student-2"), 1.0) is None
+        held.pop().cancel()
+        time.sleep(0.5)
+        assert refused_within(idle_compute(c), 1.0) is None
+        for call in held:
+            call.cancel()
+
+
+def test_one_querier_holds_a_bounded_number_of_open_rounds(tmp_path: Path) -> None:
+    with light_consortium(tmp_path, parties=2) as c:
+        c.start_guardian("--share-timeout", "2", "--round-timeout", "5")
+        c.wait_connected(c.start_parties(c.names), 2)
+        opened = [
+            c.open_round_without_computing(queries(2)).round_id
+            for _ in range(MAX_OPEN_ROUNDS_PER_QUERIER)
+        ]
+        ledger = c.ledger()
+        assert ledger.count_rounds(RoundState.RESERVED) == MAX_OPEN_ROUNDS_PER_QUERIER
+        with pytest.raises(grpc.RpcError) as err:
+            c.open_round_without_computing(queries(2))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = str(err.value.details())
+        assert "MAX_OPEN_ROUNDS_PER_QUERIER" in details and "nothing was reserved" in details
+        assert ledger.count_rounds(RoundState.RESERVED) == MAX_OPEN_ROUNDS_PER_QUERIER
+        # Another querier still opens rounds.
+        pki.issue(c.pki_dir, "student", "student-2", dev=True)
+        assert c.open_round_without_computing(queries(2), "student-2").round_id > max(opened)
+        # Once the reaper has aborted the stale rounds, the first querier gets in again.
+        wait_until(
+            lambda: ledger.count_rounds(RoundState.RESERVED) == 0, 30, "the stale rounds to go"
+        )
+        c.open_round_without_computing(queries(2))
+
+
+def idle_connect(c: LightConsortium, name: str) -> tuple[Any, Any]:
+    """An answering party's Connect stream that sends nothing after its registration."""
+    outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    responses = c.stub(name).Connect(iter(outgoing.get, None))
+    return outgoing, responses
+
+
+def test_many_idle_streams_do_not_starve_a_unary_call(tmp_path: Path) -> None:
+    hospitals = 72  # more than the 64 threads the guardian once served every call with
+    with light_consortium(tmp_path, parties=hospitals) as c:
+        c.start_guardian()
+        streams = [idle_connect(c, name) for name in c.names]
+        computes = [idle_compute(c) for _ in range(MAX_STREAMS_PER_IDENTITY)]
+        time.sleep(2.0)  # the guardian takes up every stream
+        # Every hospital and the student hold their streams; an admin read still answers.
+        admin = c.stub("gateway")
+        reply = admin.ListParties(
+            guardian_pb2.ListPartiesRequest(header=protocol.header()), timeout=15
+        )
+        assert len(reply.parties) == hospitals
+        wait_until(
+            lambda: (
+                sum(
+                    p.connected
+                    for p in admin.ListParties(
+                        guardian_pb2.ListPartiesRequest(header=protocol.header()), timeout=15
+                    ).parties
+                )
+                == hospitals
+            ),
+            30,
+            "every hospital to be connected",
+        )
+        for _, responses in streams:
+            assert next(responses).WhichOneof("body") == "registered"
+        assert not any(call.done() for call in computes)
+        for outgoing, responses in streams:
+            outgoing.put(None)
+            responses.cancel()
+        for call in computes:
+            call.cancel()
