@@ -670,6 +670,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=None,
         help="pretrained body (capc diet pretrain): hospitals fit only its last layer (DIET)",
     )
+    p.add_argument(
+        "--teachers",
+        type=int,
+        default=1,
+        help="teachers each hospital votes with, each on a disjoint part of its data",
+    )
     p.set_defaults(handler=run)
 
 
@@ -680,6 +686,7 @@ def run(args: argparse.Namespace) -> int:
         epsilon_cap=args.epsilon,
         log=lambda s: print(s, flush=True),
         body=args.body,
+        teachers=[args.teachers] * args.parties,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
