@@ -330,8 +330,11 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                             msg.relay,
                         )
                     elif kind == "failure":
-                        self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
-                        if msg.failure.budget_refused:
+                        asked = self.engine.report_failure(
+                            name, msg.failure.round_id, msg.failure.reason
+                        )
+                        # Only for a round that asked it: a party cannot fill the log.
+                        if asked and msg.failure.budget_refused:
                             self.ledger.record(
                                 name,
                                 "party_refused_budget",
