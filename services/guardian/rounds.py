@@ -343,12 +343,15 @@ class RoundEngine:
         if set(rnd.shares) | rnd.failed >= set(rnd.included):
             rnd.complete.set()
 
-    def report_failure(self, name: str, round_id: int, reason: str) -> None:
+    def report_failure(self, name: str, round_id: int, reason: str) -> bool:
+        """A party cannot answer a round; False when the round did not ask it."""
         with self._lock:
             rnd = self._rounds.get(round_id)
         if rnd is not None and name in rnd.included:
             log.warning("party %s could not answer round %d: %s", name, round_id, reason)
             self._party_failed(rnd, name)
+            return True
+        return False
 
     def receive_shares(self, name: str, msg: guardian_pb2.Shares) -> None:
         """Accept one party's shares for a round; replays and wrong shapes are refused."""

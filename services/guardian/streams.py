@@ -295,8 +295,11 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                         continue
                     await _put(box, frame, f"the student of round {msg.relay.round_id}")
                 elif kind == "failure":
-                    self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
-                    if msg.failure.budget_refused:
+                    asked = self.engine.report_failure(
+                        name, msg.failure.round_id, msg.failure.reason
+                    )
+                    # Only for a round that asked it: a party cannot fill the log.
+                    if asked and msg.failure.budget_refused:
                         await self._run(
                             functools.partial(
                                 self.ledger.record,

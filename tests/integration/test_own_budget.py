@@ -409,13 +409,13 @@ def test_the_guardian_holds_no_larger_cap_and_settles_what_the_party_holds_open(
     assert report(settled_loss) == "agree"
     assert report([settled_loss[0] * (1 - 1e-6)]) == "diverged"
     assert report(settled_loss, accounting.replace("1e-05", "1e-06")) == "incomparable"
-    # A refusal for the party's own budget is audited under its identity, its text apart.
-    out.put(guardian_pb2.PartyMessage(header=HEADER, failure=guardian_pb2.RoundFailure(
-        round_id=5, reason="own cap: nope", budget_refused=True)))  # fmt: skip
-    deadline = time.monotonic() + 10
-    while ledger.audit_entries(limit=1)[0].action != "party_refused_budget":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    refused = ledger.audit_entries(limit=1)[0]
-    assert (refused.actor, refused.note) == (NAME, "own cap: nope")
+    # A budget refusal for a round that never asked the party is not audited: a party
+    # cannot fill the guardian's log (the e2e tests audit real refusals).
+    before = ledger.audit_head().seq
+    for _ in range(20):
+        out.put(guardian_pb2.PartyMessage(header=HEADER, failure=guardian_pb2.RoundFailure(
+            round_id=5, reason="own cap: nope", budget_refused=True)))  # fmt: skip
+    out.put(guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()))
+    time.sleep(1.0)
+    assert ledger.audit_head().seq == before
     stream.cancel()
