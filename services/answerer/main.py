@@ -53,7 +53,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--ledger",
         default=None,
         help="this hospital's own ledger: SQLite path or URL, or postgresql://... "
-        "(default: NAME-ledger.db)",
+        "(default: LEDGER_DIR/NAME-ledger.db)",
+    )
+    p.add_argument(
+        "--ledger-dir",
+        type=Path,
+        default=Path(),
+        help="where each party's own SQLite ledger is kept when --ledger is not given "
+        "(default: the working directory)",
     )
     p.add_argument(
         "--accountant",
@@ -101,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
                 files.read()
             # Each party keeps its own ledger, even several in one process.
             ledger = Ledger(
-                args.ledger or f"{name}-ledger.db", accountant=args.accountant, delta=args.delta
+                args.ledger or str(args.ledger_dir / f"{name}-ledger.db"),
+                accountant=args.accountant,
+                delta=args.delta,
             )
             budget = OwnBudget(name, ledger, args.epsilon_cap, args.guardian_audit_key)
             parties.append(
