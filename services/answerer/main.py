@@ -53,14 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--ledger",
         default=None,
         help="this hospital's own ledger: SQLite path or URL, or postgresql://... "
-        "(default: LEDGER_DIR/NAME-ledger.db)",
-    )
-    p.add_argument(
-        "--ledger-dir",
-        type=Path,
-        default=Path(),
-        help="where each party's own SQLite ledger is kept when --ledger is not given "
-        "(default: the working directory)",
+        "(default: NAME-ledger.db)",
     )
     p.add_argument(
         "--accountant",
@@ -108,9 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 files.read()
             # Each party keeps its own ledger, even several in one process.
             ledger = Ledger(
-                args.ledger or str(args.ledger_dir / f"{name}-ledger.db"),
-                accountant=args.accountant,
-                delta=args.delta,
+                args.ledger or f"{name}-ledger.db", accountant=args.accountant, delta=args.delta
             )
             budget = OwnBudget(name, ledger, args.epsilon_cap, args.guardian_audit_key)
             parties.append(

@@ -138,11 +138,6 @@ class LightConsortium:
             "--guardian",
             target or self.address,
             *[a for n in names for a in ("--name", n)],
-            # Each hospital's own cap and ledger: the guardian holds no larger cap.
-            "--epsilon-cap",
-            repr(self.cap),
-            "--ledger-dir",
-            str(self.directory),
             "--pki",
             str(self.pki_dir),
             "--server-name",

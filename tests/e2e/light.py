@@ -15,16 +15,6 @@ from services.proto.capc.v1 import guardian_pb2
 from services.testbed.light import LightConsortium
 
 
-def register(c: LightConsortium) -> guardian_pb2.PartyMessage:
-    """The message a Connect stream opens with: one teacher, and the cap the party set itself."""
-    return guardian_pb2.PartyMessage(
-        header=protocol.header(),
-        register=guardian_pb2.Register(
-            teachers=[guardian_pb2.TeacherInfo(architecture="mlp")], epsilon_cap=c.cap
-        ),
-    )
-
-
 class DeviatingParty:
     """An answering party that speaks the protocol over its own certificate but sends
     sealed seeds that open for nobody (random bytes of the right length)."""
@@ -32,7 +22,6 @@ class DeviatingParty:
     def __init__(self, c: LightConsortium, name: str) -> None:
         self.rounds: list[int] = []
         self._out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
-        self._out.put(register(c))
         self._responses = c.stub(name).Connect(iter(self._out.get, None))
         first = next(self._responses)
         if first.WhichOneof("body") != "registered":
