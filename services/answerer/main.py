@@ -53,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--ledger",
         default=None,
         help="this hospital's own ledger: SQLite path or URL, or postgresql://... "
-        "(default: NAME-ledger.db)",
+        "(default: NAME-ledger.db); {name} in it stands for the party's name",
     )
     p.add_argument(
         "--accountant",
@@ -91,8 +91,11 @@ def run(args: argparse.Namespace) -> int:
         print("error: --status-file reports one party; give one --name with it", file=sys.stderr)
         return 2
     try:
-        if args.ledger is not None and len(names) > 1:
-            raise ValueError("--ledger names one party's ledger; give one --name with it")
+        if args.ledger is not None and len(names) > 1 and "{name}" not in args.ledger:
+            raise ValueError(
+                "--ledger names one party's ledger: with several --name, put {name} in it "
+                "(e.g. --ledger ledgers/{name}.db) so that each party keeps its own"
+            )
         voters = Voters.load(args.model)
         parties = []
         for name in names:
@@ -100,9 +103,8 @@ def run(args: argparse.Namespace) -> int:
             if files is not None:
                 files.read()
             # Each party keeps its own ledger, even several in one process.
-            ledger = Ledger(
-                args.ledger or f"{name}-ledger.db", accountant=args.accountant, delta=args.delta
-            )
+            where = (args.ledger or "{name}-ledger.db").replace("{name}", name)
+            ledger = Ledger(where, accountant=args.accountant, delta=args.delta)
             budget = OwnBudget(name, ledger, args.epsilon_cap, args.guardian_audit_key)
             parties.append(
                 AnsweringParty(name, voters, args.guardian, files, budget, args.server_name)

@@ -138,6 +138,11 @@ class LightConsortium:
             "--guardian",
             target or self.address,
             *[a for n in names for a in ("--name", n)],
+            "--epsilon-cap",
+            repr(self.cap),
+            # Each hospital keeps its own ledger, even several in one process.
+            "--ledger",
+            str(self.directory / "{name}-ledger.db"),
             "--pki",
             str(self.pki_dir),
             "--server-name",

@@ -22,6 +22,15 @@ class DeviatingParty:
     def __init__(self, c: LightConsortium, name: str) -> None:
         self.rounds: list[int] = []
         self._out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+        # A stream opens with the party's Register: one teacher, the cap it sets itself.
+        self._out.put(
+            guardian_pb2.PartyMessage(
+                header=protocol.header(),
+                register=guardian_pb2.Register(
+                    teachers=[guardian_pb2.TeacherInfo(architecture="mlp")], epsilon_cap=c.cap
+                ),
+            )
+        )
         self._responses = c.stub(name).Connect(iter(self._out.get, None))
         first = next(self._responses)
         if first.WhichOneof("body") != "registered":

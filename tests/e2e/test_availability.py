@@ -230,6 +230,14 @@ def test_one_querier_holds_a_bounded_number_of_open_rounds(tmp_path: Path) -> No
 def idle_connect(c: LightConsortium, name: str) -> tuple[Any, Any]:
     """An answering party's Connect stream that sends nothing after its registration."""
     outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    outgoing.put(
+        guardian_pb2.PartyMessage(
+            header=protocol.header(),
+            register=guardian_pb2.Register(
+                teachers=[guardian_pb2.TeacherInfo(architecture="mlp")], epsilon_cap=c.cap
+            ),
+        )
+    )
     responses = c.stub(name).Connect(iter(outgoing.get, None))
     return outgoing, responses
 
