@@ -265,8 +265,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         check_header(request.header, context)
         who = tls.peer_identity(context)
         # The recorded actor is who authenticated; a name in the request counts only
-        # without TLS (--insecure-dev).
+        # without TLS (--insecure-dev). With TLS, what the caller says of itself (the
+        # gateway: which token holder asked) is kept as the entry's untrusted note.
         actor = who.name if who else (request.actor or "insecure-dev")
+        note = (request.actor or None) if who else None
         try:
             kept = self.ledger.record_privacy_audit(
                 request.party,
@@ -276,6 +278,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 attack=request.attack,
                 confidence=request.confidence or 0.95,
                 actor=actor[:128],
+                note=note,
             )
         except UnknownPartyError as err:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))

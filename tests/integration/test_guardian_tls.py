@@ -327,7 +327,7 @@ def test_a_stream_opens_with_its_register_of_one_to_many_teachers(
         outgoing.put(None)
     ensemble = guardian_pb2.PartyMessage(
         header=HEADER,
-        register=guardian_pb2.Register(teachers=[guardian_pb2.TeacherInfo()] * 7),
+        register=guardian_pb2.Register(teachers=[guardian_pb2.TeacherInfo()] * 7, epsilon_cap=4.0),
     )
     outgoing = queue.Queue()
     outgoing.put(ensemble)

@@ -457,8 +457,11 @@ def test_privacy_audits_sit_beside_the_claimed_epsilon(ledger_url: str) -> None:
     assert kept.empirical_lower == pytest.approx(want.lower) and not kept.refuted
     # h2 spent nothing: any positive lower bound refutes its claim of 0.
     refuted = ledger.record_privacy_audit(
-        "h2", canaries=100, guesses=100, correct=100, attack="canary labels", actor="auditor"
-    )
+        "h2", canaries=100, guesses=100, correct=100, attack="canary labels", actor="gateway",
+        note="gateway:auditor (token ab12)",
+    )  # fmt: skip
+    last = ledger.audit_entries(limit=1)[0]
+    assert (last.actor, last.note) == ("gateway", "gateway:auditor (token ab12)")
     assert refuted.claimed_epsilon == 0.0 and refuted.refuted and refuted.empirical_upper is None
     assert [a.party for a in ledger.privacy_audits()] == ["h2", "h1"]
     assert [a.id for a in ledger.privacy_audits("h1")] == [kept.id]
@@ -472,7 +475,14 @@ def test_privacy_audits_sit_beside_the_claimed_epsilon(ledger_url: str) -> None:
         {"canaries": 10, "guesses": -1, "correct": 0},
     ):
         with pytest.raises(LedgerError, match=r"canaries|whole number"):
-            ledger.record_privacy_audit("h1", attack="x", actor="a", **bad)
+            ledger.record_privacy_audit(
+                "h1",
+                canaries=bad["canaries"],
+                guesses=bad["guesses"],
+                correct=bad["correct"],
+                attack="x",
+                actor="a",
+            )
     with pytest.raises(UnknownPartyError):
         ledger.record_privacy_audit(
             "nobody", canaries=1, guesses=0, correct=0, attack="x", actor="a"

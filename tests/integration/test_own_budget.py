@@ -329,13 +329,16 @@ def _connect(
 
 
 HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION)
+TEACHER = guardian_pb2.TeacherInfo(architecture="mlp", input_shape=[4], num_classes=10)
 
 
 def test_a_party_must_declare_its_own_cap(hub: tuple[RunningServer, Ledger], pki_dir: Path) -> None:
     server, _ = hub
     for first, text in (
         (
-            guardian_pb2.PartyMessage(header=HEADER, register=guardian_pb2.Register()),
+            guardian_pb2.PartyMessage(
+                header=HEADER, register=guardian_pb2.Register(teachers=[TEACHER])
+            ),
             "--epsilon-cap",
         ),
         (guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()), "Register"),
@@ -357,7 +360,9 @@ def test_the_guardian_holds_no_larger_cap_and_settles_what_the_party_holds_open(
     ledger.release(done.round_id)
     answered = np.array([True, False, True, True])
     ledger.commit(done.round_id, {NAME: mech.event(answered)}, outcome=budgets.outcome(answered))
-    register = guardian_pb2.Register(epsilon_cap=3.0, open_rounds=[done.round_id, 777])
+    register = guardian_pb2.Register(
+        teachers=[TEACHER], epsilon_cap=3.0, open_rounds=[done.round_id, 777]
+    )
     out, stream = _connect(
         server, pki_dir, guardian_pb2.PartyMessage(header=HEADER, register=register)
     )

@@ -1162,6 +1162,7 @@ class Ledger:
         attack: str,
         confidence: float = 0.95,
         actor: str,
+        note: str | None = None,
     ) -> PrivacyAudit:
         """Record a canary attack's counts on ``party`` beside the epsilon its ledger claims
         now. The empirical epsilon is computed here from the counts (the caller's own
@@ -1218,6 +1219,7 @@ class Ledger:
                     "correct": correct,
                     "refuted": row.refuted,
                 },
+                None if note is None else note[:1000],
             )
             return self._privacy_audit(row)
 
