@@ -216,9 +216,10 @@ def test_semi_supervised_students_learn_from_unanswered_queries(
         assert model.metrics["unanswered_queries_used"] == BATCH
         assert model.examples == QUERIES + BATCH
         assert 0.0 <= model.metrics["test_accuracy"] <= 1.0
+    # A student trained from scratch learns from unanswered queries by FixMatch only.
     with pytest.raises(ApiError) as err:
         analyst.train([labelled], architecture="small-cnn", semi_supervised="self-training")
-    assert err.value.status == 422 and "pretrained student" in err.value.detail
+    assert err.value.status == 422 and "by FixMatch" in err.value.detail
 
 
 def test_paths_of_an_ensemble_hospital(consortium: LocalConsortium) -> None:
