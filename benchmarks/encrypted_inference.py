@@ -7,6 +7,14 @@ batched path (one pixel per ciphertext, one query per slot, the same steps
 for a full batch), sizes of ciphertexts and of the public context, and how
 often the encrypted argmax equals the plaintext model's.
 
+The mask is uniform modulo the whole output modulus and both sides decode
+the slots into shares with an exact integer matrix (capc.he.masking):
+``mask_s`` is the party's part (re-randomise, mask, decode its shares),
+``student_decode_s`` the student's (exact decryption, decode). Bytes per
+query count what crosses the network for one party: the query ciphertexts,
+the masked logit ciphertexts coming back, and the 2PC's messages both ways
+(``*_bytes_per_query``, with the breakdown beside them).
+
 Batched throughput is given two ways: ``batched_queries_per_s`` is the
 steady rate of a stream of batches, where the student's encryption, the
 party's evaluation and the 2PC of consecutive batches run at the same time
@@ -26,9 +34,9 @@ import numpy as np
 import torch
 
 from capc.data.offline import animal_mnist
-from capc.he.batched import BatchedEvaluator, decrypt_batch, encrypt_batch
+from capc.he.batched import BatchedEvaluator, encrypt_batch
 from capc.he.ckks import PublicContext, StudentKeys, to_bytes
-from capc.he.masking import FIXED_BITS, mask_batched, mask_single, to_fixed
+from capc.he.masking import mask_batched, mask_single, masked_batched, masked_single, to_logits
 from capc.he.params import DEFAULT_PARAMS
 from capc.he.plan import compile_model
 from capc.he.single import SingleEvaluator, SingleLayout, encrypt_query
@@ -43,17 +51,18 @@ PUBLISHED_CAPC_SINGLE_QUERY_S = 14.2
 
 def votes(
     pair: LocalPair, spec: LogitsToShares, masked: np.ndarray, mask: np.ndarray
-) -> np.ndarray:
-    """The 2PC: (B, K) masked logits and masks -> (B,) argmax, recombined from the shares."""
+) -> tuple[np.ndarray, int]:
+    """The 2PC: (B, K) student values and party masks -> (B,) argmax, and the bytes sent."""
     share = SecureRandom().uint64(masked.shape)
     out = pair.run(
         spec.circuit(),
-        spec.garbler_inputs(to_fixed(mask), share),
-        spec.evaluator_inputs(to_fixed(masked)),
+        spec.garbler_inputs(mask, share),
+        spec.evaluator_inputs(masked),
         len(masked),
     )
     hot = out.evaluator["vote_share"] + share
-    return np.asarray(hot.argmax(axis=1))
+    sent = out.garbler_stats.bytes_sent + out.evaluator_stats.bytes_sent
+    return np.asarray(hot.argmax(axis=1)), sent
 
 
 def main() -> None:
@@ -73,7 +82,7 @@ def main() -> None:
     xt = x[test].astype(np.float64)
     plain = plan.forward(xt)
     rng = SecureRandom()
-    spec = LogitsToShares(plan.num_classes, FIXED_BITS)
+    spec = LogitsToShares(plan.num_classes, params.share_bits)
     pair = LocalPair()
 
     # single query: keys with the rotations the layout needs, context sent once
@@ -86,19 +95,21 @@ def main() -> None:
     party = PublicContext.from_bytes(context, expected=params)
     evaluator = SingleEvaluator(party, plan)
     context_load_s = time.perf_counter() - t0
-    single_times, single_agree, single_err = [], [], []
+    single_times, single_agree, single_err, single_bytes = [], [], [], []
     for q in range(args.single):
         t0 = time.perf_counter()
-        sent = [to_bytes(ct) for ct in encrypt_query(keys, layout, xt[q])]
-        cts = [party.load_ciphertext(b, level=params.input_level) for b in sent]
+        query_blobs = [to_bytes(ct) for ct in encrypt_query(keys, layout, xt[q])]
+        cts = [party.load_ciphertext(b, level=params.input_level) for b in query_blobs]
         out = evaluator.evaluate(cts)
-        mask = mask_single(party, out, plan.num_classes, rng)
-        back = keys.load_ciphertext(to_bytes(out), level=params.output_level)
-        masked = keys.decrypt(back)[None, : plan.num_classes].real
-        label = votes(pair, spec, masked, mask)[0]
+        mask = mask_single(party, [out], plan.num_classes, rng)
+        answer = to_bytes(out)
+        back = keys.load_ciphertext(answer, level=params.output_level)
+        masked = masked_single(keys, [back], plan.num_classes)
+        labels, twopc_bytes = votes(pair, spec, masked, mask)
         single_times.append(time.perf_counter() - t0)
-        single_agree.append(label == plain[q].argmax())
-        single_err.append(float(np.abs(masked - mask - plain[q]).max()))
+        single_agree.append(labels[0] == plain[q].argmax())
+        single_err.append(float(np.abs(to_logits(masked - mask, params) - plain[q]).max()))
+        single_bytes.append(sum(len(b) for b in query_blobs) + len(answer) + twopc_bytes)
 
     # batched: no rotation keys
     bkeys = StudentKeys(params)
@@ -110,21 +121,28 @@ def main() -> None:
     t0 = time.perf_counter()
     cts = [bparty.load_ciphertext(b, level=params.input_level) for b in sent]
     logits = bevaluator.evaluate(cts)
+    t1 = time.perf_counter()
     masks = mask_batched(bparty, logits, len(xt), rng)
+    mask_s = time.perf_counter() - t1
     returned = [to_bytes(ct) for ct in logits]
     evaluate_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     back = [bkeys.load_ciphertext(b, level=params.output_level) for b in returned]
-    masked = decrypt_batch(bkeys, back, len(xt))
+    t1 = time.perf_counter()
+    masked = masked_batched(bkeys, back, len(xt))
+    student_decode_s = time.perf_counter() - t1
     decrypt_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    labels = votes(pair, spec, masked, masks)
+    labels, twopc_bytes = votes(pair, spec, masked, masks)
     twopc_s = time.perf_counter() - t0
     batch_total = encrypt_s + evaluate_s + decrypt_s + twopc_s
     stages = {"encrypt": encrypt_s, "evaluate": evaluate_s, "decrypt": decrypt_s, "2pc": twopc_s}
     bottleneck = max(stages, key=lambda s: stages[s])
     agree = labels == plain.argmax(axis=1)
     single_s = statistics.median(single_times)
+    upload = sum(len(b) for b in sent)
+    download = sum(len(b) for b in returned)
+    batched_bytes = (upload + download + twopc_bytes) / len(xt)
     print(
         json.dumps(
             {
@@ -152,10 +170,20 @@ def main() -> None:
                 "evaluate_s": round(evaluate_s, 3),
                 "decrypt_s": round(decrypt_s, 3),
                 "twopc_s": round(twopc_s, 3),
-                "upload_bytes_per_batch": sum(len(b) for b in sent),
+                "mask_s": round(mask_s, 3),
+                "student_decode_s": round(student_decode_s, 3),
+                "upload_bytes_per_batch": upload,
+                "batched_bytes_per_query": round(batched_bytes),
+                "batched_upload_bytes_per_query": round(upload / len(xt)),
+                "batched_download_bytes_per_query": round(download / len(xt)),
+                "batched_2pc_bytes_per_query": round(twopc_bytes / len(xt)),
+                "single_bytes_per_query": round(statistics.median(single_bytes)),
+                "single_queries_per_s": round(1.0 / single_s, 2),
+                "output_ciphertext_bytes": len(returned[0]),
+                "decoding_gain_bits": params.decoding_gain_bits,
                 "argmax_agreement": round(float(agree.mean()), 5),
                 "single_argmax_agreement": round(float(np.mean(single_agree)), 4),
-                "max_logit_error": float(np.abs(masked - masks - plain).max()),
+                "max_logit_error": float(np.abs(to_logits(masked - masks, params) - plain).max()),
                 "single_max_logit_error": max(single_err),
                 "max_abs_logit": float(np.abs(plain).max()),
             }

@@ -6,9 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from capc.labeldp import cli as labeldp_cli
 from capc.learning import cli as diet_cli
 from capc.privacy import cli as privacy_cli
-from services import demo, local
+from services import audit, demo, local
 from services.answerer import main as answerer_main
 from services.common import health, pki
 from services.gateway import main as gateway_main
@@ -24,11 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     privacy_cli.add_parser(sub)
     diet_cli.add_parser(sub)
+    labeldp_cli.add_parser(sub)
     demo.add_parser(sub)
     pki.add_parser(sub)
     guardian_main.add_parser(sub)
     answerer_main.add_parser(sub)
     local.add_parser(sub)
+    audit.add_parser(sub)
     student_main.add_parser(sub)
     gateway_main.add_parser(sub)
     health.add_parser(sub)

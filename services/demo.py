@@ -1,24 +1,30 @@
-"""``capc demo``: a whole DIET-CaPC consortium on this machine, end to end.
+"""``capc demo``: a whole DIET-CaPC consortium on this machine, end to end, at eps 10.
 
-1. A body is pretrained on synthetic images (no real data; kept for the next run).
-2. Three hospitals each fit its last layer on their own disjoint part of
-   animal-mnist; the guardian, the hospitals, the student party and the
+1. The body: pretrained by ``capc diet pretrain`` on synthetic images only and
+   shipped with the project (``services/assets/demo-body.pt``; its command and
+   digest are in ``demo-body.json``), or pretrained here with ``--pretrain-steps``.
+2. Five hospitals each host 50 teachers: the body with the BatchNorm statistics
+   and last layer of one disjoint part of the hospital's share of animal-mnist
+   (250 teachers in all). The guardian, the hospitals, the student party and the
    gateway start as separate processes over mutual TLS.
-3. An analyst labels programmatic queries through the gateway with
-   ``capcctl`` (the light client), and trains the student's last layer on
-   the answers.
-4. The demo prints what happened: the labels' agreement with the hospitals'
-   noiseless majority, the student's accuracy on real held-out images, the
-   epsilon each hospital spent, and the dashboard's address.
+3. An analyst asks the gateway (``capcctl budget``) how many queries every
+   hospital's cap of eps 10 (delta 1e-5, exact Gaussian DP) still covers, labels
+   that many Gaussian-noise queries with ``capcctl``, trains the student's last
+   layer on the answers and asks it for a prediction of one held-out record.
+4. The demo prints what happened: the labels' agreement with the teachers'
+   noiseless majority, the student's accuracy on 1000 held-out real images, the
+   epsilon each hospital spent, and the dashboard's address; with ``--json`` it
+   ends with one JSON object.
 
-With three hospitals the noise that keeps labels useful is small, so each
-hospital spends a large epsilon: a consortium of many hospitals (or the
-central-mode experiment, ``capc diet run``) is where the privacy is strong.
+GNMax at sigma = 16% of the teachers (40 votes for 250) is the mechanism of the
+central-mode experiment's best configuration (docs/diet.md); the ledger stops
+every hospital at its cap, whatever the votes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -37,16 +43,29 @@ import numpy as np
 from capc.data.generators import Recipe
 from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
-from capc.models import load_teacher
+from capc.mechanisms import from_config
+from capc.models.ensemble import Voters
 from capc.privacy.mechanisms.single_label import vote_histogram
 from services import tasks
 from services.local import LocalConsortium
 
-#: Three hospitals vote, so the threshold asks for two or three agreeing votes.
+#: GNMax for 250 teachers; other consortium sizes keep sigma at the same share of the vote.
 DEMO_TASK: dict[str, Any] = tasks.load("demo")
-#: Each hospital's cap: three votes need little noise, so every query costs much epsilon.
-DEMO_CAP = 20_000.0
-DEMO_BODY = BodyConfig(width=16, pretrain=PretrainConfig(steps=300))
+DEMO_VOTERS = 250
+#: Each hospital's cap (epsilon at the ledger's delta, 1e-5).
+DEMO_CAP = 10.0
+DEMO_HOSPITALS = 5
+DEMO_TEACHERS = 50
+#: Queries per round: each round's queries are read with their own statistics.
+DEMO_BATCH = 512
+#: Held-out real images the student is tested on.
+DEMO_TEST = 1000
+ASSETS = Path(__file__).resolve().parent / "assets"
+#: The shipped body and its record (the command that made it, its digests).
+SHIPPED_BODY = ASSETS / "demo-body.pt"
+SHIPPED_RECORD = ASSETS / "demo-body.json"
+#: A body pretrained here when asked (--pretrain-steps): small, so it takes minutes.
+QUICK_BODY = BodyConfig(width=16, pool=4096, pretrain=PretrainConfig(steps=300))
 BROWSER_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -64,14 +83,40 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register ``capc demo``."""
     p = sub.add_parser("demo", help="run a local DIET-CaPC consortium end to end and report")
     p.add_argument("--dir", type=Path, default=Path("demo"), help="keys, models and databases")
-    p.add_argument("--hospitals", type=int, default=3)
-    p.add_argument("--queries", type=int, default=1024, help="programmatic queries to label")
+    p.add_argument("--hospitals", type=int, default=DEMO_HOSPITALS)
+    p.add_argument(
+        "--teachers", type=int, default=DEMO_TEACHERS, help="teachers each hospital hosts"
+    )
+    p.add_argument(
+        "--epsilon", type=float, default=DEMO_CAP, help="each hospital's cap (delta 1e-5)"
+    )
+    p.add_argument(
+        "--queries",
+        type=int,
+        default=None,
+        help="queries to label (default: as many rounds as every hospital's cap covers)",
+    )
     p.add_argument(
         "--generator",
         choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"],
-        default="fractal",
+        default="gaussian",
     )
-    p.add_argument("--pretrain-steps", type=int, default=DEMO_BODY.pretrain.steps)
+    p.add_argument(
+        "--body",
+        type=Path,
+        default=None,
+        help=f"a pretrained body (capc diet pretrain); default the shipped {SHIPPED_BODY.name}",
+    )
+    p.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=None,
+        help="pretrain a small body here for this many SimCLR steps instead of using the "
+        "shipped one",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="end with one JSON object of the results on stdout"
+    )
     serve = p.add_mutually_exclusive_group()
     serve.add_argument(
         "--serve", action="store_true", help="keep the consortium up afterwards (Ctrl-C stops)"
@@ -106,7 +151,7 @@ def capcctl(url: str, token: str, ca: Path, *args: str, progress: bool = False) 
         text=True,
         stdout=subprocess.PIPE,
         stderr=None if progress else subprocess.PIPE,
-        timeout=900,
+        timeout=1800,
         check=False,
     )
     if out.returncode != 0:
@@ -114,21 +159,32 @@ def capcctl(url: str, token: str, ca: Path, *args: str, progress: bool = False) 
     return out.stdout
 
 
-def noiseless_majority(c: LocalConsortium, recipe: Recipe, batch: int) -> np.ndarray:
-    """The hospitals' plain plurality vote on the job's queries, as each normalised them."""
-    x = recipe.generate()
-    preds = []
-    for i in range(c.parties):
-        teacher = load_teacher(c.model_path(i))
-        preds.append(
-            np.concatenate(
-                [
-                    teacher.predict(x[lo : lo + batch], current_statistics=True)
-                    for lo in range(0, len(x), batch)
-                ]
-            )
+def shipped_body() -> tuple[Path, dict[str, Any]]:
+    """The shipped body and its record, checked against the digest the record names."""
+    record: dict[str, Any] = json.loads(SHIPPED_RECORD.read_text())
+    digest = hashlib.sha256(SHIPPED_BODY.read_bytes()).hexdigest()
+    if digest != record["file_sha256"]:
+        raise RuntimeError(
+            f"{SHIPPED_BODY} has SHA-256 {digest}, its record {record['file_sha256']}: the "
+            "shipped body was changed; restore it from git or pass --body / --pretrain-steps"
         )
-    hist = vote_histogram(np.stack(preds, axis=1), int(c.task["num_classes"]))
+    return SHIPPED_BODY, record
+
+
+def noiseless_majority(c: LocalConsortium, recipe: Recipe, batch: int) -> np.ndarray:
+    """Every teacher's plain plurality vote on the job's queries, each round's queries read
+    with their own statistics as the hospitals read them."""
+    x = recipe.generate()
+    voters = [Voters.load(c.model_paths(i)) for i in range(c.parties)]
+    preds = np.concatenate(
+        [
+            np.concatenate(
+                [v.predict(x[lo : lo + batch], current_statistics=True) for v in voters], axis=1
+            )
+            for lo in range(0, len(x), batch)
+        ]
+    )
+    hist = vote_histogram(preds, int(c.task["num_classes"]))
     return np.asarray(hist.argmax(axis=1), dtype=np.int64)
 
 
@@ -159,31 +215,71 @@ def screenshot(url: str, path: Path, pin: str) -> bool:
     return out.returncode == 0 and path.exists()
 
 
-def run(args: argparse.Namespace) -> int:
-    """The demo; returns 0 once it has reported (and, with --serve, been stopped)."""
-    steps = Steps(6)
-    directory: Path = args.dir.resolve()
-    directory.mkdir(parents=True, exist_ok=True)
-    body_path = directory / "body.pt"
-    config = replace(DEMO_BODY, pretrain=replace(DEMO_BODY.pretrain, steps=args.pretrain_steps))
-    if body_path.exists():
-        steps(f"pretrained body found at {body_path}")
-    else:
+def demo_task(teachers: int) -> dict[str, Any]:
+    """The demo's task for ``teachers`` teachers in all: sigma the same share of the vote."""
+    task = dict(DEMO_TASK)
+    mech = from_config(task["mechanism"], int(task["num_classes"]))
+    task["mechanism"] = mech.scaled_noise(teachers / DEMO_VOTERS).to_config()
+    return task
+
+
+def _body(args: argparse.Namespace, directory: Path, steps: Steps) -> Path:
+    if args.pretrain_steps is not None:
+        body_path = directory / "body.pt"
+        config = replace(
+            QUICK_BODY, pretrain=replace(QUICK_BODY.pretrain, steps=args.pretrain_steps)
+        )
+        if body_path.exists():
+            steps(f"pretrained body found at {body_path}")
+            return body_path
         steps(
             f"pretraining a ResNet-10 body on {config.pool} synthetic images "
             f"({config.pretrain.steps} SimCLR steps, no real data)"
         )
         model = pretrained_body(config, None, 10, steps.note, "cpu")
         save_body(body_path, model, config)
+        return body_path
+    if args.body is not None:
+        steps(f"pretrained body: {args.body}")
+        return Path(args.body)
+    path, record = shipped_body()
+    steps(
+        f"the shipped body, pretrained on synthetic images only ({record['command']}; "
+        f"SHA-256 {record['file_sha256'][:12]}...)"
+    )
+    return path
 
-    steps(f"{args.hospitals} hospitals fit the last layer on their own part of animal-mnist")
+
+def _check(args: argparse.Namespace) -> None:
+    if not 1 <= args.hospitals <= 64 or not 1 <= args.teachers <= 1024:
+        raise SystemExit("capc demo: --hospitals takes 1 to 64, --teachers 1 to 1024")
+    if not args.epsilon > 0:
+        raise SystemExit("capc demo: --epsilon must be positive")
+    if args.queries is not None and args.queries < 1:
+        raise SystemExit("capc demo: --queries must be at least 1")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The demo; returns 0 once it has reported (and, with --serve, been stopped)."""
+    _check(args)
+    steps = Steps(6)
+    directory: Path = args.dir.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    body = _body(args, directory, steps)
+    total = args.hospitals * args.teachers
+    steps(
+        f"{args.hospitals} hospitals fit {args.teachers} teachers each on disjoint parts of "
+        f"their animal-mnist images ({total} teachers)"
+    )
     consortium = LocalConsortium(
         directory / "consortium",
         parties=args.hospitals,
-        task=dict(DEMO_TASK),
-        body=body_path,
+        task=demo_task(total),
+        body=body,
+        teachers=[args.teachers] * args.hospitals,
+        held_out=DEMO_TEST,
         log=steps.note,
-        epsilon_cap=DEMO_CAP,
+        epsilon_cap=args.epsilon,
     )
     consortium.prepare()
     steps("starting the guardian, the hospitals, the student party and the gateway")
@@ -191,84 +287,8 @@ def run(args: argparse.Namespace) -> int:
         consortium.start()
         consortium.start_student()
         consortium.start_gateway()
-        url, ca = consortium.gateway_url, consortium.ca
-        analyst = consortium.token("analyst", "demo-analyst")
-        admin = consortium.token("admin", "demo-data-office")
-        steps.note(f"gateway at {url} (OpenAPI at {url}/docs)")
-
-        batch = 256
-        steps(f"labelling {args.queries} {args.generator} queries through the gateway (capcctl)")
-        job = json.loads(
-            capcctl(
-                url,
-                analyst,
-                ca,
-                "jobs",
-                "submit",
-                "--generator",
-                args.generator,
-                "--count",
-                str(args.queries),
-                "--batch-size",
-                str(batch),
-                "--json",
-            )
-        )
-        capcctl(url, analyst, ca, "jobs", "watch", job["id"], progress=True)
-        job = json.loads(capcctl(url, analyst, ca, "jobs", "show", job["id"], "--json"))
-        if job["state"] != "done":
-            raise RuntimeError(f"the labelling job ended {job['state']}: {job.get('error')}")
-        results = directory / "labels.npz"
-        capcctl(url, analyst, ca, "jobs", "results", job["id"], "-o", str(results))
-        with np.load(results) as data:
-            labels = np.asarray(data["labels"])
-        recipe = Recipe(args.generator, 0, 0, args.queries, (1, 28, 28))
-        answered = labels >= 0
-        agree = float(
-            (labels[answered] == noiseless_majority(consortium, recipe, batch)[answered]).mean()
-        )
-
-        steps("training the student's last layer on the answered queries")
-        model = json.loads(
-            capcctl(url, analyst, ca, "models", "train", job["id"], "--wait", "--json")
-        )
-        if model["state"] != "done":
-            raise RuntimeError(f"student training ended {model['state']}: {model.get('error')}")
-        student = directory / "student.pt"
-        capcctl(url, analyst, ca, "models", "download", model["id"], "-o", str(student))
-        budgets = json.loads(capcctl(url, admin, ca, "budget", "--json"))
-
-        steps("report")
-        dashboard = f"{url}/dashboard"
-        shot = directory / "dashboard.png"
-        have_shot = screenshot(f"{dashboard}#token={admin}", shot, consortium.gateway_pin())
-        metrics = model["metrics"]
-        print(flush=True)
-        print(f"queries labelled:       {int(answered.sum())} of {len(labels)} answered")
-        print(
-            f"label accuracy:         {agree:.3f} (answers that match the hospitals' noiseless "
-            "majority)"
-        )
-        print(
-            f"student test accuracy:  {metrics['test_accuracy']:.3f} on {metrics['test_examples']} "
-            f"held-out real images (trained on {metrics['examples']} answers)"
-        )
-        print(f"student model:          {student}")
-        print(f"epsilon spent (delta {budgets['delta']:g}, {budgets['accounting']}):")
-        for b in budgets["budgets"]:
-            print(f"  {b['party']}: {b['epsilon_spent']:.2f} of cap {b['epsilon_cap']:g}")
-        print(f"dashboard:              {dashboard} (admin token below)")
-        if have_shot:
-            print(f"dashboard screenshot:   {shot}")
-        print(f"admin token:            {admin}")
-        print(f"CA certificate:         {ca} (CAPC_CA for capcctl; the gateway serves HTTPS)")
-        print(
-            "note: three hospitals give a three-vote histogram, so the noise that keeps labels "
-            "useful is small and each query costs much epsilon; `capc diet run` shows 100 "
-            "teachers at eps <= 10.",
-            flush=True,
-        )
-        serve = args.serve or (not args.no_serve and sys.stdin.isatty())
+        result = _label_and_train(args, consortium, steps, directory, total)
+        serve = args.serve or (not args.no_serve and not args.json and sys.stdin.isatty())
         if serve:
             print("the consortium stays up; Ctrl-C stops it", flush=True)
             stop = threading.Event()
@@ -277,4 +297,120 @@ def run(args: argparse.Namespace) -> int:
             stop.wait()
     finally:
         consortium.stop()
+    if args.json:
+        print(json.dumps(result, sort_keys=True), flush=True)
     return 0
+
+
+def _label_and_train(
+    args: argparse.Namespace,
+    consortium: LocalConsortium,
+    steps: Steps,
+    directory: Path,
+    total: int,
+) -> dict[str, Any]:
+    url, ca = consortium.gateway_url, consortium.ca
+    analyst = consortium.token("analyst", "demo-analyst")
+    admin = consortium.token("admin", "demo-data-office")
+    steps.note(f"gateway at {url} (OpenAPI at {url}/docs)")
+
+    # The plan comes from the ledger alone (caps and the mechanism's worst case), never
+    # from the votes: whole rounds that every hospital's remaining budget covers.
+    plan = json.loads(capcctl(url, admin, ca, "budget", "--json"))
+    covered = min(int(b["queries_left"]) for b in plan["budgets"])
+    queries = (covered // DEMO_BATCH) * DEMO_BATCH
+    if args.queries is not None:
+        queries = min(queries, args.queries)
+    if queries < 1:
+        raise RuntimeError(
+            f"the hospitals' caps cover {covered} more queries, not a round of {DEMO_BATCH}; "
+            "start the demo in a fresh --dir or raise --epsilon"
+        )
+    batch = min(DEMO_BATCH, queries)
+    steps(
+        f"labelling {queries} {args.generator} queries through the gateway (capcctl): the "
+        f"rounds of {batch} that every hospital's cap of eps {args.epsilon:g} covers"
+    )
+    job = json.loads(
+        capcctl(
+            url,
+            analyst,
+            ca,
+            "jobs",
+            "submit",
+            "--generator",
+            args.generator,
+            "--count",
+            str(queries),
+            "--batch-size",
+            str(batch),
+            "--json",
+        )
+    )
+    capcctl(url, analyst, ca, "jobs", "watch", job["id"], progress=not args.json)
+    job = json.loads(capcctl(url, analyst, ca, "jobs", "show", job["id"], "--json"))
+    if job["state"] != "done":
+        raise RuntimeError(f"the labelling job ended {job['state']}: {job.get('error')}")
+    results = directory / "labels.npz"
+    capcctl(url, analyst, ca, "jobs", "results", job["id"], "-o", str(results))
+    with np.load(results) as data:
+        labels = np.asarray(data["labels"])
+    recipe = Recipe(args.generator, 0, 0, queries, (1, 28, 28))
+    answered = labels >= 0
+    agree = float(
+        (labels[answered] == noiseless_majority(consortium, recipe, batch)[answered]).mean()
+    )
+
+    steps("training the student's last layer on the answered queries")
+    model = json.loads(capcctl(url, analyst, ca, "models", "train", job["id"], "--wait", "--json"))
+    if model["state"] != "done":
+        raise RuntimeError(f"student training ended {model['state']}: {model.get('error')}")
+    student = directory / "student.pt"
+    capcctl(url, analyst, ca, "models", "download", model["id"], "-o", str(student))
+    # One held-out record on its own: its prediction does not depend on other records.
+    one = directory / "one-record.json"
+    one.write_text(json.dumps(consortium.queries[:1].tolist()))
+    single = json.loads(
+        capcctl(url, analyst, ca, "models", "predict", model["id"], str(one), "--json")
+    )
+    budgets = json.loads(capcctl(url, admin, ca, "budget", "--json"))
+
+    steps("report")
+    metrics = model["metrics"]
+    epsilon = {b["party"]: float(b["epsilon_spent"]) for b in budgets["budgets"]}
+    dashboard = f"{url}/dashboard"
+    shot = directory / "dashboard.png"
+    have_shot = screenshot(f"{dashboard}#token={admin}", shot, consortium.gateway_pin())
+    say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else print
+    say()
+    say(f"hospitals:              {consortium.parties}, {total} teachers in all")
+    say(f"queries labelled:       {int(answered.sum())} of {len(labels)} answered")
+    say(
+        f"label accuracy:         {agree:.3f} (answers that match the teachers' noiseless majority)"
+    )
+    say(
+        f"student test accuracy:  {metrics['test_accuracy']:.3f} on {metrics['test_examples']} "
+        f"held-out real images (trained on {metrics['examples']} answers)"
+    )
+    say(
+        f"one record alone:       class {single['labels'][0]} "
+        f"(true class {int(consortium.truth[0])}), predicted without any other record"
+    )
+    say(f"student model:          {directory / 'student.pt'}")
+    say(f"epsilon spent (delta {budgets['delta']:g}, {budgets['accounting']}):")
+    for b in budgets["budgets"]:
+        say(f"  {b['party']}: {b['epsilon_spent']:.2f} of cap {b['epsilon_cap']:g}")
+    say(f"dashboard:              {dashboard} (admin token below)")
+    if have_shot:
+        say(f"dashboard screenshot:   {shot}")
+    say(f"admin token:            {admin}")
+    say(f"CA certificate:         {ca} (CAPC_CA for capcctl; the gateway serves HTTPS)")
+    return {
+        "student_accuracy": float(metrics["test_accuracy"]),
+        "epsilon": epsilon,
+        "delta": float(budgets["delta"]),
+        "hospitals": consortium.parties,
+        "teachers": total,
+        "queries": len(labels),
+        "answered": int(answered.sum()),
+    }

@@ -27,11 +27,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.audit import canaries as canary_audit
+from capc.audit.canaries import Canaries
 from capc.data.multilabel import animal_attributes
 from capc.data.offline import animal_mnist, breast_cancer, digits, partition
 from capc.learning.last_layer import finetune_teacher
 from capc.learning.supervised import fit
+from capc.learning.teachers import fit_head_ensemble
 from capc.models import Teacher, build, load_teacher, save_teacher
+from capc.models.ensemble import save_ensemble
 from services import tasks
 from services.common import pki, tls
 from services.common.task import TaskConfig, config_hash
@@ -44,6 +48,9 @@ TASK_NAME = "images"
 DEFAULT_TASK: dict[str, Any] = tasks.load(TASK_NAME)
 #: Held out from every hospital: the student's queries and test set.
 HELD_OUT = 400
+#: Held out from every hospital and from the test set: the student's unlabelled
+#: reference batch, whose statistics a pretrained student stores.
+REFERENCE = 256
 
 
 DATASETS = ("animal-mnist", "animal-attributes", "digits", "breast-cancer")
@@ -117,6 +124,28 @@ def spawn(name: str, *args: str, prefix: Sequence[str] = ()) -> Process:
     return Process(name, popen)
 
 
+@dataclass(frozen=True)
+class CanarySpec:
+    """``count`` canaries (records given a random wrong label) in the teacher data of each
+    hospital in ``hospitals`` (indices), drawn with the auditor's ``seed``."""
+
+    hospitals: tuple[int, ...]
+    count: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not self.hospitals or min(self.hospitals) < 0:
+            raise ValueError("canaries need a count >= 1 and at least one hospital index >= 0")
+
+
+@dataclass(frozen=True)
+class PlantedCanaries:
+    """One hospital's canaries: their images (M, *shape) and labels (the auditor's secret)."""
+
+    images: NDArray[np.float32]
+    canaries: Canaries
+
+
 @dataclass
 class LocalConsortium:
     """Guardian and answering parties as local processes; see the module docstring."""
@@ -138,10 +167,23 @@ class LocalConsortium:
         default_factory=lambda: np.zeros((0, 1, 28, 28), dtype=np.float32)
     )
     truth: NDArray[np.integer] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    reference: NDArray[np.float32] = field(
+        default_factory=lambda: np.zeros((0, 1, 28, 28), dtype=np.float32)
+    )
     #: Per-hospital eps caps (personalized budgets); ``epsilon_cap`` for all when unset.
     epsilon_caps: list[float] | None = None
     #: A pretrained body (capc diet pretrain): DIET teachers and a DIET student when set.
     body: Path | None = None
+    #: Teachers per hospital (an ensemble on disjoint parts of its data); one each when unset.
+    teachers: list[int] | None = None
+    #: Each DIET teacher head's L2 penalty (the central-mode experiment's, docs/diet.md).
+    teacher_l2: float = 1e-2
+    #: Records held out from every hospital as the student's test set (and queries).
+    held_out: int = HELD_OUT
+    #: Seeds which records are held out and how they are split among hospitals and teachers.
+    split_seed: int = 0
+    #: Canaries planted in some hospitals' teacher data (``capc audit run``).
+    canaries: CanarySpec | None = None
     #: Where the guardian listens, and the command it runs under (e.g. ``ip netns exec NS``,
     #: services.testbed.netlab); ``dial``: the address hospitals and the student dial
     #: (default the guardian's own), e.g. a relay on an emulated link.
@@ -157,6 +199,17 @@ class LocalConsortium:
     def cap(self, i: int) -> float:
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
 
+    def teacher_count(self, i: int) -> int:
+        """Teachers hospital ``i`` votes with."""
+        return self.teachers[i] if self.teachers else 1
+
+    def model_paths(self, i: int) -> list[Path]:
+        """Hospital ``i``'s checkpoints: one teacher, one ensemble (heads on the body), or
+        one per teacher (trained from scratch)."""
+        if self.teacher_count(i) == 1 or self.body is not None:
+            return [self.model_path(i)]
+        return [self.directory / f"hospital-{i}-{t}.pt" for t in range(self.teacher_count(i))]
+
     @property
     def pki_dir(self) -> Path:
         return self.directory / "pki"
@@ -171,6 +224,34 @@ class LocalConsortium:
 
     def model_path(self, i: int) -> Path:
         return self.directory / f"hospital-{i}.pt"
+
+    def canary_path(self, i: int) -> Path:
+        return self.directory / f"canaries-hospital-{i}.npz"
+
+    def planted(self, i: int) -> PlantedCanaries:
+        """Hospital ``i``'s canaries, as :meth:`prepare` planted them."""
+        with np.load(self.canary_path(i), allow_pickle=False) as f:
+            c = Canaries(f["index"], f["true"], f["planted"], f["alternative"])
+            return PlantedCanaries(np.asarray(f["images"], dtype=np.float32), c)
+
+    def _plant(
+        self, i: int, x: NDArray[np.float32], y: NDArray[np.integer], idx: NDArray[np.int64]
+    ) -> NDArray[np.integer]:
+        """Labels of hospital ``i``'s records ``idx`` with its canaries planted (and saved)."""
+        spec = self.canaries
+        if spec is None or i not in spec.hospitals:
+            return y[idx]
+        if y.ndim != 1 or spec.count > len(idx) // 2:
+            raise ValueError(
+                f"hospital-{i} holds {len(idx)} single-label records: at most half can be canaries"
+            )
+        rng = np.random.default_rng([spec.seed, i])
+        chosen = np.sort(rng.choice(len(idx), spec.count, replace=False))
+        classes = int(y.max()) + 1
+        local, planted = canary_audit.plant(y[idx], classes, chosen, rng)
+        arrays: dict[str, NDArray[np.generic]] = {"images": x[idx][chosen], **planted.to_arrays()}
+        np.savez(self.canary_path(i), allow_pickle=False, **arrays)
+        return local
 
     def _say(self, text: str) -> None:
         if self.log is not None:
@@ -190,57 +271,123 @@ class LocalConsortium:
             pki.issue_https(self.pki_dir, "gateway", ("localhost", "127.0.0.1"), dev=True)
         x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]))
         outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
-        rng = np.random.default_rng(7)
+        # Split seed 0 keeps the split every earlier consortium of this class had.
+        rng = np.random.default_rng(7 if self.split_seed == 0 else [7, self.split_seed])
         order = rng.permutation(len(x))
-        held = min(HELD_OUT, len(x) // 4)
-        test, train = order[:held], order[held:]
+        held = min(self.held_out, len(x) // 4)
+        ref = min(REFERENCE, len(x) // 8) if self.body is not None else 0
+        test, train = order[:held], order[held + ref :]
         self.queries, self.truth = x[test], y[test]
+        self.reference = x[order[held : held + ref]]
         base = None if self.body is None else load_teacher(self.body)
-        for i, part in enumerate(partition(len(train), self.parties, seed=1)):
+        for i, part in enumerate(partition(len(train), self.parties, seed=1 + self.split_seed)):
             name = f"hospital-{i}"
             if not (self.pki_dir / f"{name}.pem").exists():
                 pki.issue(self.pki_dir, "answerer", name, dev=True)
-            if self.model_path(i).exists():
+            canaried = self.canaries is not None and i in self.canaries.hospitals
+            if all(path.exists() for path in self.model_paths(i)) and (
+                not canaried or self.canary_path(i).exists()
+            ):
                 continue
             idx = train[part]
+            m = self.teacher_count(i)
+            # Disjoint parts: a record sits in one teacher's data and moves one vote.
+            parts = [idx[p] for p in partition(len(idx), m, seed=100 + 1000 * self.split_seed + i)]
+            # The labels the hospital trains on: its canaries (capc audit run) planted.
+            labels = np.array(y, copy=True)
+            labels[idx] = self._plant(i, x, y, idx)
             card: dict[str, Any] = {
                 "data": f"{self.dataset}, partition {i} of {self.parties}",
                 "examples": len(idx),
             }
-            shape = tuple(self.task["input_shape"])
+            if canaried and self.canaries is not None:
+                card["canaries"] = f"{self.canaries.count} records relabelled at random (audit)"
             if base is not None:
-                self._say(f"fitting {name}'s last layer on {len(idx)} private images")
-                model = finetune_teacher(copy.deepcopy(base.model), x[idx], y[idx])
-                card["method"] = "pretrained body; own BatchNorm statistics and last layer"
-                architecture, width = base.architecture, base.width
+                self._prepare_diet(i, base, x, labels, parts, card)
             else:
-                # an encrypted-query task fixes the HE-friendly architecture every party runs
-                enc = self.task.get("encryption") or {}
-                architecture, width = enc.get("architecture", "small-cnn"), enc.get("width")
-                self._say(f"training {name}'s {architecture} teacher on {len(idx)} private records")
-                model = fit(
-                    build(architecture, shape, outputs, width),
-                    x[idx],
-                    y[idx],
-                    epochs=self.epochs,
-                    seed=i,
-                )
-                card["method"] = "trained from scratch"
+                self._prepare_scratch(i, x, labels, parts, card, outputs)
+        ledger = Ledger(self.db)
+        ledger.create_task(TASK_NAME, self.task)
+        ledger.close()
+
+    def _prepare_diet(
+        self,
+        i: int,
+        base: Teacher,
+        x: NDArray[np.float32],
+        y: NDArray[np.integer],
+        parts: list[NDArray[np.int64]],
+        card: dict[str, Any],
+    ) -> None:
+        """Hospital ``i``'s DIET teachers: the body with each part's own statistics and head."""
+        name, shape = f"hospital-{i}", tuple(self.task["input_shape"])
+        if len(parts) == 1:
+            self._say(f"fitting {name}'s last layer on {len(parts[0])} private images")
+            model = finetune_teacher(copy.deepcopy(base.model), x[parts[0]], y[parts[0]])
+            card["method"] = "pretrained body; own BatchNorm statistics and last layer"
             save_teacher(
                 self.model_path(i),
+                Teacher(
+                    base.architecture,
+                    shape,
+                    base.num_classes,
+                    model,
+                    card,
+                    width=base.width,
+                    device="cpu",
+                ),
+            )
+            return
+        self._say(
+            f"fitting {name}'s {len(parts)} teachers' last layers on disjoint parts of its "
+            f"{sum(len(p) for p in parts)} private images"
+        )
+        ensemble = fit_head_ensemble(base.model, x, np.asarray(y), parts, l2=self.teacher_l2)
+        card["method"] = (
+            f"pretrained body; {len(parts)} teachers, each with the BatchNorm statistics and "
+            "last layer of its own disjoint part of the data"
+        )
+        card["teachers"] = len(parts)
+        save_ensemble(
+            self.model_path(i),
+            ensemble.checkpoint(base.architecture, shape, base.width, card),
+        )
+
+    def _prepare_scratch(
+        self,
+        i: int,
+        x: NDArray[np.float32],
+        y: NDArray[np.integer],
+        parts: list[NDArray[np.int64]],
+        card: dict[str, Any],
+        outputs: int,
+    ) -> None:
+        """Hospital ``i``'s teachers trained from scratch, one checkpoint each."""
+        name, shape = f"hospital-{i}", tuple(self.task["input_shape"])
+        # an encrypted-query task fixes the HE-friendly architecture every party runs
+        enc = self.task.get("encryption") or {}
+        architecture, width = enc.get("architecture", "small-cnn"), enc.get("width")
+        for t, (path, idx) in enumerate(zip(self.model_paths(i), parts, strict=True)):
+            self._say(f"training {name}'s {architecture} teacher on {len(idx)} private records")
+            model = fit(
+                build(architecture, shape, outputs, width),
+                x[idx],
+                y[idx],
+                epochs=self.epochs,
+                seed=i if len(parts) == 1 else 1000 * i + t,
+            )
+            save_teacher(
+                path,
                 Teacher(
                     architecture,
                     shape,
                     outputs,
                     model,
-                    card,
+                    {**card, "method": "trained from scratch", "examples": len(idx)},
                     multi_label=y.ndim == 2,
                     width=width,
                 ),
             )
-        ledger = Ledger(self.db)
-        ledger.create_task(TASK_NAME, self.task)
-        ledger.close()
 
     def start(self) -> None:
         """Start the guardian and every answering party; returns once all are connected."""
@@ -289,6 +436,11 @@ class LocalConsortium:
         task_file.write_text(json.dumps(self.task))
         test_file = self.directory / "student-test.npz"
         np.savez(test_file, x=self.queries, y=self.truth)
+        reference: list[str] = []
+        if len(self.reference):
+            reference_file = self.directory / "student-reference.npz"
+            np.savez(reference_file, x=self.reference)
+            reference = ["--reference-data", str(reference_file)]
         self.student_port = free_port()
         proc = spawn(
             "student",
@@ -307,11 +459,66 @@ class LocalConsortium:
             "localhost",
             "--test-data",
             str(test_file),
+            *reference,
             *(["--body", str(self.body)] if self.body is not None else []),
         )
         self.procs.append(proc)
         proc.wait_for("student serving jobs")
         return proc
+
+    def start_querier(
+        self,
+        i: int,
+        own: tuple[NDArray[np.float32], NDArray[np.integer]],
+        test: tuple[NDArray[np.float32], NDArray[np.integer]],
+    ) -> int:
+        """Hospital ``i`` querying the consortium (the CaPC loop): a student party of its own,
+        under its own student certificate, whose rounds leave hospital ``i`` out and whose
+        pretrained student learns from ``own`` (x, y) plus what its jobs bring back; tested
+        on ``test``. Returns the port of its jobs API."""
+        if self.body is None:
+            raise ValueError("the CaPC loop's querier fits the pretrained body's last layer")
+        name = f"hospital-{i}-querier"
+        if not (self.pki_dir / f"{name}.pem").exists():
+            pki.issue(self.pki_dir, "student", name, dev=True)
+        task_file = self.directory / f"{TASK_NAME}.json"
+        task_file.write_text(json.dumps(self.task))
+        own_file, test_file = (
+            self.directory / f"{name}-own.npz",
+            self.directory / f"{name}-test.npz",
+        )
+        np.savez(own_file, x=own[0], y=own[1])
+        np.savez(test_file, x=test[0], y=test[1])
+        port = free_port()
+        proc = spawn(
+            name,
+            "student",
+            "--guardian",
+            self.address,
+            "--task",
+            str(task_file),
+            "--db",
+            str(self.directory / f"{name}.db"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--pki",
+            str(self.pki_dir),
+            "--name",
+            name,
+            "--server-name",
+            "localhost",
+            "--own-data",
+            str(own_file),
+            "--test-data",
+            str(test_file),
+            "--exclude",
+            f"hospital-{i}",
+            "--body",
+            str(self.body),
+        )
+        self.procs.append(proc)
+        proc.wait_for("student serving jobs")
+        return port
 
     @property
     def gateway_db(self) -> str:
@@ -376,8 +583,7 @@ class LocalConsortium:
         proc = spawn(
             f"hospital-{i}",
             "answerer",
-            "--model",
-            str(self.model_path(i)),
+            *[a for path in self.model_paths(i) for a in ("--model", str(path))],
             "--guardian",
             self.address,
             "--name",

@@ -8,11 +8,16 @@ the rotations the model needs. The public context is identified by the
 SHA-256 of its bytes, so a party caches it once per session.
 
 SEAL's bindings save and load only through file paths; serialisation goes
-through a private temporary file (on tmpfs where there is one).
+through a private temporary file (on tmpfs where there is one). They give
+no bulk access to a polynomial's coefficients either: :func:`read_polys`
+reads them one by one (about 0.5 us each), and :meth:`_Context.ciphertext`
+builds a ciphertext from numpy residues by writing SEAL's uncompressed
+serialisation and loading it, which checks every residue against its prime.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -75,6 +80,42 @@ def _load(obj: Any, context: seal.SEALContext, data: bytes, what: str) -> Any:
     return obj
 
 
+def _header(total: int) -> bytes:
+    """SEAL's 16-byte serialisation header for an uncompressed object of ``total`` bytes.
+
+    Magic, header size and version come from an object SEAL itself saved, so
+    they always match the library loaded; byte 5 is the compression mode (0: none).
+    """
+    template = _header_template()
+    return template[:5] + b"\x00" + template[6:8] + struct.pack("<Q", total)
+
+
+@functools.cache
+def _header_template() -> bytes:
+    data = to_bytes(seal.Plaintext())
+    if data[:3] != b"\x5e\xa1\x10":
+        raise HeError(
+            "SEAL's serialisation header is not the expected one (magic 0xA15E, 16 bytes)"
+        )
+    return data[:16]
+
+
+def read_polys(obj: seal.Ciphertext | seal.Plaintext) -> NDArray[np.uint64]:
+    """Every residue of a ciphertext (size, primes, N) or an NTT-form plaintext (primes, N)."""
+    if isinstance(obj, seal.Plaintext):
+        count = int(obj.coeff_count())
+        get = obj.__getitem__
+        shape: tuple[int, ...] = (count,)
+    else:
+        data = obj.dyn_array()
+        shape = (int(obj.size()), int(obj.coeff_modulus_size()), int(obj.poly_modulus_degree()))
+        count = int(np.prod(shape))
+        if int(data.size()) != count:  # SEAL does not bound-check reads
+            raise HeError("the ciphertext's data does not match its size")
+        get = data.__getitem__
+    return np.fromiter(map(get, range(count)), dtype=np.uint64, count=count).reshape(shape)
+
+
 def seal_context(params: CkksParams) -> tuple[seal.SEALContext, seal.EncryptionParameters]:
     """SEAL's context for ``params``, checked for 128-bit security by SEAL itself."""
     parms = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
@@ -128,6 +169,35 @@ class _Context:
 
     def parms_id(self, level: int) -> Any:
         return self.chain[len(self.chain) - 1 - level]
+
+    def moduli(self, level: int) -> tuple[int, ...]:
+        """The primes of the modulus at ``level``, first prime first."""
+        data = self.context.get_context_data(self.parms_id(level))
+        return tuple(int(m.value()) for m in data.parms().coeff_modulus())
+
+    def ciphertext(
+        self, polys: NDArray[np.uint64], level: int, scale: float, ntt: bool
+    ) -> seal.Ciphertext:
+        """A two-part ciphertext at ``level`` from its residues (2, primes, N).
+
+        ``ntt``: whether the residues are in SEAL's NTT form (CKKS ciphertexts are).
+        SEAL refuses residues not below their prime.
+        """
+        q = self.moduli(level)
+        n = self.params.poly_modulus_degree
+        if polys.shape != (2, len(q), n) or polys.dtype != np.uint64:
+            raise HeError(f"need uint64 residues of shape (2, {len(q)}, {n}), got {polys.shape}")
+        data = np.ascontiguousarray(polys, dtype="<u8").tobytes()
+        dyn = struct.pack("<Q", polys.size) + data
+        dyn = _header(16 + len(dyn)) + dyn
+        body = (
+            struct.pack("<4Q", *[int(w) for w in self.parms_id(level)])
+            + (b"\x01" if ntt else b"\x00")
+            + struct.pack("<QQQdQ", 2, n, len(q), float(scale), 1)
+            + dyn
+        )
+        blob = _header(16 + len(body)) + body
+        return _load(seal.Ciphertext(self.context), self.context, blob, "the residues")
 
     def encode(self, value: float | Sequence[float], level: int, scale: float) -> seal.Plaintext:
         """A scalar (to every slot) or a vector of at most ``slots`` values at ``scale``."""
@@ -217,10 +287,23 @@ class StudentKeys(_Context):
         return ct
 
     def decrypt(self, ct: seal.Ciphertext) -> NDArray[np.complex128]:
-        """All slots of ``ct`` (complex: the imaginary parts carry mask and noise too)."""
+        """All slots of ``ct``, decoded by SEAL in floating point (complex)."""
         pt = seal.Plaintext()
         self.decryptor.decrypt(ct, pt)
         return np.asarray(self.encoder.decode_complex(pt), dtype=np.complex128)
+
+    def decrypt_coefficients(self, ct: seal.Ciphertext) -> NDArray[np.uint64]:
+        """The decrypted polynomial exactly: its residues (primes, N) in coefficient form."""
+        pt = seal.Plaintext()
+        self.decryptor.decrypt(ct, pt)
+        level = self.level(ct)
+        ntt = read_polys(pt).reshape(len(self.moduli(level)), self.params.poly_modulus_degree)
+        # SEAL inverts the NTT only for ciphertexts, and only for non-transparent ones:
+        # carry the plaintext as the first part, ones as the second
+        tmp = self.ciphertext(np.stack([ntt, np.ones_like(ntt)]), level, ct.scale, ntt=True)
+        self.evaluator.transform_from_ntt_inplace(tmp)
+        coefficients: NDArray[np.uint64] = read_polys(tmp)[0]
+        return coefficients
 
 
 class PublicContext(_Context):

@@ -7,8 +7,12 @@ mounts it.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import platform
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -27,8 +31,9 @@ from capc.learning.diet import (
     save_body,
 )
 from capc.learning.pate import ACCOUNTANTS, ConfidentParams
-from capc.learning.simclr import PRECISIONS, PretrainConfig
-from capc.models import ARCHITECTURES
+from capc.learning.simclr import PRECISIONS, PretrainConfig, PretrainingPausedError
+from capc.models import ARCHITECTURES, load_teacher
+from capc.models.checkpoint import weights_sha256
 
 #: The experiment's defaults, so the command line and ``DietConfig`` cannot drift apart.
 DEFAULTS = DietConfig()
@@ -119,6 +124,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pre.add_argument("--classes", type=int, default=10, help="outputs of the (unused) head")
     pre.add_argument("--out", type=Path, required=True, help="checkpoint to write")
     pre.add_argument("--cache", type=Path, default=Path(".capc-cache"), help="pretrained bodies")
+    pre.add_argument(
+        "--half",
+        action="store_true",
+        help="store the body in float16 (half the bytes; loading upcasts it)",
+    )
+    pre.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="also write a JSON record of the body: this command, its configuration, the "
+        "file's and the weights' SHA-256, and the machine",
+    )
+    pre.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="minutes; pause there, keeping the state in the cache (the same command resumes; "
+        "exit status 3 while unfinished)",
+    )
     pre.set_defaults(handler=run_pretrain)
 
     r = dsub.add_parser("run", help="the central-mode DIET-PATE experiment (no services)")
@@ -198,12 +222,61 @@ def run_pretrain(args: argparse.Namespace) -> int:
     """Write a pretrained body as a model checkpoint with a card saying how it was made."""
     config = _body_config(args)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = pretrained_body(
-        config, args.cache, args.classes, lambda s: print(s, flush=True), device
-    )
-    save_body(args.out, model, config)
-    print(f"wrote {args.out}")
+    if args.time_limit is not None and not args.time_limit > 0:
+        print("error: --time-limit must be a positive number of minutes", file=sys.stderr)
+        return 2
+    deadline = None if args.time_limit is None else time.monotonic() + 60 * args.time_limit
+    try:
+        model = pretrained_body(
+            config, args.cache, args.classes, lambda s: print(s, flush=True), device, deadline
+        )
+    except PretrainingPausedError as paused:
+        print(str(paused), flush=True)
+        return 3
+    save_body(args.out, model, config, half=args.half)
+    digest = weights_sha256(model.features)
+    print(f"wrote {args.out} (weights SHA-256 {digest})")
+    if args.record is not None:
+        stored = load_teacher(args.out)
+        record = {
+            "command": pretrain_command(args),
+            "config": asdict(config),
+            "body_config_key": config.key,
+            "file_sha256": hashlib.sha256(args.out.read_bytes()).hexdigest(),
+            "weights_sha256": digest,
+            "stored_weights_sha256": weights_sha256(stored.model.features),
+            "stored": "float16" if args.half else "float32",
+            "architecture": config.architecture,
+            "width": config.width,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "device": device,
+            "machine": platform.processor() or platform.machine(),
+        }
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        args.record.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {args.record}")
     return 0
+
+
+def pretrain_command(args: argparse.Namespace) -> str:
+    """The ``capc diet pretrain`` command line that makes this body (every body option
+    spelt out; --out, --record, --cache and --time-limit left out, as they change nothing
+    in the weights)."""
+    parts = [
+        "capc diet pretrain",
+        f"--architecture {args.architecture}",
+        f"--width {args.width}",
+        f"--pretrain-steps {args.pretrain_steps}",
+        f"--pretrain-batch {args.pretrain_batch}",
+        f"--pretrain-precision {args.pretrain_precision}",
+        f"--pretrain-generators {','.join(args.pretrain_generators)}",
+        f"--pool {args.pool}",
+        f"--classes {args.classes}",
+    ]
+    if args.half:
+        parts.append("--half")
+    return " ".join(parts)
 
 
 def run_experiment(args: argparse.Namespace) -> int:

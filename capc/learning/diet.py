@@ -93,25 +93,40 @@ class BodyConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+#: Images generated at a time for a pretraining pool: a generator's working memory
+#: grows with its batch (16,000 fractals at once took 16 GB), its images do not
+#: depend on how their index range is split.
+POOL_CHUNK = 1000
+
+
 def synthetic_pool(config: BodyConfig) -> NDArray[np.float32]:
     """The pretraining images: ``pool`` images split evenly among ``generators``."""
     per = -(-config.pool // len(config.generators))
     return np.concatenate(
         [
-            Recipe(g, 10_000 + i, 0, per, config.input_shape).generate()
+            Recipe(g, 10_000 + i, lo, min(POOL_CHUNK, per - lo), config.input_shape).generate()
             for i, g in enumerate(config.generators)
+            for lo in range(0, per, POOL_CHUNK)
         ]
     )[: config.pool]
 
 
 def pretrained_body(
-    config: BodyConfig, cache: Path | None, num_classes: int, log: Log, device: str
+    config: BodyConfig,
+    cache: Path | None,
+    num_classes: int,
+    log: Log,
+    device: str,
+    deadline: float | None = None,
 ) -> Classifier:
     """The body pretrained on synthetic images, read from ``cache`` when it is there.
 
     Its initial weights come from ``config.pretrain.seed`` too, so a body is a
     function of its configuration (and of the thread count, which orders the
     floating-point sums), not of whatever drew from torch's generator before.
+    With a ``cache`` the pretraining is resumable (its state is kept beside the
+    body until it ends); ``deadline`` (``time.monotonic()`` seconds) pauses it
+    there with :class:`capc.learning.simclr.PretrainingPausedError`.
     """
     model = build(
         config.architecture,
@@ -130,21 +145,53 @@ def pretrained_body(
         f"pretraining {config.architecture} (width {config.width}) on {config.pool} synthetic "
         f"images ({', '.join(config.generators)}), {config.pretrain.steps} steps"
     )
-    pretrain(model, synthetic_pool(config), config.pretrain, log)
+    state = None if path is None else path.with_suffix(".state.pt")
+    if state is not None:
+        state.parent.mkdir(parents=True, exist_ok=True)
+    elif deadline is not None:
+        raise ValueError("a pretraining deadline needs a cache to keep its state in")
+    pool = _pool(config, path, deadline is not None)
+    pretrain(model, pool, config.pretrain, log, state=state, deadline=deadline)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(model.features.state_dict(), path)
+        path.with_suffix(".pool.npy").unlink(missing_ok=True)
+    if state is not None:
+        state.unlink(missing_ok=True)
     return model.eval()
 
 
-def save_body(path: Path, model: Classifier, config: BodyConfig) -> None:
-    """Write a pretrained body as a model checkpoint whose card says how it was made."""
-    card = {
+def _pool(config: BodyConfig, body: Path | None, pausable: bool) -> NDArray[np.float32]:
+    """The synthetic pool; a pretraining that may pause keeps it beside its state, since
+    generating 48,000 images costs minutes that each resumed part would pay again."""
+    kept = None if body is None else body.with_suffix(".pool.npy")
+    if kept is not None and kept.exists():
+        pool = np.load(kept)
+        if pool.shape == (config.pool, *config.input_shape):
+            return np.asarray(pool, dtype=np.float32)
+    pool = synthetic_pool(config)
+    if kept is not None and pausable:
+        np.save(kept, pool)
+    return pool
+
+
+def save_body(path: Path, model: Classifier, config: BodyConfig, half: bool = False) -> None:
+    """Write a pretrained body as a model checkpoint whose card says how it was made.
+
+    ``half``: store its floating-point tensors as float16, half the bytes (a body
+    shipped in a repository); loading upcasts them, so the body used is the
+    float16 rounding of the pretrained one.
+    """
+    card: dict[str, object] = {
         "kind": "pretrained body",
         "data": f"{config.pool} synthetic images ({', '.join(config.generators)}); no real data",
         "pretraining": {"method": "SimCLR", **config.pretrain.to_dict()},
         "note": "the head is untrained; fit the last layer before use",
+        "body_config_key": config.key,
     }
+    stored = copy.deepcopy(model).cpu()
+    if half:
+        card["stored"] = "float16 (the float16 rounding of the pretrained float32 weights)"
+        stored = stored.half()
     path.parent.mkdir(parents=True, exist_ok=True)
     save_teacher(
         path,
@@ -152,7 +199,7 @@ def save_body(path: Path, model: Classifier, config: BodyConfig) -> None:
             config.architecture,
             config.input_shape,
             model.head.out_features,
-            copy.deepcopy(model).cpu(),
+            stored,
             card,
             device="cpu",
             width=config.width,

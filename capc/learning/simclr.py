@@ -10,9 +10,12 @@ student without any privacy cost. The projection head is thrown away.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,6 +67,30 @@ class PretrainConfig:
         return asdict(self)
 
 
+class PretrainingPausedError(RuntimeError):
+    """Pretraining reached its deadline; its state is saved and the same call resumes it."""
+
+    def __init__(self, step: int, steps: int, state: Path) -> None:
+        super().__init__(
+            f"pretraining paused after step {step} of {steps}; its state is in {state}: "
+            "run the same command again to resume it"
+        )
+        self.step = step
+        self.steps = steps
+        self.state = state
+
+
+#: Steps between two saves of a resumable pretraining's state.
+SAVE_EVERY = 100
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    # Written beside the target and renamed, so a crash never leaves half a state.
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
 def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
     """NT-Xent loss of two (B, P) projections of the same B images (mean over 2B anchors, nats)."""
     if z1.shape != z2.shape or z1.ndim != 2:
@@ -84,12 +111,28 @@ def pretrain(
     pool: NDArray[np.float32],
     config: PretrainConfig = PretrainConfig(),
     log: Callable[[str], None] | None = None,
+    view: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+    *,
+    state: Path | None = None,
+    deadline: float | None = None,
 ) -> list[float]:
     """Train ``model.features`` in place on batches drawn from ``pool`` (N, C, H, W) in [0, 1].
 
+    ``view`` makes one random view of a batch (default :func:`capc.learning.augment.augment`
+    with ``config.augmentation``; label-DP's public pools pass views without flips).
     Returns the loss (nats) of every step. The head is left as it was; the
     model ends in evaluation mode on the device it started on.
+
+    ``state``: a file that makes the pretraining resumable. When it exists the
+    run continues from it (the body, projection, optimiser, schedule, random
+    generator and losses saved there), and it is rewritten every
+    :data:`SAVE_EVERY` steps; a resumed run computes what an uninterrupted one
+    does. ``deadline`` (``time.monotonic()`` seconds; needs ``state``): past
+    it, the state is saved and :class:`PretrainingPausedError` raised, so a long
+    pretraining can run as several bounded jobs.
     """
+    if deadline is not None and state is None:
+        raise ValueError("a pretraining deadline needs a state file to resume from")
     if pool.ndim != 4 or len(pool) < config.batch:
         raise ValueError(
             f"the pool must hold at least one batch of (N, C, H, W) images, got {pool.shape}"
@@ -111,14 +154,52 @@ def pretrain(
     # torch's stubs leave out Module.to's memory_format keyword.
     model.to(memory_format=layout)  # type: ignore[call-overload]
     losses: list[float] = []
+    first = 0
+    if state is not None and state.exists():
+        saved = torch.load(state, map_location=dev, weights_only=True)
+        if saved["config"] != repr(config) or int(saved["pool"]) != len(pool):
+            raise ValueError(
+                f"{state} belongs to another pretraining ({saved['config']}, pool "
+                f"{saved['pool']}); remove it or name another state file"
+            )
+        model.features.load_state_dict(saved["features"])
+        projection.load_state_dict(saved["projection"])
+        opt.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        gen.set_state(saved["generator"])
+        losses = [float(v) for v in saved["losses"].tolist()]
+        first = int(saved["step"])
+        if log is not None:
+            log(f"pretraining resumed at step {first + 1}/{config.steps} from {state}")
+
+    def save(step: int) -> None:
+        assert state is not None
+        _save_state(
+            state,
+            {
+                "config": repr(config),
+                "pool": len(pool),
+                "step": step,
+                "features": model.features.state_dict(),
+                "projection": projection.state_dict(),
+                "optimizer": opt.state_dict(),
+                "schedule": schedule.state_dict(),
+                "generator": gen.get_state(),
+                "losses": torch.tensor(losses, dtype=torch.float64),
+            },
+        )
+
     start = time.perf_counter()
     model.train()
     try:
-        for step in range(config.steps):
+        for step in range(first, config.steps):
+            if deadline is not None and time.monotonic() >= deadline and step > first:
+                save(step)
+                raise PretrainingPausedError(step, config.steps, state)  # type: ignore[arg-type]
             idx = torch.randint(0, len(images), (config.batch,), generator=gen)
             x = images[idx]
             v1, v2 = (
-                augment(x, gen, config.augmentation)
+                (augment(x, gen, config.augmentation) if view is None else view(x, gen))
                 .contiguous(memory_format=layout)
                 .to(dev, non_blocking=True)
                 for _ in range(2)
@@ -136,6 +217,8 @@ def pretrain(
                     f"pretraining step {step + 1}/{config.steps}: loss {losses[-1]:.3f} "
                     f"({time.perf_counter() - start:.0f} s)"
                 )
+            if state is not None and (step + 1) % SAVE_EVERY == 0 and step + 1 < config.steps:
+                save(step + 1)
     finally:
         model.to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]
         model.eval()

@@ -11,22 +11,22 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
 from capc.learning.last_layer import fit_linear
+from capc.models.ensemble import (
+    TeacherEnsemble,
+    ensemble_outputs,
+    hard,
+    head_outputs,
+    statistics_of,
+)
 from capc.models.inference import features, recalibrate
 from capc.models.registry import Classifier
-
-
-def _statistics(model: Classifier) -> dict[str, torch.Tensor]:
-    return {
-        k: v.detach().clone()
-        for k, v in model.state_dict().items()
-        if k.endswith(("running_mean", "running_var", "num_batches_tracked"))
-    }
 
 
 @dataclass
@@ -55,12 +55,32 @@ class HeadEnsemble:
             model.head.bias.copy_(self.biases[i])
         return model.to(next(self.body.parameters()).device).eval()
 
+    def checkpoint(
+        self,
+        architecture: str,
+        input_shape: tuple[int, ...],
+        width: int | None,
+        card: dict[str, Any],
+    ) -> TeacherEnsemble:
+        """The teachers as one party's ensemble checkpoint (:mod:`capc.models.ensemble`)."""
+        return TeacherEnsemble(
+            architecture,
+            input_shape,
+            int(self.weights.shape[1]),
+            copy.deepcopy(self.body).cpu(),
+            self.statistics,
+            self.weights.detach().cpu(),
+            self.biases.detach().cpu(),
+            card,
+            width=width,
+            device="cpu",
+        )
+
     def classes_of(self, feats: torch.Tensor) -> NDArray[np.int64]:
         """Every teacher's class for (N, D) body features that do not depend on a
         teacher's statistics (current statistics): (N, T). Callers that already hold
         the features of a query batch save a pass through the body."""
-        out = torch.einsum("nd,tkd->ntk", feats, self.weights) + self.biases[None]
-        return out.argmax(dim=2).numpy().astype(np.int64)
+        return hard(head_outputs(feats, self.weights, self.biases), multi_label=False)
 
     def predictions(
         self, x: NDArray[np.float32], *, current_statistics: bool, batch: int = 512
@@ -71,18 +91,16 @@ class HeadEnsemble:
         stored statistics, so they are computed once for all; otherwise once
         per teacher with its own statistics. ``batch``: inputs per BatchNorm batch.
         """
-        if current_statistics:
-            return self.classes_of(features(self.body, x, current_statistics=True, batch=batch))
-        saved = _statistics(self.body)
-        preds = []
-        try:
-            for i, stats in enumerate(self.statistics):
-                self.body.load_state_dict(stats, strict=False)
-                f = features(self.body, x, current_statistics=False, batch=batch)
-                preds.append((f @ self.weights[i].T + self.biases[i]).argmax(dim=1))
-        finally:
-            self.body.load_state_dict(saved, strict=False)
-        return torch.stack(preds, dim=1).numpy().astype(np.int64)
+        out = ensemble_outputs(
+            self.body,
+            self.statistics,
+            self.weights,
+            self.biases,
+            x,
+            current_statistics=current_statistics,
+            batch=batch,
+        )
+        return hard(out, multi_label=False)
 
 
 def fit_head_ensemble(
@@ -100,14 +118,14 @@ def fit_head_ensemble(
     a larger one keeps small hospitals' heads from fitting noise.
     """
     outputs = body.head.out_features
-    saved = _statistics(body)
+    saved = statistics_of(body)
     stats, weights, biases = [], [], []
     try:
         for p in partitions:
             if len(p) < 2:
                 raise ValueError("every hospital needs at least two examples")
             recalibrate(body, x[p])
-            stats.append(_statistics(body))
+            stats.append(statistics_of(body))
             head = fit_linear(features(body, x[p]), y[p], outputs, l2=l2)
             weights.append(head.weight.detach())
             biases.append(head.bias.detach())

@@ -199,6 +199,39 @@ class Mechanism(ABC):
             unit = unit * mask[:, None]
         return np.floor(unit * (weight * (1 << frac_bits))).astype(np.uint64)
 
+    def encode_ensemble_votes(
+        self,
+        predictions: ArrayLike,
+        *,
+        weight: float = 1.0,
+        frac_bits: int = 0,
+        participation: ArrayLike | None = None,
+    ) -> U64:
+        """One party's votes for the predictions of its m teachers: (B, m) classes, or
+        (B, m, k) labels for a multi-label mechanism -> (B, vote_width) uint64.
+
+        The sum of each teacher's :meth:`encode_votes`: every teacher's vote is
+        encoded (scaled, clipped, rounded down) on its own, so a record, which
+        sits in one teacher's data, moves the party's counts by at most one
+        teacher's vote, and the party's privacy event is that of one teacher
+        (:meth:`event` at the party's weight). On the circuit's side the party's
+        counts of a query total m times its weight, at most.
+        """
+        p = np.asarray(predictions)
+        lo = 3 if self.multi_label else 2
+        if p.ndim != lo or p.shape[1] < 1:
+            shape = "(B, m, k) labels" if self.multi_label else "(B, m) classes"
+            raise MechanismError(
+                f"{self.name} takes an ensemble's predictions as {shape} (m >= 1), got "
+                f"shape {p.shape}"
+            )
+        total = np.zeros((p.shape[0], self.vote_width), dtype=np.uint64)
+        for t in range(p.shape[1]):
+            total += self.encode_votes(
+                p[:, t], weight=weight, frac_bits=frac_bits, participation=participation
+            )
+        return total
+
     def summed_votes(self, predictions: ArrayLike) -> FloatArray:
         """Plain histogram of several teachers' predictions: (B, teachers[, k]) -> (B, vote_width)."""
         p = np.asarray(predictions)

@@ -103,8 +103,9 @@ def save_teacher(path: Path | BinaryIO, teacher: Teacher) -> None:
     )
 
 
-def load_teacher(path: Path) -> Teacher:
-    """Load a checkpoint written by :func:`save_teacher`; raises ValueError with the reason."""
+def load_teacher(path: Path | BinaryIO) -> Teacher:
+    """Load a checkpoint written by :func:`save_teacher` (a path or an open file); raises
+    ValueError with the reason."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
         width = data.get("width")

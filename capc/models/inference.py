@@ -123,3 +123,55 @@ def recalibrate(model: nn.Module, x: NDArray[np.float32], batch: int = 256) -> N
         for m, momentum in zip(norms, saved, strict=True):
             m.momentum = momentum
         model.eval()
+
+
+def reference_statistics(model: nn.Module, reference: NDArray[np.float32]) -> None:
+    """Store in every BatchNorm of ``model`` the statistics that the ``reference`` batch
+    (R, *input_shape) sees under current statistics: afterwards, in evaluation mode,
+    ``model`` normalises every input as it normalised the reference batch's own.
+
+    A current-statistics model (a DIET student) reads each input through the
+    statistics of the batch it arrives in, so what it predicts for one record
+    would depend on the other records of the request, and a batch of one has no
+    statistics at all. With the reference batch's statistics stored, a prediction
+    is a function of its record alone, the same in a batch of 1 as in one of 256.
+    ``reference`` should be unlabelled records drawn as the deployed inputs are
+    (R of at least 16; the DIET paper's smallest batch); it costs no labels.
+
+    The reference passes through in one batch, layer after layer, as in current
+    statistics; each layer's variance is stored biased (what batch normalisation
+    divides by in training mode), not the unbiased running estimate.
+    """
+    x = np.asarray(reference, dtype=np.float32)
+    if len(x) < 2:
+        raise ValueError(f"a reference batch needs at least 2 records, got {len(x)}")
+    if not np.isfinite(x).all():
+        raise ValueError("the reference batch contains NaN or infinity")
+    norms = norm_layers(model)
+    counts: dict[nn.Module, int] = {}
+
+    def count(m: nn.Module, inputs: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
+        t = inputs[0]
+        counts[m] = t.numel() // t.shape[1]
+
+    hooks = [m.register_forward_hook(count) for m in norms]
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over one batch: that batch's statistics
+    model.train()
+    try:
+        with torch.no_grad():
+            model(torch.from_numpy(x).to(device_of(model)))
+    finally:
+        for h in hooks:
+            h.remove()
+        for m, momentum in zip(norms, saved, strict=True):
+            m.momentum = momentum
+        model.eval()
+    for m in norms:
+        n = counts.get(m, 0)
+        if m.running_var is None or n < 2:
+            raise ValueError("the reference batch did not reach every BatchNorm layer")
+        with torch.no_grad():
+            m.running_var.mul_((n - 1) / n)

@@ -4,6 +4,7 @@
     capcctl jobs submit --file queries.npz
     capcctl jobs watch ID | show ID | list | results ID -o labelled.npz
     capcctl models train JOB... | show ID | list | download ID -o student.pt
+    capcctl models predict ID records.json|records.npy
     capcctl budget | parties | ledger [--party P] | audit | set-cap PARTY EPS
 
 The gateway, token and CA come from --url/--token/--ca or CAPC_URL/CAPC_TOKEN/
@@ -121,7 +122,14 @@ def cmd_jobs_results(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_models_train(client: Client, args: argparse.Namespace) -> int:
-    model = client.train(args.jobs, args.architecture, args.epochs, args.seed)
+    model = client.train(
+        args.jobs,
+        args.architecture,
+        args.epochs,
+        args.seed,
+        l2=args.l2,
+        semi_supervised=args.semi_supervised,
+    )
     if args.wait:
         model = client.wait_model(model.id)
     _print(args, model, [f"{model.id}  {model.state}  {json.dumps(model.metrics)} {model.error}"])
@@ -144,6 +152,39 @@ def cmd_models_download(client: Client, args: argparse.Namespace) -> int:
     path = client.download_model(args.id, args.output)
     card = client.model_card(args.id)
     _print(args, {"path": str(path), "card": card}, [f"wrote {path}", json.dumps(card, indent=2)])
+    return 0
+
+
+def _records(path: Path) -> Any:
+    """Records from a .json file (a list of records, or one record) or, where numpy is
+    installed, an .npy file or an .npz file's ``x``."""
+    if path.suffix in (".npy", ".npz"):
+        try:
+            import numpy as np  # optional: the light client does not depend on it
+        except ImportError:
+            raise SystemExit(
+                f"capcctl: reading {path.suffix} files needs numpy; install it or pass a .json "
+                "file of records"
+            ) from None
+        with open(path, "rb") as f:
+            data = np.load(f, allow_pickle=False)
+            return data["x"] if path.suffix == ".npz" else data
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"capcctl: cannot read records from {path}: {err}") from None
+
+
+def cmd_models_predict(client: Client, args: argparse.Namespace) -> int:
+    records = _records(args.records)
+    if args.one:
+        records = [records]
+    out = client.predict(args.id, records)
+    lines = [
+        f"{i:6}  {label}  {max(scores):.3f}"
+        for i, (label, scores) in enumerate(zip(out.labels, out.scores, strict=True))
+    ]
+    _print(args, out, lines)
     return 0
 
 
@@ -188,6 +229,18 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> int:
     ]
     _print(args, page, lines)
     return 0 if page.chain_valid else 1
+
+
+def cmd_privacy_audits(client: Client, args: argparse.Namespace) -> int:
+    audits = client.privacy_audits(args.party, args.limit)
+    lines = [
+        f"{a.party:16} claimed {a.claimed_epsilon:.4g}  empirical >= {a.empirical_lower:.3f} "
+        f"(95% up to {'inf' if a.empirical_upper is None else f'{a.empirical_upper:.2f}'})  "
+        f"{a.correct}/{a.guesses}/{a.canaries}  {'REFUTED' if a.refuted else 'consistent'}  {a.at}"
+        for a in audits
+    ]
+    _print(args, audits, lines or ["no privacy audits"])
+    return 1 if any(a.refuted for a in audits) else 0
 
 
 def cmd_set_cap(client: Client, args: argparse.Namespace) -> int:
@@ -266,7 +319,31 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, default=10)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--wait", action="store_true")
+    train.add_argument(
+        "--l2", type=float, default=None, help="pretrained students: the head's L2 penalty"
+    )
+    train.add_argument(
+        "--semi-supervised",
+        choices=["none", "self-training", "pseudo-labels"],
+        default="none",
+        help="also learn from the jobs' unanswered queries: a pretrained student's head by "
+        "self-training or pseudo-labels; a student trained from scratch by FixMatch "
+        "(pseudo-labels, image tasks)",
+    )
     train.set_defaults(run=cmd_models_train)
+    predict = models.add_parser(
+        "predict",
+        parents=[common],
+        help="predict records with a trained model (each record on its own)",
+    )
+    predict.add_argument("id")
+    predict.add_argument(
+        "records",
+        type=Path,
+        help=".json list of records (or .npy, .npz with x, where numpy is installed)",
+    )
+    predict.add_argument("--one", action="store_true", help="the file holds a single record")
+    predict.set_defaults(run=cmd_models_predict)
     show = models.add_parser("show", parents=[common])
     show.add_argument("id")
     show.set_defaults(run=cmd_models_show)
@@ -292,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--limit", type=int, default=50)
     audit.add_argument("--offset", type=int, default=0)
     audit.set_defaults(run=cmd_audit)
+    pa = sub.add_parser(
+        "privacy-audits",
+        parents=[common],
+        help="claimed against empirical epsilon (canary audits); exit 1 if one refutes its claim",
+    )
+    pa.add_argument("--party")
+    pa.add_argument("--limit", type=int, default=100)
+    pa.set_defaults(run=cmd_privacy_audits)
     cap = sub.add_parser("set-cap", parents=[common], help="set a party's epsilon cap (admin)")
     cap.add_argument("party")
     cap.add_argument("epsilon", type=float)

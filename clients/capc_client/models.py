@@ -47,10 +47,19 @@ class StudentModel(_Model):
     metrics: dict[str, Any]
     error: str
     created_at: str
+    options: dict[str, Any] = {}
 
     @property
     def finished(self) -> bool:
         return self.state in ("done", "failed")
+
+
+class Prediction(_Model):
+    """A student model's predictions, one per record, each independent of the others."""
+
+    model: str
+    labels: list[int] | list[list[int]]
+    scores: list[list[float]]
 
 
 class Party(_Model):
@@ -67,6 +76,7 @@ class Party(_Model):
     vote_weight: float = 1.0
     participation: float = 1.0
     queries_left: int | None = None
+    teachers: int = 0
 
 
 class Budget(_Model):
@@ -129,6 +139,27 @@ class AuditEntry(_Model):
     action: str
     detail: dict[str, Any]
     hash: str
+
+
+class PrivacyAudit(_Model):
+    """A canary audit of one party beside the epsilon its ledger claimed (nats)."""
+
+    id: int
+    party: str
+    at: str
+    actor: str
+    attack: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    delta: float
+    accountant: str
+    claimed_epsilon: float
+    empirical_lower: float
+    empirical_point: float | None
+    empirical_upper: float | None
+    refuted: bool
 
 
 class AuditPage(_Model):

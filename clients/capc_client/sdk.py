@@ -21,6 +21,8 @@ from capc_client.models import (
     Job,
     LedgerPage,
     Party,
+    Prediction,
+    PrivacyAudit,
     StudentModel,
 )
 
@@ -267,9 +269,31 @@ class Client:
         architecture: str | None = None,
         epochs: int = 10,
         seed: int = 0,
+        *,
+        l2: float | None = None,
+        semi_supervised: str = "none",
     ) -> StudentModel:
-        body = {"job_ids": job_ids, "architecture": architecture, "epochs": epochs, "seed": seed}
+        """Train a student on finished jobs. A pretrained student's head takes ``l2`` (None:
+        the student's default) and ``semi_supervised``: "none", "self-training" or
+        "pseudo-labels" (also learning from the jobs' unanswered queries)."""
+        body: dict[str, Any] = {
+            "job_ids": job_ids,
+            "architecture": architecture,
+            "epochs": epochs,
+            "seed": seed,
+            "semi_supervised": semi_supervised,
+        }
+        if l2 is not None:
+            body["l2"] = l2
         return StudentModel.model_validate(self._request("POST", "/v1/models", json=body).json())
+
+    def predict(self, model_id: str, records: Any) -> Prediction:
+        """Predictions of a trained model for ``records``: a sequence of N records, each a
+        nested sequence (or array) of the task's input shape. Each record's prediction
+        depends on that record alone, so one record may be sent at a time."""
+        rows = records.tolist() if hasattr(records, "tolist") else list(records)
+        response = self._request("POST", f"/v1/models/{model_id}/predict", json={"records": rows})
+        return Prediction.model_validate(response.json())
 
     def model(self, model_id: str) -> StudentModel:
         return self._get(StudentModel, f"/v1/models/{model_id}")
@@ -321,6 +345,14 @@ class Client:
 
     def audit(self, limit: int = 100, offset: int = 0) -> AuditPage:
         return self._get(AuditPage, "/v1/admin/audit", limit=limit, offset=offset)
+
+    def privacy_audits(self, party: str | None = None, limit: int = 100) -> list[PrivacyAudit]:
+        """Empirical canary audits beside each party's claimed epsilon, newest first."""
+        params: dict[str, Any] = {"limit": limit}
+        if party is not None:
+            params["party"] = party
+        body = self._request("GET", "/v1/admin/privacy-audits", params=params).json()
+        return [PrivacyAudit.model_validate(a) for a in body["audits"]]
 
     def set_cap(self, party: str, epsilon_cap: float) -> Party:
         response = self._request(

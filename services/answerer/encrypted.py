@@ -3,10 +3,12 @@
 Over the sealed relay channel (:mod:`services.common.relay`) the party
 receives the student's public context (unless cached under its id) and the
 round's ciphertexts, checks them against the hashes the round names,
-evaluates its HE-friendly teacher (:mod:`capc.he`), re-randomises and masks
-the logits, returns them, and runs the logits-to-shares 2PC as garbler. Its
-fresh output share becomes its guardian share; the student's output is the
-other share of the same one-hot vote, exactly as in plain mode.
+evaluates its HE-friendly teacher (:mod:`capc.he`), re-randomises the
+logits and masks them uniformly modulo the whole output modulus
+(:mod:`capc.he.masking`), returns them, and runs the logits-to-shares 2PC as
+garbler on the slots the round's declared batch pays for, and no others.
+Its fresh output share becomes its guardian share; the student's output is
+the other share of the same one-hot vote, exactly as in plain mode.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import tenseal.sealapi as seal
 from numpy.typing import NDArray
 
 from capc.he.batched import BatchedEvaluator
 from capc.he.ckks import MAX_CIPHERTEXT_BYTES, MAX_CONTEXT_BYTES, PublicContext, to_bytes
-from capc.he.masking import FIXED_BITS, mask_batched, mask_single, to_fixed
+from capc.he.masking import mask_batched, mask_single
 from capc.he.plan import Plan, compile_model
 from capc.he.single import SingleEvaluator
 from capc.models import Teacher
@@ -45,6 +48,31 @@ class Answer:
 
     share: NDArray[np.uint64]
     ciphertext_hash: bytes
+
+
+def evaluate_and_mask(
+    ctx: PublicContext,
+    evaluator: BatchedEvaluator | SingleEvaluator,
+    cts: list[seal.Ciphertext],
+    batch: int,
+    rng: SecureRandom,
+) -> tuple[list[seal.Ciphertext], NDArray[np.uint64]]:
+    """The party's work on one round's checked ciphertexts: what goes back, and its 2PC masks.
+
+    Returns the masked logit ciphertexts (K batched, or one per query) and the
+    garbler masks (batch, K) of the ``batch`` queries the round declares.
+    Every slot of every returned ciphertext is masked, and only the declared
+    queries' slots are decoded: a batched round decodes the first ``batch``
+    slots, whatever the other slots hold.
+    """
+    if isinstance(evaluator, BatchedEvaluator):
+        outputs = evaluator.evaluate(cts)
+        return outputs, mask_batched(ctx, outputs, batch, rng)
+    per = evaluator.layout.input_ciphertexts
+    if len(cts) != batch * per:
+        raise ValueError(f"{batch} queries take {batch * per} ciphertexts, got {len(cts)}")
+    outputs = [evaluator.evaluate(cts[q * per : (q + 1) * per]) for q in range(batch)]
+    return outputs, mask_single(ctx, outputs, evaluator.layout.plan.num_classes, rng)
 
 
 class EncryptedAnswerer:
@@ -127,19 +155,11 @@ class EncryptedAnswerer:
         if digest.digest() != batch.ciphertext_hash:
             raise ValueError("the ciphertexts received do not match the hash the round names")
         b, k = int(batch.batch), plan.num_classes
-        if isinstance(evaluator, BatchedEvaluator):
-            outputs = evaluator.evaluate(cts)
-            masks = mask_batched(ctx, outputs, b, self._rng)
-        else:
-            per = evaluator.layout.input_ciphertexts
-            if len(cts) != b * per:
-                raise ValueError(f"{b} queries take {b * per} ciphertexts, got {len(cts)}")
-            outputs = [evaluator.evaluate(cts[q * per : (q + 1) * per]) for q in range(b)]
-            masks = np.concatenate([mask_single(ctx, ct, k, self._rng) for ct in outputs])
+        outputs, masks = evaluate_and_mask(ctx, evaluator, cts, b, self._rng)
         for ct in outputs:
             channel.send_blob(to_bytes(ct))
         share = self._rng.uint64((b, k))
-        spec = LogitsToShares(k, FIXED_BITS)
+        spec = LogitsToShares(k, ctx.params.share_bits)
         session = GarblerSession(
             channel,
             session_id(work.round_id, self.name, hello),
@@ -147,9 +167,7 @@ class EncryptedAnswerer:
             max_frame=CHUNK,
         )
         session.setup()
-        session.run_round(
-            work.round_id, spec.circuit(), spec.garbler_inputs(to_fixed(masks), share), b
-        )
+        session.run_round(work.round_id, spec.circuit(), spec.garbler_inputs(masks, share), b)
         return Answer(share, digest.digest())
 
     def _evaluator(

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from capc.models import load_teacher
+from capc.models.ensemble import Voters
 from services.answerer.party import AnsweringParty
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
@@ -20,7 +20,13 @@ STATUS_EVERY_S = 5.0
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("answerer", help="run a hospital's answering party")
     p.add_argument(
-        "--model", type=Path, required=True, help="teacher checkpoint (capc.models.save_teacher)"
+        "--model",
+        type=Path,
+        required=True,
+        action="append",
+        help="a teacher checkpoint (capc.models.save_teacher) or an ensemble of teachers "
+        "(capc.models.ensemble.save_ensemble); repeat it to vote with several: the party "
+        "sends the sum of all its teachers' votes",
     )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
     p.add_argument(
@@ -50,13 +56,13 @@ def run(args: argparse.Namespace) -> int:
         print("error: --status-file reports one party; give one --name with it", file=sys.stderr)
         return 2
     try:
-        teacher = load_teacher(args.model)
+        voters = Voters.load(args.model)
         parties = []
         for name in names:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, name)
             if files is not None:
                 files.read()
-            parties.append(AnsweringParty(name, teacher, args.guardian, files, args.server_name))
+            parties.append(AnsweringParty(name, voters, args.guardian, files, args.server_name))
     except (ValueError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -65,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(
         f"answering part{'y' if len(names) == 1 else 'ies'} {', '.join(names)} dialling "
-        f"{args.guardian} ({teacher.architecture}, device {teacher.device})",
+        f"{args.guardian} ({len(voters)} {'teacher' if len(voters) == 1 else 'teachers'}: "
+        f"{voters.architecture}, device {voters.device})",
         flush=True,
     )
     if args.status_file is not None:

@@ -1,13 +1,16 @@
 """An answering party: dials out to the guardian, answers rounds with vote shares.
 
-The hospital opens no port. It keeps one Connect stream to the guardian;
+The hospital opens no port. It keeps one Connect stream to the guardian,
+opened by a Register message with one entry per teacher it votes with;
 when the stream breaks (guardian restart, network) it reconnects with
 exponential backoff and jitter, so the hospital never needs a restart.
-For each round it runs batched inference, turns predictions into the votes
-the round's mechanism asks for (one-hot, k-hot, tau-clipped or one-hot over
-label subsets; weighted and zeroed where it sits a query out under
-personalized budgets), and sends the guardian share in the clear and the seed sealed to the
-student (capc.mpc.votes). Encrypted rounds run through
+For each round it runs batched inference with every teacher (one, or an
+ensemble of m: :class:`capc.models.ensemble.Voters`), turns each teacher's
+predictions into the votes the round's mechanism asks for (one-hot, k-hot,
+tau-clipped or one-hot over label subsets; weighted and zeroed where it sits
+a query out under personalized budgets), sums them over its teachers, and
+sends the guardian share in the clear and the seed sealed to the student
+(capc.mpc.votes). Encrypted rounds run through
 :mod:`services.answerer.encrypted` over a sealed channel to the student.
 """
 
@@ -24,6 +27,7 @@ import grpc
 import numpy as np
 
 from capc.models import Teacher
+from capc.models.ensemble import Voters
 from capc.mpc.votes import share_votes
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
@@ -50,14 +54,14 @@ class AnsweringParty:
     def __init__(
         self,
         name: str,
-        teacher: Teacher,
+        teacher: Teacher | Voters,
         guardian: str,
         files: tls.TLSFiles | None,
         server_name: str | None = None,
         max_backoff: float = 30.0,
     ) -> None:
         self.name = name
-        self.teacher = teacher
+        self.voters = teacher if isinstance(teacher, Voters) else Voters([teacher])
         self.guardian = guardian
         self.files = files
         self.server_name = server_name
@@ -65,9 +69,13 @@ class AnsweringParty:
         self.rounds_answered = 0
         self.connected = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="capc-inference")
-        self._encrypted = EncryptedAnswerer(name, teacher)
+        single = self.voters.single
+        # Encrypted rounds evaluate one HE-friendly teacher; an ensemble answers plain ones.
+        self._encrypted = None if single is None else EncryptedAnswerer(name, single)
         # Encrypted rounds in progress: relayed frames from the student go to their channel.
         self._relays: dict[int, RelayChannel] = {}
+        # Hashing every teacher takes a while for a large ensemble: once, not per connection.
+        self._infos = self.voters.infos()
 
     def _header(self, task: str = "") -> common_pb2.Header:
         return protocol.header(task)
@@ -104,15 +112,18 @@ class AnsweringParty:
     def _session(self, stop: threading.Event) -> None:
         channel = tls.secure_channel(self.guardian, self.files, self.server_name, role="guardian")
         outgoing: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(PARTY_OUTGOING_MESSAGES)
-        info = guardian_pb2.TeacherInfo(
-            architecture=self.teacher.architecture,
-            input_shape=list(self.teacher.input_shape),
-            num_classes=self.teacher.num_classes,
-            model_hash=self.teacher.model_hash,
-        )
+        infos = [
+            guardian_pb2.TeacherInfo(
+                architecture=architecture,
+                input_shape=list(self.voters.input_shape),
+                num_classes=self.voters.num_classes,
+                model_hash=model_hash,
+            )
+            for architecture, model_hash in self._infos
+        ]
         outgoing.put(
             guardian_pb2.PartyMessage(
-                header=self._header(), register=guardian_pb2.Register(teachers=[info])
+                header=self._header(), register=guardian_pb2.Register(teachers=infos)
             )
         )
 
@@ -195,19 +206,24 @@ class AnsweringParty:
             if source == "encrypted":
                 self._answer_encrypted(work, task, outgoing)
                 return
+            if work.teachers and work.teachers != len(self.voters):
+                raise ValueError(
+                    f"the guardian counts this party with {work.teachers} teachers, it votes "
+                    f"with {len(self.voters)}; reconnect so that it registers them"
+                )
             if source == "recipe":
                 # Synthetic queries: regenerate, check the hash, normalise with their own statistics.
                 x = regenerate(work.queries.recipe)
-                preds = self.teacher.predict(x, current_statistics=True)
+                preds = self.voters.predict(x, current_statistics=True)
             elif source == "tensor":
-                # The guardian checks the batch too; this party checks it against its own teacher.
+                # The guardian checks the batch too; this party checks it against its own teachers.
                 x = serde.queries_from_proto(
-                    work.queries.tensor, self.teacher.input_shape, MAX_BATCH
+                    work.queries.tensor, self.voters.input_shape, MAX_BATCH
                 )
-                preds = self.teacher.predict(x)
+                preds = self.voters.predict(x)
             else:
                 raise ValueError("this party answers float32 tensors and recipes")
-            votes = round_votes(work, preds, self.teacher.num_classes)
+            votes = round_votes(work, preds, self.voters.num_classes)
             share, sealed = share_votes(
                 votes, bytes(work.student_public_key), work.round_id, self.name
             )
@@ -241,6 +257,11 @@ class AnsweringParty:
             )
             outgoing.put(guardian_pb2.PartyMessage(header=header, relay=frame))
 
+        if self._encrypted is None:
+            raise ValueError(
+                f"encrypted rounds evaluate one HE-friendly teacher; this party votes with "
+                f"{len(self.voters)}"
+            )
         channel, key = RelayChannel.for_party(
             bytes(work.student_public_key), work.round_id, self.name, send
         )
@@ -262,12 +283,13 @@ class AnsweringParty:
 
 
 def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int) -> np.ndarray:
-    """The votes (B, width) uint64 a round asks for, from this teacher's predictions."""
+    """The votes (B, width) uint64 a round asks for: the sum over this party's teachers of
+    each one's encoded vote. ``predictions``: (B, m) classes or (B, m, k) labels."""
     mech = mechanism_from_proto(work.mechanism)
     if mech.outputs != outputs:
-        raise ValueError(f"the task has {mech.outputs} outputs, this teacher {outputs}")
+        raise ValueError(f"the task has {mech.outputs} outputs, this party's teachers {outputs}")
     participation = serde.participation_from_bytes(work.participation, len(predictions))
-    return mech.encode_votes(
+    return mech.encode_ensemble_votes(
         predictions,
         weight=work.vote_weight,
         frac_bits=work.frac_bits,

@@ -43,6 +43,27 @@ RESULTS_PAGE = 4096
 MAX_LIST_PAGE = 1000
 DEFAULT_LIST_PAGE = 100
 
+#: Teachers one answering party may vote with (an ensemble): the circuit's word
+#: grows with the log of the consortium's total, and a party registers one
+#: TeacherInfo per teacher.
+MAX_TEACHERS_PER_PARTY = 1024
+
+#: Parties one round request may leave out (the CaPC loop: a querying hospital
+#: names its own answering party): the consortium's size is far below it.
+MAX_EXCLUDED = 1024
+
+#: Records in one prediction request: 4,096 (3, 32, 32) float32 records are 50 MB,
+#: under MAX_MESSAGE_BYTES, and a forward pass over them takes seconds on a CPU.
+MAX_PREDICT_RECORDS = 4096
+
+#: Records of a student's reference batch, whose statistics a current-statistics
+#: model stores (capc.models.inference.reference_statistics): passed through the
+#: body in one batch, so it is bounded like a round.
+MAX_REFERENCE_RECORDS = 1024
+
+#: Student models whose weights the student party keeps loaded for predictions.
+PREDICT_CACHE_MODELS = 4
+
 #: Training epochs of a student model: 200 bounds one training job's time.
 MAX_EPOCHS = 200
 DEFAULT_EPOCHS = 10

@@ -206,10 +206,11 @@ class TaskConfig:
             raise TaskError(f"task {self.name!r}: {err}") from err
         return self if mech is self.mechanism else dataclasses.replace(self, mechanism=mech)
 
-    def circuit_spec(self, parties: int, vote_total: float | None = None) -> CircuitSpec:
-        """The round's circuit for ``parties`` voters. ``vote_total``: the sum of their weights
-        (the guardian's; the student may leave it out)."""
-        return self.mechanism.circuit(parties * self.max_weight, vote_total, self.frac_bits)
+    def circuit_spec(self, voters: int, vote_total: float | None = None) -> CircuitSpec:
+        """The round's circuit for ``voters`` teachers (every party's, summed: a party with an
+        ensemble of m teachers counts m). ``vote_total``: the sum of their weights (the
+        guardian's; the student may leave it out)."""
+        return self.mechanism.circuit(voters * self.max_weight, vote_total, self.frac_bits)
 
     def decode(self, spec: CircuitSpec, outputs: dict[str, NDArray[np.uint64]]) -> Labels:
         """The student's circuit outputs -> labels: (B,) classes, or (B, k) 0/1 for multi-label;

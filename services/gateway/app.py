@@ -183,6 +183,17 @@ def fields(msg: ProtoMessage, **overrides: Any) -> dict[str, Any]:
     return out
 
 
+def privacy_audit_out(a: guardian_pb2.PrivacyAudit) -> schemas.PrivacyAuditOut:
+    """An audit, with its unbounded ends (absent in the message) as null."""
+    return schemas.PrivacyAuditOut(
+        **fields(
+            a,
+            empirical_point=a.empirical_point if a.HasField("empirical_point") else None,
+            empirical_upper=a.empirical_upper if a.HasField("empirical_upper") else None,
+        )
+    )
+
+
 def job_out(job: student_pb2.Job) -> schemas.JobOut:
     return schemas.JobOut(
         **fields(
@@ -200,7 +211,13 @@ def job_out(job: student_pb2.Job) -> schemas.JobOut:
 
 
 def model_out(model: student_pb2.StudentModel) -> schemas.ModelOut:
-    return schemas.ModelOut(**fields(model, metrics=json.loads(model.metrics_json or "{}")))
+    return schemas.ModelOut(
+        **fields(
+            model,
+            metrics=json.loads(model.metrics_json or "{}"),
+            options=json.loads(model.options_json or "{}"),
+        )
+    )
 
 
 def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
@@ -460,6 +477,8 @@ def create_app(
                 architecture=body.architecture or "",
                 epochs=body.epochs,
                 seed=body.seed,
+                l2=body.l2 or 0.0,
+                semi_supervised=body.semi_supervised,
             ),
         )
         return model_out(model)
@@ -508,6 +527,44 @@ def create_app(
             media_type="application/octet-stream",
             headers={"Content-Disposition": f'attachment; filename="capc-student-{model_id}.pt"'},
         )
+
+    @app.post(
+        "/v1/models/{model_id}/predict",
+        response_model=schemas.PredictOut,
+        responses={**ERRORS, 413: {"model": schemas.ErrorOut}},
+        tags=["models"],
+        summary="Predict one or many records with a trained student model",
+        description="Each record's prediction depends on that record alone: a batch of one "
+        "is predicted exactly as it would be among others (a current-statistics model reads "
+        "the stored statistics of its reference batch).",
+    )
+    def predict(
+        model_id: Annotated[str, JOB_ID], body: schemas.PredictIn, _: Analyst
+    ) -> schemas.PredictOut:
+        try:
+            records = np.asarray(body.records, dtype=np.float32)
+        except (ValueError, TypeError):
+            raise HTTPException(
+                422,
+                "records: every record must be a nested list of numbers of the task's input "
+                "shape, all records of the same shape",
+            ) from None
+        if records.ndim < 2 or records.dtype == object:
+            raise HTTPException(
+                422, "records: a list of records, each of the task's input shape (at least 1-D)"
+            )
+        reply = backends.student_call(
+            backends.jobs.Predict,
+            student_pb2.PredictRequest(
+                header=backends.header, id=model_id, records=serde.queries_to_proto(records)
+            ),
+        )
+        try:
+            labels = serde.labels_from_proto(reply.labels)
+            scores = serde.tensor_from_proto(reply.scores, "float32", "scores")
+        except RequestError as err:
+            raise BackendError("student party", None, f"a malformed prediction: {err}") from None
+        return schemas.PredictOut(model=reply.id, labels=labels.tolist(), scores=scores.tolist())
 
     @app.get("/v1/models/{model_id}/card", responses=ERRORS, tags=["models"])
     def model_card(model_id: Annotated[str, JOB_ID], _: Analyst) -> dict[str, Any]:
@@ -641,5 +698,48 @@ def create_app(
             ),
         )
         return party_out(reply.party)
+
+    @app.get(
+        "/v1/admin/privacy-audits",
+        response_model=schemas.PrivacyAuditList,
+        responses=ERRORS,
+        tags=["admin"],
+        summary="Empirical privacy audits (canary attacks) beside each party's claimed epsilon",
+    )
+    def privacy_audits(
+        _: Admin,
+        party: Annotated[str | None, Query(pattern=NAME)] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
+    ) -> schemas.PrivacyAuditList:
+        reply = backends.guardian_call(
+            backends.hub.ListPrivacyAudits,
+            guardian_pb2.ListPrivacyAuditsRequest(
+                header=backends.header, party=party or "", limit=limit
+            ),
+        )
+        return schemas.PrivacyAuditList(audits=[privacy_audit_out(a) for a in reply.audits])
+
+    @app.post(
+        "/v1/admin/privacy-audits",
+        response_model=schemas.PrivacyAuditOut,
+        responses=ERRORS,
+        tags=["admin"],
+        summary="Record a canary attack's counts; the guardian sets them beside the ledger",
+    )
+    def record_privacy_audit(body: schemas.PrivacyAuditIn, who: Admin) -> schemas.PrivacyAuditOut:
+        reply = backends.guardian_call(
+            backends.hub.RecordPrivacyAudit,
+            guardian_pb2.RecordPrivacyAuditRequest(
+                header=backends.header,
+                party=body.party,
+                canaries=body.canaries,
+                guesses=body.guesses,
+                correct=body.correct,
+                confidence=body.confidence,
+                attack=body.attack,
+                actor=f"gateway:{who.name} (token {who.token_id})",
+            ),
+        )
+        return privacy_audit_out(reply)
 
     return app

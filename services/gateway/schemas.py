@@ -12,6 +12,7 @@ from services.common.limits import (
     DEFAULT_EPOCHS,
     MAX_BATCH,
     MAX_EPOCHS,
+    MAX_PREDICT_RECORDS,
     MAX_RECIPE_COUNT,
     batch_refusal,
 )
@@ -106,8 +107,17 @@ class LabelsOut(BaseModel):
     )
 
 
+#: What a pretrained student's head may also learn from unanswered queries (the student
+#: party's ``SEMI_SUPERVISED``; a unit test keeps the two equal).
+SemiSupervised = Literal["none", "self-training", "pseudo-labels"]
+
+
 class ModelCreate(Strict):
-    job_ids: list[JobId] = Field(min_length=1, max_length=100)
+    job_ids: list[JobId] = Field(
+        max_length=100,
+        description="finished jobs whose labels it learns; none only for a querier with its "
+        "own labelled records (the CaPC loop: its model before it queried the consortium)",
+    )
     architecture: Literal["pretrained", "small-cnn", "mlp", "resnet10", "resnet18"] | None = Field(
         None,
         description="pretrained: fit the last layer of the student's pretrained body (DIET); "
@@ -115,6 +125,40 @@ class ModelCreate(Strict):
     )
     epochs: int = Field(DEFAULT_EPOCHS, ge=1, le=MAX_EPOCHS)
     seed: int = Field(0, ge=0, le=2**31 - 1)
+    l2: float | None = Field(
+        None,
+        ge=1e-8,
+        le=1e3,
+        description="pretrained students: the head's L2 penalty (default 0.01)",
+    )
+    semi_supervised: SemiSupervised = Field(
+        "none",
+        description="also learn from the jobs' unanswered queries: a pretrained student's head "
+        "by its own confident predictions (self-training) or by confident predictions taught "
+        "on strongly augmented views (pseudo-labels, FixMatch-style); a student trained from "
+        "scratch by FixMatch (pseudo-labels, image tasks); no privacy cost",
+    )
+
+
+class PredictIn(Strict):
+    """Records to predict: a list of N records, each of the task's input shape."""
+
+    records: list[Any] = Field(
+        min_length=1,
+        max_length=MAX_PREDICT_RECORDS,
+        description="N records (1 <= N <= 4096), each a nested list of the task's input shape "
+        "(e.g. [1][28][28] numbers)",
+    )
+
+
+class PredictOut(BaseModel):
+    model: str
+    labels: list[int] | list[list[int]] = Field(
+        description="per record: its class, or 0/1 per label for a multi-label task"
+    )
+    scores: list[list[float]] = Field(
+        description="per record: class probabilities (softmax), or each label's probability"
+    )
 
 
 class ModelOut(BaseModel):
@@ -127,6 +171,9 @@ class ModelOut(BaseModel):
     metrics: dict[str, Any]
     error: str
     created_at: str
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the training options the model was asked for"
+    )
 
 
 class ModelList(BaseModel):
@@ -148,6 +195,9 @@ class PartyOut(BaseModel):
     participation: float
     queries_left: int | None = Field(
         description="queries its remaining budget covers at the task's worst case"
+    )
+    teachers: int = Field(
+        0, description="teachers the party votes with while connected (an ensemble); 0 offline"
     )
 
 
@@ -241,3 +291,41 @@ class Health(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: str
+
+
+class PrivacyAuditIn(Strict):
+    """A canary attack's counts on one party; the guardian computes the empirical epsilon."""
+
+    party: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    canaries: int = Field(ge=1, le=1_000_000, description="canaries planted in its data")
+    guesses: int = Field(ge=0, le=1_000_000, description="canaries the attack guessed")
+    correct: int = Field(ge=0, le=1_000_000, description="guesses that were right")
+    confidence: float = Field(0.95, ge=0.5, lt=1.0, description="two-sided Clopper-Pearson")
+    attack: str = Field(min_length=1, max_length=256, description="what the attack saw and did")
+
+
+class PrivacyAuditOut(BaseModel):
+    """An empirical audit beside the epsilon the ledger claimed when it was recorded."""
+
+    id: int
+    party: str
+    at: str
+    actor: str
+    attack: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    delta: float
+    accountant: str
+    claimed_epsilon: float = Field(description="the party's epsilon by the ledger (nats)")
+    empirical_lower: float = Field(description="lower end of the empirical epsilon's interval")
+    empirical_point: float | None = Field(description="at the observed accuracy; null: unbounded")
+    empirical_upper: float | None = Field(description="upper end; null: unbounded")
+    refuted: bool = Field(
+        description="the lower end of the 99.9% interval exceeds the claimed epsilon"
+    )
+
+
+class PrivacyAuditList(BaseModel):
+    audits: list[PrivacyAuditOut]

@@ -34,6 +34,7 @@ from services.guardian.ledger import (
     Ledger,
     LedgerError,
     PartyBudget,
+    PrivacyAudit,
     UnknownPartyError,
     UnknownTaskError,
 )
@@ -56,6 +57,8 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
     f"/{SERVICE}/SetCap": ("gateway",),
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
+    f"/{SERVICE}/RecordPrivacyAudit": ("gateway",),
+    f"/{SERVICE}/ListPrivacyAudits": ("gateway", "guardian"),
 }
 #: Seconds between passes of the reaper (at most; a short --round-timeout checks more often).
 REAP_EVERY_S = 5.0
@@ -83,9 +86,11 @@ def _status(
     b: PartyBudget,
     connected: bool = False,
     projection: tuple[float, float, int] = (1.0, 1.0, -1),
+    teachers: int = 0,
 ) -> guardian_pb2.PartyStatus:
     weight, participation, queries_left = projection
     return guardian_pb2.PartyStatus(
+        teachers=teachers,
         vote_weight=weight,
         participation=participation,
         queries_left=queries_left,
@@ -100,6 +105,30 @@ def _status(
         rounds=b.rounds,
         last_seen=b.last_seen.isoformat() if b.last_seen else "",
     )
+
+
+def _privacy_audit(a: PrivacyAudit) -> guardian_pb2.PrivacyAudit:
+    out = guardian_pb2.PrivacyAudit(
+        id=a.id,
+        party=a.party,
+        at=a.at,
+        actor=a.actor,
+        attack=a.attack,
+        canaries=a.canaries,
+        guesses=a.guesses,
+        correct=a.correct,
+        confidence=a.confidence,
+        delta=a.delta,
+        accountant=a.accountant,
+        claimed_epsilon=a.claimed_epsilon,
+        empirical_lower=a.empirical_lower,
+        refuted=a.refuted,
+    )
+    if a.empirical_point is not None:
+        out.empirical_point = a.empirical_point
+    if a.empirical_upper is not None:
+        out.empirical_upper = a.empirical_upper
+    return out
 
 
 class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
@@ -119,10 +148,15 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 projections = self._projections(request.header.task)
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        online = set(self.engine.connected())
+        online = self.engine.teachers()
         return guardian_pb2.ListPartiesReply(
             parties=[
-                _status(b, b.name in online, projections.get(b.name, (1.0, 1.0, -1)))
+                _status(
+                    b,
+                    b.name in online,
+                    projections.get(b.name, (1.0, 1.0, -1)),
+                    online.get(b.name, 0),
+                )
                 for b in self.ledger.budgets()
             ],
             delta=self.ledger.delta,
@@ -225,6 +259,48 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         online = request.party in set(self.engine.connected())
         return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party), online))
+
+    def RecordPrivacyAudit(
+        self, request: guardian_pb2.RecordPrivacyAuditRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.PrivacyAudit:
+        check_header(request.header, context)
+        who = tls.peer_identity(context)
+        # The recorded actor is who authenticated; a name in the request counts only
+        # without TLS (--insecure-dev).
+        actor = who.name if who else (request.actor or "insecure-dev")
+        try:
+            kept = self.ledger.record_privacy_audit(
+                request.party,
+                canaries=request.canaries,
+                guesses=request.guesses,
+                correct=request.correct,
+                attack=request.attack,
+                confidence=request.confidence or 0.95,
+                actor=actor[:128],
+            )
+        except UnknownPartyError as err:
+            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+        except LedgerError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if kept.refuted:
+            log.warning(
+                "privacy audit of %s refutes its claimed epsilon %.4g: lower bound %.4g",
+                kept.party,
+                kept.claimed_epsilon,
+                kept.empirical_lower,
+            )
+        return _privacy_audit(kept)
+
+    def ListPrivacyAudits(
+        self, request: guardian_pb2.ListPrivacyAuditsRequest, context: grpc.ServicerContext
+    ) -> guardian_pb2.ListPrivacyAuditsReply:
+        check_header(request.header, context)
+        limit = page_limit(request.limit, context)
+        return guardian_pb2.ListPrivacyAuditsReply(
+            audits=[
+                _privacy_audit(a) for a in self.ledger.privacy_audits(request.party or None, limit)
+            ]
+        )
 
 
 @dataclass

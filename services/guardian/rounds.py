@@ -37,7 +37,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,9 +51,11 @@ from services.common.buffers import BoundedBuffer, Signal
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
+    MAX_EXCLUDED,
     MAX_OPEN_ROUNDS_PER_QUERIER,
     MAX_RELAY_FRAME_BYTES,
     MAX_STREAMS_PER_IDENTITY,
+    MAX_TEACHERS_PER_PARTY,
     PARTY_OUTBOX_MESSAGES,
     RELAY_BUFFER_FRAMES,
     ROUND_TIMEOUT_S,
@@ -114,6 +116,8 @@ class PartyLink:
         default_factory=lambda: BoundedBuffer(PARTY_OUTBOX_MESSAGES)
     )
     last_heard: float = field(default_factory=time.monotonic)
+    #: Teachers the party votes with (its Register): its counts of a query sum to this.
+    teachers: int = 1
 
     def heard(self) -> None:
         """The party sent something on this stream."""
@@ -149,9 +153,14 @@ class _Round:
     # Monotonic seconds at opening; the reaper aborts rounds not released in time.
     opened_at: float = field(default_factory=time.monotonic)
     released: bool = False
+    # Teachers of each included party, as registered when the round opened.
+    teachers: dict[str, int] = field(default_factory=dict)
 
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
+
+    def voters(self, party: str) -> int:
+        return self.teachers.get(party, 1)
 
     def voting(self, party: str) -> NDArray[np.bool_]:
         """(batch,) mask of the queries ``party`` voted on."""
@@ -257,8 +266,14 @@ class RoundEngine:
             self._opening.pop(querier, None)
 
     # -- answering parties ----------------------------------------------------
-    def attach(self, name: str, peer: str = "", active: Callable[[], bool] = _always) -> PartyLink:
-        """A party's stream opened.
+    def attach(
+        self,
+        name: str,
+        peer: str = "",
+        active: Callable[[], bool] = _always,
+        teachers: int = 1,
+    ) -> PartyLink:
+        """A party's stream opened; the party votes with ``teachers`` teachers.
 
         While the party's earlier stream is alive (open and heard from within
         ``silent_after``), the new one is refused with :class:`DuplicateLinkError`:
@@ -267,7 +282,12 @@ class RoundEngine:
         stream is ended and replaced, so a party that lost its connection
         gets back in.
         """
-        link = PartyLink(name, peer, active)
+        if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
+            raise RequestError(
+                f"a party votes with 1 to {MAX_TEACHERS_PER_PARTY} teachers, {name} "
+                f"registered {teachers}"
+            )
+        link = PartyLink(name, peer, active, teachers=teachers)
         with self._lock:
             old = self._links.get(name)
             if old is not None and old.alive(self.silent_after):
@@ -307,6 +327,11 @@ class RoundEngine:
         """
         with self._lock:
             return sorted(n for n, link in self._links.items() if link.alive(self.silent_after))
+
+    def teachers(self) -> dict[str, int]:
+        """Teachers of every connected party."""
+        with self._lock:
+            return {n: link.teachers for n, link in self._links.items()}
 
     def _party_failed(self, rnd: _Round, name: str) -> None:
         rnd.failed.add(name)
@@ -406,7 +431,8 @@ class RoundEngine:
         encrypted: bool,
         token: list[bool],
     ) -> _Round:
-        candidates = self.reachable()
+        excluded = _excluded(request.exclude)
+        candidates = [p for p in self.reachable() if p not in excluded]
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
@@ -441,6 +467,7 @@ class RoundEngine:
             self._admitted_round(querier, token)  # counted in _rounds from here on
             links = {p: self._links.get(p) for p in rnd.included}
             rnd.sent = {p: link for p, link in links.items() if link is not None}
+            rnd.teachers = {p: link.teachers for p, link in rnd.sent.items()}
         header = protocol.header(task.name, digest)
         for name, link in links.items():
             if link is None:
@@ -457,6 +484,7 @@ class RoundEngine:
                     vote_weight=rnd.weight(name),
                     frac_bits=task.frac_bits,
                     participation=serde.participation_to_bytes(mask),
+                    teachers=rnd.voters(name),
                 ),
             )
             try:
@@ -505,6 +533,7 @@ class RoundEngine:
                 for p in used
                 if p in rnd.seeds
             ],
+            teachers={p: rnd.voters(p) for p in used},
         )
 
     # -- encrypted-query mode: relayed frames ----------------------------------
@@ -748,13 +777,14 @@ class RoundEngine:
         self, session: GarblerSession, rnd: _Round, guardian_sum: NDArray[np.uint64]
     ) -> None:
         round_id, task, b = rnd.round_id, rnd.task, rnd.batch
-        total = sum(rnd.weight(p) for p in rnd.used)
-        spec = task.circuit_spec(len(rnd.used), total)
+        # A party with m teachers adds m votes (times its weight) to every query.
+        total = sum(rnd.voters(p) * rnd.weight(p) for p in rnd.used)
+        spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total)
         mech = task.mechanism
         noise = mech.draw_noise(b, self._rng)
         theta = None
-        if rnd.votes_on and mech.per_label:  # vanishing: the majority of those who voted
-            theta = np.sum([rnd.voting(p) for p in rnd.used], axis=0) / 2.0
+        if rnd.votes_on and mech.per_label:  # vanishing: the majority of the teachers who voted
+            theta = np.sum([rnd.voters(p) * rnd.voting(p) for p in rnd.used], axis=0) / 2.0
         inputs = mech.garbler_inputs(spec, guardian_sum, noise, theta)
         start = time.perf_counter()
 
@@ -793,6 +823,18 @@ def _check_relay_size(frame: guardian_pb2.RelayFrame) -> None:
 
 
 LAYOUTS = ("batched", "single")
+
+
+def _excluded(names: Sequence[str]) -> frozenset[str]:
+    """The parties a round request leaves out, checked: names, at most MAX_EXCLUDED."""
+    if len(names) > MAX_EXCLUDED:
+        raise RequestError(
+            f"a round may leave out at most {MAX_EXCLUDED} parties, got {len(names)}"
+        )
+    bad = [n for n in names if not 1 <= len(n) <= 128]
+    if bad:
+        raise RequestError("exclude: party names are 1 to 128 characters")
+    return frozenset(names)
 
 
 def _check_encrypted(batch: common_pb2.EncryptedBatch, task: TaskConfig) -> int:

@@ -32,7 +32,7 @@ import grpc
 
 from services.common import protocol, tls
 from services.common.buffers import BoundedBuffer
-from services.common.limits import STREAM_SEND_TIMEOUT_S
+from services.common.limits import MAX_TEACHERS_PER_PARTY, STREAM_SEND_TIMEOUT_S
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError
 from services.common.task import TaskError
@@ -140,6 +140,12 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     async def SetCap(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.SetCap, request, context)
 
+    async def RecordPrivacyAudit(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.RecordPrivacyAudit, request, context)
+
+    async def ListPrivacyAudits(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.ListPrivacyAudits, request, context)
+
     # -- who is calling ---------------------------------------------------------
     async def _caller(self, context: grpc.aio.ServicerContext[Any, Any], metadata_key: str) -> str:
         who = tls.peer_identity(context)  # type: ignore[arg-type]
@@ -195,8 +201,11 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 "register it",
             )
         peer = context.peer()
+        teachers = await self._registration(name, request_iterator, context)
         try:
-            link = await self._run(self.engine.attach, name, peer, lambda: not context.done())
+            link = await self._run(
+                self.engine.attach, name, peer, lambda: not context.done(), teachers
+            )
         except DuplicateLinkError as err:
             await self._refuse_duplicate(name, peer, err, context)
         log.info("answering party %s connected from %s", name, peer)
@@ -211,6 +220,37 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             reader.cancel()
             self.engine.detach(link)
             link.outbox.close()
+
+    async def _registration(
+        self,
+        name: str,
+        request_iterator: AsyncIterator[guardian_pb2.PartyMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> int:
+        """The teacher count of the Register message a stream must open with."""
+        try:
+            first = await anext(aiter(request_iterator))
+        except (StopAsyncIteration, grpc.RpcError):
+            await context.abort(
+                grpc.StatusCode.CANCELLED, f"{name} closed its stream before registering"
+            )
+        try:
+            protocol.check_version(first.header, "guardian")
+        except RequestError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if first.WhichOneof("body") != "register":
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "a Connect stream opens with a Register message naming the party's teachers",
+            )
+        teachers = len(first.register.teachers)
+        if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name} registered {teachers} teachers; a party votes with 1 to "
+                f"{MAX_TEACHERS_PER_PARTY}",
+            )
+        return teachers
 
     async def _read_party(
         self,

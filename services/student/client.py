@@ -59,6 +59,8 @@ class StudentClient:
     name: str = "student"
     timeout: float = 300.0
     key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
+    #: Answering parties every round leaves out (a hospital querying the consortium: itself).
+    exclude: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._channel = tls.secure_channel(
@@ -181,6 +183,7 @@ class StudentClient:
                 queries=batch_msg,
                 student_public_key=self.key.public_key().public_bytes_raw(),
                 mechanism=overrides_to_proto(overrides),
+                exclude=list(self.exclude),
             ),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
@@ -201,7 +204,9 @@ class StudentClient:
             # released or charged) and records why, naming the party, in its audit log.
             self._drop_session(f"the student abandons round {reply.round_id}: {err}")
             raise
-        spec = task.circuit_spec(len(reply.included))
+        # A party with m teachers adds up to m votes to a count; a guardian that names no
+        # counts counts each party as one teacher.
+        spec = task.circuit_spec(sum(reply.teachers.get(p, 1) for p in reply.included))
         out = session.run_round(
             reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
         )

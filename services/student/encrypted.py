@@ -4,8 +4,9 @@ The student keeps its CKKS secret key. For a round it encrypts the batch
 once (:class:`EncryptedBatch`), opens a Relay stream to the guardian
 (:class:`RelayRouter`), and when a party says hello it sends that party the
 public context (unless cached there) and the ciphertexts, decrypts the
-masked logits that come back and runs the logits-to-shares 2PC as
-evaluator. Its output is its share of that party's one-hot vote; the sum
+masked logits that come back (uniform polynomials: its values of the
+logits are shares, :mod:`capc.he.masking`) and runs the logits-to-shares 2PC
+as evaluator. Its output is its share of that party's one-hot vote; the sum
 over parties is what a plain round gets by opening sealed seeds.
 """
 
@@ -21,9 +22,9 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
-from capc.he.batched import decrypt_batch, encrypt_batch
+from capc.he.batched import encrypt_batch
 from capc.he.ckks import MAX_CIPHERTEXT_BYTES, StudentKeys, to_bytes
-from capc.he.masking import FIXED_BITS, to_fixed
+from capc.he.masking import masked_batched, masked_single
 from capc.he.plan import Plan, compile_model
 from capc.he.single import SingleLayout, encrypt_query
 from capc.models.registry import build
@@ -141,18 +142,16 @@ class EncryptedBatch:
                 for _ in range(count)
             ]
             if self.layout == "batched":
-                masked = decrypt_batch(self.keys, outputs, self.batch)
+                masked = masked_batched(self.keys, outputs, self.batch)
             else:
-                masked = np.stack(
-                    [self.keys.decrypt(ct)[: self.num_classes].real for ct in outputs]
-                )
-            spec = LogitsToShares(self.num_classes, FIXED_BITS)
+                masked = masked_single(self.keys, outputs, self.num_classes)
+            spec = LogitsToShares(self.num_classes, params.share_bits)
             session = EvaluatorSession(
                 channel, session_id(round_id, party, hello), timeout=timeout, max_frame=CHUNK
             )
             session.setup()
             out = session.run_round(
-                round_id, spec.circuit(), spec.evaluator_inputs(to_fixed(masked)), self.batch
+                round_id, spec.circuit(), spec.evaluator_inputs(masked), self.batch
             )
             self.shares[party] = out["vote_share"]
         except Exception as err:

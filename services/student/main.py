@@ -22,7 +22,7 @@ from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.servicer import POLICY, SERVICE, JobRunner, StudentParty
 from services.student.store import JobStore
-from services.student.training import ModelTrainer, load_test_set
+from services.student.training import ModelTrainer, load_reference, load_test_set
 
 log = logging.getLogger("capc.student")
 
@@ -45,6 +45,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=Path,
         default=None,
         help="the student's own labelled test set (.npz with x and y) to evaluate student models",
+    )
+    p.add_argument(
+        "--reference-data",
+        type=Path,
+        default=None,
+        help="unlabelled records (.npz with x, or .npy; 16 to 1024) drawn as deployed inputs are: "
+        "a pretrained student stores their statistics so each prediction depends on its record "
+        "alone (default: the inputs of --test-data)",
+    )
+    p.add_argument(
+        "--own-data",
+        type=Path,
+        default=None,
+        help="the querier's own labelled records (.npz with x and y): a hospital that queries "
+        "the consortium (the CaPC loop) fits its pretrained student on them plus the labels "
+        "its jobs bring back; a model of no jobs is fitted on them alone",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PARTY",
+        help="an answering party every round leaves out: a hospital querying the consortium "
+        "names its own, so its teachers do not vote on its queries; repeatable",
     )
     p.add_argument(
         "--body",
@@ -91,6 +115,10 @@ def run(args: argparse.Namespace) -> int:
             tls.server_credentials(files)  # refuse to start with a bad or revoked certificate
         test_set = None if args.test_data is None else load_test_set(args.test_data, task)
         body = None if args.body is None else load_teacher(args.body)
+        reference = (
+            None if args.reference_data is None else load_reference(args.reference_data, task)
+        )
+        own = None if args.own_data is None else load_test_set(args.own_data, task)
     except (OSError, ValueError, TaskError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -98,11 +126,16 @@ def run(args: argparse.Namespace) -> int:
     runner = JobRunner(
         store,
         lambda: StudentClient(
-            args.guardian, files, task, server_name=args.server_name, name=args.name
+            args.guardian,
+            files,
+            task,
+            server_name=args.server_name,
+            name=args.name,
+            exclude=tuple(args.exclude),
         ),
     )
     try:
-        trainer = ModelTrainer(store, task, test_set, body)
+        trainer = ModelTrainer(store, task, test_set, body, reference, own)
         server, port = serve_jobs(StudentParty(store, runner, task, trainer), args.listen, files)
     except (ValueError, OSError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -24,6 +24,7 @@ from services.common.limits import (
     DEFAULT_LIST_PAGE,
     MAX_JOB_QUERIES,
     MAX_LIST_PAGE,
+    MAX_PREDICT_RECORDS,
     RESULTS_PAGE,
     batch_refusal,
 )
@@ -32,8 +33,9 @@ from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
+from services.student.predictor import PredictionError, Predictor
 from services.student.store import TERMINAL, Job, JobStore, StudentModel
-from services.student.training import ModelTrainer, TrainingError
+from services.student.training import ModelTrainer, TrainingError, TrainingOptions
 
 log = logging.getLogger("capc.student")
 SERVICE = "capc.v1.StudentParty"
@@ -49,6 +51,7 @@ POLICY: dict[str, tuple[str, ...]] = {
         "GetModel",
         "ListModels",
         "DownloadModel",
+        "Predict",
     )
 }
 
@@ -91,6 +94,7 @@ def model_proto(model: StudentModel) -> student_pb2.StudentModel:
         metrics_json=json.dumps(model.metrics, sort_keys=True),
         error=model.error,
         created_at=model.created_at,
+        options_json=json.dumps(model.options, sort_keys=True),
     )
 
 
@@ -199,6 +203,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self.runner = runner
         self.task = task
         self.trainer = trainer
+        self.predictor = Predictor(store)
 
     def _check(self, header: common_pb2.Header, context: grpc.ServicerContext) -> None:
         try:
@@ -317,11 +322,16 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         arch = request.architecture or self.trainer.default_architecture
         epochs = request.epochs or DEFAULT_EPOCHS
         try:
-            self.trainer.check(list(request.job_ids), arch, epochs)
+            options = TrainingOptions.parse(request.l2, request.semi_supervised)
+            self.trainer.check(list(request.job_ids), arch, epochs, options)
         except TrainingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         model = self.store.create_model(
-            list(request.job_ids), arch, epochs, int(request.seed % (1 << 31))
+            list(request.job_ids),
+            arch,
+            epochs,
+            int(request.seed % (1 << 31)),
+            options.to_dict(),
         )
         self.trainer.submit(model.id)
         return model_proto(model)
@@ -362,4 +372,25 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             model=model_proto(model),
             checkpoint=checkpoint,
             card_json=json.dumps(card, sort_keys=True),
+        )
+
+    def Predict(
+        self, request: student_pb2.PredictRequest, context: grpc.ServicerContext
+    ) -> student_pb2.PredictReply:
+        self._check(request.header, context)
+        model = self._model(request.id, context)
+        try:
+            records = serde.queries_from_proto(
+                request.records, self.task.input_shape, MAX_PREDICT_RECORDS, "a prediction request"
+            )
+        except RequestError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"records: {err}")
+        try:
+            out = self.predictor.predict(model.id, records)
+        except PredictionError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        return student_pb2.PredictReply(
+            id=model.id,
+            labels=serde.labels_to_proto(out.labels),
+            scores=serde.tensor_to_proto(out.scores, "float32"),
         )

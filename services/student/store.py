@@ -6,7 +6,7 @@ import datetime as dt
 import io
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import NDArray
@@ -82,6 +82,11 @@ class ModelRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+def _options(card: Mapping[str, object] | None) -> dict[str, object]:
+    options = (card or {}).get("options")
+    return dict(options) if isinstance(options, Mapping) else {}
+
+
 def _pack(arr: NDArray[np.generic]) -> bytes:
     buf = io.BytesIO()
     np.save(buf, arr, allow_pickle=False)
@@ -142,6 +147,8 @@ class StudentModel:
     metrics: dict[str, object]
     error: str
     created_at: str
+    #: The training options the request asked for (kept in the model's card).
+    options: dict[str, object] = field(default_factory=dict)
 
 
 class JobStore:
@@ -289,10 +296,16 @@ class JobStore:
             dict(row.metrics),
             row.error,
             row.created_at.isoformat(),
+            _options(row.card),
         )
 
     def create_model(
-        self, job_ids: list[str], architecture: str, epochs: int, seed: int
+        self,
+        job_ids: list[str],
+        architecture: str,
+        epochs: int,
+        seed: int,
+        options: Mapping[str, object] | None = None,
     ) -> StudentModel:
         with Session(self.engine) as s, s.begin():
             row = ModelRow(
@@ -305,12 +318,20 @@ class JobStore:
                 examples=0,
                 metrics={},
                 error="",
-                card={},
+                # The card is the model's description; until it is trained it holds the
+                # options it was asked for (a column-free place, so older stores still open).
+                card={"options": dict(options)} if options else {},
                 created_at=_now(),
             )
             s.add(row)
             s.flush()
             return self._model(row)
+
+    def model_options(self, model_id: str) -> dict[str, object]:
+        """The training options a model was created with ({} for none)."""
+        with Session(self.engine) as s:
+            row = s.get(ModelRow, model_id)
+            return {} if row is None else _options(row.card)
 
     def model(self, model_id: str) -> StudentModel | None:
         with Session(self.engine) as s:
@@ -341,7 +362,9 @@ class JobStore:
             row.metrics = metrics if metrics is not None else row.metrics
             row.error = error
             row.checkpoint = checkpoint if checkpoint is not None else row.checkpoint
-            row.card = card if card is not None else row.card
+            if card is not None:
+                kept = _options(row.card)
+                row.card = {**card, "options": kept} if kept else card
 
     def model_file(self, model_id: str) -> tuple[bytes, dict[str, object]] | None:
         """The checkpoint bytes and model card of a trained model; None until it is done."""

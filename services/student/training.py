@@ -4,49 +4,134 @@ Two ways to train:
 - ``pretrained`` (DIET): the student's body, pretrained on synthetic images
   (``capc student --body``), stays frozen; only its last layer is fitted to
   the labels, on features taken with each round's own BatchNorm statistics,
-  exactly as the hospitals saw the queries. Its card says to infer with
-  current statistics.
+  exactly as the hospitals saw the queries: the head of the central-mode
+  experiment's best student (batch-standardised, class-balanced, L2 0.01),
+  optionally also learning from the jobs' unanswered queries
+  (``semi_supervised``). Such a model reads real records under current
+  statistics, so before it is stored it takes the statistics of a reference
+  batch of unlabelled real records (``--reference-data``, else the inputs of
+  the test set; :func:`capc.models.inference.reference_statistics`): each of
+  its predictions then depends on its own record only.
 - an architecture name (``small-cnn``, ``resnet10``, ...): trained from
-  scratch on the labelled queries.
+  scratch on the labelled queries; with ``semi_supervised="pseudo-labels"``, by FixMatch
+  (:mod:`capc.learning.fixmatch`), the jobs' unanswered queries serving as
+  unlabelled data beside the answered ones (image tasks with single labels).
 
 The student keeps its own labelled test set (``--test-data``, an .npz with
 ``x`` and ``y``) to report test accuracy; without one only the training fit
-is reported. Unanswered queries (label -1) are left out; for a multi-label
-task only queries with every label answered are used.
+is reported. Unanswered queries (label -1) are left out of the labels; for a
+multi-label task only queries with every label answered are used.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import logging
+import math
 import queue
 import threading
 import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from capc.learning.last_layer import fit_batch_standardised
+from capc.learning import fixmatch
+from capc.learning.fixmatch import FixMatchConfig
+from capc.learning.last_layer import fit_batch_standardised, self_train_linear
+from capc.learning.semi_supervised import pseudo_label_head
 from capc.learning.supervised import accuracy, fit
 from capc.models import ARCHITECTURES, Teacher, build, save_teacher
-from capc.models.inference import features
+from capc.models.inference import features, reference_statistics
 from capc.models.registry import Classifier
-from services.common.limits import MAX_EPOCHS
+from services.common.limits import MAX_EPOCHS, MAX_REFERENCE_RECORDS
 from services.common.task import TaskConfig
 from services.student.store import TERMINAL, JobStore
 
 log = logging.getLogger("capc.student")
 #: The architecture name that asks for the DIET student: the pretrained body, last layer fitted.
 PRETRAINED = "pretrained"
+#: The pretrained student head's L2 penalty unless a request names one: the central-mode
+#: experiment's best student at 250 teachers (docs/diet.md) uses it.
+STUDENT_L2 = 1e-2
+#: What a pretrained student's head may also learn from the unanswered queries.
+SEMI_SUPERVISED = ("none", "self-training", "pseudo-labels")
+#: Those a student trained from scratch takes: "pseudo-labels" is FixMatch on the whole net.
+FROM_SCRATCH_SEMI = ("none", "pseudo-labels")
+#: Smallest reference batch: the DIET paper's smallest current-statistics batch.
+MIN_REFERENCE_RECORDS = 16
+#: The querier's own records per BatchNorm batch when its student is fitted on them.
+OWN_BATCH = 512
 #: Test images per BatchNorm batch when a pretrained student is evaluated.
 TEST_BATCH = 512
+#: FixMatch steps per epoch at least, however small the pool.
+FIXMATCH_MIN_STEPS_PER_EPOCH = 20
 
 
 class TrainingError(ValueError):
     """A training request names no usable jobs or an unknown architecture."""
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How a pretrained student's head is fitted: its L2 penalty (per unit of mean loss)
+    and what it also learns from unanswered queries (:data:`SEMI_SUPERVISED`)."""
+
+    l2: float = STUDENT_L2
+    semi_supervised: str = "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, l2: float, semi_supervised: str) -> TrainingOptions:
+        """From a request: 0 and "" mean the defaults; TrainingError says what is wrong."""
+        mode = semi_supervised or "none"
+        if mode not in SEMI_SUPERVISED:
+            raise TrainingError(
+                f"semi_supervised must be one of {', '.join(SEMI_SUPERVISED)}, got {mode!r}"
+            )
+        if not (l2 == 0 or 1e-8 <= l2 <= 1e3):
+            raise TrainingError(f"l2 must lie in [1e-8, 1000] (0: the default), got {l2}")
+        return cls(float(l2) or STUDENT_L2, mode)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> TrainingOptions:
+        return cls(**d) if d else cls()
+
+
+def load_reference(path: Path, task: TaskConfig) -> NDArray[np.float32]:
+    """Unlabelled records (an .npz with ``x``, or an .npy) whose statistics a pretrained
+    student stores: (R, *input_shape) float32, R in [16, MAX_REFERENCE_RECORDS]."""
+    try:
+        if path.suffix == ".npy":
+            x = np.asarray(np.load(path, allow_pickle=False), dtype=np.float32)
+        else:
+            with np.load(path, allow_pickle=False) as data:
+                x = np.asarray(data["x"], dtype=np.float32)
+    except (OSError, KeyError, ValueError) as err:
+        raise ValueError(f"{path}: not an .npy, or an .npz with an array x ({err})") from err
+    return checked_reference(x, task, str(path))
+
+
+def checked_reference(x: NDArray[np.float32], task: TaskConfig, what: str) -> NDArray[np.float32]:
+    if x.shape[1:] != task.input_shape:
+        raise ValueError(
+            f"{what}: reference records must be (R, {', '.join(map(str, task.input_shape))}), got {x.shape}"
+        )
+    if not MIN_REFERENCE_RECORDS <= len(x) <= MAX_REFERENCE_RECORDS:
+        raise ValueError(
+            f"{what}: a reference batch takes {MIN_REFERENCE_RECORDS} to "
+            f"{MAX_REFERENCE_RECORDS} records, got {len(x)}"
+        )
+    if not np.isfinite(x).all():
+        raise ValueError(f"{what}: the reference records contain NaN or infinity")
+    return x
 
 
 def load_test_set(path: Path, task: TaskConfig) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
@@ -65,6 +150,8 @@ def load_test_set(path: Path, task: TaskConfig) -> tuple[NDArray[np.float32], ND
 
 
 def _answered(labels: NDArray[np.int64]) -> NDArray[np.bool_]:
+    if len(labels) == 0:
+        return np.zeros(0, dtype=bool)
     return np.asarray((labels >= 0).reshape(len(labels), -1).all(axis=1), dtype=bool)
 
 
@@ -84,29 +171,58 @@ def labelled_examples(
     return x, y
 
 
-def labelled_features(
-    store: JobStore, job_ids: list[str], body: Classifier
-) -> tuple[torch.Tensor, NDArray[np.int64]]:
-    """Features (N, D) and labels of the answered queries of the named jobs.
+@dataclass(frozen=True)
+class JobFeatures:
+    """Every query of the named jobs: ``queries`` (N, *input_shape), their ``features``
+    (N, D) and ``labels`` ((N,) or (N, k); -1 where not answered or not yet processed)."""
+
+    queries: NDArray[np.float32]
+    features: torch.Tensor
+    labels: NDArray[np.int64]
+
+    @property
+    def answered(self) -> NDArray[np.bool_]:
+        return _answered(self.labels)
+
+
+def job_features(
+    store: JobStore,
+    job_ids: list[str],
+    body: Classifier,
+    shape: tuple[int, ...],
+    unanswered: bool = False,
+) -> JobFeatures:
+    """Features and labels of the answered queries of the named jobs, and with
+    ``unanswered`` of the others too (those the mechanism declined, and those the
+    budget never reached).
 
     Each job's queries are normalised round by round (``batch_size`` queries
     at a time) with their own BatchNorm statistics, as the hospitals
     normalised them when they voted.
     """
-    fs, ys = [], []
+    xs, fs, ys = [], [], []
     for job_id in job_ids:
         job = store.get(job_id)
         labels = store.labels(job_id)
         if job is None or len(labels) == 0:
             continue
-        queries = store.queries(job_id)[: len(labels)]
+        queries = store.queries(job_id)
+        if not unanswered:
+            queries = queries[: len(labels)]
+        pad = np.full((len(queries) - len(labels), *labels.shape[1:]), -1, dtype=np.int64)
+        labels = np.concatenate([labels, pad])
         f = features(body, queries, current_statistics=True, batch=job.batch_size)
-        keep = _answered(labels)
+        keep = np.ones(len(labels), dtype=bool) if unanswered else _answered(labels)
+        xs.append(queries[keep])
         fs.append(f[torch.from_numpy(keep)])
         ys.append(labels[keep])
     if not fs:
-        return torch.zeros((0, body.dim)), np.zeros(0, dtype=np.int64)
-    return torch.cat(fs), np.concatenate(ys)
+        return JobFeatures(
+            np.zeros((0, *shape), dtype=np.float32),
+            torch.zeros((0, body.dim)),
+            np.zeros(0, dtype=np.int64),
+        )
+    return JobFeatures(np.concatenate(xs), torch.cat(fs), np.concatenate(ys))
 
 
 class ModelTrainer:
@@ -118,11 +234,23 @@ class ModelTrainer:
         task: TaskConfig,
         test_set: tuple[NDArray[np.float32], NDArray[np.int64]] | None = None,
         body: Teacher | None = None,
+        reference: NDArray[np.float32] | None = None,
+        own: tuple[NDArray[np.float32], NDArray[np.int64]] | None = None,
     ) -> None:
         self.store = store
         self.task = task
         self.test_set = test_set
         self.body = body
+        #: The querier's own labelled records (a hospital in the CaPC loop), or None.
+        self.own = own
+        inputs = own if own is not None else test_set
+        if reference is None and inputs is not None and body is not None:
+            # Unlabelled use of its own or its test inputs: a batch of them, at random.
+            order = np.random.default_rng(0).permutation(len(inputs[0]))
+            reference = inputs[0][order[:MAX_REFERENCE_RECORDS]]
+        self.reference = (
+            None if reference is None else checked_reference(reference, task, "reference")
+        )
         if body is not None and body.input_shape != task.input_shape:
             raise ValueError(
                 f"the pretrained body takes inputs {body.input_shape}, the task {task.input_shape}"
@@ -137,14 +265,44 @@ class ModelTrainer:
         """What a request naming no architecture gets: the DIET student when there is a body."""
         return PRETRAINED if self.body is not None else "small-cnn"
 
-    def check(self, job_ids: list[str], architecture: str, epochs: int) -> None:
+    def check(
+        self,
+        job_ids: list[str],
+        architecture: str,
+        epochs: int,
+        options: TrainingOptions | None = None,
+    ) -> None:
         """Refuse a request that cannot train: raises TrainingError with the reason."""
-        if not job_ids:
+        options = options or TrainingOptions()
+        if not job_ids and (architecture != PRETRAINED or self.own is None):
             raise TrainingError("name at least one finished job to train on")
         if architecture == PRETRAINED and self.body is None:
             raise TrainingError(
                 "this student party has no pretrained body (start it with --body FILE); "
                 f"choose an architecture to train from scratch: {', '.join(sorted(ARCHITECTURES))}"
+            )
+        if architecture == PRETRAINED and self.reference is None:
+            raise TrainingError(
+                "a pretrained student reads records under current statistics and needs a "
+                "reference batch of unlabelled records to predict one record at a time: start "
+                "the student party with --reference-data FILE (or --test-data)"
+            )
+        if options.semi_supervised != "none" and self.task.multi_label:
+            raise TrainingError("semi_supervised applies to single-label tasks only")
+        if architecture != PRETRAINED and options.semi_supervised not in FROM_SCRATCH_SEMI:
+            raise TrainingError(
+                "a student trained from scratch learns from unanswered queries by FixMatch: "
+                f"semi_supervised must be one of {', '.join(FROM_SCRATCH_SEMI)}, got "
+                f"{options.semi_supervised!r}"
+            )
+        if (
+            architecture != PRETRAINED
+            and options.semi_supervised != "none"
+            and len(self.task.input_shape) != 3
+        ):
+            raise TrainingError(
+                "FixMatch's augmentations are for images (C, H, W): choose semi_supervised "
+                "none for this task"
             )
         if architecture not in ARCHITECTURES and architecture != PRETRAINED:
             raise TrainingError(
@@ -174,34 +332,82 @@ class ModelTrainer:
                 log.exception("training model %s failed", model_id)
                 self.store.update_model(model_id, state="failed", error=str(err))
 
-    def _fit_pretrained(
-        self, job_ids: list[str]
-    ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
-        assert self.body is not None
-        model = copy.deepcopy(self.body.model)
-        f, y = labelled_features(self.store, job_ids, model)
+    def _head(
+        self, model: Classifier, job_ids: list[str], options: TrainingOptions, seed: int
+    ) -> tuple[torch.nn.Module, torch.Tensor, NDArray[np.int64], int]:
+        """The fitted head, the answered features and labels, and the unanswered queries used."""
+        jf = job_features(
+            self.store,
+            job_ids,
+            model,
+            self.task.input_shape,
+            unanswered=options.semi_supervised != "none",
+        )
+        answered = jf.answered
+        f, y = jf.features[torch.from_numpy(answered)], jf.labels[answered]
+        if self.own is not None:
+            # The CaPC loop: the querier's own records with the labels the consortium gave.
+            own_x, own_y = self.own
+            order = np.random.default_rng(1).permutation(len(own_x))
+            own_f = features(model, own_x[order], current_statistics=True, batch=OWN_BATCH)
+            f, y = torch.cat([own_f, f]), np.concatenate([own_y[order], y])
+            jf = JobFeatures(
+                np.concatenate([own_x[order], jf.queries]),
+                torch.cat([own_f, jf.features]),
+                np.concatenate([own_y[order], jf.labels]),
+            )
+            answered = jf.answered
         if len(y) == 0:
             raise TrainingError("the jobs have no fully answered queries")
         if not self.task.multi_label and len(np.unique(y)) < 2:
             raise TrainingError("every answered query has the same label; label more queries")
-        # The head standardises each batch by its own statistics at inference, as the
-        # body's current statistics do: it was fitted on synthetic queries, not real images.
-        model.head = fit_batch_standardised(  # type: ignore[assignment]
-            f, y, self.task.outputs, balanced=not self.task.multi_label
-        ).to(next(model.parameters()).device)
+        outputs, balanced = self.task.outputs, not self.task.multi_label
+        unused = int((~answered).sum())
+        if options.semi_supervised == "self-training":
+            return self_train_linear(jf.features, jf.labels, outputs, l2=options.l2), f, y, unused
+        if options.semi_supervised == "pseudo-labels":
+            sizes = [j.batch_size for j in map(self.store.get, job_ids) if j is not None]
+            batch = min(sizes, default=OWN_BATCH)
+            head = pseudo_label_head(
+                model, f, y, jf.queries[~answered], outputs, batch=batch, l2=options.l2, seed=seed
+            )
+            return head, f, y, unused
+        # The head standardises each batch by its own statistics under current statistics,
+        # as the body does: it was fitted on synthetic queries, not real images.
+        head = fit_batch_standardised(f, y, outputs, l2=options.l2, balanced=balanced)
+        return head, f, y, 0
+
+    def _fit_pretrained(
+        self, job_ids: list[str], options: TrainingOptions, seed: int
+    ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
+        assert self.body is not None
+        if self.reference is None:
+            raise TrainingError("no reference batch: start the student with --reference-data")
+        model = copy.deepcopy(self.body.model)
+        head, f, y, unused = self._head(model, job_ids, options, seed)
+        dev = next(model.parameters()).device
+        model.head = head.to(dev)  # type: ignore[assignment]
         with torch.no_grad():
-            out = model.head(f.to(next(model.parameters()).device)).cpu()
+            out = model.head.eval()(f.to(dev)).cpu()
         pred = (out > 0).long().numpy() if self.task.multi_label else out.argmax(1).numpy()
         metrics: dict[str, object] = {"train_accuracy": float((pred == y).mean())}
+        if unused:
+            metrics["unanswered_queries_used"] = unused
+        # From here on a record is read through the reference batch's statistics, so
+        # what the model says about it does not depend on what else it is asked.
+        reference_statistics(model, self.reference)
         if self.test_set is not None:
-            metrics["test_accuracy"] = accuracy(
-                model, *self.test_set, current_statistics=True, batch=TEST_BATCH
-            )
+            metrics["test_accuracy"] = accuracy(model, *self.test_set)
+        digest = hashlib.sha256(np.ascontiguousarray(self.reference).tobytes()).hexdigest()
         card: dict[str, object] = {
             "method": "last layer fitted on the pretrained body (DIET)",
             "body": self.body.card,
-            "inference": f"current BatchNorm statistics, batches of up to {TEST_BATCH} inputs; "
-            "the head standardises each batch's features by their own statistics",
+            "training": options.to_dict(),
+            "reference": {"records": len(self.reference), "sha256": digest},
+            "inference": "stored statistics of a reference batch of "
+            f"{len(self.reference)} unlabelled records (the statistics current-statistics "
+            "inference would take from a batch of them, head included): a record's "
+            "prediction depends on that record alone, in a batch of one as in a batch of many",
         }
         return model, len(y), metrics, card
 
@@ -229,6 +435,36 @@ class ModelTrainer:
         }
         return model, len(x), metrics, card
 
+    def _fit_fixmatch(
+        self, job_ids: list[str], architecture: str, epochs: int, seed: int
+    ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
+        x, y = labelled_examples(self.store, job_ids, self.task)
+        if len(x) == 0:
+            raise TrainingError("the jobs have no fully answered queries")
+        pool = np.concatenate([self.store.queries(j) for j in job_ids])
+        config = FixMatchConfig(seed=seed)
+        # An epoch is a pass over the pool at unlabelled_ratio x batch images a step.
+        per_epoch = math.ceil(len(pool) / (config.batch * max(config.unlabelled_ratio, 1)))
+        config = replace(config, steps=epochs * max(per_epoch, FIXMATCH_MIN_STEPS_PER_EPOCH))
+        torch.manual_seed(seed)
+        model = build(architecture, self.task.input_shape, self.task.outputs)
+        stats = fixmatch.train(model, x, y, pool, config)
+        metrics: dict[str, object] = {
+            "train_accuracy": accuracy(model, x, y),
+            "unlabelled_examples": len(pool) - len(x),
+            "pseudo_labelled_at_end": stats.mask_rates[-1],
+        }
+        if self.test_set is not None:
+            metrics["test_accuracy"] = accuracy(model, *self.test_set)
+        card: dict[str, object] = {
+            "method": "FixMatch from scratch: answered queries labelled, every query unlabelled",
+            "epochs": epochs,
+            "steps": config.steps,
+            "seed": seed,
+            "inference": "stored BatchNorm statistics",
+        }
+        return model, len(x), metrics, card
+
     def _train(self, model_id: str) -> None:
         spec = self.store.model(model_id)
         if spec is None:
@@ -238,12 +474,14 @@ class ModelTrainer:
         jobs = list(spec.job_ids)
         if spec.architecture == PRETRAINED:
             assert self.body is not None
-            model, examples, metrics, extra = self._fit_pretrained(jobs)
+            options = TrainingOptions.from_dict(self.store.model_options(model_id))
+            model, examples, metrics, extra = self._fit_pretrained(jobs, options, spec.seed)
             architecture, width = self.body.architecture, self.body.width
         else:
-            model, examples, metrics, extra = self._fit_scratch(
-                jobs, spec.architecture, spec.epochs, spec.seed
-            )
+            options = TrainingOptions.from_dict(self.store.model_options(model_id))
+            fixmatch_on = options.semi_supervised == "pseudo-labels"
+            fit = self._fit_fixmatch if fixmatch_on else self._fit_scratch
+            model, examples, metrics, extra = fit(jobs, spec.architecture, spec.epochs, spec.seed)
             architecture, width = spec.architecture, None
         metrics["examples"] = examples
         if self.test_set is not None:
@@ -258,9 +496,12 @@ class ModelTrainer:
             "input_shape": list(self.task.input_shape),
             "outputs": outputs,
             "multi_label": self.task.multi_label,
-            "data": f"{examples} queries labelled by the consortium (jobs {', '.join(jobs)}); "
+            "data": f"{examples} labelled records: "
+            + (f"{len(self.own[0])} of the querier's own, " if self.own is not None else "")
+            + f"queries labelled by the consortium (jobs {', '.join(jobs) or 'none'}); "
             "unanswered queries left out",
             "mechanism": self.task.mechanism.name,
+            "options": options.to_dict(),
             **extra,
             "metrics": metrics,
         }

@@ -26,6 +26,7 @@ import grpc
 import numpy as np
 
 from capc.models import Teacher, build, save_teacher
+from services import tasks
 from services.common import pki, protocol, tls
 from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger import Ledger
@@ -34,12 +35,7 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc, 
 from services.student.client import StudentClient
 
 TASK_NAME = "light"
-TASK: dict[str, Any] = {
-    "num_classes": 3,
-    "input_shape": [4],
-    "mechanism": {"name": "gnmax", "sigma": 4.0},
-    "quorum": 2,
-}
+TASK: dict[str, Any] = tasks.load(TASK_NAME)
 
 
 def queries(n: int, seed: int = 0) -> np.ndarray:

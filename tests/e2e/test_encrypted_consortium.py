@@ -7,19 +7,27 @@ guardian's test-only noise seed the test replays the noise and checks every
 label against the plaintext pipeline (the same teachers in float64, the same
 Confident-GNMax), on breast cancer (he-mlp, both layouts) and animal-mnist
 (he-cnn, single-query layout).
+
+A deviating student (issue 33, attack 1) scales its probes far beyond any
+honest input, or declares a batch of one and fills every slot; it reads
+every slot of every ciphertext the hospitals send back. What it reads is
+independent of the teachers: the probe attack's recovered quadratic forms
+correlate with the true ones at chance level, and the round pays for, and
+releases, one label.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
 
-from capc.he.plan import compile_model
+from capc.he.plan import Plan, compile_model
 from capc.models import load_teacher
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
@@ -28,6 +36,7 @@ from services.guardian.ledger import Ledger
 from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
 from tests.e2e.jobs import jobs_stub, run_job, tensor_batch
+from tests.unit.he import probes
 
 PARTIES = 3
 NOISE_SEED = "e2e-encrypted"
@@ -186,3 +195,93 @@ def test_the_student_service_labels_an_upload_through_encrypted_rounds(
     answered = labels >= 0
     assert answered.mean() > 0.5
     assert (labels[answered] == tabular.truth[100:140][answered]).mean() > 0.8
+
+
+def teachers(c: LocalConsortium) -> dict[str, Plan]:
+    shape = tuple(c.task["input_shape"])
+    return {
+        f"hospital-{i}": compile_model(load_teacher(c.model_path(i)).model.cpu().eval(), shape)
+        for i in range(c.parties)
+    }
+
+
+def recording(keys: Any) -> tuple[dict[str, list[Any]], Callable[[], None]]:
+    """Make the student keep every ciphertext each hospital sends back, by hospital."""
+    seen: dict[str, list[Any]] = {}
+    load = keys.load_ciphertext
+
+    def keep(data: bytes, **kw: Any) -> Any:
+        ct = load(data, **kw)
+        what = str(kw.get("what", ""))
+        if what.endswith("'s masked logits"):
+            seen.setdefault(what.split("'s ")[0], []).append(ct)
+        return ct
+
+    keys.load_ciphertext = keep
+    return seen, lambda: setattr(keys, "load_ciphertext", load)
+
+
+def read_slots(keys: Any, cts: list[Any], count: int) -> np.ndarray:
+    return np.stack([keys.decrypt(ct)[:count].real for ct in cts], axis=1)
+
+
+@pytest.mark.slow
+def test_a_student_scaling_its_probes_learns_nothing_about_the_teachers(
+    tabular: LocalConsortium,
+) -> None:
+    student = tabular.student()
+    plans = teachers(tabular)
+    dim = int(tabular.task["input_shape"][0])
+    lam = 2.0**17  # logits ~2^30 at these teachers: 16x the old 2^26 slot mask
+    x = probes.probe_batch(dim, lam)
+    keys = student.crypto.keys("batched")
+    seen, restore = recording(keys)
+    try:
+        result = student.label_encrypted(x, layout="batched")
+    finally:
+        restore()
+        student.close()
+    assert len(result.labels) == len(x) and set(result.parties) == set(plans)
+    for party, plan in plans.items():
+        # the attack has the power to work: on the logits themselves it recovers the model
+        assert probes.correlation(probes.recover(plan.forward(x), dim, lam), plan) > 0.999
+        estimate = probes.recover(read_slots(keys, seen[party], len(x)), dim, lam)
+        assert abs(probes.correlation(estimate, plan)) < probes.chance(plan), party
+
+
+@pytest.mark.slow
+def test_a_batch_of_one_with_every_slot_filled_pays_for_and_gets_one_query(
+    tabular: LocalConsortium,
+) -> None:
+    student = tabular.student()
+    plans = teachers(tabular)
+    crypto = student.crypto
+    slots = crypto.settings.params.slots
+    x = 2.0**15 * np.random.default_rng(7).normal(size=(slots, *tabular.task["input_shape"]))
+    batch = crypto.encrypt(x, "batched")
+    batch.batch = 1  # the round declares (and the guardian charges) one query
+    seen, restore = recording(batch.keys)
+    relay = student._ensure_relay()
+    relay.pending = batch
+    try:
+        result = student._round(
+            crypto.message(batch),
+            1,
+            shares=lambda rid, parties: sum(
+                (batch.share(p, rid, student.timeout) for p in parties),
+                np.zeros((1, batch.num_classes), dtype=np.uint64),
+            ),
+        )
+    finally:
+        relay.pending = None
+        relay.clear()
+        restore()
+        student.close()
+    assert len(result.labels) == 1 and set(result.parties) == set(plans)
+    chance = 4.4 / np.sqrt(slots - 1)
+    for party, plan in plans.items():
+        truth = plan.forward(x)
+        read = read_slots(batch.keys, seen[party], slots)
+        for k in range(plan.num_classes):
+            r = np.corrcoef(read[1:, k], truth[1:, k])[0, 1]
+            assert abs(r) < chance, (party, k, r)

@@ -1,7 +1,9 @@
 """Multi-label rounds and personalized budgets through the secure path, end to end.
 
 Four hospitals (separate processes, mutual TLS) hold multi-label teachers
-trained on disjoint parts of animal-attributes (five attributes per animal).
+trained on disjoint parts of animal-attributes (five attributes per animal);
+two of them vote with ensembles of two teachers (each on its own half of the
+hospital's data), so every mechanism below also sums ensembles' votes.
 Their caps differ: two hospitals accept four times the epsilon of the other
 two. One student labels held-out images under five tasks in turn: Binary
 voting with a per-label confidence test, tau voting, confident Powerset
@@ -24,7 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from capc.models import Teacher, load_teacher
+from capc.models.ensemble import Voters
 from capc.mpc.mechanism_circuits import round_noise
 from capc.privacy.mechanisms.multi_label import (
     clip_votes,
@@ -44,6 +46,8 @@ from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 from services.student.client import StudentClient
 
 PARTIES = 4
+#: Teachers per hospital: hospitals 1 and 2 vote with ensembles.
+TEACHERS = [1, 2, 2, 1]
 NOISE_SEED = "e2e-multilabel"
 CAPS = [20000.0, 20000.0, 80000.0, 80000.0]
 K = 5
@@ -88,6 +92,7 @@ def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsor
         epsilon_caps=CAPS,
         noise_seed=NOISE_SEED,
         epochs=4,
+        teachers=TEACHERS,
     )
     c.prepare()
     ledger = Ledger(c.db)
@@ -115,12 +120,12 @@ def student_for(c: LocalConsortium, name: str) -> StudentClient:
 class Replay:
     """The guardian's draws, in order, and the plaintext mechanisms on the same teachers."""
 
-    teachers: list[Teacher]
+    teachers: list[Voters]
     rng: SecureRandom
 
     def votes(self, x: np.ndarray) -> np.ndarray:
-        """(B, parties, k) 0/1 predictions."""
-        return np.stack([t.predict(x) for t in self.teachers], axis=1).astype(np.float64)
+        """(B, teachers, k) 0/1 predictions of every hospital's teachers, in party order."""
+        return np.concatenate([t.predict(x) for t in self.teachers], axis=1).astype(np.float64)
 
 
 def spent_loss(ledger: Ledger) -> dict[str, np.ndarray]:
@@ -138,10 +143,13 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
     consortium: LocalConsortium,
 ) -> None:
     replay = Replay(
-        [load_teacher(consortium.model_path(i)) for i in range(PARTIES)],
+        [Voters.load(consortium.model_paths(i)) for i in range(PARTIES)],
         SecureRandom.from_seed(NOISE_SEED),
     )
     assert all(t.multi_label and t.num_classes == K for t in replay.teachers)
+    assert [len(t) for t in replay.teachers] == TEACHERS
+    # The hospital each teacher belongs to: its weight and its participation are the party's.
+    owner = np.repeat(np.arange(PARTIES), TEACHERS)
     ledger = Ledger(consortium.db)
     acct = ledger.accounting
     names = [f"hospital-{i}" for i in range(PARTIES)]
@@ -189,9 +197,10 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
             if mech.name == "tau":
                 # The parties' fixed point rounds each clipped vote down to the 2**-8 grid.
                 votes = np.floor(clip_votes(votes, p["tau"]) * 256) / 256
-            scaled = votes * (weights[None, :, None] * voting[:, :, None])
+            w, v = weights[owner], voting[:, owner]
+            scaled = votes * (w[None, :, None] * v[:, :, None])
             counts = scaled.sum(axis=1)
-            theta = (voting * weights).sum(axis=1) / 2.0
+            theta = (v * w).sum(axis=1) / 2.0
             noise = round_noise(gaussian_noise(counts.shape, p["sigma"], replay.rng), frac)
             if mech.confident:
                 conf = round_noise(gaussian_noise(counts.shape, p["sigma1"], replay.rng), frac)

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
+
+from experiments import diet_services
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,3 +145,50 @@ def test_diet_label_noise_experiment_draw_zero_is_the_diet_run(tmp_path: Path) -
     (row,) = diet["rows"]
     assert row["answered"] == seed["answered"][0]
     assert row["student_accuracy"] == seed["noisy"][0][0]
+
+
+@pytest.mark.slow
+def test_diet_services_experiment_runs_the_networked_consortium(tmp_path: Path) -> None:
+    out = tmp_path / "services.json"
+    args = ["--hospitals", "3", "--teachers", "2", "--budgets", "2000,4000", "--seeds", "1"]
+    cmd = [sys.executable, "-m", "experiments.diet_services", "--out", str(out), "--quick"]
+    subprocess.run(
+        [*cmd, *args, "--test", "200"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=True,
+    )
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert [r["epsilon"] for r in rows] == [2000.0, 4000.0]
+    # The second budget adds queries to the first's: a prefix, as in central mode.
+    assert 0 < rows[0]["queries"] < rows[1]["queries"]
+    for r in rows:
+        assert r["teachers"] == 6 and r["answered"] == r["queries"]
+        assert all(0 < eps <= r["epsilon"] for eps in r["epsilon_spent"].values())
+        assert 0.0 <= r["student_accuracy"] <= 1.0 and r["test_examples"] == 200
+    assert result["summary"] == diet_services.summarise(rows)
+
+
+def test_labeldp_table_quick(tmp_path: Path) -> None:
+    from experiments.labeldp_table import claims, summarise
+
+    result: dict[str, Any] = run(
+        "experiments.labeldp_table",
+        tmp_path / "labeldp.json",
+        "--quick",
+        "--epsilons",
+        "1,4",
+        "--cache",
+        str(tmp_path / "cache"),
+    )
+    rows = result["rows"]
+    assert {(r["method"], r["budget"]) for r in rows} == {
+        (m, e) for m in ("alibi", "rr", "pate-fm") for e in (1.0, 4.0)
+    }
+    assert result["table"] == summarise(rows) and result["claims"] == claims(rows)
+    assert result["claims"]["no_audit_refutes_a_claim"]
+    for r in rows:
+        assert r["audit"]["canaries"] == 20 and r["epsilon"] <= r["budget"] + 1e-12

@@ -11,14 +11,13 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from capc.models import Teacher
+from capc.models import Teacher, build
 from services.answerer.party import AnsweringParty
 from services.cli import main
 from services.common import pki, tls
@@ -270,10 +269,56 @@ def test_a_revoked_client_is_refused_without_a_restart(
 def party_stream(
     hub: RunningServer, files: tls.TLSFiles
 ) -> tuple[queue.Queue[guardian_pb2.PartyMessage | None], Any]:
-    """A raw Connect stream: what the test puts in the queue goes to the guardian."""
+    """A raw Connect stream, opened by its Register of one teacher: what the test puts in
+    the queue goes to the guardian."""
     outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    outgoing.put(REGISTER)
     responses = stub(hub, files).Connect(iter(outgoing.get, None))
     return outgoing, responses
+
+
+REGISTER = guardian_pb2.PartyMessage(
+    header=HEADER,
+    register=guardian_pb2.Register(teachers=[guardian_pb2.TeacherInfo(architecture="mlp")]),
+)
+
+
+def test_a_stream_opens_with_its_register_of_one_to_many_teachers(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    hub, _ = own_hub
+    files = tls.TLSFiles.in_dir(own_pki, "hospital-a")
+    for first, refusal in (
+        (guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()), "Register"),
+        (guardian_pb2.PartyMessage(header=HEADER, register=guardian_pb2.Register()), "0 teachers"),
+    ):
+        outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+        outgoing.put(first)
+        responses = stub(hub, files).Connect(iter(outgoing.get, None))
+        with pytest.raises(grpc.RpcError) as err:
+            next(responses)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refusal in str(err.value.details())
+        outgoing.put(None)
+    ensemble = guardian_pb2.PartyMessage(
+        header=HEADER,
+        register=guardian_pb2.Register(teachers=[guardian_pb2.TeacherInfo()] * 7),
+    )
+    outgoing = queue.Queue()
+    outgoing.put(ensemble)
+    responses = stub(hub, files).Connect(iter(outgoing.get, None))
+    assert next(responses).WhichOneof("body") == "registered"
+    gateway = stub(hub, tls.TLSFiles.in_dir(own_pki, "gateway"))
+    deadline = time.monotonic() + 10
+    while True:
+        listed = gateway.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+        status = {p.name: p for p in listed.parties}["hospital-a"]
+        if status.connected or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert status.connected and status.teachers == 7
+    responses.cancel()
+    outgoing.put(None)
 
 
 def test_revocation_cuts_a_stream_that_is_already_open(
@@ -340,12 +385,10 @@ def test_an_answering_party_refuses_a_guardian_with_another_role(
     impostor: tuple[int, FakeGuardian], own_pki: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     port, fake = impostor
-    teacher = SimpleNamespace(
-        architecture="small-cnn", input_shape=(2,), num_classes=3, model_hash="h"
-    )
+    teacher = Teacher("mlp", (2,), 3, build("mlp", (2,), 3), device="cpu")
     party = AnsweringParty(
         "hospital-a",
-        cast(Teacher, teacher),
+        teacher,
         f"127.0.0.1:{port}",
         tls.TLSFiles.in_dir(own_pki, "hospital-a"),
         server_name="localhost",

@@ -415,3 +415,44 @@ def test_a_small_total_beside_a_large_reservation_never_shrinks(ledger_url: str)
         )
         ledger.abort(big.round_id)
     assert (ledger.spent_loss("h1") >= GDP.cost(small)).all()
+
+
+def test_privacy_audits_sit_beside_the_claimed_epsilon(ledger_url: str) -> None:
+    from capc.audit import bounds
+
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 50.0)
+    ledger.register_party("h2", 50.0)
+    r = ledger.reserve("a", "digits", "q", 100, {"h1": gnmax_cost(100)}, mechanism="g", quorum=1)
+    ledger.release(r.round_id)
+    ledger.commit(r.round_id, {"h1": gnmax_cost(100)})
+    claimed = ledger.budget("h1").spent
+    kept = ledger.record_privacy_audit(
+        "h1", canaries=200, guesses=40, correct=25, attack="canary labels", actor="auditor"
+    )
+    want = bounds.empirical_epsilon(25, 40, 200, delta=DELTA)
+    assert kept.claimed_epsilon == claimed and kept.delta == DELTA and kept.accountant == "gdp"
+    assert kept.empirical_lower == pytest.approx(want.lower) and not kept.refuted
+    # h2 spent nothing: any positive lower bound refutes its claim of 0.
+    refuted = ledger.record_privacy_audit(
+        "h2", canaries=100, guesses=100, correct=100, attack="canary labels", actor="auditor"
+    )
+    assert refuted.claimed_epsilon == 0.0 and refuted.refuted and refuted.empirical_upper is None
+    assert [a.party for a in ledger.privacy_audits()] == ["h2", "h1"]
+    assert [a.id for a in ledger.privacy_audits("h1")] == [kept.id]
+    entries = [e for e in ledger.audit_entries() if e.action == "privacy_audit"]
+    assert {e.detail["party"] for e in entries} == {"h1", "h2"}
+    assert ledger.verify_audit() > 0
+    for bad in (
+        {"canaries": 10, "guesses": 11, "correct": 1},
+        {"canaries": 10, "guesses": 5, "correct": 6},
+        {"canaries": 0, "guesses": 0, "correct": 0},
+        {"canaries": 10, "guesses": -1, "correct": 0},
+    ):
+        with pytest.raises(LedgerError, match=r"canaries|whole number"):
+            ledger.record_privacy_audit("h1", attack="x", actor="a", **bad)
+    with pytest.raises(UnknownPartyError):
+        ledger.record_privacy_audit(
+            "nobody", canaries=1, guesses=0, correct=0, attack="x", actor="a"
+        )
+    assert len(ledger.privacy_audits()) == 2

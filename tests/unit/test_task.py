@@ -91,15 +91,21 @@ def test_answering_party_votes_follow_the_round() -> None:
         frac_bits=8,
         participation=np.packbits([1, 0, 1], bitorder="little").tobytes(),
     )
-    votes = round_votes(work, preds, 3)
+    votes = round_votes(work, preds[:, None], 3)
     np.testing.assert_array_equal(votes, [[128, 0, 128], [0, 0, 0], [128, 128, 128]])
-    with pytest.raises(ValueError, match="3 outputs, this teacher 5"):
-        round_votes(work, preds, 5)
+    # An ensemble of two teachers: the sum of their votes, each weighted and rounded alone.
+    other = np.array([[0, 0, 1], [1, 1, 1], [0, 1, 0]])
+    both = round_votes(work, np.stack([preds, other], axis=1), 3)
+    np.testing.assert_array_equal(both, [[128, 0, 256], [0, 0, 0], [128, 256, 128]])
+    with pytest.raises(ValueError, match="3 outputs, this party's teachers 5"):
+        round_votes(work, preds[:, None], 5)
+    with pytest.raises(ValueError, match=r"\(B, m, k\) labels"):
+        round_votes(work, preds, 3)
     with pytest.raises(ValueError, match="names no mechanism"):
-        round_votes(guardian_pb2.RoundWork(vote_weight=1.0), preds, 3)
+        round_votes(guardian_pb2.RoundWork(vote_weight=1.0), preds[:, None], 3)
     work.participation = b"\x01\x00"
     with pytest.raises(ValueError, match="3 bits"):
-        round_votes(work, preds, 3)
+        round_votes(work, preds[:, None], 3)
 
 
 def test_animal_attributes_are_a_fixed_function_of_the_class() -> None:
@@ -170,10 +176,10 @@ def test_encrypted_tasks() -> None:
         "num_classes": 10,
         "input_shape": [1, 28, 28],
         "mechanism": {"name": "confident-gnmax", "sigma": 4.0, "threshold": 8.0, "sigma1": 4.0},
-        "encryption": {"architecture": "he-cnn", "width": 5, "params": {"mask_bits": 25}},
+        "encryption": {"architecture": "he-cnn", "width": 5, "params": {"share_bits": 22}},
     }
     task = TaskConfig.parse("t", base, config_hash(base))
-    assert task.encryption is not None and task.encryption.params.mask_bits == 25
+    assert task.encryption is not None and task.encryption.params.share_bits == 22
     assert '"architecture":"he-cnn"' in task.encryption.to_json()
     bad: list[tuple[dict[str, Any], str]] = [
         ({**base, "encryption": {"architecture": "resnet10"}}, "HE-friendly"),

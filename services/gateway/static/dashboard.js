@@ -99,16 +99,37 @@ function progress(fraction) {
   return bar;
 }
 
+function interval(a) {
+  const hi = a.empirical_upper === null ? "∞" : a.empirical_upper.toFixed(2);
+  return `≥ ${a.empirical_lower.toFixed(3)} (${a.empirical_lower.toFixed(2)}–${hi})`;
+}
+
+function verdict(a) {
+  const span = document.createElement("span");
+  span.className = a.refuted ? "refuted" : "holds";
+  span.textContent = a.refuted ? "claim refuted" : "consistent";
+  return span;
+}
+
 async function refresh() {
   const status = document.getElementById("status");
   try {
-    const [history, parties, jobs] = await Promise.all([
+    const [history, parties, jobs, audits] = await Promise.all([
       get("/v1/admin/budgets/history"), get("/v1/admin/parties"), get("/v1/jobs?limit=20"),
+      get("/v1/admin/privacy-audits?limit=100"),
     ]);
+    // Newest first: the first audit seen of a party is its latest.
+    const latest = {};
+    for (const a of audits.audits) if (!(a.party in latest)) latest[a.party] = a;
     drawChart(history);
     fill("budgets", parties.parties.filter(p => p.role === "answerer").map(p => [
       p.name, p.connected ? "yes" : "no", p.epsilon_spent.toFixed(4), p.epsilon_cap, p.epsilon_remaining.toFixed(4),
-      p.queries_left === null ? "" : p.queries_left, p.last_seen || "",
+      p.queries_left === null ? "" : p.queries_left,
+      p.name in latest ? interval(latest[p.name]) : "not audited", p.last_seen || "",
+    ]));
+    fill("audits", audits.audits.map(a => [
+      a.party, a.claimed_epsilon.toFixed(4), interval(a), `${a.correct} / ${a.guesses} / ${a.canaries}`,
+      verdict(a), a.attack, a.at.slice(0, 19),
     ]));
     fill("jobs", jobs.jobs.map(j => [
       j.id.slice(0, 8), j.state + (j.error ? `: ${j.error}` : ""), progress(j.progress),

@@ -15,6 +15,7 @@ import enum
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Enum,
     Float,
@@ -136,3 +137,27 @@ class QuerierSpendRow(Base):
     querier: Mapped[str] = mapped_column(String(128), primary_key=True)
     party: Mapped[str] = mapped_column(ForeignKey("parties.name"), primary_key=True)
     loss: Mapped[list[float]] = mapped_column(JSON)
+
+
+class AuditResultRow(Base):
+    """An empirical privacy audit of one party (a canary attack) beside the epsilon its
+    ledger claimed when the result was recorded; ``refuted`` at 99.9% confidence."""
+
+    __tablename__ = "audit_results"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    party: Mapped[str] = mapped_column(ForeignKey("parties.name"), index=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    actor: Mapped[str] = mapped_column(String(128))
+    attack: Mapped[str] = mapped_column(String(256))
+    canaries: Mapped[int] = mapped_column(Integer)
+    guesses: Mapped[int] = mapped_column(Integer)
+    correct: Mapped[int] = mapped_column(Integer)
+    confidence: Mapped[float] = mapped_column(Float)
+    delta: Mapped[float] = mapped_column(Float)
+    accountant: Mapped[str] = mapped_column(String(32))
+    claimed_epsilon: Mapped[float] = mapped_column(Float)
+    empirical_lower: Mapped[float] = mapped_column(Float)
+    empirical_point: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: None: the interval is unbounded above (every guess was right).
+    empirical_upper: Mapped[float | None] = mapped_column(Float, nullable=True)
+    refuted: Mapped[bool] = mapped_column(Boolean)

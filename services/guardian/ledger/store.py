@@ -44,6 +44,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from capc.audit import bounds
 from capc.privacy import accountants
 from capc.privacy.accountants import Accounting, RenyiDp, UnsupportedEventError
 from capc.privacy.conversion import DEFAULT_ORDERS
@@ -52,6 +53,7 @@ from services.common.db import iso_utc, make_engine, normalise_url
 from services.common.task import config_hash
 from services.guardian.ledger.models import (
     AllowanceRow,
+    AuditResultRow,
     AuditRow,
     ChargeKind,
     ChargeRow,
@@ -68,7 +70,7 @@ from services.guardian.ledger.models import (
 FloatArray = NDArray[np.float64]
 _MIGRATIONS = Path(__file__).with_name("migrations")
 _GENESIS = "0" * 64
-HEAD_REVISION = "0003"
+HEAD_REVISION = "0005"
 _MIGRATION_LOCK = threading.Lock()
 
 
@@ -147,6 +149,41 @@ class PartyBudget:
     best_order: float | None
     rounds: int
     last_seen: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class PrivacyAudit:
+    """An empirical privacy audit of ``party``: a canary attack's ``correct`` right guesses
+    out of ``guesses`` on ``canaries`` canaries, the empirical epsilon the ledger computed
+    from them (nats, at its ``delta``, two-sided ``confidence`` Clopper-Pearson interval;
+    ``empirical_upper`` None when unbounded), and ``claimed_epsilon``, the party's epsilon
+    by the ledger when the result was recorded. ``refuted``: the lower end of the 99.9%
+    interval exceeds it (:data:`capc.audit.bounds.REFUTE_CONFIDENCE`)."""
+
+    id: int
+    party: str
+    at: str
+    actor: str
+    attack: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    delta: float
+    accountant: str
+    claimed_epsilon: float
+    empirical_lower: float
+    empirical_point: float | None
+    empirical_upper: float | None
+    refuted: bool
+
+
+#: Most canaries one audit may report (a bound on what the ledger is asked to store).
+MAX_CANARIES = 1_000_000
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _lock_spends(s: Session, names: Sequence[str]) -> dict[str, SpendRow]:
@@ -846,6 +883,106 @@ class Ledger:
                 for i in keep
             ]
         return out
+
+    # -- empirical audits -----------------------------------------------------
+    def record_privacy_audit(
+        self,
+        party: str,
+        *,
+        canaries: int,
+        guesses: int,
+        correct: int,
+        attack: str,
+        confidence: float = 0.95,
+        actor: str,
+    ) -> PrivacyAudit:
+        """Record a canary attack's counts on ``party`` beside the epsilon its ledger claims
+        now. The empirical epsilon is computed here from the counts (the caller's own
+        arithmetic is not taken), at the ledger's delta; the record is audited."""
+        for name, value in (("canaries", canaries), ("guesses", guesses), ("correct", correct)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LedgerError(f"{name} must be a whole number >= 0, got {value!r}")
+        if not 1 <= canaries <= MAX_CANARIES or not correct <= guesses <= canaries:
+            raise LedgerError(
+                f"need 1 <= canaries <= {MAX_CANARIES} and correct <= guesses <= canaries, got "
+                f"{correct} right of {guesses} guesses on {canaries} canaries"
+            )
+        if not 0.5 <= confidence < 1.0:
+            raise LedgerError(f"confidence must lie in [0.5, 1), got {confidence}")
+        if not attack or len(attack) > 256:
+            raise LedgerError("describe the attack in 1 to 256 characters")
+        empirical = bounds.empirical_epsilon(
+            correct, guesses, canaries, delta=self.delta, confidence=confidence
+        )
+        with self._tx() as s:
+            spend = s.get(SpendRow, party)
+            if spend is None:
+                raise UnknownPartyError(f"no party named {party!r}")
+            claimed = self._eps(spend.loss)[0]
+            row = AuditResultRow(
+                party=party,
+                actor=actor,
+                attack=attack,
+                canaries=canaries,
+                guesses=guesses,
+                correct=correct,
+                confidence=float(confidence),
+                delta=self.delta,
+                accountant=self.accountant,
+                claimed_epsilon=claimed,
+                empirical_lower=empirical.lower,
+                empirical_point=_finite(empirical.point),
+                empirical_upper=_finite(empirical.upper),
+                refuted=empirical.exceeds(claimed),
+            )
+            s.add(row)
+            s.flush()
+            self._audit(
+                s,
+                actor,
+                "privacy_audit",
+                {
+                    "id": row.id,
+                    "party": party,
+                    "claimed_epsilon": claimed,
+                    "empirical_lower": empirical.lower,
+                    "canaries": canaries,
+                    "guesses": guesses,
+                    "correct": correct,
+                    "refuted": row.refuted,
+                },
+            )
+            return self._privacy_audit(row)
+
+    @staticmethod
+    def _privacy_audit(r: AuditResultRow) -> PrivacyAudit:
+        return PrivacyAudit(
+            id=r.id,
+            party=r.party,
+            at=iso_utc(r.at),
+            actor=r.actor,
+            attack=r.attack,
+            canaries=r.canaries,
+            guesses=r.guesses,
+            correct=r.correct,
+            confidence=r.confidence,
+            delta=r.delta,
+            accountant=r.accountant,
+            claimed_epsilon=r.claimed_epsilon,
+            empirical_lower=r.empirical_lower,
+            empirical_point=r.empirical_point,
+            empirical_upper=r.empirical_upper,
+            refuted=r.refuted,
+        )
+
+    def privacy_audits(self, party: str | None = None, limit: int = 100) -> list[PrivacyAudit]:
+        """Recorded audits, newest first (of ``party`` only, when given)."""
+        q = select(AuditResultRow)
+        if party is not None:
+            q = q.where(AuditResultRow.party == party)
+        with Session(self.engine) as s:
+            rows = s.scalars(q.order_by(AuditResultRow.id.desc()).limit(limit))
+            return [self._privacy_audit(r) for r in rows]
 
     def count_rounds(self, state: RoundState | None = None) -> int:
         with Session(self.engine) as s:

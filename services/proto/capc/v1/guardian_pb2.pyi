@@ -106,7 +106,7 @@ class Registered(_message.Message):
     def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ...) -> None: ...
 
 class RoundWork(_message.Message):
-    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits", "participation")
+    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits", "participation", "teachers")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class RoundWork(_message.Message):
     VOTE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
     PARTICIPATION_FIELD_NUMBER: _ClassVar[int]
+    TEACHERS_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     queries: _common_pb2.QueryBatch
     mechanism: _common_pb2.Mechanism
@@ -121,7 +122,8 @@ class RoundWork(_message.Message):
     vote_weight: float
     frac_bits: int
     participation: bytes
-    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ..., participation: _Optional[bytes] = ...) -> None: ...
+    teachers: int
+    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ..., participation: _Optional[bytes] = ..., teachers: _Optional[int] = ...) -> None: ...
 
 class RoundCancelled(_message.Message):
     __slots__ = ("round_id", "reason")
@@ -132,18 +134,20 @@ class RoundCancelled(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key")
+    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_KEY_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     STUDENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     round_key: str
     queries: _common_pb2.QueryBatch
     mechanism: _common_pb2.Mechanism
     student_public_key: bytes
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ...) -> None: ...
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SealedSeed(_message.Message):
     __slots__ = ("party", "sealed")
@@ -154,7 +158,7 @@ class SealedSeed(_message.Message):
     def __init__(self, party: _Optional[str] = ..., sealed: _Optional[bytes] = ...) -> None: ...
 
 class OpenRoundReply(_message.Message):
-    __slots__ = ("round_id", "included", "excluded_remaining_epsilon", "seeds", "session_id")
+    __slots__ = ("round_id", "included", "excluded_remaining_epsilon", "seeds", "session_id", "teachers")
     class ExcludedRemainingEpsilonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,17 +166,26 @@ class OpenRoundReply(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class TeachersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDED_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_REMAINING_EPSILON_FIELD_NUMBER: _ClassVar[int]
     SEEDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TEACHERS_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     included: _containers.RepeatedScalarFieldContainer[str]
     excluded_remaining_epsilon: _containers.ScalarMap[str, float]
     seeds: _containers.RepeatedCompositeFieldContainer[SealedSeed]
     session_id: bytes
-    def __init__(self, round_id: _Optional[int] = ..., included: _Optional[_Iterable[str]] = ..., excluded_remaining_epsilon: _Optional[_Mapping[str, float]] = ..., seeds: _Optional[_Iterable[_Union[SealedSeed, _Mapping]]] = ..., session_id: _Optional[bytes] = ...) -> None: ...
+    teachers: _containers.ScalarMap[str, int]
+    def __init__(self, round_id: _Optional[int] = ..., included: _Optional[_Iterable[str]] = ..., excluded_remaining_epsilon: _Optional[_Mapping[str, float]] = ..., seeds: _Optional[_Iterable[_Union[SealedSeed, _Mapping]]] = ..., session_id: _Optional[bytes] = ..., teachers: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class MpcFrame(_message.Message):
     __slots__ = ("header", "round_id", "frame")
@@ -185,7 +198,7 @@ class MpcFrame(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class PartyStatus(_message.Message):
-    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left")
+    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +212,7 @@ class PartyStatus(_message.Message):
     VOTE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     PARTICIPATION_FIELD_NUMBER: _ClassVar[int]
     QUERIES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    TEACHERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     status: str
@@ -212,7 +226,8 @@ class PartyStatus(_message.Message):
     vote_weight: float
     participation: float
     queries_left: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ...) -> None: ...
+    teachers: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ...) -> None: ...
 
 class ListPartiesRequest(_message.Message):
     __slots__ = ("header",)
@@ -361,3 +376,75 @@ class BudgetHistoryReply(_message.Message):
     series: _containers.RepeatedCompositeFieldContainer[BudgetSeries]
     delta: float
     def __init__(self, series: _Optional[_Iterable[_Union[BudgetSeries, _Mapping]]] = ..., delta: _Optional[float] = ...) -> None: ...
+
+class RecordPrivacyAuditRequest(_message.Message):
+    __slots__ = ("header", "party", "canaries", "guesses", "correct", "confidence", "attack", "actor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    CANARIES_FIELD_NUMBER: _ClassVar[int]
+    GUESSES_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    party: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    attack: str
+    actor: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., canaries: _Optional[int] = ..., guesses: _Optional[int] = ..., correct: _Optional[int] = ..., confidence: _Optional[float] = ..., attack: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class PrivacyAudit(_message.Message):
+    __slots__ = ("id", "party", "at", "actor", "attack", "canaries", "guesses", "correct", "confidence", "delta", "accountant", "claimed_epsilon", "empirical_lower", "empirical_point", "empirical_upper", "refuted")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    ATTACK_FIELD_NUMBER: _ClassVar[int]
+    CANARIES_FIELD_NUMBER: _ClassVar[int]
+    GUESSES_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTANT_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    EMPIRICAL_LOWER_FIELD_NUMBER: _ClassVar[int]
+    EMPIRICAL_POINT_FIELD_NUMBER: _ClassVar[int]
+    EMPIRICAL_UPPER_FIELD_NUMBER: _ClassVar[int]
+    REFUTED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    party: str
+    at: str
+    actor: str
+    attack: str
+    canaries: int
+    guesses: int
+    correct: int
+    confidence: float
+    delta: float
+    accountant: str
+    claimed_epsilon: float
+    empirical_lower: float
+    empirical_point: float
+    empirical_upper: float
+    refuted: bool
+    def __init__(self, id: _Optional[int] = ..., party: _Optional[str] = ..., at: _Optional[str] = ..., actor: _Optional[str] = ..., attack: _Optional[str] = ..., canaries: _Optional[int] = ..., guesses: _Optional[int] = ..., correct: _Optional[int] = ..., confidence: _Optional[float] = ..., delta: _Optional[float] = ..., accountant: _Optional[str] = ..., claimed_epsilon: _Optional[float] = ..., empirical_lower: _Optional[float] = ..., empirical_point: _Optional[float] = ..., empirical_upper: _Optional[float] = ..., refuted: _Optional[bool] = ...) -> None: ...
+
+class ListPrivacyAuditsRequest(_message.Message):
+    __slots__ = ("header", "party", "limit")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    party: str
+    limit: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListPrivacyAuditsReply(_message.Message):
+    __slots__ = ("audits",)
+    AUDITS_FIELD_NUMBER: _ClassVar[int]
+    audits: _containers.RepeatedCompositeFieldContainer[PrivacyAudit]
+    def __init__(self, audits: _Optional[_Iterable[_Union[PrivacyAudit, _Mapping]]] = ...) -> None: ...

@@ -79,6 +79,16 @@ class GuardianHubStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryReply.FromString,
                 _registered_method=True)
+        self.RecordPrivacyAudit = channel.unary_unary(
+                '/capc.v1.GuardianHub/RecordPrivacyAudit',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.RecordPrivacyAuditRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.PrivacyAudit.FromString,
+                _registered_method=True)
+        self.ListPrivacyAudits = channel.unary_unary(
+                '/capc.v1.GuardianHub/ListPrivacyAudits',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.ListPrivacyAuditsRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.ListPrivacyAuditsReply.FromString,
+                _registered_method=True)
 
 
 class GuardianHubServicer:
@@ -144,6 +154,19 @@ class GuardianHubServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordPrivacyAudit(self, request, context):
+        """Empirical privacy audits (canary attacks) beside each party's claimed epsilon.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPrivacyAudits(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GuardianHubServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +214,16 @@ def add_GuardianHubServicer_to_server(servicer, server):
                     servicer.BudgetHistory,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryRequest.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryReply.SerializeToString,
+            ),
+            'RecordPrivacyAudit': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordPrivacyAudit,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.RecordPrivacyAuditRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.PrivacyAudit.SerializeToString,
+            ),
+            'ListPrivacyAudits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPrivacyAudits,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.ListPrivacyAuditsRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.ListPrivacyAuditsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -436,6 +469,60 @@ class GuardianHub:
             '/capc.v1.GuardianHub/BudgetHistory',
             capc_dot_v1_dot_guardian__pb2.BudgetHistoryRequest.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.BudgetHistoryReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordPrivacyAudit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianHub/RecordPrivacyAudit',
+            capc_dot_v1_dot_guardian__pb2.RecordPrivacyAuditRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.PrivacyAudit.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPrivacyAudits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianHub/ListPrivacyAudits',
+            capc_dot_v1_dot_guardian__pb2.ListPrivacyAuditsRequest.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.ListPrivacyAuditsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -98,21 +98,25 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
 class TrainModelRequest(_message.Message):
-    __slots__ = ("header", "job_ids", "architecture", "epochs", "seed")
+    __slots__ = ("header", "job_ids", "architecture", "epochs", "seed", "l2", "semi_supervised")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    L2_FIELD_NUMBER: _ClassVar[int]
+    SEMI_SUPERVISED_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     architecture: str
     epochs: int
     seed: int
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    l2: float
+    semi_supervised: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ..., l2: _Optional[float] = ..., semi_supervised: _Optional[str] = ...) -> None: ...
 
 class StudentModel(_message.Message):
-    __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at")
+    __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at", "options_json")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +126,7 @@ class StudentModel(_message.Message):
     METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     job_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -131,7 +136,8 @@ class StudentModel(_message.Message):
     metrics_json: str
     error: str
     created_at: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., examples: _Optional[int] = ..., metrics_json: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ...) -> None: ...
+    options_json: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., examples: _Optional[int] = ..., metrics_json: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., options_json: _Optional[str] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("header", "id")
@@ -162,3 +168,23 @@ class ModelFile(_message.Message):
     checkpoint: bytes
     card_json: str
     def __init__(self, model: _Optional[_Union[StudentModel, _Mapping]] = ..., checkpoint: _Optional[bytes] = ..., card_json: _Optional[str] = ...) -> None: ...
+
+class PredictRequest(_message.Message):
+    __slots__ = ("header", "id", "records")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    id: str
+    records: _common_pb2.Tensor
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., id: _Optional[str] = ..., records: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class PredictReply(_message.Message):
+    __slots__ = ("id", "labels", "scores")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    labels: _common_pb2.Tensor
+    scores: _common_pb2.Tensor
+    def __init__(self, id: _Optional[str] = ..., labels: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., scores: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...

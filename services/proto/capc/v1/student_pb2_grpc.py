@@ -79,6 +79,11 @@ class StudentPartyStub:
                 request_serializer=capc_dot_v1_dot_student__pb2.GetModelRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_student__pb2.ModelFile.FromString,
                 _registered_method=True)
+        self.Predict = channel.unary_unary(
+                '/capc.v1.StudentParty/Predict',
+                request_serializer=capc_dot_v1_dot_student__pb2.PredictRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.PredictReply.FromString,
+                _registered_method=True)
 
 
 class StudentPartyServicer:
@@ -140,6 +145,16 @@ class StudentPartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Predict(self, request, context):
+        """Predictions of a trained student model for one or many records. A
+        record's prediction depends on that record alone, never on the others
+        in the request (current-statistics models read stored statistics of a
+        reference batch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StudentPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -187,6 +202,11 @@ def add_StudentPartyServicer_to_server(servicer, server):
                     servicer.DownloadModel,
                     request_deserializer=capc_dot_v1_dot_student__pb2.GetModelRequest.FromString,
                     response_serializer=capc_dot_v1_dot_student__pb2.ModelFile.SerializeToString,
+            ),
+            'Predict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Predict,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.PredictRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.PredictReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -432,6 +452,33 @@ class StudentParty:
             '/capc.v1.StudentParty/DownloadModel',
             capc_dot_v1_dot_student__pb2.GetModelRequest.SerializeToString,
             capc_dot_v1_dot_student__pb2.ModelFile.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Predict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/Predict',
+            capc_dot_v1_dot_student__pb2.PredictRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.PredictReply.FromString,
             options,
             channel_credentials,
             insecure,

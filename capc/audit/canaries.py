@@ -1,0 +1,164 @@
+"""Canaries: training records given a random wrong label, and the attack that guesses it.
+
+For each canary the auditor draws two distinct wrong classes (y', y'') of
+its true class uniformly and trains with y'. Since the pair is unordered
+to the attacker and the order uniform, this is the game of
+:mod:`capc.audit.bounds`: the canary's bit is whether y' or y'' was used.
+
+The attack sees only what is released: the model (its class
+probabilities on the canary's input) and, where the canary was a query
+of a labelling service, the released label. It guesses y' or y'' where
+the release points at one of them, and abstains otherwise:
+
+- a released label equal to y' or y'' is taken as the guess;
+- otherwise, if the model's most likely class is y' or y'', that one;
+- otherwise no guess.
+
+The rule is fixed before the attack runs and reads no true label.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.audit.bounds import EmpiricalEpsilon, empirical_epsilon
+
+NO_LABEL = -1
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """``index`` (M,) of the canary records; ``true`` their real classes; ``planted`` the
+    label they were trained with (y'); ``alternative`` the other candidate (y'')."""
+
+    index: NDArray[np.int64]
+    true: NDArray[np.int64]
+    planted: NDArray[np.int64]
+    alternative: NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def to_arrays(self) -> dict[str, NDArray[np.int64]]:
+        return {
+            "index": self.index,
+            "true": self.true,
+            "planted": self.planted,
+            "alternative": self.alternative,
+        }
+
+
+def plant(
+    labels: NDArray[np.integer],
+    classes: int,
+    index: NDArray[np.integer],
+    rng: np.random.Generator,
+) -> tuple[NDArray[np.int64], Canaries]:
+    """Labels with the records ``index`` turned into canaries, and the canaries.
+
+    ``rng`` is the auditor's own generator (the canaries are the experiment's
+    design, not privacy noise)."""
+    y = np.asarray(labels, dtype=np.int64).copy()
+    idx = np.asarray(index, dtype=np.int64)
+    if classes < 3:
+        raise ValueError("a canary needs two wrong classes: at least 3 classes")
+    if len(np.unique(idx)) != len(idx) or (len(idx) and (idx.min() < 0 or idx.max() >= len(y))):
+        raise ValueError("canary indices must be distinct indices of the labels")
+    true = y[idx]
+    # Two distinct offsets in 1..classes-1 give two distinct wrong classes.
+    first = rng.integers(1, classes, len(idx))
+    second = 1 + (first - 1 + rng.integers(1, classes - 1, len(idx))) % (classes - 1)
+    planted = (true + first) % classes
+    alternative = (true + second) % classes
+    y[idx] = planted
+    return y, Canaries(idx, true, planted.astype(np.int64), alternative.astype(np.int64))
+
+
+@dataclass(frozen=True)
+class Guesses:
+    """Per canary: whether the attack guessed, and whether the guess was y'."""
+
+    made: NDArray[np.bool_]
+    right: NDArray[np.bool_]
+
+    @property
+    def count(self) -> int:
+        return int(self.made.sum())
+
+    @property
+    def correct(self) -> int:
+        return int((self.made & self.right).sum())
+
+
+def guess(
+    canaries: Canaries,
+    probabilities: NDArray[np.floating] | None,
+    released: NDArray[np.integer] | None = None,
+) -> Guesses:
+    """The attack of the module docstring. ``probabilities`` (M, C): the released model's
+    class probabilities on the canaries' inputs (None: no model); ``released`` (M,): a
+    released label per canary or :data:`NO_LABEL`."""
+    m = len(canaries)
+    candidates = np.stack([canaries.planted, canaries.alternative], axis=1)
+    made = np.zeros(m, dtype=bool)
+    pick = np.full(m, NO_LABEL, dtype=np.int64)
+    if probabilities is not None:
+        p = np.asarray(probabilities, dtype=np.float64)
+        if p.ndim != 2 or p.shape[0] != m:
+            raise ValueError(f"need (canaries, classes) probabilities, got {p.shape}")
+        top = p.argmax(axis=1)
+        hit = (top[:, None] == candidates).any(axis=1)
+        made |= hit
+        pick = np.where(hit, top, pick)
+    if released is not None:
+        r = np.asarray(released, dtype=np.int64)
+        if r.shape != (m,):
+            raise ValueError(f"need one released label per canary, got shape {r.shape}")
+        hit = (r[:, None] == candidates).any(axis=1)
+        made |= hit
+        pick = np.where(hit, r, pick)
+    return Guesses(made, made & (pick == canaries.planted))
+
+
+def guess_by_score(canaries: Canaries, log_odds: NDArray[np.floating], margin: float) -> Guesses:
+    """Guess y' where ``log_odds`` (M,), the release's log-likelihood ratio of y' against
+    y'', is at least ``margin``, y'' where it is at most -``margin``, abstain between.
+
+    Used on a mechanism's direct output (ALIBI's noisy vectors), where the ratio is
+    known in closed form: guessing only at its extreme makes the attack exact."""
+    s = np.asarray(log_odds, dtype=np.float64)
+    if s.shape != (len(canaries),):
+        raise ValueError(f"need one score per canary, got shape {s.shape}")
+    if not margin >= 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    made = np.abs(s) >= margin
+    return Guesses(made, made & (s > 0))
+
+
+def audit_scores(
+    canaries: Canaries,
+    log_odds: NDArray[np.floating],
+    margin: float,
+    *,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+) -> EmpiricalEpsilon:
+    """:func:`guess_by_score`, turned into an empirical epsilon (nats)."""
+    g = guess_by_score(canaries, log_odds, margin)
+    return empirical_epsilon(g.correct, g.count, len(canaries), delta=delta, confidence=confidence)
+
+
+def audit(
+    canaries: Canaries,
+    probabilities: NDArray[np.floating] | None,
+    released: NDArray[np.integer] | None = None,
+    *,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+) -> EmpiricalEpsilon:
+    """Run the attack and turn its guesses into an empirical epsilon (nats)."""
+    g = guess(canaries, probabilities, released)
+    return empirical_epsilon(g.correct, g.count, len(canaries), delta=delta, confidence=confidence)

@@ -1,0 +1,102 @@
+"""The student party's trainer on a real job store: the central experiment's head, the
+CaPC loop's own records, reference statistics, and refusals that say what to do."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from capc.learning.last_layer import fit_batch_standardised
+from capc.models import Teacher, build
+from capc.models.inference import features
+from services.common.task import TaskConfig, config_hash
+from services.student.predictor import load_teacher_bytes
+from services.student.store import JobStore
+from services.student.training import ModelTrainer, TrainingError, TrainingOptions
+
+TASK = {"num_classes": 3, "input_shape": [1, 12, 12], "mechanism": {"name": "gnmax", "sigma": 1.0}}
+
+
+def images(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    x = rng.random((n, 1, 12, 12)).astype(np.float32) * 0.4
+    x[y == 0, :, :, :6] += 0.6
+    x[y == 1, :, :, 6:] += 0.6
+    x[y == 2, :, :6, :] += 0.6
+    return x, y
+
+
+@pytest.fixture
+def parts(tmp_path: Path) -> tuple[JobStore, TaskConfig, Teacher]:
+    store = JobStore(str(tmp_path / "student.db"))
+    task = TaskConfig.parse("t", TASK, config_hash(TASK))
+    body = Teacher(
+        "resnet10", (1, 12, 12), 3, build("resnet10", (1, 12, 12), 3, 4, seed=0), width=4
+    )
+    return store, task, body
+
+
+def wait(store: JobStore, model_id: str) -> None:
+    deadline = time.monotonic() + 120
+    while (spec := store.model(model_id)) is not None and spec.state not in ("done", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_the_service_fits_the_central_experiments_head(
+    parts: tuple[JobStore, TaskConfig, Teacher],
+) -> None:
+    store, task, body = parts
+    x, y = images(120, 0)
+    job = store.create("t", x, batch_size=40)
+    for i in range(3):
+        store.record_batch(job.id, i, i + 1, y[40 * i : 40 * (i + 1)])
+    store.finish(job.id)
+    test = images(90, 1)
+    trainer = ModelTrainer(store, task, test, body)
+    trainer.check([job.id], "pretrained", 10)
+    spec = store.create_model([job.id], "pretrained", 10, 0, TrainingOptions().to_dict())
+    trainer.submit(spec.id)
+    wait(store, spec.id)
+    done = store.model(spec.id)
+    assert done is not None and done.state == "done", done
+    found = store.model_file(spec.id)
+    assert found is not None
+    model = load_teacher_bytes(found[0]).model
+    # The experiment's student head: batch-standardised, balanced, L2 0.01, on features of
+    # each round of 40 queries read with its own statistics.
+    f = features(body.model, x, current_statistics=True, batch=40)
+    head = fit_batch_standardised(f, y, 3, l2=0.01, balanced=True)
+    fitted, expected = model.head[1], head[1]  # type: ignore[index]
+    assert isinstance(fitted, torch.nn.Linear) and isinstance(expected, torch.nn.Linear)
+    assert torch.allclose(fitted.weight, expected.weight, atol=1e-5)
+    assert found[1]["reference"] == {"records": 90, "sha256": found[1]["reference"]["sha256"]}  # type: ignore[index]
+
+
+def test_the_capc_loop_fits_own_records_with_or_without_jobs(
+    parts: tuple[JobStore, TaskConfig, Teacher],
+) -> None:
+    store, task, body = parts
+    own, test = images(60, 2), images(90, 3)
+    trainer = ModelTrainer(store, task, test, body, own=own)
+    # With its own records, a model of no jobs is the querier's model before it asked.
+    trainer.check([], "pretrained", 10)
+    spec = store.create_model([], "pretrained", 10, 0, TrainingOptions().to_dict())
+    trainer.submit(spec.id)
+    wait(store, spec.id)
+    done = store.model(spec.id)
+    assert done is not None and done.state == "done" and done.examples == 60, done
+    assert 0.0 <= float(str(done.metrics["test_accuracy"])) <= 1.0
+    alone = ModelTrainer(store, task, test, body)
+    with pytest.raises(TrainingError, match="at least one finished job"):
+        alone.check([], "pretrained", 10)
+    with pytest.raises(TrainingError, match="semi_supervised applies"):
+        alone.check(["x"], "small-cnn", 10, TrainingOptions(semi_supervised="self-training"))
+    blind = ModelTrainer(store, task, None, body)
+    with pytest.raises(TrainingError, match="--reference-data"):
+        blind.check(["x"], "pretrained", 10)
