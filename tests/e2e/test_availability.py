@@ -33,7 +33,7 @@ from services.testbed.light import (
     tensor_batch,
     wait_until,
 )
-from tests.e2e.light import DeviatingParty
+from tests.e2e.light import DeviatingParty, register
 
 ROUND_TIMEOUT = 4.0
 
@@ -230,6 +230,7 @@ def test_one_querier_holds_a_bounded_number_of_open_rounds(tmp_path: Path) -> No
 def idle_connect(c: LightConsortium, name: str) -> tuple[Any, Any]:
     """An answering party's Connect stream that sends nothing after its registration."""
     outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    outgoing.put(register())
     responses = c.stub(name).Connect(iter(outgoing.get, None))
     return outgoing, responses
 
