@@ -47,7 +47,7 @@ from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.votes import one_hot_votes, share_votes
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
-from services.guardian.ledger import Ledger
+from services.common.ledger import Ledger
 from services.local import TASK_NAME, LocalConsortium
 from services.student.client import RoundResult
 from services.testbed import netlab

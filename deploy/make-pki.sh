@@ -18,6 +18,9 @@ issue() {  # role name [--dns NAME | --ip ADDRESS ...]
 }
 # The names the other services dial: the compose service and the Kubernetes service.
 issue guardian guardian --dns guardian --dns guardian.capc.svc.cluster.local
+# The guardian's Ed25519 key that signs its audit log (never stored in the ledger's database).
+cp "$OUT/ca/guardian-audit.key" "$OUT/guardian/"
+chmod 0440 "$OUT/guardian/guardian-audit.key"
 issue student student --dns student --dns student.capc.svc.cluster.local
 issue gateway gateway
 # The gateway's HTTPS certificate: the names analysts reach it by (CAPC_GATEWAY_HOSTS,

@@ -6,13 +6,14 @@ disjoint parts of their animal-mnist images, the student party and the
 gateway), driven as an analyst and a data-protection officer drive it,
 through the REST API (capc_client):
 
-1. the officer sets every hospital's cap to the first budget (eps 5);
+1. every hospital sets its own cap to the first budget (eps 5);
 2. the analyst reads how many whole rounds every cap still covers (the
    ledger's data-independent plan, never the votes), labels that many
    Gaussian-noise queries, trains the student on every job so far and reads
    its held-out accuracy; the ledger's epsilon of every hospital is recorded;
-3. the officer raises the caps to the next budget (8, then 10; audited), and
-   step 2 runs again on fresh queries.
+3. every hospital raises its own cap to the next budget (8, then 10; its
+   configuration and a restart, audited), and step 2 runs again on fresh
+   queries. The guardian's operator registered each at the largest budget.
 
 So, as in the central-mode experiment, the labels at eps 8 are those at eps
 5 plus more, and every hospital's total stays within the cap of its row by
@@ -95,6 +96,8 @@ def run_seed(config: Config, seed: int, body: Path, work: Path) -> list[dict[str
         held_out=config.test,
         split_seed=seed,
         epsilon_cap=config.budgets[0],
+        # The guardian operator's ceiling: each hospital raises its own cap up to it.
+        registered_caps=[max(config.budgets)] * config.hospitals,
     )
     rows: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -109,9 +112,11 @@ def run_seed(config: Config, seed: int, body: Path, work: Path) -> list[dict[str
         jobs: list[str] = []
         queried = 0
         for budget in config.budgets:
-            for b in officer.budgets().budgets:
-                if b.epsilon_cap != budget:
-                    officer.set_cap(b.party, budget)
+            # Each hospital raises its own cap (its configuration, then a restart); nobody
+            # on the querier's side can.
+            for i in range(config.hospitals):
+                if consortium.cap(i) != budget:
+                    consortium.restart_party(i, budget)
             covered = min(int(b.queries_left or 0) for b in officer.budgets().budgets)
             count = (covered // config.batch) * config.batch
             if count:

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from capc.labeldp import cli as labeldp_cli
 from capc.learning import cli as diet_cli
 from capc.privacy import cli as privacy_cli
-from services import audit, demo, local
+from services import demo, local
 from services.answerer import main as answerer_main
+from services.audit import cli as audit_cli
 from services.common import health, pki
 from services.gateway import main as gateway_main
 from services.guardian import main as guardian_main
@@ -31,10 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     guardian_main.add_parser(sub)
     answerer_main.add_parser(sub)
     local.add_parser(sub)
-    audit.add_parser(sub)
     student_main.add_parser(sub)
     gateway_main.add_parser(sub)
     health.add_parser(sub)
+    audit_cli.add_parser(sub)
     return parser
 
 

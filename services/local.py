@@ -38,9 +38,9 @@ from capc.models import Teacher, build, load_teacher, save_teacher
 from capc.models.ensemble import save_ensemble
 from services import tasks
 from services.common import pki, tls
+from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
 from services.gateway.tokens import TokenStore
-from services.guardian.ledger import Ledger
 from services.student.client import StudentClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,11 @@ class LocalConsortium:
         default_factory=lambda: np.zeros((0, 1, 28, 28), dtype=np.float32)
     )
     #: Per-hospital eps caps (personalized budgets); ``epsilon_cap`` for all when unset.
+    #: Each hospital sets its own (``capc answerer --epsilon-cap``).
     epsilon_caps: list[float] | None = None
+    #: The guardian operator's ceilings (``capc guardian --register``); the hospitals'
+    #: own caps when unset. The guardian enforces the smaller of the two.
+    registered_caps: list[float] | None = None
     #: A pretrained body (capc diet pretrain): DIET teachers and a DIET student when set.
     body: Path | None = None
     #: Teachers per hospital (an ensemble on disjoint parts of its data); one each when unset.
@@ -197,6 +201,7 @@ class LocalConsortium:
         return self.dial or f"{self.listen_host}:{self.port}"
 
     def cap(self, i: int) -> float:
+        """Hospital ``i``'s own cap."""
         return self.epsilon_caps[i] if self.epsilon_caps else self.epsilon_cap
 
     def teacher_count(self, i: int) -> int:
@@ -209,6 +214,10 @@ class LocalConsortium:
         if self.teacher_count(i) == 1 or self.body is not None:
             return [self.model_path(i)]
         return [self.directory / f"hospital-{i}-{t}.pt" for t in range(self.teacher_count(i))]
+
+    def party_ledger(self, i: int) -> str:
+        """Hospital ``i``'s own ledger (SQLite file)."""
+        return str(self.directory / f"hospital-{i}-ledger.db")
 
     @property
     def pki_dir(self) -> Path:
@@ -403,8 +412,9 @@ class LocalConsortium:
     def start_guardian(self) -> Process:
         """(Re)start the guardian on the same port and ledger; it recovers on start-up."""
         self.port = self.port or free_port()
+        ceilings = self.registered_caps or [self.cap(i) for i in range(self.parties)]
         register = [
-            a for i in range(self.parties) for a in ("--register", f"hospital-{i}={self.cap(i)}")
+            a for i in range(self.parties) for a in ("--register", f"hospital-{i}={ceilings[i]}")
         ]
         # A seed is for tests that replay the noise; the guardian accepts it only under
         # --insecure-dev, which keeps mutual TLS on because --pki is named.
@@ -579,6 +589,24 @@ class LocalConsortium:
                 p.popen.kill()
                 p.popen.wait(timeout=10)
 
+    def restart_party(self, i: int, epsilon_cap: float | None = None) -> Process:
+        """Restart hospital ``i`` (its own ledger kept), with a new cap of its own when given:
+        only the hospital changes its cap, in its own configuration. Returns once it is
+        connected again; the guardian enforces no more than its registered ceiling."""
+        name = f"hospital-{i}"
+        for p in self.procs:
+            if p.name == name and p.popen.poll() is None:
+                p.popen.terminate()
+                p.popen.wait(timeout=30)
+        self.procs = [p for p in self.procs if p.name != name]
+        if epsilon_cap is not None:
+            caps = list(self.epsilon_caps or [self.epsilon_cap] * self.parties)
+            caps[i] = epsilon_cap
+            self.epsilon_caps = caps
+        proc = self.start_party(i)
+        proc.wait_for("connected to the guardian")
+        return proc
+
     def start_party(self, i: int) -> Process:
         proc = spawn(
             f"hospital-{i}",
@@ -588,6 +616,10 @@ class LocalConsortium:
             self.address,
             "--name",
             f"hospital-{i}",
+            "--epsilon-cap",
+            repr(self.cap(i)),
+            "--ledger",
+            self.party_ledger(i),
             "--pki",
             str(self.pki_dir),
             "--server-name",
@@ -638,6 +670,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=None,
         help="pretrained body (capc diet pretrain): hospitals fit only its last layer (DIET)",
     )
+    p.add_argument(
+        "--teachers",
+        type=int,
+        default=1,
+        help="teachers each hospital votes with, each on a disjoint part of its data",
+    )
     p.set_defaults(handler=run)
 
 
@@ -648,6 +686,7 @@ def run(args: argparse.Namespace) -> int:
         epsilon_cap=args.epsilon,
         log=lambda s: print(s, flush=True),
         body=args.body,
+        teachers=[args.teachers] * args.parties,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -659,6 +698,7 @@ def run(args: argparse.Namespace) -> int:
                     "guardian": f"127.0.0.1:{c.port}",
                     "pki": str(c.pki_dir),
                     "ledger": c.db,
+                    "hospital_ledgers": [c.party_ledger(i) for i in range(c.parties)],
                     "task": c.task,
                 }
             ),

@@ -16,6 +16,7 @@ from capc_client.models import (
     Job,
     LedgerPage,
     Party,
+    PartyLedger,
     StudentModel,
 )
 from capc_client.sdk import ApiError, Client
@@ -30,5 +31,6 @@ __all__ = [
     "Job",
     "LedgerPage",
     "Party",
+    "PartyLedger",
     "StudentModel",
 ]

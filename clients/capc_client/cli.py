@@ -5,7 +5,7 @@
     capcctl jobs watch ID | show ID | list | results ID -o labelled.npz
     capcctl models train JOB... | show ID | list | download ID -o student.pt
     capcctl models predict ID records.json|records.npy
-    capcctl budget | parties | ledger [--party P] | audit | set-cap PARTY EPS
+    capcctl budget | parties | ledger [--party P] | audit
 
 The gateway, token and CA come from --url/--token/--ca or CAPC_URL/CAPC_TOKEN/
 CAPC_CA; the gateway's certificate must verify against that CA (the consortium's
@@ -194,10 +194,16 @@ def cmd_budget(client: Client, args: argparse.Namespace) -> int:
         f"{x.party:16} eps {x.epsilon_spent:10.4f} of {x.epsilon_cap:<10g} remaining {x.epsilon_remaining:10.4f}"
         f"  order {x.best_order:g}"
         + ("" if x.queries_left is None else f"  ~{x.queries_left} queries left")
+        + f"  own ledger: {x.own_ledger.state}"
+        + (
+            f" (eps {x.own_ledger.epsilon_spent:.4f}, gap {x.own_ledger.gap:.3g})"
+            if x.own_ledger.state != "unreported"
+            else ""
+        )
         for x in b.budgets
     ]
     _print(args, b, lines)
-    return 0
+    return 1 if any(x.own_ledger.state == "diverged" for x in b.budgets) else 0
 
 
 def cmd_parties(client: Client, args: argparse.Namespace) -> int:
@@ -225,6 +231,7 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> int:
     page = client.audit(args.limit, args.offset)
     lines = [f"audit chain {'valid' if page.chain_valid else 'BROKEN'}"] + [
         f"{e.seq:6} {e.at} {e.actor:20} {e.action:10} {json.dumps(e.detail, sort_keys=True)}"
+        + ("" if e.note is None else f"  note (untrusted): {e.note!r}")
         for e in page.entries
     ]
     _print(args, page, lines)
@@ -241,12 +248,6 @@ def cmd_privacy_audits(client: Client, args: argparse.Namespace) -> int:
     ]
     _print(args, audits, lines or ["no privacy audits"])
     return 1 if any(a.refuted for a in audits) else 0
-
-
-def cmd_set_cap(client: Client, args: argparse.Namespace) -> int:
-    p = client.set_cap(args.party, args.epsilon)
-    _print(args, p, [f"{p.name}: cap {p.epsilon_cap:g}, spent {p.epsilon_spent:.4f}"])
-    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -377,10 +378,6 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--party")
     pa.add_argument("--limit", type=int, default=100)
     pa.set_defaults(run=cmd_privacy_audits)
-    cap = sub.add_parser("set-cap", parents=[common], help="set a party's epsilon cap (admin)")
-    cap.add_argument("party")
-    cap.add_argument("epsilon", type=float)
-    cap.set_defaults(run=cmd_set_cap)
     return parser
 
 

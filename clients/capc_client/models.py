@@ -54,6 +54,21 @@ class StudentModel(_Model):
         return self.state in ("done", "failed")
 
 
+class PartyLedger(_Model):
+    """A hospital's own ledger as it last reported it, beside the guardian's: ``state`` is
+    agree, diverged, incomparable or unreported; ``gap`` the guardian's minus its epsilon."""
+
+    state: str
+    epsilon_spent: float
+    through_round: int
+    open_rounds: int
+    reported_at: str | None = None
+    gap: float = 0.0
+
+
+_UNREPORTED = PartyLedger(state="unreported", epsilon_spent=0.0, through_round=0, open_rounds=0)
+
+
 class Prediction(_Model):
     """A student model's predictions, one per record, each independent of the others."""
 
@@ -77,6 +92,9 @@ class Party(_Model):
     participation: float = 1.0
     queries_left: int | None = None
     teachers: int = 0
+    registered_cap: float | None = None
+    declared_cap: float | None = None
+    own_ledger: PartyLedger = _UNREPORTED
 
 
 class Budget(_Model):
@@ -88,6 +106,8 @@ class Budget(_Model):
     best_order: float
     accounting: str
     queries_left: int | None = None
+    declared_cap: float | None = None
+    own_ledger: PartyLedger = _UNREPORTED
 
 
 class BudgetList(_Model):
@@ -139,6 +159,15 @@ class AuditEntry(_Model):
     action: str
     detail: dict[str, Any]
     hash: str
+    #: Free text a caller supplied: recorded, never trusted (``actor`` is authenticated).
+    note: str | None = None
+    signature: str = ""
+
+
+class AuditHead(_Model):
+    seq: int
+    hash: str
+    signature: str
 
 
 class PrivacyAudit(_Model):
@@ -165,5 +194,7 @@ class PrivacyAudit(_Model):
 class AuditPage(_Model):
     entries: list[AuditEntry]
     chain_valid: bool
+    head: AuditHead | None = None
+    audit_public_key: str = ""
     limit: int
     offset: int

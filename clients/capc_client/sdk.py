@@ -354,12 +354,6 @@ class Client:
         body = self._request("GET", "/v1/admin/privacy-audits", params=params).json()
         return [PrivacyAudit.model_validate(a) for a in body["audits"]]
 
-    def set_cap(self, party: str, epsilon_cap: float) -> Party:
-        response = self._request(
-            "PUT", f"/v1/admin/parties/{party}/cap", json={"epsilon_cap": epsilon_cap}
-        )
-        return Party.model_validate(response.json())
-
     def health(self) -> dict[str, Any]:
         """``/healthz``: 200 when both backends serve (no token needed)."""
         body: dict[str, Any] = self._send("GET", "/healthz").json()

@@ -1,4 +1,5 @@
-"""``capc answerer``: load a teacher checkpoint and serve the guardian's rounds."""
+"""``capc answerer``: load a teacher checkpoint, open the hospital's own ledger, serve the
+guardian's rounds within the hospital's own cap."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import time
 from pathlib import Path
 
 from capc.models.ensemble import Voters
+from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
+from services.common.ledger import Ledger, LedgerError
 
 STATUS_EVERY_S = 5.0
 
@@ -37,6 +41,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "process with the same model, each with its own certificate and stream (load tests)",
     )
     p.add_argument(
+        "--epsilon-cap",
+        type=float,
+        required=True,
+        metavar="EPS",
+        help="this hospital's own privacy budget (epsilon at the ledger's delta): it stops "
+        "voting there, whatever the guardian says, and the guardian never holds a larger cap "
+        "for it. A changed value is audited in the hospital's ledger",
+    )
+    p.add_argument(
+        "--ledger",
+        default=None,
+        help="this hospital's own ledger: SQLite path or URL, or postgresql://... "
+        "(default: NAME-ledger.db); {name} in it stands for the party's name",
+    )
+    p.add_argument(
+        "--accountant",
+        choices=list(ACCOUNTANTS),
+        help=f"the ledger's accountant, fixed at creation (default {DEFAULT_ACCOUNTANT}); it "
+        "must be the guardian's, or this party refuses to vote",
+    )
+    p.add_argument(
+        "--delta", type=float, default=1e-5, help="delta the ledger accounts at (the guardian's)"
+    )
+    p.add_argument(
+        "--guardian-audit-key",
+        default=None,
+        metavar="HEX",
+        help="the guardian's audit signing key (Ed25519 public key, hex); by default it is "
+        "pinned on first contact, and a different key later is refused",
+    )
+    p.add_argument(
         "--status-file",
         type=Path,
         default=None,
@@ -56,14 +91,25 @@ def run(args: argparse.Namespace) -> int:
         print("error: --status-file reports one party; give one --name with it", file=sys.stderr)
         return 2
     try:
+        if args.ledger is not None and len(names) > 1 and "{name}" not in args.ledger:
+            raise ValueError(
+                "--ledger names one party's ledger: with several --name, put {name} in it "
+                "(e.g. --ledger ledgers/{name}.db) so that each party keeps its own"
+            )
         voters = Voters.load(args.model)
         parties = []
         for name in names:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, name)
             if files is not None:
                 files.read()
-            parties.append(AnsweringParty(name, voters, args.guardian, files, args.server_name))
-    except (ValueError, pki.PKIError) as err:
+            # Each party keeps its own ledger, even several in one process.
+            where = (args.ledger or "{name}-ledger.db").replace("{name}", name)
+            ledger = Ledger(where, accountant=args.accountant, delta=args.delta)
+            budget = OwnBudget(name, ledger, args.epsilon_cap, args.guardian_audit_key)
+            parties.append(
+                AnsweringParty(name, voters, args.guardian, files, budget, args.server_name)
+            )
+    except (ValueError, pki.PKIError, LedgerError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     stop = threading.Event()
@@ -72,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"answering part{'y' if len(names) == 1 else 'ies'} {', '.join(names)} dialling "
         f"{args.guardian} ({len(voters)} {'teacher' if len(voters) == 1 else 'teachers'}: "
-        f"{voters.architecture}, device {voters.device})",
+        f"{voters.architecture}, device {voters.device}); own ledger "
+        f"{parties[0].budget.ledger.url if len(parties) == 1 else 'one per party'}, cap "
+        f"{args.epsilon_cap:g} eps",
         flush=True,
     )
     if args.status_file is not None:

@@ -12,6 +12,10 @@ a query out under personalized budgets), sums them over its teachers, and
 sends the guardian share in the clear and the seed sealed to the student
 (capc.mpc.votes). Encrypted rounds run through
 :mod:`services.answerer.encrypted` over a sealed channel to the student.
+
+Before it votes, the party reserves the round's worst case in its own ledger
+and refuses once its own cap would be exceeded; when the guardian says how
+the round ended it charges itself the same (:mod:`services.answerer.budget`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 from capc.models import Teacher
 from capc.models.ensemble import Voters
 from capc.mpc.votes import share_votes
+from services.answerer.budget import OwnBudget, VoteRefusedError
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
@@ -57,10 +62,12 @@ class AnsweringParty:
         teacher: Teacher | Voters,
         guardian: str,
         files: tls.TLSFiles | None,
+        budget: OwnBudget,
         server_name: str | None = None,
         max_backoff: float = 30.0,
     ) -> None:
         self.name = name
+        self.budget = budget
         self.voters = teacher if isinstance(teacher, Voters) else Voters([teacher])
         self.guardian = guardian
         self.files = files
@@ -122,9 +129,7 @@ class AnsweringParty:
             for architecture, model_hash in self._infos
         ]
         outgoing.put(
-            guardian_pb2.PartyMessage(
-                header=self._header(), register=guardian_pb2.Register(teachers=infos)
-            )
+            guardian_pb2.PartyMessage(header=self._header(), register=self.budget.register(infos))
         )
 
         def requests() -> Iterator[guardian_pb2.PartyMessage]:
@@ -139,7 +144,11 @@ class AnsweringParty:
                 outgoing.put(
                     guardian_pb2.PartyMessage(
                         header=self._header(),
-                        heartbeat=guardian_pb2.Heartbeat(sent_unix_ms=int(time.time() * 1000)),
+                        heartbeat=guardian_pb2.Heartbeat(
+                            sent_unix_ms=int(time.time() * 1000),
+                            # Rounds whose settlement went missing are asked for again.
+                            open_rounds=self.budget.open_rounds(),
+                        ),
                     )
                 )
 
@@ -166,12 +175,15 @@ class AnsweringParty:
                         self.name,
                         msg.registered.epsilon_cap,
                     )
+                    self.budget.welcome(msg.registered)
+                    self._report(outgoing)
                     self.connected.set()
                     threading.Thread(target=beat, daemon=True).start()
                 elif kind == "work":
-                    work = msg.work
-                    task = msg.header.task
-                    self._pool.submit(self._answer, work, task, outgoing)
+                    self._pool.submit(self._answer, msg.work, msg.header, outgoing)
+                elif kind == "settled":
+                    if self.budget.settle(msg.settled):
+                        self._report(outgoing)
                 elif kind == "relay":
                     relay = self._relays.get(msg.relay.round_id)
                     if relay is None:
@@ -195,12 +207,30 @@ class AnsweringParty:
             outgoing.close()
             channel.close()
 
+    def _report(self, outgoing: BoundedBuffer[guardian_pb2.PartyMessage]) -> None:
+        outgoing.put(guardian_pb2.PartyMessage(header=self._header(), report=self.budget.report()))
+
     def _answer(
         self,
         work: guardian_pb2.RoundWork,
-        task: str,
+        header: common_pb2.Header,
         outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
     ) -> None:
+        task = header.task
+        try:
+            # Reserved durably before anything derived from the data leaves this party.
+            self.budget.admit(work, header)
+        except VoteRefusedError as refusal:
+            log.warning("%s", refusal)
+            outgoing.put(
+                guardian_pb2.PartyMessage(
+                    header=self._header(task),
+                    failure=guardian_pb2.RoundFailure(
+                        round_id=work.round_id, reason=str(refusal), budget_refused=refusal.budget
+                    ),
+                )
+            )
+            return
         try:
             source = work.queries.WhichOneof("source")
             if source == "encrypted":

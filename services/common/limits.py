@@ -164,3 +164,7 @@ def count_refusal(count: int, limit: int, what: str) -> str | None:
 def batch_refusal(count: int) -> str | None:
     """Why a round may not take ``count`` queries (None: it may)."""
     return count_refusal(count, MAX_BATCH, "a batch")
+
+
+#: Most open rounds one party message (Register, heartbeat) may ask the guardian to settle.
+MAX_SETTLE = 256

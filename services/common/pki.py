@@ -40,12 +40,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from services.common.ledger import audit
+
 ROLES = ("guardian", "answerer", "student", "gateway")
 # Roles that serve gRPC: their certificates must name the hosts clients dial.
 SERVING_ROLES = ("guardian", "student")
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
 CRL_FILE = "crl.pem"
+#: The guardian's Ed25519 audit signing key, beside its certificate: NAME-audit.key.
+AUDIT_KEY_SUFFIX = "-audit.key"
 # The organisational unit that marks a development CA; only such a CA issues
 # certificates valid for localhost.
 DEV_UNIT = "development"
@@ -239,7 +243,9 @@ def issue(
     """Issue a certificate for ``name`` in ``role``; returns (certificate, key) paths.
 
     It is valid for the host names ``dns`` and addresses ``ips`` only; ``dev``
-    adds localhost and 127.0.0.1, and needs a development CA.
+    adds localhost and 127.0.0.1, and needs a development CA. A guardian also
+    gets its audit signing key (:func:`audit_key_path`) unless it has one: a
+    new certificate keeps the key that signed the audit log so far.
     """
     if role not in ROLES:
         raise PKIError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
@@ -284,7 +290,14 @@ def issue(
     key_path = directory / f"{name}.key"
     _write_private(key_path, _key_pem(key))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    if role == "guardian" and not audit_key_path(directory, name).exists():
+        audit.create_key(audit_key_path(directory, name))
     return cert_path, key_path
+
+
+def audit_key_path(directory: Path, name: str) -> Path:
+    """Where guardian ``name`` keeps the Ed25519 key that signs its audit heads."""
+    return directory / f"{name}{AUDIT_KEY_SUFFIX}"
 
 
 # -- revocation --------------------------------------------------------------------
@@ -754,6 +767,10 @@ def _cmd_issue(args: argparse.Namespace) -> int:
         print(f"error: {err}")
         return 2
     print(f"{args.role} certificate for {args.name}: {cert} (key {key})")
+    if args.role == "guardian":
+        signing = audit_key_path(args.dir, args.name)
+        public = audit.public_hex(audit.load_key(signing))
+        print(f"audit signing key {signing} (mode 0600), public key {public}")
     return 0
 
 

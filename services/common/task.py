@@ -29,11 +29,14 @@ class TaskError(ValueError):
     """A task configuration is invalid."""
 
 
+def canonical_json(config: dict[str, Any]) -> str:
+    """The canonical JSON of a task configuration (sorted keys, no spaces)."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
 def config_hash(config: dict[str, Any]) -> str:
     """SHA-256 of the canonical JSON of a task configuration."""
-    return hashlib.sha256(
-        json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
 
 
 #: Architectures an encrypted-query task may name (capc.he evaluates them).

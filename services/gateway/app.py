@@ -1,8 +1,9 @@
 """The REST gateway (FastAPI): jobs, student models, budgets and admin, plus the dashboard.
 
 Every route under ``/v1`` needs a bearer token: analysts create and read jobs
-and models; admins also read parties, budgets, the ledger and the audit log
-and set caps. ``/metrics`` needs a ``metrics`` (scrape) or admin token: it
+and models; admins also read parties, budgets (the guardian's ledger beside
+each hospital's own), the ledger and the signed audit log. Nobody here can
+change a cap: each hospital sets its own. ``/metrics`` needs a ``metrics`` (scrape) or admin token: it
 carries every party's cap and spend. Each token is held to its requests per
 minute (429 with Retry-After). ``/healthz`` and the dashboard page are open;
 the dashboard reads its data with the token the viewer gives it.
@@ -16,7 +17,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import numpy as np
 from fastapi import Depends, FastAPI, File, Form, HTTPException, Path, Query, Request, UploadFile
@@ -226,6 +227,15 @@ def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
             p,
             last_seen=p.last_seen or None,
             queries_left=None if p.queries_left < 0 else p.queries_left,
+            declared_cap=p.declared_cap or None,
+            own_ledger=schemas.PartyLedgerOut(
+                state=cast(schemas.LedgerState, p.ledgers or "unreported"),
+                epsilon_spent=p.party_epsilon_spent,
+                through_round=p.party_through_round,
+                open_rounds=p.party_open_rounds,
+                reported_at=p.party_reported_at or None,
+                gap=p.ledger_gap,
+            ),
         )
     )
 
@@ -670,34 +680,17 @@ def create_app(
         )
         return schemas.AuditPage(
             entries=[
-                schemas.AuditEntryOut(**fields(e, detail=json.loads(e.detail_json or "{}")))
+                schemas.AuditEntryOut(
+                    **fields(e, detail=json.loads(e.detail_json or "{}"), note=e.note or None)
+                )
                 for e in reply.entries
             ],
             chain_valid=reply.chain_valid,
+            head=schemas.AuditHeadOut(**fields(reply.head)),
+            audit_public_key=reply.audit_public_key,
             limit=limit,
             offset=offset,
         )
-
-    @app.put(
-        "/v1/admin/parties/{party}/cap",
-        response_model=schemas.PartyOut,
-        responses=ERRORS,
-        tags=["admin"],
-        summary="Set a party's epsilon cap (audited with the token's name)",
-    )
-    def set_cap(
-        party: Annotated[str, Path(pattern=NAME)], body: schemas.CapUpdate, who: Admin
-    ) -> schemas.PartyOut:
-        reply = backends.guardian_call(
-            backends.hub.SetCap,
-            guardian_pb2.SetCapRequest(
-                header=backends.header,
-                party=party,
-                epsilon_cap=body.epsilon_cap,
-                actor=f"gateway:{who.name} (token {who.token_id})",
-            ),
-        )
-        return party_out(reply.party)
 
     @app.get(
         "/v1/admin/privacy-audits",

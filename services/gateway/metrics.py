@@ -34,6 +34,8 @@ class _Party:
     cap: float
     connected: bool
     rounds: int
+    own_spent: float
+    diverged: bool
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,15 @@ class ConsortiumCollector(Collector):
             log.warning("metrics: guardian unavailable: %s", err)
             return None
         return tuple(
-            _Party(p.name, p.epsilon_spent, p.epsilon_cap, p.connected, p.rounds)
+            _Party(
+                p.name,
+                p.epsilon_spent,
+                p.epsilon_cap,
+                p.connected,
+                p.rounds,
+                p.party_epsilon_spent,
+                p.ledgers == "diverged",
+            )
             for p in reply.parties
         )
 
@@ -126,12 +136,24 @@ class ConsortiumCollector(Collector):
             rounds = CounterMetricFamily(
                 "capc_party_rounds", "rounds the party was charged for", labels=["party"]
             )
+            own = GaugeMetricFamily(
+                "capc_party_own_epsilon_spent",
+                "epsilon spent by the party's own ledger, as it last reported it",
+                labels=["party"],
+            )
+            diverged = GaugeMetricFamily(
+                "capc_party_ledgers_diverged",
+                "1 when the party's own ledger and the guardian's disagree",
+                labels=["party"],
+            )
             for p in snap.parties:
                 spent.add_metric([p.name], p.spent)
                 cap.add_metric([p.name], p.cap)
                 connected.add_metric([p.name], float(p.connected))
                 rounds.add_metric([p.name], float(p.rounds))
-            yield from (spent, cap, connected, rounds)
+                own.add_metric([p.name], p.own_spent)
+                diverged.add_metric([p.name], float(p.diverged))
+            yield from (spent, cap, connected, rounds, own, diverged)
         yield up
         jobs = snap.jobs
         if jobs is None:

@@ -180,6 +180,23 @@ class ModelList(BaseModel):
     models: list[ModelOut]
 
 
+LedgerState = Literal["agree", "diverged", "incomparable", "unreported"]
+
+
+class PartyLedgerOut(BaseModel):
+    """The party's own ledger, as it last reported it, beside the guardian's."""
+
+    state: LedgerState = Field(
+        description="agree / diverged (the two ledgers disagree over the rounds both have "
+        "settled) / incomparable (another accountant or delta) / unreported"
+    )
+    epsilon_spent: float = Field(description="the party's own spend, open rounds included")
+    through_round: int = Field(description="the party has settled every round up to this one")
+    open_rounds: int
+    reported_at: str | None
+    gap: float = Field(description="guardian's minus the party's epsilon through that round")
+
+
 class PartyOut(BaseModel):
     name: str
     role: str
@@ -199,6 +216,12 @@ class PartyOut(BaseModel):
     teachers: int = Field(
         0, description="teachers the party votes with while connected (an ensemble); 0 offline"
     )
+    registered_cap: float = Field(description="the guardian operator's ceiling on the cap")
+    declared_cap: float | None = Field(
+        description="the cap the party set itself (None until it connects); the enforced "
+        "epsilon_cap is never above it"
+    )
+    own_ledger: PartyLedgerOut
 
 
 class PartyList(BaseModel):
@@ -218,6 +241,8 @@ class BudgetOut(BaseModel):
     )
     accounting: str = Field(description="the ledger's accountant, e.g. exact Gaussian DP")
     queries_left: int | None
+    declared_cap: float | None
+    own_ledger: PartyLedgerOut
 
 
 class BudgetList(BaseModel):
@@ -267,21 +292,29 @@ class LedgerPage(BaseModel):
 class AuditEntryOut(BaseModel):
     seq: int
     at: str
-    actor: str
+    actor: str = Field(description="the authenticated identity that acted")
     action: str
     detail: dict[str, Any]
     hash: str
+    note: str | None = Field(description="free text the caller supplied: never trusted")
+    signature: str = Field(description="the guardian's Ed25519 signature of the head (hex)")
+
+
+class AuditHeadOut(BaseModel):
+    seq: int
+    hash: str
+    signature: str
 
 
 class AuditPage(BaseModel):
     entries: list[AuditEntryOut]
-    chain_valid: bool
+    chain_valid: bool = Field(
+        description="every link, hash and signature checks out against the guardian's key"
+    )
+    head: AuditHeadOut
+    audit_public_key: str = Field(description="the guardian's audit signing key (hex)")
     limit: int
     offset: int
-
-
-class CapUpdate(Strict):
-    epsilon_cap: float = Field(ge=0, le=1e6, description="the party's new epsilon cap")
 
 
 class Health(BaseModel):

@@ -2,10 +2,12 @@
 
 Answering parties hold a Connect stream and receive work over it; the student
 opens rounds and runs the 2PC over one long-lived Compute stream; the gateway
-reads budgets, ledger and audit log and sets caps. The round logic itself is
-:mod:`services.guardian.rounds`; the streams and the round opening are served
-as coroutines by :mod:`services.guardian.streams`, and the admin handlers
-below are plain functions it runs on a thread pool.
+reads budgets (the guardian's ledger beside each party's own), the ledger and
+the audit log. Nobody changes a cap over the network. The round logic itself
+is :mod:`services.guardian.rounds`, the parties' own budgets
+:mod:`services.guardian.budgets`; the streams and the round opening are
+served as coroutines by :mod:`services.guardian.streams`, and the admin
+handlers below are plain functions it runs on a thread pool.
 """
 
 from __future__ import annotations
@@ -23,14 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
-from services.common.limits import (
-    DEFAULT_LIST_PAGE,
-    MAX_LIST_PAGE,
-    ROUND_TIMEOUT_S,
-)
-from services.common.protocol import RequestError, check_version
-from services.common.task import TaskConfig, TaskError
-from services.guardian.ledger import (
+from services.common.ledger import (
     Ledger,
     LedgerError,
     PartyBudget,
@@ -38,6 +33,14 @@ from services.guardian.ledger import (
     UnknownPartyError,
     UnknownTaskError,
 )
+from services.common.limits import (
+    DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
+    ROUND_TIMEOUT_S,
+)
+from services.common.protocol import RequestError, check_version
+from services.common.task import TaskConfig, TaskError
+from services.guardian import budgets
 from services.guardian.rounds import (
     RoundEngine,
 )
@@ -55,7 +58,6 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/ListParties": ("gateway", "guardian"),
     f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
     f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
-    f"/{SERVICE}/SetCap": ("gateway",),
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
     f"/{SERVICE}/RecordPrivacyAudit": ("gateway",),
     f"/{SERVICE}/ListPrivacyAudits": ("gateway", "guardian"),
@@ -87,10 +89,20 @@ def _status(
     connected: bool = False,
     projection: tuple[float, float, int] = (1.0, 1.0, -1),
     teachers: int = 0,
+    own: budgets.Comparison | None = None,
 ) -> guardian_pb2.PartyStatus:
     weight, participation, queries_left = projection
+    own = own or budgets.Comparison("unreported")
     return guardian_pb2.PartyStatus(
         teachers=teachers,
+        registered_cap=b.registered_cap,
+        declared_cap=b.declared_cap or 0.0,
+        party_epsilon_spent=own.party_spent,
+        party_through_round=own.through,
+        party_open_rounds=own.open_rounds,
+        party_reported_at=own.reported_at,
+        ledgers=own.state,
+        ledger_gap=own.gap,
         vote_weight=weight,
         participation=participation,
         queries_left=queries_left,
@@ -156,6 +168,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     b.name in online,
                     projections.get(b.name, (1.0, 1.0, -1)),
                     online.get(b.name, 0),
+                    budgets.compare(self.ledger, b),
                 )
                 for b in self.ledger.budgets()
             ],
@@ -198,11 +211,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> guardian_pb2.ListAuditReply:
         check_header(request.header, context)
         limit = page_limit(request.limit, context)
-        try:
-            self.ledger.verify_audit()
-            valid = True
-        except LedgerError:
-            valid = False
+        _, problem = self.ledger.check_audit()
+        key = self.ledger.audit_key()
         return guardian_pb2.ListAuditReply(
             entries=[
                 guardian_pb2.AuditEntry(
@@ -212,10 +222,14 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     action=e.action,
                     detail_json=json.dumps(e.detail, sort_keys=True),
                     hash=e.hash,
+                    note=e.note or "",
+                    signature=e.signature or "",
                 )
                 for e in self.ledger.audit_entries(limit, request.offset)
             ],
-            chain_valid=valid,
+            chain_valid=problem is None,
+            head=budgets.head_to_proto(self.ledger.audit_head()),
+            audit_public_key="" if key is None else key[0],
         )
 
     def BudgetHistory(
@@ -245,29 +259,16 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             delta=self.ledger.delta,
         )
 
-    def SetCap(
-        self, request: guardian_pb2.SetCapRequest, context: grpc.ServicerContext
-    ) -> guardian_pb2.SetCapReply:
-        check_header(request.header, context)
-        who = tls.peer_identity(context)
-        actor = request.actor or (who.name if who else "insecure-dev")
-        try:
-            self.ledger.set_cap(request.party, request.epsilon_cap, actor=actor)
-        except UnknownPartyError as err:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        except LedgerError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        online = request.party in set(self.engine.connected())
-        return guardian_pb2.SetCapReply(party=_status(self.ledger.budget(request.party), online))
-
     def RecordPrivacyAudit(
         self, request: guardian_pb2.RecordPrivacyAuditRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.PrivacyAudit:
         check_header(request.header, context)
         who = tls.peer_identity(context)
         # The recorded actor is who authenticated; a name in the request counts only
-        # without TLS (--insecure-dev).
+        # without TLS (--insecure-dev). With TLS, what the caller says of itself (the
+        # gateway: which token holder asked) is kept as the entry's untrusted note.
         actor = who.name if who else (request.actor or "insecure-dev")
+        note = (request.actor or None) if who else None
         try:
             kept = self.ledger.record_privacy_audit(
                 request.party,
@@ -277,6 +278,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 attack=request.attack,
                 confidence=request.confidence or 0.95,
                 actor=actor[:128],
+                note=note,
             )
         except UnknownPartyError as err:
             context.abort(grpc.StatusCode.NOT_FOUND, str(err))

@@ -10,14 +10,17 @@ import sys
 import threading
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from capc.privacy.randomness import SecureRandom
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
+from services.common.db import normalise_url
+from services.common.ledger import Ledger, LedgerError, audit
 from services.common.limits import ROUND_TIMEOUT_S
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
-from services.guardian.ledger import Ledger, LedgerError
 
 log = logging.getLogger("capc.guardian")
 
@@ -39,6 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--name", default="guardian", help="certificate name of this guardian")
     p.add_argument(
+        "--audit-key",
+        type=Path,
+        default=None,
+        help="Ed25519 key (PEM) that signs the audit log's heads; kept out of the database "
+        "(default: PKI/NAME-audit.key, which `capc pki issue --role guardian` writes)",
+    )
+    p.add_argument(
         "--delta", type=float, default=1e-5, help="delta the ledger accounts at (fixed at creation)"
     )
     p.add_argument(
@@ -52,7 +62,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action="append",
         default=[],
         metavar="PARTY=EPS",
-        help="register an answering party with its epsilon cap (repeatable; idempotent)",
+        help="register an answering party with the guardian's ceiling on its epsilon cap "
+        "(repeatable; a changed value is audited). The cap enforced is never above the "
+        "one the party sets itself (capc answerer --epsilon-cap)",
     )
     p.add_argument(
         "--task",
@@ -129,6 +141,25 @@ def transport(args: argparse.Namespace) -> tls.TLSFiles | None:
     return tls.TLSFiles.in_dir(Path("pki") if args.pki is None else args.pki, args.name)
 
 
+def audit_signer(args: argparse.Namespace) -> Ed25519PrivateKey:
+    """The key that signs the audit log's heads. Under --insecure-dev without a PKI a
+    missing key is created beside a SQLite ledger (else in the working directory);
+    otherwise it must exist (it comes with the guardian's certificate)."""
+    path = args.audit_key or pki.audit_key_path(
+        Path("pki") if args.pki is None else args.pki, args.name
+    )
+    if args.insecure_dev and args.pki is None and args.audit_key is None:
+        url = normalise_url(args.db)
+        where = (
+            Path(url.removeprefix("sqlite:///")).parent if url.startswith("sqlite:///") else Path()
+        )
+        path = where / f"{args.name}{pki.AUDIT_KEY_SUFFIX}"
+        if not path.exists():
+            log.warning("--insecure-dev: created an audit signing key at %s", path)
+            return audit.create_key(path)
+    return audit.load_key(path)
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging()
     refused = start_up_error(args)
@@ -136,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {refused}", file=sys.stderr)
         return 2
     try:
-        ledger = Ledger(args.db, accountant=args.accountant, delta=args.delta)
+        signer = audit_signer(args)
+        ledger = Ledger(args.db, accountant=args.accountant, delta=args.delta, signer=signer)
         if args.migrate:
             print(f"ledger at {ledger.url} is at the newest schema")
             return 0
@@ -195,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
             rng=rng,
             round_timeout=args.round_timeout,
         )
-    except (LedgerError, pki.PKIError, OSError) as err:
+    except (LedgerError, pki.PKIError, audit.AuditKeyError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"guardian serving on port {server.port} (ledger {ledger.url})", flush=True)

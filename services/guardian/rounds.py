@@ -23,6 +23,9 @@ reservations go back to the parties, without a restart. A 2PC that breaks
 settles its round at once: aborted before the release, charged at its
 reservation after it. Released rounds are never aborted.
 
+Every party that was sent a round is told how it ended (:mod:`services.guardian.budgets`):
+charged for what it released, or nothing; its own ledger charges itself the same.
+
 Personalized budgets: with weighting, each party's vote weight comes from its
 cap (``vote_weights``) and it is charged w**2 times; with vanishing, the
 guardian draws per query who votes (``participation_rates``) and charges a
@@ -39,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,6 +52,7 @@ from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
+from services.common.ledger import Ledger, QuorumError, RoundStateError
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
@@ -63,8 +68,8 @@ from services.common.limits import (
 )
 from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
-from services.common.task import TaskConfig, TaskError
-from services.guardian.ledger import Ledger, QuorumError, RoundStateError
+from services.common.task import TaskConfig, TaskError, canonical_json
+from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
@@ -338,12 +343,15 @@ class RoundEngine:
         if set(rnd.shares) | rnd.failed >= set(rnd.included):
             rnd.complete.set()
 
-    def report_failure(self, name: str, round_id: int, reason: str) -> None:
+    def report_failure(self, name: str, round_id: int, reason: str) -> bool:
+        """A party cannot answer a round; False when the round did not ask it."""
         with self._lock:
             rnd = self._rounds.get(round_id)
         if rnd is not None and name in rnd.included:
             log.warning("party %s could not answer round %d: %s", name, round_id, reason)
             self._party_failed(rnd, name)
+            return True
+        return False
 
     def receive_shares(self, name: str, msg: guardian_pb2.Shares) -> None:
         """Accept one party's shares for a round; replays and wrong shapes are refused."""
@@ -414,7 +422,7 @@ class RoundEngine:
         token = self._admit_round(querier)
         try:
             return self._begin_round(
-                querier, request, session_id, task, digest, batch, encrypted, token
+                querier, request, session_id, task, config, digest, batch, encrypted, token
             )
         finally:
             with self._lock:
@@ -426,6 +434,7 @@ class RoundEngine:
         request: guardian_pb2.OpenRoundRequest,
         session_id: bytes,
         task: TaskConfig,
+        config: dict[str, Any],
         digest: str,
         batch: int,
         encrypted: bool,
@@ -485,6 +494,7 @@ class RoundEngine:
                     frac_bits=task.frac_bits,
                     participation=serde.participation_to_bytes(mask),
                     teachers=rnd.voters(name),
+                    task_json=canonical_json(config),
                 ),
             )
             try:
@@ -513,6 +523,7 @@ class RoundEngine:
                 )
             with self._lock:
                 self._rounds.pop(rnd.round_id, None)
+            self._notify(rnd)
             missing = sorted(set(rnd.included) - set(used))
             raise RoundRefusedError(
                 f"round aborted: {len(used)} of {len(rnd.included)} parties answered (quorum {task.quorum}); missing {missing}; nothing was charged"
@@ -663,7 +674,7 @@ class RoundEngine:
         """
         try:
             if rnd.released:
-                self.ledger.charge_reservation(rnd.round_id)
+                self.ledger.commit_at_reservation(rnd.round_id, actor="guardian")
                 log.warning("round %d charged at its reservation: %s", rnd.round_id, why)
             else:
                 self.ledger.abort(rnd.round_id, reason=why)
@@ -677,6 +688,7 @@ class RoundEngine:
         with self._lock:
             self._rounds.pop(rnd.round_id, None)
         self._settle(rnd, why)
+        self._notify(rnd)
 
     def reap(self) -> list[int]:
         """Abort every round not released within ``round_timeout`` s of opening; returns their ids.
@@ -705,6 +717,7 @@ class RoundEngine:
             rnd.complete.set()
             with self._lock:
                 self._rounds.pop(rnd.round_id, None)
+            self._notify(rnd)
             log.warning(
                 "round %d of %s aborted: not computed within %g s; reservations returned",
                 rnd.round_id,
@@ -772,6 +785,7 @@ class RoundEngine:
         finally:
             with self._lock:
                 self._rounds.pop(round_id, None)
+            self._notify(rnd)
 
     def _garble(
         self, session: GarblerSession, rnd: _Round, guardian_sum: NDArray[np.uint64]
@@ -803,7 +817,7 @@ class RoundEngine:
         out = session.run_round(round_id, spec.circuit(), inputs, b, on_release=release)
         answered = mech.answered(spec, out, b)
         charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
-        self.ledger.commit(round_id, charges)
+        self.ledger.commit(round_id, charges, outcome=budgets.outcome(answered))
         log.info(
             "round %d: %d of %d answered by %d parties in %.2f s",
             round_id,
@@ -812,6 +826,35 @@ class RoundEngine:
             len(rnd.used),
             time.perf_counter() - start,
         )
+
+    # -- the parties' own ledgers ----------------------------------------------
+    def _notify(self, rnd: _Round) -> None:
+        """Tell every party the round was sent to how it ended for it."""
+        for name in sorted(rnd.sent):
+            self.settle(name, [rnd.round_id])
+
+    def settle(self, name: str, round_ids: list[int]) -> int:
+        """Send ``name`` the settlement of each of ``round_ids`` that has ended (rounds
+        still open, or unknown here, get none); returns how many were sent."""
+        with self._lock:
+            link = self._links.get(name)
+        if link is None:
+            return 0
+        sent = 0
+        for round_id in round_ids:
+            settled = budgets.settlement(self.ledger, name, round_id)
+            if settled is None:
+                continue
+            try:
+                link.outbox.put_nowait(
+                    guardian_pb2.HubMessage(header=protocol.header(), settled=settled)
+                )
+            except queue.Full:
+                # A party that reads nothing is told later: its heartbeats name the rounds
+                # its ledger still holds open, and each is settled again then.
+                break
+            sent += 1
+        return sent
 
 
 def _check_relay_size(frame: guardian_pb2.RelayFrame) -> None:

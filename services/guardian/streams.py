@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -32,17 +33,18 @@ import grpc
 
 from services.common import protocol, tls
 from services.common.buffers import BoundedBuffer
-from services.common.limits import MAX_TEACHERS_PER_PARTY, STREAM_SEND_TIMEOUT_S
-from services.common.mpc_stream import StreamChannel
-from services.common.protocol import PROTOCOL_VERSION, RequestError
-from services.common.task import TaskError
-from services.guardian.ledger import (
+from services.common.ledger import (
     DuplicateRoundError,
     LedgerError,
     QuorumError,
     UnknownPartyError,
     UnknownTaskError,
 )
+from services.common.limits import MAX_SETTLE, MAX_TEACHERS_PER_PARTY, STREAM_SEND_TIMEOUT_S
+from services.common.mpc_stream import StreamChannel
+from services.common.protocol import PROTOCOL_VERSION, RequestError
+from services.common.task import TaskError
+from services.guardian import budgets
 from services.guardian.rounds import (
     DuplicateLinkError,
     LimitError,
@@ -137,9 +139,6 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     async def BudgetHistory(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.BudgetHistory, request, context)
 
-    async def SetCap(self, request: Any, context: Any) -> Any:
-        return await self._unary(self.hub.SetCap, request, context)
-
     async def RecordPrivacyAudit(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.RecordPrivacyAudit, request, context)
 
@@ -193,7 +192,7 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> AsyncIterator[guardian_pb2.HubMessage]:
         name = await self._caller(context, "capc-party")
         try:
-            cap = (await self._run(self.ledger.budget, name)).cap
+            await self._run(self.ledger.budget, name)
         except UnknownPartyError:
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -201,19 +200,32 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 "register it",
             )
         peer = context.peer()
-        teachers = await self._registration(name, request_iterator, context)
+        register = await self._registration(name, request_iterator, context)
         try:
             link = await self._run(
-                self.engine.attach, name, peer, lambda: not context.done(), teachers
+                self.engine.attach,
+                name,
+                peer,
+                lambda: not context.done(),
+                len(register.teachers),
             )
         except DuplicateLinkError as err:
             await self._refuse_duplicate(name, peer, err, context)
+        # The Register declares the cap the party set itself: the guardian holds no larger
+        # one for it from here on. Taken once the stream is the party's only one, so a
+        # refused second stream declares nothing.
+        try:
+            await self._run(budgets.declare, self.ledger, name, register)
+        except RequestError as err:
+            self.engine.detach(link)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         log.info("answering party %s connected from %s", name, peer)
         reader = asyncio.create_task(self._read_party(name, link, request_iterator))
         try:
-            yield guardian_pb2.HubMessage(
-                header=HEADER, registered=guardian_pb2.Registered(party=name, epsilon_cap=cap)
-            )
+            registered = await self._run(budgets.registered, self.ledger, name)
+            yield guardian_pb2.HubMessage(header=HEADER, registered=registered)
+            # Rounds the party's ledger still holds open from before (a restart on either side).
+            await self._run(self.engine.settle, name, list(register.open_rounds)[:MAX_SETTLE])
             while (item := await link.outbox.aget()) is not None:
                 yield item
         finally:
@@ -226,8 +238,9 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         name: str,
         request_iterator: AsyncIterator[guardian_pb2.PartyMessage],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> int:
-        """The teacher count of the Register message a stream must open with."""
+    ) -> guardian_pb2.Register:
+        """The Register message a stream must open with: the party's teachers, its own cap
+        and accounting, and the rounds its ledger holds open."""
         try:
             first = await anext(aiter(request_iterator))
         except (StopAsyncIteration, grpc.RpcError):
@@ -250,7 +263,7 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 f"{name} registered {teachers} teachers; a party votes with 1 to "
                 f"{MAX_TEACHERS_PER_PARTY}",
             )
-        return teachers
+        return first.register
 
     async def _read_party(
         self,
@@ -282,9 +295,30 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                         continue
                     await _put(box, frame, f"the student of round {msg.relay.round_id}")
                 elif kind == "failure":
-                    self.engine.report_failure(name, msg.failure.round_id, msg.failure.reason)
-                elif kind in ("heartbeat", "register"):
+                    asked = self.engine.report_failure(
+                        name, msg.failure.round_id, msg.failure.reason
+                    )
+                    # Only for a round that asked it: a party cannot fill the log.
+                    if asked and msg.failure.budget_refused:
+                        await self._run(
+                            functools.partial(
+                                self.ledger.record,
+                                name,
+                                "party_refused_budget",
+                                {"party": name, "round": msg.failure.round_id},
+                                note=msg.failure.reason,
+                            )
+                        )
+                elif kind == "heartbeat":
                     await self._run(self.ledger.touch, name)
+                    await self._run(
+                        self.engine.settle, name, list(msg.heartbeat.open_rounds)[:MAX_SETTLE]
+                    )
+                elif kind == "report":
+                    try:
+                        await self._run(budgets.store_report, self.ledger, name, msg.report)
+                    except RequestError as err:
+                        log.warning("refused a spend report from %s: %s", name, err)
         except (grpc.RpcError, tls.PeerRevokedError, asyncio.CancelledError):
             pass
         finally:

@@ -28,8 +28,8 @@ import numpy as np
 from capc.models import Teacher, build, save_teacher
 from services import tasks
 from services.common import pki, protocol, tls
+from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
-from services.guardian.ledger import Ledger
 from services.local import Process, free_port, spawn
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc, student_pb2_grpc
 from services.student.client import StudentClient
@@ -138,6 +138,11 @@ class LightConsortium:
             "--guardian",
             target or self.address,
             *[a for n in names for a in ("--name", n)],
+            "--epsilon-cap",
+            repr(self.cap),
+            # Each hospital keeps its own ledger, even several in one process.
+            "--ledger",
+            str(self.directory / "{name}-ledger.db"),
             "--pki",
             str(self.pki_dir),
             "--server-name",

@@ -68,3 +68,27 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     while excess(hi) > 0:
         hi *= 2
     return float(brentq(excess, 0.0, hi, xtol=1e-12, rtol=1e-13))
+
+
+def assert_ledgers_agree(consortium: LocalConsortium, timeout: float = 60.0) -> None:
+    """Once every round has settled on both sides, each hospital's own ledger and the
+    guardian's hold the same spend for it, to 1e-9 (relative)."""
+    import time
+
+    from services.common.ledger import Ledger
+
+    guardian = Ledger(consortium.db, delta=None, migrate=False)
+    own = {
+        f"hospital-{i}": Ledger(consortium.party_ledger(i), delta=None, migrate=False)
+        for i in range(consortium.parties)
+    }
+    deadline = time.monotonic() + timeout
+    while guardian.open_rounds() or any(o.open_rounds() for o in own.values()):
+        assert time.monotonic() < deadline, {n: o.open_rounds() for n, o in own.items()}
+        time.sleep(0.2)
+    for name, party in own.items():
+        np.testing.assert_allclose(
+            party.spent_loss(name), guardian.spent_loss(name), rtol=1e-9, atol=0, err_msg=name
+        )
+    for ledger in (guardian, *own.values()):
+        ledger.close()

@@ -15,14 +15,6 @@ from services.proto.capc.v1 import guardian_pb2
 from services.testbed.light import LightConsortium
 
 
-def register() -> guardian_pb2.PartyMessage:
-    """The message a Connect stream opens with: one teacher."""
-    return guardian_pb2.PartyMessage(
-        header=protocol.header(),
-        register=guardian_pb2.Register(teachers=[guardian_pb2.TeacherInfo(architecture="mlp")]),
-    )
-
-
 class DeviatingParty:
     """An answering party that speaks the protocol over its own certificate but sends
     sealed seeds that open for nobody (random bytes of the right length)."""
@@ -30,7 +22,15 @@ class DeviatingParty:
     def __init__(self, c: LightConsortium, name: str) -> None:
         self.rounds: list[int] = []
         self._out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
-        self._out.put(register())
+        # A stream opens with the party's Register: one teacher, the cap it sets itself.
+        self._out.put(
+            guardian_pb2.PartyMessage(
+                header=protocol.header(),
+                register=guardian_pb2.Register(
+                    teachers=[guardian_pb2.TeacherInfo(architecture="mlp")], epsilon_cap=c.cap
+                ),
+            )
+        )
         self._responses = c.stub(name).Connect(iter(self._out.get, None))
         first = next(self._responses)
         if first.WhichOneof("body") != "registered":

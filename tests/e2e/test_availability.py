@@ -21,9 +21,9 @@ import pytest
 from capc.mpc.channel import ProtocolError
 from capc.mpc.session import EvaluatorSession, new_session_id
 from services.common import pki, protocol
+from services.common.ledger.models import RoundState
 from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, MAX_STREAMS_PER_IDENTITY
 from services.common.mpc_stream import StreamChannel
-from services.guardian.ledger.models import RoundState
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 from services.testbed.light import (
     TASK_NAME,
@@ -33,7 +33,7 @@ from services.testbed.light import (
     tensor_batch,
     wait_until,
 )
-from tests.e2e.light import DeviatingParty, register
+from tests.e2e.light import DeviatingParty
 
 ROUND_TIMEOUT = 4.0
 
@@ -230,7 +230,14 @@ def test_one_querier_holds_a_bounded_number_of_open_rounds(tmp_path: Path) -> No
 def idle_connect(c: LightConsortium, name: str) -> tuple[Any, Any]:
     """An answering party's Connect stream that sends nothing after its registration."""
     outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
-    outgoing.put(register())
+    outgoing.put(
+        guardian_pb2.PartyMessage(
+            header=protocol.header(),
+            register=guardian_pb2.Register(
+                teachers=[guardian_pb2.TeacherInfo(architecture="mlp")], epsilon_cap=c.cap
+            ),
+        )
+    )
     responses = c.stub(name).Connect(iter(outgoing.get, None))
     return outgoing, responses
 

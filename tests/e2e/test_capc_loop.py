@@ -22,7 +22,7 @@ import pytest
 from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
 from services.common import tls
-from services.guardian.ledger import Ledger
+from services.common.ledger import Ledger
 from services.local import LocalConsortium
 from services.proto.capc.v1 import student_pb2, student_pb2_grpc
 from tests.e2e.jobs import HEADER, run_job, tensor_batch

@@ -22,14 +22,21 @@ from capc.models import load_teacher
 from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.common.recipes import recipe_to_proto
 from services.common.task import TaskConfig
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.proto.capc.v1 import common_pb2, student_pb2
 from services.student.client import StudentClient
-from tests.e2e.jobs import HEADER, gdp_epsilon, jobs_stub, run_job, tensor_batch
+from tests.e2e.jobs import (
+    HEADER,
+    assert_ledgers_agree,
+    gdp_epsilon,
+    jobs_stub,
+    run_job,
+    tensor_batch,
+)
 
 PARTIES = 5
 NOISE_SEED = "e2e-consortium"
@@ -97,6 +104,8 @@ def test_labels_equal_the_plaintext_mechanism_and_the_ledger_is_exact(
         assert ledger.budget(f"hospital-{i}").spent == pytest.approx(
             gdp_epsilon(float(mu), 1e-5), rel=1e-7
         )
+    # Each hospital charged itself the same rounds from its own ledger.
+    assert_ledgers_agree(consortium)
     assert ledger.verify_audit() > 0
     print(
         json.dumps(
@@ -126,6 +135,7 @@ def test_a_party_that_drops_is_left_out_and_not_charged(
         time.sleep(0.1)
     assert ledger.budget("hospital-4").spent == pytest.approx(before.spent)
     assert ledger.budget("hospital-0").spent > 0
+    assert_ledgers_agree(consortium)
     # The hospital comes back without anyone restarting the guardian.
     consortium.start_party(4).wait_for("connected to the guardian")
 
@@ -313,24 +323,16 @@ def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
         err.value.details()
     )
 
-    # Exhausted budgets: every party is left out, the round is refused and names them.
-    admin = guardian_pb2_grpc.GuardianHubStub(
-        tls.secure_channel(
-            f"127.0.0.1:{consortium.port}",
-            tls.TLSFiles.in_dir(consortium.pki_dir, "gateway"),
-            "localhost",
-            role="guardian",
-        )
-    )
+    # Exhausted budgets: each hospital restarts with a cap of its own below its spend;
+    # the guardian takes each declaration, every party is left out, and the round is
+    # refused naming them.
+    for p in [p for p in consortium.procs if p.name.startswith("hospital-")]:
+        p.popen.terminate()
+        p.popen.wait(timeout=15)
+    consortium.epsilon_caps = [1e-3] * consortium.parties
     for i in range(consortium.parties):
-        admin.SetCap(
-            guardian_pb2.SetCapRequest(
-                header=common_pb2.Header(protocol_version=1),
-                party=f"hospital-{i}",
-                epsilon_cap=1e-3,
-            ),
-            timeout=10,
-        )
+        consortium.start_party(i).wait_for("connected to the guardian")
+    assert {b.cap for b in Ledger(consortium.db).budgets()} == {1e-3}
     rounds_before = Ledger(consortium.db).count_rounds()
     with pytest.raises(grpc.RpcError) as err:
         open_round(tensor, "exhausted")

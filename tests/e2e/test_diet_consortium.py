@@ -33,8 +33,8 @@ from capc.models import load_teacher
 from capc.models.ensemble import Voters
 from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
 
 TEACHERS = [2, 3, 1]
@@ -193,15 +193,16 @@ def test_semi_supervised_students_learn_from_unanswered_queries(
     # A job cut short by the budget leaves queries nobody answered: the caps are set so
     # that one more round of BATCH queries fits, and the job asks for two.
     task = consortium.task_config
-    admin = Client(consortium.gateway_url, consortium.token("admin", "dpo"), ca=consortium.ca)
     ledger = Ledger(consortium.db)
     one_round = ledger.accounting.cost(task.mechanism.worst_case(BATCH))
+    caps = []
     for i in range(consortium.parties):
-        name = f"hospital-{i}"
-        total = ledger.spent_loss(name) + one_round
-        cap = ledger.accounting.spent(total, ledger.delta).epsilon * (1 + 1e-6)
-        admin.set_cap(name, cap)
+        total = ledger.spent_loss(f"hospital-{i}") + one_round
+        caps.append(ledger.accounting.spent(total, ledger.delta).epsilon * (1 + 1e-6))
     ledger.close()
+    # Each hospital lowers its own cap (its configuration, then a restart).
+    for i, cap in enumerate(caps):
+        consortium.restart_party(i, cap)
     job = analyst.submit_recipe("gaussian", 2 * BATCH, seed=9, batch_size=BATCH)
     job = analyst.wait(job.id, timeout=600)
     assert job.state == "failed" and "RESOURCE_EXHAUSTED" in job.error

@@ -32,10 +32,10 @@ from capc.models import load_teacher
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
-from tests.e2e.jobs import jobs_stub, run_job, tensor_batch
+from tests.e2e.jobs import assert_ledgers_agree, jobs_stub, run_job, tensor_batch
 from tests.unit.he import probes
 
 PARTIES = 3
@@ -169,6 +169,8 @@ def test_tabular_rounds_in_both_layouts_match_the_plaintext_pipeline(
         time.sleep(0.1)
     assert ledger.count_rounds(RoundState.COMMITTED) == 3
     assert all(b.spent > 0 for b in ledger.budgets() if b.role == "answerer")
+    # Each hospital charged itself the same, the refused round included (nothing).
+    assert_ledgers_agree(tabular)
 
 
 @pytest.mark.slow

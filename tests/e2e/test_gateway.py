@@ -19,8 +19,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from capc_client import ApiError, Client
+from capc_client import Client
 
+from services.common.ledger import Ledger
 from services.gateway.tokens import TokenStore
 from services.local import LocalConsortium
 
@@ -146,20 +147,31 @@ def test_capcctl_budget_parties_ledger_audit(consortium: LocalConsortium, admin:
     assert audit.returncode == 0 and json.loads(audit.stdout)["chain_valid"] is True
 
 
-def test_cap_change_is_audited_with_the_token_holder(
-    consortium: LocalConsortium, admin: str
+def test_the_querier_side_cannot_change_a_cap(
+    consortium: LocalConsortium, admin: str, http: httpx.Client
 ) -> None:
+    """The gateway stands beside the student: its admin once raised a hospital's cap at
+    will. No route, method or body changes a cap now; the hospital's own holds."""
+    url = consortium.gateway_url
+    before = {b.party: b.epsilon_cap for b in sdk(consortium, admin).budgets().budgets}
+    for method in ("PUT", "POST", "PATCH"):
+        r = http.request(
+            method,
+            url + "/v1/admin/parties/hospital-2/cap",
+            headers=auth(admin),
+            json={"epsilon_cap": 1e6},
+        )
+        assert r.status_code in (404, 405), (method, r.status_code, r.text)
+    r = http.put(url + "/v1/admin/budgets", headers=auth(admin), json={"epsilon_cap": 1e6})
+    assert r.status_code == 405
     with sdk(consortium, admin) as client:
-        party = client.set_cap("hospital-2", 5e5)
-        assert party.epsilon_cap == 5e5 and party.connected
-        entry = client.audit(limit=1).entries[0]
-        assert entry.action == "set_cap"
-        assert entry.detail == {"party": "hospital-2", "old": consortium.epsilon_cap, "new": 5e5}
-        assert entry.actor.startswith("gateway:data-office")
-        client.set_cap("hospital-2", consortium.epsilon_cap)
-        with pytest.raises(ApiError) as err:
-            client.set_cap("nobody", 1.0)
-        assert err.value.status == 404 and "nobody" in err.value.detail
+        after = {b.party: b for b in client.budgets().budgets}
+        assert {p: b.epsilon_cap for p, b in after.items()} == before
+        # The cap each hospital declared itself is what the guardian holds, not more.
+        assert all(b.declared_cap == consortium.epsilon_cap for b in after.values())
+        assert not [e for e in client.audit(limit=500).entries if e.action == "set_cap"]
+        assert not hasattr(client, "set_cap")
+    assert "/v1/admin/parties/{party}/cap" not in http.get(url + "/openapi.json").json()["paths"]
 
 
 def test_tokens_missing_wrong_role_expired_revoked(
@@ -290,6 +302,48 @@ def test_mechanism_override_adds_noise_and_costs_less(
     assert newer.epsilon_alone < older.epsilon_alone / 10
 
 
+def test_each_hospitals_own_ledger_agrees_with_the_guardians(
+    consortium: LocalConsortium, admin: str
+) -> None:
+    """Every hospital charged itself each round from the round's mechanism, with the same
+    accountant: its own ledger and the guardian's agree to 1e-9, and the admin view says so."""
+    guardian = Ledger(consortium.db, delta=None, migrate=False)
+    names = [f"hospital-{i}" for i in range(PARTIES)]
+    own = {
+        n: Ledger(consortium.party_ledger(i), delta=None, migrate=False)
+        for i, n in enumerate(names)
+    }
+    deadline = time.monotonic() + 60
+    with sdk(consortium, admin) as client:
+        while True:
+            views = {b.party: b.own_ledger for b in client.budgets().budgets}
+            settled = not guardian.open_rounds() and not any(o.open_rounds() for o in own.values())
+            last = guardian.last_round()
+            if settled and all(
+                v.state == "agree" and v.through_round == own[n].last_round()
+                for n, v in views.items()
+            ):
+                break
+            assert time.monotonic() < deadline, (views, guardian.open_rounds())
+            time.sleep(0.5)
+    assert last >= 5, "the jobs above ran rounds"
+    for name, party in own.items():
+        mine, theirs = party.spent_loss(name), guardian.spent_loss(name)
+        assert theirs[0] > 0
+        np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=0, err_msg=name)
+        assert party.budget(name).spent == pytest.approx(guardian.budget(name).spent, rel=1e-9)
+        assert abs(views[name].gap) < 1e-9 and views[name].epsilon_spent == pytest.approx(
+            guardian.budget(name).spent, rel=1e-9
+        )
+        # Round by round, the charges are the same.
+        for entry in guardian.entries(party=name, limit=1000):
+            if entry.kind == "charge" and entry.epsilon_alone > 0:
+                (same,) = party.entries(round_id=entry.round_id, party=name)
+                assert same.epsilon_alone == pytest.approx(entry.epsilon_alone, rel=1e-9)
+        # And each kept the signed audit head of every round it settled.
+        assert party.setting("guardian_audit_key") == guardian.audit_key()[0]  # type: ignore[index]
+
+
 def test_budget_history_and_metrics(
     consortium: LocalConsortium, admin: str, http: httpx.Client
 ) -> None:
@@ -314,6 +368,8 @@ def test_budget_history_and_metrics(
         )  # fmt: skip
         assert float(line.split()[-1]) == pytest.approx(budgets[f"hospital-{i}"].epsilon_spent)
     assert "capc_queries_answered_total" in text and "capc_rounds_total" in text
+    for i in range(PARTIES):
+        assert f'capc_party_ledgers_diverged{{party="hospital-{i}"}} 0.0' in text
     assert (
         'capc_gateway_requests_total{method="GET",route="/v1/admin/budgets",status="200"}' in text
     )
@@ -344,6 +400,8 @@ def test_dashboard_in_headless_chromium(
     for i in range(PARTIES):
         assert f'data-party="hospital-{i}"' in html  # one spend line per hospital
         assert f"hospital-{i}: ε" in html
+        # Both ledgers per hospital, and whether they agree.
+        assert f'class="ledger-agree" data-ledgers="hospital-{i}"' in html
     shot = tmp_path / "dashboard.png"
     run = subprocess.run(
         [*flags, f"--screenshot={shot}", "--window-size=1000,900", url],

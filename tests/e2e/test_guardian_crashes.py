@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from capc.mpc.channel import ProtocolError
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.student.client import RoundResult
+from tests.e2e.jobs import assert_ledgers_agree
 
 ROUNDS = 50
 BATCH = 32
@@ -98,3 +99,6 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
         )
         assert (ledger.spent_loss(b.name) >= seen * (1 - 1e-9)).all(), b.name
     assert ledger.verify_audit() > 0
+    # Each hospital's own ledger settled every round it voted in, across all the
+    # guardian's crashes (asking again when it reconnected), and agrees with the guardian's.
+    assert_ledgers_agree(consortium, timeout=180)

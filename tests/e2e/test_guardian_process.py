@@ -12,9 +12,9 @@ import pytest
 
 from capc.privacy import events
 from services.common import pki, tls
+from services.common.ledger import Ledger, audit
+from services.common.ledger.models import RoundState
 from services.common.protocol import PROTOCOL_VERSION
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.local import Process, free_port, spawn
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
@@ -75,8 +75,9 @@ def test_guardian_survives_sigkill_without_undercounting(
     reply = hub.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
     assert {p.name for p in reply.parties} == {"hospital-a", "hospital-b"}
 
-    # Rounds in flight when the guardian dies: one reserved, one released.
-    ledger = Ledger(db)
+    # Rounds in flight when the guardian dies: one reserved, one released, written as
+    # the guardian writes them (with its audit key, so its log stays verifiable).
+    ledger = Ledger(db, signer=audit.load_key(pki.audit_key_path(pki_dir, "guardian")))
     ledger.create_task("t", {"k": 10})
     cost = events.repeat(events.GaussianEvent(np.sqrt(2.0), 40.0), 100)
     both = {"hospital-a": cost, "hospital-b": cost}
@@ -97,9 +98,9 @@ def test_guardian_survives_sigkill_without_undercounting(
     for p in reply.parties:
         assert p.epsilon_spent == pytest.approx(after.budget(p.name).spent)
         assert (after.spent_loss(p.name) >= after.accounting.cost(cost)).all()
-    audit = hub.ListAudit(guardian_pb2.ListAuditRequest(header=HEADER, limit=10), timeout=10)
-    assert audit.chain_valid
-    assert {"abort", "commit"} <= {e.action for e in audit.entries if e.actor == "recovery"}
+    page = hub.ListAudit(guardian_pb2.ListAuditRequest(header=HEADER, limit=10), timeout=10)
+    assert page.chain_valid
+    assert {"abort", "commit"} <= {e.action for e in page.entries if e.actor == "recovery"}
 
 
 def test_guardian_refuses_to_start_without_certificates(tmp_path: Path) -> None:
@@ -131,6 +132,9 @@ def test_insecure_dev_warns_loudly(tmp_path: Path) -> None:
         proc.wait_for("guardian serving")
         seen = "".join(proc.lines)
         assert "insecure-dev" in seen and "Never use this with real patient data" in seen
+        # Its audit signing key is made beside its ledger, never in the source tree.
+        assert (tmp_path / "guardian-audit.key").exists()
+        assert not (ROOT / "guardian-audit.key").exists()
     finally:
         proc.popen.kill()
         proc.popen.wait(timeout=10)

@@ -37,13 +37,14 @@ from capc.privacy.mechanisms.multi_label import (
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED, confident_decide, gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.common.protocol import header
 from services.common.task import TaskConfig, config_hash
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 from services.student.client import StudentClient
+from tests.e2e.jobs import assert_ledgers_agree
 
 PARTIES = 4
 #: Teachers per hospital: hospitals 1 and 2 vote with ensembles.
@@ -243,6 +244,9 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
         assert released > 0.3, (name, released)
         assert accuracy > 0.75, (name, accuracy)
     assert ledger.verify_audit() > 0
+    # Weighted and vanishing rounds too: each hospital charged itself at its own weight,
+    # for the queries it voted on, exactly as the guardian did.
+    assert_ledgers_agree(consortium)
 
 
 def test_admin_view_shows_caps_spend_weights_and_projected_exhaustion(

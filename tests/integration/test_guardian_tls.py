@@ -18,14 +18,15 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.models import Teacher, build
+from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty
 from services.cli import main
 from services.common import pki, tls
+from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
 from services.common.task import TaskConfig, config_hash
 from services.gateway.backends import BackendError, Backends
 from services.guardian.hub import RunningServer, serve
-from services.guardian.ledger import Ledger
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 from services.student.main import serve_jobs
 from services.student.servicer import JobRunner, StudentParty
@@ -87,29 +88,45 @@ def test_gateway_reads_budgets_over_mutual_tls(hub: RunningServer, pki_dir: Path
     assert reply.parties[0].epsilon_cap == 4.0 and reply.delta == 1e-5
 
 
-def test_cap_change_is_audited(hub: RunningServer, pki_dir: Path) -> None:
-    s = stub(hub, tls.TLSFiles.in_dir(pki_dir, "gateway"))
-    reply = s.SetCap(
-        guardian_pb2.SetCapRequest(header=HEADER, party="hospital-b", epsilon_cap=6.0), timeout=10
+# SetCap as it was on the wire (field 2 party, 3 epsilon_cap, 4 actor), for a client that
+# still has it: the RPC is gone, and no certificate can change a cap over the network.
+_OLD_SET_CAP = "/capc.v1.GuardianHub/SetCap"
+
+
+def _old_set_cap(party: str, cap: float, actor: str) -> bytes:
+    import struct
+
+    def string(field: int, text: str) -> bytes:
+        data = text.encode()
+        return bytes([field << 3 | 2, len(data)]) + data
+
+    return string(2, party) + bytes([3 << 3 | 1]) + struct.pack("<d", cap) + string(4, actor)
+
+
+@pytest.mark.parametrize("who", ["gateway", "student", "hospital-a", "guardian"])
+def test_no_certificate_can_change_a_cap_over_the_network(
+    hub: RunningServer, pki_dir: Path, who: str
+) -> None:
+    channel = tls.secure_channel(
+        f"127.0.0.1:{hub.port}",
+        tls.TLSFiles.in_dir(pki_dir, who),
+        server_name="localhost",
+        role="guardian",
     )
-    assert reply.party.epsilon_cap == 6.0
-    audit = s.ListAudit(guardian_pb2.ListAuditRequest(header=HEADER, limit=5), timeout=10)
-    assert audit.chain_valid
-    assert audit.entries[0].action == "set_cap" and audit.entries[0].actor == "gateway"
+    call: Any = channel.unary_unary(_OLD_SET_CAP)
     with pytest.raises(grpc.RpcError) as err:
-        s.SetCap(
-            guardian_pb2.SetCapRequest(header=HEADER, party="nobody", epsilon_cap=1.0), timeout=10
-        )
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        call(_old_set_cap("hospital-a", 1e6, "gateway:data-office"), timeout=10)
+    assert err.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED)
+    reply = stub(hub, tls.TLSFiles.in_dir(pki_dir, "gateway")).ListParties(
+        guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10
+    )
+    assert {p.name: p.epsilon_cap for p in reply.parties}["hospital-a"] == 4.0
 
 
 def test_wrong_role_is_refused_with_a_reason(hub: RunningServer, pki_dir: Path) -> None:
     s = stub(hub, tls.TLSFiles.in_dir(pki_dir, "hospital-a"))
     with pytest.raises(grpc.RpcError) as err:
-        s.SetCap(
-            guardian_pb2.SetCapRequest(header=HEADER, party="hospital-a", epsilon_cap=100.0),
-            timeout=10,
-        )
+        s.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "hospital-a has role answerer" in str(err.value.details())
     with pytest.raises(grpc.RpcError) as err:
@@ -267,12 +284,20 @@ def test_a_revoked_client_is_refused_without_a_restart(
 
 
 def party_stream(
-    hub: RunningServer, files: tls.TLSFiles
+    hub: RunningServer, files: tls.TLSFiles, cap: float | None = 4.0
 ) -> tuple[queue.Queue[guardian_pb2.PartyMessage | None], Any]:
-    """A raw Connect stream, opened by its Register of one teacher: what the test puts in
-    the queue goes to the guardian."""
+    """A raw Connect stream, opened with a Register of one teacher declaring ``cap``: what
+    the test puts in the queue goes to the guardian."""
     outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
-    outgoing.put(REGISTER)
+    if cap is not None:
+        outgoing.put(
+            guardian_pb2.PartyMessage(
+                header=HEADER,
+                register=guardian_pb2.Register(
+                    teachers=REGISTER.register.teachers, epsilon_cap=cap
+                ),
+            )
+        )
     responses = stub(hub, files).Connect(iter(outgoing.get, None))
     return outgoing, responses
 
@@ -302,7 +327,7 @@ def test_a_stream_opens_with_its_register_of_one_to_many_teachers(
         outgoing.put(None)
     ensemble = guardian_pb2.PartyMessage(
         header=HEADER,
-        register=guardian_pb2.Register(teachers=[guardian_pb2.TeacherInfo()] * 7),
+        register=guardian_pb2.Register(teachers=[guardian_pb2.TeacherInfo()] * 7, epsilon_cap=4.0),
     )
     outgoing = queue.Queue()
     outgoing.put(ensemble)
@@ -382,7 +407,10 @@ def impostor(own_pki: Path) -> Iterator[tuple[int, FakeGuardian]]:
 
 
 def test_an_answering_party_refuses_a_guardian_with_another_role(
-    impostor: tuple[int, FakeGuardian], own_pki: Path, caplog: pytest.LogCaptureFixture
+    impostor: tuple[int, FakeGuardian],
+    own_pki: Path,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     port, fake = impostor
     teacher = Teacher("mlp", (2,), 3, build("mlp", (2,), 3), device="cpu")
@@ -391,6 +419,7 @@ def test_an_answering_party_refuses_a_guardian_with_another_role(
         teacher,
         f"127.0.0.1:{port}",
         tls.TLSFiles.in_dir(own_pki, "hospital-a"),
+        OwnBudget("hospital-a", Ledger(str(tmp_path / "own.db")), 4.0),
         server_name="localhost",
     )
     stop = threading.Event()

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import text, update
 
 from capc.privacy import events
 from capc.privacy.accountant import Accountant
 from capc.privacy.accountants import GaussianDp
 from capc.privacy.events import DpEvent, GaussianEvent, PureDpEvent
-from services.guardian.ledger import (
+from services.common.ledger import (
     DuplicateRoundError,
     Ledger,
     LedgerError,
@@ -24,7 +24,7 @@ from services.guardian.ledger import (
     RoundStateError,
     UnknownPartyError,
 )
-from services.guardian.ledger.models import Base, RoundState
+from services.common.ledger.models import Base, RoundState
 
 DELTA = 1e-5
 GDP = GaussianDp()
@@ -143,7 +143,7 @@ def test_recovery_never_undercounts(ledger_url: str) -> None:
 def test_audit_chain_detects_tampering(ledger_url: str) -> None:
     ledger = fresh(ledger_url)
     ledger.register_party("h1", 1.0)
-    ledger.set_cap("h1", 2.0, actor="data-office")
+    ledger.register_party("h1", 2.0, actor="data-office")
     n = ledger.verify_audit()
     assert ledger.audit_entries(limit=1)[0].action == "set_cap"
     with ledger.engine.begin() as conn:
@@ -334,7 +334,7 @@ def test_migration_keeps_an_existing_rdp_ledger_exactly(tmp_path: Path) -> None:
     from capc.privacy.accountants import RenyiDp
     from capc.privacy.conversion import DEFAULT_ORDERS
     from services.common.db import make_engine, normalise_url
-    from services.guardian.ledger import store
+    from services.common.ledger import store
 
     url = normalise_url(str(tmp_path / "old.db"))
     engine = make_engine(url)
@@ -385,13 +385,35 @@ def test_querier_spend_counts_rounds_reserved_before_the_allowance(ledger_url: s
     assert ledger.querier_spent("q", "h1") == pytest.approx(epsilon(gnmax_cost(200)), rel=1e-9)
 
 
-def test_a_different_cap_on_registration_is_refused(ledger_url: str) -> None:
+def test_the_enforced_cap_never_exceeds_what_the_party_declared(ledger_url: str) -> None:
     ledger = fresh(ledger_url)
-    ledger.register_party("h1", 20.0)
+    ledger.register_party("h1", 20.0, actor="guardian-cli")
     ledger.register_party("h1", 20.0)  # idempotent with the same cap
-    with pytest.raises(LedgerError, match="set_cap"):
-        ledger.register_party("h1", 2.0)
-    assert ledger.budget("h1").cap == 20.0
+    assert ledger.budget("h1").cap == 20.0 and ledger.budget("h1").declared_cap is None
+    # The hospital declares 8: the guardian's 20 is clamped, and the change is audited
+    # under the hospital's identity.
+    assert ledger.declare_cap("h1", 8.0, actor="h1") == 8.0
+    entry = ledger.audit_entries(limit=1)[0]
+    assert (entry.actor, entry.action) == ("h1", "declare_cap")
+    assert entry.detail["old"] == 20.0 and entry.detail["new"] == 8.0
+    # The guardian's operator raising its own registration cannot lift it past 8 ...
+    ledger.register_party("h1", 1e6, actor="guardian-cli")
+    assert ledger.budget("h1").cap == 8.0 and ledger.budget("h1").registered_cap == 1e6
+    # ... and a round that fits 20 but not 8 leaves the hospital out.
+    big = next(n for n in range(100, 100_000, 100) if 8.0 < epsilon(gnmax_cost(n)) <= 20.0)
+    with pytest.raises(QuorumError):
+        ledger.reserve("x", "digits", "q", big, {"h1": gnmax_cost(big)}, mechanism="g", quorum=1)
+    # The operator may lower its own side below the declaration; the smaller cap holds.
+    ledger.register_party("h1", 3.0, actor="guardian-cli")
+    assert ledger.budget("h1").cap == 3.0
+    assert ledger.declare_cap("h1", 5.0, actor="h1") == 3.0
+    with pytest.raises(LedgerError, match="keeps its role"):
+        ledger.register_party("h1", 3.0, role="student")
+    with pytest.raises(UnknownPartyError):
+        ledger.declare_cap("nobody", 1.0, actor="nobody")
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(LedgerError, match="positive"):
+            ledger.declare_cap("h1", bad, actor="h1")
 
 
 def test_noise_too_small_to_account_is_a_clear_refusal(ledger_url: str) -> None:
@@ -435,8 +457,11 @@ def test_privacy_audits_sit_beside_the_claimed_epsilon(ledger_url: str) -> None:
     assert kept.empirical_lower == pytest.approx(want.lower) and not kept.refuted
     # h2 spent nothing: any positive lower bound refutes its claim of 0.
     refuted = ledger.record_privacy_audit(
-        "h2", canaries=100, guesses=100, correct=100, attack="canary labels", actor="auditor"
-    )
+        "h2", canaries=100, guesses=100, correct=100, attack="canary labels", actor="gateway",
+        note="gateway:auditor (token ab12)",
+    )  # fmt: skip
+    last = ledger.audit_entries(limit=1)[0]
+    assert (last.actor, last.note) == ("gateway", "gateway:auditor (token ab12)")
     assert refuted.claimed_epsilon == 0.0 and refuted.refuted and refuted.empirical_upper is None
     assert [a.party for a in ledger.privacy_audits()] == ["h2", "h1"]
     assert [a.id for a in ledger.privacy_audits("h1")] == [kept.id]
@@ -450,9 +475,140 @@ def test_privacy_audits_sit_beside_the_claimed_epsilon(ledger_url: str) -> None:
         {"canaries": 10, "guesses": -1, "correct": 0},
     ):
         with pytest.raises(LedgerError, match=r"canaries|whole number"):
-            ledger.record_privacy_audit("h1", attack="x", actor="a", **bad)
+            ledger.record_privacy_audit(
+                "h1",
+                canaries=bad["canaries"],
+                guesses=bad["guesses"],
+                correct=bad["correct"],
+                attack="x",
+                actor="a",
+            )
     with pytest.raises(UnknownPartyError):
         ledger.record_privacy_audit(
             "nobody", canaries=1, guesses=0, correct=0, attack="x", actor="a"
         )
     assert len(ledger.privacy_audits()) == 2
+
+
+def _rewrite(ledger: Ledger, seq: int, actor: str) -> None:
+    """What someone with write access to the database and no key can do: change an entry
+    and recompute every hash after it, so the bare chain is consistent again."""
+    from services.common.db import as_utc
+    from services.common.ledger import audit
+    from services.common.ledger.models import AuditRow
+
+    rows = ledger.audit_rows()
+    prev = rows[seq - 2].hash if seq > 1 else audit.GENESIS
+    with ledger.engine.begin() as conn:
+        for row in rows[seq - 1 :]:
+            who = actor if row.seq == seq else row.actor
+            digest = audit.digest(
+                prev, row.seq, as_utc(row.at), who, row.action, row.detail, row.note
+            )
+            conn.execute(
+                update(AuditRow)
+                .where(AuditRow.seq == row.seq)
+                .values(actor=who, prev_hash=prev, hash=digest)
+            )
+            prev = digest
+        conn.execute(
+            text("UPDATE ledger_settings SET value = :v WHERE key = 'audit_head'"),
+            {"v": f'[{rows[-1].seq}, "{prev}", ""]'},
+        )
+
+
+def test_signed_heads_name_a_rewritten_entry_that_the_bare_chain_misses(ledger_url: str) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from services.common.ledger import audit
+
+    key = Ed25519PrivateKey.generate()
+    ledger = Ledger(ledger_url, delta=DELTA, signer=key)
+    ledger.create_task("digits", {"classes": 10})
+    for name in ("h1", "h2", "h3"):
+        ledger.register_party(name, 5.0, actor="guardian-cli")
+    ledger.record("h2", "duplicate_connection_refused", {"party": "h2"}, note="x" * 5000)
+    n = ledger.verify_audit()
+    head = ledger.audit_head()
+    assert head.seq == n and audit.head_signed(audit.public_hex(key), head)
+    assert ledger.audit_key() == (audit.public_hex(key), 0)
+    assert len(ledger.audit_entries(limit=1)[0].note or "") == 1000
+    # A second key cannot take over the ledger.
+    with pytest.raises(LedgerError, match="signed by key"):
+        Ledger(ledger_url, delta=DELTA, signer=Ed25519PrivateKey.generate())
+    unsigned = Ledger(ledger_url, delta=DELTA)
+    _rewrite(unsigned, 3, "someone-else")
+    chain_only = audit.check_chain(unsigned.audit_rows(), None)
+    assert chain_only == (n, None), "the bare chain was recomputed and looks fine"
+    with pytest.raises(LedgerError, match="entry 3: its signature does not match"):
+        unsigned.verify_audit()
+    # An entry written without the key (straight into the database) is named as well.
+    fresh_ledger = Ledger(ledger_url, delta=DELTA, signer=key)
+    _rewrite(fresh_ledger, 3, "guardian-cli")  # back to what was signed
+    assert fresh_ledger.check_audit()[1] is None
+    Ledger(ledger_url, delta=DELTA).record("intruder", "note", {})
+    problem = fresh_ledger.check_audit()[1]
+    assert problem is not None and problem.seq == n + 1 and "not signed" in problem.reason
+
+
+def test_a_partys_own_ledger_numbers_rounds_as_the_guardian_and_settles_them(
+    ledger_url: str,
+) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 10.0)
+    terms = {"weight": 1.0, "batch": 50}
+    res = ledger.reserve(
+        "guardian-round-41", "digits", "guardian", 50, {"h1": gnmax_cost(50)},
+        mechanism="gnmax", quorum=1, round_id=41, terms=terms,
+    )  # fmt: skip
+    assert res.round_id == 41
+    with pytest.raises(DuplicateRoundError):
+        ledger.reserve(
+            "other-key", "digits", "guardian", 50, {"h1": gnmax_cost(50)},
+            mechanism="gnmax", quorum=1, round_id=41,
+        )  # fmt: skip
+    ledger.reserve(
+        "guardian-round-7", "digits", "guardian", 10, {"h1": gnmax_cost(10)},
+        mechanism="gnmax", quorum=1, round_id=7,
+    )  # fmt: skip
+    assert ledger.open_rounds() == [7, 41] and ledger.last_round() == 41
+    record = ledger.round_record(41)
+    assert record is not None and record.terms == terms and record.outcome is None
+    # Nothing is settled yet: reservations never count as settled.
+    assert ledger.settled_loss("h1", 100)[0] == 0.0
+    ledger.release(41)
+    ledger.commit(41, {"h1": gnmax_cost(20)}, outcome={"answered": "ff"})
+    ledger.abort(7)
+    assert ledger.open_rounds() == []
+    record = ledger.round_record(41)
+    assert record is not None and record.outcome == {"answered": "ff"}
+    assert record.charges["h1"][0].value == "charge"
+    np.testing.assert_allclose(ledger.settled_loss("h1", 41), GDP.cost(gnmax_cost(20)), rtol=1e-12)
+    assert ledger.settled_loss("h1", 40)[0] == pytest.approx(0.0, abs=1e-12)
+    # A running total altered in the database shows in the settled loss.
+    with ledger.engine.begin() as conn:
+        conn.execute(text("UPDATE party_spend SET loss = '[0.0]' WHERE party = 'h1'"))
+    assert ledger.settled_loss("h1", 41)[0] == 0.0
+    assert ledger.round_record(999) is None
+
+
+def test_commit_at_reservation_charges_the_worst_case(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 10.0)
+    res = ledger.reserve("a", "digits", "s", 30, {"h1": gnmax_cost(30)}, mechanism="g", quorum=1)
+    ledger.release(res.round_id)
+    ledger.commit_at_reservation(res.round_id, actor="h1")
+    np.testing.assert_allclose(ledger.spent_loss("h1"), GDP.cost(gnmax_cost(30)), rtol=1e-12)
+    record = ledger.round_record(res.round_id)
+    assert record is not None and record.state == RoundState.COMMITTED
+    assert record.charges["h1"][1] == gnmax_cost(30).to_dict()
+
+
+def test_reports_are_kept_with_the_party(ledger_url: str) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 10.0)
+    ledger.store_report("h1", {"through": 3, "settled": [0.5]})
+    report = ledger.budget("h1").report
+    assert report is not None and report["through"] == 3 and "received_at" in report
+    with pytest.raises(UnknownPartyError):
+        ledger.store_report("ghost", {})

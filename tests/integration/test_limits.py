@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from capc.data.generators import Recipe
 from services.common import serde
+from services.common.ledger import Ledger, QuorumError
 from services.common.limits import MAX_BATCH, batch_refusal
 from services.common.protocol import RequestError
 from services.common.recipes import recipe_to_proto
@@ -23,7 +24,6 @@ from services.common.task import TaskConfig, config_hash
 from services.gateway.app import create_app
 from services.gateway.backends import BackendError, Backends
 from services.gateway.tokens import TokenStore
-from services.guardian.ledger import Ledger, QuorumError
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 from services.student.servicer import JobRunner, StudentParty

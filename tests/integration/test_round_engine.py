@@ -11,9 +11,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.mpc.votes import one_hot_votes, share_votes
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.common.task import TaskConfig, config_hash
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.guardian.rounds import (
     DuplicateLinkError,
     RoundEngine,

@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from capc.mpc.channel import HEADER_BYTES, Kind, MemoryChannel, ProtocolError, memory_channel_pair
 from capc.mpc.session import EvaluatorSession
 from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
+from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.common.task import TaskConfig, config_hash
-from services.guardian.ledger import Ledger
-from services.guardian.ledger.models import RoundState
 from services.guardian.rounds import PartyLink, RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

@@ -4,6 +4,7 @@ the same topology runs as local processes in tests/e2e)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,8 @@ def test_compose_commands_parse_with_the_real_cli() -> None:
     for name, svc in compose()["services"].items():
         if name == "postgres":
             continue
-        args = [
-            a.replace("${CAPC_LEDGER_URL:-sqlite:////var/lib/capc/ledger.db}", "x.db")
-            for a in svc["command"]
-        ]
+        # Compose substitutes ${VAR:-default}: parse what the defaults give.
+        args = [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", a) for a in svc["command"]]
         parser.parse_args(args)
         health = svc["healthcheck"]["test"]
         assert health[:3] == ["CMD", "capc", "health"]
@@ -145,3 +144,110 @@ def test_k8s_gateway_serves_https() -> None:
     assert probe["scheme"] == "HTTPS" and probe["port"] == "https"
     service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gateway")
     assert service["spec"]["ports"] == [{"port": 8080, "targetPort": "https", "name": "https"}]
+
+
+def _secrets(container: dict[str, Any]) -> set[str]:
+    return {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for e in container.get("env", [])
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+
+
+def _workload(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_k8s_gateway_and_ledger_use_separate_database_roles() -> None:
+    docs = manifests()
+
+    def container(d: dict[str, Any]) -> dict[str, Any]:
+        first: dict[str, Any] = d["spec"]["template"]["spec"]["containers"][0]
+        return first
+
+    guardian = container(_workload(docs, "StatefulSet", "guardian"))
+    gateway = container(_workload(docs, "Deployment", "gateway"))
+    postgres = _workload(docs, "StatefulSet", "postgres")
+    assert _secrets(guardian) == {"ledger-db"} and _secrets(gateway) == {"gateway-db"}
+    # The superuser's password reaches PostgreSQL only.
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet") and d is not postgres:
+            assert "postgres-admin" not in _secrets(container(d)), d["metadata"]["name"]
+    pg = container(postgres)
+    env = {e["name"]: e for e in pg["env"]}
+    assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "postgres-admin"
+    assert env["LEDGER_DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "ledger-db"
+    assert env["GATEWAY_DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "gateway-db"
+    mounts = {m["name"]: m["mountPath"] for m in pg["volumeMounts"]}
+    assert mounts["init"] == "/docker-entrypoint-initdb.d"
+    volumes = {v["name"]: v for v in postgres["spec"]["template"]["spec"]["volumes"]}
+    config = _workload(docs, "ConfigMap", volumes["init"]["configMap"]["name"])
+    script = (ROOT / "deploy" / "postgres-init.sh").read_text()
+    assert list(config["data"].values()) == [script], "the ConfigMap is deploy/postgres-init.sh"
+
+
+def test_the_init_script_makes_two_roles_that_cannot_reach_each_other() -> None:
+    script = (ROOT / "deploy" / "postgres-init.sh").read_text()
+    assert 'CREATE ROLE :"ledger"' in script and 'CREATE ROLE :"gateway"' in script
+    for db in ("ledger", "gateway"):
+        assert f'CREATE DATABASE :"{db}" OWNER :"{db}"' in script
+        assert f'REVOKE ALL ON DATABASE :"{db}" FROM PUBLIC' in script
+
+
+def test_compose_gateway_and_ledger_use_separate_database_roles() -> None:
+    services = compose()["services"]
+    guardian = " ".join(services["guardian"]["command"])
+    gateway = " ".join(services["gateway"]["command"])
+    assert "CAPC_LEDGER_URL" in guardian and "GATEWAY" not in guardian
+    assert "CAPC_GATEWAY_DB_URL" in gateway and "LEDGER" not in gateway
+    postgres = services["postgres"]
+    assert (
+        "./deploy/postgres-init.sh:/docker-entrypoint-initdb.d/10-capc-roles.sh:ro"
+        in (postgres["volumes"])
+    )
+    env = postgres["environment"]
+    assert {"LEDGER_DB_PASSWORD", "GATEWAY_DB_PASSWORD", "POSTGRES_PASSWORD"} <= set(env)
+    for name, svc in services.items():
+        if name != "postgres":
+            assert "POSTGRES_PASSWORD" not in str(svc), f"{name} must not know the superuser"
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_every_hospital_sets_its_own_cap_and_keeps_its_own_ledger() -> None:
+    services = compose()["services"]
+    for h in HOSPITALS:
+        args = services[h]["command"]
+        assert float(_flag(args, "--epsilon-cap").split(":-")[-1].rstrip("}")) > 0
+        ledger = _flag(args, "--ledger")
+        # In the hospital's own named volume, not in the read-only image.
+        volume = next(v for v in services[h]["volumes"] if v.endswith(":/var/lib/capc"))
+        assert ledger.startswith("/var/lib/capc/") and volume == f"{h}-data:/var/lib/capc"
+    docs = manifests()
+    for h in HOSPITALS:
+        ns = f"capc-{h}"
+        deploy = next(
+            d for d in docs if d["kind"] == "Deployment" and d["metadata"].get("namespace") == ns
+        )
+        spec = deploy["spec"]["template"]["spec"]
+        args = spec["containers"][0]["args"]
+        assert float(_flag(args, "--epsilon-cap")) > 0
+        mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+        mount = mounts["/var/lib/capc"]
+        assert _flag(args, "--ledger").startswith("/var/lib/capc/")
+        claim = next(v for v in spec["volumes"] if v["name"] == mount)["persistentVolumeClaim"]
+        pvc = next(
+            d
+            for d in docs
+            if d["kind"] == "PersistentVolumeClaim"
+            and d["metadata"]["name"] == claim["claimName"]
+            and d["metadata"]["namespace"] == ns
+        )
+        assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_make_pki_gives_the_guardian_its_audit_key() -> None:
+    text = (ROOT / "deploy" / "make-pki.sh").read_text()
+    assert 'cp "$OUT/ca/guardian-audit.key" "$OUT/guardian/"' in text

@@ -23,7 +23,7 @@ def test_every_message_has_a_header_where_the_issue_demands_it() -> None:
         guardian_pb2.ListPartiesRequest,
         guardian_pb2.ListLedgerRequest,
         guardian_pb2.ListAuditRequest,
-        guardian_pb2.SetCapRequest,
+        guardian_pb2.BudgetHistoryRequest,
         student_pb2.CreateJobRequest,
         student_pb2.WatchJobRequest,
         student_pb2.GetResultsRequest,

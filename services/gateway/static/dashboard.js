@@ -90,6 +90,17 @@ function fill(tableId, rows) {
   }));
 }
 
+// The hospital's own ledger beside the guardian's: a disagreement is flagged.
+function ledgerState(p) {
+  const span = document.createElement("span");
+  const own = p.own_ledger;
+  span.className = "ledger-" + own.state;
+  span.setAttribute("data-ledgers", p.name);
+  span.textContent = own.state === "diverged" ? `DIVERGED (gap ε ${own.gap.toPrecision(3)})`
+    : own.state === "agree" ? `agree through round ${own.through_round}` : own.state;
+  return span;
+}
+
 function progress(fraction) {
   const bar = document.createElement("div");
   bar.className = "bar";
@@ -122,15 +133,22 @@ async function refresh() {
     const latest = {};
     for (const a of audits.audits) if (!(a.party in latest)) latest[a.party] = a;
     drawChart(history);
-    fill("budgets", parties.parties.filter(p => p.role === "answerer").map(p => [
-      p.name, p.connected ? "yes" : "no", p.epsilon_spent.toFixed(4), p.epsilon_cap, p.epsilon_remaining.toFixed(4),
-      p.queries_left === null ? "" : p.queries_left,
+    const answerers = parties.parties.filter(p => p.role === "answerer");
+    fill("budgets", answerers.map(p => [
+      p.name, p.connected ? "yes" : "no", p.epsilon_spent.toFixed(4),
+      p.own_ledger.state === "unreported" ? "" : p.own_ledger.epsilon_spent.toFixed(4),
+      ledgerState(p), p.epsilon_cap, p.declared_cap === null ? "" : p.declared_cap,
+      p.epsilon_remaining.toFixed(4), p.queries_left === null ? "" : p.queries_left,
       p.name in latest ? interval(latest[p.name]) : "not audited", p.last_seen || "",
     ]));
     fill("audits", audits.audits.map(a => [
       a.party, a.claimed_epsilon.toFixed(4), interval(a), `${a.correct} / ${a.guesses} / ${a.canaries}`,
       verdict(a), a.attack, a.at.slice(0, 19),
     ]));
+    const diverged = answerers.filter(p => p.own_ledger.state === "diverged").map(p => p.name);
+    const alert = document.getElementById("divergence");
+    alert.hidden = diverged.length === 0;
+    alert.textContent = diverged.length ? `Ledgers disagree for ${diverged.join(", ")}: the guardian's ledger and the hospital's own count different spends.` : "";
     fill("jobs", jobs.jobs.map(j => [
       j.id.slice(0, 8), j.state + (j.error ? `: ${j.error}` : ""), progress(j.progress),
       `${j.answered} / ${j.processed}`, j.rounds, j.created_at.slice(0, 19),

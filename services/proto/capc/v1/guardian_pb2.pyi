@@ -1,5 +1,6 @@
 from services.proto.capc.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -7,21 +8,34 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Settlement(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SETTLEMENT_UNSPECIFIED: _ClassVar[Settlement]
+    SETTLEMENT_CHARGED: _ClassVar[Settlement]
+    SETTLEMENT_WORST_CASE: _ClassVar[Settlement]
+    SETTLEMENT_NOT_CHARGED: _ClassVar[Settlement]
+SETTLEMENT_UNSPECIFIED: Settlement
+SETTLEMENT_CHARGED: Settlement
+SETTLEMENT_WORST_CASE: Settlement
+SETTLEMENT_NOT_CHARGED: Settlement
+
 class PartyMessage(_message.Message):
-    __slots__ = ("header", "register", "shares", "heartbeat", "failure", "relay")
+    __slots__ = ("header", "register", "shares", "heartbeat", "failure", "relay", "report")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REGISTER_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     register: Register
     shares: Shares
     heartbeat: Heartbeat
     failure: RoundFailure
     relay: RelayFrame
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., shares: _Optional[_Union[Shares, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., failure: _Optional[_Union[RoundFailure, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ...) -> None: ...
+    report: SpendReport
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., register: _Optional[_Union[Register, _Mapping]] = ..., shares: _Optional[_Union[Shares, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., failure: _Optional[_Union[RoundFailure, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ..., report: _Optional[_Union[SpendReport, _Mapping]] = ...) -> None: ...
 
 class RelayFrame(_message.Message):
     __slots__ = ("header", "round_id", "party", "payload", "hello")
@@ -50,10 +64,16 @@ class TeacherInfo(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., input_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("teachers",)
+    __slots__ = ("teachers", "epsilon_cap", "accounting_json", "open_rounds")
     TEACHERS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_JSON_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     teachers: _containers.RepeatedCompositeFieldContainer[TeacherInfo]
-    def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ...) -> None: ...
+    epsilon_cap: float
+    accounting_json: str
+    open_rounds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ..., epsilon_cap: _Optional[float] = ..., accounting_json: _Optional[str] = ..., open_rounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Shares(_message.Message):
     __slots__ = ("round_id", "shape", "guardian_share", "sealed_seed", "batch_hash")
@@ -70,43 +90,93 @@ class Shares(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., guardian_share: _Optional[bytes] = ..., sealed_seed: _Optional[bytes] = ..., batch_hash: _Optional[bytes] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
-    __slots__ = ("sent_unix_ms",)
+    __slots__ = ("sent_unix_ms", "open_rounds")
     SENT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     sent_unix_ms: int
-    def __init__(self, sent_unix_ms: _Optional[int] = ...) -> None: ...
+    open_rounds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sent_unix_ms: _Optional[int] = ..., open_rounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RoundFailure(_message.Message):
-    __slots__ = ("round_id", "reason")
+    __slots__ = ("round_id", "reason", "budget_refused")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_REFUSED_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     reason: str
-    def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    budget_refused: bool
+    def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ..., budget_refused: _Optional[bool] = ...) -> None: ...
+
+class SpendReport(_message.Message):
+    __slots__ = ("through_round", "settled_loss", "epsilon_spent", "epsilon_cap", "open_rounds", "accounting_json")
+    THROUGH_ROUND_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_LOSS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    OPEN_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_JSON_FIELD_NUMBER: _ClassVar[int]
+    through_round: int
+    settled_loss: _containers.RepeatedScalarFieldContainer[float]
+    epsilon_spent: float
+    epsilon_cap: float
+    open_rounds: int
+    accounting_json: str
+    def __init__(self, through_round: _Optional[int] = ..., settled_loss: _Optional[_Iterable[float]] = ..., epsilon_spent: _Optional[float] = ..., epsilon_cap: _Optional[float] = ..., open_rounds: _Optional[int] = ..., accounting_json: _Optional[str] = ...) -> None: ...
+
+class AuditHead(_message.Message):
+    __slots__ = ("seq", "hash", "signature")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    hash: str
+    signature: str
+    def __init__(self, seq: _Optional[int] = ..., hash: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class HubMessage(_message.Message):
-    __slots__ = ("header", "registered", "work", "cancelled", "relay")
+    __slots__ = ("header", "registered", "work", "cancelled", "relay", "settled")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     registered: Registered
     work: RoundWork
     cancelled: RoundCancelled
     relay: RelayFrame
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., work: _Optional[_Union[RoundWork, _Mapping]] = ..., cancelled: _Optional[_Union[RoundCancelled, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ...) -> None: ...
+    settled: RoundSettled
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., work: _Optional[_Union[RoundWork, _Mapping]] = ..., cancelled: _Optional[_Union[RoundCancelled, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ..., settled: _Optional[_Union[RoundSettled, _Mapping]] = ...) -> None: ...
 
 class Registered(_message.Message):
-    __slots__ = ("party", "epsilon_cap")
+    __slots__ = ("party", "epsilon_cap", "accounting_json", "audit_public_key", "head")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
+    ACCOUNTING_JSON_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
     party: str
     epsilon_cap: float
-    def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ...) -> None: ...
+    accounting_json: str
+    audit_public_key: bytes
+    head: AuditHead
+    def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ..., accounting_json: _Optional[str] = ..., audit_public_key: _Optional[bytes] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ...) -> None: ...
+
+class RoundSettled(_message.Message):
+    __slots__ = ("round_id", "settlement", "answered", "head")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SETTLEMENT_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    settlement: Settlement
+    answered: bytes
+    head: AuditHead
+    def __init__(self, round_id: _Optional[int] = ..., settlement: _Optional[_Union[Settlement, str]] = ..., answered: _Optional[bytes] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ...) -> None: ...
 
 class RoundWork(_message.Message):
-    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits", "participation", "teachers")
+    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits", "participation", "teachers", "task_json")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +185,7 @@ class RoundWork(_message.Message):
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
     PARTICIPATION_FIELD_NUMBER: _ClassVar[int]
     TEACHERS_FIELD_NUMBER: _ClassVar[int]
+    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     queries: _common_pb2.QueryBatch
     mechanism: _common_pb2.Mechanism
@@ -123,7 +194,8 @@ class RoundWork(_message.Message):
     frac_bits: int
     participation: bytes
     teachers: int
-    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ..., participation: _Optional[bytes] = ..., teachers: _Optional[int] = ...) -> None: ...
+    task_json: str
+    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ..., participation: _Optional[bytes] = ..., teachers: _Optional[int] = ..., task_json: _Optional[str] = ...) -> None: ...
 
 class RoundCancelled(_message.Message):
     __slots__ = ("round_id", "reason")
@@ -198,7 +270,7 @@ class MpcFrame(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class PartyStatus(_message.Message):
-    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers")
+    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers", "registered_cap", "declared_cap", "party_epsilon_spent", "party_through_round", "party_open_rounds", "party_reported_at", "ledgers", "ledger_gap")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +285,14 @@ class PartyStatus(_message.Message):
     PARTICIPATION_FIELD_NUMBER: _ClassVar[int]
     QUERIES_LEFT_FIELD_NUMBER: _ClassVar[int]
     TEACHERS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_CAP_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_CAP_FIELD_NUMBER: _ClassVar[int]
+    PARTY_EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    PARTY_THROUGH_ROUND_FIELD_NUMBER: _ClassVar[int]
+    PARTY_OPEN_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    PARTY_REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    LEDGERS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_GAP_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     status: str
@@ -227,7 +307,15 @@ class PartyStatus(_message.Message):
     participation: float
     queries_left: int
     teachers: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ...) -> None: ...
+    registered_cap: float
+    declared_cap: float
+    party_epsilon_spent: float
+    party_through_round: int
+    party_open_rounds: int
+    party_reported_at: str
+    ledgers: str
+    ledger_gap: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ...) -> None: ...
 
 class ListPartiesRequest(_message.Message):
     __slots__ = ("header",)
@@ -288,20 +376,24 @@ class ListLedgerReply(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[LedgerEntry, _Mapping]]] = ...) -> None: ...
 
 class AuditEntry(_message.Message):
-    __slots__ = ("seq", "at", "actor", "action", "detail_json", "hash")
+    __slots__ = ("seq", "at", "actor", "action", "detail_json", "hash", "note", "signature")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     DETAIL_JSON_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     at: str
     actor: str
     action: str
     detail_json: str
     hash: str
-    def __init__(self, seq: _Optional[int] = ..., at: _Optional[str] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., detail_json: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
+    note: str
+    signature: str
+    def __init__(self, seq: _Optional[int] = ..., at: _Optional[str] = ..., actor: _Optional[str] = ..., action: _Optional[str] = ..., detail_json: _Optional[str] = ..., hash: _Optional[str] = ..., note: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class ListAuditRequest(_message.Message):
     __slots__ = ("header", "limit", "offset")
@@ -314,30 +406,16 @@ class ListAuditRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ListAuditReply(_message.Message):
-    __slots__ = ("entries", "chain_valid")
+    __slots__ = ("entries", "chain_valid", "head", "audit_public_key")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VALID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
     chain_valid: bool
-    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., chain_valid: _Optional[bool] = ...) -> None: ...
-
-class SetCapRequest(_message.Message):
-    __slots__ = ("header", "party", "epsilon_cap", "actor")
-    HEADER_FIELD_NUMBER: _ClassVar[int]
-    PARTY_FIELD_NUMBER: _ClassVar[int]
-    EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
-    ACTOR_FIELD_NUMBER: _ClassVar[int]
-    header: _common_pb2.Header
-    party: str
-    epsilon_cap: float
-    actor: str
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ..., actor: _Optional[str] = ...) -> None: ...
-
-class SetCapReply(_message.Message):
-    __slots__ = ("party",)
-    PARTY_FIELD_NUMBER: _ClassVar[int]
-    party: PartyStatus
-    def __init__(self, party: _Optional[_Union[PartyStatus, _Mapping]] = ...) -> None: ...
+    head: AuditHead
+    audit_public_key: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., chain_valid: _Optional[bool] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ..., audit_public_key: _Optional[str] = ...) -> None: ...
 
 class BudgetHistoryRequest(_message.Message):
     __slots__ = ("header", "party", "max_points")

@@ -69,11 +69,6 @@ class GuardianHubStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.ListAuditRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.ListAuditReply.FromString,
                 _registered_method=True)
-        self.SetCap = channel.unary_unary(
-                '/capc.v1.GuardianHub/SetCap',
-                request_serializer=capc_dot_v1_dot_guardian__pb2.SetCapRequest.SerializeToString,
-                response_deserializer=capc_dot_v1_dot_guardian__pb2.SetCapReply.FromString,
-                _registered_method=True)
         self.BudgetHistory = channel.unary_unary(
                 '/capc.v1.GuardianHub/BudgetHistory',
                 request_serializer=capc_dot_v1_dot_guardian__pb2.BudgetHistoryRequest.SerializeToString,
@@ -124,7 +119,8 @@ class GuardianHubServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListParties(self, request, context):
-        """Admin reads and the one admin write (gateway).
+        """Admin reads (gateway). Nobody changes a cap over the network: each hospital
+        sets its own in its configuration, the guardian's operator its own ceiling.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -137,12 +133,6 @@ class GuardianHubServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListAudit(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def SetCap(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -204,11 +194,6 @@ def add_GuardianHubServicer_to_server(servicer, server):
                     servicer.ListAudit,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.ListAuditRequest.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.ListAuditReply.SerializeToString,
-            ),
-            'SetCap': grpc.unary_unary_rpc_method_handler(
-                    servicer.SetCap,
-                    request_deserializer=capc_dot_v1_dot_guardian__pb2.SetCapRequest.FromString,
-                    response_serializer=capc_dot_v1_dot_guardian__pb2.SetCapReply.SerializeToString,
             ),
             'BudgetHistory': grpc.unary_unary_rpc_method_handler(
                     servicer.BudgetHistory,
@@ -415,33 +400,6 @@ class GuardianHub:
             '/capc.v1.GuardianHub/ListAudit',
             capc_dot_v1_dot_guardian__pb2.ListAuditRequest.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.ListAuditReply.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def SetCap(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/capc.v1.GuardianHub/SetCap',
-            capc_dot_v1_dot_guardian__pb2.SetCapRequest.SerializeToString,
-            capc_dot_v1_dot_guardian__pb2.SetCapReply.FromString,
             options,
             channel_credentials,
             insecure,

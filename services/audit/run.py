@@ -198,10 +198,8 @@ def audit_consortium(
     }
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``audit run``."""
-    p = sub.add_parser("audit", help="empirical privacy audits (canaries) of a consortium")
-    asub = p.add_subparsers(dest="audit_command", required=True)
     r = asub.add_parser(
         "run", help="audit a local networked consortium (guardian, hospitals, student)"
     )

@@ -1,6 +1,6 @@
 """The guardian's persistent privacy ledger (SQLAlchemy 2 + Alembic; SQLite or PostgreSQL)."""
 
-from services.guardian.ledger.store import (
+from services.common.ledger.store import (
     DuplicateRoundError,
     Ledger,
     LedgerError,

@@ -55,10 +55,22 @@ class Setting(Base):
 
 
 class PartyRow(Base):
+    """A party and its caps (epsilon at the ledger's delta).
+
+    ``epsilon_cap`` is the cap the ledger enforces: the smaller of
+    ``registered_cap`` (set by whoever runs this ledger) and ``declared_cap``
+    (what the party itself declared when it connected; None until it has).
+    ``report`` is the party's latest report of its own ledger (JSON; see
+    :meth:`services.common.ledger.Ledger.store_report`).
+    """
+
     __tablename__ = "parties"
     name: Mapped[str] = mapped_column(String(128), primary_key=True)
     role: Mapped[str] = mapped_column(String(32), default="answerer")
     epsilon_cap: Mapped[float] = mapped_column(Float)
+    registered_cap: Mapped[float | None] = mapped_column(Float, nullable=True)
+    declared_cap: Mapped[float | None] = mapped_column(Float, nullable=True)
+    report: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
     certificate_fingerprint: Mapped[str | None] = mapped_column(String(128), nullable=True)
     status: Mapped[str] = mapped_column(String(32), default="active")
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -93,6 +105,12 @@ class RoundRow(Base):
     )
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    #: An answering party's own ledger: what the round asked of it (mechanism, vote
+    #: weight, participation), from which it computes the round's charge itself.
+    terms: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
+    #: The guardian's ledger: what the round released (its answered mask), which
+    #: each party is told so that it can charge itself the same.
+    outcome: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
 
 
 class ChargeRow(Base):
@@ -112,6 +130,14 @@ class ChargeRow(Base):
 
 
 class AuditRow(Base):
+    """One entry of the hash-chained audit log.
+
+    ``actor`` is an authenticated identity (a certificate's name, or the
+    service itself); ``note`` is free text a caller supplied, recorded but
+    never trusted. ``signature`` is the ledger key's Ed25519 signature of the
+    chain head this entry makes (hex; None where the ledger has no key).
+    """
+
     __tablename__ = "audit_log"
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -120,6 +146,8 @@ class AuditRow(Base):
     detail: Mapped[dict[str, object]] = mapped_column(JSON)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64))
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    signature: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
 
 class AllowanceRow(Base):

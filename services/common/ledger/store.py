@@ -20,13 +20,18 @@ Round life cycle (design section 2):
   commits released ones at their reservation: after a crash the ledger may
   over-count, never under-count.
 
-Every change appends to a hash-chained audit log in the same transaction.
+Every change appends to a hash-chained audit log in the same transaction;
+with a signing key (the guardian's), every head of the chain is signed
+(:mod:`services.common.ledger.audit`).
+
+The same store is an answering party's own ledger: one party (itself), its
+own cap, rounds keyed by the guardian's round ids, each charged from the
+round's mechanism by the same accountant (:mod:`services.answerer.budget`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
 import threading
@@ -39,6 +44,7 @@ import numpy as np
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
@@ -50,8 +56,9 @@ from capc.privacy.accountants import Accounting, RenyiDp, UnsupportedEventError
 from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.events import DpEvent
 from services.common.db import iso_utc, make_engine, normalise_url
-from services.common.task import config_hash
-from services.guardian.ledger.models import (
+from services.common.ledger import audit
+from services.common.ledger.audit import AuditHead, ChainProblem
+from services.common.ledger.models import (
     AllowanceRow,
     AuditResultRow,
     AuditRow,
@@ -66,10 +73,13 @@ from services.guardian.ledger.models import (
     TaskRow,
     utcnow,
 )
+from services.common.task import config_hash
 
 FloatArray = NDArray[np.float64]
 _MIGRATIONS = Path(__file__).with_name("migrations")
-_GENESIS = "0" * 64
+_GENESIS = audit.GENESIS
+#: Settings only the ledger itself writes.
+_OWN_SETTINGS = frozenset({"accountant", "delta", "audit_head", "audit_key"})
 HEAD_REVISION = "0005"
 _MIGRATION_LOCK = threading.Lock()
 
@@ -127,12 +137,16 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class AuditEntry:
+    """One audit entry: ``actor`` is an authenticated identity, ``note`` untrusted free text."""
+
     seq: int
     at: str
     actor: str
     action: str
     detail: dict[str, object]
     hash: str
+    note: str | None = None
+    signature: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,24 @@ class PartyBudget:
     best_order: float | None
     rounds: int
     last_seen: dt.datetime | None
+    #: The cap this ledger's operator registered, and the one the party declared itself.
+    registered_cap: float = math.inf
+    declared_cap: float | None = None
+    #: The party's latest report of its own ledger (see :meth:`Ledger.store_report`).
+    report: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """A round as a settlement needs it: its state, what it released (``outcome``,
+    guardian side) or asked of the party (``terms``, party side), and per party the
+    kind of row held and its event (None: charged nothing)."""
+
+    round_id: int
+    state: RoundState
+    terms: Mapping[str, object] | None
+    outcome: Mapping[str, object] | None
+    charges: Mapping[str, tuple[ChargeKind, dict[str, object] | None]]
 
 
 @dataclass(frozen=True)
@@ -207,6 +239,24 @@ def _lock_querier_spends(
     return {r.party: r for r in rows}
 
 
+def _positive_cap(epsilon_cap: float) -> float:
+    if not (
+        isinstance(epsilon_cap, int | float) and math.isfinite(epsilon_cap) and epsilon_cap > 0
+    ):
+        raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
+    return float(epsilon_cap)
+
+
+def _enforced(registered: float, declared: float | None) -> float:
+    """The cap a ledger enforces: never above what the party itself declared."""
+    return registered if declared is None else min(registered, declared)
+
+
+def _registered(row: PartyRow) -> float:
+    # Every row has one since revision 0004 filled them; the column stays nullable.
+    return row.epsilon_cap if row.registered_cap is None else row.registered_cap
+
+
 def _round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
     """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the largest
     term, so float error never shrinks a total (it is of the order of an ulp of the largest
@@ -222,7 +272,9 @@ class Ledger:
     default the tightest sound one, exact Gaussian DP), ``orders`` (Renyi
     orders, ``rdp`` only) and ``delta`` are fixed when the ledger is created;
     opening it later with other values is refused, because stored loss
-    vectors only mean something to the accountant that wrote them.
+    vectors only mean something to the accountant that wrote them
+    (``delta=None`` takes the stored one). ``signer``: the Ed25519 key that
+    signs every audit head (the guardian's), never stored in the database.
     """
 
     def __init__(
@@ -231,15 +283,19 @@ class Ledger:
         *,
         accountant: str | None = None,
         orders: ArrayLike | None = None,
-        delta: float = 1e-5,
+        delta: float | None = 1e-5,
         migrate: bool = True,
+        signer: Ed25519PrivateKey | None = None,
     ) -> None:
         self.url = normalise_url(url)
         self.engine = make_engine(self.url)
         if migrate:
             self.migrate()
         self._check_revision()
+        self._signer: Ed25519PrivateKey | None = None
         self.accounting, self.delta = self._settings(accountant, orders, delta)
+        if signer is not None:
+            self._adopt_key(signer)
 
     # -- schema ---------------------------------------------------------------
     def migrate(self) -> None:
@@ -264,8 +320,10 @@ class Ledger:
             )
 
     def _settings(
-        self, kind: str | None, orders: ArrayLike | None, delta: float
+        self, kind: str | None, orders: ArrayLike | None, given: float | None
     ) -> tuple[Accounting, float]:
+        # None: whatever delta the ledger was created with (readers such as `capc audit`).
+        delta = 1e-5 if given is None else given
         if not (0 < delta < 1):
             raise LedgerError(f"delta must lie in (0, 1), got {delta}")
         if kind is not None and kind not in accountants.ACCOUNTANTS:
@@ -303,7 +361,7 @@ class Ledger:
             raise LedgerError(
                 "this ledger was created with another order grid; open it without `orders`"
             )
-        if have_delta != delta:
+        if given is not None and have_delta != delta:
             raise LedgerError(f"this ledger accounts at delta={have_delta}, not {delta}")
         return have, have_delta
 
@@ -311,6 +369,84 @@ class Ledger:
     def accountant(self) -> str:
         """The name of the ledger's accountant."""
         return self.accounting.name
+
+    def accounting_json(self) -> str:
+        """What two ledgers must share for their loss vectors to be compared, as canonical
+        JSON: the accountant with its settings, and delta."""
+        ident = {
+            "accountant": {"name": self.accounting.name, **self.accounting.settings()},
+            "delta": self.delta,
+        }
+        return json.dumps(ident, sort_keys=True, separators=(",", ":"))
+
+    def _adopt_key(self, signer: Ed25519PrivateKey) -> None:
+        """Record which key signs this ledger's audit heads, from which entry on; refuse
+        another key later (its signatures would not verify the earlier heads)."""
+        mine = audit.public_hex(signer)
+        with self._tx() as s:
+            row = s.get(Setting, "audit_key", with_for_update=True)
+            if row is None:
+                head = s.scalars(select(Setting).where(Setting.key == "audit_head")).one()
+                seq = int(json.loads(head.value)[0])
+                s.add(Setting(key="audit_key", value=json.dumps({"key": mine, "from": seq})))
+                self._signer = signer
+                self._audit(s, "ledger", "audit_key", {"public_key": mine, "signed_after": seq})
+                return
+        have = str(json.loads(row.value)["key"])
+        if have != mine:
+            raise LedgerError(
+                f"this ledger's audit log is signed by key {have[:16]}..., the key given is "
+                f"{mine[:16]}...; start with the key file that signed it (a new key would leave "
+                "every stored head unverifiable)"
+            )
+        self._signer = signer
+
+    def setting(self, key: str) -> str | None:
+        """A value kept with :meth:`keep_setting`, or None."""
+        with Session(self.engine) as s:
+            row = s.get(Setting, key)
+            return None if row is None else row.value
+
+    def keep_setting(
+        self,
+        key: str,
+        value: str,
+        *,
+        actor: str,
+        action: str = "setting",
+        detail: Mapping[str, object] | None = None,
+    ) -> None:
+        """Keep ``value`` under ``key``, audited as ``action`` with ``detail`` (an unchanged
+        value writes nothing); the ledger's own settings (accountant, delta, audit head
+        and key) cannot be changed this way."""
+        if key in _OWN_SETTINGS or not 0 < len(key) <= 64:
+            raise LedgerError(f"{key!r} is not a setting that can be kept")
+        with self._tx() as s:
+            row = s.get(Setting, key, with_for_update=True)
+            if row is None:
+                s.add(Setting(key=key, value=value))
+            elif row.value == value:
+                return
+            else:
+                row.value = value
+            self._audit(s, actor, action, {"key": key, **(detail or {})})
+
+    def audit_key(self) -> tuple[str, int] | None:
+        """(public key hex, last entry written before it signed), or None: no key yet."""
+        with Session(self.engine) as s:
+            row = s.get(Setting, "audit_key")
+            if row is None:
+                return None
+            saved = json.loads(row.value)
+        return str(saved["key"]), int(saved["from"])
+
+    def audit_head(self) -> AuditHead:
+        """The audit chain's current head, signed (the signature is empty without a key)."""
+        with Session(self.engine) as s:
+            value = json.loads(
+                s.scalars(select(Setting).where(Setting.key == "audit_head")).one().value
+            )
+        return AuditHead(int(value[0]), str(value[1]), str(value[2]) if len(value) > 2 else "")
 
     def _loss(self, event: DpEvent, what: str) -> FloatArray:
         """An event's loss vector as a budget charge; LedgerError if the filter cannot take it."""
@@ -328,21 +464,20 @@ class Ledger:
             yield s
 
     # -- audit ----------------------------------------------------------------
-    @staticmethod
-    def _digest(
-        prev: str, seq: int, at: dt.datetime, actor: str, action: str, detail: Mapping[str, object]
-    ) -> str:
-        body = json.dumps(
-            [seq, at.isoformat(), actor, action, detail], sort_keys=True, separators=(",", ":")
-        )
-        return hashlib.sha256((prev + body).encode()).hexdigest()
-
-    def _audit(self, s: Session, actor: str, action: str, detail: Mapping[str, object]) -> None:
+    def _audit(
+        self,
+        s: Session,
+        actor: str,
+        action: str,
+        detail: Mapping[str, object],
+        note: str | None = None,
+    ) -> None:
         head = s.scalars(select(Setting).where(Setting.key == "audit_head").with_for_update()).one()
-        seq, prev = json.loads(head.value)
+        seq, prev = json.loads(head.value)[:2]
         seq += 1
         at = utcnow()
-        digest = self._digest(prev, seq, at, actor, action, dict(detail))
+        digest = audit.digest(prev, seq, at, actor, action, dict(detail), note)
+        signature = None if self._signer is None else audit.sign_head(self._signer, seq, digest)
         s.add(
             AuditRow(
                 seq=seq,
@@ -352,38 +487,45 @@ class Ledger:
                 detail=dict(detail),
                 prev_hash=prev,
                 hash=digest,
+                note=note,
+                signature=signature,
             )
         )
-        head.value = json.dumps([seq, digest])
+        head.value = json.dumps([seq, digest, signature or ""])
 
-    def record(self, actor: str, action: str, detail: Mapping[str, object]) -> None:
-        """Append a security event a service observed (not a ledger change) to the audit log."""
+    def record(
+        self, actor: str, action: str, detail: Mapping[str, object], note: str | None = None
+    ) -> None:
+        """Append an event a service observed (not a ledger change) to the audit log.
+
+        ``actor`` must be an authenticated identity; anything a caller wrote
+        itself goes in ``note`` (kept, never trusted; at most 1000 characters).
+        """
         if not actor or len(actor) > 128 or not action or len(action) > 64:
             raise LedgerError(
                 f"an audit entry needs an actor of 1-128 and an action of 1-64 characters, "
                 f"got {actor!r} and {action!r}"
             )
         with self._tx() as s:
-            self._audit(s, actor, action, detail)
+            self._audit(s, actor, action, detail, None if note is None else note[:1000])
+
+    def check_audit(self, public_key: str | None = None) -> tuple[int, ChainProblem | None]:
+        """Walk the whole chain: (entries, first problem or None). Signatures are checked
+        against ``public_key`` (hex), by default the key this ledger records."""
+        key = self.audit_key()
+        if public_key is None and key is not None:
+            public_key = key[0]
+        signed_from = key[1] if key is not None else 0
+        with Session(self.engine) as s:
+            rows = s.scalars(select(AuditRow).order_by(AuditRow.seq))
+            return audit.check_chain(rows, public_key, signed_from)
 
     def verify_audit(self) -> int:
-        """Check the whole hash chain; returns its length, raises LedgerError at the first broken link."""
-        prev = _GENESIS
-        n = 0
-        with Session(self.engine) as s:
-            for row in s.scalars(select(AuditRow).order_by(AuditRow.seq)):
-                n += 1
-                at = row.at if row.at.tzinfo else row.at.replace(tzinfo=dt.UTC)
-                if (
-                    row.seq != n
-                    or row.prev_hash != prev
-                    or self._digest(prev, row.seq, at, row.actor, row.action, row.detail)
-                    != row.hash
-                ):
-                    raise LedgerError(
-                        f"audit log broken at entry {row.seq}: it was altered or removed"
-                    )
-                prev = row.hash
+        """Check the whole chain (and every head's signature where the ledger has a key);
+        returns its length, raises LedgerError naming the first bad entry."""
+        n, problem = self.check_audit()
+        if problem is not None:
+            raise LedgerError(f"audit log broken at entry {problem.seq}: {problem.reason}")
         return n
 
     def audit_entries(self, limit: int = 100, offset: int = 0) -> list[AuditEntry]:
@@ -393,9 +535,27 @@ class Ledger:
                 select(AuditRow).order_by(AuditRow.seq.desc()).limit(limit).offset(offset)
             )
             return [
-                AuditEntry(r.seq, r.at.isoformat(), r.actor, r.action, dict(r.detail), r.hash)
+                AuditEntry(
+                    r.seq,
+                    r.at.isoformat(),
+                    r.actor,
+                    r.action,
+                    dict(r.detail),
+                    r.hash,
+                    r.note,
+                    r.signature,
+                )
                 for r in rows
             ]
+
+    def audit_rows(self, after: int = 0, limit: int = 1000) -> list[AuditRow]:
+        """Raw entries with seq > ``after``, oldest first (for verification)."""
+        with Session(self.engine, expire_on_commit=False) as s:
+            return list(
+                s.scalars(
+                    select(AuditRow).where(AuditRow.seq > after).order_by(AuditRow.seq).limit(limit)
+                )
+            )
 
     # -- registry -------------------------------------------------------------
     def register_party(
@@ -407,51 +567,76 @@ class Ledger:
         fingerprint: str | None = None,
         actor: str = "admin",
     ) -> None:
-        """Add a party with an epsilon cap (at the ledger's delta); idempotent for the same cap."""
+        """Add a party with the cap this ledger's operator gives it (epsilon at the ledger's
+        delta), or change that cap (audited). The enforced cap is the smaller of this one
+        and the cap the party declares itself (:meth:`declare_cap`)."""
         if not name or len(name) > 128:
             raise LedgerError("party names are 1 to 128 characters")
-        if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
-            raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
+        cap = _positive_cap(epsilon_cap)
         with self._tx() as s:
-            row = s.get(PartyRow, name)
+            row = s.get(PartyRow, name, with_for_update=True)
             if row is not None:
-                if row.epsilon_cap != float(epsilon_cap) or row.role != role:
+                if row.role != role:
                     raise LedgerError(
-                        f"{name} is registered with cap {row.epsilon_cap:g} and role {row.role}, "
-                        f"not {float(epsilon_cap):g} and {role}; change a cap with set_cap "
-                        "(`PUT /v1/admin/parties/{party}/cap`), which is audited"
+                        f"{name} is registered as {row.role}, not {role}; a party keeps its role"
                     )
                 if fingerprint and row.certificate_fingerprint != fingerprint:
                     row.certificate_fingerprint = fingerprint
+                if row.registered_cap != cap:
+                    old = row.epsilon_cap
+                    row.registered_cap = cap
+                    row.epsilon_cap = _enforced(cap, row.declared_cap)
+                    self._audit(
+                        s,
+                        actor,
+                        "set_cap",
+                        {"party": name, "registered": cap, "old": old, "new": row.epsilon_cap},
+                    )
                 return
             s.add(
                 PartyRow(
                     name=name,
                     role=role,
-                    epsilon_cap=float(epsilon_cap),
+                    epsilon_cap=cap,
+                    registered_cap=cap,
                     certificate_fingerprint=fingerprint,
                     status="active",
                 )
             )
             s.add(SpendRow(party=name, loss=self.accounting.zero().tolist(), rounds=0))
             self._audit(
-                s,
-                actor,
-                "register_party",
-                {"party": name, "epsilon_cap": float(epsilon_cap), "role": role},
+                s, actor, "register_party", {"party": name, "epsilon_cap": cap, "role": role}
             )
 
-    def set_cap(self, name: str, epsilon_cap: float, *, actor: str) -> None:
-        """Change a party's cap (audited). Lowering it below what is spent stops the party from answering."""
-        if not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
-            raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
+    def declare_cap(self, name: str, epsilon_cap: float, *, actor: str) -> float:
+        """The party ``name`` declares its own cap (at its connection); returns the cap
+        enforced from now on: never above what the party declared. Audited when it changes.
+
+        ``actor`` is the party's authenticated identity.
+        """
+        cap = _positive_cap(epsilon_cap)
         with self._tx() as s:
             row = s.get(PartyRow, name, with_for_update=True)
             if row is None:
                 raise UnknownPartyError(f"no party named {name!r}; register it first")
-            old = row.epsilon_cap
-            row.epsilon_cap = float(epsilon_cap)
-            self._audit(s, actor, "set_cap", {"party": name, "old": old, "new": float(epsilon_cap)})
+            if row.declared_cap == cap:
+                return row.epsilon_cap
+            old, before = row.epsilon_cap, row.declared_cap
+            row.declared_cap = cap
+            row.epsilon_cap = _enforced(_registered(row), cap)
+            self._audit(
+                s,
+                actor,
+                "declare_cap",
+                {
+                    "party": name,
+                    "declared": cap,
+                    "declared_before": before,
+                    "old": old,
+                    "new": row.epsilon_cap,
+                },
+            )
+            return row.epsilon_cap
 
     def set_allowance(self, querier: str, epsilon_cap: float | None, *, actor: str) -> None:
         """Cap what ``querier``'s rounds may charge any one party (epsilon); None removes the cap. Audited."""
@@ -548,9 +733,42 @@ class Ledger:
                         order,
                         spend.rounds,
                         party.last_seen,
+                        _registered(party),
+                        party.declared_cap,
+                        party.report,
                     )
                 )
             return out
+
+    def store_report(self, name: str, report: Mapping[str, object]) -> None:
+        """Keep a party's latest report of its own ledger (JSON: at least ``through``, the
+        round id up to which it has settled everything, and ``settled``, its loss vector
+        through that round; see :meth:`settled_loss`). Not a ledger change: not audited."""
+        with self._tx() as s:
+            row = s.get(PartyRow, name, with_for_update=True)
+            if row is None:
+                raise UnknownPartyError(f"no party named {name!r}")
+            row.report = {**dict(report), "received_at": iso_utc(utcnow())}
+
+    def settled_loss(self, name: str, through: int) -> FloatArray:
+        """What the ledger counts for ``name`` from every round up to ``through`` that is
+        settled: its running total less every open reservation and every charge of a later
+        round. Two ledgers that saw the same rounds agree on it to float rounding, and a
+        running total altered in the database shows up here."""
+        with Session(self.engine) as s:
+            spend = s.get(SpendRow, name)
+            if spend is None:
+                raise UnknownPartyError(f"no party named {name!r}")
+            total = np.asarray(spend.loss, dtype=np.float64)
+            rows = s.scalars(
+                select(ChargeRow.loss).where(
+                    ChargeRow.party == name,
+                    (ChargeRow.kind == ChargeKind.RESERVATION) | (ChargeRow.round_id > through),
+                )
+            )
+            for loss in rows:
+                total = total - np.asarray(loss, dtype=np.float64)
+        return np.maximum(total, 0.0)
 
     def budget(self, name: str) -> PartyBudget:
         for b in self.budgets():
@@ -577,11 +795,15 @@ class Ledger:
         *,
         mechanism: str,
         quorum: int,
+        round_id: int | None = None,
+        terms: Mapping[str, object] | None = None,
     ) -> Reservation:
         """Reserve each party's worst-case event for a round, leaving out parties it would take past their cap.
 
         Raises QuorumError (nothing written) if fewer than ``quorum`` remain,
-        DuplicateRoundError if ``round_key`` was used before.
+        DuplicateRoundError if ``round_key`` (or ``round_id``) was used before.
+        ``round_id``: a party's own ledger numbers its rounds as the guardian
+        does; ``terms``: what the round asked of the party (JSON), kept with it.
         """
         if queries < 1:
             raise LedgerError(f"a round has at least one query, got {queries}")
@@ -592,7 +814,9 @@ class Ledger:
         names = sorted(costs)
         try:
             with self._tx() as s:
-                if s.scalar(select(RoundRow.id).where(RoundRow.round_key == round_key)) is not None:
+                if s.scalar(
+                    select(RoundRow.id).where(RoundRow.round_key == round_key)
+                ) is not None or (round_id is not None and s.get(RoundRow, round_id) is not None):
                     raise DuplicateRoundError(
                         f"round {round_key!r} was opened before; a round key is used once"
                     )
@@ -637,7 +861,10 @@ class Ledger:
                     querier=querier,
                     queries=queries,
                     state=RoundState.RESERVED,
+                    terms=None if terms is None else dict(terms),
                 )
+                if round_id is not None:
+                    rnd.id = round_id
                 s.add(rnd)
                 s.flush()
                 for p in included:
@@ -699,16 +926,31 @@ class Ledger:
             self._audit(s, actor, "release", {"round": round_id})
 
     def commit(
-        self, round_id: int, actual: Mapping[str, DpEvent], *, actor: str = "guardian"
+        self,
+        round_id: int,
+        actual: Mapping[str, DpEvent],
+        *,
+        actor: str = "guardian",
+        outcome: Mapping[str, object] | None = None,
     ) -> None:
         """Replace a released round's reservations with the actual charges (events).
 
         Parties with a reservation but no entry in ``actual`` took no part in
         the result (they dropped out) and are charged nothing. An actual
         charge above the reservation is still charged in full and audited.
+        ``outcome``: what the round released (JSON), kept with it.
         """
         costs = {p: self._loss(e, f"charge of {p}") for p, e in actual.items()}
-        self._commit(round_id, costs, {p: e.to_dict() for p, e in actual.items()}, actor)
+        self._commit(round_id, costs, {p: e.to_dict() for p, e in actual.items()}, actor, outcome)
+
+    def commit_at_reservation(self, round_id: int, *, actor: str) -> None:
+        """Commit a released round charging every party its reservation (the worst case):
+        what is charged when what the round released is unknown."""
+        with Session(self.engine) as s:
+            held = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
+            res = {c.party: np.asarray(c.loss, dtype=np.float64) for c in held}
+            events = {c.party: c.event for c in held}
+        self._commit(round_id, res, events, actor)
 
     def _commit(
         self,
@@ -716,6 +958,7 @@ class Ledger:
         costs: Mapping[str, FloatArray],
         charged: Mapping[str, dict[str, object] | None],
         actor: str,
+        outcome: Mapping[str, object] | None = None,
     ) -> None:
         with self._tx() as s:
             rnd = self._round(s, round_id)
@@ -753,6 +996,8 @@ class Ledger:
                 reservations[p].event = charged.get(p)
             rnd.state = RoundState.COMMITTED
             rnd.updated_at = utcnow()
+            if outcome is not None:
+                rnd.outcome = dict(outcome)
             self._audit(
                 s,
                 actor,
@@ -803,18 +1048,40 @@ class Ledger:
                 self.abort(rid, actor="recovery", reason="guardian restarted before release")
                 aborted += 1
             else:
-                self.charge_reservation(rid, actor="recovery")
+                self.commit_at_reservation(rid, actor="recovery")
                 committed += 1
         return aborted, committed
 
-    def charge_reservation(self, round_id: int, *, actor: str = "guardian") -> None:
-        """Commit a released round at its reservation, the worst case: its actual outcome is
-        unknown (the guardian restarted, or the 2PC broke after the release)."""
+    def round_record(self, round_id: int) -> RoundRecord | None:
+        """A round with its terms, outcome and per-party rows; None if there is none."""
         with Session(self.engine) as s:
-            held = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
-            res = {c.party: np.asarray(c.loss, dtype=np.float64) for c in held}
-            events = {c.party: c.event for c in held}
-        self._commit(round_id, res, events, actor)
+            rnd = s.get(RoundRow, round_id)
+            if rnd is None:
+                return None
+            rows = s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id))
+            return RoundRecord(
+                rnd.id,
+                rnd.state,
+                rnd.terms,
+                rnd.outcome,
+                {c.party: (c.kind, c.event) for c in rows},
+            )
+
+    def open_rounds(self) -> list[int]:
+        """Ids of rounds reserved or released but not yet committed or aborted, oldest first."""
+        with Session(self.engine) as s:
+            return list(
+                s.scalars(
+                    select(RoundRow.id)
+                    .where(RoundRow.state.in_([RoundState.RESERVED, RoundState.RELEASED]))
+                    .order_by(RoundRow.id)
+                )
+            )
+
+    def last_round(self) -> int:
+        """The highest round id, 0 when there is none."""
+        with Session(self.engine) as s:
+            return int(s.scalar(select(func.max(RoundRow.id))) or 0)
 
     def round_state(self, round_id: int) -> RoundState:
         with Session(self.engine) as s:
@@ -895,6 +1162,7 @@ class Ledger:
         attack: str,
         confidence: float = 0.95,
         actor: str,
+        note: str | None = None,
     ) -> PrivacyAudit:
         """Record a canary attack's counts on ``party`` beside the epsilon its ledger claims
         now. The empirical epsilon is computed here from the counts (the caller's own
@@ -951,6 +1219,7 @@ class Ledger:
                     "correct": correct,
                     "refuted": row.refuted,
                 },
+                None if note is None else note[:1000],
             )
             return self._privacy_audit(row)
 

@@ -1,0 +1,334 @@
+"""A hospital's own privacy budget: its ledger, its cap, its charges.
+
+The hospital, not the guardian or the querier, is the authority on what its
+data may still be asked. It keeps its own ledger (the same store as the
+guardian's: SQLite by default, PostgreSQL by URL) with one party, itself, and
+the cap set in its own configuration:
+
+- Before it votes in a round it computes the round's worst case from the
+  mechanism and parameters the round carries (its vote weight, the queries
+  it votes on) with the same accountant as the guardian, and reserves it
+  durably. If that would take it past its own cap it refuses to vote,
+  whatever the guardian's ledger says.
+- When the guardian tells it how the round ended, it computes the actual
+  charge itself from the round's mechanism and what the round released (the
+  answered mask), and replaces the reservation with it. A round it is never
+  told about keeps its reservation: a crash may over-count, never under-count.
+- It keeps the guardian's signed audit head of every round it settles, so a
+  history the guardian's database later shows differently is caught
+  (``capc audit verify``).
+
+What the hospital trusts the guardian for: whether its vote was used and
+what a round released. A guardian that lied about those would already have
+broken the protocol it is trusted to follow (it could hand its share sum to
+the student); it is never trusted with the hospital's cap or spend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from capc.mechanisms.registry import from_config
+from services.common import serde
+from services.common.ledger import (
+    DuplicateRoundError,
+    Ledger,
+    LedgerError,
+    QuorumError,
+)
+from services.common.ledger.audit import AuditHead, head_signed
+from services.common.ledger.models import RoundState
+from services.common.limits import MAX_BATCH
+from services.common.protocol import RequestError
+from services.common.task import config_hash
+from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+log = logging.getLogger("capc.answerer.budget")
+
+#: Settings this ledger keeps about its guardian.
+GUARDIAN_KEY = "guardian_audit_key"
+GUARDIAN_HEAD = "guardian_head"
+#: Open rounds a heartbeat asks the guardian about (oldest first).
+MAX_ASKED = 256
+
+
+class VoteRefusedError(Exception):
+    """This party will not vote in a round; ``budget``: because of its own cap."""
+
+    def __init__(self, reason: str, *, budget: bool = False) -> None:
+        super().__init__(reason)
+        self.budget = budget
+
+
+def query_count(queries: common_pb2.QueryBatch) -> int:
+    """How many queries a round's batch holds, from its description."""
+    source = queries.WhichOneof("source")
+    if source == "recipe":
+        count = int(queries.recipe.count)
+    elif source == "tensor":
+        count = int(queries.tensor.shape[0]) if queries.tensor.shape else 0
+    elif source == "encrypted":
+        count = int(queries.encrypted.batch)
+    else:
+        count = 0
+    if not 1 <= count <= MAX_BATCH:
+        raise VoteRefusedError(f"a round holds 1 to {MAX_BATCH} queries, this one {count}")
+    return count
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What a round asked of this party, as its ledger keeps it (JSON)."""
+
+    mechanism: dict[str, object]
+    outputs: int
+    weight: float
+    batch: int
+    participation: str
+
+    def voting(self) -> np.ndarray:
+        """(batch,) mask of the queries this party voted on."""
+        mask = serde.participation_from_bytes(bytes.fromhex(self.participation), self.batch)
+        return np.ones(self.batch, dtype=bool) if mask is None else mask
+
+
+class OwnBudget:
+    """Party ``name``'s ledger at ``url`` with its own ``cap`` (epsilon at the ledger's delta)."""
+
+    def __init__(
+        self,
+        name: str,
+        ledger: Ledger,
+        cap: float,
+        guardian_key: str | None = None,
+    ) -> None:
+        self.name = name
+        self.ledger = ledger
+        # The hospital's configuration is the authority: a changed cap is audited.
+        ledger.register_party(name, cap, actor=name)
+        self.cap = ledger.budget(name).cap
+        if guardian_key is not None:
+            self._pin(guardian_key, "configured")
+        #: Why this party refuses every round for now (a guardian it cannot account with).
+        self.refusing: str | None = None
+
+    # -- the guardian ------------------------------------------------------------
+    def register(self, teachers: list[guardian_pb2.TeacherInfo]) -> guardian_pb2.Register:
+        """The first message of a stream: the cap, the accounting and the open rounds."""
+        return guardian_pb2.Register(
+            teachers=teachers,
+            epsilon_cap=self.cap,
+            accounting_json=self.ledger.accounting_json(),
+            open_rounds=self.ledger.open_rounds()[:MAX_ASKED],
+        )
+
+    def open_rounds(self) -> list[int]:
+        """Rounds reserved here and not yet settled, oldest first (at most MAX_ASKED)."""
+        return self.ledger.open_rounds()[:MAX_ASKED]
+
+    def _pin(self, key: str, how: str) -> None:
+        try:
+            if len(bytes.fromhex(key)) != 32:
+                raise ValueError
+        except ValueError:
+            raise LedgerError(
+                f"a guardian audit key is 32 bytes in hex (64 characters), got {key!r}"
+            ) from None
+        self.ledger.keep_setting(
+            GUARDIAN_KEY, key, actor=self.name, detail={"public_key": key, "how": how}
+        )
+
+    def welcome(self, registered: guardian_pb2.Registered) -> None:
+        """Check the guardian's Registered: the same accounting, the same audit key as
+        pinned before (pinned now on first contact), and its head."""
+        self.refusing = None
+        mine, theirs = self.ledger.accounting_json(), registered.accounting_json
+        if theirs != mine:
+            self.refusing = (
+                f"the guardian accounts with {theirs or 'an unstated accountant'}, this party's "
+                f"ledger with {mine}: their spends cannot be compared. Start this party with a "
+                "new --ledger and the guardian's --accountant and --delta"
+            )
+        key = registered.audit_public_key.hex()
+        pinned = self.ledger.setting(GUARDIAN_KEY)
+        if not key:
+            self.refusing = self.refusing or (
+                "the guardian signs no audit heads; this party votes only for a guardian "
+                "whose audit log it can check"
+            )
+        elif pinned is None:
+            self._pin(key, "first contact over mutual TLS")
+            log.info("%s pinned the guardian's audit key %s", self.name, key)
+        elif pinned != key:
+            self.refusing = (
+                f"the guardian's audit key changed from {pinned} to {key}: its earlier heads "
+                "could no longer be checked. If the consortium rotated the key, restart this "
+                f"party with --guardian-audit-key {key}"
+            )
+        if self.refusing is None:
+            self.keep_head(registered.head, 0)
+        else:
+            log.error("%s refuses to vote: %s", self.name, self.refusing)
+        log.info(
+            "%s: own cap %.6g eps (spent %.6g); the guardian holds %.6g",
+            self.name,
+            self.cap,
+            self.ledger.budget(self.name).spent,
+            registered.epsilon_cap,
+        )
+
+    # -- rounds -------------------------------------------------------------------
+    def admit(self, work: guardian_pb2.RoundWork, header: common_pb2.Header) -> None:
+        """Reserve the round's worst case in this party's ledger before it votes;
+        VoteRefusedError if it must not vote (``budget`` when its own cap would be exceeded)."""
+        if self.refusing is not None:
+            raise VoteRefusedError(self.refusing)
+        try:
+            mech = serde.mechanism_from_proto(work.mechanism)
+            batch = query_count(work.queries)
+            terms = Terms(
+                mech.to_config(),
+                mech.outputs,
+                float(work.vote_weight),
+                batch,
+                bytes(work.participation).hex(),
+            )
+            voting = terms.voting()
+            worst = mech.worst_case(int(voting.sum()), terms.weight)
+            config = json.loads(work.task_json or "null")
+            if not isinstance(config, dict) or config_hash(config) != header.config_hash:
+                raise VoteRefusedError(
+                    f"round {work.round_id} names task {header.task!r} with config hash "
+                    f"{header.config_hash}, but carries a configuration that does not hash to it"
+                )
+            self.ledger.create_task(header.task, config, actor=self.name)
+            self.ledger.reserve(
+                f"guardian-round-{work.round_id}",
+                header.task,
+                "guardian",
+                batch,
+                {self.name: worst},
+                mechanism=mech.name,
+                quorum=1,
+                round_id=int(work.round_id),
+                terms=asdict(terms),
+            )
+        except QuorumError as err:
+            left = err.remaining.get(self.name, 0.0)
+            raise VoteRefusedError(
+                f"{self.name}'s own ledger refuses round {work.round_id}: its worst case would "
+                f"take {self.name} past its cap of {self.cap:g} eps ({left:.4g} left)",
+                budget=True,
+            ) from None
+        except DuplicateRoundError:
+            raise VoteRefusedError(
+                f"{self.name} already voted in round {work.round_id}; a round is voted in once"
+            ) from None
+        except (LedgerError, RequestError, ValueError) as err:
+            raise VoteRefusedError(f"round {work.round_id} cannot be accounted: {err}") from None
+
+    def settle(self, msg: guardian_pb2.RoundSettled) -> bool:
+        """Charge a round as the guardian says it ended; False when there was nothing to do
+        (a round this party never reserved, or one settled already)."""
+        rid = int(msg.round_id)
+        record = self.ledger.round_record(rid)
+        if record is None or record.state in (RoundState.COMMITTED, RoundState.ABORTED):
+            return False
+        actor = "guardian"
+        if msg.settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED:
+            if record.state == RoundState.RESERVED:
+                self.ledger.abort(rid, actor=actor, reason="the guardian did not use this vote")
+            else:
+                self.ledger.commit(rid, {}, actor=actor)
+        elif msg.settlement == guardian_pb2.SETTLEMENT_WORST_CASE:
+            self._release(rid, record.state)
+            self.ledger.commit_at_reservation(rid, actor=actor)
+        elif msg.settlement == guardian_pb2.SETTLEMENT_CHARGED:
+            terms = Terms(**record.terms)  # type: ignore[arg-type]
+            mech = from_config(terms.mechanism, terms.outputs)
+            shape = mech.answer_shape(terms.batch)
+            size = math.prod(shape)
+            bits = np.frombuffer(bytes(msg.answered), dtype=np.uint8)
+            if len(bits) != (size + 7) // 8:
+                log.error(
+                    "round %d: the guardian's answered mask has %d bits, the round %d; "
+                    "the reservation stays charged",
+                    rid,
+                    8 * len(bits),
+                    size,
+                )
+                return False
+            answered = np.unpackbits(bits, count=size, bitorder="little").astype(bool)
+            event = mech.event(answered.reshape(shape)[terms.voting()], terms.weight)
+            self._release(rid, record.state)
+            self.ledger.commit(rid, {self.name: event}, actor=actor)
+        else:
+            log.error("round %d: an unknown settlement %d; kept reserved", rid, msg.settlement)
+            return False
+        self.keep_head(msg.head, rid)
+        return True
+
+    def _release(self, rid: int, state: RoundState) -> None:
+        if state == RoundState.RESERVED:
+            self.ledger.release(rid, actor="guardian")
+
+    def keep_head(self, msg: guardian_pb2.AuditHead, round_id: int) -> None:
+        """Store the guardian's signed audit head shown with ``round_id`` (0: at connection),
+        after checking its signature and that the guardian's history only grows."""
+        head = AuditHead(int(msg.seq), msg.hash, msg.signature)
+        key = self.ledger.setting(GUARDIAN_KEY)
+        if key is None or not head_signed(key, head):
+            log.error(
+                "round %d: the guardian's audit head %d is not signed by its key",
+                round_id,
+                head.seq,
+            )
+            self.ledger.record(
+                self.name, "guardian_head_invalid", {"round": round_id, **head.to_dict()}
+            )
+            return
+        last = self.ledger.setting(GUARDIAN_HEAD)
+        if last is not None:
+            before = json.loads(last)
+            if head.seq < before["seq"] or (
+                head.seq == before["seq"] and head.hash != before["hash"]
+            ):
+                log.error(
+                    "the guardian's audit log went back from entry %d to %d, or was rewritten: "
+                    "run `capc audit verify`",
+                    before["seq"],
+                    head.seq,
+                )
+                self.ledger.record(
+                    self.name,
+                    "guardian_head_conflict",
+                    {"round": round_id, "before": before, "now": head.to_dict()},
+                )
+                return
+        self.ledger.keep_setting(
+            GUARDIAN_HEAD,
+            json.dumps(head.to_dict(), sort_keys=True),
+            actor=self.name,
+            action="guardian_head",
+            detail={"round": round_id, **head.to_dict()},
+        )
+
+    # -- reports ------------------------------------------------------------------
+    def report(self) -> guardian_pb2.SpendReport:
+        """This party's ledger as the guardian's admin view compares it."""
+        opened = self.ledger.open_rounds()
+        through = opened[0] - 1 if opened else self.ledger.last_round()
+        spent = self.ledger.budget(self.name)
+        return guardian_pb2.SpendReport(
+            through_round=max(0, through),
+            settled_loss=self.ledger.settled_loss(self.name, max(0, through)).tolist(),
+            epsilon_spent=spent.spent,
+            epsilon_cap=spent.cap,
+            open_rounds=len(opened),
+            accounting_json=self.ledger.accounting_json(),
+        )

@@ -1,0 +1,1 @@
+"""``capc audit``: checks on the audit logs a consortium keeps."""

@@ -1,0 +1,181 @@
+"""The guardian's side of the answering parties' own budgets.
+
+Each hospital keeps its own ledger and is the authority on its own cap
+(:mod:`services.answerer.budget`). Here the guardian:
+
+- takes the cap a party declares on connecting and never holds a larger one
+  for it (:func:`declare`);
+- tells the party its own ledger's accounting, audit key and signed audit
+  head (:func:`registered`);
+- tells the party how each round it voted in ended (:func:`settlement`): from
+  the round's answered mask the party computes its own charge, with the same
+  mechanism and accountant;
+- keeps the party's reports of its own ledger and sets them beside its own
+  (:func:`compare`), so that the admin view shows both and flags a divergence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.common.ledger import Ledger, PartyBudget
+from services.common.ledger.audit import AuditHead
+from services.common.ledger.models import ChargeKind, RoundState
+from services.common.protocol import RequestError
+from services.proto.capc.v1 import guardian_pb2
+
+#: Relative tolerance within which two ledgers agree (float rounding is ~1e-15).
+AGREE_RTOL = 1e-9
+#: Loss vectors longer than this are refused in a report (an RDP grid has a few hundred).
+MAX_LOSS_ENTRIES = 10_000
+
+
+def head_to_proto(head: AuditHead) -> guardian_pb2.AuditHead:
+    return guardian_pb2.AuditHead(seq=head.seq, hash=head.hash, signature=head.signature)
+
+
+def head_from_proto(msg: guardian_pb2.AuditHead) -> AuditHead:
+    return AuditHead(int(msg.seq), msg.hash, msg.signature)
+
+
+def declare(ledger: Ledger, name: str, register: guardian_pb2.Register) -> float:
+    """Take the cap party ``name`` declares in its Register; returns the cap the guardian
+    now enforces for it (never larger). RequestError when it declares none."""
+    cap = register.epsilon_cap
+    if not (math.isfinite(cap) and cap > 0):
+        raise RequestError(
+            f"{name} declared no epsilon cap (got {cap}); every answering party sets its own "
+            "cap: start it with `capc answerer --epsilon-cap EPS`"
+        )
+    return ledger.declare_cap(name, cap, actor=name)
+
+
+def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
+    """The reply to a party's Register."""
+    key = ledger.audit_key()
+    return guardian_pb2.Registered(
+        party=name,
+        epsilon_cap=ledger.budget(name).cap,
+        accounting_json=ledger.accounting_json(),
+        audit_public_key=b"" if key is None else bytes.fromhex(key[0]),
+        head=head_to_proto(ledger.audit_head()),
+    )
+
+
+def outcome(answered: np.ndarray) -> dict[str, object]:
+    """What a round released, as the ledger keeps it for the parties' settlements."""
+    mask = np.asarray(answered, dtype=bool)
+    return {
+        "shape": list(mask.shape),
+        "answered": np.packbits(mask.ravel(), bitorder="little").tobytes().hex(),
+    }
+
+
+def settlement(ledger: Ledger, name: str, round_id: int) -> guardian_pb2.RoundSettled | None:
+    """How round ``round_id`` ended for ``name``; None while it is open or unknown here."""
+    record = ledger.round_record(round_id)
+    if record is None or record.state in (RoundState.RESERVED, RoundState.RELEASED):
+        return None
+    held = record.charges.get(name)
+    answered = b""
+    if record.state == RoundState.ABORTED or held is None or held[1] is None:
+        kind = guardian_pb2.SETTLEMENT_NOT_CHARGED
+    elif held[0] != ChargeKind.CHARGE:
+        return None
+    elif record.outcome is not None and "answered" in record.outcome:
+        kind = guardian_pb2.SETTLEMENT_CHARGED
+        answered = bytes.fromhex(str(record.outcome["answered"]))
+    else:
+        kind = guardian_pb2.SETTLEMENT_WORST_CASE
+    return guardian_pb2.RoundSettled(
+        round_id=round_id,
+        settlement=kind,
+        answered=answered,
+        head=head_to_proto(ledger.audit_head()),
+    )
+
+
+def store_report(ledger: Ledger, name: str, report: guardian_pb2.SpendReport) -> None:
+    """Keep a party's report of its own ledger; RequestError if it is malformed."""
+    loss = list(report.settled_loss)
+    if len(loss) > MAX_LOSS_ENTRIES or not all(math.isfinite(x) and x >= 0 for x in loss):
+        raise RequestError(
+            f"a spend report carries at most {MAX_LOSS_ENTRIES} finite, non-negative losses"
+        )
+    ledger.store_report(
+        name,
+        {
+            "through": int(report.through_round),
+            "settled": loss,
+            "epsilon_spent": float(report.epsilon_spent),
+            "epsilon_cap": float(report.epsilon_cap),
+            "open_rounds": int(report.open_rounds),
+            "accounting": report.accounting_json[:4096],
+        },
+    )
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A party's own ledger beside the guardian's, over the rounds both have settled."""
+
+    state: str
+    party_spent: float = 0.0
+    through: int = 0
+    open_rounds: int = 0
+    reported_at: str = ""
+    #: The guardian's epsilon minus the party's, through ``through``.
+    gap: float = 0.0
+
+
+def compare(ledger: Ledger, budget: PartyBudget) -> Comparison:
+    """ "agree", "diverged", "incomparable" (another accountant or delta) or "unreported"."""
+    report = budget.report
+    if report is None:
+        return Comparison("unreported")
+    through = int(_number(report.get("through")))
+    seen = Comparison(
+        "incomparable",
+        _number(report.get("epsilon_spent")),
+        through,
+        int(_number(report.get("open_rounds"))),
+        str(report.get("received_at", "")),
+    )
+    settled = report.get("settled")
+    theirs = np.asarray(settled if isinstance(settled, list) else [], dtype=np.float64)
+    if report.get("accounting") != ledger.accounting_json() or theirs.shape != (
+        ledger.accounting.size,
+    ):
+        return seen
+    mine = ledger.settled_loss(budget.name, through)
+    acct, delta = ledger.accounting, ledger.delta
+    gap = acct.spent(mine, delta).epsilon - acct.spent(theirs, delta).epsilon
+    agree = bool(np.allclose(mine, theirs, rtol=AGREE_RTOL, atol=1e-12))
+    return Comparison(
+        "agree" if agree else "diverged",
+        seen.party_spent,
+        through,
+        seen.open_rounds,
+        seen.reported_at,
+        gap,
+    )
+
+
+__all__ = [
+    "Comparison",
+    "compare",
+    "declare",
+    "head_from_proto",
+    "head_to_proto",
+    "outcome",
+    "registered",
+    "settlement",
+    "store_report",
+]

@@ -1,0 +1,426 @@
+"""A hospital's own ledger beside the guardian's, on real ledgers (and over mutual TLS).
+
+Each round is charged twice, independently: by the guardian's ledger and by the
+hospital's own from the mechanism and parameters the round carried. They must agree
+to 1e-9 (here: exactly), the hospital must refuse past its own cap whatever the
+guardian's ledger says, and a crash may over-count, never under-count.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from capc.mechanisms.registry import from_config
+from services.answerer.budget import GUARDIAN_HEAD, GUARDIAN_KEY, OwnBudget, VoteRefusedError
+from services.common import pki, serde, tls
+from services.common.ledger import Ledger
+from services.common.ledger.audit import public_hex, sign_head
+from services.common.ledger.models import RoundState
+from services.common.protocol import PROTOCOL_VERSION
+from services.common.task import canonical_json, config_hash
+from services.guardian import budgets
+from services.guardian.hub import RunningServer, serve
+from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+
+NAME = "hospital-a"
+TASKS: dict[str, dict[str, Any]] = {
+    "single": {
+        "num_classes": 10,
+        "input_shape": [1, 28, 28],
+        "mechanism": {"name": "confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
+        "quorum": 1,
+    },
+    "labels": {
+        "num_classes": 5,
+        "input_shape": [1, 28, 28],
+        "mechanism": {"name": "binary", "sigma": 2.0, "threshold": 2.0, "sigma1": 3.0},
+        "quorum": 1,
+    },
+}
+
+
+class Pair:
+    """The guardian's ledger and one hospital's own, and rounds charged on both."""
+
+    def __init__(self, directory: Path, cap: float = 1e4, guardian_cap: float = 1e6) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.guardian = Ledger(str(directory / "guardian.db"), signer=self.key)
+        self.guardian.register_party(NAME, guardian_cap, actor="guardian-cli")
+        self.own = OwnBudget(NAME, Ledger(str(directory / "own.db")), cap)
+        self.keys = 0
+
+    def welcome(self) -> None:
+        self.own.welcome(budgets.registered(self.guardian, NAME))
+
+    def work(
+        self,
+        task: str,
+        batch: int,
+        weight: float = 1.0,
+        voting: np.ndarray | None = None,
+    ) -> tuple[guardian_pb2.RoundWork, common_pb2.Header, int]:
+        """Reserve a round at the guardian as the round engine does; the work it sends."""
+        config = TASKS[task]
+        self.guardian.create_task(task, config)
+        mech = from_config(config["mechanism"], config["num_classes"])
+        count = batch if voting is None else int(voting.sum())
+        self.keys += 1
+        res = self.guardian.reserve(
+            f"k{self.keys}", task, "student", batch, {NAME: mech.worst_case(count, weight)},
+            mechanism=mech.name, quorum=1,
+        )  # fmt: skip
+        work = guardian_pb2.RoundWork(
+            round_id=res.round_id,
+            queries=common_pb2.QueryBatch(
+                recipe=common_pb2.Recipe(generator="gaussian", count=batch, shape=[1, 28, 28])
+            ),
+            mechanism=serde.mechanism_to_proto(mech),
+            vote_weight=weight,
+            participation=serde.participation_to_bytes(voting),
+            task_json=canonical_json(config),
+        )
+        header = common_pb2.Header(
+            protocol_version=PROTOCOL_VERSION, task=task, config_hash=config_hash(config)
+        )
+        return work, header, res.round_id
+
+    def commit(
+        self, task: str, round_id: int, answered: np.ndarray, weight: float, voting: Any
+    ) -> guardian_pb2.RoundSettled:
+        """The guardian's release and commit of what ``answered`` released; its settlement."""
+        config = TASKS[task]
+        mech = from_config(config["mechanism"], config["num_classes"])
+        mask = np.ones(len(answered), dtype=bool) if voting is None else voting
+        self.guardian.release(round_id)
+        self.guardian.commit(
+            round_id, {NAME: mech.event(answered[mask], weight)}, outcome=budgets.outcome(answered)
+        )
+        settled = budgets.settlement(self.guardian, NAME, round_id)
+        assert settled is not None and settled.settlement == guardian_pb2.SETTLEMENT_CHARGED
+        return settled
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Pair:
+    p = Pair(tmp_path)
+    p.welcome()
+    return p
+
+
+@pytest.mark.parametrize(
+    ("task", "weight", "vanishing"),
+    [
+        ("single", 1.0, False),
+        ("single", 0.75, False),
+        ("single", 1.0, True),
+        ("labels", 1.25, True),
+    ],
+)
+def test_each_round_is_charged_the_same_on_both_sides(
+    pair: Pair, task: str, weight: float, vanishing: bool
+) -> None:
+    rng = np.random.default_rng(3)
+    outputs = TASKS[task]["num_classes"]
+    for batch in (16, 5, 33):
+        voting = rng.random(batch) < 0.6 if vanishing else None
+        work, header, rid = pair.work(task, batch, weight, voting)
+        pair.own.admit(work, header)
+        # Reserved in the hospital's own ledger before it votes, under the guardian's id.
+        assert pair.own.open_rounds() == [rid]
+        np.testing.assert_array_equal(
+            pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME)
+        )
+        shape = (batch, outputs) if task == "labels" else (batch,)
+        answered = rng.random(shape) < 0.5
+        assert pair.own.settle(pair.commit(task, rid, answered, weight, voting))
+        assert not pair.own.settle(budgets.settlement(pair.guardian, NAME, rid))  # type: ignore[arg-type]
+    mine, theirs = pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME)
+    assert theirs[0] > 0
+    np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=0)
+    report = pair.own.report()
+    assert report.through_round == pair.guardian.last_round() and report.open_rounds == 0
+    pair.guardian.store_report(NAME, {"through": report.through_round,
+                                      "settled": list(report.settled_loss),
+                                      "epsilon_spent": report.epsilon_spent,
+                                      "open_rounds": 0,
+                                      "accounting": report.accounting_json})  # fmt: skip
+    seen = budgets.compare(pair.guardian, pair.guardian.budget(NAME))
+    assert seen.state == "agree" and abs(seen.gap) < 1e-9
+    # Every round's signed head was kept.
+    heads = [e for e in pair.own.ledger.audit_entries(limit=100) if e.action == "guardian_head"]
+    assert len(heads) == 4  # at connection and after each of the three rounds
+
+
+def test_the_hospital_refuses_past_its_own_cap_whatever_the_guardian_says(tmp_path: Path) -> None:
+    pair = Pair(tmp_path, cap=20.0)
+    pair.welcome()
+    # The guardian's ledger would admit far more (its cap for the party is 1e6 here).
+    work, header, _ = pair.work("single", 64)
+    with pytest.raises(VoteRefusedError) as refusal:
+        pair.own.admit(work, header)
+    assert refusal.value.budget and "its cap of 20 eps" in str(refusal.value)
+    assert pair.own.open_rounds() == [] and pair.own.ledger.spent_loss(NAME)[0] == 0.0
+    # A round that fits is admitted; the next that would not is refused, on the worst case.
+    fits = next(b for b in range(64, 0, -1) if pair.own.ledger.accounting.fits(
+        pair.own.ledger.accounting.cost(from_config(TASKS["single"]["mechanism"], 10).worst_case(b)),
+        20.0, pair.own.ledger.delta))  # fmt: skip
+    work, header, _ = pair.work("single", fits)
+    pair.own.admit(work, header)
+    work, header, _ = pair.work("single", 1)
+    with pytest.raises(VoteRefusedError, match="past its cap"):
+        pair.own.admit(work, header)
+    eps = pair.own.ledger.budget(NAME).spent
+    assert 0 < eps <= 20.0
+
+
+def test_bad_rounds_are_refused_with_reasons(pair: Pair) -> None:
+    work, header, _ = pair.work("single", 8)
+    pair.own.admit(work, header)
+    with pytest.raises(VoteRefusedError, match="already voted"):
+        pair.own.admit(work, header)
+    work, header, _ = pair.work("single", 8)
+    lying = common_pb2.Header(protocol_version=1, task="single", config_hash="0" * 64)
+    with pytest.raises(VoteRefusedError, match="does not hash"):
+        pair.own.admit(work, lying)
+    # The same task name with another configuration is refused, not silently accounted.
+    other = dict(TASKS["single"], quorum=2)
+    work.task_json = canonical_json(other)
+    with pytest.raises(VoteRefusedError, match="another configuration"):
+        pair.own.admit(work, common_pb2.Header(task="single", config_hash=config_hash(other)))
+    empty = guardian_pb2.RoundWork(round_id=999, mechanism=work.mechanism)
+    with pytest.raises(VoteRefusedError, match="1 to"):
+        pair.own.admit(empty, header)
+
+
+def test_settlements_never_undercount(pair: Pair) -> None:
+    w1, h1, r1 = pair.work("single", 10)
+    w2, h2, r2 = pair.work("single", 10)
+    w3, h3, r3 = pair.work("single", 10)
+    w4, h4, r4 = pair.work("single", 10)
+    for w, h in ((w1, h1), (w2, h2), (w3, h3), (w4, h4)):
+        pair.own.admit(w, h)
+    worst = pair.own.ledger.spent_loss(NAME) / 4
+    # Aborted at the guardian: nothing.
+    pair.guardian.abort(r1)
+    assert pair.own.settle(budgets.settlement(pair.guardian, NAME, r1))  # type: ignore[arg-type]
+    # Released, then the guardian restarted: committed at its reservation, the worst case.
+    pair.guardian.release(r2)
+    pair.guardian.commit_at_reservation(r2, actor="recovery")
+    settled = budgets.settlement(pair.guardian, NAME, r2)
+    assert settled is not None and settled.settlement == guardian_pb2.SETTLEMENT_WORST_CASE
+    assert pair.own.settle(settled)
+    # Still open at the guardian: no settlement, the reservation stays.
+    assert pair.guardian.round_state(r3) == RoundState.RESERVED
+    assert budgets.settlement(pair.guardian, NAME, r3) is None
+    # A mask of the wrong length is refused: the reservation stays charged.
+    bad = guardian_pb2.RoundSettled(
+        round_id=r4, settlement=guardian_pb2.SETTLEMENT_CHARGED, answered=b"\x01"
+    )
+    assert not pair.own.settle(bad)
+    assert pair.own.open_rounds() == [r3, r4]
+    np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), 3 * worst, rtol=1e-12)
+    # A round this party never reserved is nothing to it.
+    assert not pair.own.settle(
+        guardian_pb2.RoundSettled(round_id=12345, settlement=guardian_pb2.SETTLEMENT_NOT_CHARGED)
+    )
+
+
+def test_the_guardian_is_checked_on_every_welcome(tmp_path: Path) -> None:
+    pair = Pair(tmp_path)
+    pair.welcome()
+    assert pair.own.refusing is None
+    assert pair.own.ledger.setting(GUARDIAN_KEY) == public_hex(pair.key)
+    # Another audit key later: refused until the operator pins the new one.
+    other = Ledger(str(tmp_path / "other.db"), signer=Ed25519PrivateKey.generate())
+    other.register_party(NAME, 5.0)
+    pair.own.welcome(budgets.registered(other, NAME))
+    assert pair.own.refusing is not None and "--guardian-audit-key" in pair.own.refusing
+    work, header, _ = pair.work("single", 4)
+    with pytest.raises(VoteRefusedError, match="audit key changed"):
+        pair.own.admit(work, header)
+    # Another accountant or delta: the two ledgers could not be compared.
+    rdp = Ledger(str(tmp_path / "rdp.db"), accountant="rdp", signer=pair.key)
+    rdp.register_party(NAME, 5.0)
+    pair.own.welcome(budgets.registered(rdp, NAME))
+    assert pair.own.refusing is not None and "--accountant" in pair.own.refusing
+    pair.welcome()
+    assert pair.own.refusing is None
+
+
+def test_heads_are_kept_checked_and_never_go_back(pair: Pair) -> None:
+    head = pair.guardian.audit_head()
+    kept = json.loads(pair.own.ledger.setting(GUARDIAN_HEAD) or "{}")
+    assert kept["seq"] == head.seq and kept["hash"] == head.hash
+    forged = guardian_pb2.AuditHead(
+        seq=head.seq + 1,
+        hash="ab" * 32,
+        signature=sign_head(Ed25519PrivateKey.generate(), 1, "ab" * 32),
+    )
+    pair.own.keep_head(forged, 7)
+    back = guardian_pb2.AuditHead(
+        seq=1, hash=pair.guardian.audit_rows(0, 1)[0].hash,
+        signature=pair.guardian.audit_rows(0, 1)[0].signature or "",
+    )  # fmt: skip
+    pair.own.keep_head(back, 8)
+    actions = [e.action for e in pair.own.ledger.audit_entries(limit=3)]
+    assert actions[:2] == ["guardian_head_conflict", "guardian_head_invalid"]
+    assert json.loads(pair.own.ledger.setting(GUARDIAN_HEAD) or "{}")["seq"] == head.seq
+
+
+def test_a_changed_own_cap_is_audited(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path / "own.db"))
+    OwnBudget(NAME, ledger, 4.0)
+    assert OwnBudget(NAME, ledger, 2.5).cap == 2.5
+    entry = ledger.audit_entries(limit=1)[0]
+    assert (entry.actor, entry.action, entry.detail["new"]) == (NAME, "set_cap", 2.5)
+
+
+# -- over mutual TLS ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("pki")
+    pki.init_ca(d, dev=True)
+    for role, name in (("guardian", "guardian"), ("gateway", "gateway"), ("answerer", NAME)):
+        pki.issue(d, role, name, dev=True)
+    return d
+
+
+@pytest.fixture
+def hub(pki_dir: Path, tmp_path: Path) -> Iterator[tuple[RunningServer, Ledger]]:
+    from services.common.ledger.audit import load_key
+
+    ledger = Ledger(
+        str(tmp_path / "guardian.db"), signer=load_key(pki.audit_key_path(pki_dir, "guardian"))
+    )
+    ledger.register_party(NAME, 1e6, actor="guardian-cli")
+    ledger.create_task("single", TASKS["single"])
+    server = serve(ledger, "127.0.0.1:0", tls.TLSFiles.in_dir(pki_dir, "guardian"))
+    yield server, ledger
+    server.stop()
+
+
+def _stub(hub: RunningServer, pki_dir: Path, who: str) -> guardian_pb2_grpc.GuardianHubStub:
+    return guardian_pb2_grpc.GuardianHubStub(
+        tls.secure_channel(
+            f"127.0.0.1:{hub.port}", tls.TLSFiles.in_dir(pki_dir, who), "localhost", role="guardian"
+        )
+    )
+
+
+def _connect(
+    hub: RunningServer, pki_dir: Path, first: guardian_pb2.PartyMessage | None
+) -> tuple[queue.Queue[guardian_pb2.PartyMessage | None], Any]:
+    out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    if first is not None:
+        out.put(first)
+    return out, _stub(hub, pki_dir, NAME).Connect(iter(out.get, None))
+
+
+HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION)
+TEACHER = guardian_pb2.TeacherInfo(architecture="mlp", input_shape=[4], num_classes=10)
+
+
+def test_a_party_must_declare_its_own_cap(hub: tuple[RunningServer, Ledger], pki_dir: Path) -> None:
+    server, _ = hub
+    for first, text in (
+        (
+            guardian_pb2.PartyMessage(
+                header=HEADER, register=guardian_pb2.Register(teachers=[TEACHER])
+            ),
+            "--epsilon-cap",
+        ),
+        (guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()), "Register"),
+    ):
+        _, stream = _connect(server, pki_dir, first)
+        with pytest.raises(grpc.RpcError) as err:
+            next(stream)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert text in str(err.value.details())
+
+
+def test_the_guardian_holds_no_larger_cap_and_settles_what_the_party_holds_open(
+    hub: tuple[RunningServer, Ledger], pki_dir: Path
+) -> None:
+    server, ledger = hub
+    mech = from_config(TASKS["single"]["mechanism"], 10)
+    done = ledger.reserve("r1", "single", "student", 4, {NAME: mech.worst_case(4)},
+                          mechanism=mech.name, quorum=1)  # fmt: skip
+    ledger.release(done.round_id)
+    answered = np.array([True, False, True, True])
+    ledger.commit(done.round_id, {NAME: mech.event(answered)}, outcome=budgets.outcome(answered))
+    register = guardian_pb2.Register(
+        teachers=[TEACHER], epsilon_cap=3.0, open_rounds=[done.round_id, 777]
+    )
+    out, stream = _connect(
+        server, pki_dir, guardian_pb2.PartyMessage(header=HEADER, register=register)
+    )
+    welcome = next(stream)
+    assert welcome.WhichOneof("body") == "registered"
+    assert welcome.registered.epsilon_cap == 3.0
+    assert welcome.registered.audit_public_key.hex() == ledger.audit_key()[0]  # type: ignore[index]
+    settled = next(stream)
+    assert settled.WhichOneof("body") == "settled"
+    assert settled.settled.round_id == done.round_id
+    assert settled.settled.settlement == guardian_pb2.SETTLEMENT_CHARGED
+    assert np.array_equal(
+        np.unpackbits(
+            np.frombuffer(settled.settled.answered, np.uint8), count=4, bitorder="little"
+        ),
+        answered,
+    )
+    gateway = _stub(server, pki_dir, "gateway")
+    (party,) = gateway.ListParties(
+        guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10
+    ).parties
+    assert (party.epsilon_cap, party.declared_cap, party.registered_cap) == (3.0, 3.0, 1e6)
+    assert party.ledgers == "unreported"
+    entry = gateway.ListAudit(guardian_pb2.ListAuditRequest(header=HEADER, limit=1), timeout=10)
+    assert entry.entries[0].action == "declare_cap" and entry.entries[0].actor == NAME
+    assert entry.chain_valid and entry.head.signature
+    # The party reports its own ledger: the guardian sets it beside its own.
+    settled_loss = ledger.settled_loss(NAME, done.round_id).tolist()
+    accounting = ledger.accounting_json()
+
+    def report(loss: list[float], acct: str = accounting) -> str:
+        out.put(guardian_pb2.PartyMessage(header=HEADER, report=guardian_pb2.SpendReport(
+            through_round=done.round_id, settled_loss=loss, accounting_json=acct,
+            epsilon_spent=1.0, epsilon_cap=3.0)))  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            (p,) = gateway.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER)).parties
+            if (
+                p.party_reported_at
+                and p.party_epsilon_spent == 1.0
+                and (p.ledgers != state_before[0])
+            ):
+                state_before[0] = p.ledgers
+                return str(p.ledgers)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    state_before = ["unreported"]
+    assert report(settled_loss) == "agree"
+    assert report([settled_loss[0] * (1 - 1e-6)]) == "diverged"
+    assert report(settled_loss, accounting.replace("1e-05", "1e-06")) == "incomparable"
+    # A budget refusal for a round that never asked the party is not audited: a party
+    # cannot fill the guardian's log (the e2e tests audit real refusals).
+    before = ledger.audit_head().seq
+    for _ in range(20):
+        out.put(guardian_pb2.PartyMessage(header=HEADER, failure=guardian_pb2.RoundFailure(
+            round_id=5, reason="own cap: nope", budget_refused=True)))  # fmt: skip
+    out.put(guardian_pb2.PartyMessage(header=HEADER, heartbeat=guardian_pb2.Heartbeat()))
+    time.sleep(1.0)
+    assert ledger.audit_head().seq == before
+    stream.cancel()
