@@ -123,8 +123,10 @@ class LinkProxy:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
-            for t in list(self._tasks):
+            tasks = list(self._tasks)
+            for t in tasks:
                 t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         if self._thread is not None:
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
