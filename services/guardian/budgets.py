@@ -105,6 +105,14 @@ def store_report(ledger: Ledger, name: str, report: guardian_pb2.SpendReport) ->
         raise RequestError(
             f"a spend report carries at most {MAX_LOSS_ENTRIES} finite, non-negative losses"
         )
+    # Every number a party sends is checked: a NaN would reach the stored JSON, which
+    # PostgreSQL refuses, and the stream would end on an error nobody reads.
+    for field, value in (
+        ("epsilon_spent", report.epsilon_spent),
+        ("epsilon_cap", report.epsilon_cap),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise RequestError(f"a spend report's {field} must be finite and >= 0, got {value}")
     ledger.store_report(
         name,
         {

@@ -26,7 +26,7 @@ from services.common import pki, serde, tls
 from services.common.ledger import Ledger
 from services.common.ledger.audit import public_hex, sign_head
 from services.common.ledger.models import RoundState
-from services.common.protocol import PROTOCOL_VERSION
+from services.common.protocol import PROTOCOL_VERSION, RequestError
 from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
 from services.guardian.hub import RunningServer, serve
@@ -424,3 +424,24 @@ def test_the_guardian_holds_no_larger_cap_and_settles_what_the_party_holds_open(
     time.sleep(1.0)
     assert ledger.audit_head().seq == before
     stream.cancel()
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        guardian_pb2.SpendReport(settled_loss=[float("nan")]),
+        guardian_pb2.SpendReport(settled_loss=[-1.0]),
+        guardian_pb2.SpendReport(settled_loss=[0.0] * (budgets.MAX_LOSS_ENTRIES + 1)),
+        guardian_pb2.SpendReport(epsilon_spent=float("nan")),
+        guardian_pb2.SpendReport(epsilon_cap=float("inf")),
+        guardian_pb2.SpendReport(epsilon_spent=-3.0),
+    ],
+)
+def test_a_deviating_partys_report_is_refused_and_nothing_is_kept(
+    tmp_path: Path, report: guardian_pb2.SpendReport
+) -> None:
+    ledger = Ledger(str(tmp_path / "g.db"), delta=1e-5)
+    ledger.register_party(NAME, 5.0)
+    with pytest.raises(RequestError, match="spend report"):
+        budgets.store_report(ledger, NAME, report)
+    assert ledger.budget(NAME).report is None
