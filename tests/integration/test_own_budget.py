@@ -445,3 +445,20 @@ def test_a_deviating_partys_report_is_refused_and_nothing_is_kept(
     with pytest.raises(RequestError, match="spend report"):
         budgets.store_report(ledger, NAME, report)
     assert ledger.budget(NAME).report is None
+
+
+def test_an_encrypted_round_is_charged_the_full_vote_it_casts(pair: Pair) -> None:
+    """An encrypted round's vote is a whole one-hot, whatever weight the round names: a
+    guardian that names weight 0 (or another) must not get it for nothing."""
+    work, header, rid = pair.work("single", 8)
+    encrypted = common_pb2.EncryptedBatch(batch=8, ciphertexts=1, layout="batched")
+    for weight, participation in ((0.0, b""), (0.5, b""), (1.0, b"\xff")):
+        work.queries.CopyFrom(common_pb2.QueryBatch(encrypted=encrypted))
+        work.vote_weight, work.participation = weight, participation
+        with pytest.raises(VoteRefusedError, match="weight 1"):
+            pair.own.admit(work, header)
+        assert pair.own.open_rounds() == []
+    work.vote_weight, work.participation = 1.0, b""
+    pair.own.admit(work, header)
+    assert pair.own.open_rounds() == [rid]
+    np.testing.assert_array_equal(pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME))
