@@ -14,7 +14,7 @@ not a thread. What blocks runs elsewhere:
 - a student's 2PC session (garbling is CPU work) runs on a thread of its own,
   started at the session's first frame and ended with its stream; an idle
   Compute stream holds none, and MAX_STREAMS_PER_IDENTITY bounds how many one
-  student may open.
+  student may open (and how many Connect streams one party, registered or not).
 """
 
 from __future__ import annotations
@@ -191,6 +191,20 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[guardian_pb2.HubMessage]:
         name = await self._caller(context, "capc-party")
+        # Counted from the start: streams that never register are held to the limit too.
+        release = await self._admit(name, "Connect", context)
+        try:
+            async for item in self._party_stream(name, request_iterator, context):
+                yield item
+        finally:
+            release()
+
+    async def _party_stream(
+        self,
+        name: str,
+        request_iterator: AsyncIterator[guardian_pb2.PartyMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[guardian_pb2.HubMessage]:
         try:
             await self._run(self.ledger.budget, name)
         except UnknownPartyError:

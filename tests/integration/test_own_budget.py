@@ -462,3 +462,45 @@ def test_an_encrypted_round_is_charged_the_full_vote_it_casts(pair: Pair) -> Non
     pair.own.admit(work, header)
     assert pair.own.open_rounds() == [rid]
     np.testing.assert_array_equal(pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME))
+
+
+def test_streams_that_never_register_are_held_to_the_identitys_limit(
+    hub: tuple[RunningServer, Ledger], pki_dir: Path
+) -> None:
+    """A hospital (or a thief of its key) that opens Connect streams and never registers
+    holds at most MAX_STREAMS_PER_IDENTITY of them; the next is refused at once, and the
+    slots come back when they end."""
+    from services.common.limits import MAX_STREAMS_PER_IDENTITY
+
+    server, _ = hub
+    stub = _stub(server, pki_dir, NAME)
+    held = []
+    for _ in range(MAX_STREAMS_PER_IDENTITY):
+        out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+        held.append((out, stub.Connect(iter(out.get, None))))
+    time.sleep(1.0)  # every held stream is waiting for its Register at the guardian
+    extra = stub.Connect(iter(()), timeout=5)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            next(extra)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+        assert "MAX_STREAMS_PER_IDENTITY" in str(err.value.details())
+    finally:
+        for out, stream in held:
+            stream.cancel()
+            out.put(None)
+    register = guardian_pb2.Register(teachers=[TEACHER], epsilon_cap=3.0)
+    deadline = time.monotonic() + 10
+    while True:
+        out, stream = _connect(
+            server, pki_dir, guardian_pb2.PartyMessage(header=HEADER, register=register)
+        )
+        try:
+            assert next(stream).WhichOneof("body") == "registered"
+            break
+        except grpc.RpcError as refused:
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert time.monotonic() < deadline, "the held streams were never released"
+            time.sleep(0.1)
+    stream.cancel()
+    out.put(None)
