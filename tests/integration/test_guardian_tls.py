@@ -522,6 +522,31 @@ def test_a_second_stream_under_one_identity_is_refused_and_audited(
     again.cancel()
 
 
+def test_a_thief_retrying_a_stolen_identity_cannot_fill_the_audit_log(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    """Every second stream is refused, but the audit log records the refusals of one
+    identity at most once a minute, with how many it left out since: a key in two
+    places cannot grow the log without bound."""
+    hub, ledger = own_hub
+    files = tls.TLSFiles.in_dir(own_pki, "hospital-a")
+    first_out, first = party_stream(hub, files)
+    assert next(first).WhichOneof("body") == "registered"
+    before = ledger.audit_head().seq
+    for _ in range(12):
+        out, second = party_stream(hub, files)
+        with pytest.raises(grpc.RpcError) as err:
+            next(second)
+        out.put(None)
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert first.is_active()
+    entries = ledger.audit_entries(limit=50)
+    refused = [e for e in entries if e.seq > before and e.action == "duplicate_connection_refused"]
+    assert len(refused) == 1, [e.action for e in entries if e.seq > before]
+    first.cancel()
+    first_out.put(None)
+
+
 def test_a_foreign_consortium_gets_a_clear_refusal(
     own_hub: tuple[RunningServer, Ledger], tmp_path: Path
 ) -> None:
