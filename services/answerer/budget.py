@@ -199,6 +199,16 @@ class OwnBudget:
                 bytes(work.participation).hex(),
             )
             voting = terms.voting()
+            if work.queries.WhichOneof("source") == "encrypted" and (
+                terms.weight != 1.0 or work.participation
+            ):
+                # The party's encrypted vote is a whole one-hot on every query: charged at
+                # a smaller weight or on fewer queries, it would be given for less.
+                raise VoteRefusedError(
+                    f"round {work.round_id} is encrypted: its votes are one-hot of weight 1 "
+                    f"on every query, but it names weight {terms.weight:g}"
+                    f"{' and a participation mask' if work.participation else ''}"
+                )
             worst = mech.worst_case(int(voting.sum()), terms.weight)
             config = json.loads(work.task_json or "null")
             if not isinstance(config, dict) or config_hash(config) != header.config_hash:

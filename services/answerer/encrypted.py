@@ -115,12 +115,7 @@ class EncryptedAnswerer:
         batch = work.queries.encrypted
         settings = Encryption.parse(json.loads(batch.settings_json))
         mech = mechanism_from_proto(work.mechanism)
-        if (
-            mech.multi_label
-            or work.participation
-            or work.frac_bits
-            or work.vote_weight not in (0.0, 1.0)
-        ):
+        if mech.multi_label or work.participation or work.frac_bits or work.vote_weight != 1.0:
             raise ValueError("encrypted rounds carry single-label votes of weight 1")
         plan = self.plan(settings)
         if mech.outputs != plan.num_classes:

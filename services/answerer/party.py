@@ -159,9 +159,15 @@ class AnsweringParty:
         ended = threading.Event()
 
         def watch() -> None:
-            # Cancel the stream when the party stops; return when this session ends.
+            # Cancel the stream when the party stops, or when the guardian's certificate
+            # is revoked while it is open; return when this session ends.
             while not ended.is_set():
                 if stop.wait(0.5):
+                    responses.cancel()
+                    return
+                why = channel.revoked() if isinstance(channel, tls.PinnedChannel) else None
+                if why is not None:
+                    log.error("%s leaves the guardian: %s", self.name, why)
                     responses.cancel()
                     return
 

@@ -168,3 +168,8 @@ def batch_refusal(count: int) -> str | None:
 
 #: Most open rounds one party message (Register, heartbeat) may ask the guardian to settle.
 MAX_SETTLE = 256
+
+#: Seconds between two audit entries for refused second streams under one identity:
+#: each refusal is logged, but a key in two places that retries in a loop must not
+#: grow the audit log without bound. The next entry counts the refusals in between.
+DUPLICATE_AUDIT_EVERY_S = 60.0

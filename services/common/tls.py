@@ -332,6 +332,20 @@ class PinnedChannel(grpc.Channel):
             if retired is not None:
                 retired.close()
 
+    def revoked(self) -> str | None:
+        """Why the server this channel is pinned to is no longer trusted (its certificate
+        was revoked since it was checked), or None. For a long-lived stream, whose one
+        call never passes :meth:`connect` again."""
+        self._revocations.refresh()
+        server = self._server
+        if server is None:
+            return None
+        try:
+            self._revocations.check(server.serial, f"the {self.role} at {self._target}")
+        except pki.PKIError as err:
+            return str(err)
+        return None
+
     def _take(self) -> grpc.Channel | None:
         channel, self._channel, self._server = self._channel, None, None
         return channel

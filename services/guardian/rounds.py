@@ -217,8 +217,9 @@ class RoundEngine:
                 raise LimitError(
                     f"{identity} already holds {held} streams to the guardian, the most one "
                     f"identity may (MAX_STREAMS_PER_IDENTITY); this {what} stream is refused. "
-                    "Close idle clients (a student client holds one Compute stream, and one "
-                    "Relay stream in encrypted mode) before opening more"
+                    "Close idle clients before opening more (a student client holds one "
+                    "Compute stream, and one Relay stream in encrypted mode; an answering "
+                    "party one Connect stream)"
                 )
             self._streams[identity] = held + 1
         released = threading.Event()

@@ -14,7 +14,7 @@ not a thread. What blocks runs elsewhere:
 - a student's 2PC session (garbling is CPU work) runs on a thread of its own,
   started at the session's first frame and ended with its stream; an idle
   Compute stream holds none, and MAX_STREAMS_PER_IDENTITY bounds how many one
-  student may open.
+  student may open (and how many Connect streams one party, registered or not).
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -40,7 +42,12 @@ from services.common.ledger import (
     UnknownPartyError,
     UnknownTaskError,
 )
-from services.common.limits import MAX_SETTLE, MAX_TEACHERS_PER_PARTY, STREAM_SEND_TIMEOUT_S
+from services.common.limits import (
+    DUPLICATE_AUDIT_EVERY_S,
+    MAX_SETTLE,
+    MAX_TEACHERS_PER_PARTY,
+    STREAM_SEND_TIMEOUT_S,
+)
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError
 from services.common.task import TaskError
@@ -109,6 +116,8 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self.ledger = hub.ledger
         self.engine = hub.engine
         self._pool = pool
+        # Per party: when a refused second stream was last audited, and refusals since.
+        self._duplicates: dict[str, tuple[float, int]] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the pool: it may block on the ledger."""
@@ -191,6 +200,20 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[guardian_pb2.HubMessage]:
         name = await self._caller(context, "capc-party")
+        # Counted from the start: streams that never register are held to the limit too.
+        release = await self._admit(name, "Connect", context)
+        try:
+            async for item in self._party_stream(name, request_iterator, context):
+                yield item
+        finally:
+            release()
+
+    async def _party_stream(
+        self,
+        name: str,
+        request_iterator: AsyncIterator[guardian_pb2.PartyMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[guardian_pb2.HubMessage]:
         try:
             await self._run(self.ledger.budget, name)
         except UnknownPartyError:
@@ -353,21 +376,29 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             peer,
             err.connected_from,
         )
-        await self._run(
-            self.ledger.record,
-            name,
-            "duplicate_connection_refused",
-            {
-                "party": name,
-                "peer": peer,
-                "connected_from": err.connected_from,
-                "certificate_sha256": who.fingerprint if who else None,
-            },
-        )
+        now = time.monotonic()
+        last, unrecorded = self._duplicates.get(name, (-math.inf, 0))
+        if now - last >= DUPLICATE_AUDIT_EVERY_S:
+            self._duplicates[name] = (now, 0)
+            await self._run(
+                self.ledger.record,
+                name,
+                "duplicate_connection_refused",
+                {
+                    "party": name,
+                    "peer": peer,
+                    "connected_from": err.connected_from,
+                    "certificate_sha256": who.fingerprint if who else None,
+                    "refused_unrecorded_before": unrecorded,
+                },
+            )
+        else:
+            self._duplicates[name] = (last, unrecorded + 1)
         await context.abort(
             grpc.StatusCode.ALREADY_EXISTS,
             f"{name} is already connected (from {err.connected_from}); a second stream under "
-            "the same identity is refused and recorded in the guardian's audit log. A party "
+            "the same identity is refused and recorded in the guardian's audit log (once a "
+            "minute at most). A party "
             f"that is restarting gets back in once its old stream is gone (at most "
             f"{self.engine.silent_after:.0f} s). Otherwise its key is in two places: revoke "
             f"the certificate (`capc pki revoke {name}`) and issue a new one",

@@ -157,3 +157,41 @@ def test_removed_entries_and_another_key_are_caught(
     assert report.first() is not None and report.first().seq == 1  # type: ignore[union-attr]
     # The same history with the real key given explicitly.
     assert not verify(guardian, {}, public_key=report.key).ok
+
+
+@pytest.mark.parametrize("moved_back", [0, 1])
+def test_moving_the_start_of_signing_does_not_unsign_the_log(
+    history: tuple[Path, Ed25519PrivateKey], moved_back: int
+) -> None:
+    """The entry from which heads are signed lives in the database: someone who rewrites
+    the entries after the last head a hospital kept, and moves that start past them so
+    that none is checked, is still caught by the trusted key."""
+    d, key = history
+    url = copy(d, "e.db")
+    # The guardian goes on after the last round: entries no hospital has seen a head of.
+    Ledger(url, signer=key).register_party("hospital-c", 2.0, actor="guardian-cli")
+    n = Ledger(url, delta=None, migrate=False).audit_head().seq
+    tamper.rewrite(url, n, "someone-else")
+    forged = Ledger(url, delta=None, migrate=False)
+    with forged.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE ledger_settings SET value = :v WHERE key = 'audit_key'"),
+            {"v": json.dumps({"key": public_hex(key), "from": n - moved_back})},
+        )
+    guardian, parties = ledgers(d, "e.db")
+    for report in (verify(guardian, parties), verify(guardian, {}, public_key=public_hex(key))):
+        first = report.first()
+        assert not report.ok and first is not None, report.problems
+        assert "adoption of the guardian's audit key" in first.text
+
+
+def test_a_log_signed_from_a_later_entry_on_still_verifies(tmp_path: Path) -> None:
+    """A ledger written before it had a key: its adoption entry starts the signing."""
+    url = str(tmp_path / "old.db")
+    Ledger(url).register_party("hospital-a", 3.0, actor="guardian-cli")
+    key = Ed25519PrivateKey.generate()
+    ledger = Ledger(url, signer=key)
+    ledger.register_party("hospital-b", 3.0, actor="guardian-cli")
+    signed_from = ledger.audit_key()[1]  # type: ignore[index]
+    assert signed_from > 0 and ledger.check_audit()[1] is None
+    assert verify(ledger, {}, public_key=public_hex(key)).ok

@@ -375,6 +375,41 @@ def test_a_revoked_guardian_certificate_is_refused_by_its_clients(
         assert "guardian" in str(err.value) and "revoked" in str(err.value)
 
 
+def test_an_answering_party_leaves_a_guardian_revoked_while_its_stream_is_open(
+    own_hub: tuple[RunningServer, Ledger],
+    own_pki: Path,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    """A hospital's one Connect call lasts as long as it runs: the revocation of the
+    guardian's certificate must end it, not wait for the next reconnection."""
+    hub, _ = own_hub
+    teacher = Teacher("mlp", (2,), 3, build("mlp", (2,), 3), device="cpu")
+    party = AnsweringParty(
+        "hospital-a",
+        teacher,
+        f"127.0.0.1:{hub.port}",
+        tls.TLSFiles.in_dir(own_pki, "hospital-a"),
+        OwnBudget("hospital-a", Ledger(str(tmp_path / "own.db")), 4.0),
+        server_name="localhost",
+    )
+    stop = threading.Event()
+    runner = threading.Thread(target=party.run, args=(stop,), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="capc.answerer"):
+        runner.start()
+        try:
+            assert party.connected.wait(10)
+            assert main(["pki", "revoke", "--dir", str(own_pki), "guardian"]) == 0
+            deadline = time.monotonic() + 5
+            while party.connected.is_set():
+                assert time.monotonic() < deadline, "still voting for a revoked guardian"
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            runner.join(10)
+    assert "revoked" in caplog.text
+
+
 class FakeGuardian(guardian_pb2_grpc.GuardianHubServicer):
     """Any consortium member posing as the guardian: it welcomes every party."""
 
@@ -520,6 +555,31 @@ def test_a_second_stream_under_one_identity_is_refused_and_audited(
             assert time.monotonic() < deadline, "the dead stream was never noticed"
             time.sleep(0.2)
     again.cancel()
+
+
+def test_a_thief_retrying_a_stolen_identity_cannot_fill_the_audit_log(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    """Every second stream is refused, but the audit log records the refusals of one
+    identity at most once a minute, with how many it left out since: a key in two
+    places cannot grow the log without bound."""
+    hub, ledger = own_hub
+    files = tls.TLSFiles.in_dir(own_pki, "hospital-a")
+    first_out, first = party_stream(hub, files)
+    assert next(first).WhichOneof("body") == "registered"
+    before = ledger.audit_head().seq
+    for _ in range(12):
+        out, second = party_stream(hub, files)
+        with pytest.raises(grpc.RpcError) as err:
+            next(second)
+        out.put(None)
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert first.is_active()
+    entries = ledger.audit_entries(limit=50)
+    refused = [e for e in entries if e.seq > before and e.action == "duplicate_connection_refused"]
+    assert len(refused) == 1, [e.action for e in entries if e.seq > before]
+    first.cancel()
+    first_out.put(None)
 
 
 def test_a_foreign_consortium_gets_a_clear_refusal(

@@ -445,3 +445,62 @@ def test_a_deviating_partys_report_is_refused_and_nothing_is_kept(
     with pytest.raises(RequestError, match="spend report"):
         budgets.store_report(ledger, NAME, report)
     assert ledger.budget(NAME).report is None
+
+
+def test_an_encrypted_round_is_charged_the_full_vote_it_casts(pair: Pair) -> None:
+    """An encrypted round's vote is a whole one-hot, whatever weight the round names: a
+    guardian that names weight 0 (or another) must not get it for nothing."""
+    work, header, rid = pair.work("single", 8)
+    encrypted = common_pb2.EncryptedBatch(batch=8, ciphertexts=1, layout="batched")
+    for weight, participation in ((0.0, b""), (0.5, b""), (1.0, b"\xff")):
+        work.queries.CopyFrom(common_pb2.QueryBatch(encrypted=encrypted))
+        work.vote_weight, work.participation = weight, participation
+        with pytest.raises(VoteRefusedError, match="weight 1"):
+            pair.own.admit(work, header)
+        assert pair.own.open_rounds() == []
+    work.vote_weight, work.participation = 1.0, b""
+    pair.own.admit(work, header)
+    assert pair.own.open_rounds() == [rid]
+    np.testing.assert_array_equal(pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME))
+
+
+def test_streams_that_never_register_are_held_to_the_identitys_limit(
+    hub: tuple[RunningServer, Ledger], pki_dir: Path
+) -> None:
+    """A hospital (or a thief of its key) that opens Connect streams and never registers
+    holds at most MAX_STREAMS_PER_IDENTITY of them; the next is refused at once, and the
+    slots come back when they end."""
+    from services.common.limits import MAX_STREAMS_PER_IDENTITY
+
+    server, _ = hub
+    stub = _stub(server, pki_dir, NAME)
+    held = []
+    for _ in range(MAX_STREAMS_PER_IDENTITY):
+        out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+        held.append((out, stub.Connect(iter(out.get, None))))
+    time.sleep(1.0)  # every held stream is waiting for its Register at the guardian
+    extra = stub.Connect(iter(()), timeout=5)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            next(extra)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value
+        assert "MAX_STREAMS_PER_IDENTITY" in str(err.value.details())
+    finally:
+        for out, stream in held:
+            stream.cancel()
+            out.put(None)
+    register = guardian_pb2.Register(teachers=[TEACHER], epsilon_cap=3.0)
+    deadline = time.monotonic() + 10
+    while True:
+        out, stream = _connect(
+            server, pki_dir, guardian_pb2.PartyMessage(header=HEADER, register=register)
+        )
+        try:
+            assert next(stream).WhichOneof("body") == "registered"
+            break
+        except grpc.RpcError as refused:
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert time.monotonic() < deadline, "the held streams were never released"
+            time.sleep(0.1)
+    stream.cancel()
+    out.put(None)

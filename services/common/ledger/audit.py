@@ -159,11 +159,27 @@ def check_chain(
     the entry's own hash, and (with ``public_key``) the signature of every
     entry after ``signed_from`` (the last entry written before the ledger had
     a key: earlier entries are covered through the chain by the first signed one).
+
+    ``signed_from`` is read from the database it checks, so it is not taken on
+    its word: the entry right after it must be the key's own adoption, signed
+    (``audit_key`` naming that key and ``signed_after == signed_from``). Moving
+    it past the entries one rewrote leaves no such entry there.
     """
     prev = GENESIS
     n = 0
     for row in rows:
         n += 1
+        if (
+            public_key is not None
+            and 0 < signed_from == n - 1
+            and not _adoption(row, public_key, signed_from)
+        ):
+            return n, ChainProblem(
+                n,
+                f"the log says it is signed only after entry {signed_from}, but this entry "
+                "is not the adoption of the guardian's audit key: the start of signing was "
+                "moved, so that the entries after it need no signature",
+            )
         at = row.at if row.at.tzinfo else row.at.replace(tzinfo=dt.UTC)
         if row.seq != n:
             return n, ChainProblem(n, f"missing: the next entry is numbered {row.seq}")
@@ -183,4 +199,20 @@ def check_chain(
                     "rewritten after it was signed",
                 )
         prev = row.hash
+    if public_key is not None and 0 < signed_from >= n:
+        return n, ChainProblem(
+            n + 1,
+            f"the log says it is signed only after entry {signed_from}, but it ends at entry "
+            f"{n}: the adoption of the guardian's audit key is missing",
+        )
     return n, None
+
+
+def _adoption(row: ChainRow, public_key: str, signed_from: int) -> bool:
+    """Is ``row`` the entry that adopted ``public_key`` after entry ``signed_from``?"""
+    detail = row.detail
+    return (
+        row.action == "audit_key"
+        and str(detail.get("public_key", "")).lower() == public_key.lower()
+        and detail.get("signed_after") == signed_from
+    )
