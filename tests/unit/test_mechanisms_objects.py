@@ -183,7 +183,10 @@ def make_round(
     theta: NDArray[np.float64] | None = None
     if mech.per_label:
         theta = voters / 2.0 if per_query_theta else np.full(batch, vote_total / 2.0)
-    g_in = mech.garbler_inputs(spec, guardian_sum, noise, theta if per_query_theta else None)
+    # Each query's counts total the weight of the teachers who voted on it (the checks).
+    g_in = mech.garbler_inputs(
+        spec, guardian_sum, noise, theta if per_query_theta else None, voters
+    )
     return Round(mech, spec, hist, noise, theta, g_in, spec.evaluator_inputs(student_sum))
 
 
