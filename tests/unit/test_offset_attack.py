@@ -113,7 +113,7 @@ def test_rounds_refuse_a_test_noise_shared_by_every_class() -> None:
     task_json = {"num_classes": 10, "input_shape": [2], "mechanism": dict(shared.to_config())}
     task = TaskConfig.parse("t", task_json, config_hash(task_json))
     assert not task.mechanism.offset_robust
-    # The powerset test shares its noise too.
+    # Confident powerset draws its test noise per subset count.
     confident_powerset = {"name": "powerset", "sigma": 2, "threshold": 3, "sigma1": 2}
-    assert not from_config(confident_powerset, 3).offset_robust
+    assert from_config(confident_powerset, 3).offset_robust
     assert from_config({"name": "powerset", "sigma": 2}, 3).offset_robust
