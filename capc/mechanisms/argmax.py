@@ -56,6 +56,12 @@ class ArgmaxMechanism(Mechanism):
     #: True when the threshold test draws independent noise on every class.
     test_noise_per_class = False
 
+    @property
+    def offset_robust(self) -> bool:
+        # One test noise shared by every class: an offset on one class turns "answered"
+        # into a noiseless comparison of two counts.
+        return not self.confident or self.test_noise_per_class
+
     def circuit(
         self, max_votes: float, vote_total: float | None = None, share_frac_bits: int = 0
     ) -> CircuitSpec:
@@ -84,12 +90,13 @@ class ArgmaxMechanism(Mechanism):
         guardian_sum: ArrayLike,
         noise: Noise,
         decision_threshold: ArrayLike | None = None,
+        vote_total: ArrayLike | None = None,
     ) -> dict[str, U64]:
         if not isinstance(spec, ConfidentGNMax) or decision_threshold is not None:
             raise MechanismError(
                 f"{self.name} runs the argmax circuit and takes no decision threshold"
             )
-        return spec.garbler_inputs(guardian_sum, noise["eta2"], noise.get("eta1"))
+        return spec.garbler_inputs(guardian_sum, noise["eta2"], noise.get("eta1"), vote_total)
 
     def _decoded(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
         if isinstance(spec, MultiLabel):

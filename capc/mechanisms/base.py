@@ -264,8 +264,13 @@ class Mechanism(ABC):
         guardian_sum: ArrayLike,
         noise: Noise,
         decision_threshold: ArrayLike | None = None,
+        vote_total: ArrayLike | None = None,
     ) -> dict[str, U64]:
-        """The guardian's circuit inputs: its share sum folded with its noise and the thresholds."""
+        """The guardian's circuit inputs: its share sum folded with its noise and the thresholds.
+
+        ``vote_total``: the voters' total weight W (votes), a number or (B,) per query, which
+        the histogram checks hold every query's counts to (single label: they total W;
+        per label: each lies in [0, W] = [0, 2 x decision threshold])."""
 
     @abstractmethod
     def decode(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
@@ -311,6 +316,13 @@ class Mechanism(ABC):
     def confident(self) -> bool:
         """A noisy test decides which queries (or labels) are answered."""
         return False
+
+    @property
+    def offset_robust(self) -> bool:
+        """Every released output stays a post-processing of Gaussian mechanisms on the honest
+        counts whatever offset a deviating party adds to the histogram: independent noise on
+        every coordinate of every test. Distributed rounds refuse a mechanism that is not."""
+        return True
 
     @property
     def per_label(self) -> bool:

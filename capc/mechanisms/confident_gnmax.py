@@ -5,6 +5,11 @@ eta1 ~ N(0, sigma1**2) per query; an answered query gets argmax(h + eta2),
 eta2 ~ N(0, sigma**2) per class. The tested maximum moves by at most one
 between neighbours (sensitivity 1), every test is charged, and answers are
 charged where they were released.
+
+Not offset-robust: with one test noise shared by every class, an offset that
+a deviating student or hospital adds to the histogram can make "answered" a
+noiseless comparison of two counts. Distributed rounds refuse it; use
+robust-confident-gnmax (independent test noise per class) there.
 """
 
 from __future__ import annotations

@@ -91,6 +91,7 @@ class PerLabelMechanism(Mechanism):
         guardian_sum: ArrayLike,
         noise: Noise,
         decision_threshold: ArrayLike | None = None,
+        vote_total: ArrayLike | None = None,
     ) -> dict[str, U64]:
         if not isinstance(spec, MultiLabel):
             raise MechanismError(f"{self.name} runs the per-label circuit")

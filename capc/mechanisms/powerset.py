@@ -2,8 +2,10 @@
 
 A teacher's k-bit vote is one subset (index sum_j bit_j 2**j), so a vote
 change still moves two counts by one: L2 sensitivity sqrt(2). With sigma1 > 0
-a threshold test on the largest subset count comes first (confident Powerset
-voting, sensitivity 1). Only for small k: the circuit has 2**k columns.
+a threshold test comes first (confident Powerset voting): answered iff
+max_j (h_j + eta1_j) >= threshold, with independent test noise on every
+subset count (sensitivity sqrt(2)), so that an offset a deviating party adds
+cannot make the test noiseless. Only for small k: the circuit has 2**k columns.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Powerset(ArgmaxMechanism):
     raisable = ("sigma", "threshold", "sigma1")
     max_outputs = 10
     params_model = PowersetParams
+    test_noise_per_class = True
 
     def __init__(self, outputs: int, params: PowersetParams) -> None:
         super().__init__(outputs, params)
@@ -74,7 +77,7 @@ class Powerset(ArgmaxMechanism):
 
     def _event(self, answered: NDArray[np.bool_]) -> events.DpEvent:
         test = (
-            events.repeat(events.GaussianEvent(1.0, self.sigma1), len(answered))
+            events.repeat(events.GaussianEvent(math.sqrt(2.0), self.sigma1), len(answered))
             if self.confident
             else events.NoOpEvent()
         )

@@ -15,7 +15,25 @@ secure noise sampler never exceeds 8.7 standard deviations; the width l leaves
 room for ``NOISE_BOUND_SIGMAS`` and encoding refuses anything beyond it.
 
 Outputs: the student receives labels (or "not answered"); the guardian
-receives only the answered bits.
+receives only the answered bits. Both receive one ``violation`` bit per query.
+
+Histogram checks (no reachable wrap). Either party may deviate: a hospital
+may vote anything, the student may add any offset to its share sum. The
+circuit checks the reconstructed histogram h' (= h + offset) on the *noised*
+counts z_j = h'_j + e_j that the mechanism's first test already releases
+(the threshold test's noise when there is one, else the answer noise): each
+must lie in [-R, W + R] with R = ``NOISE_BOUND_SIGMAS`` x that noise's std
+and W the voters' total weight (the guardian's input). For single-label
+mechanisms the counts must also total W exactly. A query that fails sets its
+violation bit; the round then aborts, charged at its reservation. Checking
+noised counts keeps the violation bit a post-processing of an already
+charged Gaussian mechanism (checking h' itself would release a noiseless
+comparison of the honest counts); the total is data-independent once every
+vote is valid (capc.mpc.validity), so it reveals nothing either. On the
+accepted branch every word the circuit compares lies in
+[-(2R + 9 sigma), W + 2R + 9 sigma], and ``bits`` leaves room for twice that:
+no comparison can wrap. An honest round never violates: the secure sampler
+stays below 8.7 standard deviations.
 """
 
 from __future__ import annotations
@@ -29,7 +47,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from capc.mpc import library as lib
 from capc.mpc import ring
-from capc.mpc.circuit import Circuit, CircuitBuilder, Party
+from capc.mpc.circuit import ONE, Bit, Circuit, CircuitBuilder, Party, Word
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 
 U64 = NDArray[np.uint64]
@@ -85,6 +103,89 @@ def _noise_word(
     return ring.encode_fixed(n, frac_bits)
 
 
+class HistogramViolationError(RuntimeError):
+    """The reconstructed histogram failed the circuit's checks on some queries.
+
+    Some party's input was not a valid vote (or the student offset its share
+    sum): the round is aborted and stays charged at its reservation.
+    ``queries`` lists the failing query indices.
+    """
+
+    def __init__(self, queries: NDArray[np.int64]) -> None:
+        shown = ", ".join(str(int(q)) for q in queries[:10])
+        more = f" and {len(queries) - 10} more" if len(queries) > 10 else ""
+        super().__init__(
+            f"the reconstructed vote histogram is out of range on {len(queries)} queries "
+            f"({shown}{more}): a count outside [0, voters' total weight] or a total that is "
+            "not the voters' weight. A party deviated from the protocol; the round is aborted "
+            "and stays charged at its reservation. Check the guardian's audit log, and "
+            "exclude the party that deviated"
+        )
+        self.queries = queries
+
+
+def violations(outputs: dict[str, U64]) -> NDArray[np.int64]:
+    """Indices of the queries whose ``violation`` output bit is set (either party's outputs)."""
+    v = outputs.get("violation")
+    if v is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.asarray(v).reshape(len(v), -1).any(axis=1)).astype(np.int64)
+
+
+def check_outputs(outputs: dict[str, U64]) -> None:
+    """Raise :class:`HistogramViolationError` if any query's ``violation`` bit is set."""
+    bad = violations(outputs)
+    if bad.size:
+        raise HistogramViolationError(bad)
+
+
+def _check_words(
+    guardian_base: U64,
+    check_noise: U64,
+    vote_total: U64,
+    bound: U64,
+    bits: int,
+) -> Inputs:
+    """The guardian's words for the range checks: ``low`` = g + e + R, ``high`` = W + R - g - e.
+
+    ``guardian_base`` (B, n) the guardian's share sum on the circuit grid; ``check_noise`` (B, n)
+    the checked noise on the grid; ``vote_total`` (B, 1) W on the grid; ``bound`` R on the grid.
+    """
+    return {
+        "low": ring.reduce(guardian_base + check_noise + bound, bits),
+        "high": ring.reduce(vote_total + bound - guardian_base - check_noise, bits),
+    }
+
+
+def _totals(vote_total: ArrayLike | None, default: float, batch: int, frac_bits: int) -> U64:
+    """W per query on the circuit grid, (B, 1): ``vote_total`` (votes; scalar or (B,)) or ``default``."""
+    t = np.asarray(default if vote_total is None else vote_total, dtype=np.float64)
+    if t.ndim == 0:
+        t = np.full(batch, float(t))
+    if t.shape != (batch,) or not np.isfinite(t).all() or (t < 0).any():
+        raise ValueError(f"vote_total must be finite, >= 0, a number or of shape ({batch},)")
+    return ring.encode_fixed(t, frac_bits)[:, None]
+
+
+def _range_violation(
+    c: CircuitBuilder, shares: list[Word], low: list[Word], high: list[Word]
+) -> list[Bit]:
+    """Per word: 1 iff s + low < 0 or high - s < 0 (the noised count leaves [-R, W + R])."""
+    out = []
+    for s, lo, hi in zip(shares, low, high, strict=True):
+        out.append(lib.sum_sign(c, s, lo))
+        out.append(lib.sum_sign(c, lib.negate_bits(c, s), hi, ONE))
+    return out
+
+
+def _total_violation(c: CircuitBuilder, shares: list[Word], total: Word) -> Bit:
+    """1 iff the student's words do not sum to ``total`` (= W - sum of the guardian's) mod 2^l."""
+    acc = shares[0]
+    for s in shares[1:]:
+        acc = lib.add(c, acc, s)
+    return lib.any_bit(c, [c.xor(a, b) for a, b in zip(acc, total, strict=True)])
+
+
 def round_noise(noise: ArrayLike, frac_bits: int = CIRCUIT_FRAC_BITS) -> NDArray[np.float64]:
     """The noise exactly as the circuit applies it: rounded to multiples of 2**-frac_bits."""
     return np.rint(np.asarray(noise, dtype=np.float64) * (1 << frac_bits)) / (1 << frac_bits)
@@ -119,14 +220,20 @@ class ConfidentGNMax:
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
 
     @property
+    def check_sigma(self) -> float:
+        """Std of the noise the histogram checks see: the test's, else the answer's."""
+        return self.sigma1 if self.confident else self.sigma
+
+    @property
     def bits(self) -> int:
-        """Circuit word width l."""
-        arg = self.max_votes + 2 * NOISE_BOUND_SIGMAS * self.sigma
-        thr = (
-            self.max_votes + NOISE_BOUND_SIGMAS * self.sigma1 + self.threshold
-            if self.confident
-            else 0.0
-        )
+        """Circuit word width l: on the checks' accepted branch no word or difference wraps.
+
+        Accepted: h' + e_check in [-R, W + R], so h' in [-2R, W + 2R] and every argmax word
+        in [-(2R + 9 sigma), W + 2R + 9 sigma]; the test words lie in [-(R + T), W + R].
+        """
+        r = NOISE_BOUND_SIGMAS * self.check_sigma
+        arg = self.max_votes + 2 * r + NOISE_BOUND_SIGMAS * self.sigma
+        thr = self.max_votes + r + self.threshold if self.confident else 0.0
         return width_for(max(arg, thr), self.frac_bits)
 
     @property
@@ -145,10 +252,18 @@ class ConfidentGNMax:
         }
 
     def garbler_inputs(
-        self, guardian_sum: ArrayLike, eta2: ArrayLike, eta1: ArrayLike | None = None
+        self,
+        guardian_sum: ArrayLike,
+        eta2: ArrayLike,
+        eta1: ArrayLike | None = None,
+        vote_total: ArrayLike | None = None,
     ) -> Inputs:
         """Guardian side: share sum (B, K), eta2 (B, K) and, if confident, eta1: (B,) for one
-        test noise per query, or (B, K) for independent test noise on every class."""
+        test noise per query, or (B, K) for independent test noise on every class.
+
+        ``vote_total``: the voters' total weight W (votes), a number or (B,) per query;
+        default ``max_votes``. Every query's counts must total it (the histogram checks).
+        """
         base = _shares_word(
             guardian_sum, self.num_classes, self.share_frac_bits, self.frac_bits, 64
         )
@@ -156,6 +271,7 @@ class ConfidentGNMax:
         shape = (batch, self.num_classes)
         e2 = _noise_word(eta2, self.sigma, self.frac_bits, shape, "eta2")
         out = {"argmax": ring.reduce(base + e2, self.bits)}
+        check = e2
         if self.confident:
             if eta1 is None:
                 raise ValueError("Confident-GNMax needs eta1 for the threshold test")
@@ -163,14 +279,22 @@ class ConfidentGNMax:
             e1 = _noise_word(
                 eta1, self.sigma1, self.frac_bits, shape if per_class else (batch,), "eta1"
             )
+            check = e1 if per_class else np.broadcast_to(e1[:, None], shape)
             t = ring.encode_fixed(self.threshold, self.frac_bits)
-            out["threshold"] = ring.reduce(
-                base + (e1 - t if per_class else (e1 - t)[:, None]), self.bits
-            )
+            out["threshold"] = ring.reduce(base + check - t, self.bits)
+        totals = _totals(vote_total, self.max_votes, batch, self.frac_bits)
+        bound = ring.encode_fixed(NOISE_BOUND_SIGMAS * self.check_sigma, self.frac_bits)
+        out.update(_check_words(base, check, totals, bound, self.bits))
+        out["total"] = ring.reduce(totals[:, 0] - base.sum(axis=1, dtype=np.uint64), self.bits)[
+            :, None
+        ]
         return out
 
     def decode(self, evaluator_out: dict[str, U64]) -> NDArray[np.int64]:
-        """Student's outputs -> labels (B,), NOT_ANSWERED where the threshold test failed."""
+        """Student's outputs -> labels (B,), NOT_ANSWERED where the threshold test failed.
+
+        Raises :class:`HistogramViolationError` if any query failed the histogram checks."""
+        check_outputs(evaluator_out)
         label = evaluator_out["label"][:, 0].astype(np.int64)
         if not self.confident:
             return label
@@ -180,11 +304,18 @@ class ConfidentGNMax:
 
 @functools.lru_cache(maxsize=32)
 def _confident_circuit(num_classes: int, bits: int, confident: bool) -> Circuit:
-    c = CircuitBuilder(f"{'confident-' if confident else ''}gnmax/K={num_classes}/l={bits}")
+    c = CircuitBuilder(f"{'confident-' if confident else ''}gnmax/K={num_classes}/l={bits}/checked")
     shares = c.input("shares", Party.EVALUATOR, num_classes, bits)
     if confident:
         thr = c.input("threshold", Party.GARBLER, num_classes, bits)
     arg = c.input("argmax", Party.GARBLER, num_classes, bits)
+    low = c.input("low", Party.GARBLER, num_classes, bits)
+    high = c.input("high", Party.GARBLER, num_classes, bits)
+    (total,) = c.input("total", Party.GARBLER, 1, bits)
+    violation = lib.any_bit(
+        c, [*_range_violation(c, shares, low, high), _total_violation(c, shares, total)]
+    )
+    c.output("violation", Party.BOTH, [(violation,)])
     noisy = [lib.add(c, s, a) for s, a in zip(shares, arg, strict=True)]
     index, _ = lib.argmax(c, noisy)
     if confident:
@@ -235,13 +366,16 @@ class MultiLabel:
     def bits(self) -> int:
         """Circuit word width l; bounds the decision threshold by ``max_votes`` so that
         the student, which does not know the guardian's exact threshold, gets the same l."""
-        m = 2 * self.max_votes + NOISE_BOUND_SIGMAS * self.sigma
+        r = NOISE_BOUND_SIGMAS * self.check_sigma
+        m = 2 * self.max_votes + 2 * r + NOISE_BOUND_SIGMAS * self.sigma
         if self.confidence_threshold is not None:
-            m = max(
-                m,
-                2 * self.max_votes + NOISE_BOUND_SIGMAS * self.sigma1 + self.confidence_threshold,
-            )
+            m = max(m, 2 * self.max_votes + 3 * r + self.confidence_threshold)
         return width_for(m, self.frac_bits)
+
+    @property
+    def check_sigma(self) -> float:
+        """Std of the noise the histogram checks see: the confidence test's, else the decision's."""
+        return self.sigma1 if self.confident else self.sigma
 
     def circuit(self) -> Circuit:
         return _multilabel_circuit(self.num_labels, self.bits, self.confident)
@@ -278,20 +412,29 @@ class MultiLabel:
             theta = ring.encode_fixed(t, self.frac_bits)[:, None]
         n = _noise_word(noise, self.sigma, self.frac_bits, shape, "noise")
         out = {"decision": ring.reduce(base + n - theta, self.bits)}
+        # The threshold is half the voters' total weight: every count lies in [0, 2 theta].
+        totals = np.broadcast_to(theta + theta, (shape[0], 1))
+        bound = ring.encode_fixed(NOISE_BOUND_SIGMAS * self.check_sigma, self.frac_bits)
+        check = n
         if self.confidence_threshold is not None:
             if confidence_noise is None:
                 raise ValueError("a confidence test needs confidence_noise")
-            e = _noise_word(
+            check = _noise_word(
                 confidence_noise, self.sigma1, self.frac_bits, shape, "confidence_noise"
-            ) - ring.encode_fixed(self.confidence_threshold, self.frac_bits)
+            )
+            e = check - ring.encode_fixed(self.confidence_threshold, self.frac_bits)
             # |d| + e >= 0  <=>  d + e >= 0  or  -d + e >= 0, with d = c - theta.
             out["confidence_pos"] = ring.reduce(base - theta + e, self.bits)
             # -s_S = NOT(s_S) + 1: the circuit complements the student's word for free.
             out["confidence_neg"] = ring.reduce(np.uint64(1) + e - base + theta, self.bits)
+        out.update(_check_words(base, check, totals, bound, self.bits))
         return out
 
     def decode(self, evaluator_out: dict[str, U64]) -> NDArray[np.int8]:
-        """Student's outputs -> (B, k) labels in {1, 0, NOT_ANSWERED}."""
+        """Student's outputs -> (B, k) labels in {1, 0, NOT_ANSWERED}.
+
+        Raises :class:`HistogramViolationError` if any query failed the histogram checks."""
+        check_outputs(evaluator_out)
         labels = evaluator_out["labels"].astype(np.int8)
         if self.confidence_threshold is None:
             return labels
@@ -301,9 +444,12 @@ class MultiLabel:
 
 @functools.lru_cache(maxsize=32)
 def _multilabel_circuit(num_labels: int, bits: int, confident: bool) -> Circuit:
-    c = CircuitBuilder(f"multilabel/k={num_labels}/l={bits}/confident={confident}")
+    c = CircuitBuilder(f"multilabel/k={num_labels}/l={bits}/confident={confident}/checked")
     shares = c.input("shares", Party.EVALUATOR, num_labels, bits)
     dec = c.input("decision", Party.GARBLER, num_labels, bits)
+    low = c.input("low", Party.GARBLER, num_labels, bits)
+    high = c.input("high", Party.GARBLER, num_labels, bits)
+    c.output("violation", Party.BOTH, [(lib.any_bit(c, _range_violation(c, shares, low, high)),)])
     positive = [lib.is_non_negative_sum(c, s, d) for s, d in zip(shares, dec, strict=True)]
     if not confident:
         c.output("labels", Party.EVALUATOR, [(p,) for p in positive])

@@ -48,6 +48,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.mpc.channel import Channel
+from capc.mpc.mechanism_circuits import HistogramViolationError, violations
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
@@ -413,6 +414,14 @@ class RoundEngine:
             )
         except TaskError as err:
             raise RequestError(str(err)) from err
+        if not task.mechanism.offset_robust:
+            raise RequestError(
+                f"task {task.name} uses {task.mechanism.name} with one threshold-test noise "
+                "shared by every class: a deviating student or hospital could offset the "
+                "histogram and turn its test into a noiseless comparison of two counts. "
+                "Distributed rounds take offset-robust mechanisms only: register the task "
+                "with robust-confident-gnmax (independent test noise per class)"
+            )
         batch = _check_queries(request.queries, task)
         encrypted = request.queries.WhichOneof("source") == "encrypted"
         if encrypted and (querier, session_id) not in self._relays:
@@ -800,7 +809,11 @@ class RoundEngine:
         theta = None
         if rnd.votes_on and mech.per_label:  # vanishing: the majority of the teachers who voted
             theta = np.sum([rnd.voters(p) * rnd.voting(p) for p in rnd.used], axis=0) / 2.0
-        inputs = mech.garbler_inputs(spec, guardian_sum, noise, theta)
+        # Every query's counts total the weight of the teachers who voted on it (the checks).
+        vote_total = np.sum(
+            [rnd.voters(p) * rnd.weight(p) * rnd.voting(p) for p in rnd.used], axis=0
+        ).astype(np.float64)
+        inputs = mech.garbler_inputs(spec, guardian_sum, noise, theta, vote_total)
         start = time.perf_counter()
 
         def release() -> None:
@@ -816,6 +829,22 @@ class RoundEngine:
             rnd.released = True
 
         out = session.run_round(round_id, spec.circuit(), inputs, b, on_release=release)
+        bad = violations(out)
+        if bad.size:
+            # Released already: charged at its reservation, the worst case, never less.
+            self.ledger.commit_at_reservation(round_id, actor="guardian")
+            self.ledger.record(
+                "guardian",
+                "histogram_violation",
+                {
+                    "round": round_id,
+                    "queries": [int(q) for q in bad[:20]],
+                    "violations": int(bad.size),
+                    "parties": list(rnd.used),
+                },
+            )
+            log.warning("round %d aborted: %s", round_id, HistogramViolationError(bad))
+            return
         answered = mech.answered(spec, out, b)
         charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
         self.ledger.commit(round_id, charges, outcome=budgets.outcome(answered))

@@ -95,11 +95,12 @@ def test_labels_equal_the_plaintext_mechanism_and_the_ledger_is_exact(
         time.sleep(0.1)
     assert ledger.count_rounds(RoundState.COMMITTED) == len(rounds)
     params = consortium.task_config.mechanism.params.model_dump()
-    # Independently: every threshold test (sensitivity 1) and every answer (sensitivity
-    # sqrt(2)) is a Gaussian mechanism; they compose to mu-GDP with mu**2 the sum of squares.
+    # Independently: every threshold test (independent noise on every class, sensitivity
+    # sqrt(2)) and every answer (sensitivity sqrt(2)) is a Gaussian mechanism; they
+    # compose to mu-GDP with mu**2 the sum of squares.
     tests = sum(len(r.labels) for r in rounds)
     answers = sum(int((r.labels >= 0).sum()) for r in rounds)
-    mu = np.sqrt(tests / params["sigma1"] ** 2 + 2 * answers / params["sigma"] ** 2)
+    mu = np.sqrt(2 * tests / params["sigma1"] ** 2 + 2 * answers / params["sigma"] ** 2)
     for i in range(PARTIES):
         assert ledger.budget(f"hospital-{i}").spent == pytest.approx(
             gdp_epsilon(float(mu), 1e-5), rel=1e-7

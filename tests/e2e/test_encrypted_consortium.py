@@ -46,7 +46,12 @@ def task(num_classes: int, shape: list[int], architecture: str, width: int) -> d
     return {
         "num_classes": num_classes,
         "input_shape": shape,
-        "mechanism": {"name": "confident-gnmax", "sigma": 0.5, "threshold": 2.0, "sigma1": 0.5},
+        "mechanism": {
+            "name": "robust-confident-gnmax",
+            "sigma": 0.5,
+            "threshold": 2.0,
+            "sigma1": 0.5,
+        },
         "quorum": 2,
         "encryption": {"architecture": architecture, "width": width, "params": {}},
     }

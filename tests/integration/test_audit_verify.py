@@ -27,7 +27,7 @@ from tests.e2e import tamper
 TASK: dict[str, Any] = {
     "num_classes": 10,
     "input_shape": [1, 28, 28],
-    "mechanism": {"name": "confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
+    "mechanism": {"name": "robust-confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
     "quorum": 1,
 }
 HOSPITALS = ("hospital-a", "hospital-b")

@@ -37,7 +37,12 @@ TASKS: dict[str, dict[str, Any]] = {
     "single": {
         "num_classes": 10,
         "input_shape": [1, 28, 28],
-        "mechanism": {"name": "confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
+        "mechanism": {
+            "name": "robust-confident-gnmax",
+            "sigma": 1.5,
+            "threshold": 3.5,
+            "sigma1": 2.0,
+        },
         "quorum": 1,
     },
     "labels": {

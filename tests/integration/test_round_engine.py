@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from capc.mpc.votes import one_hot_votes, share_votes
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
+from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
 from services.guardian.rounds import (
     DuplicateLinkError,
@@ -211,3 +212,25 @@ def test_a_live_link_is_not_taken_over_but_a_dead_or_silent_one_is(tmp_path: Pat
     # The replaced stream closing later does not disconnect the party's new one.
     engine.detach(second)
     assert engine.connected() == ["a"] and third.alive(engine.silent_after)
+
+
+def test_a_test_noise_shared_by_every_class_is_refused_before_anything_is_reserved(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: one test noise for all classes lets an offset make "answered" noiseless."""
+    task = {
+        **TASK,
+        "mechanism": {"name": "confident-gnmax", "sigma": 2, "threshold": 3, "sigma1": 2},
+    }
+    ledger = Ledger(str(tmp_path / "s.db"))
+    ledger.create_task("t", task)
+    for p in ("a", "b"):
+        ledger.register_party(p, 100.0)
+    engine = RoundEngine(ledger, share_timeout=3.0)
+    for p in ("a", "b"):
+        engine.attach(p)
+    req = request()
+    req.header.config_hash = config_hash(task)
+    with pytest.raises(RequestError, match="robust-confident-gnmax"):
+        engine.open_round("student", req, SID)
+    assert ledger.count_rounds() == 0

@@ -183,7 +183,10 @@ def make_round(
     theta: NDArray[np.float64] | None = None
     if mech.per_label:
         theta = voters / 2.0 if per_query_theta else np.full(batch, vote_total / 2.0)
-    g_in = mech.garbler_inputs(spec, guardian_sum, noise, theta if per_query_theta else None)
+    # Each query's counts total the weight of the teachers who voted on it (the checks).
+    g_in = mech.garbler_inputs(
+        spec, guardian_sum, noise, theta if per_query_theta else None, voters
+    )
     return Round(mech, spec, hist, noise, theta, g_in, spec.evaluator_inputs(student_sum))
 
 
@@ -408,10 +411,10 @@ def per_query_mu2(name: str, params: dict[str, float], k: int) -> float:
     """The worst-case mu**2 of one query at weight 1, from each mechanism's analysis."""
     sigma, sigma1 = params["sigma"], params.get("sigma1", 0.0)
     test = 0.0
-    if name in ("gnmax", "confident-gnmax", "powerset"):
+    if name in ("gnmax", "confident-gnmax"):
         answer = 2.0 / sigma**2  # a vote change moves two counts by one
         test = 1.0 / sigma1**2 if sigma1 else 0.0  # the maximum moves by one
-    elif name == "robust-confident-gnmax":
+    elif name in ("robust-confident-gnmax", "powerset"):
         answer = 2.0 / sigma**2
         test = 2.0 / sigma1**2 if sigma1 else 0.0  # every count noised: two move by one
     else:

@@ -196,7 +196,8 @@ def test_confident_gnmax_matches_the_plaintext_mechanism(confident: bool, pair: 
     eta2[16:24] = 0.0  # the tie survives the noise: lowest index must win
     eta2[:4] = 8 * spec.sigma  # largest noise the circuit must hold
     student, guardian = shares_of(hist, rng)
-    g = spec.garbler_inputs(guardian, eta2, eta1 if confident else None)
+    # Emptied rows total 0, unanimous rows n: each query's own voters' weight.
+    g = spec.garbler_inputs(guardian, eta2, eta1 if confident else None, hist.sum(axis=1))
     e = spec.evaluator_inputs(student)
     out = run_both(spec.circuit(), pair, g, e)
     labels = spec.decode(out)

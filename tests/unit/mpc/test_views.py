@@ -135,7 +135,8 @@ def test_evaluator_gets_decode_bits_for_its_outputs_only(recorded: Round) -> Non
     c = recorded.circuit
     payload = recorded.e_rec.messages(Kind.GARBLED)
     n_dec = c.output_wires(Party.EVALUATOR).size
-    assert n_dec == SPEC.label_bits + 1  # the masked label and the answered bit, nothing else
+    # The masked label, the answered bit and the violation bit, nothing else.
+    assert n_dec == SPEC.label_bits + 2
     expected = (
         c.num_and * B * 32
         + c.garbler_input_wires.size * B * 16
@@ -150,8 +151,9 @@ def test_unanswered_queries_reveal_no_label(recorded: Round) -> None:
     assert 0 < answered.sum() < B
     assert (recorded.e_out["label"][~answered, 0] == 0).all()
     np.testing.assert_array_equal(recorded.g_out["answered"], recorded.e_out["answered"])
-    assert set(recorded.g_out) == {"answered"}
-    assert set(recorded.e_out) == {"label", "answered"}
+    assert set(recorded.g_out) == {"answered", "violation"}
+    assert set(recorded.e_out) == {"label", "answered", "violation"}
+    assert not recorded.e_out["violation"].any()
 
 
 def test_internal_wires_are_not_decodable_by_the_evaluator() -> None:
@@ -237,4 +239,4 @@ def test_evaluator_cannot_forge_the_garblers_output() -> None:
     flipped[..., 0] ^= np.uint64(1)  # claim the other answered bit by flipping the permute bit
     with pytest.raises(OutputLabelError, match="not a valid label"):
         garbler.decode_garbler_outputs(flipped)
-    assert honest.shape == (1, b)
+    assert honest.shape == (2, b)  # answered and violation bits

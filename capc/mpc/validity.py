@@ -1,0 +1,454 @@
+"""Vote validity proofs: a hospital proves its shared vote is a valid vote, revealing nothing.
+
+A fully linear proof (Boneh, Boyle, Corrigan-Gibbs, Gilboa, Ishai 2019) over
+F_p, p = 2^61 - 1, checked jointly by the guardian and the student on their
+additive shares, vectorised over the queries of a round.
+
+**What is proven.** Per query a party holds counts c (``width`` of them):
+how many of its m teachers voted for each class (single label) or each label
+(multi-label), zero where it sits the query out. It shares their bits
+x in {0,1}^(width x nbits), c_j = sum_b 2^b x_{j,b}, and proves
+
+- every x is a bit (so every c_j is an integer in [0, 2^nbits));
+- single label: sum_j c_j = m x participation (so c_j <= m, and each teacher
+  cast exactly one vote; all zero where it sits out);
+- multi-label (``complement``): it also shares the bits of d_j = m x
+  participation - c_j and proves c_j + d_j = m x participation (so c_j <= m).
+
+Its votes are then w' c_j, w' its weight on the shares' fixed-point grid:
+a linear map, which each verifier applies to its own shares. That is the
+link to the circuit: the shares the proof is about *are* the shares the
+circuit's input is derived from (:func:`ring_shares`).
+
+**The proof.** For one query with n = len(x): the wire polynomial f of
+degree n with f(0) = rho (random, the blinding) and f(i) = x_i, i = 1..n;
+the proof polynomial q = f^2 - f, of degree 2n, which vanishes at 1..n for
+a valid x. The proof is rho, q(0) and q(n+1..2n) (n + 2 elements; q(1..n)
+are 0 by definition). The verifiers hold shares of x and of the proof; at a
+random point t (drawn by the guardian after every share arrived, so no
+prover can adapt to it) each computes its share of f(t) and of q(t) by
+Lagrange interpolation, a linear map. The student sends its share of f(t)
+per query and one random linear combination of its shares of q(t) and of
+the linear constraints; the guardian adds its own and checks
+sum_q r_q (q_q(t) - f_q(t)^2 + f_q(t)) + sum r'_(q,j) lin_(q,j) = 0.
+
+Soundness: an invalid x has f^2 - f != q as polynomials of degree <= 2n, so
+they agree at t with probability <= 2n / p; the random combination then
+vanishes with probability <= 1 / p. Zero knowledge: f(t) is uniform
+(rho is), q(t) is f(t)^2 - f(t) and the combination is 0 for a valid vote.
+A deviating student can make an honest party's check fail (the party is
+then left out, as if it had dropped) or pass a colluding party's invalid
+vote (which is the student offsetting its own input: the circuit's checks
+and offset-robust mechanisms cover it; see docs/security.md).
+
+**Shares.** The student's shares come from the party's sealed 128-bit seed
+(AES-CTR, 61-bit words, the value p folded to 0: statistical distance at
+most 2^-61 per element from uniform); the guardian's are the rest, sent in
+the clear. Their sums reconstruct each count exactly in F_p. Converting to
+the circuit's ring: with G the guardian's and S the student's sum of the
+parties' vote shares (both in [0, p)), G + S = h + p unless S <= h, which
+has probability (h + 1) / p when S is uniform (one honest party suffices);
+the guardian inputs G and the student S - p, modulo 2^64. In the rare
+other case the count comes out as h + 1 (p = -1 mod 2^l): a unit offset,
+probability at most (W + 1) / p per count.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from numpy.typing import ArrayLike, NDArray
+
+U64 = NDArray[np.uint64]
+
+#: The field's modulus, the Mersenne prime 2^61 - 1.
+P = (1 << 61) - 1
+_P = np.uint64(P)
+_M32 = np.uint64(0xFFFFFFFF)
+_M29 = np.uint64((1 << 29) - 1)
+#: Largest proof relation (elements per query) a round accepts: the prover's cost is n^2.
+MAX_ELEMENTS = 512
+
+
+class ValidityError(ValueError):
+    """A vote, proof or verifier message is malformed; the message says which."""
+
+
+# -- the field, vectorised ---------------------------------------------------------
+def _fold(x: U64) -> U64:
+    """x < 2^64 -> x mod p (two folds of 2^61 = 1, then one subtraction)."""
+    x = (x & _P) + (x >> np.uint64(61))
+    x = (x & _P) + (x >> np.uint64(61))
+    return x - np.where(x >= _P, _P, np.uint64(0))
+
+
+def add(a: ArrayLike, b: ArrayLike) -> U64:
+    """(a + b) mod p for reduced operands; broadcasts."""
+    s = np.asarray(a, dtype=np.uint64) + np.asarray(b, dtype=np.uint64)
+    return s - np.where(s >= _P, _P, np.uint64(0))
+
+
+def sub(a: ArrayLike, b: ArrayLike) -> U64:
+    """(a - b) mod p for reduced operands; broadcasts."""
+    return add(a, _P - np.asarray(b, dtype=np.uint64))
+
+
+def mul(a: ArrayLike, b: ArrayLike) -> U64:
+    """(a * b) mod p for reduced operands, with 32-bit limbs in uint64; broadcasts."""
+    x = np.asarray(a, dtype=np.uint64)
+    y = np.asarray(b, dtype=np.uint64)
+    xh, xl = x >> np.uint64(32), x & _M32
+    yh, yl = y >> np.uint64(32), y & _M32
+    hh = xh * yh  # < 2^58; times 2^64 = 8 mod p
+    mid = xh * yl + xl * yh  # < 2^62; times 2^32
+    ll = xl * yl  # < 2^64
+    r = (
+        (hh << np.uint64(3))
+        + (mid >> np.uint64(29))
+        + ((mid & _M29) << np.uint64(32))
+        + (ll & _P)
+        + (ll >> np.uint64(61))
+    )
+    return _fold(r)
+
+
+def dot(coeffs: ArrayLike, values: ArrayLike) -> U64:
+    """sum_i coeffs[i] * values[..., i] mod p: (n,) x (..., n) -> (...)."""
+    c = np.asarray(coeffs, dtype=np.uint64)
+    v = np.asarray(values, dtype=np.uint64)
+    acc = np.zeros(v.shape[:-1], dtype=np.uint64)
+    for i in range(c.size):  # one vector operation per coefficient, never per element
+        acc = add(acc, mul(v[..., i], c[i]))
+    return acc
+
+
+def expand(seed: bytes, count: int, label: bytes) -> U64:
+    """``count`` field elements from a 128-bit ``seed`` and a 16-byte-or-less ``label``
+    (AES-128-CTR; 61-bit words, p folded to 0)."""
+    nonce = label.ljust(16, b"\0")[:16]
+    enc = Cipher(algorithms.AES(seed), modes.CTR(nonce)).encryptor()
+    raw = np.frombuffer(enc.update(bytes(8 * count)), dtype="<u8").astype(np.uint64)
+    x = raw & _P
+    return np.where(x == _P, np.uint64(0), x)
+
+
+def _inv(a: int) -> int:
+    return pow(a % P, P - 2, P)
+
+
+def lagrange_at(t: int, points: int) -> U64:
+    """Lagrange coefficients at ``t`` over the nodes 0..points-1: (points,) uint64.
+
+    For consecutive nodes, L_i(t) = prod_j (t - j) / ((t - i) i! (points-1-i)! (-1)^(points-1-i)).
+    ``t`` must not be a node.
+    """
+    if 0 <= t < points:
+        raise ValidityError(f"the challenge point {t} is a node")
+    n = points - 1
+    fact = [1] * (points)
+    for i in range(1, points):
+        fact[i] = fact[i - 1] * i % P
+    whole = 1
+    for j in range(points):
+        whole = whole * (t - j) % P
+    out = np.empty(points, dtype=np.uint64)
+    for i in range(points):
+        denom = (t - i) * fact[i] * fact[n - i] % P
+        sign = -1 if (n - i) % 2 else 1
+        out[i] = sign * whole * _inv(denom) % P
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _extension(n: int) -> U64:
+    """(n, n + 1): row k gives f(n + 1 + k) from f(0..n) (Lagrange over nodes 0..n)."""
+    return np.stack([lagrange_at(n + 1 + k, n + 1) for k in range(n)])
+
+
+# -- the relation ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class VoteRelation:
+    """What a valid vote of one party is, per query.
+
+    ``width`` counts (classes, or labels), each written with ``nbits`` bits; the party
+    has ``teachers`` teachers. ``complement``: multi-label (counts bounded by the
+    teachers, no sum); otherwise one vote per teacher (the counts total the teachers).
+    """
+
+    width: int
+    teachers: int
+    complement: bool = False
+
+    def __post_init__(self) -> None:
+        if self.width < 1 or self.teachers < 1:
+            raise ValidityError("a vote relation needs width >= 1 and teachers >= 1")
+        if self.elements > MAX_ELEMENTS:
+            raise ValidityError(
+                f"a proof over {self.elements} elements per query exceeds {MAX_ELEMENTS}: "
+                "too many classes or teachers for vote validity proofs"
+            )
+
+    @property
+    def nbits(self) -> int:
+        return max(1, self.teachers.bit_length())
+
+    @property
+    def elements(self) -> int:
+        """n: bits shared per query."""
+        return self.width * self.nbits * (2 if self.complement else 1)
+
+    @property
+    def proof_elements(self) -> int:
+        """Proof length per query: rho, q(0), q(n+1..2n)."""
+        return self.elements + 2
+
+    @property
+    def constraints(self) -> int:
+        """Linear constraints per query."""
+        return self.width if self.complement else 1
+
+    def encode(self, counts: ArrayLike, participation: ArrayLike | None = None) -> U64:
+        """Counts (B, width) integers in [0, teachers] -> bits (B, elements) in {0, 1}.
+
+        Raises ValidityError if the counts are not a valid vote (what an honest party
+        never produces)."""
+        c = np.asarray(counts)
+        if c.ndim != 2 or c.shape[1] != self.width or not np.issubdtype(c.dtype, np.integer):
+            raise ValidityError(f"counts must be integers of shape (B, {self.width})")
+        c = c.astype(np.int64)
+        cap = np.full(c.shape[0], self.teachers, dtype=np.int64)
+        if participation is not None:
+            cap = cap * np.asarray(participation, dtype=np.int64)
+        if (c < 0).any() or (c > cap[:, None]).any():
+            raise ValidityError(f"counts must lie in [0, {self.teachers}] (0 where sitting out)")
+        if not self.complement and (c.sum(axis=1) != cap).any():
+            raise ValidityError(f"each query's counts must total the {self.teachers} teachers")
+        cols = [c] if not self.complement else [c, cap[:, None] - c]
+        shifts = np.arange(self.nbits, dtype=np.int64)
+        bits = [((v[:, :, None] >> shifts) & 1).reshape(len(c), -1) for v in cols]
+        return np.concatenate(bits, axis=1).astype(np.uint64)
+
+    def counts(self, bit_shares: ArrayLike) -> U64:
+        """Shares of the counts from shares of the bits: (B, elements) -> (B, width), in F_p."""
+        x = np.asarray(bit_shares, dtype=np.uint64)
+        b = x.shape[0]
+        c = x[:, : self.width * self.nbits].reshape(b, self.width, self.nbits)
+        powers = np.array([1 << i for i in range(self.nbits)], dtype=np.uint64)
+        return np.stack([dot(powers, c[:, j, :]) for j in range(self.width)], axis=1)
+
+    def linear(self, bit_shares: ArrayLike, constant: ArrayLike | None) -> U64:
+        """Shares of the linear constraints (B, constraints): zero for a valid vote once
+        the guardian subtracts ``constant`` (B,) = teachers x participation."""
+        x = np.asarray(bit_shares, dtype=np.uint64)
+        c = self.counts(x)
+        if self.complement:
+            d = self.counts(x[:, self.width * self.nbits :])
+            lin = add(c, d)
+        else:
+            lin = np.zeros(len(x), dtype=np.uint64)
+            for j in range(self.width):
+                lin = add(lin, c[:, j])
+            lin = lin[:, None]
+        if constant is not None:
+            lin = sub(lin, np.asarray(constant, dtype=np.uint64).reshape(-1, 1))
+        return lin
+
+
+def prove(relation: VoteRelation, bits: ArrayLike) -> U64:
+    """The proofs (B, proof_elements) for bits (B, elements), each query its own blinding."""
+    x = np.asarray(bits, dtype=np.uint64)
+    n = relation.elements
+    if x.ndim != 2 or x.shape[1] != n:
+        raise ValidityError(f"bits must have shape (B, {n})")
+    b = len(x)
+    rho = expand(os.urandom(16), b, b"capc-blinding")
+    wires = np.concatenate([rho[:, None], x], axis=1)  # f(0..n)
+    ext = _extension(n)  # (n, n+1)
+    f_hi = np.stack([dot(ext[k], wires) for k in range(n)], axis=1)  # f(n+1..2n)
+    q0 = sub(mul(rho, rho), rho)
+    q_hi = sub(mul(f_hi, f_hi), f_hi)
+    return np.concatenate([rho[:, None], q0[:, None], q_hi], axis=1)
+
+
+# -- the parties' shares ---------------------------------------------------------------
+def student_shares(seed: bytes, relation: VoteRelation, batch: int) -> tuple[U64, U64]:
+    """The student's shares (bits (B, n), proof (B, n + 2)) expanded from a party's seed."""
+    n, m = relation.elements, relation.proof_elements
+    flat = expand(seed, batch * (n + m), b"capc-validity")
+    both = flat.reshape(batch, n + m)
+    return both[:, :n], both[:, n:]
+
+
+def share(relation: VoteRelation, bits: ArrayLike, seed: bytes) -> tuple[U64, U64]:
+    """A party's guardian shares (bits, proof) for ``bits`` (B, n), the student's from ``seed``."""
+    x = np.asarray(bits, dtype=np.uint64)
+    proof = prove(relation, x)
+    xs, ps = student_shares(seed, relation, len(x))
+    return sub(x, xs), sub(proof, ps)
+
+
+# -- verification --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Challenge:
+    """The round's joint randomness, drawn by the guardian after every share arrived.
+
+    ``point``: where the polynomials are opened (not a node); ``seed``: 16 bytes that
+    expand to the random linear combination's coefficients."""
+
+    point: int
+    seed: bytes
+
+    @staticmethod
+    def draw(random_bytes: bytes) -> Challenge:
+        """From 24 secure random bytes: 8 for the point, 16 for the coefficients."""
+        if len(random_bytes) != 24:
+            raise ValidityError("a challenge is drawn from 24 random bytes")
+        # Nodes are small integers: a point below 2^20 is refused by lifting it above.
+        t = int.from_bytes(random_bytes[:8], "little") % P
+        return Challenge(max(t, 1 << 20), random_bytes[8:])
+
+    def to_bytes(self) -> bytes:
+        return self.point.to_bytes(8, "little") + self.seed
+
+    @staticmethod
+    def from_bytes(data: bytes) -> Challenge:
+        if len(data) != 24:
+            raise ValidityError("a challenge is 24 bytes: the point and a 16-byte seed")
+        t = int.from_bytes(data[:8], "little")
+        if not (1 << 20) <= t < P:
+            raise ValidityError("the challenge point is out of range")
+        return Challenge(t, data[8:])
+
+    def coefficients(
+        self, relation: VoteRelation, batch: int, parties: list[str]
+    ) -> tuple[U64, U64]:
+        """(r (P, B), r' (P, B x constraints)): each party's coefficients, from the seed and
+        its name, so no party's check can be combined into another's."""
+        rows = []
+        for party in parties:  # one expansion per party, vectorised within it
+            label = hashlib.sha256(party.encode()).digest()[:16]
+            seed = bytes(a ^ b for a, b in zip(self.seed, label, strict=True))
+            rows.append(expand(seed, batch * (1 + relation.constraints), b"capc-coeffs"))
+        flat = np.stack(rows) if rows else np.zeros((0, 0), dtype=np.uint64)
+        return flat[:, :batch], flat[:, batch:]
+
+
+@dataclass(frozen=True)
+class VerifierShare:
+    """One verifier's messages about parties: f(t) per party and query (P, B) and one
+    random combination per party (P,)."""
+
+    wire: U64
+    combined: U64
+
+
+@functools.lru_cache(maxsize=64)
+def _lagrange(t: int, points: int) -> U64:
+    return lagrange_at(t, points)
+
+
+def verifier_share(
+    relation: VoteRelation,
+    challenge: Challenge,
+    parties: list[str],
+    bits: ArrayLike,
+    proof: ArrayLike,
+    constant: ArrayLike | None = None,
+) -> VerifierShare:
+    """A verifier's shares of the checks of ``parties`` (P names) from its shares of their
+    ``bits`` (P, B, n) and ``proof`` (P, B, n + 2), all parties at once. ``constant``
+    (P, B): teachers x participation; the guardian passes it, the student None."""
+    x = np.asarray(bits, dtype=np.uint64)
+    pr = np.asarray(proof, dtype=np.uint64)
+    n = relation.elements
+    if x.ndim != 3 or x.shape[0] != len(parties) or x.shape[2] != n:
+        raise ValidityError(f"bit shares must have shape ({len(parties)}, B, {n})")
+    if pr.shape != (*x.shape[:2], n + 2):
+        raise ValidityError(f"proof shares must have shape ({len(parties)}, B, {n + 2})")
+    npart, b = x.shape[:2]
+    t = challenge.point
+    flat_x = x.reshape(npart * b, n)
+    flat_p = pr.reshape(npart * b, n + 2)
+    wire = dot(_lagrange(t, n + 1), np.concatenate([flat_p[:, :1], flat_x], axis=1))
+    lam = _lagrange(t, 2 * n + 1)
+    q_t = add(mul(flat_p[:, 1], lam[0]), dot(lam[n + 1 :], flat_p[:, 2:]))
+    const = None if constant is None else np.asarray(constant, dtype=np.uint64).reshape(-1)
+    lin = relation.linear(flat_x, const).reshape(npart, b * relation.constraints)
+    r, r2 = challenge.coefficients(relation, b, parties)
+    terms = mul(r, q_t.reshape(npart, b))
+    combined = add(_row_sums(terms), _row_sums(mul(r2, lin)))
+    return VerifierShare(wire.reshape(npart, b), combined)
+
+
+def _row_sums(a: U64) -> U64:
+    """sum mod p along the last axis: (P, N) -> (P,), reduced pairwise."""
+    x = a
+    while x.shape[-1] > 1:
+        if x.shape[-1] % 2:
+            x = np.concatenate([x, np.zeros((*x.shape[:-1], 1), dtype=np.uint64)], axis=-1)
+        x = add(x[..., 0::2], x[..., 1::2])
+    return x[..., 0] if x.shape[-1] else np.zeros(x.shape[:-1], dtype=np.uint64)
+
+
+def accept(
+    relation: VoteRelation,
+    challenge: Challenge,
+    parties: list[str],
+    guardian: VerifierShare,
+    student: VerifierShare,
+) -> NDArray[np.bool_]:
+    """The guardian's decision from both verifiers' shares: (P,) True where valid."""
+    sw = np.asarray(student.wire, dtype=np.uint64)
+    sc = np.asarray(student.combined, dtype=np.uint64)
+    if sw.shape != guardian.wire.shape or sc.shape != guardian.combined.shape:
+        return np.zeros(len(parties), dtype=bool)
+    malformed = (sw >= _P).any(axis=1) | (sc >= _P)
+    f = add(guardian.wire, np.where(sw >= _P, np.uint64(0), sw))
+    r, _ = challenge.coefficients(relation, f.shape[1], parties)
+    square = _row_sums(mul(r, sub(mul(f, f), f)))
+    total = sub(add(guardian.combined, np.where(sc >= _P, np.uint64(0), sc)), square)
+    return np.asarray((total == 0) & ~malformed, dtype=bool)
+
+
+# -- the link to the circuit's ring ------------------------------------------------------
+def vote_shares(relation: VoteRelation, bit_shares: ArrayLike, weight: int) -> U64:
+    """Shares of a party's votes (B, width) in F_p: its weight (on the shares' grid,
+    an integer) times its counts."""
+    if not 0 <= weight < P:
+        raise ValidityError("a vote weight on the grid must lie in [0, p)")
+    return mul(relation.counts(bit_shares), np.uint64(weight))
+
+
+def ring_shares(field_sum: ArrayLike, student: bool) -> U64:
+    """A verifier's sum of vote shares in F_p -> its share in Z_2^64: the guardian's as is,
+    the student's minus p (see the module docstring for the statistical error)."""
+    s = np.asarray(field_sum, dtype=np.uint64)
+    return s - _P if student else s.copy()
+
+
+def bytes_per_query(relation: VoteRelation, parties: int) -> float:
+    """Bytes a round sends per query for the proofs: each party's guardian proof share and
+    the student's f(t) share per party (8 bytes an element); the bits replace the vote share."""
+    extra_bits = relation.elements - relation.width
+    return float(parties * 8 * (relation.proof_elements + extra_bits + 1))
+
+
+__all__ = [
+    "Challenge",
+    "P",
+    "ValidityError",
+    "VerifierShare",
+    "VoteRelation",
+    "accept",
+    "prove",
+    "ring_shares",
+    "share",
+    "student_shares",
+    "verifier_share",
+    "vote_shares",
+]

@@ -1,0 +1,131 @@
+"""Vote validity proofs: honest votes pass, every kind of invalid vote is caught, and the
+proven shares reconstruct the counts in the circuit's ring."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from capc.mpc import validity as vp
+
+
+def counts_of(preds: np.ndarray, width: int) -> np.ndarray:
+    return np.stack([(preds == j).sum(axis=1) for j in range(width)], axis=1)
+
+
+def check(rel: vp.VoteRelation, bits: list[np.ndarray], constant: np.ndarray) -> np.ndarray:
+    """Share, prove and verify every party's bits; the guardian's accept mask."""
+    names = [f"hospital-{i}" for i in range(len(bits))]
+    batch = bits[0].shape[0]
+    g_x, g_p, s_x, s_p = [], [], [], []
+    for b in bits:
+        seed = os.urandom(16)
+        xg, pg = vp.share(rel, b, seed)
+        xs, ps = vp.student_shares(seed, rel, batch)
+        g_x.append(xg)
+        g_p.append(pg)
+        s_x.append(xs)
+        s_p.append(ps)
+    ch = vp.Challenge.draw(os.urandom(24))
+    g = vp.verifier_share(rel, ch, names, np.stack(g_x), np.stack(g_p), constant)
+    s = vp.verifier_share(rel, ch, names, np.stack(s_x), np.stack(s_p))
+    return vp.accept(rel, ch, names, g, s)
+
+
+def test_field_multiplication_is_exact() -> None:
+    rng = np.random.default_rng(1)
+    a = rng.integers(0, vp.P, 2000, dtype=np.uint64)
+    b = rng.integers(0, vp.P, 2000, dtype=np.uint64)
+    a[:2] = vp.P - 1
+    b[:2] = vp.P - 1
+    want = [int(x) * int(y) % vp.P for x, y in zip(a, b, strict=True)]
+    assert vp.mul(a, b).tolist() == want
+
+
+@pytest.mark.parametrize("teachers", [1, 3])
+def test_honest_ensembles_pass_and_deviations_are_caught(teachers: int) -> None:
+    rng = np.random.default_rng(teachers)
+    rel = vp.VoteRelation(10, teachers)
+    batch = 64
+    honest = [rel.encode(counts_of(rng.integers(0, 10, (batch, teachers)), 10)) for _ in range(3)]
+    stuffed = np.zeros((batch, rel.elements), dtype=np.uint64)
+    stuffed[:, 7 * rel.nbits] = 400  # "400 votes for class 7": not a bit
+    short = honest[0].copy()
+    short[5] = 0  # a query with no vote at all: the counts do not total the teachers
+    double = honest[1].copy()
+    double[9, 3 * rel.nbits] = 1  # one teacher votes twice
+    double[9, 4 * rel.nbits] = 1
+    constant = np.full((6, batch), teachers, dtype=np.uint64)
+    ok = check(rel, [*honest, stuffed, short, double], constant)
+    assert ok.tolist() == [True, True, True, False, False, False]
+
+
+def test_a_party_sitting_out_must_vote_zero() -> None:
+    rel = vp.VoteRelation(4, 1)
+    participation = np.array([1, 0, 1, 0])
+    counts = np.zeros((4, 4), dtype=np.int64)
+    counts[[0, 2], [1, 3]] = 1
+    good = rel.encode(counts, participation)
+    sneaky = rel.encode(np.eye(4, dtype=np.int64))  # votes where it sits out
+    ok = check(rel, [good, sneaky], np.stack([participation, participation]).astype(np.uint64))
+    assert ok.tolist() == [True, False]
+
+
+def test_multilabel_counts_are_bounded_by_the_teachers() -> None:
+    rel = vp.VoteRelation(5, 2, complement=True)
+    rng = np.random.default_rng(4)
+    counts = rng.integers(0, 2, (32, 2, 5)).sum(axis=1)
+    good = rel.encode(counts)
+    over = good.copy()
+    over[0, : rel.nbits] = 1  # count 3 > 2 teachers, complement bits unchanged
+    ok = check(rel, [good, over], np.full((2, 32), 2, dtype=np.uint64))
+    assert ok.tolist() == [True, False]
+
+
+def test_a_forged_student_message_fails_the_check() -> None:
+    rel = vp.VoteRelation(3, 1)
+    bits = rel.encode(np.eye(3, dtype=np.int64)[[0, 1, 2, 0]])
+    seed = os.urandom(16)
+    xg, pg = vp.share(rel, bits, seed)
+    xs, ps = vp.student_shares(seed, rel, 4)
+    ch = vp.Challenge.from_bytes(vp.Challenge.draw(os.urandom(24)).to_bytes())
+    g = vp.verifier_share(rel, ch, ["h"], xg[None], pg[None], np.ones((1, 4), dtype=np.uint64))
+    s = vp.verifier_share(rel, ch, ["h"], xs[None], ps[None])
+    assert vp.accept(rel, ch, ["h"], g, s).all()
+    forged = vp.VerifierShare(s.wire, vp.add(s.combined, 1))
+    assert not vp.accept(rel, ch, ["h"], g, forged).any()
+    # A check computed for another party's name does not carry over.
+    assert not vp.accept(rel, ch, ["other"], g, s).any()
+
+
+def test_proven_shares_reconstruct_the_histogram_in_the_ring() -> None:
+    rng = np.random.default_rng(7)
+    rel = vp.VoteRelation(6, 2)
+    batch, parties, weight = 128, 5, 3
+    guardian = np.zeros((batch, 6), dtype=np.uint64)
+    student = np.zeros((batch, 6), dtype=np.uint64)
+    hist = np.zeros((batch, 6), dtype=np.int64)
+    for _ in range(parties):
+        counts = counts_of(rng.integers(0, 6, (batch, 2)), 6)
+        hist += weight * counts
+        seed = os.urandom(16)
+        xg, _ = vp.share(rel, rel.encode(counts), seed)
+        xs, _ = vp.student_shares(seed, rel, batch)
+        guardian = vp.add(guardian, vp.vote_shares(rel, xg, weight))
+        student = vp.add(student, vp.vote_shares(rel, xs, weight))
+    ring = vp.ring_shares(guardian, student=False) + vp.ring_shares(student, student=True)
+    np.testing.assert_array_equal(ring.view(np.int64), hist)
+
+
+def test_invalid_encodings_are_refused() -> None:
+    rel = vp.VoteRelation(3, 2)
+    with pytest.raises(vp.ValidityError, match="total"):
+        rel.encode(np.array([[1, 0, 0]]))
+    with pytest.raises(vp.ValidityError, match="lie in"):
+        rel.encode(np.array([[3, -1, 0]]))
+    with pytest.raises(vp.ValidityError, match="exceeds"):
+        vp.VoteRelation(4096, 1)
+    with pytest.raises(vp.ValidityError, match="24 bytes"):
+        vp.Challenge.from_bytes(b"short")
