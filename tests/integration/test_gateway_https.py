@@ -52,6 +52,10 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[uvicorn.Config]:
     """uvicorn configurations the gateway would have served (nothing is served)."""
     configs: list[uvicorn.Config] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, *a, **k: configs.append(self.config))
+    # uvicorn's logging set-up shuts down every handler in this process; absl's (imported
+    # by the dp-accounting cross-checks) then closes the stream it was made with, which
+    # is pytest's capture file here, not a terminal.
+    monkeypatch.setattr(uvicorn.Config, "configure_logging", lambda self: None)
     return configs
 
 
