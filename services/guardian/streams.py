@@ -139,6 +139,9 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     async def ListParties(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.ListParties, request, context)
 
+    async def CheckVotes(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.CheckVotes, request, context)
+
     async def ListLedger(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.ListLedger, request, context)
 
