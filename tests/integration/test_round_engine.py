@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from capc.mpc.votes import one_hot_votes, share_votes
+from capc.mpc.validity import VoteRelation
+from capc.mpc.votes import one_hot_votes, share_proven_votes
+from services.common import serde
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
 from services.common.protocol import RequestError
@@ -53,17 +55,14 @@ def request(batch: int = 4) -> guardian_pb2.OpenRoundRequest:
     )
 
 
-def shares(round_id: int, party: str, batch: int = 4) -> guardian_pb2.Shares:
+def shares(round_id: int, party: str, batch: int = 4, width: int = 3) -> guardian_pb2.Shares:
+    """A one-teacher party's one-hot votes for class 0 with their validity proof."""
     key = X25519PrivateKey.generate().public_key().public_bytes_raw()
-    share, sealed = share_votes(
-        one_hot_votes(np.zeros(batch, dtype=np.int64), 3), key, round_id, party
+    counts = one_hot_votes(np.zeros(batch, dtype=np.int64), width).astype(np.int64)
+    bits, proof, sealed = share_proven_votes(
+        VoteRelation(width, 1), counts, None, key, round_id, party
     )
-    return guardian_pb2.Shares(
-        round_id=round_id,
-        shape=[batch, 3],
-        guardian_share=share.astype("<u8").tobytes(),
-        sealed_seed=sealed,
-    )
+    return serde.shares_to_proto(round_id, bits, sealed_seed=sealed, proof=proof)
 
 
 def test_duplicates_strangers_and_bad_shapes_are_refused(engine: RoundEngine) -> None:
@@ -180,7 +179,7 @@ def test_personalized_rounds_send_each_party_its_weight_or_mask_and_reserve_its_
         }
         assert masks["c"].all() and 0 < masks["a"].sum() < 48
     # A powerset task takes votes over the 2**k subsets: k-wide shares are refused.
-    bad = shares(rid, "a", batch=64)
+    bad = shares(rid, "a", batch=64, width=4)
     bad.shape[:] = [64, 2]
     with pytest.raises(RoundInputError, match=r"shape \(64, 4\)"):
         engine.receive_shares("a", bad)
