@@ -176,7 +176,7 @@ def vote_check_to_proto(
         round_id=round_id,
         parties=parties,
         wire=share_to_bytes(np.ascontiguousarray(check.wire, dtype=np.uint64)),
-        combined=share_to_bytes(np.ascontiguousarray(check.combined, dtype=np.uint64)),
+        combined=share_to_bytes(np.ascontiguousarray(check.combined, dtype=np.uint64)[None]),
     )
 
 
