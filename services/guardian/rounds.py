@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -568,8 +569,9 @@ class RoundEngine:
         rnd.used = used
         challenge = b""
         if rnd.relations:
-            # Drawn now that every share is in, so no party could adapt its proof to it.
-            rnd.challenge = validity.Challenge.draw(self._rng.random_bytes(24))
+            # Drawn now that every share is in, so no party could adapt its proof to it;
+            # from the OS, not the noise source, so a seeded noise stream replays unchanged.
+            rnd.challenge = validity.Challenge.draw(secrets.token_bytes(24))
             challenge = rnd.challenge.to_bytes()
         else:
             total = np.zeros((batch, task.vote_width), dtype=np.uint64)
