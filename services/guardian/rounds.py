@@ -774,13 +774,18 @@ class RoundEngine:
         session.setup()
         ready = self._ready_queue(querier, session_id)
         done = 0
+        farewell: str | None = None
         idle_since = time.monotonic()
         try:
             while True:
                 try:
                     round_id = ready.get(timeout=0.25)
                 except queue.Empty:
-                    if ended() or time.monotonic() - idle_since > idle_timeout:
+                    if ended():
+                        # Rounds awaiting their vote check end with the student's reason.
+                        farewell = session.parting_words()
+                        return done
+                    if time.monotonic() - idle_since > idle_timeout:
                         return done
                     continue
                 self._compute(session, round_id)
@@ -790,12 +795,26 @@ class RoundEngine:
             session.abort(str(err))
             raise
         finally:
-            self._end_session(querier, session_id)
+            self._end_session(querier, session_id, farewell)
 
-    def _end_session(self, querier: str, session_id: bytes) -> None:
-        """The 2PC session ended: rounds still waiting for it can never run, so abort them now."""
+    def _end_session(self, querier: str, session_id: bytes, farewell: str | None = None) -> None:
+        """The 2PC session ended: rounds still waiting for it can never run, so abort them
+        now; ``farewell``: the reason the student gave, if it aborted the session."""
         with self._lock:
             ready = self._ready.pop((querier, session_id), None)
+            unchecked = [
+                r
+                for r in self._rounds.values()
+                if (r.querier, r.session_id) == (querier, session_id)
+                and r.challenge is not None
+                and not r.checked
+            ]
+            for r in unchecked:
+                self._rounds.pop(r.round_id, None)
+        for r in unchecked:
+            why = farewell or "the student's 2PC session ended"
+            self._settle(r, f"{why}, before the round's vote check")
+            self._notify(r)
         while ready is not None:
             try:
                 round_id = ready.get_nowait()
