@@ -124,11 +124,10 @@ def verify_and_sum(
     )
     s = vp.verifier_share(rel, challenge, names, shares["s_bits"], shares["s_proof"])
     ok = vp.accept(rel, challenge, names, g, s)
-    g_sum = np.zeros((batch, classes), dtype=np.uint64)
-    s_sum = np.zeros((batch, classes), dtype=np.uint64)
-    for p in np.flatnonzero(ok):
-        g_sum = vp.add(g_sum, vp.vote_shares(rel, shares["g_bits"][p], 1))
-        s_sum = vp.add(s_sum, vp.vote_shares(rel, shares["s_bits"][p], 1))
+    valid = np.flatnonzero(ok)
+    weights = np.ones(valid.size, dtype=np.uint64)
+    g_sum = vp.histogram_shares(rel, shares["g_bits"][valid], weights)
+    s_sum = vp.histogram_shares(rel, shares["s_bits"][valid], weights)
     sent = s.wire.nbytes + s.combined.nbytes
     return (
         vp.ring_shares(g_sum, student=False),
