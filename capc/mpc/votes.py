@@ -113,9 +113,16 @@ def proven_vote_sum(
     """One verifier's share in Z_2^64 of the histogram (B, width) of the parties in
     ``relations`` (the valid votes): the sum in F_p of each party's counts times its
     weight on the shares' grid, converted with :func:`capc.mpc.validity.ring_shares`."""
-    total: U64 | None = None
+    groups: dict[validity.VoteRelation, list[str]] = {}
     for party in sorted(relations):
-        v = validity.vote_shares(relations[party], bit_shares[party], weights[party])
+        groups.setdefault(relations[party], []).append(party)
+    total: U64 | None = None
+    for relation, parties in groups.items():  # parties of one relation summed at once
+        v = validity.histogram_shares(
+            relation,
+            np.stack([np.asarray(bit_shares[p], dtype=np.uint64) for p in parties]),
+            np.array([weights[p] for p in parties], dtype=np.uint64),
+        )
         total = v if total is None else validity.add(total, v)
     if total is None:
         raise ValueError("a histogram needs at least one valid vote")
