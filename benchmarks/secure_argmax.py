@@ -36,6 +36,7 @@ import time
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from capc.mpc import ot
 from capc.mpc import validity as vp
@@ -147,6 +148,9 @@ def main() -> None:
     args = ap.parse_args()
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        # BLAS started its threads for every core at import: on one core they only contend
+        # (the validity proofs' exact float64 products).
+        threadpool_limits(1)
 
     rng = np.random.default_rng(2026)
     secure = SecureRandom()
