@@ -568,7 +568,7 @@ class RoundEngine:
             )
         rnd.used = used
         challenge = b""
-        if rnd.relations:
+        if any(p in rnd.relations for p in used):
             # Drawn now that every share is in, so no party could adapt its proof to it;
             # from the OS, not the noise source, so a seeded noise stream replays unchanged.
             rnd.challenge = validity.Challenge.draw(secrets.token_bytes(24))
@@ -622,10 +622,13 @@ class RoundEngine:
                     f"round {msg.round_id} has no vote validity proofs to check, or they were "
                     "checked already"
                 )
-            parties = list(rnd.used)
+            # Parties whose statement is too large for a proof sent plain ring shares.
+            parties = [p for p in rnd.used if p in rnd.relations]
+            plain = [p for p in rnd.used if p not in rnd.relations]
             if list(msg.parties) != parties:
                 raise RoundInputError(
-                    f"the vote check must name the round's parties in the reply's order {parties}"
+                    f"the vote check must name the round's proven parties in the reply's "
+                    f"order {parties}"
                 )
             try:
                 student = serde.vote_check_from_proto(msg, rnd.batch)
@@ -638,8 +641,9 @@ class RoundEngine:
         for p in parties:
             if not valid[p]:
                 self._exclude_vote(rnd, p)
-        used = tuple(p for p in parties if valid[p])
-        weights = {p: self.weight_on_grid(rnd, p) for p in used}
+        proven = [p for p in parties if valid[p]]
+        used = tuple(sorted([*proven, *plain]))
+        weights = {p: self.weight_on_grid(rnd, p) for p in proven}
         if len(used) < rnd.task.quorum:
             with contextlib.suppress(RoundStateError):
                 self.ledger.abort(
@@ -655,9 +659,14 @@ class RoundEngine:
                 f"(quorum {rnd.task.quorum}); invalid: {sorted(rnd.invalid)}; nothing was charged"
             )
         rnd.used = used
-        rnd.guardian_sum = proven_vote_sum(
-            {p: rnd.relations[p] for p in used}, rnd.shares, weights, student=False
-        )
+        total = np.zeros((rnd.batch, rnd.task.vote_width), dtype=np.uint64)
+        if proven:
+            total += proven_vote_sum(
+                {p: rnd.relations[p] for p in proven}, rnd.shares, weights, student=False
+            )
+        for p in plain:
+            total += rnd.shares[p]
+        rnd.guardian_sum = total
         rnd.shares.clear()
         rnd.proofs.clear()
         self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)

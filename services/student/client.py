@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from capc.data.generators import FloatImages, Recipe
-from capc.mpc import validity
+from capc.mpc import ring, validity
 from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import (
     PartyInputError,
@@ -245,29 +245,32 @@ class StudentClient:
             raise RuntimeError("the guardian's seeds do not match the parties it reports")
         seeds = open_seeds(self.key, sealed, reply.round_id)
         challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
-        parties = list(reply.included)
         relations, bits, proofs = {}, {}, {}
-        for p in parties:
+        plain = []  # parties whose statement is too large for a proof: plain ring shares
+        for p in reply.included:
             relation = task.mechanism.vote_relation(reply.teachers.get(p, 1))
             if relation is None:
-                raise RuntimeError(
-                    f"the guardian asks for validity proofs of {task.mechanism.name} votes of "
-                    f"{p}, which has no proof statement here: task configurations disagree"
-                )
+                plain.append(p)
+                continue
             relations[p] = relation
             bits[p], proofs[p] = validity.student_shares(seeds[p], relation, batch)
+        parties = [p for p in reply.included if p in relations]
         mine = verifier_shares(relations, challenge, parties, bits, proofs)
         check: guardian_pb2.VoteCheckReply = self._stub.CheckVotes(
             serde.vote_check_to_proto(self.header, reply.round_id, parties, mine),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
         )
-        valid = list(check.included)
-        if not set(valid) <= set(parties) or set(check.vote_weights) != set(valid):
+        valid = [p for p in check.included if p in relations]
+        if not set(check.included) <= set(reply.included) or set(check.vote_weights) != set(valid):
             raise RuntimeError("the guardian's vote check names parties the round did not have")
-        total = proven_vote_sum(
-            {p: relations[p] for p in valid}, bits, dict(check.vote_weights), student=True
-        )
+        total = np.zeros((batch, task.vote_width), dtype=np.uint64)
+        if valid:
+            total += proven_vote_sum(
+                {p: relations[p] for p in valid}, bits, dict(check.vote_weights), student=True
+            )
+        for p in plain:
+            total += ring.expand_seed(seeds[p], (batch, task.vote_width))
         return check, total
 
     def label(
