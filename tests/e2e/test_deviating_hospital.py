@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
 from services.testbed.light import TASK, light_consortium, queries, wait_until
 from tests.e2e.light import DeviatingParty, ballot_stuffing
@@ -79,3 +80,17 @@ def test_a_stuffed_ballot_is_left_out_named_and_not_paid_for_by_the_others(
             student.close()
         assert not again.invalid and sorted(again.parties) == honest
         np.testing.assert_array_equal(again.labels, -1)
+        # Each honest hospital's own ledger charged itself what the guardian charged it.
+        own = {
+            n: Ledger(str(tmp_path / f"{n}-ledger.db"), delta=None, migrate=False) for n in honest
+        }
+        wait_until(
+            lambda: not ledger.open_rounds() and not any(o.open_rounds() for o in own.values()),
+            30,
+            "both ledgers to settle",
+        )
+        for name, mine in own.items():
+            np.testing.assert_allclose(
+                mine.spent_loss(name), ledger.spent_loss(name), rtol=1e-9, atol=0, err_msg=name
+            )
+            mine.close()
