@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
-from services.common import tls
+from services.common import protocol, tls
 from services.common.ledger import (
     Ledger,
     LedgerError,
@@ -209,11 +209,9 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 grpc.StatusCode.UNAUTHENTICATED,
                 "without TLS the caller must send its name in 'capc-student'",
             )
-        sid = meta.get("capc-session-id")
-        try:
-            session_id = bytes.fromhex(sid) if isinstance(sid, str) else b""
-        except ValueError:
-            session_id = b""
+        session_id = protocol.session_id(tuple(context.invocation_metadata() or ()))
+        if not session_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, protocol.NO_SESSION)
         try:
             return self.engine.check_votes(querier, session_id, request)
         except (RoundInputError, RequestError) as err:
