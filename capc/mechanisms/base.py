@@ -30,6 +30,7 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel, round_noise
+from capc.mpc.validity import ValidityError, VoteRelation
 from capc.privacy import events
 from capc.privacy.randomness import SecureRandom
 
@@ -198,6 +199,20 @@ class Mechanism(ABC):
                 )
             unit = unit * mask[:, None]
         return np.floor(unit * (weight * (1 << frac_bits))).astype(np.uint64)
+
+    def vote_relation(self, teachers: int) -> VoteRelation | None:
+        """What a valid vote of a party with ``teachers`` teachers is, for vote validity
+        proofs (:mod:`capc.mpc.validity`): one vote per teacher over ``vote_width``
+        columns (one-hot; one-hot over label subsets for Powerset), or per-label counts
+        bounded by the teachers (k-hot). None where this mechanism has no proof
+        statement: fractional votes (tau), or a statement over more than
+        MAX_ELEMENTS bits per query; its rounds rely on the circuit's range checks."""
+        if self.fractional_votes:
+            return None
+        try:
+            return VoteRelation(self.vote_width, teachers, complement=self.per_label)
+        except ValidityError:
+            return None
 
     def encode_ensemble_votes(
         self,

@@ -212,6 +212,17 @@ class _Session:
                 f"round {round_id} is not after round {self._state.last_round_id}: replayed round refused"
             )
 
+    def parting_words(self) -> str | None:
+        """Once the peer's stream has ended: the reason it gave if what it sent last was
+        an abort, else None. Call only after the end of its stream (it never waits)."""
+        try:
+            self._link.recv(Kind.ABORT)
+        except PeerAbortedError as err:
+            return str(err)
+        except Exception:
+            return None
+        return None
+
     def abort(self, reason: str) -> None:
         """Stop this session and tell the other party why (best effort)."""
         if self._state.broken is None:

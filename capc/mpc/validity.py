@@ -118,12 +118,64 @@ def mul(a: ArrayLike, b: ArrayLike) -> U64:
 
 
 def dot(coeffs: ArrayLike, values: ArrayLike) -> U64:
-    """sum_i coeffs[i] * values[..., i] mod p: (n,) x (..., n) -> (...)."""
+    """sum_i coeffs[i] * values[..., i] mod p: (n,) x (..., n) -> (...).
+
+    One float64 matrix product, exact: both operands are cut into three limbs of at
+    most 21 bits, so each limb product is below 2^42 and each of the five output
+    columns (one per limb weight 2^(21k)) sums at most 3n of them, below 2^53 for
+    n < 682; the columns are folded back mod p (2^61 = 1) in integers.
+    """
     c = np.asarray(coeffs, dtype=np.uint64)
     v = np.asarray(values, dtype=np.uint64)
-    acc = np.zeros(v.shape[:-1], dtype=np.uint64)
-    for i in range(c.size):  # one vector operation per coefficient, never per element
-        acc = add(acc, mul(v[..., i], c[i]))
+    n = c.size
+    if v.shape[-1] != n:
+        raise ValidityError(f"dot of {n} coefficients with values of shape {v.shape}")
+    if n > _EXACT_TERMS:
+        acc = np.zeros(v.shape[:-1], dtype=np.uint64)
+        for i in range(n):  # one vector operation per coefficient, never per element
+            acc = add(acc, mul(v[..., i], c[i]))
+        return acc
+    lead = v.shape[:-1]
+    vl = _limbs(v.reshape(-1, n)).reshape(-1, 3 * n)  # (N, 3n): column 3i + a
+    cl = _limbs(c)  # (n, 3)
+    weights = np.zeros((n, 3, 5), dtype=np.float64)
+    for a in range(3):
+        for b in range(3):
+            weights[:, a, a + b] = cl[:, b]
+    # (5, N), each row contiguous; exact: every entry is below 2^53.
+    cols = (weights.reshape(3 * n, 5).T @ vl.T).astype(np.uint64)
+    total = cols[0]
+    for k in range(1, 5):
+        total += _times_power_of_two(cols[k], (21 * k) % 61)
+    return _fold(total).reshape(lead)
+
+
+#: Most terms :func:`dot` sums in one exact float64 product.
+_EXACT_TERMS = 600
+_M21 = np.uint64((1 << 21) - 1)
+
+
+def _limbs(x: U64) -> NDArray[np.float64]:
+    """x < 2^61 -> (..., 3) float64 limbs of 21, 21 and 19 bits, lowest first."""
+    return np.stack([x & _M21, (x >> np.uint64(21)) & _M21, x >> np.uint64(42)], axis=-1).astype(
+        np.float64
+    )
+
+
+def _times_power_of_two(x: U64, s: int) -> U64:
+    """x * 2^s mod p, not fully reduced (below 2^61 + 2^53), for x < 2^53 and s < 61."""
+    if s == 0:
+        return x
+    low = (x & np.uint64((1 << (61 - s)) - 1)) << np.uint64(s)
+    return low + (x >> np.uint64(61 - s))
+
+
+def sum_rows(values: ArrayLike) -> U64:
+    """sum mod p over the first axis of reduced values: (P, ...) -> (...)."""
+    v = np.asarray(values, dtype=np.uint64)
+    acc = np.zeros(v.shape[1:], dtype=np.uint64)
+    for start in range(0, v.shape[0], 7):  # seven reduced values and a reduced sum fit 64 bits
+        acc = _fold(acc + v[start : start + 7].sum(axis=0, dtype=np.uint64))
     return acc
 
 
@@ -236,10 +288,11 @@ class VoteRelation:
     def counts(self, bit_shares: ArrayLike) -> U64:
         """Shares of the counts from shares of the bits: (B, elements) -> (B, width), in F_p."""
         x = np.asarray(bit_shares, dtype=np.uint64)
-        b = x.shape[0]
-        c = x[:, : self.width * self.nbits].reshape(b, self.width, self.nbits)
+        if self.nbits == 1:  # one teacher: the bits are the counts
+            return x[..., : self.width].copy()
+        c = x[..., : self.width * self.nbits].reshape(*x.shape[:-1], self.width, self.nbits)
         powers = np.array([1 << i for i in range(self.nbits)], dtype=np.uint64)
-        return np.stack([dot(powers, c[:, j, :]) for j in range(self.width)], axis=1)
+        return dot(powers, c)
 
     def linear(self, bit_shares: ArrayLike, constant: ArrayLike | None) -> U64:
         """Shares of the linear constraints (B, constraints): zero for a valid vote once
@@ -424,6 +477,20 @@ def vote_shares(relation: VoteRelation, bit_shares: ArrayLike, weight: int) -> U
     return mul(relation.counts(bit_shares), np.uint64(weight))
 
 
+def histogram_shares(relation: VoteRelation, bit_shares: ArrayLike, weights: ArrayLike) -> U64:
+    """Shares of the sum of several parties' votes (B, width) in F_p from their bit shares
+    (P, B, n) and weights on the grid (P,): the weighted bits are summed over the parties
+    first (the counts are linear in them), so the counts are taken once."""
+    x = np.asarray(bit_shares, dtype=np.uint64)
+    w = np.asarray(weights, dtype=np.uint64).reshape(-1)
+    if x.ndim != 3 or x.shape[0] != w.size or x.shape[2] != relation.elements:
+        raise ValidityError(f"bit shares must have shape ({w.size}, B, {relation.elements})")
+    if (w >= _P).any():
+        raise ValidityError("a vote weight on the grid must lie in [0, p)")
+    weighted = x if (w == 1).all() else mul(x, w[:, None, None])
+    return relation.counts(sum_rows(weighted))
+
+
 def ring_shares(field_sum: ArrayLike, student: bool) -> U64:
     """A verifier's sum of vote shares in F_p -> its share in Z_2^64: the guardian's as is,
     the student's minus p (see the module docstring for the statistical error)."""
@@ -445,6 +512,7 @@ __all__ = [
     "VerifierShare",
     "VoteRelation",
     "accept",
+    "histogram_shares",
     "prove",
     "ring_shares",
     "share",

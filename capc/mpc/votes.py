@@ -14,7 +14,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
-from capc.mpc import ring
+from capc.mpc import ring, validity
 from capc.mpc.sealing import SealError, open_sealed, seal, seed_context
 
 U64 = NDArray[np.uint64]
@@ -59,6 +59,38 @@ def share_votes(
     return ring.share(v, seed), seal(student_public_key, seed, seed_context(round_id, party))
 
 
+def share_proven_votes(
+    relation: validity.VoteRelation,
+    counts: ArrayLike,
+    participation: ArrayLike | None,
+    student_public_key: bytes,
+    round_id: int,
+    party: str,
+) -> tuple[U64, U64, bytes]:
+    """(guardian bit shares (B, n), guardian proof shares (B, n + 2), sealed seed) of a
+    party's ``counts`` (B, width): how many of its teachers voted for each column, zero
+    where ``participation`` (B,) is False. The student expands its shares of both from
+    the seed (:func:`capc.mpc.validity.student_shares`)."""
+    bits = relation.encode(np.asarray(counts, dtype=np.int64), participation)
+    seed = ring.new_seed()
+    bit_share, proof_share = validity.share(relation, bits, seed)
+    return bit_share, proof_share, seal(student_public_key, seed, seed_context(round_id, party))
+
+
+def open_seeds(
+    key: X25519PrivateKey, sealed: Mapping[str, bytes], round_id: int
+) -> dict[str, bytes]:
+    """Every party's seed for ``round_id``; one that does not open raises
+    :class:`UnopenableSeedError` naming its party."""
+    seeds = {}
+    for party, box in sorted(sealed.items()):
+        try:
+            seeds[party] = open_sealed(key, box, seed_context(round_id, party))
+        except SealError as err:
+            raise UnopenableSeedError(party, round_id, f"its sealed seed: {err}") from None
+    return seeds
+
+
 def student_share_sum(
     key: X25519PrivateKey, sealed: Mapping[str, bytes], round_id: int, shape: tuple[int, ...]
 ) -> U64:
@@ -67,10 +99,79 @@ def student_share_sum(
     A seed that does not open raises :class:`UnopenableSeedError` naming its party.
     """
     total = np.zeros(shape, dtype=np.uint64)
-    for party, box in sorted(sealed.items()):
-        try:
-            seed = open_sealed(key, box, seed_context(round_id, party))
-        except SealError as err:
-            raise UnopenableSeedError(party, round_id, f"its sealed seed: {err}") from None
+    for seed in open_seeds(key, sealed, round_id).values():
         total += ring.expand_seed(seed, shape)
     return total
+
+
+def proven_vote_sum(
+    relations: Mapping[str, validity.VoteRelation],
+    bit_shares: Mapping[str, ArrayLike],
+    weights: Mapping[str, int],
+    student: bool,
+) -> U64:
+    """One verifier's share in Z_2^64 of the histogram (B, width) of the parties in
+    ``relations`` (the valid votes): the sum in F_p of each party's counts times its
+    weight on the shares' grid, converted with :func:`capc.mpc.validity.ring_shares`."""
+    groups: dict[validity.VoteRelation, list[str]] = {}
+    for party in sorted(relations):
+        groups.setdefault(relations[party], []).append(party)
+    total: U64 | None = None
+    for relation, parties in groups.items():  # parties of one relation summed at once
+        v = validity.histogram_shares(
+            relation,
+            np.stack([np.asarray(bit_shares[p], dtype=np.uint64) for p in parties]),
+            np.array([weights[p] for p in parties], dtype=np.uint64),
+        )
+        total = v if total is None else validity.add(total, v)
+    if total is None:
+        raise ValueError("a histogram needs at least one valid vote")
+    return validity.ring_shares(total, student)
+
+
+def verifier_shares(
+    relations: Mapping[str, validity.VoteRelation],
+    challenge: validity.Challenge,
+    parties: list[str],
+    bit_shares: Mapping[str, ArrayLike],
+    proof_shares: Mapping[str, ArrayLike],
+    constants: Mapping[str, ArrayLike] | None = None,
+) -> validity.VerifierShare:
+    """One verifier's shares of the checks of ``parties``, in that order: wire (P, B) and
+    combined (P,). Parties may have different relations (teachers), so each is checked
+    on its own, vectorised over its queries. ``constants``: the guardian's
+    teachers x participation (B,) per party; the student passes None."""
+    wires, combined = [], []
+    for p in parties:
+        one = validity.verifier_share(
+            relations[p],
+            challenge,
+            [p],
+            np.asarray(bit_shares[p], dtype=np.uint64)[None],
+            np.asarray(proof_shares[p], dtype=np.uint64)[None],
+            None if constants is None else np.asarray(constants[p])[None],
+        )
+        wires.append(one.wire)
+        combined.append(one.combined)
+    return validity.VerifierShare(np.concatenate(wires), np.concatenate(combined))
+
+
+def accepted(
+    relations: Mapping[str, validity.VoteRelation],
+    challenge: validity.Challenge,
+    parties: list[str],
+    guardian: validity.VerifierShare,
+    student: validity.VerifierShare,
+) -> dict[str, bool]:
+    """The guardian's decision per party (in ``parties`` order) from both verifiers' shares."""
+    out = {}
+    for i, p in enumerate(parties):
+        ok = validity.accept(
+            relations[p],
+            challenge,
+            [p],
+            validity.VerifierShare(guardian.wire[i : i + 1], guardian.combined[i : i + 1]),
+            validity.VerifierShare(student.wire[i : i + 1], student.combined[i : i + 1]),
+        )
+        out[p] = bool(ok[0])
+    return out

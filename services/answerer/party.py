@@ -32,7 +32,7 @@ import numpy as np
 
 from capc.models import Teacher
 from capc.models.ensemble import Voters
-from capc.mpc.votes import share_votes
+from capc.mpc.votes import share_proven_votes, share_votes
 from services.answerer.budget import OwnBudget, VoteRefusedError
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
@@ -259,14 +259,10 @@ class AnsweringParty:
                 preds = self.voters.predict(x)
             else:
                 raise ValueError("this party answers float32 tensors and recipes")
-            votes = round_votes(work, preds, self.voters.num_classes)
-            share, sealed = share_votes(
-                votes, bytes(work.student_public_key), work.round_id, self.name
-            )
             outgoing.put(
                 guardian_pb2.PartyMessage(
                     header=self._header(task),
-                    shares=serde.shares_to_proto(work.round_id, share, sealed_seed=sealed),
+                    shares=self._shares(work, preds),
                 )
             )
             self.rounds_answered += 1
@@ -278,6 +274,22 @@ class AnsweringParty:
                     failure=guardian_pb2.RoundFailure(round_id=work.round_id, reason=str(err)),
                 )
             )
+
+    def _shares(self, work: guardian_pb2.RoundWork, preds: np.ndarray) -> guardian_pb2.Shares:
+        """The round's shares message: with a validity proof where the mechanism has a
+        proof statement (the counts' bits in F_p), the plain ring shares otherwise."""
+        key, round_id = bytes(work.student_public_key), work.round_id
+        relation = mechanism_from_proto(work.mechanism).vote_relation(len(self.voters))
+        if relation is None:
+            votes = round_votes(work, preds, self.voters.num_classes)
+            share, sealed = share_votes(votes, key, round_id, self.name)
+            return serde.shares_to_proto(round_id, share, sealed_seed=sealed)
+        counts = round_votes(work, preds, self.voters.num_classes, weighted=False)
+        participation = serde.participation_from_bytes(work.participation, len(preds))
+        bits, proof, sealed = share_proven_votes(
+            relation, counts.astype(np.int64), participation, key, round_id, self.name
+        )
+        return serde.shares_to_proto(round_id, bits, sealed_seed=sealed, proof=proof)
 
     def _answer_encrypted(
         self,
@@ -318,16 +330,20 @@ class AnsweringParty:
         self.rounds_answered += 1
 
 
-def round_votes(work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int) -> np.ndarray:
+def round_votes(
+    work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int, weighted: bool = True
+) -> np.ndarray:
     """The votes (B, width) uint64 a round asks for: the sum over this party's teachers of
-    each one's encoded vote. ``predictions``: (B, m) classes or (B, m, k) labels."""
+    each one's encoded vote. ``predictions``: (B, m) classes or (B, m, k) labels.
+    ``weighted=False``: the plain counts (weight 1, no fractional bits) that a validity
+    proof is about; the verifiers apply the weight to their shares."""
     mech = mechanism_from_proto(work.mechanism)
     if mech.outputs != outputs:
         raise ValueError(f"the task has {mech.outputs} outputs, this party's teachers {outputs}")
     participation = serde.participation_from_bytes(work.participation, len(predictions))
     return mech.encode_ensemble_votes(
         predictions,
-        weight=work.vote_weight,
-        frac_bits=work.frac_bits,
+        weight=work.vote_weight if weighted else 1.0,
+        frac_bits=work.frac_bits if weighted else 0,
         participation=participation,
     )

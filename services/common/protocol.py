@@ -24,6 +24,24 @@ def header(task: str = "", config_hash: str = "") -> common_pb2.Header:
     return common_pb2.Header(protocol_version=PROTOCOL_VERSION, task=task, config_hash=config_hash)
 
 
+#: Metadata key naming the student's 2PC session (16 bytes, hex) on its round calls.
+SESSION_KEY = "capc-session-id"
+#: What a student call without a valid session id is told.
+NO_SESSION = (
+    "open a Compute stream first and send its 16-byte hex 'capc-session-id' in the metadata"
+)
+
+
+def session_id(metadata: object) -> bytes:
+    """The 16-byte session id a call's metadata (key/value pairs) names; b"" if none is valid."""
+    sid = dict(metadata or ()).get(SESSION_KEY) if isinstance(metadata, (list, tuple)) else None
+    try:
+        parsed = bytes.fromhex(sid) if isinstance(sid, str) else b""
+    except ValueError:
+        return b""
+    return parsed if len(parsed) == 16 else b""
+
+
 def check_version(h: common_pb2.Header, who: str) -> None:
     if h.protocol_version != PROTOCOL_VERSION:
         raise RequestError(

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from capc.mechanisms import Mechanism, MechanismError, mechanism_class
+from capc.mpc import validity
 from services.common.limits import count_refusal
 from services.common.protocol import RequestError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -101,15 +102,24 @@ def share_to_bytes(share: NDArray[np.uint64]) -> bytes:
 
 
 def shares_to_proto(
-    round_id: int, share: NDArray[np.uint64], *, sealed_seed: bytes = b"", batch_hash: bytes = b""
+    round_id: int,
+    share: NDArray[np.uint64],
+    *,
+    sealed_seed: bytes = b"",
+    batch_hash: bytes = b"",
+    proof: NDArray[np.uint64] | None = None,
 ) -> guardian_pb2.Shares:
-    """A party's shares message: the guardian share with its shape, and the seed or hash."""
+    """A party's shares message: the guardian share with its shape, and the seed or hash;
+    ``proof``: the guardian's share of its vote validity proof (B, n + 2), if any."""
     return guardian_pb2.Shares(
         round_id=round_id,
         shape=list(share.shape),
         guardian_share=share_to_bytes(share),
         sealed_seed=sealed_seed,
         batch_hash=batch_hash,
+        proof=None
+        if proof is None
+        else guardian_pb2.ProofShare(shape=list(proof.shape), share=share_to_bytes(proof)),
     )
 
 
@@ -126,6 +136,59 @@ def shares_from_proto(msg: guardian_pb2.Shares, expected: tuple[int, int]) -> ND
             f"shares for round {msg.round_id} must have shape {expected}, got {tuple(msg.shape)}"
         )
     return share_from_bytes(msg.guardian_share, expected)
+
+
+def proof_from_proto(msg: guardian_pb2.Shares, expected: tuple[int, int]) -> NDArray[np.uint64]:
+    """The guardian's share of a party's validity proof, which must have shape ``expected``
+    and lie in F_p (each value below 2^61 - 1)."""
+    if not msg.HasField("proof") or tuple(msg.proof.shape) != expected:
+        got = tuple(msg.proof.shape) if msg.HasField("proof") else "none"
+        raise RequestError(
+            f"round {msg.round_id} takes vote validity proofs: the proof share must have "
+            f"shape {expected}, got {got}"
+        )
+    _check_length(msg.proof.share, _SHARE, expected, "the proof share")
+    return _field_elements(msg.proof.share, expected, "the proof share")
+
+
+def field_share_from_bytes(data: bytes, shape: tuple[int, ...], what: str) -> NDArray[np.uint64]:
+    """A (shape) array of F_p elements (uint64 little-endian, each below p) in ``data``."""
+    _check_length(data, _SHARE, shape, what)
+    return _field_elements(data, shape, what)
+
+
+def _field_elements(data: bytes, shape: tuple[int, ...], what: str) -> NDArray[np.uint64]:
+    values = np.frombuffer(data, dtype=_SHARE).astype(np.uint64).reshape(shape)
+    if (values >= np.uint64(validity.P)).any():
+        raise RequestError(f"{what} must hold elements of F_p (below 2^61 - 1)")
+    return values
+
+
+def vote_check_to_proto(
+    header: common_pb2.Header,
+    round_id: int,
+    parties: list[str],
+    check: validity.VerifierShare,
+) -> guardian_pb2.VoteCheck:
+    """The student's verifier shares for ``parties``: f(t) (P, B) and combinations (P,)."""
+    return guardian_pb2.VoteCheck(
+        header=header,
+        round_id=round_id,
+        parties=parties,
+        wire=share_to_bytes(np.ascontiguousarray(check.wire, dtype=np.uint64)),
+        combined=share_to_bytes(np.ascontiguousarray(check.combined, dtype=np.uint64)[None]),
+    )
+
+
+def vote_check_from_proto(msg: guardian_pb2.VoteCheck, batch: int) -> validity.VerifierShare:
+    """The student's verifier shares in ``msg``, for len(msg.parties) parties and ``batch``
+    queries; RequestError when their sizes are off (values are checked by ``accept``)."""
+    npart = len(msg.parties)
+    _check_length(msg.wire, _SHARE, (npart, batch), "the wire shares")
+    _check_length(msg.combined, _SHARE, (npart,), "the combined shares")
+    wire = np.frombuffer(msg.wire, dtype=_SHARE).astype(np.uint64).reshape(npart, batch)
+    combined = np.frombuffer(msg.combined, dtype=_SHARE).astype(np.uint64)
+    return validity.VerifierShare(wire, combined)
 
 
 # -- participation masks ------------------------------------------------------------

@@ -24,7 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
-from services.common import tls
+from services.common import protocol, tls
 from services.common.ledger import (
     Ledger,
     LedgerError,
@@ -43,6 +43,8 @@ from services.common.task import TaskConfig, TaskError
 from services.guardian import budgets
 from services.guardian.rounds import (
     RoundEngine,
+    RoundInputError,
+    RoundRefusedError,
 )
 from services.guardian.streams import AsyncGuardianHub
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
@@ -54,6 +56,7 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/Connect": ("answerer",),
     f"/{SERVICE}/OpenRound": ("student",),
     f"/{SERVICE}/Compute": ("student",),
+    f"/{SERVICE}/CheckVotes": ("student",),
     f"/{SERVICE}/Relay": ("student",),
     f"/{SERVICE}/ListParties": ("gateway", "guardian"),
     f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
@@ -190,6 +193,31 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 fit = int(self.ledger.queries_fit(unit, caps[name], name) / rate)
             out[name] = (weight, rate, fit)
         return out
+
+    def CheckVotes(
+        self, request: guardian_pb2.VoteCheck, context: grpc.ServicerContext
+    ) -> guardian_pb2.VoteCheckReply:
+        """The student's verifier shares of a round's vote validity proofs: the guardian
+        leaves invalid votes out and queues the round's 2PC (RoundEngine.check_votes)."""
+        check_header(request.header, context)
+        who = tls.peer_identity(context)
+        meta = dict(context.invocation_metadata() or ())
+        # --insecure-dev only: without a certificate the student names itself.
+        querier = who.name if who is not None else str(meta.get("capc-student") or "")
+        if not querier:
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "without TLS the caller must send its name in 'capc-student'",
+            )
+        session_id = protocol.session_id(tuple(context.invocation_metadata() or ()))
+        if not session_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, protocol.NO_SESSION)
+        try:
+            return self.engine.check_votes(querier, session_id, request)
+        except (RoundInputError, RequestError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except (RoundRefusedError, LedgerError) as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
 
     def ListLedger(
         self, request: guardian_pb2.ListLedgerRequest, context: grpc.ServicerContext

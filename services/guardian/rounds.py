@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,9 +48,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.mpc import validity
 from capc.mpc.channel import Channel
 from capc.mpc.mechanism_circuits import HistogramViolationError, violations
 from capc.mpc.session import GarblerSession
+from capc.mpc.votes import accepted, proven_vote_sum, verifier_shares
 from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
@@ -161,6 +164,13 @@ class _Round:
     released: bool = False
     # Teachers of each included party, as registered when the round opened.
     teachers: dict[str, int] = field(default_factory=dict)
+    # Vote validity proofs: each party's statement, its proof shares (bit shares are in
+    # ``shares``), the challenge drawn once every share arrived, and the votes left out.
+    relations: dict[str, validity.VoteRelation] = field(default_factory=dict)
+    proofs: dict[str, NDArray[np.uint64]] = field(default_factory=dict)
+    challenge: validity.Challenge | None = None
+    invalid: dict[str, str] = field(default_factory=dict)
+    checked: bool = False
 
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
@@ -361,8 +371,18 @@ class RoundEngine:
             rnd = self._rounds.get(msg.round_id)
         if rnd is None or name not in rnd.included:
             raise RoundInputError(f"round {msg.round_id} did not ask {name} for shares")
+        relation = rnd.relations.get(name)
+        proof = None
         try:
-            share = serde.shares_from_proto(msg, (rnd.batch, rnd.task.vote_width))
+            if relation is None:
+                share = serde.shares_from_proto(msg, (rnd.batch, rnd.task.vote_width))
+            else:
+                # Bit shares in F_p and the proof share: checked jointly with the student.
+                share = serde.shares_from_proto(msg, (rnd.batch, relation.elements))
+                share = serde.field_share_from_bytes(
+                    msg.guardian_share, share.shape, "the bit shares"
+                )
+                proof = serde.proof_from_proto(msg, (rnd.batch, relation.proof_elements))
         except RequestError as err:
             raise RoundInputError(str(err)) from None
         if rnd.ciphertext_hash is not None:
@@ -378,6 +398,8 @@ class RoundEngine:
                     f"{name} already sent shares for round {msg.round_id}, or the round closed: duplicate refused"
                 )
             rnd.shares[name] = share
+            if proof is not None:
+                rnd.proofs[name] = proof
             rnd.seeds[name] = bytes(msg.sealed_seed)
             if set(rnd.shares) | rnd.failed >= set(rnd.included):
                 rnd.complete.set()
@@ -487,6 +509,12 @@ class RoundEngine:
             links = {p: self._links.get(p) for p in rnd.included}
             rnd.sent = {p: link for p, link in links.items() if link is not None}
             rnd.teachers = {p: link.teachers for p, link in rnd.sent.items()}
+            if not encrypted:
+                # Where the mechanism has a proof statement, every vote carries its proof.
+                for p, m in rnd.teachers.items():
+                    relation = task.mechanism.vote_relation(m)
+                    if relation is not None:
+                        rnd.relations[p] = relation
         header = protocol.header(task.name, digest)
         for name, link in links.items():
             if link is None:
@@ -539,12 +567,19 @@ class RoundEngine:
                 f"round aborted: {len(used)} of {len(rnd.included)} parties answered (quorum {task.quorum}); missing {missing}; nothing was charged"
             )
         rnd.used = used
-        total = np.zeros((batch, task.vote_width), dtype=np.uint64)
-        for p in used:
-            total += rnd.shares[p]
-        rnd.guardian_sum = total
-        rnd.shares.clear()
-        self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
+        challenge = b""
+        if any(p in rnd.relations for p in used):
+            # Drawn now that every share is in, so no party could adapt its proof to it;
+            # from the OS, not the noise source, so a seeded noise stream replays unchanged.
+            rnd.challenge = validity.Challenge.draw(secrets.token_bytes(24))
+            challenge = rnd.challenge.to_bytes()
+        else:
+            total = np.zeros((batch, task.vote_width), dtype=np.uint64)
+            for p in used:
+                total += rnd.shares[p]
+            rnd.guardian_sum = total
+            rnd.shares.clear()
+            self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
         return guardian_pb2.OpenRoundReply(
             round_id=rnd.round_id,
             included=list(used),
@@ -555,7 +590,111 @@ class RoundEngine:
                 if p in rnd.seeds
             ],
             teachers={p: rnd.voters(p) for p in used},
+            challenge=challenge,
         )
+
+    def weight_on_grid(self, rnd: _Round, party: str) -> int:
+        """``party``'s vote weight on the shares' fixed-point grid, rounded down as the
+        party rounds its own votes (:meth:`Mechanism.encode_votes`)."""
+        return int(np.floor(rnd.weight(party) * (1 << rnd.task.frac_bits)))
+
+    def check_votes(
+        self, querier: str, session_id: bytes, msg: guardian_pb2.VoteCheck
+    ) -> guardian_pb2.VoteCheckReply:
+        """Verify the round's vote validity proofs with the student's verifier shares.
+
+        An invalid vote is left out of the round: the circuit's histogram and its
+        voters' total are computed without it, the party is named in the audit log
+        and in the reply, and the guardian charges it nothing for the round. Below
+        quorum the round is aborted. Then the round is queued for its 2PC.
+        Raises RoundInputError (malformed message) or RoundRefusedError.
+        """
+        with self._lock:
+            rnd = self._rounds.get(msg.round_id)
+            if rnd is None or (rnd.querier, rnd.session_id) != (querier, session_id):
+                raise RoundRefusedError(
+                    f"round {msg.round_id} is not open for this student session: it was never "
+                    "opened here, was aborted, or belongs to another session"
+                )
+            challenge = rnd.challenge
+            if challenge is None or rnd.checked:
+                raise RoundInputError(
+                    f"round {msg.round_id} has no vote validity proofs to check, or they were "
+                    "checked already"
+                )
+            # Parties whose statement is too large for a proof sent plain ring shares.
+            parties = [p for p in rnd.used if p in rnd.relations]
+            plain = [p for p in rnd.used if p not in rnd.relations]
+            if list(msg.parties) != parties:
+                raise RoundInputError(
+                    f"the vote check must name the round's proven parties in the reply's "
+                    f"order {parties}"
+                )
+            try:
+                student = serde.vote_check_from_proto(msg, rnd.batch)
+            except RequestError as err:
+                raise RoundInputError(str(err)) from None
+            rnd.checked = True  # once: the student cannot retry until a check passes
+        constants = {p: rnd.voters(p) * rnd.voting(p).astype(np.uint64) for p in parties}
+        mine = verifier_shares(rnd.relations, challenge, parties, rnd.shares, rnd.proofs, constants)
+        valid = accepted(rnd.relations, challenge, parties, mine, student)
+        for p in parties:
+            if not valid[p]:
+                self._exclude_vote(rnd, p)
+        proven = [p for p in parties if valid[p]]
+        used = tuple(sorted([*proven, *plain]))
+        weights = {p: self.weight_on_grid(rnd, p) for p in proven}
+        if len(used) < rnd.task.quorum:
+            with contextlib.suppress(RoundStateError):
+                self.ledger.abort(
+                    rnd.round_id,
+                    reason=f"{len(used)} valid votes, quorum {rnd.task.quorum}; "
+                    f"invalid: {sorted(rnd.invalid)}",
+                )
+            with self._lock:
+                self._rounds.pop(rnd.round_id, None)
+            self._notify(rnd)
+            raise RoundRefusedError(
+                f"round {rnd.round_id} aborted: {len(used)} of {len(parties)} votes are valid "
+                f"(quorum {rnd.task.quorum}); invalid: {sorted(rnd.invalid)}; nothing was charged"
+            )
+        rnd.used = used
+        total = np.zeros((rnd.batch, rnd.task.vote_width), dtype=np.uint64)
+        if proven:
+            total += proven_vote_sum(
+                {p: rnd.relations[p] for p in proven}, rnd.shares, weights, student=False
+            )
+        for p in plain:
+            total += rnd.shares[p]
+        rnd.guardian_sum = total
+        rnd.shares.clear()
+        rnd.proofs.clear()
+        self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
+        return guardian_pb2.VoteCheckReply(
+            round_id=rnd.round_id,
+            included=list(used),
+            excluded=[
+                guardian_pb2.ExcludedVote(party=p, reason=why)
+                for p, why in sorted(rnd.invalid.items())
+            ],
+            vote_weights=weights,
+            teachers={p: rnd.voters(p) for p in used},
+        )
+
+    def _exclude_vote(self, rnd: _Round, party: str) -> None:
+        """``party``'s vote failed its validity proof: leave it out and audit it."""
+        why = (
+            f"its vote validity proof failed: not a valid {rnd.task.mechanism.name} vote of "
+            f"{rnd.voters(party)} teachers; its vote was left out of round {rnd.round_id}"
+        )
+        rnd.invalid[party] = why
+        # The actor is the party's authenticated identity: the vote came over its stream.
+        self.ledger.record(
+            party,
+            "invalid_vote",
+            {"round": rnd.round_id, "querier": rnd.querier, "mechanism": rnd.task.mechanism.name},
+        )
+        log.warning("round %d: %s %s", rnd.round_id, party, why)
 
     # -- encrypted-query mode: relayed frames ----------------------------------
     def open_relay(self, querier: str, session_id: bytes) -> BoundedBuffer[guardian_pb2.RelayFrame]:
@@ -644,13 +783,18 @@ class RoundEngine:
         session.setup()
         ready = self._ready_queue(querier, session_id)
         done = 0
+        farewell: str | None = None
         idle_since = time.monotonic()
         try:
             while True:
                 try:
                     round_id = ready.get(timeout=0.25)
                 except queue.Empty:
-                    if ended() or time.monotonic() - idle_since > idle_timeout:
+                    if ended():
+                        # Rounds awaiting their vote check end with the student's reason.
+                        farewell = session.parting_words()
+                        return done
+                    if time.monotonic() - idle_since > idle_timeout:
                         return done
                     continue
                 self._compute(session, round_id)
@@ -660,12 +804,26 @@ class RoundEngine:
             session.abort(str(err))
             raise
         finally:
-            self._end_session(querier, session_id)
+            self._end_session(querier, session_id, farewell)
 
-    def _end_session(self, querier: str, session_id: bytes) -> None:
-        """The 2PC session ended: rounds still waiting for it can never run, so abort them now."""
+    def _end_session(self, querier: str, session_id: bytes, farewell: str | None = None) -> None:
+        """The 2PC session ended: rounds still waiting for it can never run, so abort them
+        now; ``farewell``: the reason the student gave, if it aborted the session."""
         with self._lock:
             ready = self._ready.pop((querier, session_id), None)
+            unchecked = [
+                r
+                for r in self._rounds.values()
+                if (r.querier, r.session_id) == (querier, session_id)
+                and r.challenge is not None
+                and not r.checked
+            ]
+            for r in unchecked:
+                self._rounds.pop(r.round_id, None)
+        for r in unchecked:
+            why = farewell or "the student's 2PC session ended"
+            self._settle(r, f"{why}, before the round's vote check")
+            self._notify(r)
         while ready is not None:
             try:
                 round_id = ready.get_nowait()

@@ -139,6 +139,9 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     async def ListParties(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.ListParties, request, context)
 
+    async def CheckVotes(self, request: Any, context: Any) -> Any:
+        return await self._unary(self.hub.CheckVotes, request, context)
+
     async def ListLedger(self, request: Any, context: Any) -> Any:
         return await self._unary(self.hub.ListLedger, request, context)
 
@@ -170,17 +173,9 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
 
     async def _session_id(self, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         """The student's 2PC session named in the call's metadata: rounds run on that session only."""
-        sid = dict(context.invocation_metadata() or ()).get("capc-session-id")
-        try:
-            session_id = bytes.fromhex(sid) if isinstance(sid, str) else b""
-        except ValueError:
-            session_id = b""
-        if len(session_id) != 16:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                "open a Compute stream first and send its 16-byte hex 'capc-session-id' in the "
-                "metadata",
-            )
+        session_id = protocol.session_id(tuple(context.invocation_metadata() or ()))
+        if not session_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, protocol.NO_SESSION)
         return session_id
 
     async def _admit(

@@ -21,8 +21,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from capc.data.generators import FloatImages, Recipe
+from capc.mpc import ring, validity
 from capc.mpc.session import EvaluatorSession, new_session_id
-from capc.mpc.votes import PartyInputError, student_share_sum
+from capc.mpc.votes import (
+    PartyInputError,
+    open_seeds,
+    proven_vote_sum,
+    student_share_sum,
+    verifier_shares,
+)
 from services.common import protocol, serde, tls
 from services.common.limits import DEFAULT_BATCH
 from services.common.mpc_stream import StreamChannel
@@ -46,6 +53,8 @@ class RoundResult:
     excluded: dict[str, float]
     open_s: float
     mpc_s: float
+    #: Parties whose vote failed its validity proof, with the guardian's reason: left out.
+    invalid: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -189,9 +198,15 @@ class StudentClient:
             timeout=self.timeout,
         )
         opened = time.perf_counter()
+        included, teachers = list(reply.included), dict(reply.teachers)
+        invalid: dict[str, str] = {}
         try:
             if shares is not None:
                 student_sum = shares(reply.round_id, list(reply.included))
+            elif reply.challenge:
+                check, student_sum = self._check_votes(reply, task, batch)
+                included, teachers = list(check.included), dict(check.teachers)
+                invalid = {e.party: e.reason for e in check.excluded}
             else:
                 sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
                 if set(sealed) != set(reply.included):
@@ -206,18 +221,57 @@ class StudentClient:
             raise
         # A party with m teachers adds up to m votes to a count; a guardian that names no
         # counts counts each party as one teacher.
-        spec = task.circuit_spec(sum(reply.teachers.get(p, 1) for p in reply.included))
+        spec = task.circuit_spec(sum(teachers.get(p, 1) for p in included))
         out = session.run_round(
             reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
         )
         return RoundResult(
             round_id=reply.round_id,
             labels=task.decode(spec, out),
-            parties=tuple(reply.included),
+            parties=tuple(included),
             excluded=dict(reply.excluded_remaining_epsilon),
             open_s=opened - start,
             mpc_s=time.perf_counter() - opened,
+            invalid=invalid,
         )
+
+    def _check_votes(
+        self, reply: guardian_pb2.OpenRoundReply, task: TaskConfig, batch: int
+    ) -> tuple[guardian_pb2.VoteCheckReply, NDArray[np.uint64]]:
+        """Check the round's vote validity proofs with the guardian: (its reply, this
+        side's share of the valid votes' histogram (B, width) in Z_2^64)."""
+        sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
+        if set(sealed) != set(reply.included):
+            raise RuntimeError("the guardian's seeds do not match the parties it reports")
+        seeds = open_seeds(self.key, sealed, reply.round_id)
+        challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
+        relations, bits, proofs = {}, {}, {}
+        plain = []  # parties whose statement is too large for a proof: plain ring shares
+        for p in reply.included:
+            relation = task.mechanism.vote_relation(reply.teachers.get(p, 1))
+            if relation is None:
+                plain.append(p)
+                continue
+            relations[p] = relation
+            bits[p], proofs[p] = validity.student_shares(seeds[p], relation, batch)
+        parties = [p for p in reply.included if p in relations]
+        mine = verifier_shares(relations, challenge, parties, bits, proofs)
+        check: guardian_pb2.VoteCheckReply = self._stub.CheckVotes(
+            serde.vote_check_to_proto(self.header, reply.round_id, parties, mine),
+            metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
+            timeout=self.timeout,
+        )
+        valid = [p for p in check.included if p in relations]
+        if not set(check.included) <= set(reply.included) or set(check.vote_weights) != set(valid):
+            raise RuntimeError("the guardian's vote check names parties the round did not have")
+        total = np.zeros((batch, task.vote_width), dtype=np.uint64)
+        if valid:
+            total += proven_vote_sum(
+                {p: relations[p] for p in valid}, bits, dict(check.vote_weights), student=True
+            )
+        for p in plain:
+            total += ring.expand_seed(seeds[p], (batch, task.vote_width))
+        return check, total
 
     def label(
         self, queries: NDArray[np.float32], batch_size: int = DEFAULT_BATCH

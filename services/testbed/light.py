@@ -97,8 +97,11 @@ class LightConsortium:
             if not (self.pki_dir / f"{name}.pem").exists():
                 pki.issue(self.pki_dir, "answerer", name, dev=True)
         if not self.model.exists():
-            model = build("mlp", (4,), 3, 8, seed=0).eval()
-            save_teacher(self.model, Teacher("mlp", (4,), 3, model, {"data": "none"}, width=8))
+            classes = int(self.task.get("num_classes", 3))
+            model = build("mlp", (4,), classes, 8, seed=0).eval()
+            save_teacher(
+                self.model, Teacher("mlp", (4,), classes, model, {"data": "none"}, width=8)
+            )
         (self.directory / "task.json").write_text(json.dumps(self.task))
 
     def start_guardian(self, *extra: str, prefix: Sequence[str] = ()) -> Process:

@@ -1,25 +1,80 @@
-"""A deviating hospital for the availability tests (the light consortium is services.testbed.light)."""
+"""Deviating hospitals for the availability and attack tests (the light consortium is
+services.testbed.light). Each speaks the protocol over its own certificate (real gRPC,
+mutual TLS) and deviates only in what it sends as its vote."""
 
 from __future__ import annotations
 
 import queue
 import secrets
 import threading
+from collections.abc import Callable
 
 import grpc
 import numpy as np
 
-from capc.mpc.sealing import OVERHEAD
+from capc.mpc import ring, validity
+from capc.mpc.sealing import OVERHEAD, seal, seed_context
 from services.common import protocol, serde
+from services.common.serde import mechanism_from_proto
 from services.proto.capc.v1 import guardian_pb2
 from services.testbed.light import LightConsortium
 
+#: What a deviating party sends for one round: its shares message.
+Vote = Callable[[guardian_pb2.RoundWork, str], guardian_pb2.Shares]
+
+
+def _rows(work: guardian_pb2.RoundWork) -> int:
+    return int(work.queries.tensor.shape[0])
+
+
+def unopenable_seed(work: guardian_pb2.RoundWork, name: str) -> guardian_pb2.Shares:
+    """Well-formed shares whose sealed seed opens for nobody (random bytes of its length)."""
+    b = _rows(work)
+    mech = mechanism_from_proto(work.mechanism)
+    relation = mech.vote_relation(1)
+    sealed = secrets.token_bytes(OVERHEAD + 16)
+    if relation is None:
+        zeros = np.zeros((b, mech.vote_width), dtype=np.uint64)
+        return serde.shares_to_proto(work.round_id, zeros, sealed_seed=sealed)
+    bits = np.zeros((b, relation.elements), dtype=np.uint64)
+    proof = np.zeros((b, relation.proof_elements), dtype=np.uint64)
+    return serde.shares_to_proto(work.round_id, bits, sealed_seed=sealed, proof=proof)
+
+
+def ballot_stuffing(cls: int, count: int) -> Vote:
+    """A party that votes ``count`` for class ``cls`` on every query, its shares made as
+    an honest party makes them (a seed sealed to the student). Where the round takes
+    validity proofs it runs the honest prover on this invalid vote (the count sits in
+    the class's lowest bit); otherwise it sends plain ring shares of it."""
+
+    def vote(work: guardian_pb2.RoundWork, name: str) -> guardian_pb2.Shares:
+        b = _rows(work)
+        mech = mechanism_from_proto(work.mechanism)
+        key = bytes(work.student_public_key)
+        seed = ring.new_seed()
+        sealed = seal(key, seed, seed_context(work.round_id, name))
+        # A guardian without validity proofs (no proof field) takes plain ring shares.
+        proofs = "proof" in guardian_pb2.Shares.DESCRIPTOR.fields_by_name
+        relation = mech.vote_relation(1) if proofs else None
+        if relation is None:
+            votes = np.zeros((b, mech.vote_width), dtype=np.uint64)
+            votes[:, cls] = count
+            return serde.shares_to_proto(work.round_id, ring.share(votes, seed), sealed_seed=sealed)
+        bits = np.zeros((b, relation.elements), dtype=np.uint64)
+        bits[:, cls * relation.nbits] = count
+        bit_share, proof_share = validity.share(relation, bits, seed)
+        return serde.shares_to_proto(
+            work.round_id, bit_share, sealed_seed=sealed, proof=proof_share
+        )
+
+    return vote
+
 
 class DeviatingParty:
-    """An answering party that speaks the protocol over its own certificate but sends
-    sealed seeds that open for nobody (random bytes of the right length)."""
+    """An answering party that registers one teacher and answers every round with
+    ``vote`` (by default shares whose sealed seed opens for nobody)."""
 
-    def __init__(self, c: LightConsortium, name: str) -> None:
+    def __init__(self, c: LightConsortium, name: str, vote: Vote = unopenable_seed) -> None:
         self.rounds: list[int] = []
         self._out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
         # A stream opens with the party's Register: one teacher, the cap it sets itself.
@@ -35,23 +90,16 @@ class DeviatingParty:
         first = next(self._responses)
         if first.WhichOneof("body") != "registered":
             raise RuntimeError(f"{name} was not registered: {first}")
-        width = c.task_config.vote_width
 
         def answer() -> None:
             try:
                 for msg in self._responses:
                     if msg.WhichOneof("body") != "work":
                         continue
-                    batch = msg.work.queries.tensor.shape[0]
-                    share = np.zeros((batch, width), dtype=np.uint64)
                     self._out.put(
                         guardian_pb2.PartyMessage(
                             header=protocol.header(msg.header.task),
-                            shares=serde.shares_to_proto(
-                                msg.work.round_id,
-                                share,
-                                sealed_seed=secrets.token_bytes(OVERHEAD + 16),
-                            ),
+                            shares=vote(msg.work, name),
                         )
                     )
                     self.rounds.append(msg.work.round_id)

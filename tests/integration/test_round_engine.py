@@ -10,7 +10,18 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from capc.mpc.votes import one_hot_votes, share_votes
+from capc.mpc import ring, validity
+from capc.mpc.sealing import seal, seed_context
+from capc.mpc.validity import VoteRelation
+from capc.mpc.votes import (
+    one_hot_votes,
+    open_seeds,
+    proven_vote_sum,
+    share_proven_votes,
+    share_votes,
+    verifier_shares,
+)
+from services.common import serde
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
 from services.common.protocol import RequestError
@@ -53,17 +64,14 @@ def request(batch: int = 4) -> guardian_pb2.OpenRoundRequest:
     )
 
 
-def shares(round_id: int, party: str, batch: int = 4) -> guardian_pb2.Shares:
+def shares(round_id: int, party: str, batch: int = 4, width: int = 3) -> guardian_pb2.Shares:
+    """A one-teacher party's one-hot votes for class 0 with their validity proof."""
     key = X25519PrivateKey.generate().public_key().public_bytes_raw()
-    share, sealed = share_votes(
-        one_hot_votes(np.zeros(batch, dtype=np.int64), 3), key, round_id, party
+    counts = one_hot_votes(np.zeros(batch, dtype=np.int64), width).astype(np.int64)
+    bits, proof, sealed = share_proven_votes(
+        VoteRelation(width, 1), counts, None, key, round_id, party
     )
-    return guardian_pb2.Shares(
-        round_id=round_id,
-        shape=[batch, 3],
-        guardian_share=share.astype("<u8").tobytes(),
-        sealed_seed=sealed,
-    )
+    return serde.shares_to_proto(round_id, bits, sealed_seed=sealed, proof=proof)
 
 
 def test_duplicates_strangers_and_bad_shapes_are_refused(engine: RoundEngine) -> None:
@@ -180,7 +188,7 @@ def test_personalized_rounds_send_each_party_its_weight_or_mask_and_reserve_its_
         }
         assert masks["c"].all() and 0 < masks["a"].sum() < 48
     # A powerset task takes votes over the 2**k subsets: k-wide shares are refused.
-    bad = shares(rid, "a", batch=64)
+    bad = shares(rid, "a", batch=64, width=4)
     bad.shape[:] = [64, 2]
     with pytest.raises(RoundInputError, match=r"shape \(64, 4\)"):
         engine.receive_shares("a", bad)
@@ -234,3 +242,77 @@ def test_a_test_noise_shared_by_every_class_is_refused_before_anything_is_reserv
     with pytest.raises(RequestError, match="robust-confident-gnmax"):
         engine.open_round("student", req, SID)
     assert ledger.count_rounds() == 0
+
+
+def test_the_vote_check_excludes_an_invalid_vote_and_keeps_plain_shares(tmp_path: Path) -> None:
+    """Over 100 classes a 32-teacher party's statement (600 bits a query) is too large for
+    a proof: it sends plain ring shares beside two proven parties, one of them invalid."""
+    classes, batch = 100, 4
+    task = {**TASK, "num_classes": classes, "quorum": 2}
+    ledger = Ledger(str(tmp_path / "v.db"))
+    ledger.create_task("t", task)
+    for p in ("a", "big", "mallory"):
+        ledger.register_party(p, 100.0)
+    engine = RoundEngine(ledger, share_timeout=3.0)
+    links = {"a": engine.attach("a"), "big": engine.attach("big", teachers=32)}
+    links["mallory"] = engine.attach("mallory")
+    key = X25519PrivateKey.generate()
+    req = request(batch)
+    req.header.config_hash = config_hash(task)
+    req.student_public_key = key.public_key().public_bytes_raw()
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(reply=engine.open_round("student", req, SID)))
+    t.start()
+    rid = 0
+    for link in links.values():
+        msg = link.outbox.get(timeout=5)
+        assert msg is not None
+        rid = msg.work.round_id
+    pub = bytes(req.student_public_key)
+    rel = VoteRelation(classes, 1)
+    counts = {
+        p: one_hot_votes(np.full(batch, i), classes).astype(np.int64)
+        for i, p in enumerate(("a", "mallory"))
+    }
+    bits, proof, sealed = share_proven_votes(rel, counts["a"], None, pub, rid, "a")
+    engine.receive_shares("a", serde.shares_to_proto(rid, bits, sealed_seed=sealed, proof=proof))
+    stuffed = np.zeros((batch, classes), dtype=np.uint64)
+    stuffed[:, 7] = 400
+    seed = ring.new_seed()
+    g_bits, g_proof = validity.share(rel, stuffed, seed)
+    engine.receive_shares(
+        "mallory",
+        serde.shares_to_proto(
+            rid, g_bits, sealed_seed=seal(pub, seed, seed_context(rid, "mallory")), proof=g_proof
+        ),
+    )
+    big_votes = np.zeros((batch, classes), dtype=np.uint64)
+    big_votes[:, 3] = 32
+    share, big_sealed = share_votes(big_votes, pub, rid, "big")
+    engine.receive_shares("big", serde.shares_to_proto(rid, share, sealed_seed=big_sealed))
+    t.join(timeout=10)
+    reply = box["reply"]
+    assert isinstance(reply, guardian_pb2.OpenRoundReply) and len(reply.challenge) == 24
+    # The student's side, as services.student.client does it.
+    seeds = open_seeds(key, {s.party: bytes(s.sealed) for s in reply.seeds}, rid)
+    challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
+    proven = ["a", "mallory"]
+    s_bits, s_proof = {}, {}
+    for p in proven:
+        s_bits[p], s_proof[p] = validity.student_shares(seeds[p], rel, batch)
+    mine = verifier_shares(dict.fromkeys(proven, rel), challenge, proven, s_bits, s_proof)
+    header = common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(task))
+    with pytest.raises(RoundInputError, match="proven parties"):
+        engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, ["a"], mine))
+    check = engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, proven, mine))
+    assert list(check.included) == ["a", "big"]
+    assert [(e.party, "validity proof" in e.reason) for e in check.excluded] == [("mallory", True)]
+    with pytest.raises(RoundInputError, match="checked already"):
+        engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, proven, mine))
+    student = proven_vote_sum({"a": rel}, s_bits, dict(check.vote_weights), student=True)
+    student += ring.expand_seed(seeds["big"], (batch, classes))
+    rnd = engine._rounds[rid]
+    assert rnd.guardian_sum is not None and rnd.used == ("a", "big")
+    np.testing.assert_array_equal(rnd.guardian_sum + student, counts["a"] + big_votes)
+    flagged = [e for e in ledger.audit_entries(50) if e.action == "invalid_vote"]
+    assert [(e.actor, e.detail["round"]) for e in flagged] == [("mallory", rid)]

@@ -76,18 +76,28 @@ class Register(_message.Message):
     def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ..., epsilon_cap: _Optional[float] = ..., accounting_json: _Optional[str] = ..., open_rounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Shares(_message.Message):
-    __slots__ = ("round_id", "shape", "guardian_share", "sealed_seed", "batch_hash")
+    __slots__ = ("round_id", "shape", "guardian_share", "sealed_seed", "batch_hash", "proof")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     GUARDIAN_SHARE_FIELD_NUMBER: _ClassVar[int]
     SEALED_SEED_FIELD_NUMBER: _ClassVar[int]
     BATCH_HASH_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     shape: _containers.RepeatedScalarFieldContainer[int]
     guardian_share: bytes
     sealed_seed: bytes
     batch_hash: bytes
-    def __init__(self, round_id: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., guardian_share: _Optional[bytes] = ..., sealed_seed: _Optional[bytes] = ..., batch_hash: _Optional[bytes] = ...) -> None: ...
+    proof: ProofShare
+    def __init__(self, round_id: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., guardian_share: _Optional[bytes] = ..., sealed_seed: _Optional[bytes] = ..., batch_hash: _Optional[bytes] = ..., proof: _Optional[_Union[ProofShare, _Mapping]] = ...) -> None: ...
+
+class ProofShare(_message.Message):
+    __slots__ = ("shape", "share")
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    share: bytes
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., share: _Optional[bytes] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_unix_ms", "open_rounds")
@@ -230,7 +240,7 @@ class SealedSeed(_message.Message):
     def __init__(self, party: _Optional[str] = ..., sealed: _Optional[bytes] = ...) -> None: ...
 
 class OpenRoundReply(_message.Message):
-    __slots__ = ("round_id", "included", "excluded_remaining_epsilon", "seeds", "session_id", "teachers")
+    __slots__ = ("round_id", "included", "excluded_remaining_epsilon", "seeds", "session_id", "teachers", "challenge")
     class ExcludedRemainingEpsilonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -251,13 +261,65 @@ class OpenRoundReply(_message.Message):
     SEEDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TEACHERS_FIELD_NUMBER: _ClassVar[int]
+    CHALLENGE_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     included: _containers.RepeatedScalarFieldContainer[str]
     excluded_remaining_epsilon: _containers.ScalarMap[str, float]
     seeds: _containers.RepeatedCompositeFieldContainer[SealedSeed]
     session_id: bytes
     teachers: _containers.ScalarMap[str, int]
-    def __init__(self, round_id: _Optional[int] = ..., included: _Optional[_Iterable[str]] = ..., excluded_remaining_epsilon: _Optional[_Mapping[str, float]] = ..., seeds: _Optional[_Iterable[_Union[SealedSeed, _Mapping]]] = ..., session_id: _Optional[bytes] = ..., teachers: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    challenge: bytes
+    def __init__(self, round_id: _Optional[int] = ..., included: _Optional[_Iterable[str]] = ..., excluded_remaining_epsilon: _Optional[_Mapping[str, float]] = ..., seeds: _Optional[_Iterable[_Union[SealedSeed, _Mapping]]] = ..., session_id: _Optional[bytes] = ..., teachers: _Optional[_Mapping[str, int]] = ..., challenge: _Optional[bytes] = ...) -> None: ...
+
+class VoteCheck(_message.Message):
+    __slots__ = ("header", "round_id", "parties", "wire", "combined")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTIES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_FIELD_NUMBER: _ClassVar[int]
+    COMBINED_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    round_id: int
+    parties: _containers.RepeatedScalarFieldContainer[str]
+    wire: bytes
+    combined: bytes
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., parties: _Optional[_Iterable[str]] = ..., wire: _Optional[bytes] = ..., combined: _Optional[bytes] = ...) -> None: ...
+
+class ExcludedVote(_message.Message):
+    __slots__ = ("party", "reason")
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    party: str
+    reason: str
+    def __init__(self, party: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class VoteCheckReply(_message.Message):
+    __slots__ = ("round_id", "included", "excluded", "vote_weights", "teachers")
+    class VoteWeightsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class TeachersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDED_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_FIELD_NUMBER: _ClassVar[int]
+    VOTE_WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    TEACHERS_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    included: _containers.RepeatedScalarFieldContainer[str]
+    excluded: _containers.RepeatedCompositeFieldContainer[ExcludedVote]
+    vote_weights: _containers.ScalarMap[str, int]
+    teachers: _containers.ScalarMap[str, int]
+    def __init__(self, round_id: _Optional[int] = ..., included: _Optional[_Iterable[str]] = ..., excluded: _Optional[_Iterable[_Union[ExcludedVote, _Mapping]]] = ..., vote_weights: _Optional[_Mapping[str, int]] = ..., teachers: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class MpcFrame(_message.Message):
     __slots__ = ("header", "round_id", "frame")

@@ -49,6 +49,11 @@ class GuardianHubStub:
                 request_serializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.FromString,
                 _registered_method=True)
+        self.CheckVotes = channel.unary_unary(
+                '/capc.v1.GuardianHub/CheckVotes',
+                request_serializer=capc_dot_v1_dot_guardian__pb2.VoteCheck.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_guardian__pb2.VoteCheckReply.FromString,
+                _registered_method=True)
         self.Relay = channel.stream_stream(
                 '/capc.v1.GuardianHub/Relay',
                 request_serializer=capc_dot_v1_dot_guardian__pb2.RelayFrame.SerializeToString,
@@ -105,6 +110,15 @@ class GuardianHubServicer:
 
     def Compute(self, request_iterator, context):
         """Student: the two-party computation of a round (capc.mpc frames).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckVotes(self, request, context):
+        """Student: its verifier shares of the vote validity proofs of a round whose
+        OpenRoundReply carried a challenge; the guardian decides which votes are
+        valid and queues the round's 2PC over the valid ones only.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -174,6 +188,11 @@ def add_GuardianHubServicer_to_server(servicer, server):
                     servicer.Compute,
                     request_deserializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.FromString,
                     response_serializer=capc_dot_v1_dot_guardian__pb2.MpcFrame.SerializeToString,
+            ),
+            'CheckVotes': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckVotes,
+                    request_deserializer=capc_dot_v1_dot_guardian__pb2.VoteCheck.FromString,
+                    response_serializer=capc_dot_v1_dot_guardian__pb2.VoteCheckReply.SerializeToString,
             ),
             'Relay': grpc.stream_stream_rpc_method_handler(
                     servicer.Relay,
@@ -292,6 +311,33 @@ class GuardianHub:
             '/capc.v1.GuardianHub/Compute',
             capc_dot_v1_dot_guardian__pb2.MpcFrame.SerializeToString,
             capc_dot_v1_dot_guardian__pb2.MpcFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckVotes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.GuardianHub/CheckVotes',
+            capc_dot_v1_dot_guardian__pb2.VoteCheck.SerializeToString,
+            capc_dot_v1_dot_guardian__pb2.VoteCheckReply.FromString,
             options,
             channel_credentials,
             insecure,
