@@ -1,0 +1,180 @@
+"""Adversarial review of issue 33: a deviating hospital or student against the merged
+validity proofs, the ring conversion and the round engine's vote check.
+
+Each test attacks the real modules. The ones marked xfail demonstrate a weakness
+that is still open (the reason says which); they fail loudly (strict) once fixed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+from capc.mechanisms.registry import from_config
+from capc.mpc import ring, validity
+from capc.mpc.validity import P, VoteRelation
+from capc.mpc.votes import (
+    one_hot_votes,
+    open_seeds,
+    proven_vote_sum,
+    share_proven_votes,
+    share_votes,
+    verifier_shares,
+)
+from services.common import serde
+from services.common.ledger import Ledger
+from services.common.task import config_hash
+from services.guardian.rounds import RoundEngine
+from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+SID = b"s" * 16
+
+
+def _request(
+    task: dict[str, object], batch: int, key: X25519PrivateKey
+) -> guardian_pb2.OpenRoundRequest:
+    x = np.zeros((batch, 2), dtype="<f4")
+    return guardian_pb2.OpenRoundRequest(
+        header=common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(task)),
+        round_key=f"k{batch}",
+        queries=common_pb2.QueryBatch(
+            tensor=common_pb2.Tensor(shape=[batch, 2], dtype="float32", data=x.tobytes())
+        ),
+        student_public_key=key.public_key().public_bytes_raw(),
+    )
+
+
+def test_a_proof_rejects_the_stuffed_ballot_of_a_one_teacher_party() -> None:
+    """Baseline the attacks below are measured against: 400 votes for class 7 from a
+    one-teacher party fail its proof (the honest prover run on the stuffed counts)."""
+    rel = VoteRelation(10, 1)
+    stuffed = np.zeros((3, 10), dtype=np.uint64)
+    stuffed[:, 7] = 400
+    seed = ring.new_seed()
+    # Bits of a count of 400 do not fit one teacher's relation: send them as if they were.
+    bits = rel.encode(one_hot_votes(np.full(3, 7), 10).astype(np.int64))
+    bits[:, 7] = 400  # a "bit" that is 400
+    g_bits, g_proof = validity.share(rel, bits, seed)
+    s_bits, s_proof = validity.student_shares(seed, rel, 3)
+    ch = validity.Challenge.draw(bytes(range(24)))
+    g = validity.verifier_share(rel, ch, ["m"], g_bits[None], g_proof[None], np.ones((1, 3)))
+    s = validity.verifier_share(rel, ch, ["m"], s_bits[None], s_proof[None])
+    assert not validity.accept(rel, ch, ["m"], g, s)[0]
+
+
+def test_a_self_declared_ensemble_proves_a_ballot_that_decides_every_label() -> None:
+    """The teacher count a proof is checked against is the one the party registered
+    (one TeacherInfo per teacher, up to MAX_TEACHERS_PER_PARTY = 1024, not attested).
+    A single hospital that registers 1024 teachers proves, validly, 1024 votes for
+    class 7: the proof holds it to its claim, not to its data. This documents the
+    limit of issue 33's attack 3 fix: 49 honest one-teacher parties cannot outvote it."""
+    rel = VoteRelation(10, 1024)
+    counts = np.zeros((4, 10), dtype=np.int64)
+    counts[:, 7] = 1024
+    seed = ring.new_seed()
+    g_bits, g_proof = validity.share(rel, rel.encode(counts), seed)
+    s_bits, s_proof = validity.student_shares(seed, rel, 4)
+    ch = validity.Challenge.draw(bytes(range(24)))
+    constant = np.full((1, 4), 1024)
+    g = validity.verifier_share(rel, ch, ["m"], g_bits[None], g_proof[None], constant)
+    s = validity.verifier_share(rel, ch, ["m"], s_bits[None], s_proof[None])
+    assert validity.accept(rel, ch, ["m"], g, s)[0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review33: a hospital opts out of the validity proof by registering enough "
+    "teachers that its statement exceeds MAX_ELEMENTS (e.g. 32 teachers over 100 classes); "
+    "its plain ring shares are then added to the histogram unchecked",
+)
+def test_a_hospital_cannot_escape_its_proof_by_registering_more_teachers(
+    tmp_path: Path,
+) -> None:
+    classes, batch = 100, 4
+    task: dict[str, object] = {
+        "num_classes": classes,
+        "input_shape": [2],
+        "mechanism": {"name": "gnmax", "sigma": 5.0},
+        "quorum": 2,
+    }
+    mech = from_config({"name": "gnmax", "sigma": 5.0}, classes)
+    assert mech.vote_relation(1) is not None  # the task's mechanism has a proof statement
+    assert mech.vote_relation(32) is None  # ... but not for a party claiming 32 teachers
+    ledger = Ledger(str(tmp_path / "v.db"))
+    ledger.create_task("t", task)
+    for p in ("a", "mallory"):
+        ledger.register_party(p, 100.0)
+    engine = RoundEngine(ledger, share_timeout=3.0)
+    links = {"a": engine.attach("a"), "mallory": engine.attach("mallory", teachers=32)}
+    key = X25519PrivateKey.generate()
+    req = _request(task, batch, key)
+    box: dict[str, object] = {}
+    t = threading.Thread(target=lambda: box.update(reply=engine.open_round("student", req, SID)))
+    t.start()
+    rid = 0
+    for link in links.values():
+        msg = link.outbox.get(timeout=5)
+        assert msg is not None
+        rid = msg.work.round_id
+    pub = bytes(req.student_public_key)
+    rel = VoteRelation(classes, 1)
+    honest = one_hot_votes(np.full(batch, 3), classes).astype(np.int64)
+    bits, proof, sealed = share_proven_votes(rel, honest, None, pub, rid, "a")
+    engine.receive_shares("a", serde.shares_to_proto(rid, bits, sealed_seed=sealed, proof=proof))
+    # Mallory's plain shares: any vector; here 400 votes for class 7 and -368 on class 3,
+    # total 32, its registered weight (the circuit's exact total check would pass; its
+    # range checks leave R = 9 sigma of slack per count, and tripping them on purpose
+    # aborts the round with every honest party charged its reservation).
+    stuffed = np.zeros((batch, classes), dtype=np.uint64)
+    stuffed[:, 7] = 400
+    stuffed[:, 3] = np.uint64((1 << 64) - 368)  # -368 in the ring
+    share, m_sealed = share_votes(stuffed, pub, rid, "mallory")
+    engine.receive_shares("mallory", serde.shares_to_proto(rid, share, sealed_seed=m_sealed))
+    t.join(timeout=10)
+    reply = box["reply"]
+    assert isinstance(reply, guardian_pb2.OpenRoundReply)
+    seeds = open_seeds(key, {s.party: bytes(s.sealed) for s in reply.seeds}, rid)
+    challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
+    s_bits, s_proof = validity.student_shares(seeds["a"], rel, batch)
+    mine = verifier_shares({"a": rel}, challenge, ["a"], {"a": s_bits}, {"a": s_proof})
+    header = common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(task))
+    check = engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, ["a"], mine))
+    # Today it counts: both sides' sums reconstruct the honest vote plus Mallory's vector.
+    rnd = engine._rounds.get(rid)
+    if rnd is not None and rnd.guardian_sum is not None and "mallory" in check.included:
+        student = proven_vote_sum({"a": rel}, {"a": s_bits}, dict(check.vote_weights), True)
+        student += ring.expand_seed(seeds["mallory"], (batch, classes))
+        hist = (rnd.guardian_sum + student).astype(np.int64)
+        assert (hist[:, 7] == 400).all() and (hist[:, 3] == 1 - 368).all()
+    # What the issue asks: a vote that is not a valid vote never counts (or the party,
+    # whose statement is too large for a proof, is refused or left out).
+    assert "mallory" not in check.included
+
+
+def _ring_sum(h: int, s: int) -> int:
+    """The reconstructed count in the circuit's ring (l = 32 here) when the student's F_p
+    share sum of the count is ``s``: guardian G = (h - s) mod p, student s - p."""
+    g = np.array([(h - s) % P], dtype=np.uint64)
+    student = validity.ring_shares(np.array([s], dtype=np.uint64), student=True)
+    return int(ring.reduce(validity.ring_shares(g, student=False) + student, 32)[0])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review33: the F_p -> Z_2^l conversion is off by one exactly when the student's "
+    "share sum S <= h; the student sees S, and the circuit's exact total check turns the "
+    "unit offset into a noiseless bit [h >= S] (probability (W+1)/p per count, not in delta)",
+)
+def test_the_ring_conversion_does_not_depend_on_the_count_the_student_can_see() -> None:
+    # A student whose share sum of one count happens to be small (it sees S in the clear):
+    s = 5
+    below, above = _ring_sum(4, s), _ring_sum(5, s)
+    assert below == 4  # S > h: exact
+    # S <= h: one too high. With the other counts exact, sum_j h'_j = W + 1 and the
+    # exact total check (mechanism_circuits._total_violation) flags the round: the
+    # violation bit is [h_j >= S], a comparison of an honest count with no noise.
+    assert above == 5
