@@ -23,8 +23,13 @@ circuit checks the reconstructed histogram h' (= h + offset) on the *noised*
 counts z_j = h'_j + e_j that the mechanism's first test already releases
 (the threshold test's noise when there is one, else the answer noise): each
 must lie in [-R, W + R] with R = ``NOISE_BOUND_SIGMAS`` x that noise's std
-and W the voters' total weight (the guardian's input). For single-label
-mechanisms the counts must also total W exactly. A query that fails sets its
+and W the voters' total weight (the guardian's input). Where a multi-label
+confidence test releases a function of |c_j - theta| + e_j (theta = W / 2),
+the checks use that same statistic: |c_j - theta| + e_j <= theta + R (so
+c_j + e_j <= W + R and c_j - e_j >= -R); checking c_j + e_j from below beside
+the test would compare c_j + e_j and -c_j + e_j under one noise, i.e. c_j
+without noise. For single-label mechanisms the counts must also total W
+exactly. A query that fails sets its
 violation bit; the round then aborts, charged at its reservation. Checking
 noised counts keeps the violation bit a post-processing of an already
 charged Gaussian mechanism (checking h' itself would release a noiseless
@@ -427,6 +432,16 @@ class MultiLabel:
             out["confidence_pos"] = ring.reduce(base - theta + e, self.bits)
             # -s_S = NOT(s_S) + 1: the circuit complements the student's word for free.
             out["confidence_neg"] = ring.reduce(np.uint64(1) + e - base + theta, self.bits)
+            checks = _check_words(base, check, totals, bound, self.bits)
+            # The test releases a function of |d| + n1 (d = c - theta), so the checks must
+            # too: checking c + n1 from below beside it would compare c + n1 and -c + n1
+            # under one noise, i.e. c without noise. With W = 2 theta, "high" is already
+            # d + n1 <= theta + R; the low side becomes -d + n1 <= theta + R, c - n1 >= -R.
+            # Violation iff |d| + n1 > theta + R; accepted counts still lie in
+            # [-2R, W + 2R], and honest ones never violate (|n1| < R).
+            checks["low"] = ring.reduce(base - check + bound, self.bits)
+            out.update(checks)
+            return out
         out.update(_check_words(base, check, totals, bound, self.bits))
         return out
 

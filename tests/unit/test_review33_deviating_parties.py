@@ -12,10 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.mechanisms.registry import from_config
 from capc.mpc import ring, validity
+from capc.mpc.mechanism_circuits import MultiLabel
 from capc.mpc.validity import P, VoteRelation
 from capc.mpc.votes import (
     one_hot_votes,
@@ -178,3 +180,58 @@ def test_the_ring_conversion_does_not_depend_on_the_count_the_student_can_see() 
     # exact total check (mechanism_circuits._total_violation) flags the round: the
     # violation bit is [h_j >= S], a comparison of an honest count with no noise.
     assert above == 5
+
+
+# -- confident multi-label: the violation bit and the confidence test share their noise --
+_ML_SIGMA1 = 2.0
+#: Every value of the confidence noise on the circuit's grid within 8 standard deviations.
+_ML_GRID = np.arange(-8 * 2 * 16, 8 * 2 * 16 + 1) / 16.0
+
+
+def _multilabel_outcomes(count: int, offset: int) -> tuple[np.ndarray, np.ndarray]:
+    """(answered, violation) of one label for every confidence noise on the grid: 20 voters
+    (decision threshold 10), confidence threshold 20, the student adding ``offset`` to
+    its share of the count (its circuit input)."""
+    spec = MultiLabel(
+        1,
+        20.0,
+        sigma=2.0,
+        decision_threshold=10.0,
+        confidence_threshold=20.0,
+        sigma1=_ML_SIGMA1,
+    )
+    b = len(_ML_GRID)
+    guardian = np.full((b, 1), count, dtype=np.uint64)
+    student = np.full((b, 1), np.uint64(offset % (1 << 64)), dtype=np.uint64)
+    g_in = spec.garbler_inputs(guardian, np.zeros((b, 1)), _ML_GRID[:, None])
+    out = spec.circuit().evaluate_plain(g_in, spec.evaluator_inputs(student), b)
+    return out["answered"][:, 0].astype(bool), out["violation"][:, 0].astype(bool)
+
+
+def test_confident_multilabel_releases_only_a_function_of_the_tested_statistic() -> None:
+    """The confidence test releases [|c' - theta| + n1 >= t] (c' = c + offset); the
+    violation bit must be a function of the same |c' - theta| + n1, or the pair of bits
+    compares c' + n1 and -c' + n1, i.e. the count without noise. Found in review: the
+    range check used c' + n1 with the same n1, and with offset -20 the event
+    (answered, violation) had probability 0.059 on a count of 5 and 0 on its neighbour 6."""
+    weights = scipy.stats.norm.pdf(_ML_GRID, scale=_ML_SIGMA1)
+    weights /= weights.sum()
+    for offset in (-20, -15, 0, 12, 25):
+        for count in range(0, 20):
+            d = _multilabel_outcomes(count, offset)
+            d2 = _multilabel_outcomes(count + 1, offset)
+            for (a, v), (a2, v2) in ((d, d2), (d2, d)):
+                for ev, ev2 in ((a & v, a2 & v2), (a & ~v, a2 & ~v2), (~a & v, ~a2 & v2)):
+                    # An event of the released bits possible on one neighbour is possible on
+                    # the other: no probability-0 versus probability-p pair.
+                    assert not (weights[ev].sum() > 1e-9 and not ev2.any()), (
+                        count,
+                        offset,
+                        float(weights[ev].sum()),
+                    )
+            # Every outcome is a function of |c' - theta| + n1 alone.
+            stat = np.abs(count + offset - 10.0) + _ML_GRID
+            a, v = d
+            order = np.argsort(stat, kind="stable")
+            assert (np.diff(a[order].astype(int)) >= 0).all()
+            assert (np.diff(v[order].astype(int)) >= 0).all()
