@@ -378,11 +378,12 @@ class RoundEngine:
                 share = serde.shares_from_proto(msg, (rnd.batch, rnd.task.vote_width))
             else:
                 # Bit shares in F_p and the proof share: checked jointly with the student.
+                # The proof first: a party sending plain shares is told proofs are needed.
+                proof = serde.proof_from_proto(msg, (rnd.batch, relation.proof_elements))
                 share = serde.shares_from_proto(msg, (rnd.batch, relation.elements))
                 share = serde.field_share_from_bytes(
                     msg.guardian_share, share.shape, "the bit shares"
                 )
-                proof = serde.proof_from_proto(msg, (rnd.batch, relation.proof_elements))
         except RequestError as err:
             raise RoundInputError(str(err)) from None
         if rnd.ciphertext_hash is not None:
@@ -509,16 +510,25 @@ class RoundEngine:
             links = {p: self._links.get(p) for p in rnd.included}
             rnd.sent = {p: link for p, link in links.items() if link is not None}
             rnd.teachers = {p: link.teachers for p, link in rnd.sent.items()}
+            unprovable: set[str] = set()
             if not encrypted:
                 # Where the mechanism has a proof statement, every vote carries its proof.
+                # A party whose teacher count makes the statement too large to prove would
+                # vote unchecked shares: it is left out instead (its count is its own claim).
+                proven = task.mechanism.vote_relation(1) is not None
                 for p, m in rnd.teachers.items():
                     relation = task.mechanism.vote_relation(m)
                     if relation is not None:
                         rnd.relations[p] = relation
+                    elif proven:
+                        unprovable.add(p)
         header = protocol.header(task.name, digest)
         for name, link in links.items():
             if link is None:
                 self._party_failed(rnd, name)
+                continue
+            if name in unprovable:
+                self._unprovable(rnd, name)
                 continue
             mask = votes_on.get(name)
             work = guardian_pb2.HubMessage(
@@ -695,6 +705,21 @@ class RoundEngine:
             {"round": rnd.round_id, "querier": rnd.querier, "mechanism": rnd.task.mechanism.name},
         )
         log.warning("round %d: %s %s", rnd.round_id, party, why)
+
+    def _unprovable(self, rnd: _Round, party: str) -> None:
+        """Leave ``party`` out of ``rnd``: its vote's statement is too large for a proof."""
+        self._party_failed(rnd, party)
+        rnd.invalid[party] = (
+            f"{rnd.voters(party)} teachers make its {rnd.task.mechanism.name} vote too large to "
+            f"prove valid; it was left out of round {rnd.round_id}: register fewer teachers "
+            "(split the ensemble over several answering parties)"
+        )
+        self.ledger.record(
+            party,
+            "unprovable_vote",
+            {"round": rnd.round_id, "querier": rnd.querier, "teachers": rnd.voters(party)},
+        )
+        log.warning("round %d: %s %s", rnd.round_id, party, rnd.invalid[party])
 
     # -- encrypted-query mode: relayed frames ----------------------------------
     def open_relay(self, querier: str, session_id: bytes) -> BoundedBuffer[guardian_pb2.RelayFrame]:

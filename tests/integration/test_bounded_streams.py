@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from capc.mpc.votes import one_hot_votes, share_votes
+from capc.mpc.validity import VoteRelation
+from capc.mpc.votes import one_hot_votes, share_proven_votes
+from services.common import serde
 from services.common.ledger import Ledger
 from services.common.limits import MAX_RELAY_FRAME_BYTES, PARTY_OUTBOX_MESSAGES
 from services.common.task import config_hash
@@ -58,16 +60,9 @@ def test_a_party_that_stops_reading_is_left_out_not_buffered_for(engine: RoundEn
         msg = links[p].outbox.get(timeout=5)
         assert msg is not None
         rid = msg.work.round_id
-        share, sealed = share_votes(one_hot_votes(np.zeros(4, dtype=np.int64), 3), key, rid, p)
-        engine.receive_shares(
-            p,
-            guardian_pb2.Shares(
-                round_id=rid,
-                shape=[4, 3],
-                guardian_share=share.astype("<u8").tobytes(),
-                sealed_seed=sealed,
-            ),
-        )
+        votes = one_hot_votes(np.zeros(4, dtype=np.int64), 3).astype(np.int64)
+        bits, proof, sealed = share_proven_votes(VoteRelation(3, 1), votes, None, key, rid, p)
+        engine.receive_shares(p, serde.shares_to_proto(rid, bits, sealed_seed=sealed, proof=proof))
     opener.join(timeout=10)
     # Without waiting for the share timeout: a was left out when its work found no room.
     assert list(box["reply"].included) == ["b", "c"]

@@ -18,13 +18,22 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from capc.mpc import validity
 from capc.mpc.channel import HEADER_BYTES, Kind, MemoryChannel, ProtocolError, memory_channel_pair
 from capc.mpc.session import EvaluatorSession
-from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
+from capc.mpc.validity import VoteRelation
+from capc.mpc.votes import (
+    one_hot_votes,
+    open_seeds,
+    proven_vote_sum,
+    share_proven_votes,
+    verifier_shares,
+)
+from services.common import serde
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
 from services.common.task import TaskConfig, config_hash
-from services.guardian.rounds import PartyLink, RoundEngine
+from services.guardian.rounds import PartyLink, RoundEngine, RoundRefusedError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 TASK = {
@@ -38,6 +47,7 @@ SID = b"r" * 16
 # Each engine's party links, attached once.
 LINKS: dict[int, dict[str, PartyLink]] = {}
 BATCH = 4
+RELATION = VoteRelation(3, 1)  # one teacher's one-hot vote over the task's 3 classes
 
 
 @pytest.fixture
@@ -74,30 +84,49 @@ def open_answered_round(
         work = link.outbox.get(timeout=5)
         assert work is not None
         rid = work.work.round_id
-        share, sealed = share_votes(
-            one_hot_votes(np.zeros(BATCH, dtype=np.int64), 3),
+        bits, proof, sealed = share_proven_votes(
+            RELATION,
+            one_hot_votes(np.zeros(BATCH, dtype=np.int64), 3).astype(np.int64),
+            None,
             key.public_key().public_bytes_raw(),
             rid,
             name,
         )
         engine.receive_shares(
-            name,
-            guardian_pb2.Shares(
-                round_id=rid,
-                shape=[BATCH, 3],
-                guardian_share=share.astype("<u8").tobytes(),
-                sealed_seed=sealed,
-            ),
+            name, serde.shares_to_proto(rid, bits, sealed_seed=sealed, proof=proof)
         )
     opener.join(timeout=10)
     return box["reply"]
 
 
+def student_check(
+    engine: RoundEngine, key: X25519PrivateKey, reply: guardian_pb2.OpenRoundReply
+) -> np.ndarray:
+    """The student's side of the round's vote check, as services.student.client does it:
+    its share (BATCH, 3) of the valid votes' histogram."""
+    rid, parties = reply.round_id, list(reply.included)
+    seeds = open_seeds(key, {s.party: bytes(s.sealed) for s in reply.seeds}, rid)
+    bits, proofs = {}, {}
+    for p in parties:
+        bits[p], proofs[p] = validity.student_shares(seeds[p], RELATION, BATCH)
+    challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
+    mine = verifier_shares(dict.fromkeys(parties, RELATION), challenge, parties, bits, proofs)
+    header = common_pb2.Header(protocol_version=1, task="t", config_hash=CONFIG.config_hash)
+    check = engine.check_votes(
+        "student", SID, serde.vote_check_to_proto(header, rid, parties, mine)
+    )
+    return proven_vote_sum(
+        dict.fromkeys(check.included, RELATION), bits, dict(check.vote_weights), student=True
+    )
+
+
 def student_round(
-    session: EvaluatorSession, key: X25519PrivateKey, reply: guardian_pb2.OpenRoundReply
+    engine: RoundEngine,
+    session: EvaluatorSession,
+    key: X25519PrivateKey,
+    reply: guardian_pb2.OpenRoundReply,
 ) -> dict[str, np.ndarray]:
-    sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
-    total = student_share_sum(key, sealed, reply.round_id, (BATCH, 3))
+    total = student_check(engine, key, reply)
     spec = CONFIG.circuit_spec(len(reply.included))
     return session.run_round(reply.round_id, spec.circuit(), spec.evaluator_inputs(total), BATCH)
 
@@ -158,7 +187,7 @@ def test_a_released_round_stays_charged(ledger: Ledger) -> None:
     student = EvaluatorSession(e_chan, SID, timeout=30)
     student.setup()
     reply = open_answered_round(engine, key, "k2")
-    student_round(student, key, reply)
+    student_round(engine, student, key, reply)
     deadline = time.monotonic() + 10
     while ledger.round_state(reply.round_id) != RoundState.COMMITTED:
         assert time.monotonic() < deadline
@@ -183,7 +212,7 @@ def test_a_2pc_that_breaks_after_the_release_charges_the_reservation_at_once(
     student.setup()
     reply = open_answered_round(engine, key, "k3")
     reserved = ledger.budget("a").spent
-    labels = student_round(student, key, reply)  # the student has its labels ...
+    labels = student_round(engine, student, key, reply)  # the student has its labels ...
     assert labels
     thread.join(timeout=10)
     assert errors and "closed before the round finished" in str(errors[0])
@@ -196,16 +225,16 @@ def test_a_round_reaped_while_its_2pc_waits_releases_nothing(ledger: Ledger) -> 
     engine = RoundEngine(ledger, share_timeout=0.5, round_timeout=1.0)
     key = X25519PrivateKey.generate()
     g_chan, e_chan = memory_channel_pair()
-    thread, errors = serve(engine, g_chan)
+    thread, _ = serve(engine, g_chan)
     student = EvaluatorSession(e_chan, SID, timeout=30)
     student.setup()
     reply = open_answered_round(engine, key, "k4")
     time.sleep(1.1)  # the garbler waits for the student's round request meanwhile
     assert engine.reap() == [reply.round_id]
-    with pytest.raises(ProtocolError, match="aborted before its 2PC"):
-        student_round(student, key, reply)
+    # The student's vote check, the step before its 2PC, is refused: the round is gone.
+    with pytest.raises(RoundRefusedError, match="not open for this student session"):
+        student_check(engine, key, reply)
     thread.join(timeout=10)
-    assert errors
     assert ledger.round_state(reply.round_id) == RoundState.ABORTED
     assert ledger.budget("a").spent == 0.0
     assert not [e for e in ledger.audit_entries(20) if e.action == "release"]
