@@ -575,7 +575,7 @@ class LocalConsortium:
             "localhost",
         )
         self.procs.append(proc)
-        proc.wait_for("Application startup complete")
+        proc.wait_for("Uvicorn running on")  # listening: after start-up and bind
         return proc
 
     def token(self, role: str, name: str = "", days: float = 1.0) -> str:

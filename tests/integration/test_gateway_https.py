@@ -107,10 +107,9 @@ def test_insecure_dev_serves_plain_http_and_warns(
     assert INSECURE_HTTP_WARNING in caplog.text
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A real gateway process over HTTPS (its backends unreachable): (URL, CA file)."""
-    d = make_pki(tmp_path_factory.mktemp("pki"))
+def start_gateway(d: Path) -> tuple[subprocess.Popen[str], int, list[str]]:
+    """A gateway process serving on a free port: (process, port, its output so far); it
+    is listening once uvicorn says it runs (after the application's start-up)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", *serve_argv(d, port)],
@@ -119,19 +118,36 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         stderr=subprocess.STDOUT,
         text=True,
     )
-    lines: queue.Queue[str] = queue.Queue()
+    lines: queue.Queue[str | None] = queue.Queue()
     assert proc.stdout is not None
     out = proc.stdout
 
     def pump() -> None:
         for line in out:
             lines.put(line)
+        lines.put(None)  # the process ended
 
     threading.Thread(target=pump, daemon=True).start()
     seen: list[str] = []
+    while not any("Uvicorn running on" in ln for ln in seen):
+        line = lines.get(timeout=60)
+        if line is None:
+            break
+        seen.append(line)
+    return proc, port, seen
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A real gateway process over HTTPS (its backends unreachable): (URL, CA file)."""
+    d = make_pki(tmp_path_factory.mktemp("pki"))
+    # Another process may take the free port before the gateway binds it: try another.
+    for _ in range(3):
+        proc, port, seen = start_gateway(d)
+        if proc.poll() is None:
+            break
+        assert "address already in use" in "".join(seen).lower(), "".join(seen)
     try:
-        while not any("Application startup complete" in ln for ln in seen):
-            seen.append(lines.get(timeout=60))
         yield f"https://127.0.0.1:{port}", d / pki.CA_CERT
     finally:
         proc.terminate()
