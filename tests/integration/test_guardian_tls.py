@@ -360,6 +360,19 @@ def test_revocation_cuts_a_stream_that_is_already_open(
     assert "revoked" in str(err.value.details())
 
 
+def hospital_a(port: int, own_pki: Path, tmp_path: Path) -> AnsweringParty:
+    """hospital-a's answering party (one small teacher, its own ledger) dialling ``port``."""
+    teacher = Teacher("mlp", (2,), 3, build("mlp", (2,), 3), device="cpu")
+    return AnsweringParty(
+        "hospital-a",
+        teacher,
+        f"127.0.0.1:{port}",
+        tls.TLSFiles.in_dir(own_pki, "hospital-a"),
+        OwnBudget("hospital-a", Ledger(str(tmp_path / "own.db")), 4.0),
+        server_name="localhost",
+    )
+
+
 def test_a_revoked_guardian_certificate_is_refused_by_its_clients(
     own_hub: tuple[RunningServer, Ledger], own_pki: Path
 ) -> None:
@@ -384,15 +397,7 @@ def test_an_answering_party_leaves_a_guardian_revoked_while_its_stream_is_open(
     """A hospital's one Connect call lasts as long as it runs: the revocation of the
     guardian's certificate must end it, not wait for the next reconnection."""
     hub, _ = own_hub
-    teacher = Teacher("mlp", (2,), 3, build("mlp", (2,), 3), device="cpu")
-    party = AnsweringParty(
-        "hospital-a",
-        teacher,
-        f"127.0.0.1:{hub.port}",
-        tls.TLSFiles.in_dir(own_pki, "hospital-a"),
-        OwnBudget("hospital-a", Ledger(str(tmp_path / "own.db")), 4.0),
-        server_name="localhost",
-    )
+    party = hospital_a(hub.port, own_pki, tmp_path)
     stop = threading.Event()
     runner = threading.Thread(target=party.run, args=(stop,), daemon=True)
     with caplog.at_level(logging.ERROR, logger="capc.answerer"):
@@ -448,15 +453,7 @@ def test_an_answering_party_refuses_a_guardian_with_another_role(
     tmp_path: Path,
 ) -> None:
     port, fake = impostor
-    teacher = Teacher("mlp", (2,), 3, build("mlp", (2,), 3), device="cpu")
-    party = AnsweringParty(
-        "hospital-a",
-        teacher,
-        f"127.0.0.1:{port}",
-        tls.TLSFiles.in_dir(own_pki, "hospital-a"),
-        OwnBudget("hospital-a", Ledger(str(tmp_path / "own.db")), 4.0),
-        server_name="localhost",
-    )
+    party = hospital_a(port, own_pki, tmp_path)
     stop = threading.Event()
     runner = threading.Thread(target=party.run, args=(stop,), daemon=True)
     with caplog.at_level(logging.ERROR, logger="capc.answerer"):
