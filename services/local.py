@@ -269,12 +269,8 @@ class LocalConsortium:
     def prepare(self) -> None:
         """PKI, teachers and ledger; reuses what an earlier run left in ``directory``."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        if not (self.pki_dir / pki.CA_CERT).exists():
-            # Every process runs on this machine: a development CA and localhost certificates.
-            pki.init_ca(self.pki_dir, dev=True)
-            pki.issue(self.pki_dir, "guardian", "guardian", dev=True)
-            pki.issue(self.pki_dir, "student", "student", dev=True)
-            pki.issue(self.pki_dir, "gateway", "gateway", dev=True)
+        # Every process runs on this machine: a development CA and localhost certificates.
+        pki.issue_dev_consortium(self.pki_dir, (f"hospital-{i}" for i in range(self.parties)))
         if not self.gateway_cert.exists():
             # A development certificate: the gateway is reached on this machine only.
             pki.issue_https(self.pki_dir, "gateway", ("localhost", "127.0.0.1"), dev=True)
@@ -290,9 +286,6 @@ class LocalConsortium:
         self.reference = x[order[held : held + ref]]
         base = None if self.body is None else load_teacher(self.body)
         for i, part in enumerate(partition(len(train), self.parties, seed=1 + self.split_seed)):
-            name = f"hospital-{i}"
-            if not (self.pki_dir / f"{name}.pem").exists():
-                pki.issue(self.pki_dir, "answerer", name, dev=True)
             canaried = self.canaries is not None and i in self.canaries.hospitals
             if all(path.exists() for path in self.model_paths(i)) and (
                 not canaried or self.canary_path(i).exists()

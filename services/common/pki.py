@@ -31,6 +31,7 @@ import os
 import re
 import ssl
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -293,6 +294,19 @@ def issue(
     if role == "guardian" and not audit_key_path(directory, name).exists():
         audit.create_key(audit_key_path(directory, name))
     return cert_path, key_path
+
+
+def issue_dev_consortium(directory: Path, answerers: Iterable[str]) -> None:
+    """A development consortium's PKI in ``directory``, for processes on this machine: a
+    development CA with localhost certificates for the guardian, student and gateway,
+    and one answering-party certificate per name in ``answerers``. What exists is kept."""
+    if not (directory / CA_CERT).exists():
+        init_ca(directory, dev=True)
+        for role in ("guardian", "student", "gateway"):
+            issue(directory, role, role, dev=True)
+    for name in answerers:
+        if not (directory / f"{name}.pem").exists():
+            issue(directory, "answerer", name, dev=True)
 
 
 def audit_key_path(directory: Path, name: str) -> Path:

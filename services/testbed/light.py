@@ -89,13 +89,7 @@ class LightConsortium:
 
     def prepare(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        if not (self.pki_dir / pki.CA_CERT).exists():
-            pki.init_ca(self.pki_dir, dev=True)
-            for role in ("guardian", "student", "gateway"):
-                pki.issue(self.pki_dir, role, role, dev=True)
-        for name in self.names:
-            if not (self.pki_dir / f"{name}.pem").exists():
-                pki.issue(self.pki_dir, "answerer", name, dev=True)
+        pki.issue_dev_consortium(self.pki_dir, self.names)
         if not self.model.exists():
             classes = int(self.task.get("num_classes", 3))
             model = build("mlp", (4,), classes, 8, seed=0).eval()
