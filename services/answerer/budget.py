@@ -249,6 +249,10 @@ class OwnBudget:
         record = self.ledger.round_record(rid)
         if record is None or record.state in (RoundState.COMMITTED, RoundState.ABORTED):
             return False
+        # A guardian whose head fails the check is not taken at its word: the reservation
+        # stays (an over-count, never an under-count) until a settlement that checks.
+        if not self.keep_head(msg.head, rid):
+            return False
         actor = "guardian"
         if msg.settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED:
             if record.state == RoundState.RESERVED:
@@ -280,16 +284,16 @@ class OwnBudget:
         else:
             log.error("round %d: an unknown settlement %d; kept reserved", rid, msg.settlement)
             return False
-        self.keep_head(msg.head, rid)
         return True
 
     def _release(self, rid: int, state: RoundState) -> None:
         if state == RoundState.RESERVED:
             self.ledger.release(rid, actor="guardian")
 
-    def keep_head(self, msg: guardian_pb2.AuditHead, round_id: int) -> None:
+    def keep_head(self, msg: guardian_pb2.AuditHead, round_id: int) -> bool:
         """Store the guardian's signed audit head shown with ``round_id`` (0: at connection),
-        after checking its signature and that the guardian's history only grows."""
+        after checking its signature and that the guardian's history only grows; False
+        (recorded in this party's audit log) when the check fails."""
         head = AuditHead(int(msg.seq), msg.hash, msg.signature)
         key = self.ledger.setting(GUARDIAN_KEY)
         if key is None or not head_signed(key, head):
@@ -301,7 +305,7 @@ class OwnBudget:
             self.ledger.record(
                 self.name, "guardian_head_invalid", {"round": round_id, **head.to_dict()}
             )
-            return
+            return False
         last = self.ledger.setting(GUARDIAN_HEAD)
         if last is not None:
             before = json.loads(last)
@@ -319,7 +323,7 @@ class OwnBudget:
                     "guardian_head_conflict",
                     {"round": round_id, "before": before, "now": head.to_dict()},
                 )
-                return
+                return False
         self.ledger.keep_setting(
             GUARDIAN_HEAD,
             json.dumps(head.to_dict(), sort_keys=True),
@@ -327,8 +331,11 @@ class OwnBudget:
             action="guardian_head",
             detail={"round": round_id, **head.to_dict()},
         )
+        return True
 
-    # -- reports ------------------------------------------------------------------
+        # -- reports ------------------------------------------------------------------
+        return True
+
     def report(self) -> guardian_pb2.SpendReport:
         """This party's ledger as the guardian's admin view compares it."""
         opened = self.ledger.open_rounds()

@@ -231,7 +231,16 @@ def test_settlements_never_undercount(pair: Pair) -> None:
     bad = guardian_pb2.RoundSettled(
         round_id=r4, settlement=guardian_pb2.SETTLEMENT_CHARGED, answered=b"\x01"
     )
+    bad.head.CopyFrom(settled.head)  # a head that checks: the mask itself is refused
     assert not pair.own.settle(bad)
+    # "Not charged" under a head its key did not sign is not believed: the reservation stays.
+    forged = guardian_pb2.RoundSettled(round_id=r4, settlement=guardian_pb2.SETTLEMENT_NOT_CHARGED)
+    forged.head.CopyFrom(settled.head)
+    forged.head.signature = sign_head(
+        Ed25519PrivateKey.generate(), forged.head.seq, forged.head.hash
+    )
+    assert not pair.own.settle(forged)
+    assert pair.own.ledger.audit_entries(limit=1)[0].action == "guardian_head_invalid"
     assert pair.own.open_rounds() == [r3, r4]
     np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), 3 * worst, rtol=1e-12)
     # A round this party never reserved is nothing to it.
