@@ -53,6 +53,7 @@ from numpy.typing import NDArray
 
 from capc.he.ckks import HeError, PublicContext, StudentKeys, _Context, read_polys
 from capc.he.params import CkksParams
+from capc.mpc import ring
 from capc.privacy.randomness import SecureRandom
 
 #: Slots decoded per matrix block: bounds the decoder's memory to block * N * 8 bytes.
@@ -220,15 +221,11 @@ def decoder(ctx: _Context) -> SlotDecoder:
     return _decoder(ctx.params, ctx.moduli(ctx.params.output_level))
 
 
-def _ring(values: NDArray[np.uint64], params: CkksParams) -> NDArray[np.uint64]:
-    return values & np.uint64((1 << params.share_bits) - 1)
-
-
 def party_masks(ctx: PublicContext, masks: NDArray[np.uint64], slots: int) -> NDArray[np.uint64]:
     """(C, primes, N) mask residues -> (C, slots) garbler masks: minus the party's shares."""
     dec = decoder(ctx)
     share = dec.decode(lift(negated(masks, dec.moduli), dec.moduli), slots)
-    return _ring(np.uint64(0) - share, ctx.params)
+    return ring.reduce(np.uint64(0) - share, ctx.params.share_bits)
 
 
 def student_values(
@@ -237,7 +234,7 @@ def student_values(
     """C masked ciphertexts -> (C, slots) student shares (its 'masked logits')."""
     dec = decoder(keys)
     coeffs = np.stack([keys.decrypt_coefficients(ct) for ct in outputs])
-    return _ring(dec.decode(lift(coeffs, dec.moduli), slots), keys.params)
+    return ring.reduce(dec.decode(lift(coeffs, dec.moduli), slots), keys.params.share_bits)
 
 
 def mask_batched(
@@ -272,8 +269,4 @@ def masked_single(
 
 def to_logits(values: NDArray[np.uint64], params: CkksParams) -> NDArray[np.float64]:
     """Reconstructed shares (student value - party mask, mod 2^share_bits) -> logits, signed."""
-    v = np.asarray(values, dtype=np.uint64) & np.uint64((1 << params.share_bits) - 1)
-    signed = v.astype(np.int64) - (
-        (v >= np.uint64(1 << (params.share_bits - 1))).astype(np.int64) << params.share_bits
-    )
-    return signed.astype(np.float64) / float(1 << params.frac_bits)
+    return ring.decode_fixed(values, params.frac_bits, params.share_bits)
