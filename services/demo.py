@@ -224,11 +224,17 @@ def demo_task(teachers: int) -> dict[str, Any]:
 
 
 def _body(args: argparse.Namespace, directory: Path, steps: Steps) -> Path:
-    if args.pretrain_steps is not None:
-        body_path = directory / "body.pt"
-        config = replace(
-            QUICK_BODY, pretrain=replace(QUICK_BODY.pretrain, steps=args.pretrain_steps)
+    pretrain_steps = args.pretrain_steps
+    if pretrain_steps is None and args.body is None and not SHIPPED_BODY.exists():
+        # A checkout without the shipped body still runs the demo, on a smaller body.
+        pretrain_steps = QUICK_BODY.pretrain.steps
+        steps.note(
+            f"no shipped body at {SHIPPED_BODY} (`make demo-body` makes it); a small body is "
+            "pretrained here instead, so the student will be less accurate"
         )
+    if pretrain_steps is not None:
+        body_path = directory / "body.pt"
+        config = replace(QUICK_BODY, pretrain=replace(QUICK_BODY.pretrain, steps=pretrain_steps))
         if body_path.exists():
             steps(f"pretrained body found at {body_path}")
             return body_path

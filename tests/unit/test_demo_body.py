@@ -3,6 +3,7 @@ digest, and the recorded command builds the same architecture."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import shlex
@@ -12,8 +13,10 @@ import pytest
 import torch
 
 from capc.learning.cli import add_parser
+from capc.learning.diet import BodyConfig
 from capc.models import load_teacher
 from capc.models.checkpoint import weights_sha256
+from services import demo
 from services.demo import SHIPPED_BODY, SHIPPED_RECORD
 
 
@@ -78,3 +81,23 @@ def test_the_shipped_body_is_what_its_record_says_and_its_command_builds(tmp_pat
     )
     a, b = small.model.state_dict(), shipped.model.state_dict()
     assert {k: v.shape for k, v in a.items()} == {k: v.shape for k, v in b.items()}
+
+
+def test_a_checkout_without_the_shipped_body_pretrains_a_small_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make demo` on a clone that lacks services/assets/demo-body.pt still runs."""
+    made: list[int] = []
+    monkeypatch.setattr(demo, "SHIPPED_BODY", tmp_path / "missing.pt")
+
+    def pretrained_body(config: BodyConfig, *args: object) -> str:
+        made.append(config.pretrain.steps)
+        return "body"
+
+    monkeypatch.setattr(demo, "pretrained_body", pretrained_body)
+    monkeypatch.setattr(demo, "save_body", lambda path, *a: path.write_bytes(b"body"))
+    args = argparse.Namespace(pretrain_steps=None, body=None)
+    path = demo._body(args, tmp_path, demo.Steps(6))
+    assert path == tmp_path / "body.pt" and path.exists()
+    assert made == [demo.QUICK_BODY.pretrain.steps]
+    assert "make demo-body" in capsys.readouterr().out
