@@ -129,12 +129,17 @@ def share_from_bytes(data: bytes, shape: tuple[int, int]) -> NDArray[np.uint64]:
     return np.frombuffer(data, dtype=_SHARE).astype(np.uint64).reshape(shape)
 
 
-def shares_from_proto(msg: guardian_pb2.Shares, expected: tuple[int, int]) -> NDArray[np.uint64]:
-    """The guardian share of a shares message, which must have shape ``expected``."""
+def shares_from_proto(
+    msg: guardian_pb2.Shares, expected: tuple[int, int], field: bool = False
+) -> NDArray[np.uint64]:
+    """The guardian share of a shares message, which must have shape ``expected``: ring
+    elements, or with ``field`` proven bit shares, each an element of F_p (below p)."""
     if tuple(msg.shape) != expected:
         raise RequestError(
             f"shares for round {msg.round_id} must have shape {expected}, got {tuple(msg.shape)}"
         )
+    if field:
+        return field_share_from_bytes(msg.guardian_share, expected, "the bit shares")
     return share_from_bytes(msg.guardian_share, expected)
 
 

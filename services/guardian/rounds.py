@@ -380,10 +380,7 @@ class RoundEngine:
                 # Bit shares in F_p and the proof share: checked jointly with the student.
                 # The proof first: a party sending plain shares is told proofs are needed.
                 proof = serde.proof_from_proto(msg, (rnd.batch, relation.proof_elements))
-                share = serde.shares_from_proto(msg, (rnd.batch, relation.elements))
-                share = serde.field_share_from_bytes(
-                    msg.guardian_share, share.shape, "the bit shares"
-                )
+                share = serde.shares_from_proto(msg, (rnd.batch, relation.elements), field=True)
         except RequestError as err:
             raise RoundInputError(str(err)) from None
         if rnd.ciphertext_hash is not None:

@@ -96,6 +96,19 @@ def test_duplicates_strangers_and_bad_shapes_are_refused(engine: RoundEngine) ->
     bad.guardian_share = bad.guardian_share[:-8]
     with pytest.raises(RoundInputError, match="bytes"):
         engine.receive_shares("b", bad)
+    # A deviating party's proven shares: no proof, a "bit" outside F_p, no sealed seed.
+    unproven = shares(rid, "b")
+    unproven.ClearField("proof")
+    with pytest.raises(RoundInputError, match="takes vote validity proofs"):
+        engine.receive_shares("b", unproven)
+    outside = shares(rid, "b")
+    outside.guardian_share = (2**64 - 1).to_bytes(8, "little") + outside.guardian_share[8:]
+    with pytest.raises(RoundInputError, match="F_p"):
+        engine.receive_shares("b", outside)
+    seedless = shares(rid, "b")
+    seedless.sealed_seed = b""
+    with pytest.raises(RoundInputError, match="sealed seed"):
+        engine.receive_shares("b", seedless)
     engine.receive_shares("b", shares(rid, "b"))
     engine.report_failure("c", rid, "model crashed")
     t.join(timeout=10)
