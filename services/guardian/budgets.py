@@ -74,8 +74,11 @@ def outcome(answered: np.ndarray) -> dict[str, object]:
     }
 
 
-def settlement(ledger: Ledger, name: str, round_id: int) -> guardian_pb2.RoundSettled | None:
-    """How round ``round_id`` ended for ``name``; None while it is open or unknown here."""
+def settlement(
+    ledger: Ledger, name: str, round_id: int, head: AuditHead | None = None
+) -> guardian_pb2.RoundSettled | None:
+    """How round ``round_id`` ended for ``name``, shown with ``head`` (the ledger's current
+    audit head unless given); None while it is open or unknown here."""
     record = ledger.round_record(round_id)
     if record is None or record.state in (RoundState.RESERVED, RoundState.RELEASED):
         return None
@@ -94,7 +97,7 @@ def settlement(ledger: Ledger, name: str, round_id: int) -> guardian_pb2.RoundSe
         round_id=round_id,
         settlement=kind,
         answered=answered,
-        head=head_to_proto(ledger.audit_head()),
+        head=head_to_proto(ledger.audit_head() if head is None else head),
     )
 
 

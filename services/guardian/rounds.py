@@ -1051,8 +1051,9 @@ class RoundEngine:
         if link is None:
             return 0
         sent = 0
+        head = self.ledger.audit_head()  # one read for every round a heartbeat names
         for round_id in round_ids:
-            settled = budgets.settlement(self.ledger, name, round_id)
+            settled = budgets.settlement(self.ledger, name, round_id, head)
             if settled is None:
                 continue
             try:
