@@ -118,36 +118,40 @@ def mul(a: ArrayLike, b: ArrayLike) -> U64:
 
 
 def dot(coeffs: ArrayLike, values: ArrayLike) -> U64:
-    """sum_i coeffs[i] * values[..., i] mod p: (n,) x (..., n) -> (...).
+    """sum_i coeffs[i] * values[..., i] mod p: (n,) x (..., n) -> (...)."""
+    c = np.asarray(coeffs, dtype=np.uint64)
+    return dot_rows(c.reshape(1, -1), values)[..., 0]
+
+
+def dot_rows(coeffs: ArrayLike, values: ArrayLike) -> U64:
+    """sum_i coeffs[k, i] * values[..., i] mod p for every row k: (k, n) x (..., n) ->
+    (..., k).
 
     One float64 matrix product, exact: both operands are cut into three limbs of at
-    most 21 bits, so each limb product is below 2^42 and each of the five output
-    columns (one per limb weight 2^(21k)) sums at most 3n of them, below 2^53 for
+    most 21 bits, so each limb product is below 2^42 and each output column (one per row
+    and limb weight 2^(21j), five weights) sums at most 3n of them, below 2^53 for
     n < 682; the columns are folded back mod p (2^61 = 1) in integers.
     """
     c = np.asarray(coeffs, dtype=np.uint64)
     v = np.asarray(values, dtype=np.uint64)
-    n = c.size
+    rows, n = c.shape
     if v.shape[-1] != n:
         raise ValidityError(f"dot of {n} coefficients with values of shape {v.shape}")
     if n > _EXACT_TERMS:
-        acc = np.zeros(v.shape[:-1], dtype=np.uint64)
-        for i in range(n):  # one vector operation per coefficient, never per element
-            acc = add(acc, mul(v[..., i], c[i]))
-        return acc
+        raise ValidityError(f"at most {_EXACT_TERMS} terms are summed exactly, got {n}")
     lead = v.shape[:-1]
     vl = _limbs(v.reshape(-1, n)).reshape(-1, 3 * n)  # (N, 3n): column 3i + a
-    cl = _limbs(c)  # (n, 3)
-    weights = np.zeros((n, 3, 5), dtype=np.float64)
+    cl = _limbs(c)  # (k, n, 3)
+    weights = np.zeros((n, 3, rows, 5), dtype=np.float64)
     for a in range(3):
         for b in range(3):
-            weights[:, a, a + b] = cl[:, b]
-    # (5, N), each row contiguous; exact: every entry is below 2^53.
-    cols = (weights.reshape(3 * n, 5).T @ vl.T).astype(np.uint64)
-    total = cols[0]
+            weights[:, a, :, a + b] = cl[:, :, b].T
+    # (N, k, 5); exact: every entry is below 2^53.
+    cols = (vl @ weights.reshape(3 * n, 5 * rows)).astype(np.uint64).reshape(-1, rows, 5)
+    total = cols[..., 0]
     for k in range(1, 5):
-        total += _times_power_of_two(cols[k], (21 * k) % 61)
-    return _fold(total).reshape(lead)
+        total += _times_power_of_two(cols[..., k], (21 * k) % 61)
+    return _fold(total).reshape(*lead, rows)
 
 
 #: Most terms :func:`dot` sums in one exact float64 product.
@@ -322,7 +326,7 @@ def prove(relation: VoteRelation, bits: ArrayLike) -> U64:
     rho = expand(os.urandom(16), b, b"capc-blinding")
     wires = np.concatenate([rho[:, None], x], axis=1)  # f(0..n)
     ext = _extension(n)  # (n, n+1)
-    f_hi = np.stack([dot(ext[k], wires) for k in range(n)], axis=1)  # f(n+1..2n)
+    f_hi = dot_rows(ext, wires)  # f(n+1..2n), (B, n)
     q0 = sub(mul(rho, rho), rho)
     q_hi = sub(mul(f_hi, f_hi), f_hi)
     return np.concatenate([rho[:, None], q0[:, None], q_hi], axis=1)

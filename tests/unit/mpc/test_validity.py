@@ -129,3 +129,16 @@ def test_invalid_encodings_are_refused() -> None:
         vp.VoteRelation(4096, 1)
     with pytest.raises(vp.ValidityError, match="24 bytes"):
         vp.Challenge.from_bytes(b"short")
+
+
+@pytest.mark.parametrize("n", [1, 7, 513])
+def test_dot_rows_is_exact_modulo_p(n: int) -> None:
+    """Every row of the one float64 product equals exact integer arithmetic mod p."""
+    rng = np.random.default_rng(n)
+    c = rng.integers(0, vp.P, (5, n), dtype=np.uint64)
+    x = rng.integers(0, vp.P, (9, n), dtype=np.uint64)
+    exact = [
+        [sum(int(a) * int(b) for a, b in zip(ck, xr, strict=True)) % vp.P for ck in c] for xr in x
+    ]
+    np.testing.assert_array_equal(vp.dot_rows(c, x), np.array(exact, dtype=np.uint64))
+    np.testing.assert_array_equal(vp.dot(c[0], x), np.array(exact, dtype=np.uint64)[:, 0])
