@@ -502,13 +502,6 @@ def ring_shares(field_sum: ArrayLike, student: bool) -> U64:
     return s - _P if student else s.copy()
 
 
-def bytes_per_query(relation: VoteRelation, parties: int) -> float:
-    """Bytes a round sends per query for the proofs: each party's guardian proof share and
-    the student's f(t) share per party (8 bytes an element); the bits replace the vote share."""
-    extra_bits = relation.elements - relation.width
-    return float(parties * 8 * (relation.proof_elements + extra_bits + 1))
-
-
 __all__ = [
     "Challenge",
     "P",
