@@ -49,8 +49,15 @@ the circuit's ring: with G the guardian's and S the student's sum of the
 parties' vote shares (both in [0, p)), G + S = h + p unless S <= h, which
 has probability (h + 1) / p when S is uniform (one honest party suffices);
 the guardian inputs G and the student S - p, modulo 2^64. In the rare
-other case the count comes out as h + 1 (p = -1 mod 2^l): a unit offset,
-probability at most (W + 1) / p per count.
+other case the count comes out as h + 1 (p = -1 mod 2^l): a unit offset
+that depends on h, which the circuit's exact total check would turn into a
+noiseless bit. No local conversion avoids the event (S is the student's
+own view), so it is kept rare and bounded: the counts are converted
+*before* weighting, one sum per weight group (h at most the group's
+teachers, not teachers x 2^frac_bits), and weighted in the ring, which is
+exact. :func:`conversion_failure` bounds the probability per round and the
+guardian refuses a round above ``MAX_CONVERSION_FAILURE`` (2^-40, the
+project's statistical security parameter).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +81,10 @@ _M32 = np.uint64(0xFFFFFFFF)
 _M29 = np.uint64((1 << 29) - 1)
 #: Largest proof relation (elements per query) a round accepts: the prover's cost is n^2.
 MAX_ELEMENTS = 512
+#: Largest probability a round's F_p -> Z_2^64 conversion may go wrong (see the module
+#: docstring): the statistical security parameter, 40 bits, that the rest of the protocol
+#: meets too.
+MAX_CONVERSION_FAILURE = 2.0**-40
 
 
 class ValidityError(ValueError):
@@ -495,6 +507,17 @@ def histogram_shares(relation: VoteRelation, bit_shares: ArrayLike, weights: Arr
     return relation.counts(sum_rows(weighted))
 
 
+def conversion_failure(batch: int, width: int, teachers: Sequence[int]) -> float:
+    """Upper bound on the probability that a round's conversion of its counts from F_p to
+    Z_2^64 is off by one anywhere: ``batch`` queries of ``width`` counts, summed over
+    parties with ``teachers`` teachers each (grouped by weight or not: a group's count is
+    at most its teachers, so the sum over groups is at most sum(m + 1) over parties).
+    Data-independent: every argument is public when the round opens."""
+    if batch < 0 or width < 0 or any(m < 0 for m in teachers):
+        raise ValidityError("a conversion bound needs non-negative sizes")
+    return float(batch) * float(width) * float(sum(m + 1 for m in teachers)) / float(P)
+
+
 def ring_shares(field_sum: ArrayLike, student: bool) -> U64:
     """A verifier's sum of vote shares in F_p -> its share in Z_2^64: the guardian's as is,
     the student's minus p (see the module docstring for the statistical error)."""
@@ -503,12 +526,14 @@ def ring_shares(field_sum: ArrayLike, student: bool) -> U64:
 
 
 __all__ = [
+    "MAX_CONVERSION_FAILURE",
     "Challenge",
     "P",
     "ValidityError",
     "VerifierShare",
     "VoteRelation",
     "accept",
+    "conversion_failure",
     "histogram_shares",
     "prove",
     "ring_shares",

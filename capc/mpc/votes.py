@@ -111,22 +111,39 @@ def proven_vote_sum(
     student: bool,
 ) -> U64:
     """One verifier's share in Z_2^64 of the histogram (B, width) of the parties in
-    ``relations`` (the valid votes): the sum in F_p of each party's counts times its
-    weight on the shares' grid, converted with :func:`capc.mpc.validity.ring_shares`."""
-    groups: dict[validity.VoteRelation, list[str]] = {}
+    ``relations`` (the valid votes), each party's counts times its weight on the shares'
+    grid.
+
+    The parties of one relation and one weight are summed in F_p and converted with
+    :func:`capc.mpc.validity.ring_shares` *unweighted*, then weighted in the ring: a
+    converted count is then at most the group's teachers, which keeps the conversion's
+    rare off-by-one (:func:`capc.mpc.validity.conversion_failure`) 2^frac_bits times rarer
+    than converting the weighted sum."""
+    groups: dict[tuple[validity.VoteRelation, int], list[str]] = {}
     for party in sorted(relations):
-        groups.setdefault(relations[party], []).append(party)
-    total: U64 | None = None
-    for relation, parties in groups.items():  # parties of one relation summed at once
-        v = validity.histogram_shares(
-            relation,
-            np.stack([np.asarray(bit_shares[p], dtype=np.uint64) for p in parties]),
-            np.array([weights[p] for p in parties], dtype=np.uint64),
-        )
-        total = v if total is None else validity.add(total, v)
-    if total is None:
+        weight = int(weights[party])
+        if not 0 <= weight < validity.P:
+            raise validity.ValidityError("a vote weight on the grid must lie in [0, p)")
+        groups.setdefault((relations[party], weight), []).append(party)
+    if not groups:
         raise ValueError("a histogram needs at least one valid vote")
-    return validity.ring_shares(total, student)
+    # uint64 arithmetic wraps modulo 2^64: the weighting and the sum are exact in the ring.
+    parts = [
+        validity.ring_shares(
+            validity.histogram_shares(
+                relation,
+                np.stack([np.asarray(bit_shares[p], dtype=np.uint64) for p in parties]),
+                np.ones(len(parties), dtype=np.uint64),
+            ),
+            student,
+        )
+        * np.uint64(weight)
+        for (relation, weight), parties in groups.items()
+    ]
+    total = parts[0]
+    for v in parts[1:]:
+        total = total + v
+    return total
 
 
 def verifier_shares(

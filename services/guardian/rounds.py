@@ -472,6 +472,8 @@ class RoundEngine:
     ) -> _Round:
         excluded = _excluded(request.exclude)
         candidates = [p for p in self.reachable() if p not in excluded]
+        if not encrypted:
+            _check_conversion(task, batch, self.teachers(), candidates)
         weights, votes_on = self.personalize(task, candidates, batch)
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
@@ -1077,6 +1079,26 @@ def _check_relay_size(frame: guardian_pb2.RelayFrame) -> None:
 
 
 LAYOUTS = ("batched", "single")
+
+
+def _check_conversion(
+    task: TaskConfig, batch: int, teachers: dict[str, int], candidates: list[str]
+) -> None:
+    """Refuse, before anything is reserved, a round whose proven votes' conversion to the
+    circuit's ring could go wrong with probability above the statistical security
+    parameter (public sizes only: the batch, the counts per query, the teachers)."""
+    counts = [teachers.get(p, 1) for p in candidates]
+    relation = task.mechanism.vote_relation(1)  # its width: the counts per query
+    if relation is None:
+        return
+    bound = validity.conversion_failure(batch, relation.width, counts)
+    if bound > validity.MAX_CONVERSION_FAILURE:
+        most = int(batch * validity.MAX_CONVERSION_FAILURE / bound)
+        raise RequestError(
+            f"a round of {batch} queries over {len(counts)} parties with {sum(counts)} "
+            f"teachers could convert its shared counts wrongly with probability {bound:.1e}, "
+            f"above 2^-40: send at most {max(most, 1)} queries per round"
+        )
 
 
 def _excluded(names: Sequence[str]) -> frozenset[str]:

@@ -1,8 +1,7 @@
 """Adversarial review of issue 33: a deviating hospital or student against the merged
 validity proofs, the ring conversion and the round engine's vote check.
 
-Each test attacks the real modules. The ones marked xfail demonstrate a weakness
-that is still open (the reason says which); they fail loudly (strict) once fixed.
+Each test attacks the real modules.
 """
 
 from __future__ import annotations
@@ -18,13 +17,15 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from capc.mechanisms.registry import from_config
 from capc.mpc import ring, validity
 from capc.mpc.mechanism_circuits import MultiLabel
-from capc.mpc.validity import P, VoteRelation
+from capc.mpc.validity import VoteRelation
 from capc.mpc.votes import (
     one_hot_votes,
+    proven_vote_sum,
     share_proven_votes,
 )
 from services.common import serde
 from services.common.ledger import Ledger
+from services.common.protocol import RequestError
 from services.common.task import config_hash
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -126,29 +127,58 @@ def test_a_hospital_cannot_escape_its_proof_by_registering_more_teachers(
     assert "register fewer teachers" in engine._rounds[rid].invalid["mallory"]
 
 
-def _ring_sum(h: int, s: int) -> int:
-    """The reconstructed count in the circuit's ring (l = 32 here) when the student's F_p
-    share sum of the count is ``s``: guardian G = (h - s) mod p, student s - p."""
-    g = np.array([(h - s) % P], dtype=np.uint64)
-    student = validity.ring_shares(np.array([s], dtype=np.uint64), student=True)
-    return int(ring.reduce(validity.ring_shares(g, student=False) + student, 32)[0])
+def test_the_ring_conversion_is_taken_before_the_weighting() -> None:
+    # The conversion is off by one when the student's F_p share sum S of a count is at
+    # most the count (module docstring of capc.mpc.validity). Converting the weighted
+    # sum made that window teachers x 2^16 wide; converting each weight group's plain
+    # counts keeps it at the teachers. S = 2^45 sits in the old window, not the new:
+    # 2^16 * 2^45 = 2^61 = 1 (mod p), far below the weighted count 4 * 2^16.
+    relation = VoteRelation(2, 4)
+    bits = relation.encode(np.array([[4, 0]]))
+    unit = next(
+        e
+        for e in range(relation.elements)
+        if list(relation.counts(np.eye(relation.elements, dtype=np.uint64)[e][None])[0]) == [1, 0]
+    )
+    # A uniform student share, moved so that count 0's share sum is exactly 2^45.
+    student = np.random.default_rng(0).integers(0, validity.P, bits.shape, dtype=np.uint64)
+    have = int(relation.counts(student)[0, 0])
+    student[0, unit] = np.uint64((int(student[0, unit]) + (1 << 45) - have) % validity.P)
+    assert int(relation.counts(student)[0, 0]) == 1 << 45
+    guardian = validity.sub(bits, student)
+    weight = {"a": 1 << 16}
+    total = proven_vote_sum({"a": relation}, {"a": guardian}, weight, student=False)
+    total = total + proven_vote_sum({"a": relation}, {"a": student}, weight, student=True)
+    assert [int(v) for v in total[0]] == [4 << 16, 0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review33: the F_p -> Z_2^l conversion is off by one exactly when the student's "
-    "share sum S <= h; the student sees S, and the circuit's exact total check turns the "
-    "unit offset into a noiseless bit [h >= S] (probability (W+1)/p per count, not in delta)",
-)
-def test_the_ring_conversion_does_not_depend_on_the_count_the_student_can_see() -> None:
-    # A student whose share sum of one count happens to be small (it sees S in the clear):
-    s = 5
-    below, above = _ring_sum(4, s), _ring_sum(5, s)
-    assert below == 4  # S > h: exact
-    # S <= h: one too high. With the other counts exact, sum_j h'_j = W + 1 and the
-    # exact total check (mechanism_circuits._total_violation) flags the round: the
-    # violation bit is [h_j >= S], a comparison of an honest count with no noise.
-    assert above == 5
+def test_the_guardian_refuses_a_round_whose_conversion_could_fail_too_often(
+    tmp_path: Path,
+) -> None:
+    # Public sizes only: 2 parties x 1,024 teachers, 10 classes, 4,096 queries bound the
+    # off-by-one at 3.6e-11 per round, above 2^-40. Refused before any reservation.
+    classes, batch = 10, 4096
+    task: dict[str, object] = {
+        "num_classes": classes,
+        "input_shape": [2],
+        "mechanism": {"name": "gnmax", "sigma": 40.0},
+        "quorum": 1,
+    }
+    assert validity.conversion_failure(batch, classes, [1024, 1024]) > (
+        validity.MAX_CONVERSION_FAILURE
+    )
+    ledger = Ledger(str(tmp_path / "c.db"))
+    ledger.create_task("t", task)
+    for name in ("a", "b"):
+        ledger.register_party(name, 100.0)
+    engine = RoundEngine(ledger, share_timeout=3.0)
+    for name in ("a", "b"):
+        engine.attach(name, teachers=1024)
+    with pytest.raises(RequestError, match=r"send at most \d+ queries per round"):
+        engine.open_round("student", _request(task, batch, X25519PrivateKey.generate()), SID)
+    assert ledger.count_rounds() == 0
+    # The demo's rounds (5 hospitals x 50 teachers, 512 queries) stay under the bound.
+    assert validity.conversion_failure(512, classes, [50] * 5) <= validity.MAX_CONVERSION_FAILURE
 
 
 # -- confident multi-label: the violation bit and the confidence test share their noise --
