@@ -37,6 +37,7 @@ from capc.mechanisms.registry import from_config
 from services.common import serde
 from services.common.ledger import (
     DuplicateRoundError,
+    KeptSetting,
     Ledger,
     LedgerError,
     QuorumError,
@@ -251,17 +252,20 @@ class OwnBudget:
             return False
         # A guardian whose head fails the check is not taken at its word: the reservation
         # stays (an over-count, never an under-count) until a settlement that checks.
-        if not self.keep_head(msg.head, rid):
+        head = self.checked_head(msg.head, rid)
+        if head is None:
             return False
+        # The head is kept in the settlement's own transaction: one durable write a round.
         actor = "guardian"
         if msg.settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED:
             if record.state == RoundState.RESERVED:
-                self.ledger.abort(rid, actor=actor, reason="the guardian did not use this vote")
+                self.ledger.abort(
+                    rid, actor=actor, reason="the guardian did not use this vote", keep=head
+                )
             else:
-                self.ledger.commit(rid, {}, actor=actor)
+                self.ledger.commit(rid, {}, actor=actor, keep=head)
         elif msg.settlement == guardian_pb2.SETTLEMENT_WORST_CASE:
-            self._release(rid, record.state)
-            self.ledger.commit_at_reservation(rid, actor=actor)
+            self.ledger.commit_at_reservation(rid, actor=actor, release=True, keep=head)
         elif msg.settlement == guardian_pb2.SETTLEMENT_CHARGED:
             terms = Terms(**record.terms)  # type: ignore[arg-type]
             mech = from_config(terms.mechanism, terms.outputs)
@@ -279,21 +283,27 @@ class OwnBudget:
                 return False
             answered = np.unpackbits(bits, count=size, bitorder="little").astype(bool)
             event = mech.event(answered.reshape(shape)[terms.voting()], terms.weight)
-            self._release(rid, record.state)
-            self.ledger.commit(rid, {self.name: event}, actor=actor)
+            self.ledger.commit(rid, {self.name: event}, actor=actor, release=True, keep=head)
         else:
             log.error("round %d: an unknown settlement %d; kept reserved", rid, msg.settlement)
             return False
         return True
 
-    def _release(self, rid: int, state: RoundState) -> None:
-        if state == RoundState.RESERVED:
-            self.ledger.release(rid, actor="guardian")
-
     def keep_head(self, msg: guardian_pb2.AuditHead, round_id: int) -> bool:
         """Store the guardian's signed audit head shown with ``round_id`` (0: at connection),
         after checking its signature and that the guardian's history only grows; False
         (recorded in this party's audit log) when the check fails."""
+        head = self.checked_head(msg, round_id)
+        if head is not None:
+            self.ledger.keep_setting(
+                head.key, head.value, actor=head.actor, action=head.action, detail=head.detail
+            )
+        return head is not None
+
+    def checked_head(self, msg: guardian_pb2.AuditHead, round_id: int) -> KeptSetting | None:
+        """The guardian's audit head shown with ``round_id`` as the setting to keep, once
+        its signature and growth check; None (recorded in this party's audit log) when
+        they fail."""
         head = AuditHead(int(msg.seq), msg.hash, msg.signature)
         key = self.ledger.setting(GUARDIAN_KEY)
         if key is None or not head_signed(key, head):
@@ -305,7 +315,7 @@ class OwnBudget:
             self.ledger.record(
                 self.name, "guardian_head_invalid", {"round": round_id, **head.to_dict()}
             )
-            return False
+            return None
         last = self.ledger.setting(GUARDIAN_HEAD)
         if last is not None:
             before = json.loads(last)
@@ -323,19 +333,16 @@ class OwnBudget:
                     "guardian_head_conflict",
                     {"round": round_id, "before": before, "now": head.to_dict()},
                 )
-                return False
-        self.ledger.keep_setting(
+                return None
+        return KeptSetting(
             GUARDIAN_HEAD,
             json.dumps(head.to_dict(), sort_keys=True),
             actor=self.name,
             action="guardian_head",
             detail={"round": round_id, **head.to_dict()},
         )
-        return True
 
-        # -- reports ------------------------------------------------------------------
-        return True
-
+    # -- reports ------------------------------------------------------------------
     def report(self) -> guardian_pb2.SpendReport:
         """This party's ledger as the guardian's admin view compares it."""
         opened = self.ledger.open_rounds()

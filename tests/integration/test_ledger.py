@@ -18,6 +18,7 @@ from capc.privacy.accountants import GaussianDp
 from capc.privacy.events import DpEvent, GaussianEvent, PureDpEvent
 from services.common.ledger import (
     DuplicateRoundError,
+    KeptSetting,
     Ledger,
     LedgerError,
     QuorumError,
@@ -612,3 +613,33 @@ def test_reports_are_kept_with_the_party(ledger_url: str) -> None:
     assert report is not None and report["through"] == 3 and "received_at" in report
     with pytest.raises(UnknownPartyError):
         ledger.store_report("ghost", {})
+
+
+def test_a_settlement_releases_commits_and_keeps_its_setting_in_one_transaction(
+    ledger_url: str,
+) -> None:
+    # A party's own ledger settles a round the guardian has released already: one durable
+    # write holds the release, the charge and the guardian's audit head, or none of them.
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 10.0)
+    res = ledger.reserve("a", "digits", "s", 30, {"h1": gnmax_cost(30)}, mechanism="g", quorum=1)
+    head = KeptSetting("guardian_head", '{"seq": 5}', actor="h1", action="guardian_head")
+    with pytest.raises(RoundStateError):  # without release a reserved round stays reserved
+        ledger.commit(res.round_id, {"h1": gnmax_cost(10)}, actor="guardian", keep=head)
+    assert ledger.setting("guardian_head") is None  # ... and the setting was not kept
+    ledger.commit(res.round_id, {"h1": gnmax_cost(10)}, actor="guardian", release=True, keep=head)
+    record = ledger.round_record(res.round_id)
+    assert record is not None and record.state == RoundState.COMMITTED
+    assert ledger.setting("guardian_head") == '{"seq": 5}'
+    np.testing.assert_allclose(ledger.spent_loss("h1"), GDP.cost(gnmax_cost(10)), rtol=1e-12)
+    actions = [e.action for e in ledger.audit_entries(10)]
+    assert {"release", "commit", "guardian_head"} <= set(actions)
+    # The ledger's own settings are never kept this way, not even beside a settlement.
+    other = ledger.reserve("b", "digits", "s", 30, {"h1": gnmax_cost(30)}, mechanism="g", quorum=1)
+    with pytest.raises(LedgerError, match="not a setting"):
+        ledger.abort(other.round_id, keep=KeptSetting("audit_head", "x", actor="h1"))
+    assert ledger.round_record(other.round_id).state == RoundState.RESERVED  # type: ignore[union-attr]
+    ledger.commit_at_reservation(other.round_id, actor="guardian", release=True)
+    np.testing.assert_allclose(
+        ledger.spent_loss("h1"), GDP.cost(gnmax_cost(10)) + GDP.cost(gnmax_cost(30)), rtol=1e-9
+    )

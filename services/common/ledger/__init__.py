@@ -2,6 +2,7 @@
 
 from services.common.ledger.store import (
     DuplicateRoundError,
+    KeptSetting,
     Ledger,
     LedgerError,
     PartyBudget,
@@ -15,6 +16,7 @@ from services.common.ledger.store import (
 
 __all__ = [
     "DuplicateRoundError",
+    "KeptSetting",
     "Ledger",
     "LedgerError",
     "PartyBudget",

@@ -113,6 +113,18 @@ class QuorumError(LedgerError):
 
 
 @dataclass(frozen=True)
+class KeptSetting:
+    """A value for :meth:`Ledger.keep_setting`, kept in the same transaction as a round's
+    settlement when passed to :meth:`Ledger.commit` or :meth:`Ledger.abort`."""
+
+    key: str
+    value: str
+    actor: str
+    action: str = "setting"
+    detail: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True)
 class Reservation:
     round_id: int
     included: tuple[str, ...]
@@ -237,6 +249,11 @@ def _lock_querier_spends(
         .with_for_update()
     )
     return {r.party: r for r in rows}
+
+
+def _check_setting(kept: KeptSetting | None) -> None:
+    if kept is not None and (kept.key in _OWN_SETTINGS or not 0 < len(kept.key) <= 64):
+        raise LedgerError(f"{kept.key!r} is not a setting that can be kept")
 
 
 def _positive_cap(epsilon_cap: float) -> float:
@@ -419,17 +436,20 @@ class Ledger:
         """Keep ``value`` under ``key``, audited as ``action`` with ``detail`` (an unchanged
         value writes nothing); the ledger's own settings (accountant, delta, audit head
         and key) cannot be changed this way."""
-        if key in _OWN_SETTINGS or not 0 < len(key) <= 64:
-            raise LedgerError(f"{key!r} is not a setting that can be kept")
+        kept = KeptSetting(key, value, actor, action, detail)
+        _check_setting(kept)
         with self._tx() as s:
-            row = s.get(Setting, key, with_for_update=True)
-            if row is None:
-                s.add(Setting(key=key, value=value))
-            elif row.value == value:
-                return
-            else:
-                row.value = value
-            self._audit(s, actor, action, {"key": key, **(detail or {})})
+            self._keep(s, kept)
+
+    def _keep(self, s: Session, kept: KeptSetting) -> None:
+        row = s.get(Setting, kept.key, with_for_update=True)
+        if row is None:
+            s.add(Setting(key=kept.key, value=kept.value))
+        elif row.value == kept.value:
+            return
+        else:
+            row.value = kept.value
+        self._audit(s, kept.actor, kept.action, {"key": kept.key, **(kept.detail or {})})
 
     def audit_key(self) -> tuple[str, int] | None:
         """(public key hex, last entry written before it signed), or None: no key yet."""
@@ -932,25 +952,39 @@ class Ledger:
         *,
         actor: str = "guardian",
         outcome: Mapping[str, object] | None = None,
+        release: bool = False,
+        keep: KeptSetting | None = None,
     ) -> None:
         """Replace a released round's reservations with the actual charges (events).
 
         Parties with a reservation but no entry in ``actual`` took no part in
         the result (they dropped out) and are charged nothing. An actual
         charge above the reservation is still charged in full and audited.
-        ``outcome``: what the round released (JSON), kept with it.
+        ``outcome``: what the round released (JSON), kept with it. ``release``: a
+        round still reserved is released first, in the same transaction (a party's
+        own ledger, told of a round whose output has left already). ``keep``: a
+        setting kept in that transaction too.
         """
         costs = {p: self._loss(e, f"charge of {p}") for p, e in actual.items()}
-        self._commit(round_id, costs, {p: e.to_dict() for p, e in actual.items()}, actor, outcome)
+        events = {p: e.to_dict() for p, e in actual.items()}
+        self._commit(round_id, costs, events, actor, outcome, release=release, keep=keep)
 
-    def commit_at_reservation(self, round_id: int, *, actor: str) -> None:
+    def commit_at_reservation(
+        self,
+        round_id: int,
+        *,
+        actor: str,
+        release: bool = False,
+        keep: KeptSetting | None = None,
+    ) -> None:
         """Commit a released round charging every party its reservation (the worst case):
-        what is charged when what the round released is unknown."""
+        what is charged when what the round released is unknown. ``release`` and
+        ``keep`` as for :meth:`commit`."""
         with Session(self.engine) as s:
             held = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
             res = {c.party: np.asarray(c.loss, dtype=np.float64) for c in held}
             events = {c.party: c.event for c in held}
-        self._commit(round_id, res, events, actor)
+        self._commit(round_id, res, events, actor, release=release, keep=keep)
 
     def _commit(
         self,
@@ -959,13 +993,22 @@ class Ledger:
         charged: Mapping[str, dict[str, object] | None],
         actor: str,
         outcome: Mapping[str, object] | None = None,
+        *,
+        release: bool = False,
+        keep: KeptSetting | None = None,
     ) -> None:
+        _check_setting(keep)
         with self._tx() as s:
             rnd = self._round(s, round_id)
+            if release and rnd.state == RoundState.RESERVED:
+                rnd.state = RoundState.RELEASED
+                self._audit(s, actor, "release", {"round": round_id})
             if rnd.state != RoundState.RELEASED:
                 raise RoundStateError(
                     f"round {round_id} is {rnd.state.value}; only a released round can be committed"
                 )
+            if keep is not None:
+                self._keep(s, keep)
             reservations = {
                 c.party: c
                 for c in s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id))
@@ -1005,14 +1048,25 @@ class Ledger:
                 {"round": round_id, "charged": sorted(costs), "above_reservation": over},
             )
 
-    def abort(self, round_id: int, *, actor: str = "guardian", reason: str = "") -> None:
-        """Cancel a reserved (never released) round and return its reservations."""
+    def abort(
+        self,
+        round_id: int,
+        *,
+        actor: str = "guardian",
+        reason: str = "",
+        keep: KeptSetting | None = None,
+    ) -> None:
+        """Cancel a reserved (never released) round and return its reservations; ``keep``:
+        a setting kept in the same transaction."""
+        _check_setting(keep)
         with self._tx() as s:
             rnd = self._round(s, round_id)
             if rnd.state != RoundState.RESERVED:
                 raise RoundStateError(
                     f"round {round_id} is {rnd.state.value}; only a round that was never released can be aborted"
                 )
+            if keep is not None:
+                self._keep(s, keep)
             reservations = list(s.scalars(select(ChargeRow).where(ChargeRow.round_id == round_id)))
             names = sorted(c.party for c in reservations)
             spends = _lock_spends(s, names)
