@@ -146,6 +146,16 @@ def proven_vote_sum(
     return total
 
 
+def _by_relation(
+    relations: Mapping[str, validity.VoteRelation], parties: list[str]
+) -> dict[validity.VoteRelation, list[int]]:
+    """Positions in ``parties`` grouped by relation: one vectorised check per group."""
+    groups: dict[validity.VoteRelation, list[int]] = {}
+    for i, p in enumerate(parties):
+        groups.setdefault(relations[p], []).append(i)
+    return groups
+
+
 def verifier_shares(
     relations: Mapping[str, validity.VoteRelation],
     challenge: validity.Challenge,
@@ -155,22 +165,28 @@ def verifier_shares(
     constants: Mapping[str, ArrayLike] | None = None,
 ) -> validity.VerifierShare:
     """One verifier's shares of the checks of ``parties``, in that order: wire (P, B) and
-    combined (P,). Parties may have different relations (teachers), so each is checked
-    on its own, vectorised over its queries. ``constants``: the guardian's
-    teachers x participation (B,) per party; the student passes None."""
-    wires, combined = [], []
-    for p in parties:
+    combined (P,). Parties of one relation (teachers) are checked together, vectorised
+    over them and their queries. ``constants``: the guardian's teachers x participation
+    (B,) per party; the student passes None."""
+    wire: U64 | None = None
+    combined = np.zeros(len(parties), dtype=np.uint64)
+    for relation, idx in _by_relation(relations, parties).items():
+        names = [parties[i] for i in idx]
         one = validity.verifier_share(
-            relations[p],
+            relation,
             challenge,
-            [p],
-            np.asarray(bit_shares[p], dtype=np.uint64)[None],
-            np.asarray(proof_shares[p], dtype=np.uint64)[None],
-            None if constants is None else np.asarray(constants[p])[None],
+            names,
+            np.stack([np.asarray(bit_shares[p], dtype=np.uint64) for p in names]),
+            np.stack([np.asarray(proof_shares[p], dtype=np.uint64) for p in names]),
+            None if constants is None else np.stack([np.asarray(constants[p]) for p in names]),
         )
-        wires.append(one.wire)
-        combined.append(one.combined)
-    return validity.VerifierShare(np.concatenate(wires), np.concatenate(combined))
+        if wire is None:
+            wire = np.zeros((len(parties), one.wire.shape[1]), dtype=np.uint64)
+        wire[idx] = one.wire
+        combined[idx] = one.combined
+    if wire is None:
+        wire = np.zeros((0, 0), dtype=np.uint64)
+    return validity.VerifierShare(wire, combined)
 
 
 def accepted(
@@ -180,15 +196,21 @@ def accepted(
     guardian: validity.VerifierShare,
     student: validity.VerifierShare,
 ) -> dict[str, bool]:
-    """The guardian's decision per party (in ``parties`` order) from both verifiers' shares."""
-    out = {}
-    for i, p in enumerate(parties):
+    """The guardian's decision per party (in ``parties`` order) from both verifiers' shares,
+    one vectorised check per relation; a student message of the wrong shape rejects all."""
+    sw = np.asarray(student.wire, dtype=np.uint64)
+    sc = np.asarray(student.combined, dtype=np.uint64)
+    if sw.shape != guardian.wire.shape or sc.shape != guardian.combined.shape:
+        return dict.fromkeys(parties, False)
+    out = dict.fromkeys(parties, False)
+    for relation, idx in _by_relation(relations, parties).items():
         ok = validity.accept(
-            relations[p],
+            relation,
             challenge,
-            [p],
-            validity.VerifierShare(guardian.wire[i : i + 1], guardian.combined[i : i + 1]),
-            validity.VerifierShare(student.wire[i : i + 1], student.combined[i : i + 1]),
+            [parties[i] for i in idx],
+            validity.VerifierShare(guardian.wire[idx], guardian.combined[idx]),
+            validity.VerifierShare(sw[idx], sc[idx]),
         )
-        out[p] = bool(ok[0])
+        for i, good in zip(idx, ok, strict=True):
+            out[parties[i]] = bool(good)
     return out
