@@ -9,6 +9,7 @@ from services.common.ledger.store import (
     QuorumError,
     Reservation,
     RoundStateError,
+    TeacherCountError,
     UnknownPartyError,
     UnknownTaskError,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "QuorumError",
     "Reservation",
     "RoundStateError",
+    "TeacherCountError",
     "UnknownPartyError",
     "UnknownTaskError",
 ]
