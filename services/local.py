@@ -406,8 +406,12 @@ class LocalConsortium:
         """(Re)start the guardian on the same port and ledger; it recovers on start-up."""
         self.port = self.port or free_port()
         ceilings = self.registered_caps or [self.cap(i) for i in range(self.parties)]
+        # Each hospital's teacher count is pinned by the guardian's operator, as a
+        # consortium agrees it: a hospital connecting with more is refused.
         register = [
-            a for i in range(self.parties) for a in ("--register", f"hospital-{i}={ceilings[i]}")
+            a
+            for i in range(self.parties)
+            for a in ("--register", f"hospital-{i}={ceilings[i]}:{self.teacher_count(i)}")
         ]
         # A seed is for tests that replay the noise; the guardian accepts it only under
         # --insecure-dev, which keeps mutual TLS on because --pki is named.

@@ -18,7 +18,7 @@ from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.db import normalise_url
 from services.common.ledger import Ledger, LedgerError, audit
-from services.common.limits import ROUND_TIMEOUT_S
+from services.common.limits import MAX_TEACHERS_PER_PARTY, ROUND_TIMEOUT_S
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
 
@@ -61,10 +61,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--register",
         action="append",
         default=[],
-        metavar="PARTY=EPS",
+        metavar="PARTY=EPS:TEACHERS",
         help="register an answering party with the guardian's ceiling on its epsilon cap "
-        "(repeatable; a changed value is audited). The cap enforced is never above the "
-        "one the party sets itself (capc answerer --epsilon-cap)",
+        "and the most teachers it may vote with (its vote weight, as the consortium agreed; "
+        "repeatable; a changed value is audited). The cap enforced is never above the one "
+        "the party sets itself (capc answerer --epsilon-cap); a party that connects with "
+        "more teachers than pinned is refused",
     )
     p.add_argument(
         "--task",
@@ -130,6 +132,44 @@ def start_up_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def parse_register(item: str) -> tuple[str, float, int]:
+    """``PARTY=EPS:TEACHERS`` -> (party, epsilon ceiling, pinned teacher count).
+
+    The teacher count has no default: it is the party's vote weight, which the
+    consortium agrees and only the operator can vouch for. A party's own Register
+    names its teachers, and its validity proofs hold it to that count and no
+    further, so a count the guardian assumed (even 1) would be a weight nobody
+    agreed to; an operator who leaves it out is told the exact form to write instead.
+    ValueError saying what was wrong and what to write.
+    """
+    name, eq, value = item.partition("=")
+    eps, colon, teachers = value.partition(":")
+    example = f"--register {name or 'hospital-a'}=4:1 (epsilon ceiling 4, one teacher)"
+    if not name or not eq:
+        raise ValueError(f"--register expects PARTY=EPS:TEACHERS, got {item!r}; e.g. {example}")
+    if not colon:
+        raise ValueError(
+            f"--register {item} pins no teacher count: write PARTY=EPS:TEACHERS, the most "
+            f"teachers {name} may vote with, as the consortium agreed; e.g. {example}"
+        )
+    try:
+        cap = float(eps)
+    except ValueError:
+        raise ValueError(
+            f"--register {item}: {eps!r} is not an epsilon ceiling; e.g. {example}"
+        ) from None
+    try:
+        count = int(teachers)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_TEACHERS_PER_PARTY:
+        raise ValueError(
+            f"--register {item}: the teacher count must be a whole number from 1 to "
+            f"{MAX_TEACHERS_PER_PARTY}, got {teachers!r}; e.g. {example}"
+        )
+    return name, cap, count
+
+
 def transport(args: argparse.Namespace) -> tls.TLSFiles | None:
     """The TLS files to serve with, or None for plaintext (--insecure-dev without --pki).
 
@@ -167,19 +207,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {refused}", file=sys.stderr)
         return 2
     try:
+        registrations = [parse_register(item) for item in args.register]
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
         signer = audit_signer(args)
         ledger = Ledger(args.db, accountant=args.accountant, delta=args.delta, signer=signer)
         if args.migrate:
             print(f"ledger at {ledger.url} is at the newest schema")
             return 0
-        for item in args.register:
-            name, _, eps = item.partition("=")
-            try:
-                cap = float(eps)
-            except ValueError:
-                print(f"error: --register expects PARTY=EPS, got {item!r}", file=sys.stderr)
-                return 2
-            ledger.register_party(name, cap, actor="guardian-cli")
+        for name, cap, teachers in registrations:
+            ledger.register_party(name, cap, teachers=teachers, actor="guardian-cli")
         for item in args.task:
             task_name, _, path = item.partition("=")
             if not task_name or not path:

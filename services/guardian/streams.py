@@ -39,6 +39,7 @@ from services.common.ledger import (
     DuplicateRoundError,
     LedgerError,
     QuorumError,
+    TeacherCountError,
     UnknownPartyError,
     UnknownTaskError,
 )
@@ -219,13 +220,20 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             )
         peer = context.peer()
         register = await self._registration(name, request_iterator, context)
+        # The party's vote weight is the count its operator pinned, not what it claims:
+        # its proofs hold it to the count it declares, so a larger one is refused here.
+        try:
+            teachers = await self._run(
+                functools.partial(self.ledger.admit_teachers, actor=name),
+                name,
+                len(register.teachers),
+            )
+        except TeacherCountError as err:
+            log.warning("refused %s's Register: %s", name, err)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         try:
             link = await self._run(
-                self.engine.attach,
-                name,
-                peer,
-                lambda: not context.done(),
-                len(register.teachers),
+                self.engine.attach, name, peer, lambda: not context.done(), teachers
             )
         except DuplicateLinkError as err:
             await self._refuse_duplicate(name, peer, err, context)

@@ -100,7 +100,8 @@ class LightConsortium:
 
     def start_guardian(self, *extra: str, prefix: Sequence[str] = ()) -> Process:
         self.port = self.port or free_port()
-        register = [a for n in self.names for a in ("--register", f"{n}={self.cap}")]
+        # One teacher each (the one checkpoint every party loads), pinned by the operator.
+        register = [a for n in self.names for a in ("--register", f"{n}={self.cap}:1")]
         proc = spawn(
             "guardian",
             "guardian",

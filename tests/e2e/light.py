@@ -71,18 +71,22 @@ def ballot_stuffing(cls: int, count: int) -> Vote:
 
 
 class DeviatingParty:
-    """An answering party that registers one teacher and answers every round with
-    ``vote`` (by default shares whose sealed seed opens for nobody)."""
+    """An answering party that registers ``teachers`` teachers (one by default) and
+    answers every round with ``vote`` (by default shares whose sealed seed opens for
+    nobody). grpc.RpcError if the guardian refuses its Register."""
 
-    def __init__(self, c: LightConsortium, name: str, vote: Vote = unopenable_seed) -> None:
+    def __init__(
+        self, c: LightConsortium, name: str, vote: Vote = unopenable_seed, teachers: int = 1
+    ) -> None:
         self.rounds: list[int] = []
         self._out: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
-        # A stream opens with the party's Register: one teacher, the cap it sets itself.
+        # A stream opens with the party's Register: its teachers, the cap it sets itself.
         self._out.put(
             guardian_pb2.PartyMessage(
                 header=protocol.header(),
                 register=guardian_pb2.Register(
-                    teachers=[guardian_pb2.TeacherInfo(architecture="mlp")], epsilon_cap=c.cap
+                    teachers=[guardian_pb2.TeacherInfo(architecture="mlp")] * teachers,
+                    epsilon_cap=c.cap,
                 ),
             )
         )

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import grpc
 import numpy as np
+import pytest
 
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
@@ -94,3 +96,33 @@ def test_a_stuffed_ballot_is_left_out_named_and_not_paid_for_by_the_others(
                 mine.spent_loss(name), ledger.spent_loss(name), rtol=1e-9, atol=0, err_msg=name
             )
             mine.close()
+
+
+def test_a_hospital_claiming_1024_teachers_is_refused_at_register(tmp_path: Path) -> None:
+    """Issue 33's gap: a hospital's proofs hold it to the teacher count it declares, so a
+    deviating one that declares 1,024 would cast 1,024 valid votes. The guardian's
+    operator pins each hospital at one teacher (``capc guardian --register NAME=EPS:1``):
+    the claim is refused at Register, audited under the hospital's identity, and the
+    honest hospitals still connect and answer without it."""
+    with light_consortium(tmp_path, parties=3) as c:
+        c.start_guardian()
+        honest, mallory_name = c.names[:2], c.names[2]
+        with pytest.raises(grpc.RpcError) as err:
+            DeviatingParty(c, mallory_name, ballot_stuffing(7, 1024), teachers=1024)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        details = str(err.value.details())
+        assert "declared 1024 teachers, more than the 1" in details
+        assert f"--register {mallory_name}=EPS:TEACHERS" in details
+        ledger = c.ledger()
+        refused = [e for e in ledger.audit_entries(50) if e.action == "refuse_teachers"]
+        assert [(e.actor, e.detail["declared"], e.detail["pinned"]) for e in refused] == [
+            (mallory_name, 1024, 1)
+        ]
+        assert ledger.budget(mallory_name).declared_cap is None  # it never got that far
+        c.wait_connected(c.start_parties(honest), 2)
+        student = c.student()
+        try:
+            result = student.label_batch(queries(4))
+        finally:
+            student.close()
+        assert sorted(result.parties) == honest and not result.invalid

@@ -33,9 +33,9 @@ def start_guardian(pki_dir: Path, db: str, port: int) -> Process:
         "--pki",
         str(pki_dir),
         "--register",
-        "hospital-a=3",
+        "hospital-a=3:1",
         "--register",
-        "hospital-b=3",
+        "hospital-b=3:1",
     )
     proc.wait_for("guardian serving")
     return proc
@@ -172,7 +172,7 @@ def test_seeded_test_guardian_still_serves_mutual_tls(
         "--pki",
         str(pki_dir),
         "--register",
-        "hospital-a=3",
+        "hospital-a=3:1",
         "--noise-seed",
         "replay-me",
         "--insecure-dev",

@@ -67,8 +67,8 @@ def pki_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hub(pki_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     ledger = Ledger(str(tmp_path_factory.mktemp("ledger") / "ledger.db"))
-    ledger.register_party("hospital-a", 4.0)
-    ledger.register_party("hospital-b", 8.0)
+    ledger.register_party("hospital-a", 4.0, teachers=1)
+    ledger.register_party("hospital-b", 8.0, teachers=1)
     server = serve(ledger, "127.0.0.1:0", tls.TLSFiles.in_dir(pki_dir, "guardian"))
     yield server
     server.stop()
@@ -250,7 +250,7 @@ def own_pki(tmp_path: Path) -> Path:
 @pytest.fixture
 def own_hub(own_pki: Path, tmp_path: Path) -> Iterator[tuple[RunningServer, Ledger]]:
     ledger = Ledger(str(tmp_path / "ledger.db"))
-    ledger.register_party("hospital-a", 4.0)
+    ledger.register_party("hospital-a", 4.0, teachers=7)
     server = serve(ledger, "127.0.0.1:0", tls.TLSFiles.in_dir(own_pki, "guardian"))
     yield server, ledger
     server.stop()
@@ -344,6 +344,104 @@ def test_a_stream_opens_with_its_register_of_one_to_many_teachers(
     assert status.connected and status.teachers == 7
     responses.cancel()
     outgoing.put(None)
+
+
+def _connect_with(
+    hub: RunningServer, files: tls.TLSFiles, teachers: int
+) -> tuple[queue.Queue[guardian_pb2.PartyMessage | None], Any]:
+    """A raw Connect stream whose Register names ``teachers`` teachers."""
+    outgoing: queue.Queue[guardian_pb2.PartyMessage | None] = queue.Queue()
+    outgoing.put(
+        guardian_pb2.PartyMessage(
+            header=HEADER,
+            register=guardian_pb2.Register(
+                teachers=[guardian_pb2.TeacherInfo(architecture="mlp")] * teachers,
+                epsilon_cap=4.0,
+            ),
+        )
+    )
+    return outgoing, stub(hub, files).Connect(iter(outgoing.get, None))
+
+
+def _connected_teachers(hub: RunningServer, own_pki: Path) -> int:
+    """hospital-a's teacher count as the guardian reports it, once it is connected."""
+    gateway = stub(hub, tls.TLSFiles.in_dir(own_pki, "gateway"))
+    deadline = time.monotonic() + 10
+    while True:
+        listed = gateway.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+        status = {p.name: p for p in listed.parties}["hospital-a"]
+        if status.connected:
+            return int(status.teachers)
+        assert time.monotonic() < deadline, "hospital-a never connected"
+        time.sleep(0.1)
+
+
+def test_a_hospital_claiming_more_teachers_than_pinned_is_refused_and_audited(
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+) -> None:
+    """The operator pins hospital-a at 4 teachers; a deviating hospital-a that registers
+    1,024 (whose proofs would then hold it to 1,024 votes, enough to outvote every honest
+    party) is refused before it can vote, and the refusal is in the audit log under its
+    own identity. Fewer than pinned is its own business: its votes count as declared."""
+    hub, ledger = own_hub
+    ledger.register_party("hospital-a", 4.0, teachers=4, actor="guardian-cli")
+    changed = ledger.audit_entries(limit=1)[0]
+    assert (changed.actor, changed.action) == ("guardian-cli", "set_teachers")
+    assert (changed.detail["old"], changed.detail["new"]) == (7, 4)
+    files = tls.TLSFiles.in_dir(own_pki, "hospital-a")
+    for claimed in (1024, 5):
+        outgoing, responses = _connect_with(hub, files, claimed)
+        with pytest.raises(grpc.RpcError) as err:
+            next(responses)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        details = str(err.value.details())
+        assert f"declared {claimed} teachers, more than the 4" in details
+        assert "capc guardian --register hospital-a=EPS:TEACHERS" in details
+        outgoing.put(None)
+        refused = ledger.audit_entries(limit=1)[0]
+        assert (refused.actor, refused.action) == ("hospital-a", "refuse_teachers")
+        assert refused.detail == {"party": "hospital-a", "declared": claimed, "pinned": 4}
+    # Nothing of the refused streams reached the ledger (no declared cap) or the engine.
+    assert ledger.budget("hospital-a").declared_cap is None
+    ledger.verify_audit()
+    for honest in (4, 3):
+        outgoing, responses = _connect_with(hub, files, honest)
+        assert next(responses).WhichOneof("body") == "registered"
+        assert _connected_teachers(hub, own_pki) == honest
+        responses.cancel()
+        outgoing.put(None)
+        deadline = time.monotonic() + 10
+        while _still_connected(hub, own_pki) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _still_connected(hub: RunningServer, own_pki: Path) -> bool:
+    gateway = stub(hub, tls.TLSFiles.in_dir(own_pki, "gateway"))
+    listed = gateway.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10)
+    return bool({p.name: p for p in listed.parties}["hospital-a"].connected)
+
+
+def test_a_party_with_no_pinned_teacher_count_is_refused_with_what_to_run(
+    own_pki: Path, tmp_path: Path
+) -> None:
+    """A party registered without a teacher count (a ledger from before the pin, or an
+    operator who left it out) cannot vote with any count: the guardian assumes none."""
+    ledger = Ledger(str(tmp_path / "ledger.db"))
+    ledger.register_party("hospital-a", 4.0)
+    server = serve(ledger, "127.0.0.1:0", tls.TLSFiles.in_dir(own_pki, "guardian"))
+    try:
+        outgoing, responses = _connect_with(server, tls.TLSFiles.in_dir(own_pki, "hospital-a"), 1)
+        with pytest.raises(grpc.RpcError) as err:
+            next(responses)
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        details = str(err.value.details())
+        assert "pinned no teacher count" in details
+        assert "capc guardian --register hospital-a=EPS:TEACHERS" in details
+        outgoing.put(None)
+        refused = ledger.audit_entries(limit=1)[0]
+        assert refused.action == "refuse_teachers" and refused.detail["pinned"] is None
+    finally:
+        server.stop()
 
 
 def test_revocation_cuts_a_stream_that_is_already_open(

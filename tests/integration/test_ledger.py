@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import text, update
 
 from capc.privacy import events
@@ -23,6 +24,7 @@ from services.common.ledger import (
     LedgerError,
     QuorumError,
     RoundStateError,
+    TeacherCountError,
     UnknownPartyError,
 )
 from services.common.ledger.models import Base, RoundState
@@ -643,3 +645,85 @@ def test_a_settlement_releases_commits_and_keeps_its_setting_in_one_transaction(
     np.testing.assert_allclose(
         ledger.spent_loss("h1"), GDP.cost(gnmax_cost(10)) + GDP.cost(gnmax_cost(30)), rtol=1e-9
     )
+
+
+def test_the_operator_pins_a_teacher_count_and_a_party_may_not_exceed_it(
+    ledger_url: str,
+) -> None:
+    ledger = fresh(ledger_url)
+    ledger.register_party("h1", 5.0, teachers=4, actor="guardian-cli")
+    entry = ledger.audit_entries(limit=1)[0]
+    assert (entry.action, entry.detail["teachers"]) == ("register_party", 4)
+    assert ledger.budget("h1").registered_teachers == 4
+    # The same pin again changes nothing; a cap alone (None) keeps the pinned count.
+    n = ledger.audit_head().seq
+    ledger.register_party("h1", 5.0, teachers=4, actor="guardian-cli")
+    ledger.register_party("h1", 5.0, actor="guardian-cli")
+    assert ledger.audit_head().seq == n and ledger.budget("h1").registered_teachers == 4
+    assert [ledger.admit_teachers("h1", k, actor="h1") for k in (1, 4)] == [1, 4]
+    for claimed in (5, 1024, 0):
+        with pytest.raises(TeacherCountError, match=f"declared {claimed} teachers"):
+            ledger.admit_teachers("h1", claimed, actor="h1")
+        refused = ledger.audit_entries(limit=1)[0]
+        assert (refused.actor, refused.action) == ("h1", "refuse_teachers")
+        assert (refused.detail["declared"], refused.detail["pinned"]) == (claimed, 4)
+    # Changing the pin is audited under the operator.
+    ledger.register_party("h1", 5.0, teachers=50, actor="data-office")
+    changed = ledger.audit_entries(limit=1)[0]
+    assert (changed.actor, changed.action) == ("data-office", "set_teachers")
+    assert (changed.detail["old"], changed.detail["new"]) == (4, 50)
+    assert ledger.admit_teachers("h1", 50, actor="h1") == 50
+    for bad in (0, -1, 1025, 2.5, True):
+        with pytest.raises(LedgerError, match="teacher"):
+            ledger.register_party("h1", 5.0, teachers=bad, actor="data-office")  # type: ignore[arg-type]
+    assert ledger.budget("h1").registered_teachers == 50
+    with pytest.raises(UnknownPartyError):
+        ledger.admit_teachers("nobody", 1, actor="nobody")
+    ledger.verify_audit()
+
+
+def test_migration_0006_leaves_existing_parties_unpinned_until_the_operator_pins_them(
+    ledger_url: str,
+) -> None:
+    """A ledger at revision 0005 with a party that holds a reservation gains the column
+    (and loses it on a downgrade); the migration invents no count, so the party is refused
+    until its operator pins one."""
+    from alembic import command
+    from alembic.config import Config
+
+    from services.common.db import make_engine, normalise_url
+    from services.common.ledger import store
+
+    url = normalise_url(ledger_url)
+    ledger = fresh(url)
+    ledger.register_party("h1", 20.0, teachers=3, actor="guardian-cli")
+    res = ledger.reserve("r", "digits", "s", 5, {"h1": gnmax_cost(5)}, mechanism="g", quorum=1)
+    ledger.close()
+    engine = make_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(store._MIGRATIONS))
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0005")
+        conn.commit()
+        assert "registered_teachers" not in {
+            c["name"] for c in sa_inspect(conn).get_columns("parties")
+        }
+    engine.dispose()
+    with pytest.raises(LedgerError, match="run `capc guardian --migrate`"):
+        Ledger(url, delta=DELTA, migrate=False)
+    ledger = Ledger(url, delta=DELTA)
+    assert ledger.round_state(res.round_id) == RoundState.RESERVED
+    assert ledger.budget("h1").registered_teachers is None
+    with pytest.raises(TeacherCountError, match="pinned no teacher count"):
+        ledger.admit_teachers("h1", 1, actor="h1")
+    ledger.register_party("h1", 20.0, teachers=2, actor="guardian-cli")
+    changed = ledger.audit_entries(limit=1)[0]
+    assert (changed.action, changed.detail["old"], changed.detail["new"]) == (
+        "set_teachers",
+        None,
+        2,
+    )
+    assert ledger.admit_teachers("h1", 2, actor="h1") == 2
+    ledger.verify_audit()
+    ledger.close()

@@ -318,7 +318,7 @@ def hub(pki_dir: Path, tmp_path: Path) -> Iterator[tuple[RunningServer, Ledger]]
     ledger = Ledger(
         str(tmp_path / "guardian.db"), signer=load_key(pki.audit_key_path(pki_dir, "guardian"))
     )
-    ledger.register_party(NAME, 1e6, actor="guardian-cli")
+    ledger.register_party(NAME, 1e6, teachers=1, actor="guardian-cli")
     ledger.create_task("single", TASKS["single"])
     server = serve(ledger, "127.0.0.1:0", tls.TLSFiles.in_dir(pki_dir, "guardian"))
     yield server, ledger

@@ -12,6 +12,7 @@ import yaml
 
 from services.cli import build_parser
 from services.common.task import TaskConfig, config_hash
+from services.guardian.main import parse_register
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSPITALS = ("hospital-a", "hospital-b", "hospital-c")
@@ -73,6 +74,40 @@ def test_compose_commands_parse_with_the_real_cli() -> None:
         health = svc["healthcheck"]["test"]
         assert health[:3] == ["CMD", "capc", "health"]
         parser.parse_args(health[2:])
+
+
+def _pins(args: list[str]) -> dict[str, tuple[float, int]]:
+    """What a guardian started with ``args`` registers: party -> (ceiling, teachers)."""
+    parsed = build_parser().parse_args(args)
+    return {name: (cap, teachers) for name, cap, teachers in map(parse_register, parsed.register)}
+
+
+def test_every_guardian_pins_each_hospitals_teacher_count() -> None:
+    """Compose and Kubernetes both pin every hospital's teacher count (one checkpoint
+    each): a deployment that left it out would leave its hospitals unable to vote, and
+    one that pinned more would let a hospital claim more votes than it runs."""
+    services = compose()["services"]
+    guardian = [
+        re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", a) for a in services["guardian"]["command"]
+    ]
+    assert _pins(guardian) == {h: (10.0, 1) for h in HOSPITALS}
+    for h in HOSPITALS:
+        letter = h[-1].upper()
+        assert (
+            f"{h}=${{CAPC_CAP_{letter}:-10}}:${{CAPC_TEACHERS_{letter}:-1}}"
+            in (services["guardian"]["command"])
+        )
+        assert services[h]["command"].count("--model") == 1
+    docs = manifests()
+    args = _workload(docs, "StatefulSet", "guardian")["spec"]["template"]["spec"]["containers"][0]
+    assert _pins(args["args"]) == {h: (10.0, 1) for h in HOSPITALS}
+    answerers = {
+        d["metadata"]["namespace"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "answerer"
+    }
+    assert {f"capc-{h}" for h in HOSPITALS} == set(answerers)
+    assert all(args.count("--model") == 1 for args in answerers.values())
 
 
 def test_task_file_is_a_valid_task() -> None:

@@ -58,3 +58,36 @@ def test_a_round_timeout_within_the_share_timeout_is_refused(
     err = capsys.readouterr().err
     assert "--round-timeout (30 s) must exceed --share-timeout (60 s)" in err
     assert "Raise --round-timeout" in err and not db.exists()
+
+
+@pytest.mark.parametrize(
+    ("item", "says"),
+    [
+        # The old form pins no teacher count: refused, with the form to write instead.
+        ("hospital-a=4", "pins no teacher count: write PARTY=EPS:TEACHERS"),
+        ("hospital-a=4:", "whole number from 1 to 1024, got ''"),
+        ("hospital-a=4:0", "whole number from 1 to 1024, got '0'"),
+        ("hospital-a=4:1025", "whole number from 1 to 1024, got '1025'"),
+        ("hospital-a=4:2.5", "whole number from 1 to 1024, got '2.5'"),
+        ("hospital-a=4:many", "got 'many'"),
+        ("hospital-a=four:2", "'four' is not an epsilon ceiling"),
+        ("=4:2", "expects PARTY=EPS:TEACHERS"),
+        ("hospital-a", "expects PARTY=EPS:TEACHERS"),
+    ],
+)
+def test_a_register_without_a_valid_teacher_count_refuses_to_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], item: str, says: str
+) -> None:
+    db = tmp_path / "ledger.db"
+    args = ["guardian", "--db", str(db), "--register", "hospital-b=4:1", "--register", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert "e.g. --register" in err and "=4:1" in err  # what to write instead
+    # Refused before the ledger opened: no party half-registered.
+    assert not db.exists()
+
+
+def test_register_pins_a_ceiling_and_a_teacher_count() -> None:
+    assert guardian_main.parse_register("hospital-a=4:50") == ("hospital-a", 4.0, 50)
+    assert guardian_main.parse_register("h=0.5:1") == ("h", 0.5, 1)

@@ -67,10 +67,12 @@ def test_a_proof_rejects_the_stuffed_ballot_of_a_one_teacher_party() -> None:
 
 def test_a_self_declared_ensemble_proves_a_ballot_that_decides_every_label() -> None:
     """The teacher count a proof is checked against is the one the party registered
-    (one TeacherInfo per teacher, up to MAX_TEACHERS_PER_PARTY = 1024, not attested).
-    A single hospital that registers 1024 teachers proves, validly, 1024 votes for
-    class 7: the proof holds it to its claim, not to its data. This documents the
-    limit of issue 33's attack 3 fix: 49 honest one-teacher parties cannot outvote it."""
+    (one TeacherInfo per teacher, up to MAX_TEACHERS_PER_PARTY = 1024). A single
+    hospital that registers 1024 teachers proves, validly, 1024 votes for class 7:
+    the proof holds it to its claim, not to its data, and 49 honest one-teacher
+    parties could not outvote it. Hence the guardian's operator pins each party's
+    count and refuses a larger claim at Register
+    (tests/integration/test_guardian_tls.py, tests/e2e/test_deviating_hospital.py)."""
     rel = VoteRelation(10, 1024)
     counts = np.zeros((4, 10), dtype=np.int64)
     counts[:, 7] = 1024

@@ -10,6 +10,7 @@ from services.common.ledger.store import (
     QuorumError,
     Reservation,
     RoundStateError,
+    TeacherCountError,
     UnknownPartyError,
     UnknownTaskError,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "QuorumError",
     "Reservation",
     "RoundStateError",
+    "TeacherCountError",
     "UnknownPartyError",
     "UnknownTaskError",
 ]

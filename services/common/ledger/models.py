@@ -60,6 +60,9 @@ class PartyRow(Base):
     ``epsilon_cap`` is the cap the ledger enforces: the smaller of
     ``registered_cap`` (set by whoever runs this ledger) and ``declared_cap``
     (what the party itself declared when it connected; None until it has).
+    ``registered_teachers`` is the most teachers the guardian's operator lets
+    the party vote with (its vote weight); None until the operator pins it,
+    and a party with none pinned is refused when it connects.
     ``report`` is the party's latest report of its own ledger (JSON; see
     :meth:`services.common.ledger.Ledger.store_report`).
     """
@@ -70,6 +73,7 @@ class PartyRow(Base):
     epsilon_cap: Mapped[float] = mapped_column(Float)
     registered_cap: Mapped[float | None] = mapped_column(Float, nullable=True)
     declared_cap: Mapped[float | None] = mapped_column(Float, nullable=True)
+    registered_teachers: Mapped[int | None] = mapped_column(Integer, nullable=True)
     report: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
     certificate_fingerprint: Mapped[str | None] = mapped_column(String(128), nullable=True)
     status: Mapped[str] = mapped_column(String(32), default="active")

@@ -73,6 +73,7 @@ from services.common.ledger.models import (
     TaskRow,
     utcnow,
 )
+from services.common.limits import MAX_TEACHERS_PER_PARTY
 from services.common.task import config_hash
 
 FloatArray = NDArray[np.float64]
@@ -80,7 +81,7 @@ _MIGRATIONS = Path(__file__).with_name("migrations")
 _GENESIS = audit.GENESIS
 #: Settings only the ledger itself writes.
 _OWN_SETTINGS = frozenset({"accountant", "delta", "audit_head", "audit_key"})
-HEAD_REVISION = "0005"
+HEAD_REVISION = "0006"
 _MIGRATION_LOCK = threading.Lock()
 
 
@@ -102,6 +103,10 @@ class DuplicateRoundError(LedgerError):
 
 class RoundStateError(LedgerError):
     """The round is not in a state that allows this transition."""
+
+
+class TeacherCountError(LedgerError):
+    """A party declared more teachers than its operator pinned, or none are pinned."""
 
 
 class QuorumError(LedgerError):
@@ -180,6 +185,8 @@ class PartyBudget:
     declared_cap: float | None = None
     #: The party's latest report of its own ledger (see :meth:`Ledger.store_report`).
     report: Mapping[str, object] | None = None
+    #: The most teachers the operator lets the party vote with; None: none pinned.
+    registered_teachers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +269,16 @@ def _positive_cap(epsilon_cap: float) -> float:
     ):
         raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
     return float(epsilon_cap)
+
+
+def _teacher_count(teachers: int) -> int:
+    if isinstance(teachers, bool) or not isinstance(teachers, int):
+        raise LedgerError(f"a teacher count is a whole number, got {teachers!r}")
+    if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
+        raise LedgerError(
+            f"a party votes with 1 to {MAX_TEACHERS_PER_PARTY} teachers, got {teachers}"
+        )
+    return teachers
 
 
 def _enforced(registered: float, declared: float | None) -> float:
@@ -583,16 +600,24 @@ class Ledger:
         name: str,
         epsilon_cap: float,
         *,
+        teachers: int | None = None,
         role: str = "answerer",
         fingerprint: str | None = None,
         actor: str = "admin",
     ) -> None:
         """Add a party with the cap this ledger's operator gives it (epsilon at the ledger's
         delta), or change that cap (audited). The enforced cap is the smaller of this one
-        and the cap the party declares itself (:meth:`declare_cap`)."""
+        and the cap the party declares itself (:meth:`declare_cap`).
+
+        ``teachers`` pins the most teachers the party may vote with, 1 to
+        MAX_TEACHERS_PER_PARTY (its vote weight: :meth:`admit_teachers`); setting or
+        changing it is audited. None leaves the pinned count as it is (none for a new
+        party, which the guardian then refuses at Register); a party's own ledger pins none.
+        """
         if not name or len(name) > 128:
             raise LedgerError("party names are 1 to 128 characters")
         cap = _positive_cap(epsilon_cap)
+        pinned = None if teachers is None else _teacher_count(teachers)
         with self._tx() as s:
             row = s.get(PartyRow, name, with_for_update=True)
             if row is not None:
@@ -612,6 +637,14 @@ class Ledger:
                         "set_cap",
                         {"party": name, "registered": cap, "old": old, "new": row.epsilon_cap},
                     )
+                if pinned is not None and row.registered_teachers != pinned:
+                    self._audit(
+                        s,
+                        actor,
+                        "set_teachers",
+                        {"party": name, "old": row.registered_teachers, "new": pinned},
+                    )
+                    row.registered_teachers = pinned
                 return
             s.add(
                 PartyRow(
@@ -619,14 +652,52 @@ class Ledger:
                     role=role,
                     epsilon_cap=cap,
                     registered_cap=cap,
+                    registered_teachers=pinned,
                     certificate_fingerprint=fingerprint,
                     status="active",
                 )
             )
             s.add(SpendRow(party=name, loss=self.accounting.zero().tolist(), rounds=0))
             self._audit(
-                s, actor, "register_party", {"party": name, "epsilon_cap": cap, "role": role}
+                s,
+                actor,
+                "register_party",
+                {"party": name, "epsilon_cap": cap, "teachers": pinned, "role": role},
             )
+
+    def admit_teachers(self, name: str, declared: int, *, actor: str) -> int:
+        """Check the teacher count party ``name`` declares on connecting against the count
+        its operator pinned; returns ``declared``, the count its votes are proven against.
+
+        A party may vote with fewer teachers than pinned, never more: the validity
+        proofs prove a vote of ``declared`` teachers, so the pin is what bounds a party's
+        weight. TeacherCountError (audited under ``actor``, the party's authenticated
+        identity) when it declares more, or when no count is pinned.
+        """
+        with self._tx() as s:
+            row = s.get(PartyRow, name)
+            if row is None:
+                raise UnknownPartyError(f"no party named {name!r}; register it first")
+            pinned = row.registered_teachers
+            if pinned is not None and 1 <= declared <= pinned:
+                return declared
+            self._audit(
+                s,
+                actor,
+                "refuse_teachers",
+                {"party": name, "declared": declared, "pinned": pinned},
+            )
+        fix = f"the guardian's operator pins it with `capc guardian --register {name}=EPS:TEACHERS`"
+        if pinned is None:
+            raise TeacherCountError(
+                f"{name} declared {declared} teachers but the guardian's operator has pinned "
+                f"no teacher count for it, so it cannot vote; {fix}"
+            )
+        raise TeacherCountError(
+            f"{name} declared {declared} teachers, more than the {pinned} the guardian's "
+            f"operator pinned for it: run it with at most {pinned} teachers or, if the "
+            f"consortium agreed on more, {fix}"
+        )
 
     def declare_cap(self, name: str, epsilon_cap: float, *, actor: str) -> float:
         """The party ``name`` declares its own cap (at its connection); returns the cap
@@ -756,6 +827,7 @@ class Ledger:
                         _registered(party),
                         party.declared_cap,
                         party.report,
+                        party.registered_teachers,
                     )
                 )
             return out
