@@ -118,7 +118,7 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self.engine = hub.engine
         self._pool = pool
         # Per party: when a refused second stream was last audited, and refusals since.
-        self._duplicates: dict[str, tuple[float, int]] = {}
+        self._refusals: dict[tuple[str, str], tuple[float, int]] = {}
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the pool: it may block on the ledger."""
@@ -222,13 +222,22 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         register = await self._registration(name, request_iterator, context)
         # The party's vote weight is the count its operator pinned, not what it claims:
         # its proofs hold it to the count it declares, so a larger one is refused here.
+        # A refusal is audited at most once an interval per party: a deviating hospital
+        # reconnecting in a loop cannot grow the log without bound.
+        unrecorded = self._audit_due(("teachers", name), count=False)
         try:
             teachers = await self._run(
-                functools.partial(self.ledger.admit_teachers, actor=name),
+                functools.partial(
+                    self.ledger.admit_teachers,
+                    actor=name,
+                    audit=unrecorded is not None,
+                    unrecorded=unrecorded or 0,
+                ),
                 name,
                 len(register.teachers),
             )
         except TeacherCountError as err:
+            self._audit_due(("teachers", name))
             log.warning("refused %s's Register: %s", name, err)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         try:
@@ -365,6 +374,17 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 )
             )
 
+    def _audit_due(self, key: tuple[str, str], count: bool = True) -> int | None:
+        """The refusals of ``key`` (kind, party) left unrecorded since its last audit entry
+        when another is due (one per DUPLICATE_AUDIT_EVERY_S), else None. ``count``: this
+        refusal happened (it is audited when due, else counted); False only asks."""
+        now = time.monotonic()
+        last, unrecorded = self._refusals.get(key, (-math.inf, 0))
+        due = now - last >= DUPLICATE_AUDIT_EVERY_S
+        if count:
+            self._refusals[key] = (now, 0) if due else (last, unrecorded + 1)
+        return unrecorded if due else None
+
     async def _refuse_duplicate(
         self,
         name: str,
@@ -379,10 +399,8 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             peer,
             err.connected_from,
         )
-        now = time.monotonic()
-        last, unrecorded = self._duplicates.get(name, (-math.inf, 0))
-        if now - last >= DUPLICATE_AUDIT_EVERY_S:
-            self._duplicates[name] = (now, 0)
+        unrecorded = self._audit_due(("duplicate", name))
+        if unrecorded is not None:
             await self._run(
                 self.ledger.record,
                 name,
@@ -395,8 +413,6 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     "refused_unrecorded_before": unrecorded,
                 },
             )
-        else:
-            self._duplicates[name] = (last, unrecorded + 1)
         await context.abort(
             grpc.StatusCode.ALREADY_EXISTS,
             f"{name} is already connected (from {err.connected_from}); a second stream under "

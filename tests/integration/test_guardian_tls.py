@@ -26,6 +26,7 @@ from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
 from services.common.task import TaskConfig, config_hash
 from services.gateway.backends import BackendError, Backends
+from services.guardian import streams
 from services.guardian.hub import RunningServer, serve
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 from services.student.main import serve_jobs
@@ -377,7 +378,7 @@ def _connected_teachers(hub: RunningServer, own_pki: Path) -> int:
 
 
 def test_a_hospital_claiming_more_teachers_than_pinned_is_refused_and_audited(
-    own_hub: tuple[RunningServer, Ledger], own_pki: Path
+    own_hub: tuple[RunningServer, Ledger], own_pki: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The operator pins hospital-a at 4 teachers; a deviating hospital-a that registers
     1,024 (whose proofs would then hold it to 1,024 votes, enough to outvote every honest
@@ -389,7 +390,8 @@ def test_a_hospital_claiming_more_teachers_than_pinned_is_refused_and_audited(
     assert (changed.actor, changed.action) == ("guardian-cli", "set_teachers")
     assert (changed.detail["old"], changed.detail["new"]) == (7, 4)
     files = tls.TLSFiles.in_dir(own_pki, "hospital-a")
-    for claimed in (1024, 5):
+    entries = len(ledger.audit_entries(limit=1000))
+    for claimed in (1024, 5, 6):
         outgoing, responses = _connect_with(hub, files, claimed)
         with pytest.raises(grpc.RpcError) as err:
             next(responses)
@@ -398,9 +400,24 @@ def test_a_hospital_claiming_more_teachers_than_pinned_is_refused_and_audited(
         assert f"declared {claimed} teachers, more than the 4" in details
         assert "capc guardian --register hospital-a=EPS:TEACHERS" in details
         outgoing.put(None)
-        refused = ledger.audit_entries(limit=1)[0]
-        assert (refused.actor, refused.action) == ("hospital-a", "refuse_teachers")
-        assert refused.detail == {"party": "hospital-a", "declared": claimed, "pinned": 4}
+    # The first refusal is audited; the next ones within the interval are counted, so a
+    # hospital reconnecting in a loop cannot grow the log.
+    fresh = ledger.audit_entries(limit=1000)[: len(ledger.audit_entries(limit=1000)) - entries]
+    refused = [e for e in fresh if e.action == "refuse_teachers"]
+    assert [(e.actor, e.detail) for e in refused] == [
+        (
+            "hospital-a",
+            {"party": "hospital-a", "declared": 1024, "pinned": 4, "refused_unrecorded_before": 0},
+        )
+    ]
+    monkeypatch.setattr(streams, "DUPLICATE_AUDIT_EVERY_S", 0.0)  # the interval has passed
+    outgoing, responses = _connect_with(hub, files, 1000)
+    with pytest.raises(grpc.RpcError):
+        next(responses)
+    outgoing.put(None)
+    latest = ledger.audit_entries(limit=1)[0]
+    assert latest.action == "refuse_teachers"
+    assert (latest.detail["declared"], latest.detail["refused_unrecorded_before"]) == (1000, 2)
     # Nothing of the refused streams reached the ledger (no declared cap) or the engine.
     assert ledger.budget("hospital-a").declared_cap is None
     ledger.verify_audit()

@@ -665,14 +665,18 @@ class Ledger:
                 {"party": name, "epsilon_cap": cap, "teachers": pinned, "role": role},
             )
 
-    def admit_teachers(self, name: str, declared: int, *, actor: str) -> int:
+    def admit_teachers(
+        self, name: str, declared: int, *, actor: str, audit: bool = True, unrecorded: int = 0
+    ) -> int:
         """Check the teacher count party ``name`` declares on connecting against the count
         its operator pinned; returns ``declared``, the count its votes are proven against.
 
         A party may vote with fewer teachers than pinned, never more: the validity
         proofs prove a vote of ``declared`` teachers, so the pin is what bounds a party's
         weight. TeacherCountError (audited under ``actor``, the party's authenticated
-        identity) when it declares more, or when no count is pinned.
+        identity) when it declares more, or when no count is pinned. ``audit=False``: the
+        refusal is not written (a party refused again within the caller's audit interval,
+        which passes the number it left unrecorded with the next written one).
         """
         with self._tx() as s:
             row = s.get(PartyRow, name)
@@ -681,12 +685,18 @@ class Ledger:
             pinned = row.registered_teachers
             if pinned is not None and 1 <= declared <= pinned:
                 return declared
-            self._audit(
-                s,
-                actor,
-                "refuse_teachers",
-                {"party": name, "declared": declared, "pinned": pinned},
-            )
+            if audit:
+                self._audit(
+                    s,
+                    actor,
+                    "refuse_teachers",
+                    {
+                        "party": name,
+                        "declared": declared,
+                        "pinned": pinned,
+                        "refused_unrecorded_before": unrecorded,
+                    },
+                )
         fix = f"the guardian's operator pins it with `capc guardian --register {name}=EPS:TEACHERS`"
         if pinned is None:
             raise TeacherCountError(
