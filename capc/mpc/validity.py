@@ -52,11 +52,13 @@ the guardian inputs G and the student S - p, modulo 2^64. In the rare
 other case the count comes out as h + 1 (p = -1 mod 2^l): a unit offset
 that depends on h, which the circuit's exact total check would turn into a
 noiseless bit. No local conversion avoids the event (S is the student's
-own view), so it is kept rare and bounded: the counts are converted
-*before* weighting, one sum per weight group (h at most the group's
-teachers, not teachers x 2^frac_bits), and weighted in the ring, which is
-exact. :func:`conversion_failure` bounds the probability per round and the
-guardian refuses a round above ``MAX_CONVERSION_FAILURE`` (2^-40, the
+own view), so it is kept rare and bounded: each party's counts are
+converted on their own, *before* weighting (h at most its teachers, not
+teachers x 2^frac_bits), and weighted and summed in the ring, which is
+exact. Per party, not per sum: the student picks which votes count after
+seeing every party's S, so a sum's S would be its choice, a party's is its
+seed's. :func:`conversion_failure` bounds the probability per round and
+the guardian refuses a round above ``MAX_CONVERSION_FAILURE`` (2^-40, the
 project's statistical security parameter).
 """
 
@@ -510,8 +512,7 @@ def histogram_shares(relation: VoteRelation, bit_shares: ArrayLike, weights: Arr
 def conversion_failure(batch: int, width: int, teachers: Sequence[int]) -> float:
     """Upper bound on the probability that a round's conversion of its counts from F_p to
     Z_2^64 is off by one anywhere: ``batch`` queries of ``width`` counts, summed over
-    parties with ``teachers`` teachers each (grouped by weight or not: a group's count is
-    at most its teachers, so the sum over groups is at most sum(m + 1) over parties).
+    parties with ``teachers`` teachers each, each party's counts converted on their own.
     Data-independent: every argument is public when the round opens."""
     if batch < 0 or width < 0 or any(m < 0 for m in teachers):
         raise ValidityError("a conversion bound needs non-negative sizes")

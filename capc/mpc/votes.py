@@ -114,36 +114,32 @@ def proven_vote_sum(
     ``relations`` (the valid votes), each party's counts times its weight on the shares'
     grid.
 
-    The parties of one relation and one weight are summed in F_p and converted with
-    :func:`capc.mpc.validity.ring_shares` *unweighted*, then weighted in the ring: a
-    converted count is then at most the group's teachers, which keeps the conversion's
-    rare off-by-one (:func:`capc.mpc.validity.conversion_failure`) 2^frac_bits times rarer
-    than converting the weighted sum."""
-    groups: dict[tuple[validity.VoteRelation, int], list[str]] = {}
+    Each party's counts are converted on their own with
+    :func:`capc.mpc.validity.ring_shares` and weighted and summed in the ring (exact
+    modulo 2^64). Converting a sum over parties instead would let a deviating student,
+    which sees every party's share sum before it decides (with its verifier messages)
+    which votes are left out, pick a subset whose sum lands where the conversion goes
+    wrong; a party's own conversion goes wrong only with its own seed, with probability
+    at most (m + 1)/p per count (:func:`capc.mpc.validity.conversion_failure`)."""
+    groups: dict[validity.VoteRelation, list[str]] = {}
     for party in sorted(relations):
-        weight = int(weights[party])
-        if not 0 <= weight < validity.P:
+        if not 0 <= int(weights[party]) < validity.P:
             raise validity.ValidityError("a vote weight on the grid must lie in [0, p)")
-        groups.setdefault((relations[party], weight), []).append(party)
+        groups.setdefault(relations[party], []).append(party)
     if not groups:
         raise ValueError("a histogram needs at least one valid vote")
     # uint64 arithmetic wraps modulo 2^64: the weighting and the sum are exact in the ring.
-    parts = [
-        validity.ring_shares(
-            validity.histogram_shares(
-                relation,
-                np.stack([np.asarray(bit_shares[p], dtype=np.uint64) for p in parties]),
-                np.ones(len(parties), dtype=np.uint64),
-            ),
-            student,
-        )
-        * np.uint64(weight)
-        for (relation, weight), parties in groups.items()
-    ]
-    total = parts[0]
-    for v in parts[1:]:
-        total = total + v
-    return total
+    parts = []
+    for relation, parties in groups.items():
+        bits = np.stack([np.asarray(bit_shares[p], dtype=np.uint64) for p in parties])
+        if bits.ndim != 3 or bits.shape[2] != relation.elements:
+            raise validity.ValidityError(
+                f"bit shares must have shape ({len(parties)}, B, {relation.elements})"
+            )
+        counts = validity.ring_shares(relation.counts(bits), student)  # (P, B, width)
+        w = np.array([int(weights[p]) for p in parties], dtype=np.uint64)
+        parts.append((counts * w[:, None, None]).sum(axis=0, dtype=np.uint64))
+    return np.asarray(np.stack(parts).sum(axis=0, dtype=np.uint64), dtype=np.uint64)
 
 
 def _by_relation(

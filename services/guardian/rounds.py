@@ -371,7 +371,19 @@ class RoundEngine:
             rnd = self._rounds.get(msg.round_id)
         if rnd is None or name not in rnd.included:
             raise RoundInputError(f"round {msg.round_id} did not ask {name} for shares")
+        with self._lock:
+            # A party left out (unreachable, unprovable, failed) votes no more in this
+            # round: unproven shares from it would count unchecked.
+            left_out = name in rnd.failed or name in rnd.invalid
+        if left_out:
+            raise RoundInputError(
+                f"{name} was left out of round {msg.round_id}: its shares are refused"
+            )
         relation = rnd.relations.get(name)
+        if relation is None and rnd.relations and rnd.ciphertext_hash is None:
+            raise RoundInputError(
+                f"round {msg.round_id} takes proven votes only; {name} has no proof statement"
+            )
         proof = None
         try:
             if relation is None:
@@ -510,6 +522,14 @@ class RoundEngine:
             rnd.sent = {p: link for p, link in links.items() if link is not None}
             rnd.teachers = {p: link.teachers for p, link in rnd.sent.items()}
             unprovable: set[str] = set()
+            refused: RequestError | None = None
+            if not encrypted:
+                # Checked again on the counts the round uses: a party may have reconnected
+                # with another count since the first check.
+                try:
+                    _check_conversion(task, batch, rnd.teachers, list(rnd.teachers))
+                except RequestError as err:
+                    refused = err
             if not encrypted:
                 # Where the mechanism has a proof statement, every vote carries its proof.
                 # A party whose teacher count makes the statement too large to prove would
@@ -521,6 +541,11 @@ class RoundEngine:
                         rnd.relations[p] = relation
                     elif proven:
                         unprovable.add(p)
+        if refused is not None:
+            with self._lock:
+                self._rounds.pop(rnd.round_id, None)
+            self.ledger.abort(rnd.round_id, reason=str(refused))
+            raise refused
         header = protocol.header(task.name, digest)
         for name, link in links.items():
             if link is None:
@@ -1094,10 +1119,15 @@ def _check_conversion(
     bound = validity.conversion_failure(batch, relation.width, counts)
     if bound > validity.MAX_CONVERSION_FAILURE:
         most = int(batch * validity.MAX_CONVERSION_FAILURE / bound)
+        what = (
+            f"send at most {most} queries per round"
+            if most >= 1
+            else "no batch fits: the consortium's hospitals must register fewer teachers"
+        )
         raise RequestError(
             f"a round of {batch} queries over {len(counts)} parties with {sum(counts)} "
             f"teachers could convert its shared counts wrongly with probability {bound:.1e}, "
-            f"above 2^-40: send at most {max(most, 1)} queries per round"
+            f"above 2^-40: {what}"
         )
 
 

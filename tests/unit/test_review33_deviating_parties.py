@@ -27,7 +27,7 @@ from services.common import serde
 from services.common.ledger import Ledger
 from services.common.protocol import RequestError
 from services.common.task import config_hash
-from services.guardian.rounds import RoundEngine
+from services.guardian.rounds import RoundEngine, RoundInputError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 SID = b"s" * 16
@@ -116,6 +116,11 @@ def test_a_hospital_cannot_escape_its_proof_by_registering_more_teachers(
     assert msg is not None
     rid = msg.work.round_id
     pub = bytes(req.student_public_key)
+    # Left out, mallory pushes plain ring shares anyway: they would count unchecked.
+    plain = np.zeros((batch, classes), dtype=np.uint64)
+    plain[:, 7] = np.uint64(32)
+    with pytest.raises(RoundInputError, match="left out"):
+        engine.receive_shares("mallory", serde.shares_to_proto(rid, plain, sealed_seed=b"x" * 80))
     honest = one_hot_votes(np.full(batch, 3), classes).astype(np.int64)
     bits, proof, sealed = share_proven_votes(VoteRelation(classes, 1), honest, None, pub, rid, "a")
     engine.receive_shares("a", serde.shares_to_proto(rid, bits, sealed_seed=sealed, proof=proof))
@@ -152,6 +157,40 @@ def test_the_ring_conversion_is_taken_before_the_weighting() -> None:
     total = proven_vote_sum({"a": relation}, {"a": guardian}, weight, student=False)
     total = total + proven_vote_sum({"a": relation}, {"a": student}, weight, student=True)
     assert [int(v) for v in total[0]] == [4 << 16, 0]
+
+
+def test_a_student_choosing_which_votes_count_cannot_steer_the_conversion() -> None:
+    # The student sees every party's share sum before it decides (by failing checks)
+    # which votes count. Were a group's sum converted, 61 colluders whose guardian shares
+    # of one count are 2^i would let it keep the subset that lands the group's sum
+    # exactly where the conversion goes wrong, releasing [victim's count = 0] without
+    # noise. Converted party by party, each colluder adds exactly what it sent.
+    rel = VoteRelation(2, 1)
+    for h in (0, 1, 0, 1):
+        seed = ring.new_seed()
+        g_victim, _ = validity.share(rel, rel.encode(np.array([[h, 1 - h]])), seed)
+        s_victim, _ = validity.student_shares(seed, rel, 1)
+        colluders = {}
+        for i in range(61):
+            s_i, _ = validity.student_shares(ring.new_seed(), rel, 1)
+            g_i = np.zeros((1, rel.elements), dtype=np.uint64)
+            g_i[0, 0] = np.uint64(1 << i)
+            colluders[f"c{i:02d}"] = (g_i, s_i)
+        target = (int(s_victim[0, 0]) - 1) % validity.P
+        kept = [c for i, c in enumerate(sorted(colluders)) if target >> i & 1]
+        relations = {"victim": rel, **dict.fromkeys(kept, rel)}
+        weights = dict.fromkeys(relations, 1)
+        guardian = {"victim": g_victim, **{c: colluders[c][0] for c in kept}}
+        student = {"victim": s_victim, **{c: colluders[c][1] for c in kept}}
+        total = proven_vote_sum(relations, guardian, weights, student=False)
+        total = total + proven_vote_sum(relations, student, weights, student=True)
+        # What the colluders add is known to them (their shares), whatever the victim did.
+        known = sum(
+            proven_vote_sum({c: rel}, {c: colluders[c][0]}, {c: 1}, student=False)
+            + proven_vote_sum({c: rel}, {c: colluders[c][1]}, {c: 1}, student=True)
+            for c in kept
+        )
+        assert [int(v) for v in (total - known)[0]] == [h, 1 - h]
 
 
 def test_the_guardian_refuses_a_round_whose_conversion_could_fail_too_often(
