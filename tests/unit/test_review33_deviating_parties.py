@@ -33,6 +33,15 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2
 SID = b"s" * 16
 
 
+def _gnmax_task(classes: int, sigma: float) -> dict[str, object]:
+    return {
+        "num_classes": classes,
+        "input_shape": [2],
+        "mechanism": {"name": "gnmax", "sigma": sigma},
+        "quorum": 1,
+    }
+
+
 def _request(
     task: dict[str, object], batch: int, key: X25519PrivateKey
 ) -> guardian_pb2.OpenRoundRequest:
@@ -92,12 +101,7 @@ def test_a_hospital_cannot_escape_its_proof_by_registering_more_teachers(
     """32 teachers over 100 classes make a statement too large to prove: such a party
     would vote unchecked shares, so it is left out of the round, audited and told why."""
     classes, batch = 100, 4
-    task: dict[str, object] = {
-        "num_classes": classes,
-        "input_shape": [2],
-        "mechanism": {"name": "gnmax", "sigma": 5.0},
-        "quorum": 1,
-    }
+    task = _gnmax_task(classes, 5.0)
     mech = from_config({"name": "gnmax", "sigma": 5.0}, classes)
     assert mech.vote_relation(1) is not None  # the task's mechanism has a proof statement
     assert mech.vote_relation(32) is None  # ... but not for a party claiming 32 teachers
@@ -199,12 +203,7 @@ def test_the_guardian_refuses_a_round_whose_conversion_could_fail_too_often(
     # Public sizes only: 2 parties x 1,024 teachers, 10 classes, 4,096 queries bound the
     # off-by-one at 3.6e-11 per round, above 2^-40. Refused before any reservation.
     classes, batch = 10, 4096
-    task: dict[str, object] = {
-        "num_classes": classes,
-        "input_shape": [2],
-        "mechanism": {"name": "gnmax", "sigma": 40.0},
-        "quorum": 1,
-    }
+    task = _gnmax_task(classes, 40.0)
     assert validity.conversion_failure(batch, classes, [1024, 1024]) > (
         validity.MAX_CONVERSION_FAILURE
     )
