@@ -38,7 +38,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
-from capc.mpc import ot
+from capc.mpc import ot, votes
 from capc.mpc import validity as vp
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.mpc.session import LocalPair
@@ -109,31 +109,36 @@ def make_proven_shares(
 def verify_and_sum(
     shares: dict[str, np.ndarray], classes: int, parties: int
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Both sides' verification of every party and their ring share sums; (guardian sum,
-    student sum, parties accepted, bytes the student sent the guardian)."""
+    """Both sides' verification of every party and their ring share sums, through the
+    functions the guardian and the student run (capc.mpc.votes); (guardian sum, student
+    sum, parties accepted, bytes the student sent the guardian)."""
     rel = vp.VoteRelation(classes, 1)
     names = [f"party-{p}" for p in range(parties)]
+    relations = dict.fromkeys(names, rel)
     batch = shares["g_bits"].shape[1]
     challenge = vp.Challenge.draw(os.urandom(24))
-    g = vp.verifier_share(
-        rel,
+    g_bits = dict(zip(names, shares["g_bits"], strict=True))
+    s_bits = dict(zip(names, shares["s_bits"], strict=True))
+    constants = {n: np.ones(batch, dtype=np.uint64) for n in names}
+    g = votes.verifier_shares(
+        relations,
         challenge,
         names,
-        shares["g_bits"],
-        shares["g_proof"],
-        np.ones((parties, batch), dtype=np.uint64),
+        g_bits,
+        dict(zip(names, shares["g_proof"], strict=True)),
+        constants,
     )
-    s = vp.verifier_share(rel, challenge, names, shares["s_bits"], shares["s_proof"])
-    ok = vp.accept(rel, challenge, names, g, s)
-    valid = np.flatnonzero(ok)
-    weights = np.ones(valid.size, dtype=np.uint64)
-    g_sum = vp.histogram_shares(rel, shares["g_bits"][valid], weights)
-    s_sum = vp.histogram_shares(rel, shares["s_bits"][valid], weights)
+    s = votes.verifier_shares(
+        relations, challenge, names, s_bits, dict(zip(names, shares["s_proof"], strict=True))
+    )
+    ok = votes.accepted(relations, challenge, names, g, s)
+    valid = {n: rel for n in names if ok[n]}
+    weights = dict.fromkeys(valid, 1)
     sent = s.wire.nbytes + s.combined.nbytes
     return (
-        vp.ring_shares(g_sum, student=False),
-        vp.ring_shares(s_sum, student=True),
-        int(ok.sum()),
+        votes.proven_vote_sum(valid, g_bits, weights, student=False),
+        votes.proven_vote_sum(valid, s_bits, weights, student=True),
+        len(valid),
         sent,
     )
 
