@@ -1,4 +1,8 @@
-"""``capc demo`` end to end, as ``make demo`` runs it: small, and at the issue's scale."""
+"""``capc demo`` end to end, as ``make demo`` runs it, at a small scale.
+
+The full-scale run (15 minutes of both cores) is measured by ``experiments/demo_run.py``
+and its saved result checked by ``tests/unit/test_saved_demo.py``.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ import pytest
 from capc.data.offline import animal_mnist
 from capc.models import load_teacher
 from capc.models.heads import BatchStandardiser
-from services.demo import SHIPPED_BODY
 
 
 def demo(tmp_path: Path, *args: str, timeout: float) -> tuple[str, dict[str, Any]]:
@@ -75,16 +78,3 @@ def test_a_small_demo_runs_a_consortium_and_reports(tmp_path: Path) -> None:
     np.testing.assert_array_equal(many, alone)
     # A second run reuses the pretrained body, the keys and the teachers.
     assert (tmp_path / "body.pt").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SHIPPED_BODY.exists(), reason="the shipped body is not in this checkout")
-def test_the_demo_meets_the_privacy_and_accuracy_it_promises(tmp_path: Path) -> None:
-    """Five hospitals hosting 250 teachers, eps at most 10 each by the ledger, a student of
-    at least 75% on 1000 held-out real images (issue 35's acceptance)."""
-    _, result = demo(tmp_path, timeout=1500)
-    assert result["hospitals"] >= 5 and result["teachers"] >= 250
-    assert result["delta"] == 1e-5
-    assert all(eps <= 10.0 for eps in result["epsilon"].values())
-    assert result["answered"] == result["queries"] >= 3000
-    assert result["student_accuracy"] >= 0.75
