@@ -372,25 +372,49 @@ def test_a_malformed_vote_check_is_refused_without_using_up_the_check(
     engine.abandon_round(rnd, "test over")
 
 
-def _out_of_field(mine: validity.VerifierShare, where: str) -> tuple[np.ndarray, np.ndarray]:
+def guardian_side(
+    engine: RoundEngine, reply: guardian_pb2.OpenRoundReply
+) -> validity.VerifierShare:
+    """The guardian's own verifier shares (P, B), (P,) of the round, as check_votes
+    computes them (its one-teacher parties vote on every query)."""
+    rnd = engine._rounds[reply.round_id]
+    parties = list(reply.included)
+    challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
+    ones = {p: np.ones(BATCH, dtype=np.uint64) for p in parties}
+    return verifier_shares(rnd.relations, challenge, parties, rnd.shares, rnd.proofs, ones)
+
+
+def _unreduced(student: np.uint64, guardian: np.uint64) -> np.uint64:
+    """An encoding >= p of the student's value that a guardian adding the two shares in
+    uint64 with one conditional subtraction of p would take for the honest one: the
+    value plus p, or (where the honest sum wraps past p) the value minus p mod 2^64."""
+    p = np.uint64(validity.P)
+    if int(student) + int(guardian) < validity.P:
+        return student + p
+    return np.uint64((int(student) - validity.P) % 2**64)
+
+
+def _out_of_field(
+    mine: validity.VerifierShare, theirs: validity.VerifierShare, where: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Party b's (row 1) honest verifier shares with one value moved out of [0, p)."""
     wire, combined = mine.wire.copy(), mine.combined.copy()
-    p = np.uint64(validity.P)
-    if where == "wire + p":  # the same residue mod p, not reduced
-        wire[1, 0] = wire[1, 0] + p
-    elif where == "combined + p":
-        combined[1] = combined[1] + p
+    if where == "wire, unreduced":
+        wire[1, 0] = _unreduced(wire[1, 0], theirs.wire[1, 0])
+    elif where == "combined, unreduced":
+        combined[1] = _unreduced(combined[1], theirs.combined[1])
     else:
         wire[1, BATCH - 1] = np.uint64(2**64 - 1)
+    assert (wire >= validity.P).sum() + (combined >= validity.P).sum() == 1
     return wire, combined
 
 
-@pytest.mark.parametrize("where", ["wire + p", "combined + p", "wire = 2^64 - 1"])
+@pytest.mark.parametrize("where", ["wire, unreduced", "combined, unreduced", "wire = 2^64 - 1"])
 def test_verifier_values_outside_the_field_fail_the_vote_below_quorum(
     tmp_path: Path, where: str
 ) -> None:
     """A quorum-2 round of a and b: a value >= p in b's verifier shares fails b's vote,
-    even when it equals the honest value mod p; below quorum the round is aborted and
+    even an encoding of the honest value that an unreduced sum would take; below quorum the round is aborted and
     neither party is charged."""
     ledger = Ledger(str(tmp_path / "q.db"))
     ledger.create_task("plain", {**PLAIN_TASK, "quorum": 2})
@@ -401,7 +425,7 @@ def test_verifier_values_outside_the_field_fail_the_vote_below_quorum(
     reply = proven_round(engine, key, "kq", ("a", "b"), {**PLAIN_TASK, "quorum": 2})
     rid = reply.round_id
     mine, _ = student_side(key, reply)
-    wire, combined = _out_of_field(mine, where)
+    wire, combined = _out_of_field(mine, guardian_side(engine, reply), where)
     with pytest.raises(RoundRefusedError, match=r"1 of 2 votes are valid \(quorum 2\)"):
         engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], wire, combined))
     assert ledger.round_state(rid) == RoundState.ABORTED
@@ -415,7 +439,7 @@ def test_verifier_values_outside_the_field_fail_the_vote_below_quorum(
 def test_an_out_of_field_vote_is_left_out_and_charged_nothing_after_the_2pc(
     engine: RoundEngine,
 ) -> None:
-    """Quorum 1: b's vote with a verifier value >= p (its honest value plus p) is left
+    """Quorum 1: b's vote with a verifier value >= p (its honest value, unreduced) is left
     out, the check is used up, and after the 2PC a is charged for the round, b nothing."""
     ledger = engine.ledger
     key = X25519PrivateKey.generate()
@@ -436,7 +460,7 @@ def test_an_out_of_field_vote_is_left_out_and_charged_nothing_after_the_2pc(
     rid = reply.round_id
     mine, bits = student_side(key, reply)
     assert ledger.budget("b").spent > 0  # reserved
-    wire, combined = _out_of_field(mine, "wire + p")
+    wire, combined = _out_of_field(mine, guardian_side(engine, reply), "wire, unreduced")
     check = engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], wire, combined))
     assert list(check.included) == ["a"]
     assert [(e.party, "validity proof" in e.reason) for e in check.excluded] == [("b", True)]
