@@ -28,13 +28,15 @@ from typing import Any
 from experiments.report import save
 from services.demo import SHIPPED_BODY
 
+#: The demo as ``make demo`` runs it, ending with its JSON object and not serving on.
+DEMO_CMD = (sys.executable, "-m", "services.cli", "demo", "--json", "--no-serve")
+
 
 def run(directory: Path, timeout: float) -> dict[str, Any]:
     """One demo run in ``directory``: its JSON result beside the wall time (seconds)."""
     start = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "services.cli", "demo", "--dir", str(directory), "--no-serve"]
-        + ["--json"],
+        [*DEMO_CMD, "--dir", str(directory)],
         capture_output=True,
         text=True,
         timeout=timeout,

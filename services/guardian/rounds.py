@@ -668,7 +668,7 @@ class RoundEngine:
                 student = serde.vote_check_from_proto(msg, rnd.batch)
             except RequestError as err:
                 raise RoundInputError(str(err)) from None
-            rnd.checked = True  # once: the student cannot retry until a check passes
+            rnd.checked = True  # once: a well-formed check is the only one
         constants = {p: rnd.voters(p) * rnd.voting(p).astype(np.uint64) for p in parties}
         mine = verifier_shares(rnd.relations, challenge, parties, rnd.shares, rnd.proofs, constants)
         valid = accepted(rnd.relations, challenge, parties, mine, student)
@@ -768,7 +768,9 @@ class RoundEngine:
     def _encrypted_round(self, round_id: int, party: str) -> _Round:
         with self._lock:
             rnd = self._rounds.get(round_id)
-        if rnd is None or rnd.ciphertext_hash is None or party not in rnd.included:
+            # A party left out of the round (it failed, or its vote did) talks no more in it.
+            left_out = rnd is not None and (party in rnd.failed or party in rnd.invalid)
+        if rnd is None or rnd.ciphertext_hash is None or party not in rnd.included or left_out:
             raise RoundInputError(
                 f"round {round_id} is not an open encrypted round with {party or 'no party'}"
             )

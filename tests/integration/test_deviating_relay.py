@@ -213,12 +213,6 @@ def test_frames_from_or_to_a_party_outside_the_round_are_refused(engine: RoundEn
         engine.relay_to_party("alice", SID_A, frame(rnd.round_id, "a"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="relay_to_student and relay_to_party check only that the party is among the "
-    "round's included parties: one that reported failure (rnd.failed), whose shares "
-    "receive_shares refuses, keeps exchanging frames with the student",
-)
 def test_frames_from_or_to_a_party_the_round_left_out_are_refused(engine: RoundEngine) -> None:
     links = {p: engine.attach(p) for p in ("a", "b")}
     alice = engine.open_relay("alice", SID_A)
