@@ -22,12 +22,16 @@ summary is the mean and standard deviation over seeds.
 
 Run (defaults: 5 hospitals x 50 teachers, the demo's shipped body, 3 seeds):
     python -m experiments.diet_services --out experiments/results/diet-services.json
+    # three more seeds, added to the saved rows:
+    python -m experiments.diet_services --out experiments/results/diet-services.json \
+        --first-seed 4 --add-to
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import tempfile
 import time
@@ -201,6 +205,25 @@ def run(config: Config, work: Path) -> dict[str, Any]:
     }
 
 
+def merged(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with ``new``'s rows added: both runs must share every setting but their
+    seeds, which must not overlap, and the same body; the summary is recomputed."""
+    a, b = dict(saved["config"]), dict(new["config"])
+    seeds = [*a.pop("seeds"), *b.pop("seeds")]
+    if a != b or saved["body_sha256"] != new["body_sha256"]:
+        raise ValueError("only runs of one configuration on one body can be merged")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"the runs share seeds: {sorted(seeds)}")
+    rows = [*saved["rows"], *new["rows"]]
+    return {
+        **saved,
+        "config": {**saved["config"], "seeds": seeds},
+        "rows": rows,
+        "summary": summarise(rows),
+        "seconds": saved["seconds"] + new["seconds"],
+    }
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The summary as the markdown table the README and docs/results.md show."""
     lines = [
@@ -232,6 +255,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--quick", action="store_true", help="a small body pretrained here (a smoke test)"
     )
     ap.add_argument("--work", type=Path, default=None, help="keep the consortia here")
+    ap.add_argument(
+        "--add-to",
+        action="store_true",
+        help="add these seeds' rows to the result already saved at --out (same configuration)",
+    )
     args = ap.parse_args(argv)
     config = Config(
         hospitals=args.hospitals,
@@ -248,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         with tempfile.TemporaryDirectory() as tmp:
             result = run(config, Path(tmp))
+    if args.add_to:
+        result = merged(json.loads(args.out.read_text()), result)
     save(result, args.out)
     print(format_table(result))
     return 0 if all(math.isfinite(r["student_accuracy"]) for r in result["rows"]) else 1
