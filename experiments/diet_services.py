@@ -208,7 +208,8 @@ def run(config: Config, work: Path) -> dict[str, Any]:
 def merged(saved: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``saved`` with ``new``'s rows added: both runs must share every setting but their
     seeds, which must not overlap, and the same body; the summary is recomputed."""
-    a, b = dict(saved["config"]), dict(new["config"])
+    # As saved: JSON has lists where a fresh run has tuples.
+    a, b = json.loads(json.dumps(saved["config"])), json.loads(json.dumps(new["config"]))
     seeds = [*a.pop("seeds"), *b.pop("seeds")]
     if a != b or saved["body_sha256"] != new["body_sha256"]:
         raise ValueError("only runs of one configuration on one body can be merged")

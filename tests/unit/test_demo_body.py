@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -62,7 +63,10 @@ def test_a_recorded_body_names_its_command_and_digests(tmp_path: Path) -> None:
     assert weights_sha256(load_teacher(again).model) == weights_sha256(body.model)
 
 
-@pytest.mark.skipif(not SHIPPED_BODY.exists(), reason="the shipped body is not in this checkout")
+@pytest.mark.skipif(
+    not SHIPPED_BODY.exists() and os.environ.get("CI") != "true",
+    reason="the shipped body is not in this checkout (make demo-body)",
+)
 def test_the_shipped_body_is_what_its_record_says_and_its_command_builds(tmp_path: Path) -> None:
     rec = json.loads(SHIPPED_RECORD.read_text())
     assert rec["file_sha256"] == hashlib.sha256(SHIPPED_BODY.read_bytes()).hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -24,7 +25,7 @@ def _run(seeds: list[int], body: str = "b", teachers: int = 50) -> dict[str, Any
         for i, eps in enumerate((5.0, 10.0))
     ]
     return {
-        "config": {"seeds": seeds, "teachers": teachers},
+        "config": {"seeds": tuple(seeds), "teachers": teachers, "budgets": (5.0, 10.0)},
         "body_sha256": body,
         "rows": rows,
         "summary": summarise(rows),
@@ -33,7 +34,8 @@ def _run(seeds: list[int], body: str = "b", teachers: int = 50) -> dict[str, Any
 
 
 def test_added_seeds_extend_the_rows_and_the_summary() -> None:
-    both = merged(_run([1, 2]), _run([3]))
+    saved = json.loads(json.dumps(_run([1, 2])))  # as read back: lists, not tuples
+    both = merged(saved, _run([3]))
     assert both["config"]["seeds"] == [1, 2, 3]
     assert [r["seed"] for r in both["rows"]] == [1, 1, 2, 2, 3, 3]
     assert both["summary"] == summarise(both["rows"])
