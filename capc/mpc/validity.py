@@ -495,20 +495,6 @@ def vote_shares(relation: VoteRelation, bit_shares: ArrayLike, weight: int) -> U
     return mul(relation.counts(bit_shares), np.uint64(weight))
 
 
-def histogram_shares(relation: VoteRelation, bit_shares: ArrayLike, weights: ArrayLike) -> U64:
-    """Shares of the sum of several parties' votes (B, width) in F_p from their bit shares
-    (P, B, n) and weights on the grid (P,): the weighted bits are summed over the parties
-    first (the counts are linear in them), so the counts are taken once."""
-    x = np.asarray(bit_shares, dtype=np.uint64)
-    w = np.asarray(weights, dtype=np.uint64).reshape(-1)
-    if x.ndim != 3 or x.shape[0] != w.size or x.shape[2] != relation.elements:
-        raise ValidityError(f"bit shares must have shape ({w.size}, B, {relation.elements})")
-    if (w >= _P).any():
-        raise ValidityError("a vote weight on the grid must lie in [0, p)")
-    weighted = x if (w == 1).all() else mul(x, w[:, None, None])
-    return relation.counts(sum_rows(weighted))
-
-
 def conversion_failure(batch: int, width: int, teachers: Sequence[int]) -> float:
     """Upper bound on the probability that a round's conversion of its counts from F_p to
     Z_2^64 is off by one anywhere: ``batch`` queries of ``width`` counts, summed over
@@ -535,7 +521,6 @@ __all__ = [
     "VoteRelation",
     "accept",
     "conversion_failure",
-    "histogram_shares",
     "prove",
     "ring_shares",
     "share",

@@ -175,6 +175,11 @@ class _Round:
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
 
+    def left_out(self, party: str) -> bool:
+        """The party failed, or its vote did (unprovable or invalid): it takes no further
+        part in the round, neither shares nor relayed frames. Call under the engine's lock."""
+        return party in self.failed or party in self.invalid
+
     def voters(self, party: str) -> int:
         return self.teachers.get(party, 1)
 
@@ -372,9 +377,8 @@ class RoundEngine:
         if rnd is None or name not in rnd.included:
             raise RoundInputError(f"round {msg.round_id} did not ask {name} for shares")
         with self._lock:
-            # A party left out (unreachable, unprovable, failed) votes no more in this
-            # round: unproven shares from it would count unchecked.
-            left_out = name in rnd.failed or name in rnd.invalid
+            # A party left out votes no more in this round: unproven shares would count.
+            left_out = rnd.left_out(name)
         if left_out:
             raise RoundInputError(
                 f"{name} was left out of round {msg.round_id}: its shares are refused"
@@ -768,8 +772,7 @@ class RoundEngine:
     def _encrypted_round(self, round_id: int, party: str) -> _Round:
         with self._lock:
             rnd = self._rounds.get(round_id)
-            # A party left out of the round (it failed, or its vote did) talks no more in it.
-            left_out = rnd is not None and (party in rnd.failed or party in rnd.invalid)
+            left_out = rnd is not None and rnd.left_out(party)
         if rnd is None or rnd.ciphertext_hash is None or party not in rnd.included or left_out:
             raise RoundInputError(
                 f"round {round_id} is not an open encrypted round with {party or 'no party'}"
