@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from capc.data.schema import RecordSchema, SchemaError, parse_classes, parse_records
 from capc.he.params import CkksParams
 from capc.mechanisms import Mechanism, MechanismError, Personalization, from_config, mechanism_class
 from capc.mechanisms.base import CircuitSpec
@@ -109,6 +110,11 @@ class TaskSpec(BaseModel):
     quorum: int = Field(default=1, ge=1, le=10_000)
     personalization: Personalization | None = None
     encryption: dict[str, Any] | None = None
+    #: What the records are (capc.data.schema): images with a value range, or table rows
+    #: with public feature ranges and levels. Optional for tasks written before schemas.
+    records: dict[str, Any] | None = None
+    #: The classes' (or labels') names, one per output.
+    classes: list[str] | None = None
 
 
 def _problems(err: ValidationError) -> str:
@@ -128,6 +134,8 @@ class TaskConfig:
     quorum: int
     personalization: Personalization | None = None
     encryption: Encryption | None = None
+    records: RecordSchema | None = None
+    classes: tuple[str, ...] | None = None
 
     @classmethod
     def parse(cls, name: str, config: dict[str, object], config_hash: str) -> TaskConfig:
@@ -145,6 +153,13 @@ class TaskConfig:
                 raise TaskError(f"{mech_name} needs {want} and takes no {not_want}")
             if any(d < 1 for d in spec.input_shape):
                 raise TaskError(f"input_shape must be positive, got {spec.input_shape}")
+            records = None if spec.records is None else parse_records(spec.records)
+            if records is not None and records.input_shape != tuple(spec.input_shape):
+                raise TaskError(
+                    f"input_shape {spec.input_shape} does not match its records, which encode "
+                    f"to {list(records.input_shape)}"
+                )
+            classes = None if spec.classes is None else parse_classes(spec.classes, outputs)
             task = cls(
                 name=name,
                 config_hash=config_hash,
@@ -153,12 +168,14 @@ class TaskConfig:
                 quorum=spec.quorum,
                 personalization=spec.personalization,
                 encryption=None if spec.encryption is None else Encryption.parse(spec.encryption),
+                records=records,
+                classes=classes,
             )
         except ValidationError as err:
             raise TaskError(
                 f"task {name!r} has an invalid configuration: {_problems(err)}"
             ) from None
-        except (MechanismError, TaskError, TypeError, ValueError) as err:
+        except (MechanismError, SchemaError, TaskError, TypeError, ValueError) as err:
             raise TaskError(f"task {name!r} has an invalid configuration: {err}") from err
         if task.encryption is not None and (task.multi_label or task.personalization is not None):
             raise TaskError(
@@ -166,6 +183,11 @@ class TaskConfig:
                 "without personalized budgets"
             )
         return task
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The outputs' names: the task's own, or "0", "1", ... when it names none."""
+        return self.classes or tuple(str(i) for i in range(self.outputs))
 
     @property
     def outputs(self) -> int:
