@@ -251,9 +251,7 @@ class TableSchema:
             raise SchemaError("records: 'features' must be a list of features")
         return cls(tuple(_feature(f, i) for i, f in enumerate(features)))
 
-    def encode(
-        self, columns: Mapping[str, ArrayLike], source: str, first_row: int = 0
-    ) -> FloatRecords:
+    def encode(self, columns: Mapping[str, Any], source: str, first_row: int = 0) -> FloatRecords:
         """Rows (any column-mapping, e.g. a pandas DataFrame) -> (N, width) float32.
 
         Every feature must be a column; extra columns are ignored. A missing
