@@ -73,6 +73,6 @@ def export_onnx(
 def export_torchscript(model: nn.Module, input_shape: tuple[int, ...], path: Path) -> Path:
     """``model`` traced to TorchScript (``torch.jit.save``)."""
     model.eval()
-    traced = torch.jit.trace(model, torch.zeros(2, *input_shape))
+    traced = torch.jit.trace(model, torch.zeros(2, *input_shape))  # type: ignore[no-untyped-call]
     torch.jit.save(traced, str(path))
     return path
