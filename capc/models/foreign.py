@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -242,7 +243,10 @@ def _torch_teacher(
 def load_torchscript(path: Path, want: Interface | None = None) -> ForeignTeacher:
     """A TorchScript file (``torch.jit.save``) as a teacher; ValueError says what is wrong."""
     try:
-        module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+        # torch calls TorchScript deprecated; hospitals still hand it over, so capc reads it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
     except (RuntimeError, OSError, ValueError) as err:
         raise ValueError(f"{path} is not a loadable TorchScript file: {err}") from err
     return _torch_teacher(module, "torchscript", str(path), file_sha256(path), want)

@@ -4,6 +4,7 @@ repository root). Also builds the ONNX and TorchScript files the tests vote with
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -57,22 +58,27 @@ def export_onnx(
     model.eval()
     dummy = torch.zeros(fixed_batch or 2, *input_shape)
     dynamic = None if fixed_batch else {"x": {0: "batch"}, "scores": {0: "batch"}}
-    # The legacy exporter needs no onnxscript (not installed).
-    torch.onnx.export(
-        model,
-        (dummy,),
-        str(path),
-        input_names=["x"],
-        output_names=["scores"],
-        dynamic_axes=dynamic,
-        dynamo=False,
-    )
+    # The legacy exporter needs no onnxscript (not installed); it warns that it is legacy.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            model,
+            (dummy,),
+            str(path),
+            input_names=["x"],
+            output_names=["scores"],
+            dynamic_axes=dynamic,
+            dynamo=False,
+        )
     return path
 
 
 def export_torchscript(model: nn.Module, input_shape: tuple[int, ...], path: Path) -> Path:
     """``model`` traced to TorchScript (``torch.jit.save``)."""
     model.eval()
-    traced = torch.jit.trace(model, torch.zeros(2, *input_shape))  # type: ignore[no-untyped-call]
-    torch.jit.save(traced, str(path))
+    # torch 2.13 calls TorchScript deprecated; hospitals still hand it over, so capc reads it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        traced = torch.jit.trace(model, torch.zeros(2, *input_shape))  # type: ignore[no-untyped-call]
+        torch.jit.save(traced, str(path))
     return path

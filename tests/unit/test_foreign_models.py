@@ -22,12 +22,6 @@ LIGHT = Interface("light", SHAPE, CLASSES)
 FACTORY = "tests.e2e.own_models:own_net"
 
 
-@pytest.fixture(autouse=True)
-def _quiet() -> None:
-    # The legacy ONNX exporter warns that it is legacy; the tests use it on purpose.
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-
-
 @pytest.fixture(scope="module")
 def model() -> nn.Module:
     torch.manual_seed(0)
@@ -217,7 +211,11 @@ class Flat(nn.Module):
 
 def test_onnx_with_several_inputs_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "two.onnx"
-    torch.onnx.export(TwoInputs(), (torch.zeros(1, 4), torch.zeros(1, 4)), str(path), dynamo=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter, on purpose
+        torch.onnx.export(
+            TwoInputs(), (torch.zeros(1, 4), torch.zeros(1, 4)), str(path), dynamo=False
+        )
     with pytest.raises(ValueError, match=r"two\.onnx has 2 inputs.*single input"):
         load_members(path)
 
