@@ -5,6 +5,7 @@ ValueError that names the file and what to do."""
 from __future__ import annotations
 
 import hashlib
+import shlex
 import warnings
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from torch import nn
 
 from capc.models.ensemble import Voters, load_members
 from capc.models.foreign import ForeignTeacher, Interface, sniff
+from services.cli import build_parser
 from tests.e2e.own_models import OwnNet, export_onnx, export_torchscript, own_net
 
 SHAPE, CLASSES = (4,), 3
@@ -235,3 +237,24 @@ def test_a_model_not_giving_b_by_k_scores_is_refused(tmp_path: Path) -> None:
 def test_own_net_is_not_a_capc_architecture() -> None:
     # The factory's module is the hospital's own class, not one of capc's registry.
     assert isinstance(own_net(), OwnNet)
+
+
+def usage_commands() -> list[list[str]]:
+    """The ``capc answerer`` command lines of docs/usage.md's "Bring your own model"."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "usage.md").read_text()
+    section = text.split("## Bring your own model", 1)[1].split("\n## ", 1)[0]
+    joined = section.replace("\\\n", " ")
+    return [shlex.split(line)[1:] for line in joined.splitlines() if line.startswith("capc ")]
+
+
+def test_the_documented_command_lines_parse() -> None:
+    commands = usage_commands()
+    assert len(commands) == 3
+    for argv in commands:
+        args = build_parser().parse_args(argv)
+        assert args.command == "answerer" and args.task == Path("images.json")
+    assert [c[c.index("--model") + 1] for c in commands] == [
+        "model.onnx",
+        "model.ts",
+        "hospital_models.net:build@weights.pt",
+    ]
