@@ -326,7 +326,7 @@ def _onnx_session(path: Path) -> Any:
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     except Exception as err:  # onnxruntime raises its own exception types
         raise ValueError(
-            f"{path} is neither a capc checkpoint, a TorchScript file nor an ONNX model "
+            f"{path} is not a capc checkpoint, a TorchScript file or an ONNX model "
             f"onnxruntime can run: {err}"
         ) from err
 

@@ -192,7 +192,9 @@ def test_unreadable_files_are_refused_naming_them(tmp_path: Path) -> None:
         load_members(tmp_path / "nope.onnx")
     junk = tmp_path / "junk.bin"
     junk.write_bytes(b"\x00garbage, not a model")
-    with pytest.raises(ValueError, match=r"junk\.bin is neither a capc checkpoint"):
+    with pytest.raises(
+        ValueError, match=r"junk\.bin is not a capc checkpoint, a TorchScript file or an ONNX"
+    ):
         load_members(junk)
 
 
