@@ -260,3 +260,50 @@ def test_the_documented_command_lines_parse() -> None:
         "model.ts",
         "hospital_models.net:build@weights.pt",
     ]
+
+
+class AdmitAll:
+    """A hospital budget that admits every round (the check under test comes after it)."""
+
+    def admit(self, work: object, header: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("shape", "classes", "reason"),
+    [
+        ((1, 28, 28), 3, "takes inputs (4,) but task images has (1, 28, 28)"),
+        ((4,), 10, "gives 3 classes but task images has 10"),
+    ],
+)
+def test_without_task_the_round_says_what_does_not_fit(
+    model: nn.Module, tmp_path: Path, shape: tuple[int, ...], classes: int, reason: str
+) -> None:
+    from capc.mechanisms import from_config
+    from services.answerer.party import AnsweringParty
+    from services.common import serde
+    from services.common.buffers import BoundedBuffer
+    from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+    onnx = export_onnx(model, SHAPE, tmp_path / "model.onnx")
+    party = AnsweringParty(
+        "hospital-a",
+        Voters.load([onnx]),
+        "127.0.0.1:9",
+        None,
+        AdmitAll(),  # type: ignore[arg-type]
+    )
+    work = guardian_pb2.RoundWork(
+        round_id=7,
+        queries=common_pb2.QueryBatch(
+            tensor=serde.queries_to_proto(np.zeros((2, *shape), np.float32))
+        ),
+        mechanism=serde.mechanism_to_proto(from_config({"name": "gnmax", "sigma": 4.0}, classes)),
+    )
+    out: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(4)
+    party._answer(work, common_pb2.Header(task="images"), out)
+    msg = out.get(timeout=5)
+    assert msg is not None and msg.WhichOneof("body") == "failure"
+    assert msg.failure.round_id == 7
+    assert "hospital-a's model" in msg.failure.reason and "model.onnx" in msg.failure.reason
+    assert reason in msg.failure.reason
