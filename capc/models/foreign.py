@@ -339,6 +339,11 @@ def _onnx_input_shape(dims: list[Any], path: Path, want: Interface | None) -> tu
     if want is not None and len(rest) == len(want.input_shape):
         sizes = zip(rest, want.input_shape, strict=True)
         return tuple(d if isinstance(d, int) else t for d, t in sizes)
+    if want is not None:
+        raise ValueError(
+            f"ONNX model {path} takes inputs {tuple(dims)} (batch first) but task {want.task} "
+            f"has {shape_text(want.input_shape)}: export the model for the task's input shape"
+        )
     raise ValueError(
         f"ONNX model {path} declares inputs {tuple(dims)} with symbolic sizes: give the "
         "party its task (capc answerer --task FILE) so that it knows them, or export the "

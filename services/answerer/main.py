@@ -114,10 +114,12 @@ def run(args: argparse.Namespace) -> int:
                 "--ledger names one party's ledger: with several --name, put {name} in it "
                 "(e.g. --ledger ledgers/{name}.db) so that each party keeps its own"
             )
-        want = None if args.task is None else task_interface(args.task)
+        task = None if args.task is None else read_task(args.task)
+        want = None if task is None else interface(task)
         voters = Voters.load(args.model, want)
-        if want is not None:
+        if task is not None and want is not None:
             voters.check(" and ".join(names), want)
+            check_encryption(voters, task)
         parties = []
         for name in names:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, name)
@@ -160,17 +162,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def task_interface(path: Path) -> Interface:
-    """What the task in ``path`` (its configuration JSON; name: the file's stem) asks of a
-    teacher. ValueError (TaskError) says what is wrong with the file."""
+def read_task(path: Path) -> TaskConfig:
+    """The task in ``path`` (its configuration JSON; name: the file's stem). ValueError
+    (TaskError) says what is wrong with the file."""
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise TaskError(f"--task {path}: cannot read a task configuration: {err}") from err
     if not isinstance(config, dict):
         raise TaskError(f"--task {path}: a task configuration is a JSON object")
-    task = TaskConfig.parse(path.stem, config, config_hash(config))
+    return TaskConfig.parse(path.stem, config, config_hash(config))
+
+
+def interface(task: TaskConfig) -> Interface:
+    """What ``task`` asks of a teacher: its inputs and outputs."""
     return Interface(task.name, task.input_shape, task.outputs, task.multi_label)
+
+
+def check_encryption(voters: Voters, task: TaskConfig) -> None:
+    """ValueError unless ``voters`` can answer ``task``'s encrypted queries, if it has them:
+    one capc checkpoint of the task's HE-friendly architecture."""
+    enc = task.encryption
+    if enc is None:
+        return
+    single = voters.single
+    if single is None or single.architecture != enc.architecture:
+        raise ValueError(
+            f"task {task.name} sends encrypted queries, which only one capc {enc.architecture} "
+            f"checkpoint can answer; this party votes with {len(voters)} teacher(s): "
+            f"{voters.architecture}"
+        )
 
 
 def _keep_status(party: AnsweringParty, path: Path, stop: threading.Event) -> None:

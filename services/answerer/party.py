@@ -322,8 +322,8 @@ class AnsweringParty:
 
         if self._encrypted is None:
             raise ValueError(
-                f"encrypted rounds evaluate one HE-friendly teacher; this party votes with "
-                f"{len(self.voters)}"
+                f"encrypted rounds evaluate one HE-friendly capc checkpoint; this party votes "
+                f"with {len(self.voters)} teacher(s): {self.voters.architecture}"
             )
         channel, key = RelayChannel.for_party(
             bytes(work.student_public_key), work.round_id, self.name, send

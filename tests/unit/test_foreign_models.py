@@ -307,3 +307,21 @@ def test_without_task_the_round_says_what_does_not_fit(
     assert msg.failure.round_id == 7
     assert "hospital-a's model" in msg.failure.reason and "model.onnx" in msg.failure.reason
     assert reason in msg.failure.reason
+
+
+def test_an_encrypted_task_refuses_a_foreign_model_at_start(
+    model: nn.Module, tmp_path: Path
+) -> None:
+    from services.answerer.main import check_encryption
+    from services.common.task import TaskConfig
+
+    config: dict[str, object] = {
+        "num_classes": 3,
+        "input_shape": [4],
+        "mechanism": {"name": "gnmax", "sigma": 4.0},
+        "encryption": {"architecture": "he-mlp"},
+    }
+    task = TaskConfig.parse("sealed", config, "hash")
+    voters = Voters.load([export_onnx(model, SHAPE, tmp_path / "m.onnx")])
+    with pytest.raises(ValueError, match=r"task sealed sends encrypted queries.*he-mlp.*onnx"):
+        check_encryption(voters, task)
