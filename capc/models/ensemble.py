@@ -10,8 +10,9 @@ the party's privacy cost per query is that of one teacher.
 once, each teacher's BatchNorm statistics and linear head. Under current
 statistics (synthetic queries) the features do not depend on a teacher's
 statistics, so one pass through the body serves all m heads. :class:`Voters`
-is what a party votes with: one or more checkpoints, each a single teacher
-or an ensemble.
+is what a party votes with: one or more models, each a capc teacher, an
+ensemble, or a hospital's own model (ONNX, TorchScript or ``module:factory``,
+:mod:`capc.models.foreign`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from numpy.typing import NDArray
 
 from capc.models.checkpoint import Teacher, load_teacher, weights_sha256
+from capc.models.foreign import ForeignTeacher, Interface, load_foreign, shape_text
 from capc.models.inference import features
 from capc.models.registry import Classifier, build
 
@@ -217,8 +219,12 @@ def load_ensemble(data: dict[str, Any], where: str) -> TeacherEnsemble:
         raise ValueError(f"{where} is not a capc ensemble checkpoint: {err}") from err
 
 
-def load_members(path: Path) -> Teacher | TeacherEnsemble:
-    """A teacher or an ensemble checkpoint, whichever ``path`` holds."""
+#: One ``--model`` of a party: a capc teacher, an ensemble, or a hospital's own model.
+Member = Teacher | TeacherEnsemble | ForeignTeacher
+
+
+def load_checkpoint(path: Path) -> Teacher | TeacherEnsemble:
+    """A capc teacher or ensemble checkpoint, whichever ``path`` holds."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -230,15 +236,36 @@ def load_members(path: Path) -> Teacher | TeacherEnsemble:
     return load_teacher(path)
 
 
-class Voters:
-    """The teachers an answering party votes with: one or more checkpoints, each a single
-    teacher or an ensemble, all on the same inputs and outputs."""
+def load_members(spec: str | Path, want: Interface | None = None) -> Member:
+    """What one ``--model`` names: a capc teacher or ensemble checkpoint, an ONNX or
+    TorchScript file (told apart by content), or ``pkg.mod:factory@weights.pt``.
 
-    def __init__(self, members: Sequence[Teacher | TeacherEnsemble]) -> None:
+    ``want``: the task's interface; a foreign model takes what it does not declare from it
+    (:mod:`capc.models.foreign`). ValueError names the file and what to do."""
+    foreign = load_foreign(spec, want)
+    return foreign if foreign is not None else load_checkpoint(Path(spec))
+
+
+def _kind(m: Member) -> str:
+    return "labels" if m.multi_label else "classes"
+
+
+class Voters:
+    """The teachers an answering party votes with: one or more models (see
+    :func:`load_members`), all on the same inputs and outputs.
+
+    ``sources``: where each member came from (its ``--model``), for messages."""
+
+    def __init__(self, members: Sequence[Member], sources: Sequence[str] | None = None) -> None:
         if not members:
             raise ValueError("a party votes with at least one teacher")
+        self.sources = (
+            list(sources)
+            if sources is not None
+            else [f"teacher {i + 1}" for i in range(len(members))]
+        )
         first = members[0]
-        for m in members[1:]:
+        for m, where in zip(members[1:], self.sources[1:], strict=True):
             if (m.input_shape, m.num_classes, m.multi_label) != (
                 first.input_shape,
                 first.num_classes,
@@ -246,8 +273,9 @@ class Voters:
             ):
                 raise ValueError(
                     "every teacher of a party must take the same inputs and give the same "
-                    f"outputs: {first.input_shape} -> {first.num_classes} and "
-                    f"{m.input_shape} -> {m.num_classes}"
+                    f"outputs: {self.sources[0]} maps {first.input_shape} to "
+                    f"{first.num_classes} {_kind(first)}, {where} {m.input_shape} to "
+                    f"{m.num_classes} {_kind(m)}"
                 )
         self.members = list(members)
         self.input_shape = first.input_shape
@@ -255,15 +283,49 @@ class Voters:
         self.multi_label = first.multi_label
 
     @classmethod
-    def load(cls, paths: Sequence[Path]) -> Voters:
-        return cls([load_members(p) for p in paths])
+    def load(cls, specs: Sequence[str | Path], want: Interface | None = None) -> Voters:
+        """Every ``--model`` of a party (:func:`load_members`); ``want``: the task's interface."""
+        return cls([load_members(s, want) for s in specs], [str(s) for s in specs])
+
+    def misfit(self, party: str, want: Interface) -> str | None:
+        """Why this party's teachers cannot answer ``want``'s task, or None when they can.
+
+        Names the first model that does not fit, what it takes and what the task has."""
+        for m, where in zip(self.members, self.sources, strict=True):
+            who = f"{party}'s model {where}"
+            if m.input_shape != want.input_shape:
+                return (
+                    f"{who} takes inputs {shape_text(m.input_shape)} but task {want.task} has "
+                    f"{shape_text(want.input_shape)}: export the model for the task's input "
+                    f"shape, or answer a task on {shape_text(m.input_shape)} inputs"
+                )
+            if m.multi_label != want.multi_label:
+                return (
+                    f"{who} votes {'independent labels' if m.multi_label else 'one class'} "
+                    f"per query but task {want.task} is "
+                    f"{'multi-label' if want.multi_label else 'single-label'}: answer it "
+                    f"with a {'multi' if want.multi_label else 'single'}-label model"
+                )
+            if m.num_classes != want.num_classes:
+                return (
+                    f"{who} gives {m.num_classes} {_kind(m)} but task {want.task} has "
+                    f"{want.num_classes}: train or export the model for the task's "
+                    f"{want.num_classes} {_kind(m)}"
+                )
+        return None
+
+    def check(self, party: str, want: Interface) -> None:
+        """ValueError (:meth:`misfit`'s reason) unless these teachers can answer ``want``."""
+        why = self.misfit(party, want)
+        if why is not None:
+            raise ValueError(why)
 
     def __len__(self) -> int:
         return sum(len(m) if isinstance(m, TeacherEnsemble) else 1 for m in self.members)
 
     @property
     def single(self) -> Teacher | None:
-        """The party's one teacher, when it has exactly one (encrypted rounds need that)."""
+        """The party's one capc teacher, when it has exactly one (encrypted rounds need that)."""
         only = self.members[0]
         return only if len(self.members) == 1 and isinstance(only, Teacher) else None
 
@@ -288,7 +350,10 @@ class Voters:
     def predict(
         self, queries: NDArray[np.float32], current_statistics: bool = False
     ) -> NDArray[np.int64]:
-        """Every teacher's prediction: (B, m) classes or (B, m, k) 0/1 labels."""
+        """Every teacher's prediction: (B, m) classes or (B, m, k) 0/1 labels.
+
+        ``current_statistics`` reaches capc's own bodies only; a foreign model runs as
+        exported (:class:`capc.models.foreign.ForeignTeacher`)."""
         parts = []
         for m in self.members:
             p = m.predict(queries, current_statistics=current_statistics)

@@ -1,9 +1,11 @@
-"""``capc answerer``: load a teacher checkpoint, open the hospital's own ledger, serve the
-guardian's rounds within the hospital's own cap."""
+"""``capc answerer``: load the hospital's teachers (capc checkpoints or its own ONNX,
+TorchScript or PyTorch models), check them against the task when given, open the
+hospital's own ledger, serve the guardian's rounds within the hospital's own cap."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -11,12 +13,14 @@ import time
 from pathlib import Path
 
 from capc.models.ensemble import Voters
+from capc.models.foreign import Interface
 from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
 from services.common.ledger import Ledger, LedgerError
+from services.common.task import TaskConfig, TaskError, config_hash
 
 STATUS_EVERY_S = 5.0
 
@@ -25,12 +29,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("answerer", help="run a hospital's answering party")
     p.add_argument(
         "--model",
-        type=Path,
         required=True,
         action="append",
-        help="a teacher checkpoint (capc.models.save_teacher) or an ensemble of teachers "
-        "(capc.models.ensemble.save_ensemble); repeat it to vote with several: the party "
+        metavar="MODEL",
+        help="a teacher: a capc checkpoint (capc.models.save_teacher) or ensemble "
+        "(capc.models.ensemble.save_ensemble), an ONNX file, a TorchScript file "
+        "(torch.jit.save; files are told apart by content), or the hospital's own PyTorch "
+        "code as pkg.module:factory@weights.pt (pkg.module.factory() returns the nn.Module, "
+        "weights.pt holds its state dict; pkg must be importable). Every model maps (B, "
+        "*input_shape) float32 to (B, K) scores. Repeat it to vote with several: the party "
         "sends the sum of all its teachers' votes",
+    )
+    p.add_argument(
+        "--task",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the task's configuration JSON (as the guardian registers it; its name is the "
+        "file's stem): the models are checked against its input shape and classes, and run "
+        "once on a batch of its shape, before dialling; a mismatch exits 2. TorchScript and "
+        "module:factory models need it (they declare no shape)",
     )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
     p.add_argument(
@@ -96,7 +114,12 @@ def run(args: argparse.Namespace) -> int:
                 "--ledger names one party's ledger: with several --name, put {name} in it "
                 "(e.g. --ledger ledgers/{name}.db) so that each party keeps its own"
             )
-        voters = Voters.load(args.model)
+        task = None if args.task is None else read_task(args.task)
+        want = None if task is None else interface(task)
+        voters = Voters.load(args.model, want)
+        if task is not None and want is not None:
+            voters.check(" and ".join(names), want)
+            check_encryption(voters, task)
         parties = []
         for name in names:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, name)
@@ -110,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 AnsweringParty(name, voters, args.guardian, files, budget, args.server_name)
             )
     except (ValueError, pki.PKIError, LedgerError) as err:
+        # TaskError is a ValueError: a bad --task file exits 2 like a bad model.
         print(f"error: {err}", file=sys.stderr)
         return 2
     stop = threading.Event()
@@ -136,6 +160,38 @@ def run(args: argparse.Namespace) -> int:
     for thread in threads:
         thread.join()
     return 0
+
+
+def read_task(path: Path) -> TaskConfig:
+    """The task in ``path`` (its configuration JSON; name: the file's stem). ValueError
+    (TaskError) says what is wrong with the file."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TaskError(f"--task {path}: cannot read a task configuration: {err}") from err
+    if not isinstance(config, dict):
+        raise TaskError(f"--task {path}: a task configuration is a JSON object")
+    return TaskConfig.parse(path.stem, config, config_hash(config))
+
+
+def interface(task: TaskConfig) -> Interface:
+    """What ``task`` asks of a teacher: its inputs and outputs."""
+    return Interface(task.name, task.input_shape, task.outputs, task.multi_label)
+
+
+def check_encryption(voters: Voters, task: TaskConfig) -> None:
+    """ValueError unless ``voters`` can answer ``task``'s encrypted queries, if it has them:
+    one capc checkpoint of the task's HE-friendly architecture."""
+    enc = task.encryption
+    if enc is None:
+        return
+    single = voters.single
+    if single is None or single.architecture != enc.architecture:
+        raise ValueError(
+            f"task {task.name} sends encrypted queries, which only one capc {enc.architecture} "
+            f"checkpoint can answer; this party votes with {len(voters)} teacher(s): "
+            f"{voters.architecture}"
+        )
 
 
 def _keep_status(party: AnsweringParty, path: Path, stop: threading.Event) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from capc.models import Teacher
 from capc.models.ensemble import Voters
+from capc.models.foreign import Interface
 from capc.mpc.votes import share_proven_votes, share_votes
 from services.answerer.budget import OwnBudget, VoteRefusedError
 from services.answerer.encrypted import EncryptedAnswerer
@@ -250,8 +251,10 @@ class AnsweringParty:
             if source == "recipe":
                 # Synthetic queries: regenerate, check the hash, normalise with their own statistics.
                 x = regenerate(work.queries.recipe)
+                self._check_fits(work, task, tuple(x.shape[1:]))
                 preds = self.voters.predict(x, current_statistics=True)
             elif source == "tensor":
+                self._check_fits(work, task, tuple(int(n) for n in work.queries.tensor.shape[1:]))
                 # The guardian checks the batch too; this party checks it against its own teachers.
                 x = serde.queries_from_proto(
                     work.queries.tensor, self.voters.input_shape, MAX_BATCH
@@ -274,6 +277,18 @@ class AnsweringParty:
                     failure=guardian_pb2.RoundFailure(round_id=work.round_id, reason=str(err)),
                 )
             )
+
+    def _check_fits(
+        self, work: guardian_pb2.RoundWork, task: str, input_shape: tuple[int, ...]
+    ) -> None:
+        """ValueError saying which model does not fit the round's task and how (the same
+        check ``capc answerer --task`` makes at start, here from the round itself)."""
+        mech = mechanism_from_proto(work.mechanism)
+        want = Interface(task or "(unnamed)", input_shape, mech.outputs, mech.multi_label)
+        why = self.voters.misfit(self.name, want)
+        if why is not None:
+            log.error("%s", why)
+            raise ValueError(why)
 
     def _shares(self, work: guardian_pb2.RoundWork, preds: np.ndarray) -> guardian_pb2.Shares:
         """The round's shares message: with a validity proof where the mechanism has a
@@ -307,8 +322,8 @@ class AnsweringParty:
 
         if self._encrypted is None:
             raise ValueError(
-                f"encrypted rounds evaluate one HE-friendly teacher; this party votes with "
-                f"{len(self.voters)}"
+                f"encrypted rounds evaluate one HE-friendly capc checkpoint; this party votes "
+                f"with {len(self.voters)} teacher(s): {self.voters.architecture}"
             )
         channel, key = RelayChannel.for_party(
             bytes(work.student_public_key), work.round_id, self.name, send

@@ -68,7 +68,7 @@ def test_an_ensemble_checkpoint_round_trips(tmp_path: Path) -> None:
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(ValueError, match="not a capc"):
         load_members(tmp_path / "bad.pt")
-    with pytest.raises(ValueError, match="no model checkpoint"):
+    with pytest.raises(ValueError, match="no model file at"):
         load_members(tmp_path / "missing.pt")
 
 

@@ -1,0 +1,413 @@
+"""A hospital's own model as a teacher: ONNX, TorchScript, or its own PyTorch code.
+
+A teacher need not be a capc checkpoint (:mod:`capc.models.checkpoint`).
+``capc answerer --model SPEC`` also takes
+
+- an ONNX file (run with onnxruntime on the CPU);
+- a TorchScript file (``torch.jit.save``);
+- ``pkg.mod:factory@weights.pt``: the hospital's own architecture, built by
+  calling ``pkg.mod.factory()`` (no arguments; it must return an
+  ``nn.Module``), with the state dict ``torch.save``-d in ``weights.pt``
+  (loaded with ``weights_only=True``). ``pkg.mod`` must be importable where
+  the party runs (its working directory or ``PYTHONPATH``).
+
+Files are told apart by their content, not their suffix. Every such model
+maps a float32 batch (B, *input_shape) to (B, K) scores: a single-label
+teacher votes for the argmax, a multi-label one for every label whose score
+is above 0 (so give logits, not probabilities, for multi-label tasks).
+
+A foreign model declares less than a capc checkpoint: an ONNX graph may name
+its input shape and output width, a TorchScript or PyTorch module names
+neither, and no file says whether its outputs are classes or independent
+labels. What it does not declare comes from the task (:class:`Interface`,
+``capc answerer --task FILE``), and the model is run once on a batch of that
+shape (:func:`probe`) so that a model whose declared shape lies is refused
+at start, not in the first round.
+
+The model hash of a foreign teacher is the SHA-256 of the file's bytes (of
+the weights file for ``module:factory``): what ``sha256sum`` prints for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+import warnings
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+#: ``pkg.mod:factory@weights``: a Python factory and the state dict it loads.
+FACTORY_SPEC = re.compile(
+    r"^(?P<module>[A-Za-z_][\w.]*):(?P<factory>[A-Za-z_]\w*)@(?P<weights>.+)$"
+)
+#: Queries per forward pass of a model with a dynamic batch dimension.
+CHUNK = 256
+#: Rows of the dummy batch :func:`probe` runs (2: a batch dimension of 1 can hide a bug).
+PROBE_ROWS = 2
+
+#: (n, *input_shape) float32 -> (n, K) float32 scores, one forward pass.
+Forward = Callable[[NDArray[np.float32]], NDArray[np.float32]]
+
+
+@dataclass(frozen=True)
+class Interface:
+    """What a task asks of a teacher: inputs (B, *input_shape) -> ``num_classes`` outputs,
+    mutually exclusive classes or (``multi_label``) independent labels. ``task``: its
+    name, for messages."""
+
+    task: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    multi_label: bool = False
+
+
+@dataclass
+class ForeignTeacher:
+    """A model given as ONNX, TorchScript or ``module:factory``, ready to vote.
+
+    ``forward`` runs one pass; ``batch`` is the model's fixed batch size (an ONNX
+    graph may fix it; None: any). ``source``: the file or spec it came from.
+
+    It runs as exported, in evaluation mode with its own stored normalisation:
+    the DIET "current statistics" inference (BatchNorm on the query batch,
+    :mod:`capc.models.inference`) applies only to capc's own bodies, because
+    capc cannot reach inside a foreign graph. On synthetic (recipe) queries a
+    foreign teacher therefore normalises with its training statistics and may
+    vote less well than a capc body would; ``current_statistics`` is ignored.
+    """
+
+    architecture: str
+    source: str
+    input_shape: tuple[int, ...]
+    num_classes: int
+    model_hash: str
+    forward: Forward
+    multi_label: bool = False
+    batch: int | None = None
+    device: str = "cpu"
+
+    def outputs(self, queries: NDArray[np.float32]) -> NDArray[np.float32]:
+        """Scores (B, K) for queries (B, *input_shape); ValueError naming the model when it
+        gives another shape or a NaN/infinite score."""
+        x = np.ascontiguousarray(queries, dtype=np.float32)
+        step = self.batch or CHUNK
+        parts = [self._pass(x[i : i + step]) for i in range(0, len(x), step)]
+        out = np.concatenate(parts) if parts else np.zeros((0, self.num_classes), np.float32)
+        if not np.isfinite(out).all():
+            raise ValueError(
+                f"model {self.source} gives NaN or infinite outputs on inputs of shape "
+                f"{shape_text(self.input_shape)}: check that it was exported in evaluation mode"
+            )
+        return out
+
+    def _pass(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
+        n = len(x)
+        if self.batch is not None and n < self.batch:
+            # A fixed batch: pad with zeros and drop their rows (eval mode: rows are independent).
+            x = np.concatenate([x, np.zeros((self.batch - n, *x.shape[1:]), np.float32)])
+        out = np.asarray(self.forward(x), dtype=np.float32)
+        if out.ndim != 2 or out.shape[1] != self.num_classes or len(out) != len(x):
+            raise ValueError(
+                f"model {self.source} gives outputs of shape {tuple(out.shape)} for {len(x)} "
+                f"inputs; a teacher gives (B, {self.num_classes}) scores, one row per query"
+            )
+        return out[:n]
+
+    def predict(
+        self, queries: NDArray[np.float32], current_statistics: bool = False
+    ) -> NDArray[np.int64]:
+        """Predicted classes (B,), or 0/1 labels (B, K) for a multi-label teacher.
+
+        ``current_statistics`` is ignored (see the class docstring)."""
+        x = np.asarray(queries, dtype=np.float32)
+        if x.shape[1:] != self.input_shape or len(x) == 0:
+            raise ValueError(
+                f"queries must have shape (B, {_dims(self.input_shape)}), got {x.shape}"
+            )
+        if not np.isfinite(x).all():
+            raise ValueError("queries contain NaN or infinity")
+        out = self.outputs(x)
+        hard = out > 0 if self.multi_label else out.argmax(axis=1)
+        return np.asarray(hard, dtype=np.int64)
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return ", ".join(map(str, shape))
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    """A shape as Python writes a tuple: (1, 28, 28), (4,)."""
+    return f"({_dims(shape)}{',' if len(shape) == 1 else ''})"
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_factory_spec(spec: str) -> bool:
+    """Whether ``spec`` is ``pkg.mod:factory@weights`` (and not an existing file's name)."""
+    return FACTORY_SPEC.match(spec) is not None and not Path(spec).exists()
+
+
+def sniff(path: Path) -> str:
+    """What a model file holds, by its content: "torchscript", "checkpoint" (torch.save)
+    or "onnx" (anything else; onnxruntime decides). ValueError if it cannot be read."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except FileNotFoundError:
+        raise ValueError(f"no model file at {path}") from None
+    except OSError as err:
+        raise ValueError(f"cannot read the model file {path}: {err}") from err
+    if head.startswith(b"PK"):
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except zipfile.BadZipFile as err:
+            raise ValueError(f"{path} is a damaged zip archive: {err}") from err
+        # torch.jit.save writes the module's code; torch.save writes only data.pkl and tensors.
+        scripted = any("/code/" in n or n.endswith("constants.pkl") for n in names)
+        return "torchscript" if scripted else "checkpoint"
+    if head[:1] == b"\x80":  # a pickle: torch.save's legacy (non-zip) format
+        return "checkpoint"
+    return "onnx"
+
+
+def probe(teacher: ForeignTeacher) -> None:
+    """Run ``teacher`` once on a seeded random batch of its input shape: ValueError when
+    its outputs are not (B, K) or not finite."""
+    x = np.random.default_rng(0).standard_normal((PROBE_ROWS, *teacher.input_shape))
+    teacher.outputs(x.astype(np.float32))
+
+
+def _torch_forward(module: torch.nn.Module) -> Forward:
+    def forward(x: NDArray[np.float32]) -> NDArray[np.float32]:
+        with torch.inference_mode():
+            out = module(torch.from_numpy(x))
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(
+                f"the model returns {type(out).__name__}, not a tensor of (B, K) scores"
+            )
+        return out.detach().float().cpu().numpy()
+
+    return forward
+
+
+def _torch_teacher(
+    module: torch.nn.Module, architecture: str, source: str, digest: str, want: Interface | None
+) -> ForeignTeacher:
+    """A PyTorch module (scripted or the hospital's own) as a teacher of ``want``'s shape:
+    it declares none of its own, so the task must say, and a probe finds its width."""
+    if want is None:
+        raise ValueError(
+            f"model {source} ({architecture}) declares no input shape or number of classes: "
+            "give the party its task (capc answerer --task FILE) so that it can check the "
+            "model on the task's inputs"
+        )
+    module.eval()
+    forward = _torch_forward(module)
+    x = np.random.default_rng(0).standard_normal((PROBE_ROWS, *want.input_shape))
+    try:
+        width = forward(x.astype(np.float32)).shape
+    except Exception as err:  # the hospital's own code: any failure means "does not fit"
+        raise ValueError(
+            f"model {source} fails on a batch of task {want.task}'s inputs "
+            f"{shape_text(want.input_shape)}: {err}. Export the model for the task's input shape, "
+            "or answer a task whose inputs it takes"
+        ) from err
+    if len(width) != 2:
+        raise ValueError(
+            f"model {source} gives outputs of shape {width} for {PROBE_ROWS} inputs; a "
+            "teacher gives (B, K) scores, one row per query"
+        )
+    teacher = ForeignTeacher(
+        architecture, source, want.input_shape, int(width[1]), digest, forward, want.multi_label
+    )
+    probe(teacher)
+    return teacher
+
+
+def load_torchscript(path: Path, want: Interface | None = None) -> ForeignTeacher:
+    """A TorchScript file (``torch.jit.save``) as a teacher; ValueError says what is wrong."""
+    try:
+        # torch calls TorchScript deprecated; hospitals still hand it over, so capc reads it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+    except (RuntimeError, OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a loadable TorchScript file: {err}") from err
+    return _torch_teacher(module, "torchscript", str(path), file_sha256(path), want)
+
+
+def _factory(module_name: str, name: str, spec: str) -> Callable[[], Any]:
+    try:
+        mod = importlib.import_module(module_name)
+    except Exception as err:  # any import-time failure of the hospital's code
+        raise ValueError(
+            f"--model {spec}: cannot import module {module_name!r} ({type(err).__name__}: "
+            f"{err}); put its package on PYTHONPATH or run the party from its directory"
+        ) from err
+    factory = getattr(mod, name, None)
+    if factory is None:
+        raise ValueError(f"--model {spec}: module {module_name!r} has no {name!r}")
+    if not callable(factory):
+        raise ValueError(
+            f"--model {spec}: {module_name}.{name} is a {type(factory).__name__}, not a "
+            "callable; name a function that returns the model (an nn.Module)"
+        )
+    return factory  # type: ignore[no-any-return]
+
+
+def _state_dict(weights: Path, spec: str) -> dict[str, torch.Tensor]:
+    try:
+        data = torch.load(weights, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"--model {spec}: no weights file at {weights}") from None
+    except Exception as err:  # unpickling errors come in many types
+        raise ValueError(
+            f"--model {spec}: {weights} is not a state dict saved with torch.save "
+            f"(torch.save(model.state_dict(), path)): {err}"
+        ) from err
+    if isinstance(data, dict) and isinstance(data.get("state_dict"), dict):
+        data = data["state_dict"]  # a common wrapper: {"state_dict": ..., "epoch": ...}
+    if not isinstance(data, dict) or not all(isinstance(v, torch.Tensor) for v in data.values()):
+        raise ValueError(
+            f"--model {spec}: {weights} holds a {type(data).__name__}, not a state dict; "
+            "save it with torch.save(model.state_dict(), path)"
+        )
+    return data
+
+
+def load_factory(spec: str, want: Interface | None = None) -> ForeignTeacher:
+    """``pkg.mod:factory@weights.pt`` as a teacher; ValueError says what is wrong."""
+    m = FACTORY_SPEC.match(spec)
+    if m is None:
+        raise ValueError(f"--model {spec}: expected pkg.module:factory@weights.pt")
+    factory = _factory(m["module"], m["factory"], spec)
+    weights = Path(m["weights"])
+    state = _state_dict(weights, spec)
+    try:
+        module = factory()
+    except Exception as err:  # the hospital's own code
+        raise ValueError(f"--model {spec}: {m['module']}.{m['factory']}() failed: {err}") from err
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(
+            f"--model {spec}: {m['module']}.{m['factory']}() returned a "
+            f"{type(module).__name__}, not a torch.nn.Module"
+        )
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as err:
+        raise ValueError(
+            f"--model {spec}: the weights in {weights} do not match the module "
+            f"{m['module']}.{m['factory']}() builds: {err}"
+        ) from err
+    architecture = f"module:{m['module']}:{m['factory']}"
+    return _torch_teacher(module, architecture, spec, file_sha256(weights), want)
+
+
+def _onnx_session(path: Path) -> Any:
+    import onnxruntime as ort  # only parties with ONNX teachers pay for the import
+
+    try:
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own exception types
+        raise ValueError(
+            f"{path} is not a capc checkpoint, a TorchScript file or an ONNX model "
+            f"onnxruntime can run: {err}"
+        ) from err
+
+
+def _onnx_input_shape(dims: list[Any], path: Path, want: Interface | None) -> tuple[int, ...]:
+    """The input shape an ONNX graph declares; symbolic sizes filled from the task."""
+    rest = dims[1:]
+    if all(isinstance(d, int) for d in rest):
+        return tuple(rest)
+    if want is not None and len(rest) == len(want.input_shape):
+        sizes = zip(rest, want.input_shape, strict=True)
+        return tuple(d if isinstance(d, int) else t for d, t in sizes)
+    if want is not None:
+        raise ValueError(
+            f"ONNX model {path} takes inputs {tuple(dims)} (batch first) but task {want.task} "
+            f"has {shape_text(want.input_shape)}: export the model for the task's input shape"
+        )
+    raise ValueError(
+        f"ONNX model {path} declares inputs {tuple(dims)} with symbolic sizes: give the "
+        "party its task (capc answerer --task FILE) so that it knows them, or export the "
+        "model with a fixed input shape"
+    )
+
+
+def load_onnx(path: Path, want: Interface | None = None) -> ForeignTeacher:
+    """An ONNX model (one float32 input (B, *input_shape), one output (B, K)) as a teacher,
+    run with onnxruntime's CPU provider. A fixed batch dimension is served by chunking and
+    zero padding. ValueError says what is wrong."""
+    session = _onnx_session(path)
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1 or len(outputs) != 1:
+        raise ValueError(
+            f"ONNX model {path} has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}) "
+            f"and {len(outputs)} outputs; a teacher takes one batch of queries and gives one "
+            "(B, K) tensor of scores: export it with a single input and output"
+        )
+    inp = inputs[0]
+    if inp.type != "tensor(float)" or len(inp.shape) < 2:
+        raise ValueError(
+            f"ONNX model {path} takes {inp.type} inputs of shape {tuple(inp.shape)}; a teacher "
+            "takes a float32 batch (B, *input_shape): export it for float32 inputs"
+        )
+    batch = inp.shape[0] if isinstance(inp.shape[0], int) and inp.shape[0] > 0 else None
+    shape = _onnx_input_shape(list(inp.shape), path, want)
+    out_dims = list(outputs[0].shape)
+    name = inp.name
+
+    def forward(x: NDArray[np.float32]) -> NDArray[np.float32]:
+        return np.asarray(session.run(None, {name: x})[0], dtype=np.float32)
+
+    if len(out_dims) == 2 and isinstance(out_dims[1], int):
+        width = out_dims[1]
+    else:
+        # The graph does not say: one pass finds the width (probe() checks it again).
+        width = forward(np.zeros((batch or 1, *shape), np.float32)).shape[-1]
+    teacher = ForeignTeacher(
+        "onnx",
+        str(path),
+        shape,
+        int(width),
+        file_sha256(path),
+        forward,
+        multi_label=want.multi_label if want is not None else False,
+        batch=batch,
+    )
+    probe(teacher)
+    return teacher
+
+
+def load_foreign(spec: str | Path, want: Interface | None = None) -> ForeignTeacher | None:
+    """The foreign teacher ``spec`` names, or None when it is a capc checkpoint file.
+
+    ``spec``: a file (ONNX or TorchScript, told by content) or ``pkg.mod:factory@weights``;
+    ``want``: the task's interface, which fills what the model does not declare."""
+    text = str(spec)
+    if is_factory_spec(text):
+        return load_factory(text, want)
+    path = Path(spec)
+    kind = sniff(path)
+    if kind == "torchscript":
+        return load_torchscript(path, want)
+    if kind == "onnx":
+        return load_onnx(path, want)
+    return None
