@@ -34,6 +34,7 @@ from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
 from services.common import tls
 from services.common.ledger import Ledger
+from services.common.ledger.models import RoundState
 from services.gateway.tokens import TokenStore
 from services.local import ROOT, TASK_NAME, LocalConsortium, Process, free_port, spawn
 from services.student.client import StudentClient
@@ -138,6 +139,15 @@ def audit(c: LocalConsortium, action: str) -> list[dict[str, object]]:
     return [{"actor": e.actor, **e.detail} for e in entries if e.action == action]
 
 
+def committed(c: LocalConsortium, rounds: list[int]) -> set[int]:
+    """Those of ``rounds`` that were computed and charged (not aborted and retried)."""
+    ledger = Ledger(c.db)
+    try:
+        return {r for r in rounds if ledger.round_state(r) == RoundState.COMMITTED}
+    finally:
+        ledger.close()
+
+
 def spent(c: LocalConsortium) -> dict[str, np.ndarray]:
     ledger = Ledger(c.db)
     try:
@@ -190,14 +200,16 @@ def test_a_hospital_improves_its_own_model_through_capcctl(loop: Loop) -> None:
     np.testing.assert_array_equal(after_spend[HOSPITAL], before_spend[HOSPITAL])
     for name in ("hospital-1", "hospital-2"):
         assert (after_spend[name] > before_spend[name]).any()
+    # Every round the querier opened (a retried one included) left hospital 0 out.
     reserves = [r for r in audit(c, "reserve") if r["actor"] == QUERIER]
-    assert len(reserves) == UNLABELLED // BATCH
+    assert len(reserves) >= UNLABELLED // BATCH
     assert all(HOSPITAL not in r["included"] for r in reserves)  # type: ignore[operator]
     # Audited: querier Q sent N of its own records in the clear in round R.
     clear = audit(c, "clear_records")
     assert {r["round"] for r in clear} == {r["round"] for r in reserves}
     assert all(r["actor"] == QUERIER and r["hospital"] == HOSPITAL for r in clear)
-    assert sum(int(r["records"]) for r in clear) == UNLABELLED  # type: ignore[call-overload]
+    done = committed(c, [int(r["round"]) for r in clear])  # type: ignore[call-overload]
+    assert sum(int(r["records"]) for r in clear if r["round"] in done) == UNLABELLED  # type: ignore[call-overload]
     shown = loop.capcctl("analyst", "loop", "show")
     assert shown.returncode == 0 and "gain +" in shown.stdout, shown.stdout + shown.stderr
 
