@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,9 @@ class LocalConsortium:
     listen_host: str = "127.0.0.1"
     guardian_prefix: Sequence[str] = ()
     dial: str = ""
+    #: The CaPC loop: querier certificate -> the hospital the guardian binds it to
+    #: (``capc guardian --querier``), so its rounds always leave that hospital out.
+    queriers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -416,6 +419,7 @@ class LocalConsortium:
         # A seed is for tests that replay the noise; the guardian accepts it only under
         # --insecure-dev, which keeps mutual TLS on because --pki is named.
         extra = ["--noise-seed", self.noise_seed, "--insecure-dev"] if self.noise_seed else []
+        extra += [a for q, h in self.queriers.items() for a in ("--querier", f"{q}={h}")]
         guardian = spawn(
             "guardian",
             "guardian",
@@ -478,11 +482,16 @@ class LocalConsortium:
         i: int,
         own: tuple[NDArray[np.float32], NDArray[np.integer]],
         test: tuple[NDArray[np.float32], NDArray[np.integer]],
+        *,
+        exclude_self: bool = True,
     ) -> int:
         """Hospital ``i`` querying the consortium (the CaPC loop): a student party of its own,
         under its own student certificate, whose rounds leave hospital ``i`` out and whose
         pretrained student learns from ``own`` (x, y) plus what its jobs bring back; tested
-        on ``test``. Returns the port of its jobs API."""
+        on ``test``. Returns the port of its jobs API.
+
+        A querier bound in ``queriers`` runs with ``--hospital``; ``exclude_self=False``
+        drops its own ``--exclude`` (the guardian's binding must leave it out anyway)."""
         if self.body is None:
             raise ValueError("the CaPC loop's querier fits the pretrained body's last layer")
         name = f"hospital-{i}-querier"
@@ -518,8 +527,8 @@ class LocalConsortium:
             str(own_file),
             "--test-data",
             str(test_file),
-            "--exclude",
-            f"hospital-{i}",
+            *(["--exclude", f"hospital-{i}"] if exclude_self else []),
+            *(["--hospital", self.queriers[name]] if name in self.queriers else []),
             "--body",
             str(self.body),
         )

@@ -6,6 +6,7 @@
     capcctl models train JOB... | show ID | list | download ID -o student.pt
     capcctl models predict ID records.json|records.npy
     capcctl budget | parties | ledger [--party P] | audit
+    capcctl loop run --records own-unlabelled.npz [--reveal-records-to-answerers] | loop show
 
 The gateway, token and CA come from --url/--token/--ca or CAPC_URL/CAPC_TOKEN/
 CAPC_CA; the gateway's certificate must verify against that CA (the consortium's
@@ -24,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from capc_client.models import Job
+from capc_client.models import Job, Loop, StudentModel
 from capc_client.sdk import DEFAULT_BATCH, ApiError, Client
 
 BAR = 30
@@ -80,7 +81,12 @@ def _mechanism(args: argparse.Namespace) -> dict[str, float]:
 
 def cmd_jobs_submit(client: Client, args: argparse.Namespace) -> int:
     if args.file is not None:
-        job = client.submit_file(args.file, batch_size=args.batch_size, mechanism=_mechanism(args))
+        job = client.submit_file(
+            args.file,
+            batch_size=args.batch_size,
+            mechanism=_mechanism(args),
+            reveal_records_to_answerers=args.reveal_records_to_answerers,
+        )
     else:
         if args.generator is None or args.count is None:
             raise SystemExit("capcctl: jobs submit needs --file, or --generator and --count")
@@ -250,6 +256,103 @@ def cmd_privacy_audits(client: Client, args: argparse.Namespace) -> int:
     return 1 if any(a.refuted for a in audits) else 0
 
 
+def _accuracy(value: float | None) -> str:
+    return "not trained" if value is None else f"{value:.3f}"
+
+
+def _loop_lines(loop: Loop) -> list[str]:
+    """The loop's report for people: one fact a line."""
+    if not loop.hospital:
+        return ["this gateway's student party queries for no hospital (capc student --hospital)"]
+    spent = ", ".join(f"{p} {e:.4g}" for p, e in sorted(loop.epsilon_by_party.items()))
+    gain = "" if loop.gain is None else f"{loop.gain:+.3f}"
+    return [
+        f"hospital {loop.hospital} (querier {loop.querier}; guardian binding: "
+        f"{loop.bound_hospital or 'none'})",
+        f"accuracy on its own held-out records: before {_accuracy(loop.accuracy_before)}, "
+        f"after {_accuracy(loop.accuracy_after)}, gain {gain or 'n/a'}",
+        f"labels bought {loop.labels_bought} over {loop.jobs} jobs; own records sent in the "
+        f"clear {loop.records_revealed}",
+        f"epsilon the others spent for it: {spent or 'none'} (largest {loop.epsilon_spent:.4g})",
+    ]
+
+
+def _trained(client: Client, args: argparse.Namespace, job_ids: list[str]) -> StudentModel:
+    """Train the hospital's model on its own records plus ``job_ids``' labels, waited for."""
+    model = client.train(job_ids, None, args.epochs, args.seed)
+    return client.wait_model(model.id)
+
+
+def cmd_loop_run(client: Client, args: argparse.Namespace) -> int:
+    """The CaPC loop in one command: the model of own records alone, a job labelling the
+    hospital's unlabelled records through the others, the model of both, the report."""
+    before = _trained(client, args, [])
+    if before.state != "done":
+        print(f"capcctl: the model of own records alone failed: {before.error}", file=sys.stderr)
+        return 1
+    job = client.submit_file(
+        args.records,
+        batch_size=args.batch_size,
+        reveal_records_to_answerers=args.reveal_records_to_answerers,
+    )
+    job = client.wait(job.id, on_progress=None if args.quiet else _progress)
+    if job.state != "done":
+        print(f"capcctl: job {job.id} failed: {job.error}", file=sys.stderr)
+        return 1
+    after = _trained(client, args, [job.id])
+    if after.state != "done":
+        print(f"capcctl: the retrained model failed: {after.error}", file=sys.stderr)
+        return 1
+    loop = client.loop()
+    head = f"job {job.id}: {job.answered} of {job.requested} labelled"
+    _print(args, loop, [head, *_loop_lines(loop)])
+    return 0
+
+
+def cmd_loop_show(client: Client, args: argparse.Namespace) -> int:
+    loop = client.loop()
+    _print(args, loop, _loop_lines(loop))
+    return 0
+
+
+def _add_loop(sub: Any, common: argparse.ArgumentParser) -> None:
+    loop = sub.add_parser(
+        "loop", help="the CaPC loop: label your hospital's own records, retrain its model"
+    ).add_subparsers(dest="sub", required=True)
+    run = loop.add_parser(
+        "run",
+        parents=[common],
+        help="train on own records, label RECORDS through the other hospitals, retrain, report",
+    )
+    run.add_argument(
+        "--records",
+        type=Path,
+        required=True,
+        help="the hospital's own unlabelled records: .npy, or .npz with x (N, C, H, W)",
+    )
+    _reveal_flag(run)
+    run.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="records per round")
+    run.add_argument("--epochs", type=int, default=10)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--wait", action="store_true", help="accepted for clarity: run always waits")
+    run.set_defaults(run=cmd_loop_run)
+    loop.add_parser("show", parents=[common], help="before/after accuracy and spend").set_defaults(
+        run=cmd_loop_show
+    )
+
+
+def _reveal_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--reveal-records-to-answerers",
+        "--clear-queries",
+        dest="reveal_records_to_answerers",
+        action="store_true",
+        help="the file holds your hospital's own records: send them to the answering "
+        "hospitals in the clear (the guardian's audit log records it). Without it, a "
+        "hospital's student party refuses them unless its task is encrypted",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=os.environ.get("CAPC_URL", "https://127.0.0.1:8080"))
@@ -288,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="raise one of the task mechanism's parameters (more noise or a higher "
         "threshold only), e.g. --raise sigma=2.5; repeatable",
     )
+    _reveal_flag(submit)
     submit.add_argument("--watch", action="store_true", help="follow it until it finishes")
     submit.set_defaults(run=cmd_jobs_submit)
     for name, fn, helptext in (
@@ -378,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--party")
     pa.add_argument("--limit", type=int, default=100)
     pa.set_defaults(run=cmd_privacy_audits)
+    _add_loop(sub, common)
     return parser
 
 

@@ -31,6 +31,7 @@ class Job(_Model):
     created_at: str
     round_seconds: float = 0.0
     mechanism: Mechanism | None = None
+    records_revealed: bool = False
 
     @property
     def finished(self) -> bool:
@@ -52,6 +53,26 @@ class StudentModel(_Model):
     @property
     def finished(self) -> bool:
         return self.state in ("done", "failed")
+
+
+class Loop(_Model):
+    """The CaPC loop of the hospital a gateway's student party queries for: its model's
+    test accuracy on its own held-out records before (own labelled records alone) and
+    after (plus the labels the other hospitals returned), and what that cost them."""
+
+    hospital: str
+    querier: str
+    bound_hospital: str
+    before: StudentModel | None
+    after: StudentModel | None
+    accuracy_before: float | None
+    accuracy_after: float | None
+    gain: float | None
+    labels_bought: int
+    records_revealed: int
+    jobs: int
+    epsilon_by_party: dict[str, float]
+    epsilon_spent: float
 
 
 class PartyLedger(_Model):

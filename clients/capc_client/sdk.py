@@ -20,6 +20,7 @@ from capc_client.models import (
     History,
     Job,
     LedgerPage,
+    Loop,
     Party,
     Prediction,
     PrivacyAudit,
@@ -223,9 +224,16 @@ class Client:
         *,
         batch_size: int = DEFAULT_BATCH,
         mechanism: dict[str, float] | None = None,
+        reveal_records_to_answerers: bool = False,
     ) -> Job:
-        """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x`` (N, C, H, W)."""
+        """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x`` (N, C, H, W).
+
+        ``reveal_records_to_answerers``: the file holds the querying hospital's own records
+        and may go to the answering hospitals in the clear (the guardian audits it); a
+        hospital's student party refuses them in a plaintext task without it."""
         data = {"batch_size": str(batch_size)}
+        if reveal_records_to_answerers:
+            data["reveal_records_to_answerers"] = "true"
         if mechanism:
             data["mechanism"] = json.dumps(mechanism)
         with open(path, "rb") as f:
@@ -315,6 +323,11 @@ class Client:
     def model_card(self, model_id: str) -> dict[str, Any]:
         card: dict[str, Any] = self._request("GET", f"/v1/models/{model_id}/card").json()
         return card
+
+    # -- the CaPC loop ---------------------------------------------------------------
+    def loop(self) -> Loop:
+        """The hospital's model before and after the loop, and what it cost the others."""
+        return self._get(Loop, "/v1/loop")
 
     # -- admin ----------------------------------------------------------------------
     def parties(self) -> list[Party]:

@@ -221,6 +221,32 @@ def model_out(model: student_pb2.StudentModel) -> schemas.ModelOut:
     )
 
 
+def _accuracy(model: schemas.ModelOut | None) -> float | None:
+    value = None if model is None else model.metrics.get("test_accuracy")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def loop_out(
+    report: student_pb2.LoopReport, spends: guardian_pb2.ListPartiesReply
+) -> schemas.LoopOut:
+    """The loop's report with the guardian's per-party epsilon for the querier."""
+    before = model_out(report.before) if report.before.id else None
+    after = model_out(report.after) if report.after.id else None
+    acc_before, acc_after = _accuracy(before), _accuracy(after)
+    by_party = {p: e for p, e in spends.querier_epsilon.items() if e > 0}
+    return schemas.LoopOut(
+        **fields(report),
+        bound_hospital=spends.querier_hospital,
+        before=before,
+        after=after,
+        accuracy_before=acc_before,
+        accuracy_after=acc_after,
+        gain=None if acc_before is None or acc_after is None else acc_after - acc_before,
+        epsilon_by_party=by_party,
+        epsilon_spent=max(by_party.values(), default=0.0),
+    )
+
+
 def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
     return schemas.PartyOut(
         **fields(
@@ -317,9 +343,15 @@ def create_app(
         return Response((static / "dashboard.js").read_text(), media_type="text/javascript")
 
     # -- jobs ------------------------------------------------------------------------
-    def _create(queries: common_pb2.QueryBatch, count: int, batch: int, mech: Any) -> Any:
+    def _create(
+        queries: common_pb2.QueryBatch, count: int, batch: int, mech: Any, reveal: bool = False
+    ) -> Any:
         request = student_pb2.CreateJobRequest(
-            header=backends.header, queries=queries, count=count, batch_size=batch
+            header=backends.header,
+            queries=queries,
+            count=count,
+            batch_size=batch,
+            reveal_records_to_answerers=reveal,
         )
         if mech is not None:
             request.mechanism.CopyFrom(mech)
@@ -362,6 +394,14 @@ def create_app(
         _: Analyst,
         file: Annotated[UploadFile, File(description=parse_dataset.__doc__ or "")],
         batch_size: Annotated[schemas.BatchSize, Form()] = DEFAULT_BATCH,
+        reveal_records_to_answerers: Annotated[
+            bool,
+            Form(
+                description="the file holds the querying hospital's own records: send them "
+                "to the answering hospitals in the clear (audited by the guardian). A "
+                "hospital's student party refuses its records in a plaintext task without it"
+            ),
+        ] = False,
         mechanism: Annotated[
             str | None,
             Form(
@@ -390,6 +430,7 @@ def create_app(
             len(x),
             batch_size,
             serde.overrides_to_proto(overrides),
+            reveal_records_to_answerers,
         )
         return result
 
@@ -492,6 +533,19 @@ def create_app(
             ),
         )
         return model_out(model)
+
+    @app.get(
+        "/v1/loop",
+        response_model=schemas.LoopOut,
+        responses=ERRORS,
+        tags=["models"],
+        summary="The CaPC loop: the hospital's model before and after, and what it cost",
+    )
+    def loop(_: Analyst) -> schemas.LoopOut:
+        report = backends.student_call(
+            backends.jobs.GetLoop, student_pb2.GetLoopRequest(header=backends.header)
+        )
+        return loop_out(report, backends.querier_spends(report.querier))
 
     @app.get("/v1/models", response_model=schemas.ModelList, responses=ERRORS, tags=["models"])
     def list_models(_: Analyst) -> schemas.ModelList:

@@ -117,6 +117,14 @@ class Backends:
         )
         return reply
 
+    def querier_spends(self, querier: str) -> guardian_pb2.ListPartiesReply:
+        """Parties with what ``querier``'s rounds charged each (the CaPC loop)."""
+        reply: guardian_pb2.ListPartiesReply = self.guardian_call(
+            self.hub.ListParties,
+            guardian_pb2.ListPartiesRequest(header=self.header, querier=querier),
+        )
+        return reply
+
     def list_jobs(self, limit: int, offset: int) -> student_pb2.ListJobsReply:
         reply: student_pb2.ListJobsReply = self.student_call(
             self.jobs.ListJobs,

@@ -92,6 +92,11 @@ class JobOut(BaseModel):
     created_at: str
     round_seconds: float
     mechanism: MechanismOut | None
+    records_revealed: bool = Field(
+        False,
+        description="its records went to the answering hospitals in the clear, by the "
+        "querying hospital's explicit choice (audited by the guardian)",
+    )
 
 
 class JobList(BaseModel):
@@ -178,6 +183,29 @@ class ModelOut(BaseModel):
 
 class ModelList(BaseModel):
     models: list[ModelOut]
+
+
+class LoopOut(BaseModel):
+    """The CaPC loop of the hospital this gateway's student party queries for."""
+
+    hospital: str = Field(description="the hospital the student party queries for")
+    querier: str = Field(description="its certificate name, charged in the guardian's ledger")
+    bound_hospital: str = Field(
+        description="the hospital the guardian bound the querier to; its teachers never vote "
+        "on the querier's rounds ('' when unbound)"
+    )
+    before: ModelOut | None = Field(description="newest finished model of own records alone")
+    after: ModelOut | None = Field(description="newest finished model of own records + labels")
+    accuracy_before: float | None = Field(description="test accuracy on own held-out records")
+    accuracy_after: float | None
+    gain: float | None = Field(description="accuracy_after - accuracy_before")
+    labels_bought: int = Field(description="queries the consortium answered, over every job")
+    records_revealed: int = Field(description="own records sent in the clear, by choice")
+    jobs: int
+    epsilon_by_party: dict[str, float] = Field(
+        description="epsilon (at the ledger's delta) the querier's rounds charged each party"
+    )
+    epsilon_spent: float = Field(description="the largest of epsilon_by_party (0 for none)")
 
 
 LedgerState = Literal["agree", "diverged", "incomparable", "unreported"]

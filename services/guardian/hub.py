@@ -41,6 +41,7 @@ from services.common.limits import (
 from services.common.protocol import RequestError, check_version
 from services.common.task import TaskConfig, TaskError
 from services.guardian import budgets
+from services.guardian.loop import hospital_of
 from services.guardian.rounds import (
     RoundEngine,
     RoundInputError,
@@ -164,7 +165,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         online = self.engine.teachers()
-        return guardian_pb2.ListPartiesReply(
+        reply = guardian_pb2.ListPartiesReply(
             parties=[
                 _status(
                     b,
@@ -178,6 +179,12 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             delta=self.ledger.delta,
             accounting=f"{self.ledger.accounting.summary}, data-independent charges",
         )
+        if request.querier:
+            # The CaPC loop: what one querier's rounds cost each party, and whose it is.
+            for p in reply.parties:
+                reply.querier_epsilon[p.name] = self.ledger.querier_spent(request.querier, p.name)
+            reply.querier_hospital = hospital_of(self.ledger, request.querier) or ""
+        return reply
 
     def _projections(self, task_name: str) -> dict[str, tuple[float, float, int]]:
         """Per answering party: (vote weight, participation rate, queries its remaining

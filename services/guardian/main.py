@@ -21,6 +21,7 @@ from services.common.ledger import Ledger, LedgerError, audit
 from services.common.limits import MAX_TEACHERS_PER_PARTY, ROUND_TIMEOUT_S
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
+from services.guardian.loop import bind_querier, parse_querier
 
 log = logging.getLogger("capc.guardian")
 
@@ -81,6 +82,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=[],
         metavar="QUERIER=EPS",
         help="optional fair share: the most epsilon QUERIER's rounds may charge any one party (repeatable)",
+    )
+    p.add_argument(
+        "--querier",
+        action="append",
+        default=[],
+        metavar="QUERIER=HOSPITAL",
+        help="bind a querier certificate to the hospital it belongs to (the CaPC loop): every "
+        "round of QUERIER leaves HOSPITAL's teachers out, whatever it asks, and its uploaded "
+        "records need an audited choice to travel in the clear; kept in the ledger, "
+        "repeatable",
     )
     p.add_argument(
         "--share-timeout", type=float, default=60.0, help="seconds to wait for parties' shares"
@@ -208,6 +219,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         registrations = [parse_register(item) for item in args.register]
+        bindings = [parse_querier(item) for item in args.querier]
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -219,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         for name, cap, teachers in registrations:
             ledger.register_party(name, cap, teachers=teachers, actor="guardian-cli")
+        for querier, hospital in bindings:
+            bind_querier(ledger, querier, hospital, actor="guardian-cli")
         for item in args.task:
             task_name, _, path = item.partition("=")
             if not task_name or not path:

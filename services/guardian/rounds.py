@@ -74,6 +74,7 @@ from services.common.protocol import RequestError, check_version, query_recipe
 from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError, canonical_json
 from services.guardian import budgets
+from services.guardian.loop import LoopTerms, loop_terms
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
@@ -465,10 +466,11 @@ class RoundEngine:
                 "encrypted queries travel over the Relay stream: open it (with the same "
                 "capc-session-id) before opening the round"
             )
+        loop = loop_terms(self.ledger, querier, request, batch)
         token = self._admit_round(querier)
         try:
             return self._begin_round(
-                querier, request, session_id, task, config, digest, batch, encrypted, token
+                querier, request, session_id, task, config, digest, batch, encrypted, token, loop
             )
         finally:
             with self._lock:
@@ -485,8 +487,10 @@ class RoundEngine:
         batch: int,
         encrypted: bool,
         token: list[bool],
+        loop: LoopTerms,
     ) -> _Round:
-        excluded = _excluded(request.exclude)
+        # The querier's own hospital is left out by the guardian's binding, not its word.
+        excluded = _excluded(request.exclude) | loop.left_out
         candidates = [p for p in self.reachable() if p not in excluded]
         if not encrypted:
             _check_conversion(task, batch, self.teachers(), candidates)
@@ -506,6 +510,7 @@ class RoundEngine:
             worst,
             mechanism=task.mechanism.name,
             quorum=task.quorum,
+            disclosure=loop.disclosure,
         )
         rnd = _Round(
             reservation.round_id,

@@ -70,6 +70,9 @@ class StudentClient:
     key: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate)
     #: Answering parties every round leaves out (a hospital querying the consortium: itself).
     exclude: tuple[str, ...] = ()
+    #: The hospital this querier belongs to (the CaPC loop), named in every round; the
+    #: guardian leaves it out by its own binding and refuses a claim that differs.
+    hospital: str = ""
 
     def __post_init__(self) -> None:
         self._channel = tls.secure_channel(
@@ -151,15 +154,22 @@ class StudentClient:
             relay.clear()
 
     def label_batch(
-        self, queries: NDArray[np.float32], overrides: Mapping[str, float] | None = None
+        self,
+        queries: NDArray[np.float32],
+        overrides: Mapping[str, float] | None = None,
+        reveal: bool = False,
     ) -> RoundResult:
         """Label one batch (B, *input_shape) through one round; -1 where not answered.
 
         Labels are (B,) classes, or (B, k) 0/1 vectors for a multi-label task
         with -1 on each label not answered. ``overrides``: mechanism parameters to raise,
-        within the task's policy (see :meth:`TaskConfig.overridden`)."""
+        within the task's policy (see :meth:`TaskConfig.overridden`). ``reveal``: the
+        queries are the querier's own records, shown to the answering parties by an
+        explicit choice (the guardian audits it)."""
         tensor = serde.queries_to_proto(queries)
-        return self._round(common_pb2.QueryBatch(tensor=tensor), tensor.shape[0], overrides)
+        return self._round(
+            common_pb2.QueryBatch(tensor=tensor), tensor.shape[0], overrides, reveal=reveal
+        )
 
     def label_recipe(
         self,
@@ -180,6 +190,7 @@ class StudentClient:
         batch: int,
         overrides: Mapping[str, float] | None = None,
         shares: Callable[[int, list[str]], NDArray[np.uint64]] | None = None,
+        reveal: bool = False,
     ) -> RoundResult:
         # The circuit's noise and thresholds follow the overrides, as the guardian's do.
         task = self.task.overridden(dict(overrides) if overrides else None)
@@ -193,6 +204,8 @@ class StudentClient:
                 student_public_key=self.key.public_key().public_bytes_raw(),
                 mechanism=overrides_to_proto(overrides),
                 exclude=list(self.exclude),
+                hospital=self.hospital,
+                reveal_records=reveal,
             ),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,

@@ -20,6 +20,7 @@ from services.common.cli_args import add_tls_args, setup_logging
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
+from services.student.loop import LoopIdentity
 from services.student.servicer import POLICY, SERVICE, JobRunner, StudentParty
 from services.student.store import JobStore
 from services.student.training import ModelTrainer, load_reference, load_test_set
@@ -69,6 +70,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="PARTY",
         help="an answering party every round leaves out: a hospital querying the consortium "
         "names its own, so its teachers do not vote on its queries; repeatable",
+    )
+    p.add_argument(
+        "--hospital",
+        default="",
+        metavar="PARTY",
+        help="the hospital this student party queries for (the CaPC loop): its rounds name "
+        "it and leave it out (the guardian must bind this certificate to it: capc guardian "
+        "--querier NAME=PARTY), and uploaded records count as its own: sent in the clear "
+        "only by a job's explicit, audited reveal_records_to_answerers",
     )
     p.add_argument(
         "--body",
@@ -132,11 +142,14 @@ def run(args: argparse.Namespace) -> int:
             server_name=args.server_name,
             name=args.name,
             exclude=tuple(args.exclude),
+            hospital=args.hospital,
         ),
     )
     try:
         trainer = ModelTrainer(store, task, test_set, body, reference, own)
-        server, port = serve_jobs(StudentParty(store, runner, task, trainer), args.listen, files)
+        identity = LoopIdentity(args.hospital, args.name)
+        party = StudentParty(store, runner, task, trainer, identity)
+        server, port = serve_jobs(party, args.listen, files)
     except (ValueError, OSError, pki.PKIError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

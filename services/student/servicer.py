@@ -33,6 +33,8 @@ from services.common.serde import mechanism_to_proto, overrides_from_proto
 from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
+from services.student.loop import LoopIdentity, clear_records_refusal
+from services.student.loop import report as loop_report
 from services.student.predictor import PredictionError, Predictor
 from services.student.store import TERMINAL, Job, JobStore, StudentModel
 from services.student.training import ModelTrainer, TrainingError, TrainingOptions
@@ -52,6 +54,7 @@ POLICY: dict[str, tuple[str, ...]] = {
         "ListModels",
         "DownloadModel",
         "Predict",
+        "GetLoop",
     )
 }
 
@@ -77,6 +80,7 @@ def to_proto(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
         source=job.source,
         created_at=job.created_at,
         round_seconds=job.round_seconds,
+        records_revealed=job.revealed,
     )
     if task is not None:
         msg.mechanism.CopyFrom(mechanism_to_proto(task.overridden(stored_overrides(job)).mechanism))
@@ -151,7 +155,7 @@ class JobRunner:
                         # an encrypted-query task: uploaded records leave only as ciphertexts
                         result = self._client.label_encrypted(batch, mechanism)
                     else:
-                        result = self._client.label_batch(batch, mechanism)
+                        result = self._client.label_batch(batch, mechanism, job.revealed)
                     self.store.record_batch(
                         job_id,
                         index,
@@ -197,8 +201,14 @@ class JobRunner:
 
 class StudentParty(student_pb2_grpc.StudentPartyServicer):
     def __init__(
-        self, store: JobStore, runner: JobRunner, task: TaskConfig, trainer: ModelTrainer
+        self,
+        store: JobStore,
+        runner: JobRunner,
+        task: TaskConfig,
+        trainer: ModelTrainer,
+        identity: LoopIdentity | None = None,
     ) -> None:
+        self.identity = identity or LoopIdentity("", "")
         self.store = store
         self.runner = runner
         self.task = task
@@ -243,6 +253,10 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
                 )
             else:
                 raise RequestError("jobs take an uploaded float32 tensor or a recipe")
+            reveal = request.reveal_records_to_answerers
+            refusal = clear_records_refusal(self.identity, self.task, source, reveal)
+            if refusal is not None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
             batch = request.batch_size or DEFAULT_BATCH
             refusal = batch_refusal(batch)
             if refusal is not None:
@@ -253,7 +267,11 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             self.task.overridden(overrides)
         except (RequestError, TaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        job = self.store.create(self.task.name, x.astype(np.float32), batch, recipe_json, overrides)
+        # Only uploaded records in a plaintext task travel in the clear.
+        revealed = reveal and source == "tensor" and self.task.encryption is None
+        job = self.store.create(
+            self.task.name, x.astype(np.float32), batch, recipe_json, overrides, revealed
+        )
         self.runner.submit(job.id)
         return to_proto(job, self.task)
 
@@ -394,3 +412,9 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             labels=serde.labels_to_proto(out.labels),
             scores=serde.tensor_to_proto(out.scores, "float32"),
         )
+
+    def GetLoop(
+        self, request: student_pb2.GetLoopRequest, context: grpc.ServicerContext
+    ) -> student_pb2.LoopReport:
+        self._check(request.header, context)
+        return loop_report(self.store, self.identity, model_proto)

@@ -56,6 +56,15 @@ class JobRow(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
+class DisclosureRow(Base):
+    """A job whose uploaded records the querying hospital chose to send to the answering
+    hospitals in the clear (the CaPC loop). A table of its own: stores made before it
+    gain it by ``create_all``, with no migration of the jobs table."""
+
+    __tablename__ = "job_disclosures"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+
+
 class BatchRow(Base):
     __tablename__ = "job_batches"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
@@ -133,6 +142,8 @@ class Job:
     mechanism: dict[str, object] | None = None
     round_seconds: float = 0.0
     created_at: str = ""
+    #: The records go to the answering hospitals in the clear, by the querier's choice.
+    revealed: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,7 +170,7 @@ class JobStore:
         Base.metadata.create_all(self.engine)
 
     @staticmethod
-    def _job(row: JobRow) -> Job:
+    def _job(row: JobRow, revealed: bool = False) -> Job:
         return Job(
             row.id,
             row.task,
@@ -174,7 +185,12 @@ class JobStore:
             row.mechanism,
             row.round_seconds,
             row.created_at.isoformat(),
+            revealed,
         )
+
+    @staticmethod
+    def _revealed(s: Session, job_id: str) -> bool:
+        return s.get(DisclosureRow, job_id) is not None
 
     def create(
         self,
@@ -183,7 +199,10 @@ class JobStore:
         batch_size: int,
         recipe: str | None = None,
         mechanism: Mapping[str, float] | None = None,
+        revealed: bool = False,
     ) -> Job:
+        """A queued job of ``queries`` (N, *input_shape); ``revealed``: they are the querying
+        hospital's own records, to be sent in the clear by its explicit choice."""
         with Session(self.engine) as s, s.begin():
             row = JobRow(
                 id=str(uuid.uuid4()),
@@ -203,12 +222,14 @@ class JobStore:
             )
             s.add(row)
             s.flush()
-            return self._job(row)
+            if revealed:
+                s.add(DisclosureRow(job_id=row.id))
+            return self._job(row, revealed)
 
     def get(self, job_id: str) -> Job | None:
         with Session(self.engine) as s:
             row = s.get(JobRow, job_id)
-            return None if row is None else self._job(row)
+            return None if row is None else self._job(row, self._revealed(s, row.id))
 
     def recipe(self, job_id: str) -> str | None:
         with Session(self.engine) as s:
@@ -227,7 +248,8 @@ class JobStore:
         """Jobs, newest first."""
         with Session(self.engine) as s:
             q = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
-            return [self._job(r) for r in s.scalars(q.limit(limit).offset(offset))]
+            rows = list(s.scalars(q.limit(limit).offset(offset)))
+            return [self._job(r, self._revealed(s, r.id)) for r in rows]
 
     def set_queries(self, job_id: str, queries: NDArray[np.float32]) -> None:
         """Store a recipe job's generated queries (the job keeps its requested count)."""

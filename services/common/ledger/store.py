@@ -899,13 +899,16 @@ class Ledger:
         quorum: int,
         round_id: int | None = None,
         terms: Mapping[str, object] | None = None,
+        disclosure: Mapping[str, object] | None = None,
     ) -> Reservation:
         """Reserve each party's worst-case event for a round, leaving out parties it would take past their cap.
 
         Raises QuorumError (nothing written) if fewer than ``quorum`` remain,
         DuplicateRoundError if ``round_key`` (or ``round_id``) was used before.
         ``round_id``: a party's own ledger numbers its rounds as the guardian
-        does; ``terms``: what the round asked of the party (JSON), kept with it.
+        does; ``terms``: what the round asked of the party (JSON), kept with it;
+        ``disclosure``: the querier's own records the round sends in the clear (the
+        CaPC loop), audited as ``clear_records`` in the same transaction.
         """
         if queries < 1:
             raise LedgerError(f"a round has at least one query, got {queries}")
@@ -1003,6 +1006,8 @@ class Ledger:
                         "excluded": sorted(excluded),
                     },
                 )
+                if disclosure is not None:
+                    self._audit(s, querier, "clear_records", {"round": rnd.id, **disclosure})
                 return Reservation(rnd.id, tuple(included), excluded)
         except IntegrityError as err:
             raise DuplicateRoundError(

@@ -122,7 +122,29 @@ function verdict(a) {
   return span;
 }
 
+function accuracy(a) {
+  return a === null ? "not trained" : a.toFixed(3);
+}
+
+// The CaPC loop's row: shown only when this gateway's student party queries for a hospital.
+async function refreshLoop() {
+  const section = document.getElementById("loop-section");
+  let loop;
+  try { loop = await get("/v1/loop"); } catch (e) { section.hidden = true; return; }
+  section.hidden = !loop.hospital;
+  if (!loop.hospital) return;
+  const spent = Object.entries(loop.epsilon_by_party).map(([p, e]) => `${p}: ${e.toFixed(4)}`).join(", ");
+  fill("loop", [[
+    `${loop.hospital} (${loop.querier})`, accuracy(loop.accuracy_before), accuracy(loop.accuracy_after),
+    loop.gain === null ? "" : (loop.gain >= 0 ? "+" : "") + loop.gain.toFixed(3),
+    `${loop.epsilon_spent.toFixed(4)}${spent ? ` (${spent})` : ""}`, loop.labels_bought,
+    loop.labels_bought ? (loop.epsilon_spent / loop.labels_bought).toPrecision(3) : "",
+    loop.records_revealed,
+  ]]);
+}
+
 async function refresh() {
+  refreshLoop();
   const status = document.getElementById("status");
   try {
     const [history, parties, jobs, audits] = await Promise.all([

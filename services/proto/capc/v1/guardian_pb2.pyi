@@ -216,20 +216,24 @@ class RoundCancelled(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude")
+    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude", "hospital", "reveal_records")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_KEY_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     STUDENT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    HOSPITAL_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     round_key: str
     queries: _common_pb2.QueryBatch
     mechanism: _common_pb2.Mechanism
     student_public_key: bytes
     exclude: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ...) -> None: ...
+    hospital: str
+    reveal_records: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ..., hospital: _Optional[str] = ..., reveal_records: _Optional[bool] = ...) -> None: ...
 
 class SealedSeed(_message.Message):
     __slots__ = ("party", "sealed")
@@ -380,20 +384,33 @@ class PartyStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ...) -> None: ...
 
 class ListPartiesRequest(_message.Message):
-    __slots__ = ("header",)
+    __slots__ = ("header", "querier")
     HEADER_FIELD_NUMBER: _ClassVar[int]
+    QUERIER_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ...) -> None: ...
+    querier: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., querier: _Optional[str] = ...) -> None: ...
 
 class ListPartiesReply(_message.Message):
-    __slots__ = ("parties", "delta", "accounting")
+    __slots__ = ("parties", "delta", "accounting", "querier_epsilon", "querier_hospital")
+    class QuerierEpsilonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     PARTIES_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_FIELD_NUMBER: _ClassVar[int]
+    QUERIER_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    QUERIER_HOSPITAL_FIELD_NUMBER: _ClassVar[int]
     parties: _containers.RepeatedCompositeFieldContainer[PartyStatus]
     delta: float
     accounting: str
-    def __init__(self, parties: _Optional[_Iterable[_Union[PartyStatus, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ...) -> None: ...
+    querier_epsilon: _containers.ScalarMap[str, float]
+    querier_hospital: str
+    def __init__(self, parties: _Optional[_Iterable[_Union[PartyStatus, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., querier_epsilon: _Optional[_Mapping[str, float]] = ..., querier_hospital: _Optional[str] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("round_id", "party", "kind", "mechanism", "round_state", "task", "queries", "epsilon_alone", "at")

@@ -7,22 +7,48 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GetLoopRequest(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ...) -> None: ...
+
+class LoopReport(_message.Message):
+    __slots__ = ("hospital", "querier", "before", "after", "labels_bought", "records_revealed", "jobs")
+    HOSPITAL_FIELD_NUMBER: _ClassVar[int]
+    QUERIER_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LABELS_BOUGHT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_REVEALED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    hospital: str
+    querier: str
+    before: StudentModel
+    after: StudentModel
+    labels_bought: int
+    records_revealed: int
+    jobs: int
+    def __init__(self, hospital: _Optional[str] = ..., querier: _Optional[str] = ..., before: _Optional[_Union[StudentModel, _Mapping]] = ..., after: _Optional[_Union[StudentModel, _Mapping]] = ..., labels_bought: _Optional[int] = ..., records_revealed: _Optional[int] = ..., jobs: _Optional[int] = ...) -> None: ...
+
 class CreateJobRequest(_message.Message):
-    __slots__ = ("header", "queries", "count", "batch_size", "mechanism")
+    __slots__ = ("header", "queries", "count", "batch_size", "mechanism", "reveal_records_to_answerers")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    REVEAL_RECORDS_TO_ANSWERERS_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     queries: _common_pb2.QueryBatch
     count: int
     batch_size: int
     mechanism: _common_pb2.Mechanism
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., count: _Optional[int] = ..., batch_size: _Optional[int] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ...) -> None: ...
+    reveal_records_to_answerers: bool
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., count: _Optional[int] = ..., batch_size: _Optional[int] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., reveal_records_to_answerers: _Optional[bool] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "requested", "processed", "answered", "rounds", "error", "task", "source", "created_at", "mechanism", "round_seconds")
+    __slots__ = ("id", "state", "requested", "processed", "answered", "rounds", "error", "task", "source", "created_at", "mechanism", "round_seconds", "records_revealed")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +61,7 @@ class Job(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_REVEALED_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     requested: int
@@ -47,7 +74,8 @@ class Job(_message.Message):
     created_at: str
     mechanism: _common_pb2.Mechanism
     round_seconds: float
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., requested: _Optional[int] = ..., processed: _Optional[int] = ..., answered: _Optional[int] = ..., rounds: _Optional[int] = ..., error: _Optional[str] = ..., task: _Optional[str] = ..., source: _Optional[str] = ..., created_at: _Optional[str] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., round_seconds: _Optional[float] = ...) -> None: ...
+    records_revealed: bool
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., requested: _Optional[int] = ..., processed: _Optional[int] = ..., answered: _Optional[int] = ..., rounds: _Optional[int] = ..., error: _Optional[str] = ..., task: _Optional[str] = ..., source: _Optional[str] = ..., created_at: _Optional[str] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., round_seconds: _Optional[float] = ..., records_revealed: _Optional[bool] = ...) -> None: ...
 
 class WatchJobRequest(_message.Message):
     __slots__ = ("header", "id")

@@ -84,6 +84,11 @@ class StudentPartyStub:
                 request_serializer=capc_dot_v1_dot_student__pb2.PredictRequest.SerializeToString,
                 response_deserializer=capc_dot_v1_dot_student__pb2.PredictReply.FromString,
                 _registered_method=True)
+        self.GetLoop = channel.unary_unary(
+                '/capc.v1.StudentParty/GetLoop',
+                request_serializer=capc_dot_v1_dot_student__pb2.GetLoopRequest.SerializeToString,
+                response_deserializer=capc_dot_v1_dot_student__pb2.LoopReport.FromString,
+                _registered_method=True)
 
 
 class StudentPartyServicer:
@@ -155,6 +160,14 @@ class StudentPartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLoop(self, request, context):
+        """The CaPC loop: the querying hospital's model before (its own labelled
+        records alone) and after (plus the labels its jobs brought back).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StudentPartyServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -207,6 +220,11 @@ def add_StudentPartyServicer_to_server(servicer, server):
                     servicer.Predict,
                     request_deserializer=capc_dot_v1_dot_student__pb2.PredictRequest.FromString,
                     response_serializer=capc_dot_v1_dot_student__pb2.PredictReply.SerializeToString,
+            ),
+            'GetLoop': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoop,
+                    request_deserializer=capc_dot_v1_dot_student__pb2.GetLoopRequest.FromString,
+                    response_serializer=capc_dot_v1_dot_student__pb2.LoopReport.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -479,6 +497,33 @@ class StudentParty:
             '/capc.v1.StudentParty/Predict',
             capc_dot_v1_dot_student__pb2.PredictRequest.SerializeToString,
             capc_dot_v1_dot_student__pb2.PredictReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/capc.v1.StudentParty/GetLoop',
+            capc_dot_v1_dot_student__pb2.GetLoopRequest.SerializeToString,
+            capc_dot_v1_dot_student__pb2.LoopReport.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,104 @@
+"""The CaPC loop at the guardian: which hospital each querier belongs to, enforced.
+
+A hospital that queries the consortium about its own records runs a student party
+under a querier certificate of its own (e.g. ``hospital-0-querier``). Its own
+teachers must never vote on those queries, and that must not rest on the querier's
+word: the guardian operator binds the certificate to its hospital (``capc guardian
+--querier hospital-0-querier=hospital-0``), the binding is kept in the ledger
+(audited, surviving restarts), and every round of that querier leaves the hospital
+out whatever the request says. A querier that claims another hospital, or claims one
+without a binding, is refused.
+
+A bound querier's plain tensor queries are its hospital's own records: the answering
+hospitals see them in the clear. Such a round must say so (``reveal_records``), and
+the guardian writes that the querier sent N of its own records in the clear in round R
+to the signed audit log, in the round's reservation transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.ledger import Ledger
+from services.common.protocol import RequestError
+from services.proto.capc.v1 import guardian_pb2
+
+#: Ledger setting under which a querier's hospital is kept.
+QUERIER_KEY = "querier-hospital:"
+#: Longest certificate or party name.
+MAX_NAME = 128
+
+
+@dataclass(frozen=True)
+class LoopTerms:
+    """What the loop adds to one round: parties left out whatever the request says, and
+    the audit detail of records sent in the clear (None: none were)."""
+
+    left_out: frozenset[str]
+    disclosure: dict[str, object] | None
+
+
+def parse_querier(item: str) -> tuple[str, str]:
+    """``QUERIER=HOSPITAL`` -> (querier certificate name, hospital party name).
+
+    ValueError saying what to write."""
+    querier, eq, hospital = item.partition("=")
+    ok = eq and 1 <= len(querier) <= MAX_NAME and 1 <= len(hospital) <= MAX_NAME
+    if not ok:
+        raise ValueError(
+            f"--querier expects QUERIER=HOSPITAL, got {item!r}; e.g. "
+            "--querier hospital-0-querier=hospital-0"
+        )
+    if querier == hospital:
+        raise ValueError(f"--querier {item}: a querier certificate is not its hospital's own")
+    return querier, hospital
+
+
+def bind_querier(ledger: Ledger, querier: str, hospital: str, *, actor: str) -> None:
+    """Keep ``querier`` -> ``hospital`` in the ledger (audited when it changes)."""
+    ledger.keep_setting(
+        QUERIER_KEY + querier,
+        hospital,
+        actor=actor,
+        action="bind_querier",
+        detail={"querier": querier, "hospital": hospital},
+    )
+
+
+def hospital_of(ledger: Ledger, querier: str) -> str | None:
+    """The hospital the guardian bound ``querier`` to, or None."""
+    return ledger.setting(QUERIER_KEY + querier)
+
+
+def loop_terms(
+    ledger: Ledger, querier: str, request: guardian_pb2.OpenRoundRequest, batch: int
+) -> LoopTerms:
+    """The loop's terms for a round of ``batch`` queries; RequestError when the querier
+    claims a hospital the guardian did not bind it to, or a bound querier sends its
+    records in the clear without saying so."""
+    bound = hospital_of(ledger, querier)
+    claim = request.hospital
+    if claim and bound is None:
+        raise RequestError(
+            f"querier {querier} says it belongs to hospital {claim}, but the guardian has "
+            f"not bound it: the guardian operator must start it with --querier "
+            f"{querier}={claim}, so that {claim}'s teachers are left out of its rounds"
+        )
+    if claim and claim != bound:
+        raise RequestError(
+            f"querier {querier} says it belongs to hospital {claim}; the guardian bound it "
+            f"to {bound}. Its rounds leave {bound} out; fix the student's --hospital"
+        )
+    clear = request.queries.WhichOneof("source") == "tensor"
+    if clear and bound is not None and not request.reveal_records:
+        raise RequestError(
+            f"querier {querier} queries for hospital {bound}: its uploaded queries are "
+            "that hospital's own records, and this round would show them to the "
+            "answering hospitals in the clear. Send them only by an explicit, audited "
+            "choice (reveal_records_to_answerers), or use an encrypted task "
+            "(docs/encrypted.md) so they leave only as ciphertexts"
+        )
+    disclosure: dict[str, object] | None = None
+    if clear and request.reveal_records:
+        disclosure = {"querier": querier, "hospital": bound or claim, "records": batch}
+    return LoopTerms(frozenset() if bound is None else frozenset({bound}), disclosure)

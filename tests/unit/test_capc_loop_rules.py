@@ -1,0 +1,124 @@
+"""The CaPC loop's rules, without processes: the guardian's binding and audit, the
+student party's refusal of clear records, and the gateway's report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capc.privacy.events import GaussianEvent
+from services.common.ledger import Ledger
+from services.common.protocol import RequestError
+from services.common.task import TaskConfig, config_hash
+from services.gateway.app import loop_out
+from services.guardian.loop import bind_querier, hospital_of, loop_terms, parse_querier
+from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
+from services.student.loop import LoopIdentity, clear_records_refusal
+
+TASK = {"num_classes": 10, "input_shape": [1, 8, 8], "mechanism": {"name": "gnmax", "sigma": 2.0}}
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'g.db'}")
+    bind_querier(ledger, "h0-querier", "h0", actor="test")
+    return ledger
+
+
+def request(
+    source: str, *, hospital: str = "", reveal: bool = False
+) -> guardian_pb2.OpenRoundRequest:
+    if source == "tensor":
+        queries = common_pb2.QueryBatch(tensor=common_pb2.Tensor(shape=[2, 1, 8, 8]))
+    else:
+        queries = common_pb2.QueryBatch(recipe=common_pb2.Recipe(generator="gaussian", count=2))
+    return guardian_pb2.OpenRoundRequest(queries=queries, hospital=hospital, reveal_records=reveal)
+
+
+def test_parse_querier_says_what_to_write() -> None:
+    assert parse_querier("h0-querier=h0") == ("h0-querier", "h0")
+    for bad in ("h0-querier", "=h0", "h0-querier=", "h0=h0"):
+        with pytest.raises(ValueError, match="--querier"):
+            parse_querier(bad)
+
+
+def test_a_bound_querier_always_leaves_its_hospital_out(ledger: Ledger) -> None:
+    assert hospital_of(ledger, "h0-querier") == "h0"
+    terms = loop_terms(ledger, "h0-querier", request("recipe"), 2)
+    assert terms.left_out == {"h0"} and terms.disclosure is None
+    assert loop_terms(ledger, "other", request("recipe"), 2).left_out == frozenset()
+    bindings = [e for e in ledger.audit_entries() if e.action == "bind_querier"]
+    assert bindings[0].detail["hospital"] == "h0"
+
+
+def test_a_claim_that_differs_from_the_binding_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(RequestError, match="bound it to h0"):
+        loop_terms(ledger, "h0-querier", request("recipe", hospital="h1"), 2)
+    with pytest.raises(RequestError, match="--querier other=h1"):
+        loop_terms(ledger, "other", request("recipe", hospital="h1"), 2)
+
+
+def test_clear_records_need_the_choice_and_are_disclosed(ledger: Ledger) -> None:
+    with pytest.raises(RequestError, match="reveal_records"):
+        loop_terms(ledger, "h0-querier", request("tensor"), 2)
+    terms = loop_terms(ledger, "h0-querier", request("tensor", reveal=True), 2)
+    assert terms.disclosure == {"querier": "h0-querier", "hospital": "h0", "records": 2}
+
+
+def test_the_disclosure_is_audited_with_the_reservation(ledger: Ledger) -> None:
+    ledger.create_task("t", TASK, actor="test")
+    ledger.register_party("h1", 100.0)
+    disclosure = {"querier": "h0-querier", "hospital": "h0", "records": 2}
+    res = ledger.reserve(
+        "k1",
+        "t",
+        "h0-querier",
+        2,
+        {"h1": GaussianEvent(1.0, 2.0)},
+        mechanism="gnmax",
+        quorum=1,
+        disclosure=disclosure,
+    )
+    entry = next(e for e in ledger.audit_entries() if e.action == "clear_records")
+    assert entry.actor == "h0-querier"
+    assert entry.detail == {"round": res.round_id, **disclosure}
+    ledger.verify_audit()
+
+
+def test_a_hospitals_student_party_refuses_clear_records_without_the_choice() -> None:
+    task = TaskConfig.parse("t", TASK, config_hash(TASK))
+    hospital = LoopIdentity("h0", "h0-querier")
+    refusal = clear_records_refusal(hospital, task, "tensor", False)
+    assert refusal is not None and "reveal_records_to_answerers" in refusal
+    assert "encrypted" in refusal
+    assert clear_records_refusal(hospital, task, "tensor", True) is None
+    assert clear_records_refusal(hospital, task, "recipe", False) is None
+    assert clear_records_refusal(LoopIdentity("", "student"), task, "tensor", False) is None
+
+
+def test_the_gateway_reports_the_gain_and_the_spend() -> None:
+    def model(i: str, jobs: list[str], acc: float) -> student_pb2.StudentModel:
+        metrics = json.dumps({"test_accuracy": acc})
+        return student_pb2.StudentModel(id=i, state="done", job_ids=jobs, metrics_json=metrics)
+
+    report = student_pb2.LoopReport(
+        hospital="h0",
+        querier="h0-querier",
+        before=model("m1", [], 0.3),
+        after=model("m2", ["j"], 0.6),
+        labels_bought=600,
+        records_revealed=600,
+        jobs=1,
+    )
+    spends = guardian_pb2.ListPartiesReply(querier_hospital="h0")
+    spends.querier_epsilon.update({"h0": 0.0, "h1": 2.5, "h2": 3.0})
+    out = loop_out(report, spends)
+    assert out.gain == pytest.approx(0.3)
+    assert out.epsilon_by_party == {"h1": 2.5, "h2": 3.0} and out.epsilon_spent == 3.0
+    assert out.bound_hospital == "h0" and out.labels_bought == 600
+    empty = loop_out(student_pb2.LoopReport(), guardian_pb2.ListPartiesReply())
+    assert empty.before is None and empty.gain is None and empty.epsilon_spent == 0.0
+    assert np.isfinite(out.accuracy_after or np.nan)
