@@ -27,12 +27,20 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from capc.models.checkpoint import Teacher, load_teacher, weights_sha256
+from capc.models.checkpoint import (
+    Teacher,
+    load_teacher,
+    teacher_data,
+    teacher_from_data,
+    weights_sha256,
+)
 from capc.models.inference import features
 from capc.models.registry import Classifier, build
 
 #: The ``kind`` an ensemble checkpoint carries (a single teacher's has none).
 ENSEMBLE_KIND = "ensemble"
+#: The ``kind`` of one file holding several teacher checkpoints (e.g. scratch-trained ones).
+CHECKPOINTS_KIND = "checkpoints"
 
 
 def statistics_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -217,8 +225,21 @@ def load_ensemble(data: dict[str, Any], where: str) -> TeacherEnsemble:
         raise ValueError(f"{where} is not a capc ensemble checkpoint: {err}") from err
 
 
-def load_members(path: Path) -> Teacher | TeacherEnsemble:
-    """A teacher or an ensemble checkpoint, whichever ``path`` holds."""
+def save_checkpoints(path: Path, teachers: Sequence[Teacher]) -> None:
+    """Write several teachers' checkpoints to one file (plain data, as :func:`save_teacher`)."""
+    torch.save({"kind": CHECKPOINTS_KIND, "members": [teacher_data(t) for t in teachers]}, path)
+
+
+def load_checkpoints(data: dict[str, Any], where: str) -> list[Teacher]:
+    """The teachers of a file written by :func:`save_checkpoints`."""
+    members = data.get("members")
+    if not isinstance(members, list) or not members:
+        raise ValueError(f"{where} is not a capc checkpoints file: no members")
+    return [teacher_from_data(m, f"{where} member {i}") for i, m in enumerate(members)]
+
+
+def load_members(path: Path) -> Teacher | TeacherEnsemble | list[Teacher]:
+    """A teacher, an ensemble or a file of teachers, whichever ``path`` holds."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -227,6 +248,8 @@ def load_members(path: Path) -> Teacher | TeacherEnsemble:
         raise ValueError(f"{path} is not a capc checkpoint: {err}") from err
     if isinstance(data, dict) and data.get("kind") == ENSEMBLE_KIND:
         return load_ensemble(data, str(path))
+    if isinstance(data, dict) and data.get("kind") == CHECKPOINTS_KIND:
+        return load_checkpoints(data, str(path))
     return load_teacher(path)
 
 
@@ -256,7 +279,11 @@ class Voters:
 
     @classmethod
     def load(cls, paths: Sequence[Path]) -> Voters:
-        return cls([load_members(p) for p in paths])
+        members: list[Teacher | TeacherEnsemble] = []
+        for p in paths:
+            m = load_members(p)
+            members += m if isinstance(m, list) else [m]
+        return cls(members)
 
     def __len__(self) -> int:
         return sum(len(m) if isinstance(m, TeacherEnsemble) else 1 for m in self.members)
