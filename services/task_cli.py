@@ -42,7 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     p.add_argument("--classes", help="class names, comma-separated (with --image)")
     p.add_argument(
-        "--range", default="0,1", metavar="LOW,HIGH", help="images' value range (default 0,1)"
+        "--range",
+        default="0,1",
+        metavar="LOW,HIGH",
+        help="images' value range (default 0,1; a negative one as --range=-1,1)",
     )
     p.add_argument("--label", help="a table's label column: its values are the classes")
     p.add_argument(

@@ -109,6 +109,10 @@ def fit_teachers(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     if not args.out.parent.is_dir():
         raise ValueError(f"--out: no folder {args.out.parent}")
     classes = task.class_names
+    table = isinstance(task.records, TableSchema) or len(task.input_shape) != 3
+    # The body first: a wrong one is refused before minutes of reading.
+    body = None if table else _body(args, task.input_shape)
+    shared = None if body is None else hospital.body_for(body, task.input_shape, task.outputs)
     records = read_records(
         args.data,
         task.records,
@@ -127,21 +131,20 @@ def fit_teachers(args: argparse.Namespace, log: Any) -> dict[str, Any]:
         "task": args.task.name,
         "task_hash": task.config_hash,
     }
-    table = isinstance(task.records, TableSchema) or len(task.input_shape) != 3
-    if table:
+    if shared is None:
         fitted = hospital.fit_scratch(
             records, plan, task.outputs, card, log, epochs=args.epochs, seed=args.seed
         )
         members = fitted.members
         write_atomically(args.out, lambda tmp: save_checkpoints(tmp, members))  # type: ignore[arg-type]
     else:
-        body = _body(args, task.input_shape)
-        fitted = hospital.fit_diet(records, plan, body, task.outputs, card, log)
+        name = body.name if body is not None else ""
+        fitted = hospital.fit_diet(records, plan, shared, name, card, log)
         ensemble = fitted.members
         write_atomically(args.out, lambda tmp: save_ensemble(tmp, ensemble))  # type: ignore[arg-type]
     return {
         "out": str(args.out),
-        "kind": "scratch mlp" if table else "DIET last layers",
+        "kind": "DIET last layers" if shared else "scratch mlp",
         "data": records.source,
         "records": len(records),
         "held_out": fitted.held_out,

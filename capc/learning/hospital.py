@@ -118,16 +118,18 @@ def body_for(path: Path, input_shape: tuple[int, ...], classes: int) -> tuple[Te
 def fit_diet(
     records: Records,
     plan: Split,
-    body: Path,
-    classes: int,
+    body: tuple[Teacher, Classifier],
+    name: str,
     card: dict[str, Any],
     log: Log,
 ) -> Fitted:
-    """DIET teachers: ``body`` with each part's own statistics and last layer."""
+    """DIET teachers: the shared ``body`` (from :func:`body_for`; ``name``: its file, for the
+    card) with each part's own statistics and last layer."""
     shape = tuple(records.x.shape[1:])
-    base, model = body_for(body, shape, classes)
+    base, model = body
+    classes = model.head.out_features
     model.to("cpu")
-    log(f"fitting {len(plan.parts)} last layers on the shared body {body.name}")
+    log(f"fitting {len(plan.parts)} last layers on the shared body {name}")
     heads = fit_head_ensemble(model, records.x, records.y, plan.parts)
     held = plan.held_out
     predictions = (
@@ -139,7 +141,7 @@ def fit_diet(
     card = {
         **card,
         "method": (
-            f"pretrained body {body.name}; {len(plan.parts)} teachers, each with the BatchNorm "
+            f"pretrained body {name}; {len(plan.parts)} teachers, each with the BatchNorm "
             "statistics and last layer of its own disjoint part of the data"
         ),
         "teachers": len(plan.parts),
