@@ -160,7 +160,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {note}", file=sys.stderr)
     text = json.dumps(config, indent=2) + "\n"
     if args.out is not None:
-        write_atomically(args.out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+        def write(tmp: Path) -> None:
+            tmp.write_text(text, encoding="utf-8")
+            tmp.chmod(0o644)  # a task file is public: every party reads it
+
+        write_atomically(args.out, write)
     if args.json:
         sys.stdout.write(text)
         return 0

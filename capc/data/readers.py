@@ -14,9 +14,8 @@ naming the file and the row or field, so a hospital can fix its data:
 - an NPZ with arrays ``x`` (records already in the task's input shape and
   range: images, or encoded table rows) and ``y`` (class names or indices).
 
-Row numbers: a CSV's are its line numbers (the header is line 1); a Parquet
-file's, an NPZ's and a labels CSV's data rows count from 0 (a labels CSV
-names the line too).
+Row numbers: a CSV's (a table or a labels CSV) are its line numbers (the
+header is line 1); a Parquet file's and an NPZ's rows count from 0.
 """
 
 from __future__ import annotations
@@ -232,7 +231,10 @@ def read_dicom_folder(
     table = read_frame(labels_csv)
     files = [str(f) for f in _column(table, file_column, labels_csv, "file").to_numpy()]
     y = class_indices(
-        _column(table, label_column, labels_csv, "label").to_numpy(), classes, str(labels_csv)
+        _column(table, label_column, labels_csv, "label").to_numpy(),
+        classes,
+        str(labels_csv),
+        first_row(labels_csv),
     )
     listed = {(folder / f).resolve() for f in files}
     for f in sorted(folder.rglob("*")):
@@ -248,7 +250,8 @@ def read_dicom_folder(
         path = folder / name
         if not path.is_file():
             raise SchemaError(
-                f"{labels_csv}: row {row} (line {row + 2}): no file {path} for {file_column} {name!r}"
+                f"{labels_csv}: row {first_row(labels_csv) + row}: no file {path} for "
+                f"{file_column} {name!r}"
             )
         images.append(read_dicom(path, schema))
     return Records(np.stack(images), y, f"DICOM folder {folder.name} with {labels_csv.name}")
