@@ -143,6 +143,19 @@ def build_task(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], lis
     return config, notes, plan.explain()
 
 
+def _describe(records: dict[str, Any]) -> str:
+    if records["kind"] == "image":
+        low, high = records["range"]
+        c, h, w = records["channels"], records["height"], records["width"]
+        return f"images {c}x{h}x{w}, values in [{low:g}, {high:g}]"
+    features = records["features"]
+    numeric = sum("levels" not in f for f in features)
+    return (
+        f"table rows of {len(features)} features ({numeric} numeric with public ranges, "
+        f"{len(features) - numeric} categorical), label column {records.get('label')!r}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from capc.data.schema import SchemaError
     from services.common.files import write_atomically
@@ -169,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(text)
         return 0
-    print(f"records: {json.dumps(config['records'])}")
+    print(f"records: {_describe(config['records'])}")
     print(f"classes ({len(config['classes'])}): {', '.join(config['classes'])}")
     print(f"mechanism: {json.dumps(config['mechanism'])}, quorum {config['quorum']}")
     for line in why:

@@ -64,6 +64,16 @@ def round_outward(low: float, high: float) -> tuple[float, float]:
     return round(lo, digits), round(hi, digits)
 
 
+def sorted_levels(values: Any) -> list[str]:
+    """The distinct non-missing level names of ``values``: in numeric order when every one is
+    a number (classes 2 before 10), else alphabetical."""
+    names = set(level_names(np.asarray(values, dtype=object))) - {""}
+    try:
+        return sorted(names, key=float)
+    except ValueError:
+        return sorted(names)
+
+
 def image_folder(folder: Path, range_: tuple[float, float] = (0.0, 1.0)) -> Proposal:
     """Channels and size of the most common kind of image in ``folder``'s class subfolders;
     the subfolders' names are the classes."""
@@ -112,7 +122,7 @@ def table(path: Path, label: str, drop: Sequence[str] = ()) -> Proposal:
             raise SchemaError(
                 f"{path}: no column {name!r}; its columns are {', '.join(map(str, frame.columns))}"
             )
-    classes = sorted(set(level_names(frame[label].to_numpy())) - {""})
+    classes = sorted_levels(frame[label].to_numpy())
     if len(classes) < 2:
         raise SchemaError(f"{path}: label column {label!r} has {len(classes)} class(es); need 2")
     features: list[Feature] = []
@@ -134,7 +144,7 @@ def table(path: Path, label: str, drop: Sequence[str] = ()) -> Proposal:
                 notes.append(f"column {name!r} has missing values; teachers refuse such rows")
             features.append(NumericFeature(str(name), *round_outward(finite.min(), finite.max())))
             continue
-        levels = sorted(set(level_names(values.to_numpy())) - {""})
+        levels = sorted_levels(values.to_numpy())
         if len(levels) > MAX_LEVELS or len(levels) > max(20, len(values) // 2):
             raise SchemaError(
                 f"{path}: column {name!r} has {len(levels)} distinct values, like an identifier; "

@@ -109,6 +109,11 @@ def test_table_proposal_keeps_the_label_and_warns_ranges_are_public(tmp_path: Pa
     assert any("PUBLIC" in n and "data dictionary" in n for n in notes)
 
 
+def test_numeric_classes_sort_as_numbers() -> None:
+    assert infer.sorted_levels(np.array([10, 2, 1, 2.0])) == ["1", "2", "10"]
+    assert infer.sorted_levels(np.array(["b", "a", None], dtype=object)) == ["a", "b"]
+
+
 def test_an_identifier_column_must_be_dropped(tmp_path: Path) -> None:
     path = tmp_path / "r.csv"
     breast_cancer_frame().to_csv(path, index=False)
