@@ -241,3 +241,20 @@ def test_a_file_of_checkpoints_votes_with_every_member(tmp_path: Path) -> None:
     queries = np.random.default_rng(0).random((4, 6), dtype=np.float32)
     assert voters.predict(queries).shape == (4, 3)
     assert [m.card["teacher"] for m in voters.members] == [0, 1, 2]
+
+
+def test_parquet_and_jpeg_are_read(tmp_path: Path) -> None:
+    from PIL import Image
+
+    path, schema, classes = _table(tmp_path)
+    parquet = tmp_path / "records.parquet"
+    pd.read_csv(path).to_parquet(parquet)
+    records = read_records(parquet, schema, schema.input_shape, classes)
+    assert records.x.shape == (60, 30) and len(set(records.y.tolist())) == 2
+    folder = tmp_path / "jpeg" / ANIMAL_CLASSES[1]
+    folder.mkdir(parents=True)
+    Image.new("RGB", (28, 28), (255, 255, 255)).save(folder / "white.jpg")
+    rgb = ImageSchema(3, 28, 28, -1.0, 1.0)
+    one = read_records(tmp_path / "jpeg", rgb, (3, 28, 28), ANIMAL_CLASSES)
+    assert one.x.shape == (1, 3, 28, 28) and one.y.tolist() == [1]
+    assert np.allclose(one.x, 1.0, atol=0.02)  # white, in the task's range [-1, 1]
