@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from capc.labeldp import cli as labeldp_cli
 from capc.learning import cli as diet_cli
 from capc.privacy import cli as privacy_cli
-from services import demo, local
+from services import demo, local, task_cli, teacher_cli
 from services.answerer import main as answerer_main
 from services.audit import cli as audit_cli
 from services.common import health, pki
@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     gateway_main.add_parser(sub)
     health.add_parser(sub)
     audit_cli.add_parser(sub)
+    task_cli.add_parser(sub)
+    teacher_cli.add_parser(sub)
     return parser
 
 

@@ -16,9 +16,11 @@ and the levels of its categorical ones. A schema
 The ``records`` object of a task configuration::
 
     {"kind": "image", "channels": 1, "height": 28, "width": 28, "range": [0, 1]}
-    {"kind": "table", "features": [
+    {"kind": "table", "label": "outcome", "features": [
         {"name": "age", "min": 0, "max": 120},
         {"name": "smoker", "levels": ["no", "yes"]}]}
+
+(``label``, optional: the column of a hospital's files that holds the class.)
 """
 
 from __future__ import annotations
@@ -215,6 +217,8 @@ class TableSchema:
     """Rows of named features: numeric ones with public ranges, categorical ones with levels."""
 
     features: tuple[Feature, ...]
+    #: The column that holds a row's class in a hospital's files (not a feature; optional).
+    label: str | None = None
 
     kind = "table"
 
@@ -225,6 +229,8 @@ class TableSchema:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise SchemaError(f"a table's feature names must be unique; repeated: {dup}")
+        if self.label is not None and (not self.label or self.label in names):
+            raise SchemaError(f"the label column {self.label!r} must be named and not a feature")
         if self.input_shape[0] > MAX_TABLE_WIDTH:
             raise SchemaError(
                 f"the table encodes to {self.input_shape[0]} values, more than {MAX_TABLE_WIDTH}"
@@ -241,15 +247,21 @@ class TableSchema:
         return (sum(f.width for f in self.features),)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "features": [f.to_dict() for f in self.features]}
+        out: dict[str, Any] = {"kind": self.kind, "features": [f.to_dict() for f in self.features]}
+        if self.label is not None:
+            out["label"] = self.label
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TableSchema:
-        _unknown_keys(d, {"kind", "features"}, "records")
+        _unknown_keys(d, {"kind", "features", "label"}, "records")
         features = d.get("features")
         if not isinstance(features, list):
             raise SchemaError("records: 'features' must be a list of features")
-        return cls(tuple(_feature(f, i) for i, f in enumerate(features)))
+        label = d.get("label")
+        if label is not None and not isinstance(label, str):
+            raise SchemaError(f"records: 'label' must be a column name, got {label!r}")
+        return cls(tuple(_feature(f, i) for i, f in enumerate(features)), label)
 
     def encode(self, columns: Mapping[str, Any], source: str, first_row: int = 0) -> FloatRecords:
         """Rows (any column-mapping, e.g. a pandas DataFrame) -> (N, width) float32.

@@ -87,20 +87,23 @@ class Teacher:
         return hard.numpy().astype(np.int64)
 
 
+def teacher_data(teacher: Teacher) -> dict[str, Any]:
+    """A teacher as the plain data of its checkpoint (state dict, architecture, input spec,
+    model card)."""
+    return {
+        "architecture": teacher.architecture,
+        "width": teacher.width,
+        "input_shape": list(teacher.input_shape),
+        "num_classes": teacher.num_classes,
+        "multi_label": teacher.multi_label,
+        "state_dict": {k: v.cpu() for k, v in teacher.model.state_dict().items()},
+        "card": teacher.card,
+    }
+
+
 def save_teacher(path: Path | BinaryIO, teacher: Teacher) -> None:
     """Write a checkpoint (state dict, architecture, input spec, model card) to a path or file."""
-    torch.save(
-        {
-            "architecture": teacher.architecture,
-            "width": teacher.width,
-            "input_shape": list(teacher.input_shape),
-            "num_classes": teacher.num_classes,
-            "multi_label": teacher.multi_label,
-            "state_dict": {k: v.cpu() for k, v in teacher.model.state_dict().items()},
-            "card": teacher.card,
-        },
-        path,
-    )
+    torch.save(teacher_data(teacher), path)
 
 
 def load_teacher(path: Path | BinaryIO) -> Teacher:
@@ -108,6 +111,16 @@ def load_teacher(path: Path | BinaryIO) -> Teacher:
     ValueError with the reason."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"no model checkpoint at {path}") from None
+    except (KeyError, RuntimeError, TypeError) as err:
+        raise ValueError(f"{path} is not a capc teacher checkpoint: {err}") from err
+    return teacher_from_data(data, str(path))
+
+
+def teacher_from_data(data: Any, where: str) -> Teacher:
+    """A teacher from a loaded checkpoint's plain ``data``; ValueError names ``where``."""
+    try:
         width = data.get("width")
         model = build(
             data["architecture"],
@@ -119,10 +132,8 @@ def load_teacher(path: Path | BinaryIO) -> Teacher:
             # A DIET student's head keeps its standardisation (capc.models.heads).
             model.head = standardised_head(model.dim, int(data["num_classes"]))  # type: ignore[assignment]
         model.load_state_dict(data["state_dict"])
-    except FileNotFoundError:
-        raise ValueError(f"no model checkpoint at {path}") from None
-    except (KeyError, RuntimeError, TypeError) as err:
-        raise ValueError(f"{path} is not a capc teacher checkpoint: {err}") from err
+    except (KeyError, RuntimeError, TypeError, AttributeError) as err:
+        raise ValueError(f"{where} is not a capc teacher checkpoint: {err}") from err
     return Teacher(
         data["architecture"],
         tuple(data["input_shape"]),

@@ -28,13 +28,21 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from capc.models.checkpoint import Teacher, load_teacher, weights_sha256
+from capc.models.checkpoint import (
+    Teacher,
+    load_teacher,
+    teacher_data,
+    teacher_from_data,
+    weights_sha256,
+)
 from capc.models.foreign import ForeignTeacher, Interface, load_foreign, shape_text
 from capc.models.inference import features
 from capc.models.registry import Classifier, build
 
 #: The ``kind`` an ensemble checkpoint carries (a single teacher's has none).
 ENSEMBLE_KIND = "ensemble"
+#: The ``kind`` of one file holding several teacher checkpoints (e.g. scratch-trained ones).
+CHECKPOINTS_KIND = "checkpoints"
 
 
 def statistics_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -223,8 +231,21 @@ def load_ensemble(data: dict[str, Any], where: str) -> TeacherEnsemble:
 Member = Teacher | TeacherEnsemble | ForeignTeacher
 
 
-def load_checkpoint(path: Path) -> Teacher | TeacherEnsemble:
-    """A capc teacher or ensemble checkpoint, whichever ``path`` holds."""
+def save_checkpoints(path: Path, teachers: Sequence[Teacher]) -> None:
+    """Write several teachers' checkpoints to one file (plain data, as :func:`save_teacher`)."""
+    torch.save({"kind": CHECKPOINTS_KIND, "members": [teacher_data(t) for t in teachers]}, path)
+
+
+def load_checkpoints(data: dict[str, Any], where: str) -> list[Teacher]:
+    """The teachers of a file written by :func:`save_checkpoints`."""
+    members = data.get("members")
+    if not isinstance(members, list) or not members:
+        raise ValueError(f"{where} is not a capc checkpoints file: no members")
+    return [teacher_from_data(m, f"{where} member {i}") for i, m in enumerate(members)]
+
+
+def load_checkpoint(path: Path) -> Teacher | TeacherEnsemble | list[Teacher]:
+    """A capc teacher, ensemble or file of teachers, whichever ``path`` holds."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -233,10 +254,12 @@ def load_checkpoint(path: Path) -> Teacher | TeacherEnsemble:
         raise ValueError(f"{path} is not a capc checkpoint: {err}") from err
     if isinstance(data, dict) and data.get("kind") == ENSEMBLE_KIND:
         return load_ensemble(data, str(path))
+    if isinstance(data, dict) and data.get("kind") == CHECKPOINTS_KIND:
+        return load_checkpoints(data, str(path))
     return load_teacher(path)
 
 
-def load_members(spec: str | Path, want: Interface | None = None) -> Member:
+def load_members(spec: str | Path, want: Interface | None = None) -> Member | list[Teacher]:
     """What one ``--model`` names: a capc teacher or ensemble checkpoint, an ONNX or
     TorchScript file (told apart by content), or ``pkg.mod:factory@weights.pt``.
 
@@ -284,8 +307,19 @@ class Voters:
 
     @classmethod
     def load(cls, specs: Sequence[str | Path], want: Interface | None = None) -> Voters:
-        """Every ``--model`` of a party (:func:`load_members`); ``want``: the task's interface."""
-        return cls([load_members(s, want) for s in specs], [str(s) for s in specs])
+        """Every ``--model`` of a party (:func:`load_members`; a file of several teachers
+        gives each); ``want``: the task's interface."""
+        members: list[Member] = []
+        sources: list[str] = []
+        for spec in specs:
+            loaded = load_members(spec, want)
+            if isinstance(loaded, list):
+                members += loaded
+                sources += [f"{spec} (teacher {i + 1})" for i in range(len(loaded))]
+            else:
+                members.append(loaded)
+                sources.append(str(spec))
+        return cls(members, sources)
 
     def misfit(self, party: str, want: Interface) -> str | None:
         """Why this party's teachers cannot answer ``want``'s task, or None when they can.

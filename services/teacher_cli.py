@@ -1,0 +1,186 @@
+"""``capc teacher fit``: a hospital's teachers from its own records, in one checkpoint file.
+
+Reads a folder of images in class subfolders, DICOM files with a labels
+CSV, a CSV/Parquet table or an NPZ (:mod:`capc.data.readers`), checks every
+record against the task, splits the records into N disjoint teacher parts
+and a held-out part, fits the teachers (:mod:`capc.learning.hospital`) and
+writes one file that ``capc answerer --model FILE`` loads. A bad record is
+an error naming its file and row or field (exit status 2); the output is
+written atomically, so a failure leaves no file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+#: Exit status of refused data or options.
+REFUSED = 2
+#: The shipped body (services/assets): the default for 1x28x28 image tasks.
+SHIPPED_BODY = Path(__file__).resolve().parent / "assets" / "demo-body.pt"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    teacher = sub.add_parser("teacher", help="fit a hospital's teachers").add_subparsers(
+        dest="teacher_command", required=True
+    )
+    p = teacher.add_parser(
+        "fit",
+        help="fit N teachers on disjoint parts of this hospital's records",
+        description="Images: DIET last layers on a shared pretrained body (one ensemble "
+        "checkpoint). Tables: N mlp teachers trained from scratch (one checkpoints file). "
+        "Every record is checked against the task; a bad one is named (file, row or field).",
+    )
+    p.add_argument("--task", type=Path, required=True, help="the task file (capc task init)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="a folder of class subfolders of PNG/JPEG images; a folder of DICOM files (with "
+        "--labels); a .csv or .parquet table; or an .npz with arrays x and y",
+    )
+    p.add_argument("--teachers", type=int, default=1, help="teachers (disjoint parts; default 1)")
+    p.add_argument("--out", type=Path, required=True, help="the checkpoint file to write")
+    p.add_argument(
+        "--labels",
+        type=Path,
+        help="DICOM: a CSV with a file column (paths relative to --data) and a label column",
+    )
+    p.add_argument("--file-column", default="file", help="--labels' file column (default file)")
+    p.add_argument("--label-column", default="label", help="--labels' label column (default label)")
+    p.add_argument(
+        "--label",
+        help="a table's label column (default: the task's records.label, else 'label')",
+    )
+    p.add_argument(
+        "--body",
+        type=Path,
+        help="images: the pretrained body (default: the shipped one, for 1x28x28 tasks)",
+    )
+    p.add_argument(
+        "--held-out", type=float, default=0.2, help="share held out to measure (default 0.2)"
+    )
+    p.add_argument("--epochs", type=int, default=30, help="tables: training epochs (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="split and training seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print only a JSON report on stdout")
+    p.set_defaults(handler=run)
+
+
+def _load_task(path: Path) -> Any:
+    from services.common.task import TaskConfig, TaskError, config_hash
+
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise TaskError(f"{path}: not a readable task file ({err})") from None
+    if not isinstance(config, dict):
+        raise TaskError(f"{path}: a task file is a JSON object")
+    task = TaskConfig.parse(path.stem, config, config_hash(config))
+    if task.multi_label or task.encryption is not None:
+        raise TaskError(f"{path}: capc teacher fit fits single-label, clear-query tasks")
+    return task
+
+
+def _body(args: argparse.Namespace, shape: tuple[int, ...]) -> Path:
+    if args.body is not None:
+        return Path(args.body)
+    if shape == (1, 28, 28) and SHIPPED_BODY.exists():
+        return SHIPPED_BODY
+    raise ValueError(
+        f"no shipped body takes {'x'.join(map(str, shape))} images: pretrain one "
+        "(capc diet pretrain) and pass it with --body FILE"
+    )
+
+
+def fit_teachers(args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    """Read, check, split, fit and write; the report as a dict."""
+    from capc.data.readers import read_records
+    from capc.data.schema import TableSchema
+    from capc.learning import hospital
+    from capc.models.ensemble import save_checkpoints, save_ensemble
+    from services.common.files import write_atomically
+
+    task = _load_task(args.task)
+    if args.teachers < 1:
+        raise ValueError("--teachers must be at least 1")
+    if not args.out.parent.is_dir():
+        raise ValueError(f"--out: no folder {args.out.parent}")
+    classes = task.class_names
+    table = isinstance(task.records, TableSchema) or len(task.input_shape) != 3
+    # The body first: a wrong one is refused before minutes of reading.
+    body = None if table else _body(args, task.input_shape)
+    shared = None if body is None else hospital.body_for(body, task.input_shape, task.outputs)
+    records = read_records(
+        args.data,
+        task.records,
+        task.input_shape,
+        classes,
+        label=args.label,
+        labels_csv=args.labels,
+        file_column=args.file_column,
+        label_column=args.label_column,
+    )
+    log(f"read {len(records)} records from {records.source}, all checked against {args.task.name}")
+    plan = hospital.split(records.y, args.teachers, args.held_out, args.seed)
+    card = {
+        "data": records.source,
+        "records": len(records),
+        "task": args.task.name,
+        "task_hash": task.config_hash,
+    }
+    if shared is None:
+        fitted = hospital.fit_scratch(
+            records, plan, task.outputs, card, log, epochs=args.epochs, seed=args.seed
+        )
+        members = fitted.members
+        write_atomically(args.out, lambda tmp: save_checkpoints(tmp, members))  # type: ignore[arg-type]
+    else:
+        name = body.name if body is not None else ""
+        fitted = hospital.fit_diet(records, plan, shared, name, card, log)
+        ensemble = fitted.members
+        write_atomically(args.out, lambda tmp: save_ensemble(tmp, ensemble))  # type: ignore[arg-type]
+    return {
+        "out": str(args.out),
+        "kind": "DIET last layers" if shared else "scratch mlp",
+        "data": records.source,
+        "records": len(records),
+        "held_out": fitted.held_out,
+        "teachers": [
+            {"records": n, "accuracy": None if fitted.accuracy is None else fitted.accuracy[t]}
+            for t, n in enumerate(fitted.sizes)
+        ],
+        "majority_vote_accuracy": fitted.majority,
+    }
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(f"{len(report['teachers'])} teachers ({report['kind']}) written to {report['out']}")
+    print(f"held-out records: {report['held_out']} of {report['records']}")
+    for t, row in enumerate(report["teachers"]):
+        acc = "n/a" if row["accuracy"] is None else f"{row['accuracy']:.1%}"
+        print(f"  teacher {t}: {row['records']} records, held-out accuracy {acc}")
+    if report["majority_vote_accuracy"] is not None:
+        print(f"  majority vote: held-out accuracy {report['majority_vote_accuracy']:.1%}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from capc.data.schema import SchemaError
+    from services.common.task import TaskError
+
+    def log(text: str) -> None:
+        if not args.json:
+            print(text, file=sys.stderr)
+
+    try:
+        report = fit_teachers(args, log)
+    except (SchemaError, TaskError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return REFUSED
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print(report)
+    return 0
