@@ -83,7 +83,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register ``capc demo``."""
     p = sub.add_parser("demo", help="run a local DIET-CaPC consortium end to end and report")
     p.add_argument("--dir", type=Path, default=Path("demo"), help="keys, models and databases")
-    p.add_argument("--hospitals", type=int, default=DEMO_HOSPITALS)
+    p.add_argument(
+        "--hospitals", type=int, default=DEMO_HOSPITALS, help="hospitals (default %(default)s)"
+    )
     p.add_argument(
         "--teachers", type=int, default=DEMO_TEACHERS, help="teachers each hospital hosts"
     )
@@ -100,6 +102,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--generator",
         choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"],
         default="gaussian",
+        help="synthetic query generator (default %(default)s)",
     )
     p.add_argument(
         "--body",

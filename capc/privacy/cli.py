@@ -38,7 +38,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         ("cost", "the privacy cost of a run given its vote histograms"),
     ):
         q = psub.add_parser(name, help=helptext)
-        q.add_argument("--mechanism", choices=[*MECHANISMS, LAPLACE], default="confident-gnmax")
+        q.add_argument(
+            "--mechanism",
+            choices=[*MECHANISMS, LAPLACE],
+            default="confident-gnmax",
+            help="the aggregation mechanism (default confident-gnmax)",
+        )
         q.add_argument(
             "--teachers",
             type=int,
@@ -51,11 +56,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         q.add_argument("--scale", type=float, help="Laplace noise scale")
         q.add_argument("--classes", type=int, default=10, help="number of classes K (single label)")
         q.add_argument("--labels", type=int, help="number of labels k (multi-label)")
-        q.add_argument("--delta", type=float, default=1e-5)
-        q.add_argument("--conversion", choices=[c.value for c in Conversion], default="improved")
+        q.add_argument("--delta", type=float, default=1e-5, help="target delta (default 1e-5)")
+        q.add_argument(
+            "--conversion",
+            choices=[c.value for c in Conversion],
+            default="improved",
+            help="RDP to (eps, delta) conversion (default improved)",
+        )
         q.add_argument("--json", action="store_true", help="print JSON")
         if name == "plan":
-            q.add_argument("--epsilon", type=float, required=True)
+            q.add_argument(
+                "--epsilon", type=float, required=True, help="the budget: epsilon at --delta"
+            )
             q.add_argument(
                 "--queries", type=int, help="also solve for the noise this many queries need"
             )
@@ -85,7 +97,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     a.add_argument("--teachers", type=int, required=True, help="answering parties voting")
     a.add_argument("--queries", type=int, required=True, help="queries the plan must answer")
     a.add_argument("--epsilon", type=float, required=True, help="each party's epsilon")
-    a.add_argument("--delta", type=float, default=1e-5)
+    a.add_argument("--delta", type=float, default=1e-5, help="target delta (default 1e-5)")
     a.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=run)
 

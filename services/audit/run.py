@@ -203,8 +203,10 @@ def add_parser(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r = asub.add_parser(
         "run", help="audit a local networked consortium (guardian, hospitals, student)"
     )
-    r.add_argument("--dir", type=Path, default=Path("audit-consortium"))
-    r.add_argument("--parties", type=int, default=3)
+    r.add_argument(
+        "--dir", type=Path, default=Path("audit-consortium"), help="keys, models and databases"
+    )
+    r.add_argument("--parties", type=int, default=3, help="hospitals (default %(default)s)")
     r.add_argument(
         "--hospital",
         type=int,
@@ -215,8 +217,8 @@ def add_parser(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     r.add_argument("--queries", type=int, default=200, help="held-out queries beside the canaries")
     r.add_argument("--batch", type=int, default=100, help="queries per round")
     r.add_argument("--epsilon", type=float, default=1e6, help="each hospital's epsilon cap")
-    r.add_argument("--teacher-epochs", type=int, default=8)
-    r.add_argument("--student-epochs", type=int, default=5)
+    r.add_argument("--teacher-epochs", type=int, default=8, help="training epochs per teacher")
+    r.add_argument("--student-epochs", type=int, default=5, help="training epochs of the student")
     r.add_argument("--seed", type=int, default=0, help="the auditor's canaries and query order")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument(

@@ -689,9 +689,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser("pki", help="consortium certificate authority")
     psub = p.add_subparsers(dest="pki_command", required=True)
     init = psub.add_parser("init", help="create the consortium CA and its revocation list")
-    init.add_argument("--dir", type=Path, default=Path("pki"))
-    init.add_argument("--days", type=int, default=3650)
-    init.add_argument("--force", action="store_true")
+    init.add_argument("--dir", type=Path, default=Path("pki"), help="where to write the CA")
+    init.add_argument("--days", type=int, default=3650, help="the CA's validity in days")
+    init.add_argument("--force", action="store_true", help="replace an existing CA")
     init.add_argument(
         "--dev",
         action="store_true",
@@ -699,9 +699,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     )
     init.set_defaults(handler=_cmd_init)
     iss = psub.add_parser("issue", help="issue a certificate with its role bound in it")
-    iss.add_argument("--dir", type=Path, default=Path("pki"))
-    iss.add_argument("--role", required=True, choices=ROLES)
-    iss.add_argument("--name", required=True)
+    iss.add_argument("--dir", type=Path, default=Path("pki"), help="the CA's directory")
+    iss.add_argument("--role", required=True, choices=ROLES, help="the role bound in it")
+    iss.add_argument("--name", required=True, help="the party's name (NAME.pem/.key)")
     iss.add_argument(
         "--dns",
         action="append",
@@ -721,23 +721,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action="store_true",
         help="development only: also valid for localhost and 127.0.0.1 (needs init --dev)",
     )
-    iss.add_argument("--days", type=int, default=365)
+    iss.add_argument("--days", type=int, default=365, help="validity in days")
     iss.set_defaults(handler=_cmd_issue)
     rev = psub.add_parser(
         "revoke", help="revoke a certificate: every service refuses it once crl.pem reaches it"
     )
-    rev.add_argument("--dir", type=Path, default=Path("pki"))
+    rev.add_argument("--dir", type=Path, default=Path("pki"), help="the CA's directory")
     which = rev.add_mutually_exclusive_group(required=True)
     which.add_argument("name", nargs="?", help="revoke DIR/NAME.pem")
     which.add_argument("--serial", help="revoke by serial (hexadecimal)")
-    rev.add_argument("--reason", choices=list(REASONS), default="unspecified")
+    rev.add_argument(
+        "--reason", choices=list(REASONS), default="unspecified", help="reason in the CRL"
+    )
     rev.add_argument("--days", type=int, default=365, help="days until the CRL is due for renewal")
     rev.set_defaults(handler=_cmd_revoke)
     web = psub.add_parser(
         "issue-https",
         help="issue the gateway's HTTPS certificate (NAME-https.pem/.key) for its hosts",
     )
-    web.add_argument("--dir", type=Path, default=Path("pki"))
+    web.add_argument("--dir", type=Path, default=Path("pki"), help="the CA's directory")
     web.add_argument("--name", default="gateway", help="the gateway's --name")
     web.add_argument(
         "--host",
@@ -748,7 +750,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     web.add_argument(
         "--dev", action="store_true", help="a development certificate: allows localhost names"
     )
-    web.add_argument("--days", type=int, default=365)
+    web.add_argument("--days", type=int, default=365, help="validity in days")
     web.set_defaults(handler=_cmd_issue_https)
 
 

@@ -65,18 +65,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     token = gsub.add_parser("token", help="create, list or revoke bearer tokens")
     tsub = token.add_subparsers(dest="token_command", required=True)
     create = tsub.add_parser("create", help="create a token; it is printed once")
-    create.add_argument("--role", required=True, choices=[r.value for r in Role])
+    create.add_argument(
+        "--role", required=True, choices=[r.value for r in Role], help="what the token may do"
+    )
     create.add_argument("--name", default="", help="who holds it (appears in the audit log)")
     create.add_argument("--days", type=float, default=90.0, help="days until it expires")
-    create.add_argument("--db", default=DEFAULT_DB)
+    create.add_argument("--db", default=DEFAULT_DB, help="the token database")
     create.add_argument("--json", action="store_true", help="print JSON")
     create.set_defaults(handler=run_token_create)
     lst = tsub.add_parser("list", help="list tokens (never their secrets)")
-    lst.add_argument("--db", default=DEFAULT_DB)
+    lst.add_argument("--db", default=DEFAULT_DB, help="the token database")
     lst.set_defaults(handler=run_token_list)
     revoke = tsub.add_parser("revoke", help="revoke a token by id")
-    revoke.add_argument("id")
-    revoke.add_argument("--db", default=DEFAULT_DB)
+    revoke.add_argument("id", help="the token's id (token list shows it)")
+    revoke.add_argument("--db", default=DEFAULT_DB, help="the token database")
     revoke.set_defaults(handler=run_token_revoke)
 
 

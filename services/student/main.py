@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--task-name", default=None, help="task name (default: the file's stem)")
     p.add_argument("--db", default="student.db", help="SQLite path or URL, or postgresql://...")
     p.add_argument("--listen", default="127.0.0.1:50061", help="host:port of the jobs API")
-    p.add_argument("--name", default="student")
+    p.add_argument("--name", default="student", help="this party's name (its certificate NAME.pem)")
     p.add_argument(
         "--test-data",
         type=Path,
