@@ -24,6 +24,7 @@ every hospital at its cap, whatever the votes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,8 @@ DEMO_TEACHERS = 50
 DEMO_BATCH = 512
 #: Held-out real images the student is tested on.
 DEMO_TEST = 1000
+#: The results a finished demo leaves in its directory (what --json prints).
+RESULT = "result.json"
 ASSETS = Path(__file__).resolve().parent / "assets"
 #: The shipped body and its record (the command that made it, its digests).
 SHIPPED_BODY = ASSETS / "demo-body.pt"
@@ -82,7 +86,12 @@ BROWSER_FLAGS = (
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``capc demo``."""
     p = sub.add_parser("demo", help="run a local DIET-CaPC consortium end to end and report")
-    p.add_argument("--dir", type=Path, default=Path("demo"), help="keys, models and databases")
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path("demo"),
+        help="keys, models, databases and results (a directory the demo ran in is not rerun)",
+    )
     p.add_argument(
         "--hospitals", type=int, default=DEMO_HOSPITALS, help="hospitals (default %(default)s)"
     )
@@ -268,11 +277,62 @@ def _check(args: argparse.Namespace) -> None:
         raise SystemExit("capc demo: --queries must be at least 1")
 
 
+def already_ran(directory: Path) -> str | None:
+    """One line saying the demo in ``directory`` already ran, where its results are and how
+    to start afresh; None if it has not run there."""
+    result = directory / RESULT
+    if not result.exists():
+        return None
+    return (
+        f"capc demo: the demo in {directory} already ran (each hospital's budget is spent); "
+        f"its results are in {result} and {directory / 'student.pt'}; to start afresh run "
+        f"`make demo DIR=NEW_DIR` (capc demo --dir NEW_DIR) or remove {directory}"
+    )
+
+
+@contextlib.contextmanager
+def stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """While ``enabled``, everything written to stdout (this process's and the processes it
+    starts) goes to stderr, so that stdout keeps only what is printed afterwards."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def run(args: argparse.Namespace) -> int:
-    """The demo; returns 0 once it has reported (and, with --serve, been stopped)."""
+    """The demo; returns 0 once it has reported (and, with --serve, been stopped).
+
+    A directory the demo already ran in is not run again (its hospitals' budgets are
+    spent): one line says so. With --json, stdout holds only the JSON object."""
     _check(args)
-    steps = Steps(6)
     directory: Path = args.dir.resolve()
+    done = already_ran(directory)
+    if done is not None:
+        print(done, file=sys.stderr if args.json else sys.stdout, flush=True)
+        if args.json:
+            print((directory / RESULT).read_text().strip(), flush=True)
+        return 0
+    with stdout_to_stderr(args.json):
+        result = _demo(args, directory)
+    (directory / RESULT).write_text(json.dumps(result, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(result, sort_keys=True), flush=True)
+    return 0
+
+
+def _demo(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    """Start the consortium in ``directory``, label, train, report; the results."""
+    steps = Steps(6)
     directory.mkdir(parents=True, exist_ok=True)
     body = _body(args, directory, steps)
     total = args.hospitals * args.teachers
@@ -306,9 +366,7 @@ def run(args: argparse.Namespace) -> int:
             stop.wait()
     finally:
         consortium.stop()
-    if args.json:
-        print(json.dumps(result, sort_keys=True), flush=True)
-    return 0
+    return result
 
 
 def _label_and_train(
@@ -331,9 +389,11 @@ def _label_and_train(
     if args.queries is not None:
         queries = min(queries, args.queries)
     if queries < 1:
-        raise RuntimeError(
-            f"the hospitals' caps cover {covered} more queries, not a round of {DEMO_BATCH}; "
-            "start the demo in a fresh --dir or raise --epsilon"
+        raise SystemExit(
+            f"capc demo: the hospitals' caps in {directory} cover {covered} more queries, not a "
+            f"round of {DEMO_BATCH} (an earlier demo spent them); to start afresh run "
+            f"`make demo DIR=NEW_DIR` (capc demo --dir NEW_DIR), remove {directory}, or raise "
+            "--epsilon"
         )
     batch = min(DEMO_BATCH, queries)
     steps(
