@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from capc.models import load_teacher
 from services.common import pki, tls
 from services.common.cli_args import add_tls_args, setup_logging
+from services.common.limits import MAX_REFERENCE_RECORDS
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
@@ -50,17 +51,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--reference-data",
         type=Path,
         default=None,
-        help="unlabelled records (.npz with x, or .npy; 16 to 1024) drawn as deployed inputs are: "
-        "a pretrained student stores their statistics so each prediction depends on its record "
-        "alone (default: the inputs of --test-data)",
+        help="needed with --body: unlabelled real records (.npz with x, or .npy; 16 to 1024, "
+        "256 advised) drawn as deployed inputs are; a pretrained student stores their "
+        "statistics so each prediction depends on its record alone (with --own-data, default: "
+        "a batch of those records; never the test set)",
     )
     p.add_argument(
         "--own-data",
         type=Path,
         default=None,
-        help="the querier's own labelled records (.npz with x and y): a hospital that queries "
-        "the consortium (the CaPC loop) fits its pretrained student on them plus the labels "
-        "its jobs bring back; a model of no jobs is fitted on them alone",
+        help="the querier's own labelled records (.npz with x and y; needs --body): a hospital "
+        "that queries the consortium (the CaPC loop) fits its pretrained student on them plus "
+        "the labels its jobs bring back; a model of no jobs is fitted on them alone",
     )
     p.add_argument(
         "--exclude",
@@ -105,8 +107,34 @@ def serve_jobs(
     return server, port
 
 
+def data_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the data options (a missing reference batch, --own-data without
+    --body), or None: checked before anything is loaded or started."""
+    if args.own_data is not None and args.body is None:
+        return (
+            "--own-data needs --body FILE: the querier's own records fit the last layer of a "
+            "pretrained student (capc diet pretrain makes the body); a student trained from "
+            "scratch learns from its jobs' labels alone"
+        )
+    if args.body is not None and args.reference_data is None and args.own_data is None:
+        return (
+            "--body needs --reference-data FILE: a pretrained student reads each record "
+            "through the statistics of a reference batch, 256 real unlabelled records (16 to "
+            f"{MAX_REFERENCE_RECORDS}) drawn as the inputs it will be asked about are, saved as "
+            "an .npz with x (or an .npy); take them from the same source as those inputs, "
+            "never from the labelled test set (capc up and capc demo write "
+            "DIR/student-reference.npz)"
+        )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    """Serve the student party until SIGTERM or SIGINT; 2 on a bad option or file."""
     setup_logging()
+    problem = data_error(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         config = json.loads(args.task.read_text())
         task = TaskConfig.parse(args.task_name or args.task.stem, config, config_hash(config))
