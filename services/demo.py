@@ -24,7 +24,6 @@ every hospital at its cap, whatever the votes.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -35,13 +34,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from capc.cli_output import stdout_to_stderr
 from capc.data.generators import Recipe
 from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
@@ -288,25 +287,6 @@ def already_ran(directory: Path) -> str | None:
         f"its results are in {result} and {directory / 'student.pt'}; to start afresh run "
         f"`make demo DIR=NEW_DIR` (capc demo --dir NEW_DIR) or remove {directory}"
     )
-
-
-@contextlib.contextmanager
-def stdout_to_stderr(enabled: bool) -> Iterator[None]:
-    """While ``enabled``, everything written to stdout (this process's and the processes it
-    starts) goes to stderr, so that stdout keeps only what is printed afterwards."""
-    if not enabled:
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def run(args: argparse.Namespace) -> int:

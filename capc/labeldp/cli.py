@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from capc.cli_output import stdout_to_stderr
 from capc.labeldp import pipeline
 from capc.labeldp.pipeline import BodyConfig, DataConfig, PateFmSettings
 from capc.learning.fixmatch import FixMatchConfig
@@ -181,7 +182,8 @@ def run_cli(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else print
     try:
-        row = run_method(args, log)
+        with stdout_to_stderr(args.json):
+            row = run_method(args, log)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from capc.cli_output import stdout_to_stderr
 from capc.data.generators import GENERATORS
 from capc.learning.diet import (
     DATASETS,
@@ -332,7 +333,8 @@ def run_experiment(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else print
-    result = run(config, args.cache, log)
+    with stdout_to_stderr(args.json):
+        result = run(config, args.cache, log)
     text = json.dumps(result, indent=2, default=float)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -251,6 +251,7 @@ def cmd_privacy_audits(client: Client, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The full ``capcctl`` argument parser (also read by tests/unit/test_docs_commands.py)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--url",
@@ -391,11 +392,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _fail(args: argparse.Namespace, message: str, status: int | None, code: int) -> int:
+    """Report a failure on stderr (and, with --json, as a JSON object on stdout)."""
+    if args.json:
+        print(json.dumps({"error": message, "status": status}, sort_keys=True))
+    print(f"capcctl: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the command against the gateway; with --json, stdout holds
+    exactly one JSON value, an ``{"error": ..., "status": ...}`` object on failure."""
     args = build_parser().parse_args(argv)
     if not args.token:
-        print("capcctl: no token; pass --token or set CAPC_TOKEN", file=sys.stderr)
-        return 2
+        return _fail(args, "no token; pass --token or set CAPC_TOKEN", None, 2)
     try:
         with Client(args.url, args.token, ca=args.ca) as client:
             return int(args.run(client, args))
@@ -404,6 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"error": err.detail, "status": err.status}))
         print(f"capcctl: {err}", file=sys.stderr)
         return 1
+    except SystemExit as err:
+        if not isinstance(err.code, str):
+            raise
+        return _fail(args, err.code.removeprefix("capcctl: "), None, 2)
 
 
 if __name__ == "__main__":

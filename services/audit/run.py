@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 from torch.nn import functional
 
 from capc.audit import canaries as canary_audit
+from capc.cli_output import stdout_to_stderr
 from capc.models import load_teacher
 from capc.models.inference import logits
 from services.common import protocol, tls
@@ -245,6 +247,19 @@ def run(args: argparse.Namespace) -> int:
         canaries=CanarySpec(hospitals, args.canaries, args.seed),
         log=say,
     )
+    with stdout_to_stderr(args.json) as emit:
+        return _audit_and_report(args, c, hospitals, say, emit)
+
+
+def _audit_and_report(
+    args: argparse.Namespace,
+    c: LocalConsortium,
+    hospitals: tuple[int, ...],
+    say: Callable[[str], None],
+    emit: Callable[[str], None],
+) -> int:
+    """Start ``c``, audit ``hospitals``, report through ``emit`` (stdout), then serve when
+    asked; progress goes through ``say``."""
     stop = threading.Event()
     with c:
         c.start_student()
@@ -259,11 +274,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 1
         if args.json:
-            print(json.dumps(result, indent=2), flush=True)
+            emit(json.dumps(result, indent=2))
         else:
             for a in result["audits"]:
                 upper = "inf" if a["empirical_upper"] is None else f"{a['empirical_upper']:.2f}"
-                print(
+                emit(
                     f"{a['party']}: claimed epsilon {a['claimed_epsilon']:.4g} (ledger, delta "
                     f"{a['delta']:g}); empirical >= {a['empirical_lower']:.3f} (95% CI "
                     f"{a['empirical_lower']:.2f}-{upper}) from {a['correct']} right of "
@@ -273,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         if args.serve:
             c.start_gateway()
             token = c.token("admin", "auditor")
-            print(f"dashboard: {c.gateway_url}/dashboard#token={token}", flush=True)
+            say(f"dashboard: {c.gateway_url}/dashboard#token={token}")
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
             stop.wait()
