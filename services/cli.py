@@ -5,6 +5,10 @@ may import torch, gRPC or TenSEAL) is imported only when that subcommand is name
 ``capc --help`` and a mistyped subcommand answer at once. Adding a subcommand is one
 line in :data:`COMMANDS`: its name, the module whose ``add_parser(sub)`` registers it,
 and the one-line help ``capc --help`` shows (the same text as that ``add_parser``'s).
+
+So that ``capc NAME --help`` answers at once too, that module should import only the
+standard library, its handler given as ``lazy("services.x.main", "run")``
+(:func:`services.common.cli_args.lazy`): see ``services/guardian/args.py``.
 """
 
 from __future__ import annotations
@@ -35,15 +39,15 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("demo", "services.demo", "run a local DIET-CaPC consortium end to end and report"),
     Command("pki", "services.common.pki", "consortium certificate authority"),
-    Command("guardian", "services.guardian.main", "run the privacy guardian hub"),
-    Command("answerer", "services.answerer.main", "run a hospital's answering party"),
+    Command("guardian", "services.guardian.args", "run the privacy guardian hub"),
+    Command("answerer", "services.answerer.args", "run a hospital's answering party"),
     Command(
         "up", "services.local", "run a local consortium (guardian + N hospitals) until interrupted"
     ),
     Command("student", "services.student.main", "run the student party (jobs API for the gateway)"),
     Command("gateway", "services.gateway.main", "the REST gateway and its tokens"),
     Command(
-        "health", "services.common.health", "container healthcheck (gRPC, status file or HTTP)"
+        "health", "services.common.health_args", "container healthcheck (gRPC, status file or HTTP)"
     ),
     Command(
         "audit",

@@ -11,74 +11,13 @@ import time
 from pathlib import Path
 
 from capc.models.ensemble import Voters
-from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty
 from services.common import pki, tls
-from services.common.cli_args import add_tls_args, setup_logging
+from services.common.cli_args import setup_logging
 from services.common.ledger import Ledger, LedgerError
 
 STATUS_EVERY_S = 5.0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("answerer", help="run a hospital's answering party")
-    p.add_argument(
-        "--model",
-        type=Path,
-        required=True,
-        action="append",
-        help="a teacher checkpoint (capc.models.save_teacher) or an ensemble of teachers "
-        "(capc.models.ensemble.save_ensemble); repeat it to vote with several: the party "
-        "sends the sum of all its teachers' votes",
-    )
-    p.add_argument("--guardian", required=True, help="guardian address host:port")
-    p.add_argument(
-        "--name",
-        required=True,
-        action="append",
-        help="this party's certificate name; repeat it to run several parties in one "
-        "process with the same model, each with its own certificate and stream (load tests)",
-    )
-    p.add_argument(
-        "--epsilon-cap",
-        type=float,
-        required=True,
-        metavar="EPS",
-        help="this hospital's own privacy budget (epsilon at the ledger's delta): it stops "
-        "voting there, whatever the guardian says, and the guardian never holds a larger cap "
-        "for it. A changed value is audited in the hospital's ledger",
-    )
-    p.add_argument(
-        "--ledger",
-        default=None,
-        help="this hospital's own ledger: SQLite path or URL, or postgresql://... "
-        "(default: NAME-ledger.db); {name} in it stands for the party's name",
-    )
-    p.add_argument(
-        "--accountant",
-        choices=list(ACCOUNTANTS),
-        help=f"the ledger's accountant, fixed at creation (default {DEFAULT_ACCOUNTANT}); it "
-        "must be the guardian's, or this party refuses to vote",
-    )
-    p.add_argument(
-        "--delta", type=float, default=1e-5, help="delta the ledger accounts at (the guardian's)"
-    )
-    p.add_argument(
-        "--guardian-audit-key",
-        default=None,
-        metavar="HEX",
-        help="the guardian's audit signing key (Ed25519 public key, hex); by default it is "
-        "pinned on first contact, and a different key later is refused",
-    )
-    p.add_argument(
-        "--status-file",
-        type=Path,
-        default=None,
-        help="kept fresh while connected to the guardian (for `capc health --file`)",
-    )
-    add_tls_args(p)
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
