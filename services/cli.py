@@ -44,8 +44,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "up", "services.local", "run a local consortium (guardian + N hospitals) until interrupted"
     ),
-    Command("student", "services.student.main", "run the student party (jobs API for the gateway)"),
-    Command("gateway", "services.gateway.main", "the REST gateway and its tokens"),
+    Command("student", "services.student.args", "run the student party (jobs API for the gateway)"),
+    Command("gateway", "services.gateway.args", "the REST gateway and its tokens"),
     Command(
         "health", "services.common.health_args", "container healthcheck (gRPC, status file or HTTP)"
     ),
