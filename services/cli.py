@@ -37,8 +37,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "labeldp", "capc.labeldp.cli", "label-DP training (ALIBI, randomized response, PATE-FM)"
     ),
-    Command("demo", "services.demo", "run a local DIET-CaPC consortium end to end and report"),
-    Command("pki", "services.common.pki", "consortium certificate authority"),
+    Command("demo", "services.demo_args", "run a local DIET-CaPC consortium end to end and report"),
+    Command("pki", "services.common.pki_args", "consortium certificate authority"),
     Command("guardian", "services.guardian.args", "run the privacy guardian hub"),
     Command("answerer", "services.answerer.args", "run a hospital's answering party"),
     Command(

@@ -200,35 +200,6 @@ def audit_consortium(
     }
 
 
-def add_parser(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``audit run``."""
-    r = asub.add_parser(
-        "run", help="audit a local networked consortium (guardian, hospitals, student)"
-    )
-    r.add_argument(
-        "--dir", type=Path, default=Path("audit-consortium"), help="keys, models and databases"
-    )
-    r.add_argument("--parties", type=int, default=3, help="hospitals (default %(default)s)")
-    r.add_argument(
-        "--hospital",
-        type=int,
-        action="append",
-        help="index of a hospital whose data gets canaries (repeatable; default 0)",
-    )
-    r.add_argument("--canaries", type=int, default=100, help="canaries per audited hospital")
-    r.add_argument("--queries", type=int, default=200, help="held-out queries beside the canaries")
-    r.add_argument("--batch", type=int, default=100, help="queries per round")
-    r.add_argument("--epsilon", type=float, default=1e6, help="each hospital's epsilon cap")
-    r.add_argument("--teacher-epochs", type=int, default=8, help="training epochs per teacher")
-    r.add_argument("--student-epochs", type=int, default=5, help="training epochs of the student")
-    r.add_argument("--seed", type=int, default=0, help="the auditor's canaries and query order")
-    r.add_argument("--json", action="store_true", help="print one JSON object")
-    r.add_argument(
-        "--serve", action="store_true", help="then start the gateway and stay up (Ctrl-C stops)"
-    )
-    r.set_defaults(handler=run)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the audit the arguments describe; print its results."""
     hospitals = tuple(sorted(set(args.hospital or [0])))

@@ -92,8 +92,8 @@ def test_every_option_has_help(name: str, parser: argparse.ArgumentParser) -> No
 
 #: Subcommands whose options are registered by a module of the standard library alone
 #: (services/*/args.py): their --help imports nothing heavy. The rest import their own
-#: module only (privacy, diet, labeldp, demo, pki, up and audit still import theirs).
-LIGHT = ("guardian", "answerer", "health", "gateway", "student")
+#: module only (privacy, diet, labeldp and up still import theirs).
+LIGHT = ("guardian", "answerer", "health", "gateway", "student", "pki", "audit", "demo")
 
 
 @pytest.mark.parametrize("name", LIGHT)
@@ -105,7 +105,7 @@ def test_light_subcommand_help_imports_nothing_heavy(name: str) -> None:
 
 def test_light_registrations_agree_with_the_modules() -> None:
     from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
-    from services.common import cli_args, limits, pki
+    from services.common import cli_args, limits, pki, pki_args
     from services.gateway import args as gateway_args
     from services.gateway.tokens import Role
     from services.guardian import args as guardian_args
@@ -113,6 +113,7 @@ def test_light_registrations_agree_with_the_modules() -> None:
     assert cli_args.ACCOUNTANT_NAMES == tuple(ACCOUNTANTS)
     assert cli_args.DEFAULT_ACCOUNTANT_NAME == DEFAULT_ACCOUNTANT
     assert cli_args.ROLE_NAMES == pki.ROLES
+    assert pki_args.REVOKE_REASONS == tuple(pki.REASONS)
     assert guardian_args.ROUND_TIMEOUT_S == limits.ROUND_TIMEOUT_S
     assert gateway_args.TOKEN_ROLES == tuple(r.value for r in Role)
     assert gateway_args.MAX_UPLOAD_BYTES == limits.MAX_UPLOAD_BYTES
