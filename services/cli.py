@@ -31,7 +31,7 @@ class Command(NamedTuple):
 #: Every ``capc`` subcommand, in ``capc --help``'s order.
 COMMANDS: tuple[Command, ...] = (
     Command(
-        "privacy", "capc.privacy.cli", "plan queries and report privacy cost (no services needed)"
+        "privacy", "capc.privacy.args", "plan queries and report privacy cost (no services needed)"
     ),
     Command("diet", "capc.learning.cli", "data-free learning: pretraining and the DIET experiment"),
     Command(

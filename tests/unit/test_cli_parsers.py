@@ -92,8 +92,18 @@ def test_every_option_has_help(name: str, parser: argparse.ArgumentParser) -> No
 
 #: Subcommands whose options are registered by a module of the standard library alone
 #: (services/*/args.py): their --help imports nothing heavy. The rest import their own
-#: module only (privacy, diet, labeldp and up still import theirs).
-LIGHT = ("guardian", "answerer", "health", "gateway", "student", "pki", "audit", "demo")
+#: module only (diet, labeldp and up still import theirs).
+LIGHT = (
+    "privacy",
+    "guardian",
+    "answerer",
+    "health",
+    "gateway",
+    "student",
+    "pki",
+    "audit",
+    "demo",
+)
 
 
 @pytest.mark.parametrize("name", LIGHT)
@@ -104,13 +114,18 @@ def test_light_subcommand_help_imports_nothing_heavy(name: str) -> None:
 
 
 def test_light_registrations_agree_with_the_modules() -> None:
+    from capc.mechanisms import MECHANISMS
+    from capc.privacy import args as privacy_args
     from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
+    from capc.privacy.conversion import Conversion
     from services.common import cli_args, limits, pki, pki_args
     from services.gateway import args as gateway_args
     from services.gateway.tokens import Role
     from services.guardian import args as guardian_args
 
     assert cli_args.ACCOUNTANT_NAMES == tuple(ACCOUNTANTS)
+    assert privacy_args.MECHANISM_NAMES == tuple(MECHANISMS)
+    assert privacy_args.CONVERSIONS == tuple(c.value for c in Conversion)
     assert cli_args.DEFAULT_ACCOUNTANT_NAME == DEFAULT_ACCOUNTANT
     assert cli_args.ROLE_NAMES == pki.ROLES
     assert pki_args.REVOKE_REASONS == tuple(pki.REASONS)
