@@ -123,14 +123,14 @@ def test_light_registrations_agree_with_the_modules() -> None:
     from services.gateway.tokens import Role
     from services.guardian import args as guardian_args
 
-    assert cli_args.ACCOUNTANT_NAMES == tuple(ACCOUNTANTS)
-    assert privacy_args.MECHANISM_NAMES == tuple(MECHANISMS)
-    assert privacy_args.CONVERSIONS == tuple(c.value for c in Conversion)
+    assert tuple(ACCOUNTANTS) == cli_args.ACCOUNTANT_NAMES
+    assert tuple(MECHANISMS) == privacy_args.MECHANISM_NAMES
+    assert tuple(c.value for c in Conversion) == privacy_args.CONVERSIONS
     assert cli_args.DEFAULT_ACCOUNTANT_NAME == DEFAULT_ACCOUNTANT
     assert cli_args.ROLE_NAMES == pki.ROLES
-    assert pki_args.REVOKE_REASONS == tuple(pki.REASONS)
+    assert tuple(pki.REASONS) == pki_args.REVOKE_REASONS
     assert guardian_args.ROUND_TIMEOUT_S == limits.ROUND_TIMEOUT_S
-    assert gateway_args.TOKEN_ROLES == tuple(r.value for r in Role)
+    assert tuple(r.value for r in Role) == gateway_args.TOKEN_ROLES
     assert gateway_args.MAX_UPLOAD_BYTES == limits.MAX_UPLOAD_BYTES
     assert gateway_args.GATEWAY_REQUESTS_PER_MINUTE == limits.GATEWAY_REQUESTS_PER_MINUTE
 
