@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt animal-mnist==0.4
 	@touch $(STAMP)
 
+# DIR: where the demo keeps its consortium and results (a second run there says so).
+DIR ?= demo
+
 demo: $(STAMP)
-	$(VENV)/bin/capc demo
+	$(VENV)/bin/capc demo --dir $(DIR)
 
 # The demo's shipped body, remade by the project's own pretraining on synthetic images
 # (about 25 minutes on a quiet 2-core machine), in bounded parts: each pauses after 9

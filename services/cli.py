@@ -1,49 +1,100 @@
-"""The ``capc`` command: one entry point, one subcommand per role or tool."""
+"""The ``capc`` command: one entry point, one subcommand per role or tool.
+
+Subcommands are registered by name in :data:`COMMANDS`; a subcommand's module (which
+may import torch, gRPC or TenSEAL) is imported only when that subcommand is named, so
+``capc --help`` and a mistyped subcommand answer at once. Adding a subcommand is one
+line in :data:`COMMANDS`: its name, the module whose ``add_parser(sub)`` registers it,
+and the one-line help ``capc --help`` shows (the same text as that ``add_parser``'s).
+
+So that ``capc NAME --help`` answers at once too, that module should import only the
+standard library, its handler given as ``lazy("services.x.main", "run")``
+(:func:`services.common.cli_args.lazy`): see ``services/guardian/args.py``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
-
-from capc.labeldp import cli as labeldp_cli
-from capc.learning import cli as diet_cli
-from capc.privacy import cli as privacy_cli
-from services import demo, local, task_cli, teacher_cli
-from services.answerer import main as answerer_main
-from services.audit import cli as audit_cli
-from services.common import health, pki
-from services.gateway import main as gateway_main
-from services.guardian import main as guardian_main
-from services.student import main as student_main
+from typing import NamedTuple
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full ``capc`` argument parser."""
+class Command(NamedTuple):
+    """One ``capc`` subcommand: its name, the module registering it, its one-line help."""
+
+    name: str
+    module: str
+    help: str
+
+
+#: Every ``capc`` subcommand, in ``capc --help``'s order.
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "privacy", "capc.privacy.args", "plan queries and report privacy cost (no services needed)"
+    ),
+    Command("diet", "capc.learning.cli", "data-free learning: pretraining and the DIET experiment"),
+    Command(
+        "labeldp", "capc.labeldp.cli", "label-DP training (ALIBI, randomized response, PATE-FM)"
+    ),
+    Command("demo", "services.demo_args", "run a local DIET-CaPC consortium end to end and report"),
+    Command("pki", "services.common.pki_args", "consortium certificate authority"),
+    Command("guardian", "services.guardian.args", "run the privacy guardian hub"),
+    Command("answerer", "services.answerer.args", "run a hospital's answering party"),
+    Command(
+        "up", "services.local", "run a local consortium (guardian + N hospitals) until interrupted"
+    ),
+    Command("student", "services.student.args", "run the student party (jobs API for the gateway)"),
+    Command("gateway", "services.gateway.args", "the REST gateway and its tokens"),
+    Command(
+        "health", "services.common.health_args", "container healthcheck (gRPC, status file or HTTP)"
+    ),
+    Command("task", "services.task_cli", "write task files"),
+    Command("teacher", "services.teacher_cli", "fit a hospital's teachers"),
+    Command(
+        "audit",
+        "services.audit.cli",
+        "check the consortium's audit logs; empirical privacy audits (canaries)",
+    ),
+)
+
+
+def _register(sub: argparse._SubParsersAction[argparse.ArgumentParser], command: Command) -> None:
+    """Register ``command`` fully: import its module and call its ``add_parser``."""
+    importlib.import_module(command.module).add_parser(sub)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``capc`` argument parser.
+
+    With ``only`` None every subcommand is registered fully (every module imported);
+    otherwise only the subcommand named ``only`` is, and the others by name and help
+    alone, so building it imports no other subcommand's module."""
     parser = argparse.ArgumentParser(
         prog="capc", description="Confidential and private collaborative learning"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    privacy_cli.add_parser(sub)
-    diet_cli.add_parser(sub)
-    labeldp_cli.add_parser(sub)
-    demo.add_parser(sub)
-    pki.add_parser(sub)
-    guardian_main.add_parser(sub)
-    answerer_main.add_parser(sub)
-    local.add_parser(sub)
-    student_main.add_parser(sub)
-    gateway_main.add_parser(sub)
-    health.add_parser(sub)
-    audit_cli.add_parser(sub)
-    task_cli.add_parser(sub)
-    teacher_cli.add_parser(sub)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        if only is None or command.name == only:
+            _register(sub, command)
+        else:
+            sub.add_parser(command.name, help=command.help, add_help=False)
     return parser
+
+
+def chosen(argv: Sequence[str]) -> str:
+    """The subcommand ``argv`` names (its first word not an option), or "" if none."""
+    names = {c.name for c in COMMANDS}
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in names else ""
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand."""
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(only=chosen(words)).parse_args(words)
     return int(args.handler(args))
 
 

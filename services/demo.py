@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from capc.cli_output import stdout_to_stderr
 from capc.data.generators import Recipe
 from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
@@ -47,19 +48,18 @@ from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
 from capc.privacy.mechanisms.single_label import vote_histogram
 from services import tasks
+from services.demo_args import DEMO_CAP as DEMO_CAP
 from services.local import LocalConsortium
 
 #: GNMax for 250 teachers; other consortium sizes keep sigma at the same share of the vote.
 DEMO_TASK: dict[str, Any] = tasks.load("demo")
 DEMO_VOTERS = 250
-#: Each hospital's cap (epsilon at the ledger's delta, 1e-5).
-DEMO_CAP = 10.0
-DEMO_HOSPITALS = 5
-DEMO_TEACHERS = 50
 #: Queries per round: each round's queries are read with their own statistics.
 DEMO_BATCH = 512
 #: Held-out real images the student is tested on.
 DEMO_TEST = 1000
+#: The results a finished demo leaves in its directory (what --json prints).
+RESULT = "result.json"
 ASSETS = Path(__file__).resolve().parent / "assets"
 #: The shipped body and its record (the command that made it, its digests).
 SHIPPED_BODY = ASSETS / "demo-body.pt"
@@ -77,52 +77,6 @@ BROWSER_FLAGS = (
     "--disable-component-update",
     "--disable-sync",
 )
-
-
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``capc demo``."""
-    p = sub.add_parser("demo", help="run a local DIET-CaPC consortium end to end and report")
-    p.add_argument("--dir", type=Path, default=Path("demo"), help="keys, models and databases")
-    p.add_argument("--hospitals", type=int, default=DEMO_HOSPITALS)
-    p.add_argument(
-        "--teachers", type=int, default=DEMO_TEACHERS, help="teachers each hospital hosts"
-    )
-    p.add_argument(
-        "--epsilon", type=float, default=DEMO_CAP, help="each hospital's cap (delta 1e-5)"
-    )
-    p.add_argument(
-        "--queries",
-        type=int,
-        default=None,
-        help="queries to label (default: as many rounds as every hospital's cap covers)",
-    )
-    p.add_argument(
-        "--generator",
-        choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"],
-        default="gaussian",
-    )
-    p.add_argument(
-        "--body",
-        type=Path,
-        default=None,
-        help=f"a pretrained body (capc diet pretrain); default the shipped {SHIPPED_BODY.name}",
-    )
-    p.add_argument(
-        "--pretrain-steps",
-        type=int,
-        default=None,
-        help="pretrain a small body here for this many SimCLR steps instead of using the "
-        "shipped one",
-    )
-    p.add_argument(
-        "--json", action="store_true", help="end with one JSON object of the results on stdout"
-    )
-    serve = p.add_mutually_exclusive_group()
-    serve.add_argument(
-        "--serve", action="store_true", help="keep the consortium up afterwards (Ctrl-C stops)"
-    )
-    serve.add_argument("--no-serve", action="store_true", help="stop as soon as it has reported")
-    p.set_defaults(handler=run)
 
 
 class Steps:
@@ -265,11 +219,43 @@ def _check(args: argparse.Namespace) -> None:
         raise SystemExit("capc demo: --queries must be at least 1")
 
 
+def already_ran(directory: Path) -> str | None:
+    """One line saying the demo in ``directory`` already ran, where its results are and how
+    to start afresh; None if it has not run there."""
+    result = directory / RESULT
+    if not result.exists():
+        return None
+    return (
+        f"capc demo: the demo in {directory} already ran (each hospital's budget is spent); "
+        f"its results are in {result} and {directory / 'student.pt'}; to start afresh run "
+        f"`make demo DIR=NEW_DIR` (capc demo --dir NEW_DIR) or remove {directory}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
-    """The demo; returns 0 once it has reported (and, with --serve, been stopped)."""
+    """The demo; returns 0 once it has reported (and, with --serve, been stopped).
+
+    A directory the demo already ran in is not run again (its hospitals' budgets are
+    spent): one line says so. With --json, stdout holds only the JSON object."""
     _check(args)
-    steps = Steps(6)
     directory: Path = args.dir.resolve()
+    done = already_ran(directory)
+    if done is not None:
+        print(done, file=sys.stderr if args.json else sys.stdout, flush=True)
+        if args.json:
+            print((directory / RESULT).read_text().strip(), flush=True)
+        return 0
+    with stdout_to_stderr(args.json):
+        result = _demo(args, directory)
+    (directory / RESULT).write_text(json.dumps(result, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(result, sort_keys=True), flush=True)
+    return 0
+
+
+def _demo(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+    """Start the consortium in ``directory``, label, train, report; the results."""
+    steps = Steps(6)
     directory.mkdir(parents=True, exist_ok=True)
     body = _body(args, directory, steps)
     total = args.hospitals * args.teachers
@@ -303,9 +289,7 @@ def run(args: argparse.Namespace) -> int:
             stop.wait()
     finally:
         consortium.stop()
-    if args.json:
-        print(json.dumps(result, sort_keys=True), flush=True)
-    return 0
+    return result
 
 
 def _label_and_train(
@@ -328,9 +312,11 @@ def _label_and_train(
     if args.queries is not None:
         queries = min(queries, args.queries)
     if queries < 1:
-        raise RuntimeError(
-            f"the hospitals' caps cover {covered} more queries, not a round of {DEMO_BATCH}; "
-            "start the demo in a fresh --dir or raise --epsilon"
+        raise SystemExit(
+            f"capc demo: the hospitals' caps in {directory} cover {covered} more queries, not a "
+            f"round of {DEMO_BATCH} (an earlier demo spent them); to start afresh run "
+            f"`make demo DIR=NEW_DIR` (capc demo --dir NEW_DIR), remove {directory}, or raise "
+            "--epsilon"
         )
     batch = min(DEMO_BATCH, queries)
     steps(

@@ -667,8 +667,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p = sub.add_parser(
         "up", help="run a local consortium (guardian + N hospitals) until interrupted"
     )
-    p.add_argument("--parties", type=int, default=5)
-    p.add_argument("--dir", type=Path, default=Path("consortium"))
+    p.add_argument("--parties", type=int, default=5, help="hospitals (default %(default)s)")
+    p.add_argument(
+        "--dir", type=Path, default=Path("consortium"), help="keys, models and databases"
+    )
     p.add_argument("--epsilon", type=float, default=10.0, help="each hospital's epsilon cap")
     p.add_argument(
         "--body",

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from capc.cli_output import stdout_to_stderr
 from capc.labeldp import pipeline
 from capc.labeldp.pipeline import BodyConfig, DataConfig, PateFmSettings
 from capc.learning.fixmatch import FixMatchConfig
@@ -43,7 +44,9 @@ def positive_float(text: str) -> float:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", choices=pipeline.DATASETS, default="digits")
+    p.add_argument(
+        "--dataset", choices=pipeline.DATASETS, default="digits", help="the labelled data set"
+    )
     p.add_argument("--subset", type=positive_int, help="use at most this many records")
     p.add_argument("--epsilon", type=positive_float, required=True, help="label-DP epsilon (nats)")
     p.add_argument(
@@ -81,7 +84,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     f = lsub.add_parser("pate-fm", help="PATE with FixMatch teachers and student")
     _common(f)
     d = PateFmSettings()
-    f.add_argument("--teachers", type=positive_int, default=d.teachers)
+    f.add_argument(
+        "--teachers", type=positive_int, default=d.teachers, help="teachers (default %(default)s)"
+    )
     f.add_argument(
         "--sigma",
         type=positive_float,
@@ -104,11 +109,31 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=d.min_queries,
         help="raise every noise until this many queries fit the budget",
     )
-    f.add_argument("--selection", choices=("prototypes", "random"), default=d.selection)
-    f.add_argument("--delta", type=positive_float, default=d.delta)
-    f.add_argument("--accountant", choices=tuple(accountants.ACCOUNTANTS), default=d.accountant)
-    f.add_argument("--teacher-steps", type=positive_int, default=d.teacher.steps)
-    f.add_argument("--student-steps", type=positive_int, default=d.student.steps)
+    f.add_argument(
+        "--selection",
+        choices=("prototypes", "random"),
+        default=d.selection,
+        help="how the student picks the records it asks about",
+    )
+    f.add_argument("--delta", type=positive_float, default=d.delta, help="target delta")
+    f.add_argument(
+        "--accountant",
+        choices=tuple(accountants.ACCOUNTANTS),
+        default=d.accountant,
+        help="privacy accountant (default %(default)s)",
+    )
+    f.add_argument(
+        "--teacher-steps",
+        type=positive_int,
+        default=d.teacher.steps,
+        help="FixMatch steps per teacher",
+    )
+    f.add_argument(
+        "--student-steps",
+        type=positive_int,
+        default=d.student.steps,
+        help="FixMatch steps of the student",
+    )
     f.set_defaults(handler=run_cli, method="pate-fm")
 
 
@@ -157,7 +182,8 @@ def run_cli(args: argparse.Namespace) -> int:
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else print
     try:
-        row = run_method(args, log)
+        with stdout_to_stderr(args.json):
+            row = run_method(args, log)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from capc.cli_output import stdout_to_stderr
 from capc.data.generators import GENERATORS
 from capc.learning.diet import (
     DATASETS,
@@ -77,13 +78,26 @@ def _threshold(text: str) -> float | None:
 
 def _body_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--architecture", choices=sorted(ARCHITECTURES), default=DEFAULTS.body.architecture
+        "--architecture",
+        choices=sorted(ARCHITECTURES),
+        default=DEFAULTS.body.architecture,
+        help="the body's network (default %(default)s)",
     )
     p.add_argument(
         "--width", type=int, default=DEFAULTS.body.width, help="channels of the first stage"
     )
-    p.add_argument("--pretrain-steps", type=int, default=DEFAULTS.body.pretrain.steps)
-    p.add_argument("--pretrain-batch", type=int, default=DEFAULTS.body.pretrain.batch)
+    p.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=DEFAULTS.body.pretrain.steps,
+        help="SimCLR steps on synthetic images (default %(default)s)",
+    )
+    p.add_argument(
+        "--pretrain-batch",
+        type=int,
+        default=DEFAULTS.body.pretrain.batch,
+        help="images per SimCLR step (default %(default)s)",
+    )
     p.add_argument(
         "--pretrain-precision",
         choices=PRECISIONS,
@@ -94,6 +108,7 @@ def _body_args(p: argparse.ArgumentParser) -> None:
         "--pretrain-generators",
         type=lambda s: _names(s, list(GENERATORS), "--pretrain-generators"),
         default=DEFAULTS.body.generators,
+        help="comma-separated synthetic image generators to pretrain on",
     )
     p.add_argument(
         "--pool", type=int, default=DEFAULTS.body.pool, help="synthetic images to pretrain on"
@@ -146,22 +161,35 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     pre.set_defaults(handler=run_pretrain)
 
     r = dsub.add_parser("run", help="the central-mode DIET-PATE experiment (no services)")
-    r.add_argument("--dataset", choices=DATASETS, default="animal-mnist")
-    r.add_argument("--teachers", type=int, default=DEFAULTS.teachers)
-    r.add_argument("--split", choices=("iid", "skewed"), default="iid")
+    r.add_argument(
+        "--dataset", choices=DATASETS, default="animal-mnist", help="the private data set"
+    )
+    r.add_argument(
+        "--teachers", type=int, default=DEFAULTS.teachers, help="teachers (default %(default)s)"
+    )
+    r.add_argument(
+        "--split",
+        choices=("iid", "skewed"),
+        default="iid",
+        help="how the private data is split among the teachers",
+    )
     _body_args(r)
     r.add_argument(
         "--generators",
         type=lambda s: _names(s, list(GENERATORS), "--generators"),
         default=DEFAULTS.generators,
+        help="comma-separated synthetic query generators",
     )
     r.add_argument(
         "--statistics",
         type=lambda s: _names(s, STATISTICS, "--statistics"),
         default=STATISTICS,
+        help="comma-separated BatchNorm statistics modes to compare",
     )
-    r.add_argument("--epsilons", type=_numbers, default=DEFAULTS.epsilons)
-    r.add_argument("--delta", type=float, default=DEFAULTS.delta)
+    r.add_argument(
+        "--epsilons", type=_numbers, default=DEFAULTS.epsilons, help="comma-separated budgets"
+    )
+    r.add_argument("--delta", type=float, default=DEFAULTS.delta, help="target delta")
     r.add_argument(
         "--seeds", type=int, default=len(DEFAULTS.seeds), help="number of seeds (0, 1, ...)"
     )
@@ -305,7 +333,8 @@ def run_experiment(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if args.json else print
-    result = run(config, args.cache, log)
+    with stdout_to_stderr(args.json):
+        result = run(config, args.cache, log)
     text = json.dumps(result, indent=2, default=float)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -332,8 +332,10 @@ def _add_loop(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     _reveal_flag(run)
     run.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="records per round")
-    run.add_argument("--epochs", type=int, default=10)
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--epochs", type=int, default=10, help="training epochs of the before and after models"
+    )
+    run.add_argument("--seed", type=int, default=0, help="training seed of both models")
     run.add_argument("--wait", action="store_true", help="accepted for clarity: run always waits")
     run.set_defaults(run=cmd_loop_run)
     loop.add_parser("show", parents=[common], help="before/after accuracy and spend").set_defaults(
@@ -354,9 +356,16 @@ def _reveal_flag(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The full ``capcctl`` argument parser (also read by tests/unit/test_docs_commands.py)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("CAPC_URL", "https://127.0.0.1:8080"))
-    common.add_argument("--token", default=os.environ.get("CAPC_TOKEN"))
+    common.add_argument(
+        "--url",
+        default=os.environ.get("CAPC_URL", "https://127.0.0.1:8080"),
+        help="the gateway (default CAPC_URL, else https://127.0.0.1:8080)",
+    )
+    common.add_argument(
+        "--token", default=os.environ.get("CAPC_TOKEN"), help="bearer token (default CAPC_TOKEN)"
+    )
     common.add_argument(
         "--ca",
         default=os.environ.get("CAPC_CA"),
@@ -371,11 +380,13 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="labelling jobs").add_subparsers(dest="sub", required=True)
     submit = jobs.add_parser("submit", parents=[common], help="create a labelling job")
     submit.add_argument(
-        "--generator", choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
+        "--generator",
+        choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"],
+        help="synthetic queries from this generator (with --count)",
     )
-    submit.add_argument("--count", type=int)
+    submit.add_argument("--count", type=int, help="how many synthetic queries")
     submit.add_argument("--params", default="", help="generator parameters as JSON")
-    submit.add_argument("--seed", type=int, default=0)
+    submit.add_argument("--seed", type=int, default=0, help="the generator's seed")
     submit.add_argument("--file", type=Path, help="unlabelled dataset: .npy or .npz with x")
     submit.add_argument(
         "--batch-size",
@@ -399,31 +410,31 @@ def build_parser() -> argparse.ArgumentParser:
         ("show", cmd_jobs_show, "one job's state"),
     ):
         p = jobs.add_parser(name, parents=[common], help=helptext)
-        p.add_argument("id")
+        p.add_argument("id", help="the job's id")
         p.set_defaults(run=fn)
     lst = jobs.add_parser("list", parents=[common], help="recent jobs")
-    lst.add_argument("--limit", type=int, default=20)
-    lst.add_argument("--offset", type=int, default=0)
+    lst.add_argument("--limit", type=int, default=20, help="at most this many jobs")
+    lst.add_argument("--offset", type=int, default=0, help="skip this many, newest first")
     lst.set_defaults(run=cmd_jobs_list)
     res = jobs.add_parser("results", parents=[common], help="download labelled queries (.npz)")
-    res.add_argument("id")
-    res.add_argument("-o", "--output", type=Path, required=True)
+    res.add_argument("id", help="the job's id")
+    res.add_argument("-o", "--output", type=Path, required=True, help=".npz file to write")
     res.set_defaults(run=cmd_jobs_results)
 
     models = sub.add_parser("models", help="student models").add_subparsers(
         dest="sub", required=True
     )
     train = models.add_parser("train", parents=[common], help="train on finished jobs")
-    train.add_argument("jobs", nargs="+")
+    train.add_argument("jobs", nargs="+", help="ids of finished jobs")
     train.add_argument(
         "--architecture",
         default=None,
         help="pretrained (last layer on the student's body), or small-cnn, mlp, resnet10, "
         "resnet18 from scratch; default: the student's choice",
     )
-    train.add_argument("--epochs", type=int, default=10)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--wait", action="store_true")
+    train.add_argument("--epochs", type=int, default=10, help="training epochs")
+    train.add_argument("--seed", type=int, default=0, help="training seed")
+    train.add_argument("--wait", action="store_true", help="wait until it is trained")
     train.add_argument(
         "--l2", type=float, default=None, help="pretrained students: the head's L2 penalty"
     )
@@ -441,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="predict records with a trained model (each record on its own)",
     )
-    predict.add_argument("id")
+    predict.add_argument("id", help="the model's id")
     predict.add_argument(
         "records",
         type=Path,
@@ -449,13 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     predict.add_argument("--one", action="store_true", help="the file holds a single record")
     predict.set_defaults(run=cmd_models_predict)
-    show = models.add_parser("show", parents=[common])
-    show.add_argument("id")
+    show = models.add_parser("show", parents=[common], help="one model's state and metrics")
+    show.add_argument("id", help="the model's id")
     show.set_defaults(run=cmd_models_show)
-    models.add_parser("list", parents=[common]).set_defaults(run=cmd_models_list)
+    models.add_parser("list", parents=[common], help="trained models").set_defaults(
+        run=cmd_models_list
+    )
     dl = models.add_parser("download", parents=[common], help="weights and model card")
-    dl.add_argument("id")
-    dl.add_argument("-o", "--output", type=Path, required=True)
+    dl.add_argument("id", help="the model's id")
+    dl.add_argument("-o", "--output", type=Path, required=True, help="weights file to write")
     dl.set_defaults(run=cmd_models_download)
 
     sub.add_parser("budget", parents=[common], help="every party's epsilon").set_defaults(
@@ -465,32 +478,41 @@ def build_parser() -> argparse.ArgumentParser:
         run=cmd_parties
     )
     ledger = sub.add_parser("ledger", parents=[common], help="ledger entries")
-    ledger.add_argument("--party")
-    ledger.add_argument("--round", type=int)
-    ledger.add_argument("--limit", type=int, default=50)
-    ledger.add_argument("--offset", type=int, default=0)
+    ledger.add_argument("--party", help="only this party's entries")
+    ledger.add_argument("--round", type=int, help="only this round's entries")
+    ledger.add_argument("--limit", type=int, default=50, help="at most this many entries")
+    ledger.add_argument("--offset", type=int, default=0, help="skip this many entries")
     ledger.set_defaults(run=cmd_ledger)
     audit = sub.add_parser("audit", parents=[common], help="the audit log")
-    audit.add_argument("--limit", type=int, default=50)
-    audit.add_argument("--offset", type=int, default=0)
+    audit.add_argument("--limit", type=int, default=50, help="at most this many entries")
+    audit.add_argument("--offset", type=int, default=0, help="skip this many entries")
     audit.set_defaults(run=cmd_audit)
     pa = sub.add_parser(
         "privacy-audits",
         parents=[common],
         help="claimed against empirical epsilon (canary audits); exit 1 if one refutes its claim",
     )
-    pa.add_argument("--party")
-    pa.add_argument("--limit", type=int, default=100)
+    pa.add_argument("--party", help="only this party's audits")
+    pa.add_argument("--limit", type=int, default=100, help="at most this many audits")
     pa.set_defaults(run=cmd_privacy_audits)
     _add_loop(sub, common)
     return parser
 
 
+def _fail(args: argparse.Namespace, message: str, status: int | None, code: int) -> int:
+    """Report a failure on stderr (and, with --json, as a JSON object on stdout)."""
+    if args.json:
+        print(json.dumps({"error": message, "status": status}, sort_keys=True))
+    print(f"capcctl: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the command against the gateway; with --json, stdout holds
+    exactly one JSON value, an ``{"error": ..., "status": ...}`` object on failure."""
     args = build_parser().parse_args(argv)
     if not args.token:
-        print("capcctl: no token; pass --token or set CAPC_TOKEN", file=sys.stderr)
-        return 2
+        return _fail(args, "no token; pass --token or set CAPC_TOKEN", None, 2)
     try:
         with Client(args.url, args.token, ca=args.ca) as client:
             return int(args.run(client, args))
@@ -499,6 +521,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"error": err.detail, "status": err.status}))
         print(f"capcctl: {err}", file=sys.stderr)
         return 1
+    except SystemExit as err:
+        if not isinstance(err.code, str):
+            raise
+        return _fail(args, err.code.removeprefix("capcctl: "), None, 2)
 
 
 if __name__ == "__main__":

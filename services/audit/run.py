@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 from torch.nn import functional
 
 from capc.audit import canaries as canary_audit
+from capc.cli_output import stdout_to_stderr
 from capc.models import load_teacher
 from capc.models.inference import logits
 from services.common import protocol, tls
@@ -198,33 +200,6 @@ def audit_consortium(
     }
 
 
-def add_parser(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``audit run``."""
-    r = asub.add_parser(
-        "run", help="audit a local networked consortium (guardian, hospitals, student)"
-    )
-    r.add_argument("--dir", type=Path, default=Path("audit-consortium"))
-    r.add_argument("--parties", type=int, default=3)
-    r.add_argument(
-        "--hospital",
-        type=int,
-        action="append",
-        help="index of a hospital whose data gets canaries (repeatable; default 0)",
-    )
-    r.add_argument("--canaries", type=int, default=100, help="canaries per audited hospital")
-    r.add_argument("--queries", type=int, default=200, help="held-out queries beside the canaries")
-    r.add_argument("--batch", type=int, default=100, help="queries per round")
-    r.add_argument("--epsilon", type=float, default=1e6, help="each hospital's epsilon cap")
-    r.add_argument("--teacher-epochs", type=int, default=8)
-    r.add_argument("--student-epochs", type=int, default=5)
-    r.add_argument("--seed", type=int, default=0, help="the auditor's canaries and query order")
-    r.add_argument("--json", action="store_true", help="print one JSON object")
-    r.add_argument(
-        "--serve", action="store_true", help="then start the gateway and stay up (Ctrl-C stops)"
-    )
-    r.set_defaults(handler=run)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the audit the arguments describe; print its results."""
     hospitals = tuple(sorted(set(args.hospital or [0])))
@@ -243,6 +218,19 @@ def run(args: argparse.Namespace) -> int:
         canaries=CanarySpec(hospitals, args.canaries, args.seed),
         log=say,
     )
+    with stdout_to_stderr(args.json) as emit:
+        return _audit_and_report(args, c, hospitals, say, emit)
+
+
+def _audit_and_report(
+    args: argparse.Namespace,
+    c: LocalConsortium,
+    hospitals: tuple[int, ...],
+    say: Callable[[str], None],
+    emit: Callable[[str], None],
+) -> int:
+    """Start ``c``, audit ``hospitals``, report through ``emit`` (stdout), then serve when
+    asked; progress goes through ``say``."""
     stop = threading.Event()
     with c:
         c.start_student()
@@ -257,11 +245,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 1
         if args.json:
-            print(json.dumps(result, indent=2), flush=True)
+            emit(json.dumps(result, indent=2))
         else:
             for a in result["audits"]:
                 upper = "inf" if a["empirical_upper"] is None else f"{a['empirical_upper']:.2f}"
-                print(
+                emit(
                     f"{a['party']}: claimed epsilon {a['claimed_epsilon']:.4g} (ledger, delta "
                     f"{a['delta']:g}); empirical >= {a['empirical_lower']:.3f} (95% CI "
                     f"{a['empirical_lower']:.2f}-{upper}) from {a['correct']} right of "
@@ -271,7 +259,7 @@ def run(args: argparse.Namespace) -> int:
         if args.serve:
             c.start_gateway()
             token = c.token("admin", "auditor")
-            print(f"dashboard: {c.gateway_url}/dashboard#token={token}", flush=True)
+            say(f"dashboard: {c.gateway_url}/dashboard#token={token}")
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: stop.set())
             stop.wait()

@@ -165,27 +165,6 @@ def verify(guardian: Ledger, parties: dict[str, Ledger], public_key: str | None 
     return report
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "verify",
-        help="check the guardian's audit log against its signing key and the heads the "
-        "hospitals kept; names the first bad entry",
-    )
-    p.add_argument("--ledger", required=True, help="the guardian's ledger (path or URL)")
-    p.add_argument(
-        "--party-ledger",
-        action="append",
-        default=[],
-        metavar="NAME=URL",
-        help="a hospital's own ledger, with the heads it was shown (repeatable)",
-    )
-    p.add_argument(
-        "--public-key", default=None, metavar="HEX", help="the guardian's audit key (Ed25519, hex)"
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=run)
-
-
 def run(args: argparse.Namespace) -> int:
     parties: dict[str, Ledger] = {}
     try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -22,3 +24,25 @@ def add_tls_args(
         "--server-name", default=None, help="expected name in the guardian's certificate"
     )
     p.add_argument("--insecure-dev", action="store_true", help=insecure_help)
+
+
+#: The ledger's accountants by name (capc.privacy.accountants.ACCOUNTANTS), kept here so
+#: that registering a subcommand imports no numerical library (a test checks they agree).
+ACCOUNTANT_NAMES = ("gdp", "rdp")
+DEFAULT_ACCOUNTANT_NAME = "gdp"
+#: Certificate roles (services.common.pki.ROLES), likewise.
+ROLE_NAMES = ("guardian", "answerer", "student", "gateway")
+
+
+def lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand handler that imports ``module`` (torch, gRPC, ...) only when it runs,
+    then calls its ``function`` with the parsed arguments."""
+
+    def handler(args: argparse.Namespace) -> int:
+        run: Callable[[argparse.Namespace], int] = getattr(
+            importlib.import_module(module), function
+        )
+        return int(run(args))
+
+    handler.__qualname__ = f"{module}.{function}"
+    return handler

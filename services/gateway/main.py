@@ -15,79 +15,10 @@ import sys
 from pathlib import Path
 
 from services.common import pki, tls
-from services.common.cli_args import add_tls_args, setup_logging
-from services.common.limits import GATEWAY_REQUESTS_PER_MINUTE, MAX_UPLOAD_BYTES
-from services.gateway.tokens import Role, TokenError, TokenStore
+from services.common.cli_args import setup_logging
+from services.gateway.tokens import TokenError, TokenStore
 
-DEFAULT_DB = "gateway.db"
 log = logging.getLogger("capc.gateway")
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("gateway", help="the REST gateway and its tokens")
-    gsub = p.add_subparsers(dest="gateway_command", required=True)
-
-    serve = gsub.add_parser("serve", help="serve the REST API, /metrics and the dashboard")
-    serve.add_argument("--student", required=True, help="student party address host:port")
-    serve.add_argument("--guardian", required=True, help="guardian address host:port")
-    serve.add_argument("--task", default="", help="task name (budget projections, job headers)")
-    serve.add_argument("--listen", default="127.0.0.1:8080", help="host:port to serve HTTPS on")
-    serve.add_argument("--db", default=DEFAULT_DB, help="token database: SQLite path or URL")
-    serve.add_argument("--name", default="gateway", help="this gateway's certificate name")
-    serve.add_argument(
-        "--max-upload-mb",
-        type=float,
-        default=MAX_UPLOAD_BYTES / 2**20,
-        help="largest request body (MiB)",
-    )
-    serve.add_argument(
-        "--rate-limit",
-        type=_per_minute,
-        default=GATEWAY_REQUESTS_PER_MINUTE,
-        metavar="N",
-        help="requests each token may make a minute, in bursts of up to N (429 beyond)",
-    )
-    serve.add_argument(
-        "--tls-cert",
-        type=Path,
-        default=None,
-        help="HTTPS certificate (PEM, chain included); default: PKI/NAME-https.pem from "
-        "`capc pki issue-https`",
-    )
-    serve.add_argument("--tls-key", type=Path, default=None, help="its private key (PEM)")
-    add_tls_args(
-        serve,
-        insecure_help="plain HTTP and plaintext gRPC, no certificates (development only; "
-        "bearer tokens then cross the network in clear)",
-    )
-    serve.set_defaults(handler=run_serve)
-
-    token = gsub.add_parser("token", help="create, list or revoke bearer tokens")
-    tsub = token.add_subparsers(dest="token_command", required=True)
-    create = tsub.add_parser("create", help="create a token; it is printed once")
-    create.add_argument("--role", required=True, choices=[r.value for r in Role])
-    create.add_argument("--name", default="", help="who holds it (appears in the audit log)")
-    create.add_argument("--days", type=float, default=90.0, help="days until it expires")
-    create.add_argument("--db", default=DEFAULT_DB)
-    create.add_argument("--json", action="store_true", help="print JSON")
-    create.set_defaults(handler=run_token_create)
-    lst = tsub.add_parser("list", help="list tokens (never their secrets)")
-    lst.add_argument("--db", default=DEFAULT_DB)
-    lst.set_defaults(handler=run_token_list)
-    revoke = tsub.add_parser("revoke", help="revoke a token by id")
-    revoke.add_argument("id")
-    revoke.add_argument("--db", default=DEFAULT_DB)
-    revoke.set_defaults(handler=run_token_revoke)
-
-
-def _per_minute(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of requests, at least 1, got {text!r}")
-    return n
 
 
 def run_token_create(args: argparse.Namespace) -> int:

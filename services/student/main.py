@@ -9,14 +9,14 @@ import signal
 import sys
 import threading
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.models import load_teacher
 from services.common import pki, tls
-from services.common.cli_args import add_tls_args, setup_logging
+from services.common.cli_args import setup_logging
+from services.common.limits import MAX_REFERENCE_RECORDS
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
@@ -26,68 +26,6 @@ from services.student.store import JobStore
 from services.student.training import ModelTrainer, load_reference, load_test_set
 
 log = logging.getLogger("capc.student")
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("student", help="run the student party (jobs API for the gateway)")
-    p.add_argument("--guardian", required=True, help="guardian address host:port")
-    p.add_argument(
-        "--task",
-        type=Path,
-        required=True,
-        help="task configuration JSON (as registered with the guardian)",
-    )
-    p.add_argument("--task-name", default=None, help="task name (default: the file's stem)")
-    p.add_argument("--db", default="student.db", help="SQLite path or URL, or postgresql://...")
-    p.add_argument("--listen", default="127.0.0.1:50061", help="host:port of the jobs API")
-    p.add_argument("--name", default="student")
-    p.add_argument(
-        "--test-data",
-        type=Path,
-        default=None,
-        help="the student's own labelled test set (.npz with x and y) to evaluate student models",
-    )
-    p.add_argument(
-        "--reference-data",
-        type=Path,
-        default=None,
-        help="unlabelled records (.npz with x, or .npy; 16 to 1024) drawn as deployed inputs are: "
-        "a pretrained student stores their statistics so each prediction depends on its record "
-        "alone (default: the inputs of --test-data)",
-    )
-    p.add_argument(
-        "--own-data",
-        type=Path,
-        default=None,
-        help="the querier's own labelled records (.npz with x and y): a hospital that queries "
-        "the consortium (the CaPC loop) fits its pretrained student on them plus the labels "
-        "its jobs bring back; a model of no jobs is fitted on them alone",
-    )
-    p.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="PARTY",
-        help="an answering party every round leaves out: a hospital querying the consortium "
-        "names its own, so its teachers do not vote on its queries; repeatable",
-    )
-    p.add_argument(
-        "--hospital",
-        default="",
-        metavar="PARTY",
-        help="the hospital this student party queries for (the CaPC loop): its rounds name "
-        "it and leave it out (the guardian must bind this certificate to it: capc guardian "
-        "--querier NAME=PARTY), and uploaded records count as its own: sent in the clear "
-        "only by a job's explicit, audited reveal_records_to_answerers",
-    )
-    p.add_argument(
-        "--body",
-        type=Path,
-        default=None,
-        help="pretrained body (capc diet pretrain): student models fit its last layer (DIET)",
-    )
-    add_tls_args(p)
-    p.set_defaults(handler=run)
 
 
 def serve_jobs(
@@ -115,8 +53,34 @@ def serve_jobs(
     return server, port
 
 
+def data_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the data options (a missing reference batch, --own-data without
+    --body), or None: checked before anything is loaded or started."""
+    if args.own_data is not None and args.body is None:
+        return (
+            "--own-data needs --body FILE: the querier's own records fit the last layer of a "
+            "pretrained student (capc diet pretrain makes the body); a student trained from "
+            "scratch learns from its jobs' labels alone"
+        )
+    if args.body is not None and args.reference_data is None and args.own_data is None:
+        return (
+            "--body needs --reference-data FILE: a pretrained student reads each record "
+            "through the statistics of a reference batch, 256 real unlabelled records (16 to "
+            f"{MAX_REFERENCE_RECORDS}) drawn as the inputs it will be asked about are, saved as "
+            "an .npz with x (or an .npy); take them from the same source as those inputs, "
+            "never from the labelled test set (capc up and capc demo write "
+            "DIR/student-reference.npz)"
+        )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    """Serve the student party until SIGTERM or SIGINT; 2 on a bad option or file."""
     setup_logging()
+    problem = data_error(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         config = json.loads(args.task.read_text())
         task = TaskConfig.parse(args.task_name or args.task.stem, config, config_hash(config))

@@ -9,8 +9,9 @@ Two ways to train:
   optionally also learning from the jobs' unanswered queries
   (``semi_supervised``). Such a model reads real records under current
   statistics, so before it is stored it takes the statistics of a reference
-  batch of unlabelled real records (``--reference-data``, else the inputs of
-  the test set; :func:`capc.models.inference.reference_statistics`): each of
+  batch of unlabelled real records (``--reference-data``, else a batch of the
+  querier's own records, ``--own-data``; never the test set;
+  :func:`capc.models.inference.reference_statistics`): each of
   its predictions then depends on its own record only.
 - an architecture name (``small-cnn``, ``resnet10``, ...): trained from
   scratch on the labelled queries; with ``semi_supervised="pseudo-labels"``, by FixMatch
@@ -243,11 +244,11 @@ class ModelTrainer:
         self.body = body
         #: The querier's own labelled records (a hospital in the CaPC loop), or None.
         self.own = own
-        inputs = own if own is not None else test_set
-        if reference is None and inputs is not None and body is not None:
-            # Unlabelled use of its own or its test inputs: a batch of them, at random.
-            order = np.random.default_rng(0).permutation(len(inputs[0]))
-            reference = inputs[0][order[:MAX_REFERENCE_RECORDS]]
+        if reference is None and own is not None and body is not None:
+            # Unlabelled use of the querier's own records: a batch of them, at random. The
+            # test set never stands in: it would no longer be held out.
+            order = np.random.default_rng(0).permutation(len(own[0]))
+            reference = own[0][order[:MAX_REFERENCE_RECORDS]]
         self.reference = (
             None if reference is None else checked_reference(reference, task, "reference")
         )
@@ -285,7 +286,8 @@ class ModelTrainer:
             raise TrainingError(
                 "a pretrained student reads records under current statistics and needs a "
                 "reference batch of unlabelled records to predict one record at a time: start "
-                "the student party with --reference-data FILE (or --test-data)"
+                "the student party with --reference-data FILE (256 real unlabelled records drawn "
+                "as deployed inputs are, .npz with x)"
             )
         if options.semi_supervised != "none" and self.task.multi_label:
             raise TrainingError("semi_supervised applies to single-label tasks only")

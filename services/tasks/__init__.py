@@ -8,8 +8,18 @@ from importlib import resources
 from typing import Any
 
 
+def names() -> list[str]:
+    """The shipped task configurations' names, sorted."""
+    files = resources.files(__package__).iterdir()
+    return sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json"))
+
+
 def load(name: str) -> dict[str, Any]:
-    """The shipped task configuration ``name`` (``images``, ``demo`` or ``light``), a fresh dict."""
+    """The shipped task configuration ``name`` (``images``, ``demo`` or ``light``), a fresh dict.
+
+    Raises ValueError naming the shipped tasks when there is no such task."""
+    if name not in names():
+        raise ValueError(f"no task named {name!r}; known tasks: {', '.join(names())}")
     text = resources.files(__package__).joinpath(f"{name}.json").read_text(encoding="utf-8")
     config: dict[str, Any] = json.loads(text)
     return config

@@ -58,7 +58,7 @@ def test_the_service_fits_the_central_experiments_head(
         store.record_batch(job.id, i, i + 1, y[40 * i : 40 * (i + 1)])
     store.finish(job.id)
     test = images(90, 1)
-    trainer = ModelTrainer(store, task, test, body)
+    trainer = ModelTrainer(store, task, test, body, reference=images(90, 4)[0])
     trainer.check([job.id], "pretrained", 10)
     spec = store.create_model([job.id], "pretrained", 10, 0, TrainingOptions().to_dict())
     trainer.submit(spec.id)
@@ -100,3 +100,8 @@ def test_the_capc_loop_fits_own_records_with_or_without_jobs(
     blind = ModelTrainer(store, task, None, body)
     with pytest.raises(TrainingError, match="--reference-data"):
         blind.check(["x"], "pretrained", 10)
+    # The held-out test set never serves as the reference batch, however it is given.
+    assert alone.reference is None
+    with pytest.raises(TrainingError, match="--reference-data FILE \\(256 real unlabelled"):
+        alone.check(["x"], "pretrained", 10)
+    assert trainer.reference is not None and len(trainer.reference) == 60

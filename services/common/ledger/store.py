@@ -94,7 +94,14 @@ class UnknownPartyError(LedgerError):
 
 
 class UnknownTaskError(LedgerError):
-    pass
+    """No task of that name is registered; the message lists the known ones."""
+
+
+def _unknown_task(s: Session, name: str) -> UnknownTaskError:
+    """The error for a task ``name`` the ledger lacks, naming the tasks it has."""
+    known = list(s.scalars(select(TaskRow.name).order_by(TaskRow.name)))
+    listed = f"known tasks: {', '.join(known)}" if known else "no task is registered"
+    return UnknownTaskError(f"no task named {name!r}; {listed}")
 
 
 class DuplicateRoundError(LedgerError):
@@ -793,7 +800,7 @@ class Ledger:
         with Session(self.engine) as s:
             row = s.get(TaskRow, name)
             if row is None:
-                raise UnknownTaskError(f"no task named {name!r}")
+                raise _unknown_task(s, name)
             return dict(row.config), row.config_hash
 
     # -- budgets --------------------------------------------------------------
@@ -926,7 +933,7 @@ class Ledger:
                         f"round {round_key!r} was opened before; a round key is used once"
                     )
                 if s.get(TaskRow, task) is None:
-                    raise UnknownTaskError(f"no task named {task!r}")
+                    raise _unknown_task(s, task)
                 spends = _lock_spends(s, names)
                 parties = {
                     r.name: r for r in s.scalars(select(PartyRow).where(PartyRow.name.in_(names)))

@@ -1,0 +1,89 @@
+"""``capc answerer``'s options: only the standard library is imported here, so ``capc answerer
+--help`` answers at once (``services.answerer.main`` runs it)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from services.common.cli_args import (
+    ACCOUNTANT_NAMES,
+    DEFAULT_ACCOUNTANT_NAME,
+    add_tls_args,
+    lazy,
+)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``capc answerer``; its handler imports services.answerer.main only when run."""
+    p = sub.add_parser("answerer", help="run a hospital's answering party")
+    p.add_argument(
+        "--model",
+        required=True,
+        action="append",
+        metavar="MODEL",
+        help="a teacher: a capc checkpoint (capc.models.save_teacher) or ensemble "
+        "(capc.models.ensemble.save_ensemble), an ONNX file, a TorchScript file "
+        "(torch.jit.save; files are told apart by content), or the hospital's own PyTorch "
+        "code as pkg.module:factory@weights.pt (pkg.module.factory() returns the nn.Module, "
+        "weights.pt holds its state dict; pkg must be importable). Every model maps (B, "
+        "*input_shape) float32 to (B, K) scores. Repeat it to vote with several: the party "
+        "sends the sum of all its teachers' votes",
+    )
+    p.add_argument(
+        "--task",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the task's configuration JSON (as the guardian registers it; its name is the "
+        "file's stem): the models are checked against its input shape and classes, and run "
+        "once on a batch of its shape, before dialling; a mismatch exits 2. TorchScript and "
+        "module:factory models need it (they declare no shape)",
+    )
+    p.add_argument("--guardian", required=True, help="guardian address host:port")
+    p.add_argument(
+        "--name",
+        required=True,
+        action="append",
+        help="this party's certificate name; repeat it to run several parties in one "
+        "process with the same model, each with its own certificate and stream (load tests)",
+    )
+    p.add_argument(
+        "--epsilon-cap",
+        type=float,
+        required=True,
+        metavar="EPS",
+        help="this hospital's own privacy budget (epsilon at the ledger's delta): it stops "
+        "voting there, whatever the guardian says, and the guardian never holds a larger cap "
+        "for it. A changed value is audited in the hospital's ledger",
+    )
+    p.add_argument(
+        "--ledger",
+        default=None,
+        help="this hospital's own ledger: SQLite path or URL, or postgresql://... "
+        "(default: NAME-ledger.db); {name} in it stands for the party's name",
+    )
+    p.add_argument(
+        "--accountant",
+        choices=list(ACCOUNTANT_NAMES),
+        help=f"the ledger's accountant, fixed at creation (default {DEFAULT_ACCOUNTANT_NAME}); it "
+        "must be the guardian's, or this party refuses to vote",
+    )
+    p.add_argument(
+        "--delta", type=float, default=1e-5, help="delta the ledger accounts at (the guardian's)"
+    )
+    p.add_argument(
+        "--guardian-audit-key",
+        default=None,
+        metavar="HEX",
+        help="the guardian's audit signing key (Ed25519 public key, hex); by default it is "
+        "pinned on first contact, and a different key later is refused",
+    )
+    p.add_argument(
+        "--status-file",
+        type=Path,
+        default=None,
+        help="kept fresh while connected to the guardian (for `capc health --file`)",
+    )
+    add_tls_args(p)
+    p.set_defaults(handler=lazy("services.answerer.main", "run"))
