@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-body test lint typecheck venv clean bench fuzz browser
+.PHONY: demo demo-body test test-fast lint typecheck venv clean bench fuzz browser
 
 venv: $(STAMP)
 
@@ -49,6 +49,10 @@ browser:
 
 test: $(STAMP) browser lint
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+
+# The lane to run while working: unit tests only (no processes, no network), lint first.
+test-fast: $(STAMP) lint
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not slow" tests/unit
 
 fuzz: $(STAMP)
 	CAPC_FUZZ_SECONDS=600 $(VENV)/bin/pytest -q -m fuzz tests/e2e/test_gateway.py
