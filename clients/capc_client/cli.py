@@ -268,7 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="labelling jobs").add_subparsers(dest="sub", required=True)
     submit = jobs.add_parser("submit", parents=[common], help="create a labelling job")
     submit.add_argument(
-        "--generator", choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
+        "--generator",
+        choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix", "uniform", "beta"],
+        help="images: gaussian, spectral, dead_leaves, fractal, mix; table rows from the "
+        "task's public feature ranges: uniform, beta",
     )
     submit.add_argument("--count", type=int)
     submit.add_argument("--params", default="", help="generator parameters as JSON")

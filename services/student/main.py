@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             name=args.name,
             exclude=tuple(args.exclude),
         ),
+        records=task.records,
     )
     try:
         trainer = ModelTrainer(store, task, test_set, body, reference, own)
