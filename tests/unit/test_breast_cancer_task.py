@@ -33,7 +33,7 @@ def test_schema_names_every_sklearn_feature_with_a_range_around_the_data() -> No
         # The stand-in for a data dictionary: the data's min and max, rounded outward.
         assert f.low <= columns[f.name].min() and columns[f.name].max() <= f.high
     x = schema.encode(columns, "breast-cancer")
-    assert x.shape == (569, 30) and 0.0 <= x.min() and x.max() <= 1.0
+    assert x.shape == (569, 30) and x.min() >= 0.0 and x.max() <= 1.0
     assert set(np.unique(labels)) == {0, 1}
 
 
