@@ -136,8 +136,8 @@ def run_seed(config: Config, seed: int, work: Path) -> dict[str, Any]:
         spent = {b.party: b.epsilon_spent for b in admin.budgets().budgets}
     finally:
         c.stop()
-    x, y = load_dataset(TASK, task=task)
-    y = np.asarray(y, dtype=np.int64)
+    x, labels = load_dataset(TASK, task=task)
+    y = np.asarray(labels, dtype=np.int64)
     test, hospitals = _split(c, len(x))
     if not np.array_equal(x[test], c.queries):
         raise RuntimeError("the experiment's split is not the consortium's")
