@@ -9,8 +9,7 @@ from typing import Any
 
 
 def load(name: str) -> dict[str, Any]:
-    """The shipped task configuration ``name`` (``images``, ``demo``, ``light`` or
-    ``breast-cancer``), a fresh dict."""
+    """The shipped task configuration ``name`` (``images``, ``demo`` or ``light``), a fresh dict."""
     text = resources.files(__package__).joinpath(f"{name}.json").read_text(encoding="utf-8")
     config: dict[str, Any] = json.loads(text)
     return config
