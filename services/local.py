@@ -30,7 +30,8 @@ from numpy.typing import NDArray
 from capc.audit import canaries as canary_audit
 from capc.audit.canaries import Canaries
 from capc.data.multilabel import animal_attributes
-from capc.data.offline import animal_mnist, breast_cancer, digits, partition
+from capc.data.offline import animal_mnist, breast_cancer, breast_cancer_records, digits, partition
+from capc.data.schema import TableSchema, parse_records
 from capc.learning.last_layer import finetune_teacher
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
@@ -56,8 +57,20 @@ REFERENCE = 256
 DATASETS = ("animal-mnist", "animal-attributes", "digits", "breast-cancer")
 
 
-def load_dataset(name: str, size: int = 28) -> tuple[NDArray[np.float32], NDArray[np.integer]]:
-    """Images (N, 1, size, size) and labels: (N,) classes, or (N, k) 0/1 for animal-attributes."""
+def load_dataset(
+    name: str, size: int = 28, task: dict[str, Any] | None = None
+) -> tuple[NDArray[np.float32], NDArray[np.integer]]:
+    """Images (N, 1, size, size) and labels: (N,) classes, or (N, k) 0/1 for animal-attributes.
+
+    breast-cancer: (N, 30) standardised features, or, when ``task`` declares a table
+    schema, the raw measurements encoded by it (as each hospital encodes its own file)."""
+    records = None if task is None or task.get("records") is None else task["records"]
+    if name == "breast-cancer" and records is not None:
+        schema = parse_records(records)
+        if not isinstance(schema, TableSchema):
+            raise ValueError("breast-cancer records are table rows; the task declares images")
+        columns, labels = breast_cancer_records()
+        return schema.encode(columns, "breast-cancer"), labels
     if name == "animal-mnist":
         return animal_mnist()
     if name == "animal-attributes":
@@ -277,7 +290,7 @@ class LocalConsortium:
         if not self.gateway_cert.exists():
             # A development certificate: the gateway is reached on this machine only.
             pki.issue_https(self.pki_dir, "gateway", ("localhost", "127.0.0.1"), dev=True)
-        x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]))
+        x, y = load_dataset(self.dataset, int(self.task["input_shape"][-1]), self.task)
         outputs = int(y.shape[1]) if y.ndim == 2 else int(y.max()) + 1
         # Split seed 0 keeps the split every earlier consortium of this class had.
         rng = np.random.default_rng(7 if self.split_seed == 0 else [7, self.split_seed])
@@ -371,7 +384,8 @@ class LocalConsortium:
         name, shape = f"hospital-{i}", tuple(self.task["input_shape"])
         # an encrypted-query task fixes the HE-friendly architecture every party runs
         enc = self.task.get("encryption") or {}
-        architecture, width = enc.get("architecture", "small-cnn"), enc.get("width")
+        default = "mlp" if len(shape) == 1 else "small-cnn"  # table rows or images
+        architecture, width = enc.get("architecture", default), enc.get("width")
         for t, (path, idx) in enumerate(zip(self.model_paths(i), parts, strict=True)):
             self._say(f"training {name}'s {architecture} teacher on {len(idx)} private records")
             model = fit(

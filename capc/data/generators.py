@@ -1,4 +1,4 @@
-"""Programmatic queries: procedural images from a recipe, identical on every party.
+"""Programmatic queries: procedural images (or table rows) from a recipe, identical on every party.
 
 A :class:`Recipe` (generator, parameters, seed, index range, shape) names a
 batch; image ``i`` depends only on (generator, parameters, seed, i), so any
@@ -14,6 +14,10 @@ Generators (values in [0, 1], float32, shape (count, C, H, W)):
 - ``dead_leaves``: ``discs`` occluding discs with power-law radii;
 - ``fractal``: attractors of random 2-D iterated function systems;
 - ``mix``: each image from one of the above, chosen by its index.
+
+Table tasks take the generators of :mod:`capc.data.table_queries` (``uniform``,
+``beta``): a recipe of shape (width,) whose rows are drawn from the task's
+public feature ranges, the layout taken from the task's schema.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from capc.data.schema import RecordSchema, TableSchema
+from capc.data.table_queries import TABLE_GENERATORS, TABLE_PARAMETERS, numeric_layout
 
 FloatImages = NDArray[np.float32]
 MAX_COUNT = 65_536
@@ -180,6 +187,7 @@ PARAMETERS: dict[str, dict[str, tuple[str, float, float]]] = {
     "dead_leaves": {"discs": ("int", 1, 1000)},
     "fractal": {"maps": ("int", 2, 8), "points": ("int", 1, 20_000), "steps": ("int", 1, 100)},
     "mix": {"names": ("names", 1, 4)},
+    **TABLE_PARAMETERS,
 }
 
 
@@ -216,27 +224,41 @@ def check_params(generator: str, params: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A batch of programmatic queries: images start..start+count-1 of (generator, params, seed)."""
+    """A batch of programmatic queries: records start..start+count-1 of (generator, params, seed).
+
+    ``shape``: one record's shape, (channels, height, width) for an image generator
+    (:data:`GENERATORS`), (width,) for a table generator (:data:`TABLE_GENERATORS`).
+    """
 
     generator: str
     seed: int
     start: int
     count: int
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.generator not in GENERATORS:
-            raise ValueError(
-                f"unknown generator {self.generator!r}; known: {', '.join(sorted(GENERATORS))}"
-            )
+        if self.generator not in GENERATORS and self.generator not in TABLE_GENERATORS:
+            known = sorted([*GENERATORS, *TABLE_GENERATORS])
+            raise ValueError(f"unknown generator {self.generator!r}; known: {', '.join(known)}")
         if not 1 <= self.count <= MAX_COUNT or self.start < 0 or self.seed < 0:
             raise ValueError(f"a recipe needs seed >= 0, start >= 0 and 1 <= count <= {MAX_COUNT}")
-        if len(self.shape) != 3 or min(self.shape) < 1 or self.shape[1] < 4 or self.shape[2] < 4:
+        if self.table:
+            if len(self.shape) != 1 or self.shape[0] < 1:
+                raise ValueError(
+                    f"{self.generator} draws table rows: shape must be (width,), got {self.shape}"
+                )
+        elif len(self.shape) != 3 or min(self.shape) < 1 or self.shape[1] < 4 or self.shape[2] < 4:
             raise ValueError(
-                f"shape must be (channels, height, width) with sides >= 4, got {self.shape}"
+                f"{self.generator} draws images: shape must be (channels, height, width) with "
+                f"sides >= 4, got {self.shape}"
             )
         check_params(self.generator, self.params)
+
+    @property
+    def table(self) -> bool:
+        """True for table rows (a table generator), False for images."""
+        return self.generator in TABLE_GENERATORS
 
     @property
     def params_json(self) -> str:
@@ -259,21 +281,38 @@ class Recipe:
     @classmethod
     def from_json(cls, text: str) -> Recipe:
         d = json.loads(text)
-        c, h, w = (int(x) for x in d["shape"])
         return cls(
             d["generator"],
             int(d["seed"]),
             int(d["start"]),
             int(d["count"]),
-            (c, h, w),
+            tuple(int(x) for x in d["shape"]),
             dict(d["params"]),
         )
 
-    def generate(self) -> FloatImages:
-        """The images, (count, C, H, W) float32 in [0, 1]."""
+    def generate(self, records: RecordSchema | None = None) -> FloatImages:
+        """The batch: images (count, C, H, W) float32 in [0, 1], or encoded table rows
+        (count, width) float32.
+
+        ``records``: the task's schema (every party reads the same). Table rows take their
+        layout from it (numeric features, categorical levels); a table task without one is
+        ``width`` numeric features. Images need none.
+        """
         try:
-            return GENERATORS[self.generator](
-                self.seed, self.start, self.count, self.shape, **self.params
+            if not self.table:
+                return GENERATORS[self.generator](
+                    self.seed, self.start, self.count, self.shape, **self.params
+                )
+            schema = records if isinstance(records, TableSchema) else None
+            if schema is None:
+                schema = numeric_layout(self.shape[0])
+            if schema.input_shape != self.shape:
+                raise ValueError(
+                    f"the recipe's rows have width {self.shape[0]}, the task's schema "
+                    f"{schema.input_shape[0]}"
+                )
+            return TABLE_GENERATORS[self.generator](
+                self.seed, self.start, self.count, schema, **self.params
             )
         except TypeError as err:
             raise ValueError(f"bad parameters for {self.generator}: {err}") from err

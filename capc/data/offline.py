@@ -4,7 +4,8 @@
   read straight from the gzipped pickles inside the installed wheel (its own
   loader imports TensorFlow, so it is not used);
 - scikit-learn digits: 1,797 8x8 digits, upsampled to 28x28 if asked;
-- scikit-learn breast cancer: 569 patients, 30 features, standardised.
+- scikit-learn breast cancer: 569 patients, 30 features, standardised (or raw,
+  for a table task's schema to encode).
 Nothing is downloaded. Partitions into hospitals are disjoint: i.i.d., or
 label-skewed (each hospital's class mix drawn from a Dirichlet).
 """
@@ -42,6 +43,18 @@ def breast_cancer() -> tuple[NDArray[np.float32], NDArray[np.int64]]:
     x = np.asarray(d.data, dtype=np.float64)
     x = (x - x.mean(axis=0)) / x.std(axis=0)
     return x.astype(np.float32), np.asarray(d.target, dtype=np.int64)
+
+
+def breast_cancer_records() -> tuple[dict[str, NDArray[np.float64]], NDArray[np.int64]]:
+    """scikit-learn's breast cancer data as a hospital's file holds it: raw measurements,
+    one (569,) float64 column per feature (sklearn's names), and (569,) labels (0 malignant,
+    1 benign). A table task's schema encodes them (services/tasks/breast-cancer.json)."""
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    data = np.asarray(d.data, dtype=np.float64)
+    columns = {str(name): data[:, j] for j, name in enumerate(d.feature_names)}
+    return columns, np.asarray(d.target, dtype=np.int64)
 
 
 ANIMAL_MNIST_CLASSES = 10

@@ -381,8 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit = jobs.add_parser("submit", parents=[common], help="create a labelling job")
     submit.add_argument(
         "--generator",
-        choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"],
-        help="synthetic queries from this generator (with --count)",
+        choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix", "uniform", "beta"],
+        help="synthetic queries from this generator (with --count); images: gaussian, "
+        "spectral, dead_leaves, fractal, mix; table rows from the task's public feature "
+        "ranges: uniform, beta",
     )
     submit.add_argument("--count", type=int, help="how many synthetic queries")
     submit.add_argument("--params", default="", help="generator parameters as JSON")

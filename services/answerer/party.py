@@ -20,6 +20,7 @@ the round ended it charges itself the same (:mod:`services.answerer.budget`).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
+from capc.data.schema import RecordSchema, parse_records
 from capc.models import Teacher
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
@@ -249,10 +251,13 @@ class AnsweringParty:
                     f"with {len(self.voters)}; reconnect so that it registers them"
                 )
             if source == "recipe":
-                # Synthetic queries: regenerate, check the hash, normalise with their own statistics.
-                x = regenerate(work.queries.recipe)
+                # Synthetic queries: regenerate, check the hash. Images are normalised with
+                # their own statistics (DIET); table rows are encoded like real records, so
+                # the teachers read them with the statistics of their own data.
+                x = regenerate(work.queries.recipe, task_records(work))
                 self._check_fits(work, task, tuple(x.shape[1:]))
-                preds = self.voters.predict(x, current_statistics=True)
+                table = len(x.shape) == 2
+                preds = self.voters.predict(x, current_statistics=not table)
             elif source == "tensor":
                 self._check_fits(work, task, tuple(int(n) for n in work.queries.tensor.shape[1:]))
                 # The guardian checks the batch too; this party checks it against its own teachers.
@@ -343,6 +348,15 @@ class AnsweringParty:
             )
         )
         self.rounds_answered += 1
+
+
+def task_records(work: guardian_pb2.RoundWork) -> RecordSchema | None:
+    """The schema of the round's task, from the configuration the round carries (checked
+    against the header's config hash when the round was admitted); None if it declares none.
+    Raises SchemaError (a ValueError) for a malformed one."""
+    config = json.loads(work.task_json or "null")
+    records = config.get("records") if isinstance(config, dict) else None
+    return None if records is None else parse_records(records)
 
 
 def round_votes(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from capc.data.generators import FloatImages, Recipe, batch_hash
+from capc.data.schema import RecordSchema
 from services.proto.capc.v1 import common_pb2
 
 
@@ -17,26 +18,22 @@ def recipe_from_proto(msg: common_pb2.Recipe) -> Recipe:
         params = json.loads(msg.params_json) if msg.params_json else {}
         if not isinstance(params, dict):
             raise ValueError("params_json must be a JSON object")
+        # Recipe checks the shape: (C, H, W) for images, (width,) for table rows.
         shape = tuple(int(x) for x in msg.shape)
-        if len(shape) != 3:
-            raise ValueError(f"shape must be (channels, height, width), got {shape}")
-        return Recipe(
-            msg.generator,
-            int(msg.seed),
-            int(msg.start),
-            int(msg.count),
-            (shape[0], shape[1], shape[2]),
-            params,
-        )
+        return Recipe(msg.generator, int(msg.seed), int(msg.start), int(msg.count), shape, params)
     except (ValueError, TypeError) as err:
         raise RecipeError(f"bad recipe: {err}") from err
 
 
 def recipe_to_proto(
-    recipe: Recipe, with_hash: bool = True, images: FloatImages | None = None
+    recipe: Recipe,
+    with_hash: bool = True,
+    images: FloatImages | None = None,
+    records: RecordSchema | None = None,
 ) -> common_pb2.Recipe:
     """The wire form; ``with_hash`` attaches the batch's SHA-256, generating the batch
-    unless ``images`` (the recipe's own batch) is given."""
+    (table rows in the layout of the task's schema ``records``) unless ``images`` (the
+    recipe's own batch) is given."""
     if images is not None and images.shape != (recipe.count, *recipe.shape):
         raise ValueError(f"images {images.shape} are not the recipe's batch")
     return common_pb2.Recipe(
@@ -46,15 +43,16 @@ def recipe_to_proto(
         start=recipe.start,
         count=recipe.count,
         shape=list(recipe.shape),
-        batch_hash=batch_hash(recipe.generate() if images is None else images)
+        batch_hash=batch_hash(recipe.generate(records) if images is None else images)
         if with_hash
         else b"",
     )
 
 
-def regenerate(msg: common_pb2.Recipe) -> FloatImages:
-    """The recipe's images, after checking them against the hash the student sent."""
-    images = recipe_from_proto(msg).generate()
+def regenerate(msg: common_pb2.Recipe, records: RecordSchema | None = None) -> FloatImages:
+    """The recipe's batch, after checking it against the hash the student sent. ``records``:
+    the task's schema, whose layout table rows take (every party reads the same task)."""
+    images = recipe_from_proto(msg).generate(records)
     if batch_hash(images) != bytes(msg.batch_hash):
         raise RecipeError(
             "regenerated batch does not match the recipe's hash: this party's generator differs from the student's"

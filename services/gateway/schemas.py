@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from capc.data.generators import GENERATORS
+from capc.data.table_queries import TABLE_GENERATORS
 from services.common.limits import (
     DEFAULT_BATCH,
     DEFAULT_EPOCHS,
@@ -17,8 +18,9 @@ from services.common.limits import (
     batch_refusal,
 )
 
-Generator = Literal["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
-if set(Generator.__args__) != set(GENERATORS):  # type: ignore[attr-defined]
+#: Image generators, then table generators (rows from the task's public feature ranges).
+Generator = Literal["gaussian", "spectral", "dead_leaves", "fractal", "mix", "uniform", "beta"]
+if set(Generator.__args__) != {*GENERATORS, *TABLE_GENERATORS}:  # type: ignore[attr-defined]
     raise RuntimeError("the REST enum must list every generator")
 ID_PATTERN = r"^[0-9a-f-]{36}$"
 JobId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
@@ -47,7 +49,9 @@ class Strict(BaseModel):
 
 
 class RecipeIn(Strict):
-    """Programmatic queries: images ``start`` .. ``start + count - 1`` of (generator, params, seed)."""
+    """Programmatic queries: records ``start`` .. ``start + count - 1`` of (generator, params,
+    seed): images for an image task, rows drawn from the public feature ranges (``uniform``,
+    ``beta``) for a table task."""
 
     generator: Generator
     params: dict[str, float | int | list[float] | list[str]] = Field(

@@ -181,7 +181,7 @@ class StudentClient:
 
         ``images``: the recipe's batch when the caller has generated it already (hashed, not
         generated again)."""
-        msg = recipe_to_proto(recipe, images=images)
+        msg = recipe_to_proto(recipe, images=images, records=self.task.records)
         return self._round(common_pb2.QueryBatch(recipe=msg), recipe.count, overrides)
 
     def _round(

@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             exclude=tuple(args.exclude),
             hospital=args.hospital,
         ),
+        records=task.records,
     )
     try:
         trainer = ModelTrainer(store, task, test_set, body, reference, own)

@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 
 from capc.data.generators import Recipe
+from capc.data.schema import RecordSchema
 from capc.mpc.channel import ProtocolError
 from capc.mpc.votes import PartyInputError
 from services.common import serde
@@ -105,9 +106,16 @@ def model_proto(model: StudentModel) -> student_pb2.StudentModel:
 class JobRunner:
     """Runs queued jobs one after another through one StudentClient (one 2PC session)."""
 
-    def __init__(self, store: JobStore, make_client: Callable[[], StudentClient]) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        make_client: Callable[[], StudentClient],
+        records: RecordSchema | None = None,
+    ) -> None:
         self.store = store
         self._make_client = make_client
+        # The task's schema: the layout of a table recipe's rows.
+        self._task_records = records
         self._queue: queue.Queue[tuple[str, int]] = queue.Queue()
         self._client: StudentClient | None = None
         for job_id, start in store.resume_points():
@@ -136,7 +144,7 @@ class JobRunner:
         recipe = self.store.recipe(job_id)
         base = Recipe.from_json(recipe) if recipe else None
         if base is not None and start == 0:
-            self.store.set_queries(job_id, base.generate())
+            self.store.set_queries(job_id, base.generate(self._task_records))
         queries = self.store.queries(job_id)
         mechanism = stored_overrides(job)
         batches = range(start, -(-len(queries) // job.batch_size))
@@ -242,7 +250,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
                 try:
                     # One image checks the parameters; the runner generates the batch, so a
                     # large recipe never holds this call past the caller's deadline.
-                    dataclasses.replace(recipe, count=1).generate()
+                    dataclasses.replace(recipe, count=1).generate(self.task.records)
                 except ValueError as err:
                     raise RequestError(str(err)) from err
                 x = np.zeros((recipe.count, *self.task.input_shape), dtype=np.float32)

@@ -263,8 +263,11 @@ class ModelTrainer:
 
     @property
     def default_architecture(self) -> str:
-        """What a request naming no architecture gets: the DIET student when there is a body."""
-        return PRETRAINED if self.body is not None else "small-cnn"
+        """What a request naming no architecture gets: the DIET student when there is a body,
+        else an MLP for table rows ((width,) inputs) and a small CNN for images."""
+        if self.body is not None:
+            return PRETRAINED
+        return "mlp" if len(self.task.input_shape) == 1 else "small-cnn"
 
     def check(
         self,
