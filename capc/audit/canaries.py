@@ -15,6 +15,14 @@ the release points at one of them, and abstains otherwise:
 - otherwise no guess.
 
 The rule is fixed before the attack runs and reads no true label.
+
+Where a mechanism releases real-valued vectors (ALIBI's noisy one-hot
+labels), two more attacks read them directly: :func:`guess_by_score` at the
+likelihood ratio's extreme, and :func:`guess_by_support`, which reads the
+floating-point representation (Mironov 2012): a float release e_y + noise
+puts the label's coordinate in the image of v = fl(1.0 + x), and other
+coordinates often outside it. Every rule here is a function of the release
+alone, so :mod:`capc.audit.bounds` applies to it whatever its accuracy.
 """
 
 from __future__ import annotations
@@ -136,6 +144,51 @@ def guess_by_score(canaries: Canaries, log_odds: NDArray[np.floating], margin: f
         raise ValueError(f"margin must be >= 0, got {margin}")
     made = np.abs(s) >= margin
     return Guesses(made, made & (s > 0))
+
+
+def after_adding_one(values: NDArray[np.floating]) -> NDArray[np.bool_]:
+    """Per float64 value v: whether fl(fl(v - 1.0) + 1.0) == v, i.e. v is fl(1.0 + x) for
+    the float x = fl(v - 1.0).
+
+    Every v = fl(1.0 + x), for any double x, passes: such v is a multiple of 2^-53
+    (below 1/2 in size only when 1 + x is exact, by Sterbenz's lemma), and then v - 1.0
+    is exact and adding 1.0 back is too (checked in the tests on 10^7 doubles across
+    the exponent range). A continuous noise sample x with |x| < 1/2 passes only when
+    its low bits happen to be those of a multiple of 2^-53: at Laplace scale 2 about 29%
+    of samples fail. Values on ALIBI's grid (multiples of 1/256) always pass."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(((v - 1.0) + 1.0 == v) | ~np.isfinite(v), dtype=np.bool_)
+
+
+def guess_by_support(canaries: Canaries, vectors: NDArray[np.floating]) -> Guesses:
+    """The support-set attack on released vectors (M, C) of the form e_y + float noise:
+    where exactly one of the two candidates' coordinates could be fl(1.0 + x)
+    (:func:`after_adding_one`), guess that one; abstain where both or neither could.
+
+    Against a float release the guessed coordinate is never wrong when the other one is
+    not of that form, since the label's coordinate always is. Against an exact release on
+    a grid of step 2^-k (k <= 52) every coordinate passes and the attack never guesses."""
+    o = np.asarray(vectors, dtype=np.float64)
+    if o.ndim != 2 or o.shape[0] != len(canaries):
+        raise ValueError(f"need one released vector per canary, got shape {o.shape}")
+    rows = np.arange(len(canaries))
+    first = after_adding_one(o[rows, canaries.planted])
+    second = after_adding_one(o[rows, canaries.alternative])
+    made = first != second
+    return Guesses(made, made & first)
+
+
+def audit_support(
+    canaries: Canaries,
+    vectors: NDArray[np.floating],
+    *,
+    delta: float = 0.0,
+    confidence: float = 0.95,
+) -> EmpiricalEpsilon:
+    """:func:`guess_by_support`, turned into an empirical epsilon (nats)."""
+    g = guess_by_support(canaries, vectors)
+    return empirical_epsilon(g.correct, g.count, len(canaries), delta=delta, confidence=confidence)
 
 
 def audit_scores(
