@@ -55,7 +55,9 @@ def bernoulli_exp_at_most_one(
 ) -> BoolArray:
     """Per element True with probability exp(-numerator / denominator), exactly, for
     0 <= numerator <= denominator (Algorithm 1: K is odd with probability exp(-gamma),
-    where K is the first k with a failed Bernoulli(gamma / k))."""
+    where K is the first k with a failed Bernoulli(gamma / k)). Each Bernoulli(gamma / k)
+    is Bernoulli(gamma) and Bernoulli(1 / k) at once, so no denominator exceeds
+    ``denominator`` (at most 2**63)."""
     num = np.asarray(numerator, dtype=np.int64)
     if denominator < 1 or (num.size and (num.min() < 0 or num.max() > denominator)):
         raise ValueError("need 0 <= numerator <= denominator and denominator >= 1")
@@ -65,7 +67,8 @@ def bernoulli_exp_at_most_one(
     left = num.reshape(-1)
     k = 1
     while live.size:
-        go_on = randbelow(denominator * k, live.size, rng) < left
+        go_on = randbelow(denominator, live.size, rng) < left
+        go_on &= randbelow(k, live.size, rng) == 0
         flat[live[~go_on]] = k % 2 == 1
         live, left = live[go_on], left[go_on]
         k += 1
