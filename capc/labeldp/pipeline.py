@@ -251,7 +251,8 @@ def run_alibi(
     # The ratio's extreme is the grid's exact epsilon 2s/t <= claimed; a hair under it
     # so that the rounding of the float ratio cannot hide a vector that reaches it.
     release = canary_audit.audit_scores(c, odds, float(g.epsilon) * (1 - 1e-9))
-    support = canary_audit.audit_support(c, vectors)
+    # At the scale a float sampler would have used for this claim (what the old ALIBI did).
+    support = canary_audit.audit_support(c, vectors, scale)
     return _row(
         "alibi",
         split,
