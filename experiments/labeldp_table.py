@@ -162,10 +162,14 @@ def recomputed(audit: dict[str, Any]) -> bounds.EmpiricalEpsilon:
 
 
 def audits(row: dict[str, Any]) -> dict[str, bounds.EmpiricalEpsilon]:
-    """A row's audits by attack: the model's, and the release's where there is one."""
+    """A row's audits by attack: the model's, and the release's and the release's
+    floating-point support's where there are (rows saved before the support attack have
+    none)."""
     out = {"model": recomputed(row["audit"])}
     if "release_audit" in row:
         out["release"] = recomputed(row["release_audit"])
+    if "support_audit" in row:
+        out["support"] = recomputed(row["support_audit"])
     return out
 
 
@@ -178,6 +182,8 @@ def refresh(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         new = {**r, "audit": a["model"].to_dict()}
         if "release" in a:
             new["release_audit"] = a["release"].to_dict()
+        if "support" in a:
+            new["support_audit"] = a["support"].to_dict()
         new["flagged"] = any(e.exceeds(r["epsilon"]) for e in a.values())
         out.append(new)
     return out

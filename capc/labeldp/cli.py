@@ -73,7 +73,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Register ``labeldp alibi``, ``labeldp rr`` and ``labeldp pate-fm``."""
     p = sub.add_parser("labeldp", help="label-DP training (ALIBI, randomized response, PATE-FM)")
     lsub = p.add_subparsers(dest="labeldp_command", required=True)
-    a = lsub.add_parser("alibi", help="Laplace noise on one-hot labels, Bayesian soft labels")
+    a = lsub.add_parser(
+        "alibi",
+        help="exact discrete Laplace noise on one-hot labels on a grid, Bayesian soft labels",
+    )
     _common(a)
     a.add_argument("--epochs", type=positive_int, help="training epochs (default per dataset)")
     a.set_defaults(handler=run_cli, method="alibi")

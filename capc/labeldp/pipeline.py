@@ -187,7 +187,7 @@ def _row(
         "flagged": audit.exceeds(claimed)
         or any(
             isinstance(a, dict) and a.get("refuting_lower", 0.0) > claimed
-            for a in (extra.get("release_audit"),)
+            for a in (extra.get("release_audit"), extra.get("support_audit"))
         ),
         "seconds": time.perf_counter() - started,
         **extra,
@@ -217,13 +217,17 @@ def run_alibi(
     released: NDArray[np.float64] | None = None,
     train_scale: float | None = None,
 ) -> dict[str, Any]:
-    """ALIBI at ``epsilon``. ``released`` replaces the noisy vectors and ``train_scale`` the
-    scale the trainer assumes: tests build broken mechanisms with them, and the claim
-    stays that of ``epsilon``. Two audits: the model's (``audit``) and the released
-    vectors' own (``release_audit``, exact at the likelihood ratio's extreme)."""
+    """ALIBI at ``epsilon``: the labels released on its grid with exact discrete Laplace
+    noise (:func:`capc.labeldp.alibi.release`). ``released`` replaces the noisy vectors
+    (label units) and ``train_scale`` the scale the trainer assumes: tests build broken
+    mechanisms with them, and the claim stays that of ``epsilon``. Three audits: the
+    model's (``audit``), the released vectors' own at the likelihood ratio's extreme
+    (``release_audit``, exact) and their floating-point support (``support_audit``,
+    which refutes any float-noise release and never guesses on the grid)."""
     started = time.perf_counter()
     tr = split.train
-    scale = alibi.laplace_scale(epsilon)
+    g = alibi.grid(epsilon)
+    scale = g.scale
     noisy = (
         alibi.noisy_labels(split.y[tr], split.classes, epsilon, rng)
         if released is None
@@ -242,8 +246,13 @@ def run_alibi(
     probs = _probabilities(model, split.x[split.canaries.index])
     claimed = alibi.label_event(epsilon).epsilon
     c = split.canaries
-    odds = alibi.log_odds(noisy[_canary_positions(split)], c.planted, c.alternative, scale)
-    release = canary_audit.audit_scores(c, odds, claimed * (1 - 1e-9))
+    vectors = noisy[_canary_positions(split)]
+    odds = alibi.log_odds(vectors, c.planted, c.alternative, scale)
+    # The ratio's extreme is the grid's exact epsilon 2s/t <= claimed; a hair under it
+    # so that the rounding of the float ratio cannot hide a vector that reaches it.
+    release = canary_audit.audit_scores(c, odds, float(g.epsilon) * (1 - 1e-9))
+    # At the scale a float sampler would have used for this claim (what the old ALIBI did).
+    support = canary_audit.audit_support(c, vectors, scale)
     return _row(
         "alibi",
         split,
@@ -253,7 +262,12 @@ def run_alibi(
         probs,
         None,
         started,
-        {"laplace_scale": scale, "release_audit": release.to_dict()},
+        {
+            "laplace_scale": scale,
+            "grid": g.to_dict(),
+            "release_audit": release.to_dict(),
+            "support_audit": support.to_dict(),
+        },
     )
 
 

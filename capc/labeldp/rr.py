@@ -5,13 +5,20 @@ otherwise replaced by one of the other C - 1 classes uniformly, so every
 output class has probability e^eps / (e^eps + C - 1) or 1 / (e^eps + C - 1)
 whatever the label: the ratio for two labels is at most e^eps, which is
 epsilon-label-DP with delta 0. The model trained on the noisy labels is
-post-processing. The draws use 53-bit uniforms from the secure generator:
-each probability is exact to 2**-53.
+post-processing.
+
+Sampling is exact, with integers only (:mod:`capc.privacy.exact_noise`):
+propose a class uniformly; accept it if it is the label, else with
+probability exp(-epsilon); repeat until accepted. The accepted class has
+probability proportional to 1 for the label and exp(-epsilon) for each other
+class, which is the law above exactly. Epsilon enters as its binary value
+rounded down to a multiple of 2**-60 (a smaller epsilon: never less private).
 """
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -20,7 +27,7 @@ from torch import nn
 
 from capc.labeldp.alibi import label_event, one_hot
 from capc.labeldp.training import TrainConfig, fit_soft
-from capc.privacy import events
+from capc.privacy import events, exact_noise
 from capc.privacy.randomness import SecureRandom
 
 
@@ -40,14 +47,22 @@ def event(epsilon: float) -> events.PureDpEvent:
 def randomize(
     labels: NDArray[np.integer], classes: int, epsilon: float, rng: SecureRandom
 ) -> NDArray[np.int64]:
-    """The released labels (N,): each kept or moved to a uniformly drawn other class."""
+    """The released labels (N,): each kept or moved to a uniformly drawn other class, with
+    the exact law of the module docstring."""
     y = np.asarray(labels, dtype=np.int64)
     one_hot(y, classes)  # validates the labels
-    keep = rng.uniform(len(y)) < keep_probability(epsilon, classes)
-    shift = 1 + np.minimum(np.floor(rng.uniform(len(y)) * (classes - 1)), classes - 2).astype(
-        np.int64
-    )
-    return np.where(keep, y, (y + shift) % classes).astype(np.int64)
+    if classes < 2:
+        raise ValueError(f"randomized response needs at least two classes, got {classes}")
+    gamma = Fraction(math.floor(Fraction(label_event(epsilon).epsilon) * 2**60), 2**60)
+    out = np.empty(len(y), dtype=np.int64)
+    pending = np.arange(len(y))
+    while pending.size:
+        proposal = exact_noise.randbelow(classes, pending.size, rng)
+        accept = proposal == y[pending]
+        accept |= exact_noise.bernoulli_exp(gamma, pending.size, rng)
+        out[pending[accept]] = proposal[accept]
+        pending = pending[~accept]
+    return out
 
 
 def train(

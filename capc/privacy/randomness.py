@@ -70,7 +70,8 @@ class SecureRandom:
         return (u.astype(np.float64) + 0.5) * 2.0**-53
 
     def normal(self, shape: int | tuple[int, ...], scale: float = 1.0) -> NDArray[np.float64]:
-        """Gaussian noise N(0, scale**2) by the Box-Muller transform.
+        """Gaussian noise N(0, scale**2) by the Box-Muller transform, in floating point (as
+        with :meth:`laplace`, never for a released number: use the discrete Gaussian).
 
         The smallest uniform is 2**-54, so samples are confined to about 8.7
         standard deviations: a tail mass below 1e-17, far under any delta used.
@@ -80,7 +81,13 @@ class SecureRandom:
         return scale * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * math.pi * u2)
 
     def laplace(self, shape: int | tuple[int, ...], scale: float) -> NDArray[np.float64]:
-        """Laplace noise with density exp(-|x|/scale) / (2 scale)."""
+        """Laplace noise with density exp(-|x|/scale) / (2 scale), in floating point.
+
+        Never add it to a number that is released: the outputs form a sparse set
+        (Mironov 2012), so ``released - noise`` can give the secret away (the old float
+        ALIBI did; :func:`capc.audit.canaries.audit_support` refutes such a release). For
+        released numbers use :mod:`capc.privacy.exact_noise`; this is for argmax-only
+        mechanisms (LNMax) and tests."""
         magnitude = -np.log(self.uniform(shape)) * scale
         sign = np.where(self.uint64(shape) & np.uint64(1), 1.0, -1.0)
         return sign * magnitude

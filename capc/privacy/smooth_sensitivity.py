@@ -25,6 +25,16 @@ g in [0, s] but never s - 1 (and only g of the parity of s when K = 2). The
 largest one-move change of the RDP between such values anywhere within
 distance d is found by enumeration, with no approximation. Tables are still
 tabulated on {0, ..., n}; impossible entries are never read.
+
+Floating point: not an exact release. The noise is a float Gaussian
+(Box-Muller, :meth:`capc.privacy.randomness.SecureRandom.normal`) added to a
+float R(H), and the result is released as a number. The RDP above is that of
+the continuous Gaussian; a float sampler's outputs form a sparse set
+(Mironov 2012), so the released figure may reveal more about R(H) than the
+cost charged for it. It is a side figure of central-mode experiments
+(:mod:`capc.learning.pate`, ``capc privacy --sanitise``): never a label,
+never charged on a ledger. Making it exact (discrete Gaussian on a grid,
+with R snapped) is not done.
 """
 
 from __future__ import annotations

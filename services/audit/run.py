@@ -19,6 +19,12 @@ Then, as any student would:
    epsilon its ledger claims for that hospital. The admin API
    (``GET /v1/admin/privacy-audits``) and the dashboard show them side by side.
 
+What is released here are integer labels (argmax and threshold outputs of
+the secure circuits; the noisy counts never leave them), so the support-set
+attack of :func:`capc.audit.canaries.guess_by_support`, which reads the
+floating-point bits of released noisy vectors, has nothing to read: it runs
+where vectors are released (``capc labeldp alibi``).
+
 The run prints one JSON object (``--json``) or a line per hospital; with
 ``--serve`` it starts the gateway as well and keeps the consortium up.
 """

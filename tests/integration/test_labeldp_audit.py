@@ -3,8 +3,9 @@
 Real ALIBI, randomized response and PATE-FM: the empirical lower bound (of
 the model attack and of the attack on the mechanism's own release) never
 exceeds the provable epsilon. Broken: ALIBI with its noise switched off, and
-ALIBI whose noise is that of eps 10 but which is charged eps 1 (a tenth):
-the audit refutes both claims. The victim trains without augmentation or
+ALIBI whose noise is that of eps 10 but which is charged eps 1 (a tenth),
+and the old ALIBI that added floating-point Laplace noise (its porous
+support gives the label away): the audit refutes all three claims. The victim trains without augmentation or
 weight decay, so a leak the mechanism lets through reaches the model.
 """
 
@@ -36,6 +37,7 @@ def lower_bounds(row: dict[str, Any]) -> list[float]:
     return [
         row["audit"]["lower"],
         *([row["release_audit"]["lower"]] if "release_audit" in row else []),
+        *([row["support_audit"]["lower"]] if "support_audit" in row else []),
     ]
 
 
@@ -87,3 +89,16 @@ def test_alibi_charged_at_a_tenth_of_its_cost_is_refuted(digits: tuple[Split, Cl
     )
     assert row["flagged"] and row["epsilon"] == 1.0
     assert row["audit"]["lower"] > 1.0 and row["release_audit"]["lower"] > 1.0, row
+
+
+@pytest.mark.slow
+def test_alibi_with_floating_point_noise_is_refuted(digits: tuple[Split, Classifier]) -> None:
+    """The release ALIBI made before it moved to the grid: one-hot plus float Laplace at the
+    right scale. Only the support attack sees it; it needs no model."""
+    split, body = digits
+    clean = alibi.one_hot(split.y[split.train], split.classes)
+    old = clean + SecureRandom.from_seed(2).laplace(clean.shape, 2.0)
+    row = pipeline.run_alibi(split, body, 1.0, MEMORISING, SecureRandom.from_seed(0), released=old)
+    support = row["support_audit"]
+    assert row["flagged"] and support["correct"] == support["guesses"] > 0
+    assert support["refuting_lower"] > 1.0, row

@@ -15,7 +15,7 @@ import pytest
 from scipy.stats import binomtest
 
 from capc.audit import bounds, canaries
-from capc.labeldp import rr
+from capc.labeldp import alibi, rr
 from capc.privacy.randomness import SecureRandom
 
 
@@ -89,3 +89,70 @@ def test_the_audit_is_sound_and_nearly_tight_on_randomized_response() -> None:
 def test_the_audit_refutes_a_mechanism_charged_at_a_tenth_of_its_cost() -> None:
     result, flagged = rr_audit(4.0, 0.4)
     assert flagged and result.lower > 0.4
+
+
+def float_alibi(labels: np.ndarray, classes: int, epsilon: float, rng: SecureRandom) -> np.ndarray:
+    """The old ALIBI release, kept here only as the thing being audited: one-hot labels plus
+    floating-point Laplace(2 / epsilon) noise (Mironov 2012's porous support)."""
+    clean = alibi.one_hot(labels, classes)
+    return clean + rng.laplace(clean.shape, 2.0 / epsilon)
+
+
+def test_every_one_plus_a_double_passes_the_support_test() -> None:
+    """The attack's premise: the label's coordinate of a float release always passes."""
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**63 - 1, 2_000_000, dtype=np.int64).view(np.float64)
+    x = bits[np.isfinite(bits)]
+    x = np.concatenate([x, -x, rng.laplace(0, 1, 500_000) * 10.0 ** rng.integers(-20, 20, 500_000)])
+    with np.errstate(over="ignore"):
+        assert canaries.after_adding_one(1.0 + x).all()
+    assert canaries.after_adding_one(np.arange(-5000, 5000) / 256).all()  # ALIBI's grid
+    assert not canaries.after_adding_one(np.array([0.1, 1e-3, -0.3])).any()
+
+
+def test_every_output_of_the_float_laplace_sampler_is_in_its_support() -> None:
+    rng = SecureRandom.from_seed("support")
+    for scale in (2.0, 0.25, 1 / 3, 16.0):
+        x = rng.laplace(100_000, scale)
+        assert canaries.float_laplace_support(x, scale).all()
+        # and most of 1.0 + x is not: the label's coordinate stands out
+        assert canaries.float_laplace_support(1.0 + x, scale).mean() < 0.4
+
+
+def alibi_release_audits(
+    release: str, scale: float | None, m: int = 20_000, epsilon: float = 1.0
+) -> tuple[bounds.EmpiricalEpsilon, bounds.EmpiricalEpsilon]:
+    y = np.zeros(m, dtype=np.int64)
+    planted, c = canaries.plant(y, 10, np.arange(m), np.random.default_rng(3))
+    rng = SecureRandom.from_seed(f"alibi-{release}")
+    o = (
+        float_alibi(planted, 10, epsilon, rng)
+        if release == "float"
+        else alibi.noisy_labels(planted, 10, epsilon, rng)
+    )
+    g = alibi.grid(epsilon)
+    odds = alibi.log_odds(o, c.planted, c.alternative, g.scale)
+    return (
+        canaries.audit_support(c, o, scale),
+        canaries.audit_scores(c, odds, float(g.epsilon) * (1 - 1e-9)),
+    )
+
+
+@pytest.mark.parametrize(("scale", "share"), [(None, 0.2), (2.0, 0.6)])
+def test_the_support_attack_refutes_float_alibi(scale: float | None, share: float) -> None:
+    support, score = alibi_release_audits("float", scale)
+    assert support.guesses > share * support.canaries and support.correct == support.guesses
+    assert support.exceeds(1.0) and support.refuting_lower > 5.0
+    assert not score.exceeds(1.0)  # the likelihood-ratio attack alone cannot see it
+
+
+@pytest.mark.parametrize("scale", [None, 2.0])
+def test_exact_grid_alibi_passes_both_release_attacks(scale: float | None) -> None:
+    support, score = alibi_release_audits("grid", scale)
+    assert support.lower <= 1.0 and not support.exceeds(1.0)
+    if scale is None:
+        assert support.guesses == 0  # every grid value could be fl(1.0 + x)
+    else:  # grid values that are float Laplace outputs: guesses at chance
+        assert abs(support.accuracy - 0.5) < 0.05
+    assert score.guesses > 1000 and score.lower <= 1.0 and not score.exceeds(1.0)
+    assert score.upper is not None and score.upper >= 1.0

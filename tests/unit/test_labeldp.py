@@ -1,8 +1,9 @@
 """ALIBI, randomized response and PATE-FM: their guarantees checked against the mechanisms.
 
-ALIBI's posterior is compared with Bayes' rule on Laplace densities written
-out independently; its privacy with the exact likelihood ratio of the
-released vector (teeth: half the noise breaks the claimed epsilon). Randomized
+ALIBI's posterior is compared with Bayes' rule on Laplace densities and on
+the discrete Laplace law of its grid, written out independently; its privacy
+with the exact likelihood ratio of the released grid vectors (teeth: half
+the noise breaks the claimed epsilon); its noise with the exact law. Randomized
 response's output distribution is exact. PATE-FM's query count is fixed by the
 budget before any vote: labels cannot move it.
 """
@@ -10,6 +11,7 @@ budget before any vote: labels cannot move it.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -29,8 +31,15 @@ def laplace_log_likelihood(o: np.ndarray, label: int, scale: float) -> float:
     return float(np.sum(-np.abs(o - target) / scale - math.log(2 * scale)))
 
 
-def test_laplace_scale_and_event() -> None:
+def test_grid_scale_and_event() -> None:
     assert alibi.laplace_scale(2.0) == 1.0
+    assert alibi.grid(2.0) == alibi.Grid(256, 256) and alibi.grid(0.25).noise == 2048
+    odd = alibi.grid(1.5)  # 512 / 1.5 is not an integer: t rounds up, epsilon down
+    assert odd.noise == 342 and odd.epsilon == Fraction(512, 342) < Fraction(1.5)
+    assert alibi.grid(1000.0) == alibi.Grid(256, 1) and alibi.grid(1000.0).epsilon == 512
+    for eps in (0.1, 0.3, 1.0, 3.7, 8.0):
+        g = alibi.grid(eps)
+        assert g.epsilon <= Fraction(eps) and g.epsilon > Fraction(eps) * (1 - Fraction(1, g.noise))
     assert alibi.label_event(0.5) == events.PureDpEvent(0.5)
     for bad in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="epsilon"):
@@ -63,12 +72,60 @@ def test_released_vector_is_epsilon_dp_and_half_the_noise_is_not() -> None:
     assert max(broken) > eps
 
 
-def test_noisy_labels_have_the_claimed_noise() -> None:
+def discrete_log_likelihood(k: np.ndarray, label: int, s: int, t: int) -> float:
+    """log P[k | y = label] for the released grid integers k, from the discrete Laplace law."""
+    q = math.exp(-1.0 / t)
+    target = np.zeros_like(k)
+    target[label] = s
+    return float(np.sum(np.log((1 - q) / (1 + q)) - np.abs(k - target) / t))
+
+
+def test_posterior_is_bayes_rule_on_the_grid_law() -> None:
+    g = alibi.grid(1.0)
+    rng = np.random.default_rng(1)
+    k = rng.integers(-3 * g.noise, 3 * g.noise, (20, 4))
+    prior = rng.dirichlet(np.ones(4), 20)
+    o = torch.tensor(k / g.resolution)
+    got = alibi.posterior(o, g.scale, torch.tensor(np.log(prior))).numpy()
+    for i in range(20):
+        logs = [discrete_log_likelihood(k[i], c, g.resolution, g.noise) for c in range(4)]
+        joint = np.exp(np.array(logs) - max(logs)) * prior[i]
+        np.testing.assert_allclose(got[i], joint / joint.sum(), rtol=1e-9)
+
+
+def test_grid_release_is_exactly_its_epsilon_dp_and_half_the_noise_is_not() -> None:
+    """The log-likelihood ratio of every released grid vector between two labels is at most
+    2s/t and reaches it; with t halved it exceeds the claim."""
+    eps = 2.0
+    g = alibi.grid(eps)
+    k = alibi.release(np.arange(3000) % 3, 3, eps, SecureRandom.from_seed("grid"))
+    s, t = g.resolution, g.noise
+    ratios = [discrete_log_likelihood(v, 0, s, t) - discrete_log_likelihood(v, 1, s, t) for v in k]
+    assert max(ratios) <= float(g.epsilon) + 1e-9 and max(ratios) > float(g.epsilon) - 1e-9
+    broken = [
+        discrete_log_likelihood(v, 0, s, t // 2) - discrete_log_likelihood(v, 1, s, t // 2)
+        for v in k
+    ]
+    assert max(broken) > eps
+    odds = alibi.log_odds(k / s, np.zeros(3000, int), np.ones(3000, int), g.scale)
+    np.testing.assert_allclose(odds, ratios, atol=1e-9)
+
+
+def test_noisy_labels_are_on_the_grid_with_the_exact_noise() -> None:
     y = np.arange(4000) % 10
     o = alibi.noisy_labels(y, 10, 2.0, SecureRandom.from_seed(1))
+    k = o * alibi.RESOLUTION
+    np.testing.assert_array_equal(k, np.round(k))  # on the grid, division exact
     noise = o - alibi.one_hot(y, 10)
-    # Laplace(1): mean |x| = 1, variance 2.
+    # scale lambda = 1: mean |x| = 1, variance 2, to O(1/t^2).
     assert abs(np.abs(noise).mean() - 1.0) < 0.02 and abs(noise.var() - 2.0) < 0.1
+    # A coarse grid (t = 2): the noise in grid units has the discrete Laplace law exactly.
+    z = alibi.release(np.zeros(50_000, dtype=np.int64), 2, 256.0, SecureRandom.from_seed(2))
+    z[:, 0] -= alibi.RESOLUTION
+    q = math.exp(-0.5)
+    for v in range(-3, 4):
+        p = (1 - q) / (1 + q) * q ** abs(v)
+        assert abs((z == v).mean() - p) < 5 * math.sqrt(p * (1 - p) / z.size)
     with pytest.raises(ValueError, match=r"\[0, 10\)"):
         alibi.noisy_labels(np.array([10]), 10, 1.0, SecureRandom.from_seed(1))
 

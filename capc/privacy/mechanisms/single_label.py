@@ -5,6 +5,17 @@ weighted) number of teachers voting class j on query b. Every mechanism has a
 ``*_decide`` form that takes the noise explicitly (what the secure circuits
 must reproduce bit for bit) and a sampling form that draws the noise from a
 :class:`~capc.privacy.randomness.SecureRandom`. Ties go to the lowest class index.
+
+Floating point. Only the argmax (and the threshold bit) is released, never
+a noisy count, so a float sampler's sparse support (Mironov 2012) has no
+released value to read. The float samplers are still not exact: Box-Muller
+confines a Gaussian to about 8.7 standard deviations and the float Laplace
+to about 37.4 scales (53-bit uniforms), so a histogram whose gap exceeds
+twice that answers deterministically, and every event's probability is off
+by the uniforms' 2^-53 grid. We estimate (not proven) that the guarantee
+holds with an extra delta of order 1e-15 per query, not exactly as stated. ``discrete=True``
+draws the exact integer discrete Gaussian (integer counts; Canonne, Kamath
+and Steinke 2020), whose guarantee is exact.
 """
 
 from __future__ import annotations
@@ -66,7 +77,9 @@ def vote_histogram(labels: ArrayLike, num_classes: int) -> FloatArray:
 def gaussian_noise(
     shape: tuple[int, ...], sigma: float, rng: SecureRandom, discrete: bool = False
 ) -> FloatArray:
-    """Noise N(0, sigma**2) per entry; ``discrete`` draws the exact integer version."""
+    """Noise N(0, sigma**2) per entry; ``discrete`` draws the exact integer version. The float
+    version is for argmax-only releases (module docstring): never add it to a released
+    number."""
     sd = check.positive(sigma, "sigma")
     if discrete:
         return discrete_gaussian.noise(shape, sd, rng).astype(np.float64)
@@ -130,7 +143,11 @@ def confident_gnmax(
 
 
 def laplace_noisy_max(histograms: ArrayLike, scale: float, rng: SecureRandom) -> IntArray:
-    """LNMax (Papernot et al. 2017): argmax of the histogram plus Laplace(scale) noise."""
+    """LNMax (Papernot et al. 2017): argmax of the histogram plus Laplace(scale) noise.
+
+    Float Laplace: only the argmax is released, but the float sampler's bounded support
+    (module docstring) means the pure 2/scale-DP charged holds only up to a small delta
+    (estimated of order 1e-15 per query); a library function, no service runs it."""
     h = check.histograms(histograms)
     b = check.positive(scale, "scale")
     return noisy_argmax(h, rng.laplace(h.shape, b))
