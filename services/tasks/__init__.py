@@ -1,5 +1,5 @@
-"""Task configurations the project ships (JSON data, not code): the local consortium's
-default task and the demo's. Kept as data so that no service module names a mechanism."""
+"""Task configurations the project ships (JSON data, not code): ``capc up``'s DIET task
+(``images``), the demo's, the testbed's and the e2e tests' one-teacher task. Kept as data so that no service module names a mechanism."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 
 
 def load(name: str) -> dict[str, Any]:
-    """The shipped task configuration ``name`` (``images``, ``demo`` or ``light``), a fresh dict."""
+    """The shipped task configuration ``name`` (``images``, ``demo``, ``light`` or
+    ``one-teacher``), a fresh dict."""
     text = resources.files(__package__).joinpath(f"{name}.json").read_text(encoding="utf-8")
     config: dict[str, Any] = json.loads(text)
     return config
