@@ -663,52 +663,14 @@ class LocalConsortium:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "up", help="run a local consortium (guardian + N hospitals) until interrupted"
-    )
-    p.add_argument("--parties", type=int, default=5)
-    p.add_argument("--dir", type=Path, default=Path("consortium"))
-    p.add_argument("--epsilon", type=float, default=10.0, help="each hospital's epsilon cap")
-    p.add_argument(
-        "--body",
-        type=Path,
-        default=None,
-        help="pretrained body (capc diet pretrain): hospitals fit only its last layer (DIET)",
-    )
-    p.add_argument(
-        "--teachers",
-        type=int,
-        default=1,
-        help="teachers each hospital votes with, each on a disjoint part of its data",
-    )
-    p.set_defaults(handler=run)
+    """Register ``capc up`` (services/up.py, which builds on this module)."""
+    from services import up  # up imports this module: imported when the parser is built
+
+    up.add_parser(sub)
 
 
 def run(args: argparse.Namespace) -> int:
-    c = LocalConsortium(
-        args.dir,
-        parties=args.parties,
-        epsilon_cap=args.epsilon,
-        log=lambda s: print(s, flush=True),
-        body=args.body,
-        teachers=[args.teachers] * args.parties,
-    )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    with c:
-        print(
-            json.dumps(
-                {
-                    "guardian": f"127.0.0.1:{c.port}",
-                    "pki": str(c.pki_dir),
-                    "ledger": c.db,
-                    "hospital_ledgers": [c.party_ledger(i) for i in range(c.parties)],
-                    "task": c.task,
-                }
-            ),
-            flush=True,
-        )
-        print("consortium is up; Ctrl-C stops it", flush=True)
-        stop.wait()
-    return 0
+    """``capc up``; see services/up.py."""
+    from services import up
+
+    return up.run(args)

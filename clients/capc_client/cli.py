@@ -1,6 +1,6 @@
 """``capcctl``: drive a capc gateway from the shell.
 
-    capcctl jobs submit --generator mix --count 1024 [--watch]
+    capcctl jobs submit --count 1024 [--generator mix] [--wait]
     capcctl jobs submit --file queries.npz
     capcctl jobs watch ID | show ID | list | results ID -o labelled.npz
     capcctl models train JOB... | show ID | list | download ID -o student.pt
@@ -82,8 +82,8 @@ def cmd_jobs_submit(client: Client, args: argparse.Namespace) -> int:
     if args.file is not None:
         job = client.submit_file(args.file, batch_size=args.batch_size, mechanism=_mechanism(args))
     else:
-        if args.generator is None or args.count is None:
-            raise SystemExit("capcctl: jobs submit needs --file, or --generator and --count")
+        if args.count is None:
+            raise SystemExit("capcctl: jobs submit needs --count (or --file)")
         params = json.loads(args.params) if args.params else {}
         job = client.submit_recipe(
             args.generator,
@@ -268,9 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", help="labelling jobs").add_subparsers(dest="sub", required=True)
     submit = jobs.add_parser("submit", parents=[common], help="create a labelling job")
     submit.add_argument(
-        "--generator", choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"]
+        "--generator",
+        choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix"],
+        default="gaussian",
+        help="synthetic queries in the task's input shape (default gaussian: what the "
+        "DIET teachers of `capc up` and the demo label best)",
     )
-    submit.add_argument("--count", type=int)
+    submit.add_argument("--count", type=int, help="queries to generate")
     submit.add_argument("--params", default="", help="generator parameters as JSON")
     submit.add_argument("--seed", type=int, default=0)
     submit.add_argument("--file", type=Path, help="unlabelled dataset: .npy or .npz with x")
@@ -288,7 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="raise one of the task mechanism's parameters (more noise or a higher "
         "threshold only), e.g. --raise sigma=2.5; repeatable",
     )
-    submit.add_argument("--watch", action="store_true", help="follow it until it finishes")
+    submit.add_argument(
+        "--wait",
+        "--watch",
+        dest="watch",
+        action="store_true",
+        help="follow it until it ends and print the result (with --json only the job's JSON)",
+    )
     submit.set_defaults(run=cmd_jobs_submit)
     for name, fn, helptext in (
         ("watch", cmd_jobs_watch, "follow a job with a progress bar"),
