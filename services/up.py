@@ -176,8 +176,11 @@ class Access:
         )
 
 
-def first_command(left: int, queries: int) -> str:
-    """A capcctl command the hospitals' remaining budgets cover (``left`` queries)."""
+def first_command(left: int, queries: int) -> str | None:
+    """A capcctl command the hospitals' remaining budgets cover (``left`` queries); None
+    when they cover none."""
+    if left < 1:
+        return None
     return f"capcctl jobs submit --count {min(queries, left)} --wait"
 
 
@@ -227,7 +230,10 @@ def report(
         f"# admin token (capcctl budget, parties, ledger, audit; the dashboard at "
         f"{access.url}/dashboard): CAPC_TOKEN={access.admin}"
     )
-    print(summary["command"], flush=True)
+    if summary["command"] is None:
+        print("# every hospital's cap is spent: capc up --dir NEW starts a fresh consortium")
+    else:
+        print(summary["command"], flush=True)
 
 
 # -- the command ----------------------------------------------------------------------
@@ -344,8 +350,6 @@ def run(args: argparse.Namespace) -> int:
             "reused": reused,
             "seconds": round(time.perf_counter() - began, 1),
         }
-        if least < 1:
-            note("every hospital's cap is spent: `capc up --dir NEW` starts a fresh consortium")
         report(args, c, access, summary)
         note(f"consortium is up after {summary['seconds']:.0f}s; Ctrl-C stops it")
         threading.Event().wait()
