@@ -1,11 +1,12 @@
-"""``capc up``: a local consortium of real processes on this machine.
+"""A local consortium of real processes on this machine (``LocalConsortium``).
 
 Creates the consortium PKI, trains a quick teacher per hospital on a disjoint
 part of the offline data (animal-mnist by default; animal-attributes for a
-multi-label task) unless checkpoints exist, registers a task in a
-SQLite ledger, and starts the guardian and N answering parties as separate
-processes over mutual TLS. The e2e tests, the consortium benchmark and the
-demo use it; on the command line it runs until interrupted.
+multi-label task) unless checkpoints exist or a hospital brings its own,
+registers a task in a SQLite ledger, and starts the guardian and N answering
+parties (and on request the student party and the gateway) as separate
+processes over mutual TLS. ``capc up`` (services/up.py), the e2e tests, the
+consortium benchmark and the demo use it.
 """
 
 from __future__ import annotations
