@@ -39,7 +39,7 @@ class Up:
         for stream, sink in ((self.popen.stdout, self.out), (self.popen.stderr, self.err)):
             threading.Thread(target=lambda s=stream, k=sink: k.extend(s), daemon=True).start()
 
-    def wait_for_line(self, start: str, timeout: float = 900.0) -> str:
+    def wait_for_line(self, start: str, timeout: float = 1500.0) -> str:
         """The first stdout line that begins with ``start``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -94,6 +94,7 @@ def directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # fitting the teachers and starting six processes, on a busy CI
 def test_the_printed_lines_label_queries_within_every_cap(directory: Path) -> None:
     up = Up(directory, *SMALL)
     try:
@@ -118,6 +119,7 @@ def test_the_printed_lines_label_queries_within_every_cap(directory: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_a_second_run_reuses_the_directory_and_prints_one_json_object(directory: Path) -> None:
     up = Up(directory, *SMALL, "--json")
     try:
