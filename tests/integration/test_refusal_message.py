@@ -46,9 +46,9 @@ def test_refusal_names_the_round_cost_the_queries_left_and_capcctl_budget(tmp_pa
         f"hospital-0: 10 eps left, this round of 5000 queries costs it {alone:.4g} eps" in message
     )
     assert f"{fit} more queries fit" in message and 3000 < fit < 5000
-    assert re.search(rf"at most {fit} more queries fit \(hospital-\d\)", message)
+    assert re.search(rf"at most {fit} more queries fit \(hospital-\d\): ask for", message)
     assert "`capcctl budget`" in message
-    # What it says fits does fit: a round of exactly that many is reserved.
+    # What it says fits does fit: a round of exactly that many is reserved; then nothing.
     ledger.reserve(
         "fits",
         "images",
@@ -58,3 +58,15 @@ def test_refusal_names_the_round_cost_the_queries_left_and_capcctl_budget(tmp_pa
         mechanism="gnmax",
         quorum=3,
     )
+    with pytest.raises(QuorumError) as spent:
+        ledger.reserve(
+            "more",
+            "images",
+            "student",
+            1,
+            {p: gnmax(1) for p in ("hospital-0", "hospital-1", "hospital-2")},
+            mechanism="gnmax",
+            quorum=3,
+        )
+    assert "0 more queries fit" in str(spent.value)
+    assert "No excluded party's cap covers another query" in str(spent.value)

@@ -904,11 +904,17 @@ class Ledger:
                 f"{alone:.4g} eps, {fits[p]} more queries fit"
             )
         best = max(fits, key=lambda p: fits[p]) if fits else None
-        hint = "" if best is None else f"; at most {fits[best]} more queries fit ({best})"
+        if best is None or fits[best] == 0:
+            hint = ". No excluded party's cap covers another query"
+        else:
+            hint = (
+                f"; at most {fits[best]} more queries fit ({best}): ask for at most that "
+                "many per round (--batch-size)"
+            )
         return (
             f"only {included} of {len(names)} parties can afford this round, quorum is "
-            f"{quorum}; excluded: {'; '.join(parts)}{hint}. Ask for fewer queries per round "
-            "(--batch-size); `capcctl budget` shows every party's epsilon and queries left"
+            f"{quorum}; excluded: {'; '.join(parts)}{hint}. `capcctl budget` shows every "
+            "party's epsilon and queries left"
         )
 
     def budget(self, name: str) -> PartyBudget:
