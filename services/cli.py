@@ -42,7 +42,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("guardian", "services.guardian.args", "run the privacy guardian hub"),
     Command("answerer", "services.answerer.args", "run a hospital's answering party"),
     Command(
-        "up", "services.local", "run a local consortium (guardian + N hospitals) until interrupted"
+        "up",
+        "services.up_args",
+        "run a local consortium (guardian, hospitals, student party, gateway) until "
+        "interrupted, and print how to reach it with capcctl",
     ),
     Command("student", "services.student.args", "run the student party (jobs API for the gateway)"),
     Command("gateway", "services.gateway.args", "the REST gateway and its tokens"),

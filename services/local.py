@@ -1,16 +1,16 @@
-"""``capc up``: a local consortium of real processes on this machine.
+"""A local consortium of real processes on this machine (``LocalConsortium``).
 
 Creates the consortium PKI, trains a quick teacher per hospital on a disjoint
 part of the offline data (animal-mnist by default; animal-attributes for a
-multi-label task) unless checkpoints exist, registers a task in a
-SQLite ledger, and starts the guardian and N answering parties as separate
-processes over mutual TLS. The e2e tests, the consortium benchmark and the
-demo use it; on the command line it runs until interrupted.
+multi-label task) unless checkpoints exist or a hospital brings its own,
+registers a task in a SQLite ledger, and starts the guardian and N answering
+parties (and on request the student party and the gateway) as separate
+processes over mutual TLS. ``capc up`` (services/up.py), the e2e tests, the
+consortium benchmark and the demo use it.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import signal
@@ -46,7 +46,10 @@ from services.student.client import StudentClient
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK_NAME = "images"
-DEFAULT_TASK: dict[str, Any] = tasks.load(TASK_NAME)
+#: The task a LocalConsortium built in code runs unless given another: one teacher per
+#: hospital under robust Confident-GNMax, what the e2e tests exercise. It covers only a
+#: couple of queries at eps 10; `capc up` runs the DIET task instead (services/up.py).
+DEFAULT_TASK: dict[str, Any] = tasks.load("one-teacher")
 #: Held out from every hospital: the student's queries and test set.
 HELD_OUT = 400
 #: Held out from every hospital and from the test set: the student's unlabelled
@@ -210,6 +213,9 @@ class LocalConsortium:
     #: The CaPC loop: querier certificate -> the hospital the guardian binds it to
     #: (``capc guardian --querier``), so its rounds always leave that hospital out.
     queriers: Mapping[str, str] = field(default_factory=dict)
+    #: Hospitals' own teacher files (a capc checkpoint or ensemble, by hospital index),
+    #: used as they are instead of teachers fitted here; ``teachers`` must give their counts.
+    own_models: dict[int, Path] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -227,6 +233,8 @@ class LocalConsortium:
     def model_paths(self, i: int) -> list[Path]:
         """Hospital ``i``'s checkpoints: one teacher, one ensemble (heads on the body), or
         one per teacher (trained from scratch)."""
+        if i in self.own_models:
+            return [self.own_models[i]]
         if self.teacher_count(i) == 1 or self.body is not None:
             return [self.model_path(i)]
         return [self.directory / f"hospital-{i}-{t}.pt" for t in range(self.teacher_count(i))]
@@ -675,57 +683,3 @@ class LocalConsortium:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "up", help="run a local consortium (guardian + N hospitals) until interrupted"
-    )
-    p.add_argument("--parties", type=int, default=5, help="hospitals (default %(default)s)")
-    p.add_argument(
-        "--dir", type=Path, default=Path("consortium"), help="keys, models and databases"
-    )
-    p.add_argument("--epsilon", type=float, default=10.0, help="each hospital's epsilon cap")
-    p.add_argument(
-        "--body",
-        type=Path,
-        default=None,
-        help="pretrained body (capc diet pretrain): hospitals fit only its last layer (DIET)",
-    )
-    p.add_argument(
-        "--teachers",
-        type=int,
-        default=1,
-        help="teachers each hospital votes with, each on a disjoint part of its data",
-    )
-    p.set_defaults(handler=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    c = LocalConsortium(
-        args.dir,
-        parties=args.parties,
-        epsilon_cap=args.epsilon,
-        log=lambda s: print(s, flush=True),
-        body=args.body,
-        teachers=[args.teachers] * args.parties,
-    )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    with c:
-        print(
-            json.dumps(
-                {
-                    "guardian": f"127.0.0.1:{c.port}",
-                    "pki": str(c.pki_dir),
-                    "ledger": c.db,
-                    "hospital_ledgers": [c.party_ledger(i) for i in range(c.parties)],
-                    "task": c.task,
-                }
-            ),
-            flush=True,
-        )
-        print("consortium is up; Ctrl-C stops it", flush=True)
-        stop.wait()
-    return 0

@@ -155,11 +155,18 @@ class Accounting(ABC):
         self, event: DpEvent, epsilon: float, delta: float, spent: ArrayLike | None = None
     ) -> int:
         """How many more copies of ``event`` fit (epsilon, delta) after ``spent`` (a loss vector)."""
-        unit = self.filter_cost(event)
+        return self.max_count_of(self.filter_cost(event), epsilon, delta, spent)
+
+    def max_count_of(
+        self, unit: ArrayLike, epsilon: float, delta: float, spent: ArrayLike | None = None
+    ) -> int:
+        """How many more copies of a loss vector ``unit`` (one query's, in this accountant)
+        fit (epsilon, delta) after ``spent``: :meth:`max_count` for a cost already computed."""
+        u = self.check_total(unit)
         base = self.zero() if spent is None else self.check_total(spent)
-        if not unit.any():
+        if not u.any():
             raise ValueError("a free event fits any budget: nothing to count")
-        return self._max_count(unit, base, check.positive(epsilon, "epsilon"), check.delta(delta))
+        return self._max_count(u, base, check.positive(epsilon, "epsilon"), check.delta(delta))
 
     def max_multiplier(self, event: DpEvent, count: int, epsilon: float, delta: float) -> float:
         """The largest m such that ``count`` copies of ``event`` with m times its loss fit

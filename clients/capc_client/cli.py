@@ -1,6 +1,6 @@
 """``capcctl``: drive a capc gateway from the shell.
 
-    capcctl jobs submit --generator mix --count 1024 [--watch]
+    capcctl jobs submit --count 1024 [--generator mix] [--wait]
     capcctl jobs submit --file queries.npz
     capcctl jobs watch ID | show ID | list | results ID -o labelled.npz
     capcctl models train JOB... | show ID | list | download ID -o student.pt
@@ -88,8 +88,8 @@ def cmd_jobs_submit(client: Client, args: argparse.Namespace) -> int:
             reveal_records_to_answerers=args.reveal_records_to_answerers,
         )
     else:
-        if args.generator is None or args.count is None:
-            raise SystemExit("capcctl: jobs submit needs --file, or --generator and --count")
+        if args.count is None:
+            raise SystemExit("capcctl: jobs submit needs --count (or --file)")
         params = json.loads(args.params) if args.params else {}
         job = client.submit_recipe(
             args.generator,
@@ -382,11 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--generator",
         choices=["gaussian", "spectral", "dead_leaves", "fractal", "mix", "uniform", "beta"],
-        help="synthetic queries from this generator (with --count); images: gaussian, "
-        "spectral, dead_leaves, fractal, mix; table rows from the task's public feature "
-        "ranges: uniform, beta",
+        default=None,
+        help="synthetic queries in the task's input shape: images gaussian, spectral, "
+        "dead_leaves, fractal, mix; table rows from the task's public feature ranges: "
+        "uniform, beta (default: gaussian for images, what the DIET teachers of `capc up` "
+        "and the demo label best; beta for tables)",
     )
-    submit.add_argument("--count", type=int, help="how many synthetic queries")
+    submit.add_argument("--count", type=int, help="queries to generate")
     submit.add_argument("--params", default="", help="generator parameters as JSON")
     submit.add_argument("--seed", type=int, default=0, help="the generator's seed")
     submit.add_argument("--file", type=Path, help="unlabelled dataset: .npy or .npz with x")
@@ -405,7 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
         "threshold only), e.g. --raise sigma=2.5; repeatable",
     )
     _reveal_flag(submit)
-    submit.add_argument("--watch", action="store_true", help="follow it until it finishes")
+    submit.add_argument(
+        "--wait",
+        "--watch",
+        dest="watch",
+        action="store_true",
+        help="follow it until it ends and print the result (with --json only the job's JSON)",
+    )
     submit.set_defaults(run=cmd_jobs_submit)
     for name, fn, helptext in (
         ("watch", cmd_jobs_watch, "follow a job with a progress bar"),

@@ -194,7 +194,7 @@ class Client:
     # -- jobs -----------------------------------------------------------------------
     def submit_recipe(
         self,
-        generator: str,
+        generator: str | None,
         count: int,
         *,
         params: dict[str, Any] | None = None,
@@ -203,7 +203,8 @@ class Client:
         batch_size: int = DEFAULT_BATCH,
         mechanism: dict[str, float] | None = None,
     ) -> Job:
-        """A labelling job on ``count`` programmatic queries (generator, params, seed)."""
+        """A labelling job on ``count`` programmatic queries (generator, params, seed);
+        ``generator`` None: the task's default (gaussian images, beta table rows)."""
         body: dict[str, Any] = {
             "recipe": {
                 "generator": generator,

@@ -367,7 +367,7 @@ def create_app(
     )
     def create_job(body: schemas.JobCreate, _: Analyst) -> schemas.JobOut:
         recipe = common_pb2.Recipe(
-            generator=body.recipe.generator,
+            generator=body.recipe.generator or "",
             params_json=json.dumps(body.recipe.params, sort_keys=True),
             seed=body.recipe.seed,
             start=body.recipe.start,

@@ -53,7 +53,9 @@ class RecipeIn(Strict):
     seed): images for an image task, rows drawn from the public feature ranges (``uniform``,
     ``beta``) for a table task."""
 
-    generator: Generator
+    generator: Generator | None = Field(
+        None, description="default: gaussian for an image task, beta for a table task"
+    )
     params: dict[str, float | int | list[float] | list[str]] = Field(
         default_factory=dict, description="generator parameters; see capc.data.generators"
     )

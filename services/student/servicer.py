@@ -16,6 +16,7 @@ import numpy as np
 
 from capc.data.generators import Recipe
 from capc.data.schema import RecordSchema
+from capc.data.table_queries import default_generator
 from capc.mpc.channel import ProtocolError
 from capc.mpc.votes import PartyInputError
 from services.common import serde
@@ -244,6 +245,8 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             if source == "recipe":
                 if not request.queries.recipe.shape:  # the gateway leaves it to the task
                     request.queries.recipe.shape.extend(self.task.input_shape)
+                if not request.queries.recipe.generator:  # so is the default generator
+                    request.queries.recipe.generator = default_generator(self.task.records)
                 recipe = query_recipe(
                     request.queries.recipe, self.task.input_shape, MAX_JOB_QUERIES, "a job"
                 )

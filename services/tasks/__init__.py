@@ -1,5 +1,5 @@
-"""Task configurations the project ships (JSON data, not code): the local consortium's
-default task and the demo's. Kept as data so that no service module names a mechanism."""
+"""Task configurations the project ships (JSON data, not code): ``capc up``'s DIET task
+(``images``), the demo's, the testbed's and the e2e tests' one-teacher task. Kept as data so that no service module names a mechanism."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def names() -> list[str]:
 
 
 def load(name: str) -> dict[str, Any]:
-    """The shipped task configuration ``name`` (``images``, ``demo`` or ``light``), a fresh dict.
+    """The shipped task configuration ``name`` (``images``, ``demo``, ``light``,
+    ``one-teacher`` or ``breast-cancer``), a fresh dict.
 
     Raises ValueError naming the shipped tasks when there is no such task."""
     if name not in names():

@@ -92,7 +92,7 @@ def test_every_option_has_help(name: str, parser: argparse.ArgumentParser) -> No
 
 #: Subcommands whose options are registered by a module of the standard library alone
 #: (services/*/args.py): their --help imports nothing heavy. The rest import their own
-#: module only (diet, labeldp and up still import theirs).
+#: module only (diet and labeldp still import theirs).
 LIGHT = (
     "privacy",
     "guardian",
@@ -103,6 +103,7 @@ LIGHT = (
     "pki",
     "audit",
     "demo",
+    "up",
 )
 
 

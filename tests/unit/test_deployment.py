@@ -83,24 +83,24 @@ def _pins(args: list[str]) -> dict[str, tuple[float, int]]:
 
 
 def test_every_guardian_pins_each_hospitals_teacher_count() -> None:
-    """Compose and Kubernetes both pin every hospital's teacher count (one checkpoint
-    each): a deployment that left it out would leave its hospitals unable to vote, and
+    """Compose and Kubernetes both pin every hospital's teacher count (50, one ensemble
+    checkpoint each): a deployment that left it out would leave its hospitals unable to vote, and
     one that pinned more would let a hospital claim more votes than it runs."""
     services = compose()["services"]
     guardian = [
         re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", a) for a in services["guardian"]["command"]
     ]
-    assert _pins(guardian) == {h: (10.0, 1) for h in HOSPITALS}
+    assert _pins(guardian) == {h: (10.0, 50) for h in HOSPITALS}
     for h in HOSPITALS:
         letter = h[-1].upper()
         assert (
-            f"{h}=${{CAPC_CAP_{letter}:-10}}:${{CAPC_TEACHERS_{letter}:-1}}"
+            f"{h}=${{CAPC_CAP_{letter}:-10}}:${{CAPC_TEACHERS_{letter}:-50}}"
             in (services["guardian"]["command"])
         )
         assert services[h]["command"].count("--model") == 1
     docs = manifests()
     args = _workload(docs, "StatefulSet", "guardian")["spec"]["template"]["spec"]["containers"][0]
-    assert _pins(args["args"]) == {h: (10.0, 1) for h in HOSPITALS}
+    assert _pins(args["args"]) == {h: (10.0, 50) for h in HOSPITALS}
     answerers = {
         d["metadata"]["namespace"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
         for d in docs

@@ -155,6 +155,8 @@ def test_every_capc_json_command_is_covered() -> None:
     # task init and teacher fit: tests/integration/test_teacher_fit.py reads their whole
     # stdout as JSON.
     covered |= {"task init", "teacher fit"}
+    # capc up: tests/e2e/test_up.py reads a second start's stdout as one JSON object.
+    covered |= {"up"}
     assert set(_capc_json_commands()) == covered
 
 

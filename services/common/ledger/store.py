@@ -879,6 +879,51 @@ class Ledger:
                 total = total - np.asarray(loss, dtype=np.float64)
         return np.maximum(total, 0.0)
 
+    def _refusal(
+        self,
+        included: int,
+        names: Sequence[str],
+        quorum: int,
+        queries: int,
+        excluded: Mapping[str, float],
+        costs: Mapping[str, FloatArray],
+        room: Mapping[str, tuple[float, FloatArray]],
+    ) -> str:
+        """Why a round of ``queries`` queries is refused: per excluded party, the epsilon
+        it has left, what this round alone costs it (epsilon at the ledger's delta) and how
+        many more queries its cap covers (``room``: its cap and loss so far); and where to
+        see more."""
+        fits: dict[str, int] = {}
+        parts = []
+        for p, left in excluded.items():
+            alone = self._eps(costs[p])[0]
+            cap, spent = room.get(p, (0.0, self.accounting.zero()))
+            # Loss vectors add up over queries (Gaussian DP's mu**2, Renyi curves), so a
+            # round's worst case over its size is one query's.
+            unit = costs[p] / queries
+            fits[p] = (
+                self.accounting.max_count_of(unit, cap, self.delta, spent)
+                if left > 0 and unit.any()
+                else 0
+            )
+            parts.append(
+                f"{p}: {left:.4g} eps left, this round of {queries} queries costs it "
+                f"{alone:.4g} eps, {fits[p]} more queries fit"
+            )
+        best = max(fits, key=lambda p: fits[p]) if fits else None
+        if best is None or fits[best] == 0:
+            hint = ". No excluded party's cap covers another query"
+        else:
+            hint = (
+                f"; at most {fits[best]} more queries fit ({best}): ask for at most that "
+                "many per round (--batch-size)"
+            )
+        return (
+            f"only {included} of {len(names)} parties can afford this round, quorum is "
+            f"{quorum}; excluded: {'; '.join(parts)}{hint}. `capcctl budget` shows every "
+            "party's epsilon and queries left"
+        )
+
     def budget(self, name: str) -> PartyBudget:
         for b in self.budgets():
             if b.name == name:
@@ -945,6 +990,8 @@ class Ledger:
                 shares = _lock_querier_spends(s, querier, names)
                 included: list[str] = []
                 excluded: dict[str, float] = {}
+                # Each excluded party's (cap, loss so far): what the refusal reports.
+                room: dict[str, tuple[float, FloatArray]] = {}
                 for p in names:
                     current = np.asarray(spends[p].loss, dtype=np.float64)
                     cap = parties[p].epsilon_cap
@@ -961,10 +1008,10 @@ class Ledger:
                         included.append(p)
                     else:
                         excluded[p] = max(0.0, left)
+                        room[p] = (cap, current)
                 if len(included) < quorum:
-                    detail = ", ".join(f"{p}: {e:.4g} eps left" for p, e in excluded.items())
                     raise QuorumError(
-                        f"only {len(included)} of {len(names)} parties can afford this round, quorum is {quorum}; excluded: {detail}",
+                        self._refusal(len(included), names, quorum, queries, excluded, costs, room),
                         excluded,
                     )
                 rnd = RoundRow(
