@@ -25,10 +25,11 @@ SMALL = ("--parties", "3", "--teachers-per-hospital", "5", "--queries", "64")
 class Up:
     """A running ``capc up``: its stdout lines as they come, stderr kept for failures."""
 
-    def __init__(self, directory: Path, *args: str) -> None:
+    def __init__(self, directory: Path | None, *args: str, cwd: Path = ROOT) -> None:
+        where = () if directory is None else ("--dir", str(directory))
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", "--dir", str(directory), *args],
-            cwd=ROOT,
+            [sys.executable, "-m", "services.cli", "up", *where, *args],
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -39,14 +40,14 @@ class Up:
         for stream, sink in ((self.popen.stdout, self.out), (self.popen.stderr, self.err)):
             threading.Thread(target=lambda s=stream, k=sink: k.extend(s), daemon=True).start()
 
-    def wait_for_line(self, start: str, timeout: float = 1500.0) -> str:
-        """The first stdout line that begins with ``start``."""
+    def wait_for_line(self, start: str, timeout: float = 1500.0, nth: int = 0) -> str:
+        """The ``nth`` (0: first) stdout line that begins with ``start``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in list(self.out):
-                if line.startswith(start):
-                    return line.strip()
-            if self.popen.poll() is not None and not any(x.startswith(start) for x in self.out):
+            found = [line for line in list(self.out) if line.startswith(start)]
+            if len(found) > nth:
+                return found[nth].strip()
+            if self.popen.poll() is not None:
                 break
             time.sleep(0.2)
         raise AssertionError(f"capc up printed no {start!r} line: {self.log()}")
@@ -72,15 +73,17 @@ def exported(line: str) -> dict[str, str]:
     return dict(w.split("=", 1) for w in words[1:])
 
 
-def capcctl(command: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run a printed ``capcctl ...`` line with the client from clients/."""
+def capcctl(
+    command: str, env: dict[str, str], cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run a printed ``capcctl ...`` line with the client from clients/, in ``cwd``."""
     words = shlex.split(command)
     assert words[0] == "capcctl"
     full = {**os.environ, **env, "PYTHONPATH": str(ROOT / "clients")}
     return subprocess.run(
         [sys.executable, "-m", "capc_client.cli", *words[1:]],
         env=full,
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=900,
