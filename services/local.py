@@ -635,11 +635,15 @@ class LocalConsortium:
         proc.wait_for("connected to the guardian")
         return proc
 
+    def model_args(self, i: int) -> list[str]:
+        """Hospital ``i``'s ``capc answerer`` model options (``--model`` per checkpoint)."""
+        return [a for path in self.model_paths(i) for a in ("--model", str(path))]
+
     def start_party(self, i: int) -> Process:
         proc = spawn(
             f"hospital-{i}",
             "answerer",
-            *[a for path in self.model_paths(i) for a in ("--model", str(path))],
+            *self.model_args(i),
             "--guardian",
             self.address,
             "--name",

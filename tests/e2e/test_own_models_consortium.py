@@ -26,7 +26,7 @@ from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
-from services.local import TASK_NAME, LocalConsortium, Process, spawn
+from services.local import TASK_NAME, LocalConsortium
 from tests.e2e.jobs import assert_ledgers_agree
 from tests.e2e.own_models import export_onnx, export_torchscript
 
@@ -74,29 +74,8 @@ class OwnModelConsortium(LocalConsortium):
                 torch.save(model.state_dict(), self.directory / f"hospital-{i}-weights.pt")
         self.task_file.write_text(json.dumps(self.task))
 
-    def start_party(self, i: int) -> Process:
-        proc = spawn(
-            f"hospital-{i}",
-            "answerer",
-            "--model",
-            self.own_model(i),
-            "--task",
-            str(self.task_file),
-            "--guardian",
-            self.address,
-            "--name",
-            f"hospital-{i}",
-            "--epsilon-cap",
-            repr(self.cap(i)),
-            "--ledger",
-            self.party_ledger(i),
-            "--pki",
-            str(self.pki_dir),
-            "--server-name",
-            "localhost",
-        )
-        self.procs.append(proc)
-        return proc
+    def model_args(self, i: int) -> list[str]:
+        return ["--model", self.own_model(i), "--task", str(self.task_file)]
 
 
 @pytest.fixture(scope="module")
