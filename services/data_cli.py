@@ -112,7 +112,7 @@ def pack(args: argparse.Namespace) -> dict[str, Any]:
     x = arrays["x"]
     return {
         "out": str(args.out),
-        "records": int(len(x)),
+        "records": len(x),
         "shape": list(x.shape),
         "labelled": counts is not None,
         "classes": None
