@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from capc.data.offline import animal_mnist
+from services.common.ledger import Ledger
 from services.local import ROOT
 
 pytestmark = pytest.mark.slow
@@ -169,3 +170,9 @@ def test_the_printed_loop_command_improves_hospital_0_at_no_cost_to_it(
     # The others answered and paid; hospital-0 never voted on its own records.
     assert set(report["epsilon_by_party"]) == {"hospital-1", "hospital-2"}
     assert report["epsilon_spent"] > 0
+    ledger = Ledger(str(records.parent / "consortium" / "ledger.db"))
+    try:
+        assert not np.any(ledger.spent_loss(HOSPITAL))
+        assert np.any(ledger.spent_loss("hospital-1"))
+    finally:
+        ledger.close()
