@@ -203,6 +203,24 @@ class StudentData:
             c.reference = self.reference
 
 
+def loop_quorum(task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The task with a quorum the loop's rounds can meet: they leave the looping hospital
+    out, so at most ``parties - 1`` answer. The planned task's quorum is lowered to that
+    (the noise per query does not depend on it); a task file's is refused."""
+    answering = args.parties - 1
+    quorum = int(task.get("quorum", 1))
+    if quorum <= answering:
+        return task
+    if args.task is not None or answering < 1:
+        raise SystemExit(
+            f"capc up: --loop {args.loop}'s rounds leave it out, so {answering} hospital(s) "
+            f"answer, fewer than the task's quorum of {quorum}: more --parties or a smaller "
+            "quorum"
+        )
+    note(f"--loop: quorum {quorum} -> {answering} (the rounds leave {args.loop} out)")
+    return {**task, "quorum": answering}
+
+
 def student_data(args: argparse.Namespace, task: TaskConfig, own: dict[int, Path]) -> StudentData:
     """The student's test set and reference batch; a task the offline data cannot serve
     (another input shape) is refused unless both are given and every hospital brings
@@ -365,6 +383,8 @@ def consortium(
     counts = teacher_counts(own, args.parties, args.teachers_per_hospital)
     task = task_for(args, counts)
     plan = loop_plan(args, config_of(task))
+    if plan is not None:
+        task = loop_quorum(task, args)
     # Read and checked now, so a bad file is refused before minutes of fitting.
     data = student_data(args, config_of(task), own)
     body = Path(args.body) if args.body is not None else shipped_body()[0]

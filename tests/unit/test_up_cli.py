@@ -153,3 +153,13 @@ def test_a_checkpoints_file_of_several_teachers_is_counted_as_them(tmp_path: Pat
     path = tmp_path / "hospital.pt"
     save_checkpoints(path, teachers)
     assert teacher_counts({1: path}, 3, 10) == [10, 3, 10]
+
+
+def test_the_loop_lowers_the_planned_quorum_and_refuses_a_task_files() -> None:
+    from services.up import loop_quorum
+
+    task = {"quorum": 3, "num_classes": 10}
+    assert loop_quorum(task, _up("--loop", "hospital-0"))["quorum"] == 2
+    assert loop_quorum(task, _up("--parties", "5", "--loop", "hospital-0")) is task
+    with pytest.raises(SystemExit, match="quorum of 3"):
+        loop_quorum(task, _up("--loop", "hospital-0", "--task", "t.json"))
