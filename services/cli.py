@@ -54,6 +54,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("task", "services.task_cli", "write task files"),
     Command("teacher", "services.teacher_cli", "fit a hospital's teachers"),
+    Command("data", "services.data_cli", "pack a hospital's records into an NPZ"),
     Command(
         "audit",
         "services.audit.cli",

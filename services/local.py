@@ -583,20 +583,25 @@ class LocalConsortium:
         """Start ``capc gateway serve`` (HTTPS, the development certificate) over the student
         and guardian; sets ``gateway_port``."""
         self.gateway_port = free_port()
+        return self.serve_gateway("gateway", self.student_port, self.gateway_port, self.gateway_db)
+
+    def serve_gateway(self, name: str, student_port: int, port: int, db: str) -> Process:
+        """Start a ``capc gateway serve`` named ``name`` on ``port`` over the student party
+        listening on ``student_port``, its tokens in ``db``; returns once it listens."""
         proc = spawn(
-            "gateway",
+            name,
             "gateway",
             "serve",
             "--student",
-            f"127.0.0.1:{self.student_port}",
+            f"127.0.0.1:{student_port}",
             "--guardian",
             self.address,
             "--task",
             TASK_NAME,
             "--listen",
-            f"127.0.0.1:{self.gateway_port}",
+            f"127.0.0.1:{port}",
             "--db",
-            self.gateway_db,
+            db,
             "--pki",
             str(self.pki_dir),
             "--server-name",

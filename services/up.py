@@ -30,18 +30,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.data.readers import read_records, read_unlabelled
+from capc.data.schema import SchemaError
 from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
 from capc.privacy.accountants import DEFAULT_ACCOUNTANT, Accounting, make
 from services import tasks
 from services.common.ledger import Ledger, LedgerError
+from services.common.task import TaskConfig, config_hash
 from services.demo import DEMO_TEST, DEMO_VOTERS, shipped_body
-from services.local import TASK_NAME, LocalConsortium
+from services.gateway.tokens import TokenStore
+from services.local import TASK_NAME, LocalConsortium, free_port
 
 #: The guardian's defaults (capc guardian): the accountant and delta every cap is read at.
 DELTA = 1e-5
 #: How long the printed tokens stay valid (days).
 TOKEN_DAYS = 30.0
+#: The offline data's input shape (animal-mnist): what teachers fitted here and the
+#: default test set and reference batch take.
+OFFLINE_SHAPE = (1, 28, 28)
+#: The command a looping hospital runs on its own unlabelled records.
+LOOP_COMMAND = "capcctl loop run --records UNLABELLED.npz --reveal-records-to-answerers --wait"
 
 
 def note(text: str) -> None:
@@ -103,6 +115,135 @@ def teacher_counts(own: dict[int, Path], parties: int, per_hospital: int) -> lis
     return [len(Voters.load([own[i]])) if i in own else per_hospital for i in range(parties)]
 
 
+# -- data -----------------------------------------------------------------------------
+Labelled = tuple[NDArray[np.float32], NDArray[np.int64]]
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """``--loop HOSPITAL``: the hospital's index, its own labelled records (x (N, *shape)
+    float32, y (N,) class indices) and its held-out test set (the same)."""
+
+    hospital: int
+    own: Labelled
+    test: Labelled
+
+    @property
+    def name(self) -> str:
+        return f"hospital-{self.hospital}"
+
+    @property
+    def querier(self) -> str:
+        """The certificate the guardian binds to the hospital (capc guardian --querier)."""
+        return f"{self.name}-querier"
+
+
+def config_of(task: dict[str, Any]) -> TaskConfig:
+    """The task as every party parses it (its records' schema, shape and classes)."""
+    return TaskConfig.parse(TASK_NAME, task, config_hash(task))
+
+
+def existing(path: Path, flag: str) -> Path:
+    """``path`` resolved; a clear refusal when it is not a file."""
+    if not path.is_file():
+        raise SystemExit(f"capc up: {flag} {path}: no such file")
+    return path.resolve()
+
+
+def labelled(path: Path, flag: str, task: TaskConfig) -> Labelled:
+    """An NPZ's x (N, *input_shape) float32 and y (N,) class indices, checked against the task."""
+    try:
+        r = read_records(existing(path, flag), task.records, task.input_shape, task.class_names)
+    except SchemaError as err:
+        raise SystemExit(f"capc up: {flag}: {err}") from None
+    return r.x, r.y
+
+
+def unlabelled(path: Path, flag: str, task: TaskConfig) -> NDArray[np.float32]:
+    """An NPZ's x (N, *input_shape) float32, checked against the task."""
+    try:
+        return read_unlabelled(existing(path, flag), task.records, task.input_shape)
+    except SchemaError as err:
+        raise SystemExit(f"capc up: {flag}: {err}") from None
+
+
+def loop_plan(args: argparse.Namespace, task: TaskConfig) -> LoopPlan | None:
+    """``--loop HOSPITAL --own-data OWN.npz --own-test TEST.npz`` read and checked; None
+    without --loop."""
+    if args.loop is None:
+        if args.own_data is not None or args.own_test is not None:
+            raise SystemExit("capc up: --own-data and --own-test go with --loop HOSPITAL")
+        return None
+    names = {f"hospital-{i}": i for i in range(args.parties)}
+    if args.loop not in names:
+        raise SystemExit(
+            f"capc up: --loop takes one of hospital-0 .. hospital-{args.parties - 1}, "
+            f"got {args.loop!r}"
+        )
+    if args.own_data is None or args.own_test is None:
+        raise SystemExit("capc up: --loop needs --own-data OWN.npz and --own-test TEST.npz")
+    own = labelled(args.own_data, "--own-data", task)
+    test = labelled(args.own_test, "--own-test", task)
+    return LoopPlan(names[args.loop], own, test)
+
+
+@dataclass(frozen=True)
+class StudentData:
+    """``--test-data`` (x, y) and ``--reference-data`` (x), read and checked before anything
+    starts; None: the offline held-out images."""
+
+    test: Labelled | None
+    reference: NDArray[np.float32] | None
+
+    def apply(self, c: LocalConsortium) -> None:
+        """Replace the prepared consortium's offline test set and reference batch."""
+        if self.test is not None:
+            c.queries, c.truth = self.test
+        if self.reference is not None:
+            c.reference = self.reference
+
+
+def loop_quorum(task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The task with a quorum the loop's rounds can meet: they leave the looping hospital
+    out, so at most ``parties - 1`` answer. The planned task's quorum is lowered to that
+    (the noise per query does not depend on it); a task file's is refused."""
+    answering = args.parties - 1
+    quorum = int(task.get("quorum", 1))
+    if quorum <= answering:
+        return task
+    if args.task is not None or answering < 1:
+        raise SystemExit(
+            f"capc up: --loop {args.loop}'s rounds leave it out, so {answering} hospital(s) "
+            f"answer, fewer than the task's quorum of {quorum}: more --parties or a smaller "
+            "quorum"
+        )
+    note(f"--loop: quorum {quorum} -> {answering} (the rounds leave {args.loop} out)")
+    return {**task, "quorum": answering}
+
+
+def student_data(args: argparse.Namespace, task: TaskConfig, own: dict[int, Path]) -> StudentData:
+    """The student's test set and reference batch; a task the offline data cannot serve
+    (another input shape) is refused unless both are given and every hospital brings
+    its own teachers."""
+    if task.input_shape != OFFLINE_SHAPE:
+        given = (("--test-data", args.test_data), ("--reference-data", args.reference_data))
+        missing = [flag for flag, value in given if value is None]
+        missing += [f"--teachers hospital-{i}=FILE" for i in range(args.parties) if i not in own]
+        if missing:
+            raise SystemExit(
+                f"capc up: the task's inputs are {'x'.join(map(str, task.input_shape))}, not "
+                f"the offline data's {'x'.join(map(str, OFFLINE_SHAPE))}: give "
+                + ", ".join(missing)
+            )
+    test = None if args.test_data is None else labelled(args.test_data, "--test-data", task)
+    reference = (
+        None
+        if args.reference_data is None
+        else unlabelled(args.reference_data, "--reference-data", task)
+    )
+    return StudentData(test, reference)
+
+
 # -- what the user sees ---------------------------------------------------------------
 @dataclass(frozen=True)
 class Access:
@@ -119,6 +260,31 @@ class Access:
             f"export CAPC_URL={self.url} CAPC_TOKEN={shlex.quote(self.analyst)} "
             f"CAPC_CA={shlex.quote(str(self.ca))}"
         )
+
+
+@dataclass(frozen=True)
+class LoopAccess:
+    """How a looping hospital reaches its own gateway (over its querier student party)."""
+
+    hospital: str
+    url: str
+    token: str
+    ca: Path
+
+    def export(self) -> str:
+        """The shell line that sets capcctl's environment for the hospital's gateway."""
+        return Access(self.url, self.token, "", self.ca).export()
+
+    def summary(self) -> dict[str, str]:
+        """The ``loop`` object of ``capc up --json``."""
+        return {
+            "hospital": self.hospital,
+            "url": self.url,
+            "token": self.token,
+            "ca": str(self.ca),
+            "export": self.export(),
+            "command": LOOP_COMMAND,
+        }
 
 
 def first_command(left: int, queries: int) -> str | None:
@@ -179,6 +345,11 @@ def report(
         print("# every hospital's cap is spent: capc up --dir NEW starts a fresh consortium")
     else:
         print(summary["command"], flush=True)
+    loop = summary.get("loop")
+    if loop is not None:
+        print(f"# {loop['hospital']}'s CaPC loop: its own gateway")
+        print(loop["export"])
+        print(loop["command"], flush=True)
 
 
 # -- the command ----------------------------------------------------------------------
@@ -202,11 +373,20 @@ def task_for(args: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
     return config
 
 
-def consortium(args: argparse.Namespace) -> tuple[LocalConsortium, list[int]]:
-    """The consortium ``args`` describe, not yet prepared; and each hospital's teachers."""
+def consortium(
+    args: argparse.Namespace,
+) -> tuple[LocalConsortium, list[int], LoopPlan | None, StudentData]:
+    """The consortium ``args`` describe, not yet prepared; each hospital's teachers; and
+    the CaPC loop to start, if any (its querier bound to its hospital at the guardian);
+    and the student's test set and reference batch."""
     own = own_teachers(args.teachers, args.parties)
     counts = teacher_counts(own, args.parties, args.teachers_per_hospital)
     task = task_for(args, counts)
+    plan = loop_plan(args, config_of(task))
+    if plan is not None:
+        task = loop_quorum(task, args)
+    # Read and checked now, so a bad file is refused before minutes of fitting.
+    data = student_data(args, config_of(task), own)
     body = Path(args.body) if args.body is not None else shipped_body()[0]
     c = LocalConsortium(
         Path(args.dir).resolve(),
@@ -218,13 +398,27 @@ def consortium(args: argparse.Namespace) -> tuple[LocalConsortium, list[int]]:
         held_out=DEMO_TEST,
         log=note,
         epsilon_cap=args.epsilon,
+        # Set before the guardian starts: it binds the querier at start-up.
+        queriers={} if plan is None else {plan.querier: plan.name},
     )
-    return c, counts
+    return c, counts, plan, data
 
 
-def start(c: LocalConsortium) -> Access:
+def start_loop(c: LocalConsortium, plan: LoopPlan) -> LoopAccess:
+    """The hospital's querier student party and a second gateway over it, with a fresh
+    analyst token of that gateway's own."""
+    student_port = c.start_querier(plan.hospital, plan.own, plan.test, exclude_self=True)
+    note(f"{plan.querier} serving jobs ({len(plan.own[1])} own labelled records)")
+    port, db = free_port(), str(c.directory / f"{plan.querier}-gateway.db")
+    c.serve_gateway(f"{plan.querier}-gateway", student_port, port, db)
+    token = TokenStore(db).create("analyst", f"{plan.name}-loop", TOKEN_DAYS)[0]
+    return LoopAccess(plan.name, f"https://127.0.0.1:{port}", token, c.ca)
+
+
+def start(c: LocalConsortium, data: StudentData) -> Access:
     """Prepare and start every process; an analyst's and an admin's fresh tokens."""
     c.prepare()
+    data.apply(c)
     c.start()
     c.start_student()
     note("student party serving jobs")
@@ -254,7 +448,7 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     began = time.perf_counter()
     stop_on_signals()
-    c, counts = consortium(args)
+    c, counts, plan, data = consortium(args)
     reused = (c.directory / "ledger.db").exists()
     if reused:
         note(
@@ -267,7 +461,8 @@ def run(args: argparse.Namespace) -> int:
         note(f"warning: this task covers only {fit} queries per hospital at eps {args.epsilon:g}")
     try:
         try:
-            access = start(c)
+            access = start(c, data)
+            loop = None if plan is None else start_loop(c, plan)
         except LedgerError as err:
             raise SystemExit(
                 f"capc up: {err} (the ledger in {c.directory}; use a new --dir)"
@@ -295,6 +490,8 @@ def run(args: argparse.Namespace) -> int:
             "reused": reused,
             "seconds": round(time.perf_counter() - began, 1),
         }
+        if loop is not None:
+            summary["loop"] = loop.summary()
         report(args, c, access, summary)
         note(f"consortium is up after {summary['seconds']:.0f}s; Ctrl-C stops it")
         threading.Event().wait()

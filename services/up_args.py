@@ -60,6 +60,45 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="a pretrained body (capc diet pretrain); default the shipped one",
     )
     p.add_argument(
+        "--test-data",
+        type=Path,
+        default=None,
+        metavar="FILE.npz",
+        help="the consortium student's labelled test set (x, y; capc data pack); default: "
+        "the offline data's held-out images. Required when the task's input shape is not "
+        "the offline data's 1x28x28",
+    )
+    p.add_argument(
+        "--reference-data",
+        type=Path,
+        default=None,
+        metavar="FILE.npz",
+        help="the student's unlabelled reference batch (x; capc data pack --unlabelled); "
+        "default: offline held-out images. Required with a task not on 1x28x28 inputs",
+    )
+    p.add_argument(
+        "--loop",
+        default=None,
+        metavar="HOSPITAL",
+        help="also start HOSPITAL's CaPC loop (e.g. hospital-0): the guardian binds "
+        "HOSPITAL-querier to it, its querier student party and a second gateway with its "
+        "own analyst token; needs --own-data and --own-test",
+    )
+    p.add_argument(
+        "--own-data",
+        type=Path,
+        default=None,
+        metavar="OWN.npz",
+        help="--loop: the hospital's own labelled records (x, y) its model starts from",
+    )
+    p.add_argument(
+        "--own-test",
+        type=Path,
+        default=None,
+        metavar="TEST.npz",
+        help="--loop: the hospital's held-out labelled records (x, y) its model is measured on",
+    )
+    p.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout (progress on stderr)"
     )
     p.set_defaults(handler=lazy("services.up", "run"))

@@ -342,3 +342,59 @@ def read_records(
     if labels_csv is not None:
         return read_dicom_folder(data, labels_csv, schema, classes, file_column, label_column)
     return read_image_folder(data, schema, classes)
+
+
+def read_flat_folder(folder: Path, schema: ImageSchema) -> FloatRecords:
+    """Every PNG/JPEG in ``folder`` (flat) or in its subfolders, in name order, as
+    (N, C, H, W) float32: unlabelled images, so a subfolder's name is not read as a class."""
+    files = sorted(
+        f for f in folder.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES
+    )
+    if not files:
+        raise SchemaError(f"{folder}: no {'/'.join(IMAGE_SUFFIXES)} files")
+    return np.stack([read_image(f, schema) for f in files])
+
+
+def read_unlabelled(
+    data: Path, schema: RecordSchema | None, shape: tuple[int, ...]
+) -> FloatRecords:
+    """Records without labels, (N, *shape) float32 checked against the task: a folder of
+    images (flat or in subfolders), a CSV/Parquet table (no label column needed) or an NPZ
+    with ``x`` (a ``y`` there is ignored)."""
+    if not data.exists():
+        raise SchemaError(f"{data}: no such file or folder")
+    if schema is None and len(shape) == 3:
+        schema = ImageSchema(*shape)
+    if data.suffix.lower() == ".npz":
+        return _npz_x(data, schema, shape)
+    if isinstance(schema, TableSchema):
+        if data.is_dir() or data.suffix.lower() not in (".csv", ".parquet", ".pq"):
+            raise SchemaError(f"{data}: a table task reads a .csv, .parquet or .npz file")
+        frame = read_frame(data)
+        return schema.check(schema.encode(frame, str(data), first_row(data)), str(data))
+    if not isinstance(schema, ImageSchema):
+        raise SchemaError(
+            "this task declares no records; add a 'records' object (capc task init) or use an NPZ"
+        )
+    if not data.is_dir():
+        raise SchemaError(f"{data}: an image task reads a folder of images or an .npz file")
+    return read_flat_folder(data, schema)
+
+
+def _npz_x(path: Path, schema: RecordSchema | None, shape: tuple[int, ...]) -> FloatRecords:
+    """An NPZ's ``x`` checked against the task (see :func:`read_npz`)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if "x" not in data.files:
+                raise SchemaError(f"{path}: missing array 'x' (the records)")
+            x = np.asarray(data["x"])
+    except (ValueError, OSError, EOFError) as err:
+        raise SchemaError(f"{path}: not a readable NPZ ({err})") from None
+    if not np.issubdtype(x.dtype, np.number):
+        raise SchemaError(f"{path}: 'x' must be numbers, got {x.dtype}")
+    if schema is not None:
+        return schema.check(x, str(path))
+    checked = x.astype(np.float32)
+    if checked.shape[1:] != shape or not np.isfinite(checked).all():
+        raise SchemaError(f"{path}: 'x' must be finite numbers of shape (N, {shape})")
+    return checked

@@ -3,14 +3,16 @@ without starting a consortium (tests/e2e/test_up.py starts one)."""
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pytest
 from capc_client.cli import build_parser as capcctl_parser
 
 from services.cli import build_parser
-from services.up import Access, first_command, own_teachers
+from services.up import Access, first_command, loop_plan, own_teachers
 
 
 def test_capc_up_options() -> None:
@@ -64,3 +66,100 @@ def test_the_default_generator_follows_the_task_records() -> None:
     assert default_generator(None) == "gaussian"
     assert default_generator(TableSchema((NumericFeature("a", 0, 1),))) == "beta"
     assert capcctl_parser().parse_args(["jobs", "submit", "--count", "8", "--watch"]).watch
+
+
+def _up(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["up", "--parties", "3", *argv])
+
+
+def test_loop_options_are_refused_unless_complete(tmp_path: Path) -> None:
+    from services.up import config_of, planned_task
+
+    task = config_of(planned_task(30, 10.0, 256))
+    own, test = tmp_path / "own.npz", tmp_path / "test.npz"
+    x = np.zeros((4, 1, 28, 28), dtype=np.float32)
+    np.savez(own, x=x, y=np.array([0, 1, 2, 3]))
+    np.savez(test, x=x, y=np.array([4, 5, 6, 7]))
+    assert loop_plan(_up(), task) is None
+    plan = loop_plan(
+        _up("--loop", "hospital-2", "--own-data", str(own), "--own-test", str(test)), task
+    )
+    assert plan is not None and plan.hospital == 2 and plan.querier == "hospital-2-querier"
+    assert plan.own[1].tolist() == [0, 1, 2, 3] and plan.test[0].shape == (4, 1, 28, 28)
+    for bad in (
+        ["--loop", "hospital-3", "--own-data", str(own), "--own-test", str(test)],
+        ["--loop", "hospital-0", "--own-data", str(own)],
+        ["--own-data", str(own), "--own-test", str(test)],
+        ["--loop", "hospital-0", "--own-data", str(tmp_path / "no.npz"), "--own-test", str(test)],
+        [
+            "--loop",
+            "hospital-0",
+            "--own-data",
+            str(test.with_suffix(".txt")),
+            "--own-test",
+            str(test),
+        ],
+    ):
+        with pytest.raises(SystemExit):
+            loop_plan(_up(*bad), task)
+    np.savez(own, x=x + 2.0, y=np.array([0, 1, 2, 3]))  # pixels out of the task's range
+    with pytest.raises(SystemExit, match="own-data"):
+        loop_plan(
+            _up("--loop", "hospital-0", "--own-data", str(own), "--own-test", str(test)), task
+        )
+
+
+def test_a_task_on_other_inputs_needs_its_own_data_and_teachers() -> None:
+    from services.up import config_of, student_data
+
+    config = {
+        "num_classes": 2,
+        "input_shape": [3, 32, 32],
+        "mechanism": {"name": "gnmax", "sigma": 4.0},
+    }
+    with pytest.raises(SystemExit, match="--test-data, --reference-data, --teachers hospital-0"):
+        student_data(_up(), config_of(config), {})
+
+
+def test_the_loop_block_prints_after_the_consortium_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from services.up import LOOP_COMMAND, LoopAccess, report
+
+    access = Access("https://127.0.0.1:9", "capc_a_b", "capc_c_d", Path("/pki/ca.pem"))
+    loop = LoopAccess("hospital-0", "https://127.0.0.1:10", "capc_e_f", Path("/pki/ca.pem"))
+    summary = {
+        "description": "task images",
+        "queries_left": {"hospital-0": 5},
+        "command": "capcctl jobs submit --count 5 --wait",
+        "loop": loop.summary(),
+    }
+    report(_up(), None, access, summary)  # type: ignore[arg-type]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3:] == [
+        "# hospital-0's CaPC loop: its own gateway",
+        "export CAPC_URL=https://127.0.0.1:10 CAPC_TOKEN=capc_e_f CAPC_CA=/pki/ca.pem",
+        LOOP_COMMAND,
+    ]
+    assert set(loop.summary()) == {"hospital", "url", "token", "ca", "export", "command"}
+
+
+def test_a_checkpoints_file_of_several_teachers_is_counted_as_them(tmp_path: Path) -> None:
+    from capc.models import Teacher, build
+    from capc.models.ensemble import save_checkpoints
+    from services.up import teacher_counts
+
+    teachers = [Teacher("mlp", (30,), 2, build("mlp", (30,), 2, None)) for _ in range(3)]
+    path = tmp_path / "hospital.pt"
+    save_checkpoints(path, teachers)
+    assert teacher_counts({1: path}, 3, 10) == [10, 3, 10]
+
+
+def test_the_loop_lowers_the_planned_quorum_and_refuses_a_task_files() -> None:
+    from services.up import loop_quorum
+
+    task = {"quorum": 3, "num_classes": 10}
+    assert loop_quorum(task, _up("--loop", "hospital-0"))["quorum"] == 2
+    assert loop_quorum(task, _up("--parties", "5", "--loop", "hospital-0")) is task
+    with pytest.raises(SystemExit, match="quorum of 3"):
+        loop_quorum(task, _up("--loop", "hospital-0", "--task", "t.json"))
