@@ -135,3 +135,14 @@ def test_a_bad_record_is_refused_by_name_and_nothing_is_written(
     err = capsys.readouterr().err
     assert "error: " in err and str(bad) in err and "Traceback" not in err
     assert not out.exists() and list(tmp_path.glob(".own.npz.*")) == []
+
+
+def test_json_prints_only_the_report(
+    images: tuple[Path, Path, np.ndarray, np.ndarray], tmp_path: Path
+) -> None:
+    root, task, x, _ = images
+    out = tmp_path / "own.npz"
+    done = capc("data", "pack", "--task", task, "--data", root, "--out", out, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["records"] == len(x) and report["labelled"] is True

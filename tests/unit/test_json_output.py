@@ -152,9 +152,10 @@ def test_every_capc_json_command_is_covered() -> None:
     covered = {"privacy plan", "privacy cost", "privacy advise", "gateway token create"}
     covered |= {"audit verify", "diet run", "labeldp alibi", "labeldp rr", "labeldp pate-fm"}
     covered |= {"audit run", "demo"}
-    # task init and teacher fit: tests/integration/test_teacher_fit.py reads their whole
+    # task init, teacher fit, data pack: tests/integration/test_teacher_fit.py and
+    # tests/integration/test_data_pack.py read their whole
     # stdout as JSON.
-    covered |= {"task init", "teacher fit"}
+    covered |= {"task init", "teacher fit", "data pack"}
     # capc up: tests/e2e/test_up.py reads a second start's stdout as one JSON object.
     covered |= {"up"}
     assert set(_capc_json_commands()) == covered
