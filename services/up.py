@@ -47,6 +47,10 @@ from services.local import TASK_NAME, LocalConsortium, free_port
 
 #: The guardian's defaults (capc guardian): the accountant and delta every cap is read at.
 DELTA = 1e-5
+#: Seconds the guardian waits for a round's shares. Real records (the CaPC loop) are read
+#: with each teacher's own statistics, one body pass per teacher: 256 records through 40
+#: DIET teachers take about 20 s on a quiet 2-core machine, far more on a busy one.
+SHARE_TIMEOUT_S = 300.0
 #: How long the printed tokens stay valid (days).
 TOKEN_DAYS = 30.0
 #: The offline data's input shape (animal-mnist): what teachers fitted here and the
@@ -400,6 +404,7 @@ def consortium(
         epsilon_cap=args.epsilon,
         # Set before the guardian starts: it binds the querier at start-up.
         queriers={} if plan is None else {plan.querier: plan.name},
+        share_timeout=SHARE_TIMEOUT_S,
     )
     return c, counts, plan, data
 
