@@ -94,6 +94,11 @@ class ForeignTeacher:
     batch: int | None = None
     device: str = "cpu"
 
+    @property
+    def card(self) -> dict[str, Any]:
+        """What is known of the model, as a capc checkpoint's card says it: its source."""
+        return {"architecture": self.architecture, "source": self.source}
+
     def outputs(self, queries: NDArray[np.float32]) -> NDArray[np.float32]:
         """Scores (B, K) for queries (B, *input_shape); ValueError naming the model when it
         gives another shape or a NaN/infinite score."""

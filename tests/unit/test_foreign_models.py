@@ -90,8 +90,9 @@ def test_files_are_told_apart_by_content_not_suffix(model: nn.Module, tmp_path: 
     ts = export_torchscript(model, SHAPE, tmp_path / "looks-like.onnx")
     ckpt = weights(model, tmp_path / "state.onnx")
     assert (sniff(onnx), sniff(ts), sniff(ckpt)) == ("onnx", "torchscript", "checkpoint")
-    assert load_members(onnx).architecture == "onnx"
-    assert load_members(ts, LIGHT).architecture == "torchscript"
+    first, second = load_members(onnx), load_members(ts, LIGHT)
+    assert isinstance(first, ForeignTeacher) and isinstance(second, ForeignTeacher)
+    assert first.architecture == "onnx" and second.architecture == "torchscript"
 
 
 def test_multi_label_votes_every_positive_score(
@@ -99,6 +100,7 @@ def test_multi_label_votes_every_positive_score(
 ) -> None:
     want = Interface("attributes", SHAPE, CLASSES, multi_label=True)
     t = load_members(export_onnx(model, SHAPE, tmp_path / "m.onnx"), want)
+    assert isinstance(t, ForeignTeacher)
     with torch.no_grad():
         labels = (model(torch.from_numpy(queries)) > 0).long().numpy()
     assert t.multi_label and np.array_equal(t.predict(queries), labels)
@@ -108,6 +110,7 @@ def test_current_statistics_do_not_reach_a_foreign_model(
     model: nn.Module, queries: np.ndarray, tmp_path: Path
 ) -> None:
     t = load_members(export_onnx(model, SHAPE, tmp_path / "m.onnx"))
+    assert isinstance(t, ForeignTeacher)
     assert np.array_equal(t.predict(queries, current_statistics=True), t.predict(queries))
 
 
