@@ -6,25 +6,26 @@ each hospital's cap eps 10 at delta 1e-5; the guardian, the hospitals, hospital 
 querier student party and its gateway run as separate processes over mutual TLS.
 Hospital 0 also queries (the guardian binds ``hospital-0-querier`` to it, so its
 teachers never vote on its rounds). From records held out of every hospital it
-owns, per seed, 200 labelled records (the n = 50 run uses the first 50), 1,000
+owns, per seed, 200 labelled records (the n = 50 run uses the first 50), 500
 unlabelled ones and 500 test records; the seed picks which held-out records are
 which and is the training seed of both models.
 
 For each (seed, n), with ``capcctl loop run --reveal-records-to-answerers --wait
 --json`` as a separate process against the querier's gateway: hospital 0's model on
-its n records alone (before), its 1,000 unlabelled records labelled by the other 4
+its n records alone (before), its 500 unlabelled records labelled by the other 4
 hospitals (in the clear, the explicit audited choice), its model on both (after).
 
-Budgets: ONE consortium per seed (its own ledger, every cap eps 10), serving both
-runs of that seed (n = 50, then n = 200), each through a fresh querier party and
-gateway (the querier's certificate, hence its guardian binding, is kept). Two runs
-of 1,000 labels are 2,000 queries per answering hospital, which eps 10 covers at
-sigma 40 (about 3,000); the eps saved per run is the guardian's cumulative charge
-to each hospital for this querier, so the n = 200 row carries both runs' cost. The
-teachers are fitted once (split seed 0, the demo's split with 1,700 records held
-out) and copied into each seed's consortium.
+Budgets: ONE consortium (one ledger, every cap eps 10) serves all 6 runs, each
+through a fresh querier party and gateway (the querier's certificate, hence its
+guardian binding, is kept). 6 runs of 500 labels are 3,000 queries per answering
+hospital, which eps 10 covers at sigma 40 (3,072 do: eps 9.75); 1,000 labels a run
+would not fit. The eps saved per run is the guardian's cumulative charge to each
+hospital for this querier, so it grows run by run. The teachers are fitted once
+(split seed 0, 1,700 records held out of every hospital, as for 1,000 unlabelled
+records a run) and copied into the consortium's directory; hospital 0's records
+are the first 1,200 of those 1,700, so no teacher saw any of them.
 
-Run (3 seeds, about 20 minutes on 2 cores):
+Run (3 seeds, about 25 minutes on 2 shared cores):
     python -m experiments.capc_loop --out experiments/results/capc-loop.json
 """
 
@@ -64,11 +65,17 @@ class Config:
     teachers: int = 50
     epsilon: float = 10.0
     owned: tuple[int, ...] = (50, 200)
-    unlabelled: int = 1000
+    unlabelled: int = 500
     test: int = 500
-    batch: int = 500
+    batch: int = 250
+    #: Seconds the guardian waits for a hospital's shares: 2 shared cores read 250
+    #: records through 50 teachers slowly (30 s, the default, aborted rounds).
+    share_timeout: float = 300.0
     epochs: int = 10
     seeds: tuple[int, ...] = (1, 2, 3)
+    #: Records held out of every hospital when its teachers are fitted (a superset of
+    #: ``held_out``: the same split's first records).
+    teacher_held_out: int = 1700
 
     @property
     def held_out(self) -> int:
@@ -94,8 +101,11 @@ def split_records(c: LocalConsortium, config: Config, seed: int) -> Records:
     return Records((x[own], y[own]), x[unl], (x[test], y[test]))
 
 
-def consortium(config: Config, directory: Path, body: Path) -> LocalConsortium:
-    """The demo's consortium in ``directory`` with hospital 0's querier bound to it."""
+def consortium(
+    config: Config, directory: Path, body: Path, held_out: int | None = None
+) -> LocalConsortium:
+    """The demo's consortium in ``directory`` with hospital 0's querier bound to it;
+    ``held_out`` records (the config's by default) out of every hospital."""
     total = config.hospitals * config.teachers
     return LocalConsortium(
         directory,
@@ -103,21 +113,23 @@ def consortium(config: Config, directory: Path, body: Path) -> LocalConsortium:
         task=demo_task(total),
         body=body,
         teachers=[config.teachers] * config.hospitals,
-        held_out=config.held_out,
+        held_out=config.held_out if held_out is None else held_out,
         epsilon_cap=config.epsilon,
         queriers={QUERIER: HOSPITAL},
+        share_timeout=config.share_timeout,
         log=lambda s: print(s, flush=True),
     )
 
 
 def fit_teachers(config: Config, template: Path, body: Path) -> None:
     """Fit every hospital's teachers once, in ``template`` (split seed 0)."""
-    consortium(config, template, body).prepare()
+    consortium(config, template, body, max(config.teacher_held_out, config.held_out)).prepare()
 
 
-def seeded(config: Config, template: Path, work: Path, seed: int, body: Path) -> LocalConsortium:
+def seeded(config: Config, template: Path, work: Path, body: Path) -> LocalConsortium:
     """A fresh consortium (own PKI and ledger) on the template's teachers."""
-    directory = work / f"seed-{seed}"
+    directory = work / "consortium"
+    shutil.rmtree(directory, ignore_errors=True)  # a fresh ledger, whatever ran before
     directory.mkdir(parents=True)
     for i in range(config.hospitals):
         shutil.copy(template / f"hospital-{i}.pt", directory / f"hospital-{i}.pt")
@@ -196,7 +208,11 @@ class Querier:
         mine = [p for p in self.c.procs if p.name in (QUERIER, "loop-gateway")]
         for p in mine:
             p.popen.terminate()
-            p.popen.wait(timeout=30)
+            try:
+                p.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a gateway busy past SIGTERM
+                p.popen.kill()
+                p.popen.wait(timeout=10)
         self.c.procs = [p for p in self.c.procs if p not in mine]
 
 
@@ -205,6 +221,7 @@ def run_loop(
 ) -> dict[str, Any]:
     """One (seed, n) run of ``capcctl loop run``; its row."""
     start = time.perf_counter()
+    shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     path = root / "own-unlabelled.npz"
     np.savez(path, x=records.unlabelled)
@@ -275,25 +292,25 @@ def row(
     return out
 
 
-def run_seed(
-    config: Config, template: Path, work: Path, seed: int, body: Path
-) -> list[dict[str, Any]]:
-    """One fresh consortium; every n in turn through a fresh querier."""
+def run_all(
+    config: Config, template: Path, work: Path, body: Path, partial: Path
+) -> tuple[list[dict[str, Any]], float]:
+    """One consortium; every (seed, n) in turn through a fresh querier, each row saved to
+    ``partial`` as it comes. The rows and the consortium's start-up seconds."""
     start = time.perf_counter()
-    c = seeded(config, template, work, seed, body)
+    c = seeded(config, template, work, body)
+    rows: list[dict[str, Any]] = []
     try:
         c.start()
         started = time.perf_counter() - start
-        records = split_records(c, config, seed)
-        rows = [
-            run_loop(c, records, config, seed, n, work / f"seed-{seed}-own-{n}")
-            for n in config.owned
-        ]
+        for seed in config.seeds:
+            records = split_records(c, config, seed)
+            for n in config.owned:
+                rows.append(run_loop(c, records, config, seed, n, work / f"seed-{seed}-own-{n}"))
+                partial.write_text(json.dumps(rows, indent=2) + "\n")
     finally:
         c.stop()
-    for r in rows:
-        r["consortium_start_seconds"] = started
-    return rows
+    return rows, started
 
 
 def _mean_std(values: Sequence[float]) -> dict[str, float]:
@@ -355,7 +372,7 @@ def run(config: Config, work: Path, command: str) -> dict[str, Any]:
     template = work / "teachers"
     fit_teachers(config, template, body)
     fitted = time.perf_counter() - start
-    rows = [r for seed in config.seeds for r in run_seed(config, template, work, seed, body)]
+    rows, started = run_all(config, template, work, body, work / "rows.json")
     return {
         "experiment": "capc-loop",
         "command": command,
@@ -367,6 +384,7 @@ def run(config: Config, work: Path, command: str) -> dict[str, Any]:
         "rows": rows,
         "summary": summarise(rows),
         "teacher_fit_seconds": fitted,
+        "consortium_start_seconds": started,
         "seconds": time.perf_counter() - start,
     }
 
