@@ -51,11 +51,23 @@ def parse_querier(item: str) -> tuple[str, str]:
         )
     if querier == hospital:
         raise ValueError(f"--querier {item}: a querier certificate is not its hospital's own")
+    if querier.strip() != querier or hospital.strip() != hospital:
+        raise ValueError(f"--querier {item!r}: names carry no leading or trailing spaces")
     return querier, hospital
 
 
 def bind_querier(ledger: Ledger, querier: str, hospital: str, *, actor: str) -> None:
-    """Keep ``querier`` -> ``hospital`` in the ledger (audited when it changes)."""
+    """Keep ``querier`` -> ``hospital`` in the ledger (audited when it changes).
+
+    ValueError unless ``hospital`` is a registered answering party: a binding to a name
+    no party has would leave nobody out, and the hospital would vote on its own queries."""
+    answerers = sorted(b.name for b in ledger.budgets() if b.role == "answerer")
+    if hospital not in answerers:
+        raise ValueError(
+            f"--querier {querier}={hospital}: {hospital!r} is no registered answering party "
+            f"(registered: {', '.join(answerers) or 'none'}); register it first "
+            f"(--register {hospital}=EPS:TEACHERS), spelled exactly as its certificate"
+        )
     ledger.keep_setting(
         QUERIER_KEY + querier,
         hospital,

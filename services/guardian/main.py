@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             rng=rng,
             round_timeout=args.round_timeout,
         )
-    except (LedgerError, pki.PKIError, audit.AuditKeyError, OSError) as err:
+    except (LedgerError, pki.PKIError, audit.AuditKeyError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"guardian serving on port {server.port} (ledger {ledger.url})", flush=True)

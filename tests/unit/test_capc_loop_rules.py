@@ -24,8 +24,21 @@ TASK = {"num_classes": 10, "input_shape": [1, 8, 8], "mechanism": {"name": "gnma
 @pytest.fixture
 def ledger(tmp_path: Path) -> Ledger:
     ledger = Ledger(f"sqlite:///{tmp_path / 'g.db'}")
+    for name in ("h0", "h1", "h2"):
+        ledger.register_party(name, 10.0, teachers=1, actor="test")
     bind_querier(ledger, "h0-querier", "h0", actor="test")
     return ledger
+
+
+def test_a_binding_to_a_party_no_one_registered_is_refused(tmp_path: Path) -> None:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'g.db'}")
+    ledger.register_party("hospital-0", 10.0, teachers=1, actor="test")
+    # A case or spacing slip would bind to nobody, and hospital-0 would vote on its own queries.
+    with pytest.raises(ValueError, match="'Hospital-0' is no registered answering party"):
+        bind_querier(ledger, "hospital-0-querier", "Hospital-0", actor="test")
+    with pytest.raises(ValueError, match="no leading or trailing spaces"):
+        parse_querier("hospital-0-querier=hospital-0 ")
+    bind_querier(ledger, "hospital-0-querier", "hospital-0", actor="test")
 
 
 def request(
