@@ -63,15 +63,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def load_task(path: Path) -> Any:
     """The task file as a TaskConfig; TaskError if unreadable or not single-label."""
-    from services.common.task import TaskConfig, TaskError, config_hash
+    from services.common.task import TaskError, read_task
 
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise TaskError(f"{path}: not a readable task file ({err})") from None
-    if not isinstance(config, dict):
-        raise TaskError(f"{path}: a task file is a JSON object")
-    task = TaskConfig.parse(path.stem, config, config_hash(config))
+    task = read_task(path)
     if task.multi_label:
         raise TaskError(f"{path}: capc data pack packs single-label records")
     return task

@@ -70,15 +70,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def _load_task(path: Path) -> Any:
-    from services.common.task import TaskConfig, TaskError, config_hash
+    from services.common.task import TaskError, read_task
 
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise TaskError(f"{path}: not a readable task file ({err})") from None
-    if not isinstance(config, dict):
-        raise TaskError(f"{path}: a task file is a JSON object")
-    task = TaskConfig.parse(path.stem, config, config_hash(config))
+    task = read_task(path)
     if task.multi_label or task.encryption is not None:
         raise TaskError(f"{path}: capc teacher fit fits single-label, clear-query tasks")
     return task

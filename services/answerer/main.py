@@ -5,7 +5,6 @@ hospital's own ledger, serve the guardian's rounds within the hospital's own cap
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
@@ -19,7 +18,7 @@ from services.answerer.party import AnsweringParty
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.ledger import Ledger, LedgerError
-from services.common.task import TaskConfig, TaskError, config_hash
+from services.common.task import TaskConfig, read_task
 
 STATUS_EVERY_S = 5.0
 
@@ -85,18 +84,6 @@ def run(args: argparse.Namespace) -> int:
     for thread in threads:
         thread.join()
     return 0
-
-
-def read_task(path: Path) -> TaskConfig:
-    """The task in ``path`` (its configuration JSON; name: the file's stem). ValueError
-    (TaskError) says what is wrong with the file."""
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise TaskError(f"--task {path}: cannot read a task configuration: {err}") from err
-    if not isinstance(config, dict):
-        raise TaskError(f"--task {path}: a task configuration is a JSON object")
-    return TaskConfig.parse(path.stem, config, config_hash(config))
 
 
 def interface(task: TaskConfig) -> Interface:

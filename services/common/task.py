@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -244,3 +245,15 @@ class TaskConfig:
 
 
 Labels = NDArray[np.int64]
+
+
+def read_task(path: Path, name: str | None = None) -> TaskConfig:
+    """The task in a configuration file (JSON; its name ``name``, by default the file's
+    stem). TaskError says what is wrong with the file."""
+    try:
+        config = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise TaskError(f"{path}: not a readable task file ({err})") from None
+    if not isinstance(config, dict):
+        raise TaskError(f"{path}: a task file is a JSON object")
+    return TaskConfig.parse(name or Path(path).stem, config, config_hash(config))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
@@ -17,7 +16,7 @@ from capc.models import load_teacher
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.limits import MAX_REFERENCE_RECORDS
-from services.common.task import TaskConfig, TaskError, config_hash
+from services.common.task import TaskError, read_task
 from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.loop import LoopIdentity
@@ -82,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
-        config = json.loads(args.task.read_text())
-        task = TaskConfig.parse(args.task_name or args.task.stem, config, config_hash(config))
+        task = read_task(args.task, args.task_name)
         files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
         if files is not None:
             tls.server_credentials(files)  # refuse to start with a bad or revoked certificate
