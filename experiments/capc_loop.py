@@ -51,7 +51,7 @@ from numpy.typing import NDArray
 from experiments.report import save
 from services.demo import DEMO_VOTERS, demo_task, shipped_body
 from services.gateway.tokens import TokenStore
-from services.local import TASK_NAME, LocalConsortium, Process, free_port, spawn
+from services.local import LocalConsortium, free_port
 
 QUERIER, HOSPITAL = "hospital-0-querier", "hospital-0"
 DELTA = 1e-5
@@ -148,27 +148,7 @@ class Querier:
         student_port = c.start_querier(0, own, records.test)
         self.db = str(root / "loop-gateway.db")
         self.port = free_port()
-        gateway: Process = spawn(
-            "loop-gateway",
-            "gateway",
-            "serve",
-            "--student",
-            f"127.0.0.1:{student_port}",
-            "--guardian",
-            c.address,
-            "--task",
-            TASK_NAME,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--db",
-            self.db,
-            "--pki",
-            str(c.pki_dir),
-            "--server-name",
-            "localhost",
-        )
-        c.procs.append(gateway)
-        gateway.wait_for("Uvicorn running on")
+        c.serve_gateway("loop-gateway", student_port, self.port, self.db)
 
     @property
     def url(self) -> str:

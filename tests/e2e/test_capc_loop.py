@@ -36,7 +36,7 @@ from services.common import tls
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
 from services.gateway.tokens import TokenStore
-from services.local import ROOT, TASK_NAME, LocalConsortium, Process, free_port, spawn
+from services.local import ROOT, LocalConsortium, free_port
 from services.student.client import StudentClient
 
 TASK = {
@@ -62,27 +62,7 @@ class Loop:
         student_port = c.start_querier(0, (x[:OWN], y[:OWN]), test, exclude_self=False)
         self.db = str(root / "loop-gateway.db")
         self.port = free_port()
-        gateway: Process = spawn(
-            "loop-gateway",
-            "gateway",
-            "serve",
-            "--student",
-            f"127.0.0.1:{student_port}",
-            "--guardian",
-            c.address,
-            "--task",
-            TASK_NAME,
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--db",
-            self.db,
-            "--pki",
-            str(c.pki_dir),
-            "--server-name",
-            "localhost",
-        )
-        c.procs.append(gateway)
-        gateway.wait_for("Uvicorn running on")
+        c.serve_gateway("loop-gateway", student_port, self.port, self.db)
         self.consortium = c
 
     def capcctl(self, role: str, *args: str) -> subprocess.CompletedProcess[str]:
