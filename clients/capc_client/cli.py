@@ -328,7 +328,7 @@ def _add_loop(sub: Any, common: argparse.ArgumentParser) -> None:
         "--records",
         type=Path,
         required=True,
-        help="the hospital's own unlabelled records: .npy, or .npz with x (N, C, H, W)",
+        help="the hospital's own unlabelled records: .npy, or .npz with x: (N, C, H, W) images or (N, F) table rows",
     )
     _reveal_flag(run)
     run.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="records per round")

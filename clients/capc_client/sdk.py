@@ -227,7 +227,8 @@ class Client:
         mechanism: dict[str, float] | None = None,
         reveal_records_to_answerers: bool = False,
     ) -> Job:
-        """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x`` (N, C, H, W).
+        """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x``:
+        (N, C, H, W) images or (N, F) table rows.
 
         ``reveal_records_to_answerers``: the file holds the querying hospital's own records
         and may go to the answering hospitals in the clear (the guardian audits it); a

@@ -1,4 +1,5 @@
-"""Uploaded unlabelled datasets: an .npy array or an .npz holding ``x`` (N, C, H, W).
+"""Uploaded unlabelled datasets: an .npy array or an .npz holding ``x``, (N, C, H, W)
+images or (N, F) table rows (the student party checks them against its task).
 
 An upload is sized before anything is inflated: the request body limit bounds only the
 compressed bytes, and deflate turns 255 KiB into 263 MB. So the zip's end record bounds
@@ -26,7 +27,10 @@ from numpy.typing import NDArray
 
 from services.common.limits import MAX_TENSOR_BYTES, MAX_UPLOAD_MEMBERS
 
-EXPECTED = "an .npy array or an .npz with array 'x', shaped (N, channels, height, width)"
+EXPECTED = (
+    "an .npy array or an .npz with array 'x', shaped (N, channels, height, width) for an "
+    "image task or (N, features) for a table task"
+)
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 #: Longest .npy header read; numpy's own reader refuses longer ones by default.
@@ -66,7 +70,7 @@ class DatasetTooLargeError(DatasetError):
 
 
 def parse_dataset(data: bytes, max_bytes: int = MAX_TENSOR_BYTES) -> NDArray[np.float32]:
-    """The queries of an upload as float32 (N, C, H, W); raises DatasetError.
+    """The queries of an upload as float32 (N, C, H, W) or (N, F); raises DatasetError.
 
     ``max_bytes`` bounds the queries both as stored and as float32: it is checked
     from the headers before a byte is inflated."""
@@ -142,7 +146,7 @@ def _checked(shape: tuple[int, ...], dtype: np.dtype[Any], max_bytes: int, what:
 
 
 def _queries_shape(shape: tuple[int, ...]) -> None:
-    if len(shape) != 4 or shape[0] == 0:
+    if len(shape) not in (2, 4) or shape[0] == 0:
         raise DatasetError(f"got an array of shape {shape}; send {EXPECTED}")
 
 

@@ -68,6 +68,15 @@ def test_datasets_npy_and_npz() -> None:
         parse_dataset(npy(inf))
 
 
+def test_datasets_take_table_rows_and_refuse_other_shapes() -> None:
+    """A table task's records are (N, features); the student party checks the width."""
+    rows = np.random.default_rng(0).random((7, 30))
+    np.testing.assert_array_equal(parse_dataset(npy(rows)), rows.astype(np.float32))
+    for shape in [(7,), (7, 1, 30), (0, 30), (7, 1, 2, 3, 4)]:
+        with pytest.raises(DatasetError, match=r"\(N, features\) for a table task"):
+            parse_dataset(npy(np.zeros(shape)))
+
+
 def test_every_openapi_reference_resolves(tmp_path: Path) -> None:
     """A dangling $ref leaves part of a response untested by schemathesis and unusable by
     client generators."""
