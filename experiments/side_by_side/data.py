@@ -19,9 +19,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.data.offline import partition
+from capc.data.offline import animal_mnist, breast_cancer_records, partition
+from capc.data.schema import TableSchema, parse_records
 from services import tasks
-from services.local import REFERENCE, load_dataset
+
+#: services.local.REFERENCE: the DIET student's reference records (checked by a test;
+#: not imported, so that the baselines run where the services' packages are not).
+REFERENCE = 256
 
 DATASETS = ("animal-mnist", "breast-cancer")
 #: The seed whose hospital shares every method is tuned on; reported seeds differ.
@@ -101,7 +105,16 @@ def task(dataset: str) -> dict[str, Any] | None:
 
 @cache
 def _arrays(dataset: str) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
-    x, y = load_dataset(dataset, task=task(dataset))
+    """What services.local.load_dataset gives a consortium: animal-mnist's images, or
+    the breast-cancer rows encoded by the shipped task's schema (as hospitals do)."""
+    if dataset == "animal-mnist":
+        x, y = animal_mnist()
+    else:
+        schema = parse_records((task(dataset) or {})["records"])
+        if not isinstance(schema, TableSchema):
+            raise ValueError(f"{dataset}'s task declares no table schema")
+        columns, y = breast_cancer_records()
+        x = schema.encode(columns, dataset)
     return np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int64)
 
 
@@ -119,6 +132,4 @@ def split(dataset: str, seed: int) -> Split:
         rest[p][np.random.default_rng([11, seed, i]).permutation(len(p))]
         for i, p in enumerate(partition(len(rest), layout.hospitals, seed=1000 + seed))
     )
-    return Split(
-        dataset, seed, x, y, int(y.max()) + 1, test, reference, tuning, public, shares
-    )
+    return Split(dataset, seed, x, y, int(y.max()) + 1, test, reference, tuning, public, shares)

@@ -1,0 +1,379 @@
+"""capc's methods in the side-by-side grid, through the networked services.
+
+One consortium of separate processes over mutual TLS per (dataset, n, seed): the
+guardian, every hospital with teachers fitted on its first ``n`` labelled records,
+the student party and the gateway (and, for images, hospital 0's querier party
+with its own gateway). Three methods run in it, each through the REST API:
+
+* ``capc-diet-student``: the student party with no data of its own labels
+  programmatically generated queries (DIET-CaPC; table rows drawn from the task's
+  public ranges) and trains on them;
+* ``capc-pate-public``: the same student party labels the public records (real,
+  in-distribution, unlabelled) and trains on them (CaPC with public data);
+* ``capc-loop`` (images): hospital 0 labels its own unlabelled records (its share
+  past its first ``n``) through the others' teachers and retrains its own model
+  on its ``n`` records plus the labels (``accuracy_before`` is that model on its
+  records alone).
+
+Budgets. Every round is the same GNMax mechanism, so a method's labels cost what
+their count costs: the labels a row reports at eps ``e`` are the first
+``queries_fit(task, e)`` of that method, by the guardian's own accountant at
+delta 1e-5 (``services.up.queries_fit``). That is what a consortium running that
+method alone under a cap of ``e`` would release. The three methods share one
+consortium to save its start-up (each hospital's cap covers all three; the
+guardian's totals are saved beside the rows), so they are three independent
+releases, each priced on its own.
+
+Hyperparameters follow the shipped tasks, not a tuning run: teachers per hospital
+by :func:`teachers_per_hospital`, and GNMax's sigma the same share of the vote as
+the shipped task's (the demo's 40 for 250 teachers; breast-cancer's 23 for 24), as
+``services.demo.demo_task`` scales it. (``capc up``'s planner also raises sigma
+until 1,000 queries fit eps 10; with few teachers that drowns every vote, so it is
+not used here.) The baselines were tuned on the tuning records; capc was not.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from capc_client import Client
+from numpy.typing import NDArray
+
+from capc.data.offline import partition
+from capc.learning.supervised import fit
+from capc.learning.teachers import fit_head_ensemble
+from capc.mechanisms import from_config
+from capc.models import build, load_teacher
+from capc.models.checkpoint import Teacher
+from capc.models.ensemble import save_checkpoints, save_ensemble
+from experiments.side_by_side.data import Split, task
+from services.demo import SHIPPED_BODY, demo_task
+from services.local import LocalConsortium, free_port
+from services.up import queries_fit
+
+DELTA = 1e-5
+QUERIER, HOSPITAL = "hospital-0-querier", "hospital-0"
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CapcConfig:
+    """The budgets a row is priced at and how students are trained."""
+
+    epsilons: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)
+    batch: int = 256
+    #: Epochs of every student and of the loop's models (the services' default).
+    epochs: int = 10
+    #: Table students: few epochs learn the noisy labels' trend (experiments/tabular.py).
+    table_epochs: int = 5
+    table_teacher_epochs: int = 100
+    #: Seconds the guardian waits for a hospital's shares on 2 loaded cores.
+    share_timeout: float = 300.0
+
+
+def teachers_per_hospital(dataset: str, n: int) -> int:
+    """Teachers each hospital votes with when it holds ``n`` labelled records: about ten
+    records a teacher for images (at most the demo's 50), a dozen rows for tables (at
+    most the adoption experiment's 8)."""
+    if dataset == "breast-cancer":
+        return max(2, min(8, n // 12))
+    return max(5, min(50, n // 10))
+
+
+#: Teachers the shipped breast-cancer task's sigma is set for (3 hospitals x 8).
+TABLE_VOTERS = 24
+
+
+def scaled_task(dataset: str, voters: int) -> dict[str, Any]:
+    """The shipped task with sigma the same share of ``voters`` as it has of its own."""
+    if dataset != "breast-cancer":
+        return demo_task(voters)
+    out = dict(task(dataset) or {})
+    mech = from_config(out["mechanism"], int(out["num_classes"]))
+    out["mechanism"] = mech.scaled_noise(voters / TABLE_VOTERS).to_config()
+    return out
+
+
+def counts(task_dict: dict[str, Any], epsilons: Sequence[float], most: int) -> list[int]:
+    """For each eps, how many of a method's queries its cap buys (at most ``most``)."""
+    return [min(most, queries_fit(task_dict, e)) for e in epsilons]
+
+
+# -- teachers ---------------------------------------------------------------------------
+def _parts(idx: NDArray[np.int64], m: int, seed: int, i: int) -> list[NDArray[np.int64]]:
+    """Disjoint parts of a hospital's labelled records, one a teacher."""
+    return [idx[p] for p in partition(len(idx), m, seed=100 + 1000 * seed + i)]
+
+
+def fit_image_teachers(split: Split, n: int, m: int, directory: Path) -> dict[int, Path]:
+    """Each hospital's ``m`` DIET teachers (heads on the shipped body) on its ``n``
+    labelled records; {hospital index: ensemble file}."""
+    base = load_teacher(SHIPPED_BODY)
+    out: dict[int, Path] = {}
+    for i in range(split.hospitals):
+        idx = split.labelled(i, n)
+        parts = _parts(idx, m, split.seed, i)
+        ensemble = fit_head_ensemble(base.model, split.x, split.y, parts, l2=1e-2)
+        card = {
+            "data": f"{split.dataset}, hospital {i}'s first {len(idx)} records",
+            "method": f"pretrained body; {m} teachers' own statistics and last layers",
+            "teachers": m,
+        }
+        out[i] = directory / f"own-hospital-{i}.pt"
+        save_ensemble(out[i], ensemble.checkpoint(base.architecture, (1, 28, 28), base.width, card))
+    return out
+
+
+def fit_table_teachers(
+    split: Split, n: int, m: int, epochs: int, directory: Path
+) -> dict[int, Path]:
+    """Each hospital's ``m`` MLP teachers trained from scratch on disjoint parts of its
+    ``n`` labelled rows; {hospital index: checkpoints file}."""
+    shape = (int(split.x.shape[1]),)
+    out: dict[int, Path] = {}
+    for i in range(split.hospitals):
+        members = []
+        for t, idx in enumerate(_parts(split.labelled(i, n), m, split.seed, i)):
+            model = fit(
+                build("mlp", shape, split.classes),
+                split.x[idx],
+                split.y[idx],
+                epochs=epochs,
+                seed=1000 * split.seed + 10 * i + t,
+            )
+            card = {"data": f"{split.dataset}, hospital {i}", "examples": len(idx)}
+            members.append(Teacher("mlp", shape, split.classes, model, card))
+        out[i] = directory / f"own-hospital-{i}.pt"
+        save_checkpoints(out[i], members)
+    return out
+
+
+# -- one consortium ----------------------------------------------------------------------
+def _train(
+    client: Client, jobs: list[str], architecture: str | None, epochs: int, seed: int
+) -> float:
+    model = client.train(jobs, architecture, epochs=epochs, seed=seed)
+    model = client.wait_model(model.id, timeout=3600)
+    if model.state != "done":
+        raise RuntimeError(f"training on jobs {jobs} failed: {model.error}")
+    return float(model.metrics["test_accuracy"])
+
+
+def _label(client: Client, submitted: Any, what: str) -> tuple[str, int]:
+    """Wait for a submitted labelling job to end; (its id, labels it bought)."""
+    job = client.wait(submitted.id, timeout=7200)
+    if job.state != "done":
+        raise RuntimeError(f"{what}: the job failed: {job.error}")
+    return job.id, int(job.answered)
+
+
+def _npz(path: Path, x: NDArray[np.float32]) -> Path:
+    np.savez(path, x=x)
+    return path
+
+
+@dataclass
+class Cell:
+    """One (dataset, n, seed) consortium's inputs."""
+
+    split: Split
+    n: int
+    config: CapcConfig
+    work: Path
+    log: Log
+
+    @property
+    def images(self) -> bool:
+        return self.split.dataset != "breast-cancer"
+
+    def row(self, method: str, epsilon: float, **fields: Any) -> dict[str, Any]:
+        return {
+            "dataset": self.split.dataset,
+            "method": method,
+            "n": self.split.size(self.n),
+            "epsilon": epsilon,
+            "delta": DELTA,
+            "seed": self.split.seed,
+            "bytes_sent": None,
+            "accountant": "the guardian's ledger accountant (services.up.queries_fit)",
+            **fields,
+        }
+
+
+def consortium(cell: Cell) -> tuple[LocalConsortium, dict[str, Any], int]:
+    """The cell's consortium (prepared, not started), its task and teachers per hospital."""
+    split, n = cell.split, cell.split.size(cell.n)
+    m = teachers_per_hospital(split.dataset, n)
+    directory = cell.work / "consortium"
+    shutil.rmtree(directory, ignore_errors=True)  # a fresh ledger and PKI
+    directory.mkdir(parents=True)
+    voters = split.hospitals * m
+    task_dict = scaled_task(split.dataset, voters)
+    if cell.images:
+        own = fit_image_teachers(split, n, m, directory)
+    else:
+        own = fit_table_teachers(split, n, m, cell.config.table_teacher_epochs, directory)
+    # Each hospital's cap covers the three methods together; each row is priced alone.
+    cap = 4.0 * max(cell.config.epsilons)
+    c = LocalConsortium(
+        directory,
+        parties=split.hospitals,
+        dataset=split.dataset,
+        task=task_dict,
+        body=SHIPPED_BODY if cell.images else None,
+        teachers=[m] * split.hospitals,
+        held_out=len(split.test),
+        split_seed=0,
+        epsilon_cap=cap,
+        own_models=own,
+        queriers={QUERIER: HOSPITAL} if cell.images else {},
+        share_timeout=cell.config.share_timeout,
+        log=cell.log,
+    )
+    c.prepare()
+    if not np.array_equal(c.queries, split.x[split.test]):
+        raise RuntimeError("the consortium's held-out records are not the split's test records")
+    return c, task_dict, m
+
+
+def student_methods(
+    cell: Cell, c: LocalConsortium, task_dict: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The DIET student and PATE with public data, at every eps, through the gateway."""
+    cfg, split = cell.config, cell.split
+    analyst = Client(c.gateway_url, c.token("analyst", "side-by-side"), ca=c.ca, timeout=600)
+    architecture, epochs = (None, cfg.epochs) if cell.images else ("mlp", cfg.table_epochs)
+    rows: list[dict[str, Any]] = []
+    public = _npz(cell.work / "public.npz", split.x[split.public])
+    for method, most in (("capc-diet-student", 10**9), ("capc-pate-public", len(split.public))):
+        jobs: list[str] = []
+        bought, done, start = 0, 0, time.perf_counter()
+        for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, most), strict=True):
+            if k > done:
+                if method == "capc-diet-student":
+                    generator = "gaussian" if cell.images else "beta"
+                    params = {} if cell.images else {"a": 1.0, "b": 3.0}
+                    submitted = analyst.submit_recipe(
+                        generator,
+                        k - done,
+                        params=params,
+                        seed=split.seed,
+                        start=done,
+                        batch_size=cfg.batch,
+                    )
+                else:
+                    part = _npz(cell.work / f"public-{done}.npz", split.x[split.public][done:k])
+                    submitted = analyst.submit_file(part, batch_size=cfg.batch)
+                job, answered = _label(analyst, submitted, f"{method} at eps {e:g}")
+                jobs.append(job)
+                bought, done = bought + answered, k
+            accuracy = _train(analyst, jobs, architecture, epochs, split.seed) if jobs else None
+            rows.append(
+                cell.row(
+                    method,
+                    e,
+                    accuracy=accuracy,
+                    queries=done,
+                    labels=bought,
+                    seconds=time.perf_counter() - start,
+                    hyperparameters={"sigma": task_dict["mechanism"]["sigma"]},
+                )
+            )
+            cell.log(f"{method} n={cell.n} seed={split.seed} eps={e:g}: {done} queries, {accuracy}")
+    del public
+    return rows
+
+
+def loop_method(cell: Cell, c: LocalConsortium, task_dict: dict[str, Any]) -> list[dict[str, Any]]:
+    """Hospital 0's CaPC loop at every eps: labels for its own unlabelled records from
+    the other hospitals, and its model retrained on them, through its own gateway."""
+    cfg, split = cell.config, cell.split
+    own = split.labelled(0, cell.n)
+    unlabelled = split.x[split.unlabelled(0, cell.n)]
+    port = c.start_querier(
+        0, (split.x[own], split.y[own]), (split.x[split.test], split.y[split.test])
+    )
+    db = str(cell.work / "loop-gateway.db")
+    gateway = free_port()
+    c.serve_gateway("loop-gateway", port, gateway, db)
+    from services.gateway.tokens import TokenStore
+
+    token = TokenStore(db).create("analyst", "side-by-side", 1.0)[0]
+    hospital = Client(f"https://127.0.0.1:{gateway}", token, ca=c.ca, timeout=600)
+    start = time.perf_counter()
+    before = _train(hospital, [], None, cfg.epochs, split.seed)
+    rows: list[dict[str, Any]] = []
+    jobs: list[str] = []
+    bought, done = 0, 0
+    for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, len(unlabelled)), strict=True):
+        if k > done:
+            part = _npz(cell.work / f"own-{done}.npz", unlabelled[done:k])
+            job, answered = _label(
+                hospital,
+                hospital.submit_file(part, batch_size=cfg.batch, reveal_records_to_answerers=True),
+                f"capc-loop at eps {e:g}",
+            )
+            jobs.append(job)
+            bought, done = bought + answered, k
+        after = _train(hospital, jobs, None, cfg.epochs, split.seed) if jobs else before
+        rows.append(
+            cell.row(
+                "capc-loop",
+                e,
+                accuracy=after,
+                accuracy_before=before,
+                gain=after - before,
+                queries=done,
+                labels=bought,
+                unlabelled=len(unlabelled),
+                seconds=time.perf_counter() - start,
+                hyperparameters={"sigma": task_dict["mechanism"]["sigma"]},
+            )
+        )
+        cell.log(f"capc-loop n={cell.n} seed={split.seed} eps={e:g}: {before:.3f} -> {after:.3f}")
+    return rows
+
+
+def run_cell(cell: Cell) -> list[dict[str, Any]]:
+    """Every capc method's rows for one (dataset, n, seed)."""
+    start = time.perf_counter()
+    c, task_dict, m = consortium(cell)
+    try:
+        c.start()
+        c.start_student()
+        c.start_gateway()
+        rows = student_methods(cell, c, task_dict)
+        if cell.images and len(cell.split.unlabelled(0, cell.n)):
+            rows += loop_method(cell, c, task_dict)
+        admin = Client(c.gateway_url, c.token("admin", "side-by-side"), ca=c.ca, timeout=600)
+        totals = {b.party: b.epsilon_spent for b in admin.budgets().budgets}
+    finally:
+        c.stop()
+    seconds = time.perf_counter() - start
+    for r in rows:
+        r["teachers_per_hospital"] = m
+        r["consortium_epsilon_spent"] = totals
+        r["consortium_seconds"] = seconds
+    if not all(math.isfinite(v) for v in totals.values()):
+        raise RuntimeError(f"the guardian reports a non-finite spend: {totals}")
+    return rows
+
+
+def run_capc(
+    split: Split, sizes: Sequence[int | None], config: CapcConfig, work: Path, log: Log
+) -> list[dict[str, Any]]:
+    """Every capc row of ``split`` (one dataset, one seed) for the grid's sizes."""
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        size = split.size(n)
+        rows += run_cell(
+            Cell(split, size, config, work / f"{split.dataset}-n{size}-s{split.seed}", log)
+        )
+    return rows

@@ -1,0 +1,190 @@
+"""The side-by-side summary, recomputed from the saved rows: means and spreads over
+seeds per (dataset, method, n, eps), the issue's goals, and markdown tables.
+
+A row's ``epsilon`` is ``None`` for a non-private method (training alone, pooled).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+#: Methods in the order the tables list them, with the names people read.
+METHODS: dict[str, str] = {
+    "capc-diet-student": "capc: DIET student (no data of its own)",
+    "capc-loop": "capc: CaPC loop (hospital 0's own model + labels)",
+    "capc-pate-public": "capc: PATE with public records",
+    "dp-fedavg": "DP-FedAvg (Flower + Opacus)",
+    "dp-sgd-pooled": "DP-SGD on pooled records (Opacus)",
+    "alone": "each hospital alone (non-private)",
+    "pooled": "pooled, non-private (the ceiling)",
+}
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float]:
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.mean()), float(v.std())
+
+
+def table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (dataset, method, n, eps): mean and standard deviation over seeds of
+    the test accuracy (and of the loop's model before it), seeds, mean wall seconds and
+    bytes sent."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r.get("accuracy") is not None:
+            groups[(r["dataset"], r["method"], r["n"], r["epsilon"])].append(r)
+    out = []
+    order = list(METHODS)
+    for (dataset, method, n, eps), group in sorted(
+        groups.items(),
+        key=lambda kv: (
+            kv[0][0],
+            kv[0][2],
+            order.index(kv[0][1]) if kv[0][1] in order else len(order),
+            -1.0 if kv[0][3] is None else kv[0][3],
+        ),
+    ):
+        mean, std = _stats([r["accuracy"] for r in group])
+        entry: dict[str, Any] = {
+            "dataset": dataset,
+            "method": method,
+            "n": n,
+            "epsilon": eps,
+            "seeds": sorted(r["seed"] for r in group),
+            "accuracy": mean,
+            "accuracy_std": std,
+            "seconds": float(np.mean([r.get("seconds") or 0.0 for r in group])),
+        }
+        sent = [r["bytes_sent"] for r in group if r.get("bytes_sent") is not None]
+        if sent:
+            entry["bytes_sent"] = float(np.mean(sent))
+        if method == "capc-loop":
+            entry["accuracy_before"], entry["accuracy_before_std"] = _stats(
+                [r["accuracy_before"] for r in group]
+            )
+            entry["gain"], entry["gain_std"] = _stats([r["gain"] for r in group])
+        if "queries" in group[0]:
+            entry["queries"] = float(np.mean([r["queries"] for r in group]))
+        out.append(entry)
+    return out
+
+
+def lookup(
+    summary: Sequence[dict[str, Any]], dataset: str, method: str, n: int, eps: float | None
+) -> dict[str, Any] | None:
+    for e in summary:
+        if (e["dataset"], e["method"], e["n"], e["epsilon"]) == (dataset, method, n, eps):
+            return e
+    return None
+
+
+def _cells(summary: Sequence[dict[str, Any]], dataset: str) -> tuple[list[int], list[float]]:
+    ns = sorted({e["n"] for e in summary if e["dataset"] == dataset})
+    eps = sorted({e["epsilon"] for e in summary if e["dataset"] == dataset and e["epsilon"]})
+    return ns, eps
+
+
+def goals(summary: Sequence[dict[str, Any]], dataset: str = "animal-mnist") -> dict[str, Any]:
+    """The issue's three goals on ``dataset``, each with the cells it was judged on.
+
+    * loop: at every n where training alone is below the pooled ceiling (by more than
+      their spreads), the loop at the largest eps beats training alone by more than
+      the larger of the two seed spreads;
+    * student vs DP-FedAvg: at every (n, eps), the DIET student's mean is at least
+      DP-FedAvg's;
+    * 80%: the DIET student reaches 0.80 at eps 10 for some n.
+    """
+    ns, epsilons = _cells(summary, dataset)
+    top = max(epsilons) if epsilons else None
+    loop_cells, duel_cells = [], []
+    for n in ns:
+        alone = lookup(summary, dataset, "alone", n, None)
+        pooled = lookup(summary, dataset, "pooled", n, None)
+        loop = lookup(summary, dataset, "capc-loop", n, top)
+        if alone and pooled and loop:
+            below = pooled["accuracy"] - alone["accuracy"] > max(
+                alone["accuracy_std"], pooled["accuracy_std"]
+            )
+            margin = loop["accuracy"] - alone["accuracy"]
+            spread = max(loop["accuracy_std"], alone["accuracy_std"])
+            loop_cells.append(
+                {
+                    "n": n,
+                    "alone": alone["accuracy"],
+                    "loop": loop["accuracy"],
+                    "pooled": pooled["accuracy"],
+                    "alone_below_ceiling": below,
+                    "met": (not below) or margin > spread,
+                }
+            )
+        for eps in epsilons:
+            student = lookup(summary, dataset, "capc-diet-student", n, eps)
+            fed = lookup(summary, dataset, "dp-fedavg", n, eps)
+            if student and fed:
+                duel_cells.append(
+                    {
+                        "n": n,
+                        "epsilon": eps,
+                        "student": student["accuracy"],
+                        "dp_fedavg": fed["accuracy"],
+                        "met": student["accuracy"] >= fed["accuracy"],
+                    }
+                )
+    best = [
+        e["accuracy"]
+        for e in summary
+        if e["dataset"] == dataset and e["method"] == "capc-diet-student" and e["epsilon"] == 10
+    ]
+    return {
+        "loop_beats_alone": {
+            "met": all(c["met"] for c in loop_cells) and bool(loop_cells),
+            "cells": loop_cells,
+        },
+        "student_at_least_dp_fedavg": {
+            "met": all(c["met"] for c in duel_cells) and bool(duel_cells),
+            "cells": duel_cells,
+        },
+        "student_80_at_eps_10": {
+            "met": bool(best) and max(best) >= 0.80,
+            "best": max(best) if best else None,
+        },
+    }
+
+
+def _cell(e: dict[str, Any] | None) -> str:
+    if e is None:
+        return "n/a"
+    return f"{e['accuracy']:.3f} ± {e['accuracy_std']:.3f}"
+
+
+def markdown(summary: Sequence[dict[str, Any]]) -> str:
+    """One table per dataset and n: a method a row, an eps a column (non-private
+    methods in their own column)."""
+    out: list[str] = []
+    for dataset in sorted({e["dataset"] for e in summary}):
+        ns, epsilons = _cells(summary, dataset)
+        for n in ns:
+            out += [
+                f"**{dataset}, n = {n} labelled records per hospital** (test accuracy, "
+                "mean ± std over seeds)",
+                "",
+                "| method | " + " | ".join(f"eps {e:g}" for e in epsilons) + " | non-private |",
+                "|---|" + "---|" * (len(epsilons) + 1),
+            ]
+            for method, name in METHODS.items():
+                present = [
+                    e
+                    for e in summary
+                    if (e["dataset"], e["method"], e["n"]) == (dataset, method, n)
+                ]
+                if not present:
+                    continue
+                cells = [_cell(lookup(summary, dataset, method, n, e)) for e in epsilons]
+                cells.append(_cell(lookup(summary, dataset, method, n, None)))
+                out.append(f"| {name} | " + " | ".join(cells) + " |")
+            out.append("")
+    return "\n".join(out)

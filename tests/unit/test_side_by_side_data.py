@@ -1,0 +1,109 @@
+"""The side-by-side splits: roles disjoint, the test records a consortium's, the tuning
+seed apart from the reported ones, and a summary that follows its rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments.side_by_side import summary
+from experiments.side_by_side.__main__ import merged
+from experiments.side_by_side.capc_runs import counts, scaled_task, teachers_per_hospital
+from experiments.side_by_side.data import DATASETS, LAYOUTS, REFERENCE, split, task
+from services import local
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_roles_are_disjoint_and_cover_the_data(dataset: str) -> None:
+    s = split(dataset, 1)
+    parts = [s.test, s.reference, s.tuning, s.public, *s.shares]
+    everything = np.concatenate(parts)
+    assert len(everything) == len(np.unique(everything)) == len(s.x)
+    layout = LAYOUTS[dataset]
+    assert (len(s.test), len(s.tuning), len(s.public)) == (
+        layout.test,
+        layout.tuning,
+        layout.public,
+    )
+    n = s.size(None)
+    assert np.array_equal(s.pooled(None), np.concatenate([sh[:n] for sh in s.shares]))
+    assert len(np.intersect1d(s.labelled(0, 50), s.unlabelled(0, 50))) == 0
+    with pytest.raises(ValueError, match="a hospital holds"):
+        s.labelled(0, n + 1)
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_the_test_records_are_a_consortiums_held_out_ones(dataset: str) -> None:
+    """A student trained through the services is scored on the records every other
+    method is scored on: services.local draws the same ones (split seed 0)."""
+    assert REFERENCE == local.REFERENCE
+    s = split(dataset, 2)
+    x, y = local.load_dataset(dataset, task=task(dataset))
+    order = np.random.default_rng(7).permutation(len(x))
+    held = min(LAYOUTS[dataset].test, len(x) // 4)
+    assert held == LAYOUTS[dataset].test
+    assert np.array_equal(s.test, order[:held])
+    assert np.array_equal(s.x, x) and np.array_equal(s.y, y)
+
+
+def test_only_the_hospital_shares_change_with_the_seed() -> None:
+    a, b = split("breast-cancer", 0), split("breast-cancer", 1)
+    for role in ("test", "reference", "tuning", "public"):
+        assert np.array_equal(getattr(a, role), getattr(b, role))
+    assert not np.array_equal(a.shares[0], b.shares[0])
+
+
+def test_capc_budgets_follow_the_shipped_share_of_the_vote() -> None:
+    """sigma is the shipped task's share of the vote; a bigger cap buys more labels."""
+    demo = scaled_task("animal-mnist", 250)
+    assert demo["mechanism"]["sigma"] == 40.0
+    few = scaled_task("animal-mnist", 5 * teachers_per_hospital("animal-mnist", 50))
+    assert few["mechanism"]["sigma"] == pytest.approx(4.0)
+    assert scaled_task("breast-cancer", 24)["mechanism"]["sigma"] == 23.0
+    got = counts(demo, (1.0, 2.0, 5.0, 10.0), 10**9)
+    assert got == sorted(got) and got[-1] > 3000
+    assert counts(demo, (10.0,), 70) == [70]
+
+
+def _row(method: str, n: int, eps: float | None, seed: int, acc: float) -> dict[str, object]:
+    return {
+        "dataset": "d",
+        "method": method,
+        "n": n,
+        "epsilon": eps,
+        "seed": seed,
+        "accuracy": acc,
+        "seconds": 1.0,
+        "bytes_sent": None,
+    }
+
+
+def test_summary_and_goals_follow_the_rows() -> None:
+    rows = [_row("alone", 50, None, s, a) for s, a in ((1, 0.60), (2, 0.62), (3, 0.64))] + [
+        _row("pooled", 50, None, s, 0.9) for s in (1, 2, 3)
+    ]
+    rows += [
+        {**_row("capc-loop", 50, 10.0, s, a), "accuracy_before": 0.6, "gain": a - 0.6}
+        for s, a in ((1, 0.70), (2, 0.71), (3, 0.72))
+    ]
+    rows += [_row("capc-diet-student", 50, 10.0, s, 0.81) for s in (1, 2, 3)]
+    rows += [_row("dp-fedavg", 50, 10.0, s, 0.82) for s in (1, 2, 3)]
+    table = summary.table(rows)
+    alone = summary.lookup(table, "d", "alone", 50, None)
+    assert alone is not None and alone["accuracy"] == pytest.approx(0.62)
+    assert alone["accuracy_std"] == pytest.approx(np.std([0.60, 0.62, 0.64]))
+    g = summary.goals(table, "d")
+    assert g["loop_beats_alone"]["met"]
+    assert not g["student_at_least_dp_fedavg"]["met"]  # 0.81 < 0.82
+    assert g["student_80_at_eps_10"]["met"]
+    # A loop within the seed spread of training alone does not count as a lift.
+    close = [r if r["method"] != "capc-loop" else {**r, "accuracy": 0.63} for r in rows]
+    assert not summary.goals(summary.table(close), "d")["loop_beats_alone"]["met"]
+    assert "| each hospital alone (non-private) |" in summary.markdown(table)
+
+
+def test_a_new_row_replaces_the_old_one_of_its_cell() -> None:
+    old = [_row("alone", 50, None, 1, 0.5), _row("alone", 50, None, 2, 0.5)]
+    new = [_row("alone", 50, None, 1, 0.7)]
+    got = merged(old, new)
+    assert sorted(r["accuracy"] for r in got) == [0.5, 0.7] and len(got) == 2
