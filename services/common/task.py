@@ -95,7 +95,7 @@ class EncryptionSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-#: Fixed-point fractional bits of shares when votes are not integers (tau clipping, weights).
+#: Fixed-point fractional bits of vote weights (personalized weighting).
 FRACTIONAL_SHARE_BITS = 8
 
 
@@ -213,9 +213,17 @@ class TaskConfig:
         return self.mechanism.vote_width
 
     @property
+    def weight_bits(self) -> int:
+        """Fractional bits of a party's vote weight: FRACTIONAL_SHARE_BITS under weighting, else
+        0 (every weight is 1)."""
+        return FRACTIONAL_SHARE_BITS if self.weighting else 0
+
+    @property
     def frac_bits(self) -> int:
-        """Fractional bits of the shares: 0 for integer votes, more for fractional or weighted ones."""
-        return FRACTIONAL_SHARE_BITS if self.weighting or self.mechanism.fractional_votes else 0
+        """Fractional bits of the shares: 0 for integer votes, more for fractional or weighted
+        ones. A teacher's vote on its grid (``vote_grid_bits``, what a validity proof is about)
+        times the weight on its own (``weight_bits``): the product is exact on the sum of both."""
+        return self.mechanism.vote_grid_bits + self.weight_bits
 
     @property
     def max_weight(self) -> float:

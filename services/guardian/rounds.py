@@ -639,7 +639,7 @@ class RoundEngine:
     def weight_on_grid(self, rnd: _Round, party: str) -> int:
         """``party``'s vote weight on the shares' fixed-point grid, rounded down as the
         party rounds its own votes (:meth:`Mechanism.encode_votes`)."""
-        return int(np.floor(rnd.weight(party) * (1 << rnd.task.frac_bits)))
+        return int(np.floor(rnd.weight(party) * (1 << rnd.task.weight_bits)))
 
     def check_votes(
         self, querier: str, session_id: bytes, msg: guardian_pb2.VoteCheck
@@ -972,7 +972,7 @@ class RoundEngine:
             return {n: (1.0, 1.0) for n in names}
         caps = [budgets[n].cap if n in budgets else 0.0 for n in names]
         acct, delta = self.ledger.accounting, self.ledger.delta
-        w = pers.weights(caps, task.mechanism, acct, delta, task.frac_bits)
+        w = pers.weights(caps, task.mechanism, acct, delta, task.weight_bits)
         p = pers.rates(caps, task.mechanism, acct, delta)
         return {n: (float(w[i]), float(p[i])) for i, n in enumerate(names)}
 
@@ -1126,7 +1126,9 @@ def _check_conversion(
     relation = task.mechanism.vote_relation(1)  # its width: the counts per query
     if relation is None:
         return
-    bound = validity.conversion_failure(batch, relation.width, counts)
+    # A count is at most its party's teachers times one teacher's largest vote on the grid.
+    largest = [m << relation.grid_bits for m in counts]
+    bound = validity.conversion_failure(batch, relation.width, largest)
     if bound > validity.MAX_CONVERSION_FAILURE:
         most = int(batch * validity.MAX_CONVERSION_FAILURE / bound)
         what = (
