@@ -278,10 +278,14 @@ class Mechanism(ABC):
         max_votes: float,
         vote_total: float | None = None,
         share_frac_bits: int = 0,
+        vote_parties: int = 0,
     ) -> CircuitSpec:
         """The round's circuit. ``max_votes``: the largest possible count (voters x largest
         weight); ``vote_total``: the voters' total weight (the guardian's, may be None for
-        the student); ``share_frac_bits``: fractional bits of the vote shares."""
+        the student); ``share_frac_bits``: fractional bits of the vote shares.
+        ``vote_parties`` > 0: that many parties' one-hot votes are checked and counted in
+        the circuit, which then takes every party's shares, not their sums (encrypted-query
+        mode; single-label mechanisms only)."""
 
     @abstractmethod
     def draw_noise(self, batch: int, rng: SecureRandom) -> Noise:

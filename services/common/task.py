@@ -240,11 +240,17 @@ class TaskConfig:
             raise TaskError(f"task {self.name!r}: {err}") from err
         return self if mech is self.mechanism else dataclasses.replace(self, mechanism=mech)
 
-    def circuit_spec(self, voters: int, vote_total: float | None = None) -> CircuitSpec:
+    def circuit_spec(
+        self, voters: int, vote_total: float | None = None, vote_parties: int = 0
+    ) -> CircuitSpec:
         """The round's circuit for ``voters`` teachers (every party's, summed: a party with an
         ensemble of m teachers counts m). ``vote_total``: the sum of their weights (the
-        guardian's; the student may leave it out)."""
-        return self.mechanism.circuit(voters * self.max_weight, vote_total, self.frac_bits)
+        guardian's; the student may leave it out). ``vote_parties``: in encrypted-query mode
+        the number of parties whose one-hot votes the circuit checks one by one (their
+        shares, in the round's party order, are its inputs)."""
+        return self.mechanism.circuit(
+            voters * self.max_weight, vote_total, self.frac_bits, vote_parties
+        )
 
     def decode(self, spec: CircuitSpec, outputs: dict[str, NDArray[np.uint64]]) -> Labels:
         """The student's circuit outputs -> labels: (B,) classes, or (B, k) 0/1 for multi-label;

@@ -616,6 +616,12 @@ class RoundEngine:
             # from the OS, not the noise source, so a seeded noise stream replays unchanged.
             rnd.challenge = validity.Challenge.draw(secrets.token_bytes(24))
             challenge = rnd.challenge.to_bytes()
+        elif rnd.ciphertext_hash is not None:
+            # Encrypted mode: no proof is possible (a party never sees its vote), so the
+            # circuit checks each party's one-hot vote: it takes every share, in ``used`` order.
+            rnd.guardian_sum = np.stack([rnd.shares[p] for p in used], axis=1)
+            rnd.shares.clear()
+            self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
         else:
             total = np.zeros((batch, task.vote_width), dtype=np.uint64)
             for p in used:
@@ -1020,7 +1026,8 @@ class RoundEngine:
         round_id, task, b = rnd.round_id, rnd.task, rnd.batch
         # A party with m teachers adds m votes (times its weight) to every query.
         total = sum(rnd.voters(p) * rnd.weight(p) for p in rnd.used)
-        spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total)
+        filtered = len(rnd.used) if rnd.ciphertext_hash is not None else 0
+        spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total, filtered)
         mech = task.mechanism
         noise = mech.draw_noise(b, self._rng)
         theta = None
