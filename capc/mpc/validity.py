@@ -375,11 +375,12 @@ class VoteRelation:
         """Shares of ``count`` numbers written with ``nbits`` bits from ``offset`` on:
         (..., elements) -> (..., count), a linear map."""
         x = bit_shares[..., offset : offset + count * nbits]
-        if nbits == 1:  # one bit: the bits are the numbers
-            return x.copy()
         c = x.reshape(*x.shape[:-1], count, nbits)
-        powers = np.array([1 << i for i in range(nbits)], dtype=np.uint64)
-        return dot(powers, c)
+        # Horner's rule with doublings: two adds per bit, no general field product.
+        acc = c[..., nbits - 1].copy()
+        for i in range(nbits - 2, -1, -1):
+            acc = add(add(acc, acc), c[..., i])
+        return acc
 
     def counts(self, bit_shares: ArrayLike) -> U64:
         """Shares of the counts from shares of the bits: (B, elements) -> (B, width), in F_p."""
