@@ -29,6 +29,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
@@ -47,7 +48,7 @@ SIGMA = 1.0
 SHARE_BITS = 24
 
 
-def median(xs: list[float]) -> float:
+def median(xs: Sequence[float]) -> float:
     return statistics.median(xs[1:]) if len(xs) > 1 else xs[0]  # the first round warms up
 
 
