@@ -14,6 +14,11 @@ x in {0,1}^(width x nbits), c_j = sum_b 2^b x_{j,b}, and proves
   cast exactly one vote; all zero where it sits out);
 - multi-label (``complement``): it also shares the bits of d_j = m x
   participation - c_j and proves c_j + d_j = m x participation (so c_j <= m).
+- tau voting (``grid_bits`` 8, ``tau``): the counts are sums of the
+  teachers' clipped votes on the 2^-8 grid, so the bounds above use
+  M = m x 2^8 for m; it also shares y_j = c_j^2 (field elements) and the bits
+  of the slack D, and proves sum_j y_j + D = floor((M tau)^2) x participation:
+  the counts' L2 norm is at most m x tau votes.
 
 Its votes are then w' c_j, w' its weight on the shares' fixed-point grid:
 a linear map, which each verifier applies to its own shares. That is the
@@ -23,7 +28,10 @@ circuit's input is derived from (:func:`ring_shares`).
 **The proof.** For one query with n = len(x): the wire polynomial f of
 degree n with f(0) = rho (random, the blinding) and f(i) = x_i, i = 1..n;
 the proof polynomial q = f^2 - f, of degree 2n, which vanishes at 1..n for
-a valid x. The proof is rho, q(0) and q(n+1..2n) (n + 2 elements; q(1..n)
+a valid x. (Under tau the last ``width`` gates square the counts instead:
+there f(i) = c_j, a linear function of the bits, and q(i) = y_j - c_j, which
+the verifiers compute from their shares; both are linear, so nothing else
+changes.) The proof is rho, q(0) and q(n+1..2n) (n + 2 elements; q(1..n)
 are 0 by definition). The verifiers hold shares of x and of the proof; at a
 random point t (drawn by the guardian after every share arrived, so no
 prover can adapt to it) each computes its share of f(t) and of q(t) by
