@@ -63,7 +63,11 @@ class ArgmaxMechanism(Mechanism):
         return not self.confident or self.test_noise_per_class
 
     def circuit(
-        self, max_votes: float, vote_total: float | None = None, share_frac_bits: int = 0
+        self,
+        max_votes: float,
+        vote_total: float | None = None,
+        share_frac_bits: int = 0,
+        vote_parties: int = 0,
     ) -> CircuitSpec:
         return ConfidentGNMax(
             num_classes=self.vote_width,
@@ -74,6 +78,7 @@ class ArgmaxMechanism(Mechanism):
             confident=self.confident,
             frac_bits=max(CIRCUIT_FRAC_BITS, share_frac_bits),
             share_frac_bits=share_frac_bits,
+            vote_parties=vote_parties,
         )
 
     def draw_noise(self, batch: int, rng: SecureRandom) -> Noise:

@@ -70,6 +70,10 @@ class Mechanism(ABC):
     multi_label: ClassVar[bool] = False
     #: Votes are not integers (need fixed-point shares).
     fractional_votes: ClassVar[bool] = False
+    #: Fractional bits of one teacher's unit vote on the grid that vote validity proofs
+    #: are about (0: integer votes); the party's weight is applied on the rest of the
+    #: shares' fractional bits.
+    vote_grid_bits: ClassVar[int] = 0
     #: Parameters a job may raise (more noise, a higher threshold); the rest are fixed.
     raisable: ClassVar[tuple[str, ...]] = ()
     #: Largest label space this mechanism's circuit handles.
@@ -200,17 +204,28 @@ class Mechanism(ABC):
             unit = unit * mask[:, None]
         return np.floor(unit * (weight * (1 << frac_bits))).astype(np.uint64)
 
+    def vote_norm(self) -> float | None:
+        """The L2 norm bound of one teacher's unit vote that a proof holds a party to
+        (tau voting), or None where the per-column bounds are the whole statement."""
+        return None
+
     def vote_relation(self, teachers: int) -> VoteRelation | None:
         """What a valid vote of a party with ``teachers`` teachers is, for vote validity
         proofs (:mod:`capc.mpc.validity`): one vote per teacher over ``vote_width``
-        columns (one-hot; one-hot over label subsets for Powerset), or per-label counts
-        bounded by the teachers (k-hot). None where this mechanism has no proof
-        statement: fractional votes (tau), or a statement over more than
-        MAX_ELEMENTS bits per query; its rounds rely on the circuit's range checks."""
-        if self.fractional_votes:
-            return None
+        columns (one-hot; one-hot over label subsets for Powerset), per-label counts
+        bounded by the teachers (k-hot), or for tau voting per-label sums of the
+        teachers' votes on a grid of :attr:`vote_grid_bits` fractional bits, each at
+        most the teachers, with L2 norm at most the teachers x tau. None where the
+        statement would exceed MAX_ELEMENTS elements per query; its rounds then rely
+        on the circuit's range checks."""
         try:
-            return VoteRelation(self.vote_width, teachers, complement=self.per_label)
+            return VoteRelation(
+                self.vote_width,
+                teachers,
+                complement=self.per_label,
+                grid_bits=self.vote_grid_bits,
+                tau=self.vote_norm(),
+            )
         except ValidityError:
             return None
 
@@ -263,10 +278,14 @@ class Mechanism(ABC):
         max_votes: float,
         vote_total: float | None = None,
         share_frac_bits: int = 0,
+        vote_parties: int = 0,
     ) -> CircuitSpec:
         """The round's circuit. ``max_votes``: the largest possible count (voters x largest
         weight); ``vote_total``: the voters' total weight (the guardian's, may be None for
-        the student); ``share_frac_bits``: fractional bits of the vote shares."""
+        the student); ``share_frac_bits``: fractional bits of the vote shares.
+        ``vote_parties`` > 0: that many parties' one-hot votes are checked and counted in
+        the circuit, which then takes every party's shares, not their sums (encrypted-query
+        mode; single-label mechanisms only)."""
 
     @abstractmethod
     def draw_noise(self, batch: int, rng: SecureRandom) -> Noise:

@@ -64,8 +64,16 @@ class PerLabelMechanism(Mechanism):
         """L2 sensitivity of ``released`` of one query's per-label counts."""
 
     def circuit(
-        self, max_votes: float, vote_total: float | None = None, share_frac_bits: int = 0
+        self,
+        max_votes: float,
+        vote_total: float | None = None,
+        share_frac_bits: int = 0,
+        vote_parties: int = 0,
     ) -> CircuitSpec:
+        if vote_parties:
+            raise MechanismError(
+                f"{self.name} votes are checked by validity proofs, not in the circuit"
+            )
         total = max_votes if vote_total is None else vote_total
         return MultiLabel(
             num_labels=self.outputs,

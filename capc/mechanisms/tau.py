@@ -3,7 +3,9 @@
 Votes are non-negative with entries in [0, 1] and norm <= tau, so two votes a,
 b satisfy |a - b|**2 <= 2 tau**2 and <= m on m released labels: sensitivity
 min(sqrt(2) tau, sqrt(m)). Clipped votes are fractions: shares carry
-fixed-point bits.
+fixed-point bits, and a party's validity proof holds its counts to that set:
+each label's count in [0, teachers], their L2 norm at most teachers x tau
+(:class:`capc.mpc.validity.VoteRelation`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class TauParams(NoisyParams):
 class Tau(PerLabelMechanism):
     name = "tau"
     fractional_votes = True
+    # A proof's statement grows with the grid (per label 2 x bits); 8 bits keep five
+    # labels of a two-teacher party at 125 elements per query.
+    vote_grid_bits = 8
     raisable = ("sigma", "threshold", "sigma1")
     params_model = TauParams
 
@@ -45,6 +50,9 @@ class Tau(PerLabelMechanism):
         labels = label_matrix(predictions, self.outputs, self.name)
         norms = np.sqrt(labels.sum(axis=1, keepdims=True))
         return np.asarray(labels * np.minimum(1.0, self.tau / np.maximum(norms, 1.0)))
+
+    def vote_norm(self) -> float:
+        return self.tau
 
     def sensitivity(self, released: int) -> float:
         return min(math.sqrt(2.0) * self.tau, math.sqrt(released))

@@ -39,6 +39,22 @@ accepted branch every word the circuit compares lies in
 [-(2R + 9 sigma), W + 2R + 9 sigma], and ``bits`` leaves room for twice that:
 no comparison can wrap. An honest round never violates: the secure sampler
 stays below 8.7 standard deviations.
+
+One-hot votes filtered in the circuit (``vote_parties``; encrypted-query
+mode, where each party's shares come out of a 2PC that the party garbles, so
+no proof can be made about them: the party never sees its own vote). The
+inputs are each party's shares, not their sums, and only their lowest bits:
+v_pj = low bit of the student's share XOR low bit of the guardian's, which
+is the vote itself for an honest party (0 or 1). A party's vote counts iff
+exactly one of its K bits is set; otherwise it counts as no vote at all.
+Whatever a party or the student feeds in, each party's contribution is then
+a one-hot vector or zero, a function of that party's vote alone (the
+student's deviations are bit flips fixed before it sees anything), so any
+two of them differ by at most sqrt(2) in L2: the sensitivity the ledger
+charges. Nothing about which votes counted leaves the circuit: the counts
+lie in [0, W] by construction, so the range checks cannot fire, and the
+total check, which a left-out vote would trip, is not made. Cost: 3K + 1 AND
+gates per party and query, and an incrementer per party and class.
 """
 
 from __future__ import annotations
@@ -52,7 +68,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from capc.mpc import library as lib
 from capc.mpc import ring
-from capc.mpc.circuit import ONE, Bit, Circuit, CircuitBuilder, Party, Word
+from capc.mpc.circuit import ONE, ZERO, Bit, Circuit, CircuitBuilder, Party, Word
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 
 U64 = NDArray[np.uint64]
@@ -213,10 +229,21 @@ class ConfidentGNMax:
     confident: bool = True
     frac_bits: int = CIRCUIT_FRAC_BITS
     share_frac_bits: int = 0
+    #: > 0: each of that many parties' one-hot votes is checked and counted in the circuit
+    #: (module docstring); both sides then input every party's shares (B, P, K), not sums.
+    vote_parties: int = 0
 
     def __post_init__(self) -> None:
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {self.num_classes}")
+        if self.vote_parties < 0:
+            raise ValueError(f"vote_parties must be >= 0, got {self.vote_parties}")
+        if self.vote_parties and self.share_frac_bits:
+            raise ValueError("votes filtered in the circuit are one-hot, without fractional bits")
+        if self.vote_parties > self.max_votes:
+            raise ValueError(
+                f"{self.vote_parties} one-hot votes exceed max_votes {self.max_votes:g}"
+            )
         if self.share_frac_bits > self.frac_bits:
             raise ValueError("share_frac_bits must not exceed the circuit's frac_bits")
         for name in ("max_votes", "sigma", "sigma1", "threshold"):
@@ -246,10 +273,15 @@ class ConfidentGNMax:
         return lib.index_width(self.num_classes)
 
     def circuit(self) -> Circuit:
-        return _confident_circuit(self.num_classes, self.bits, self.confident)
+        return _confident_circuit(
+            self.num_classes, self.bits, self.confident, self.vote_parties, self.frac_bits
+        )
 
     def evaluator_inputs(self, student_sum: ArrayLike) -> Inputs:
-        """Student side: its share sum (B, K) uint64 -> circuit words."""
+        """Student side: its share sum (B, K) uint64 -> circuit words; with ``vote_parties``,
+        its share of every party's vote (B, P, K) uint64 -> their lowest bits."""
+        if self.vote_parties:
+            return {"vote_bits": _party_bits(student_sum, self.vote_parties, self.num_classes)}
         return {
             "shares": _shares_word(
                 student_sum, self.num_classes, self.share_frac_bits, self.frac_bits, self.bits
@@ -268,10 +300,17 @@ class ConfidentGNMax:
 
         ``vote_total``: the voters' total weight W (votes), a number or (B,) per query;
         default ``max_votes``. Every query's counts must total it (the histogram checks).
+        With ``vote_parties``, ``guardian_sum`` is the guardian's share of every party's
+        vote (B, P, K), and the counts are the circuit's own (no total check).
         """
-        base = _shares_word(
-            guardian_sum, self.num_classes, self.share_frac_bits, self.frac_bits, 64
-        )
+        party_bits = None
+        if self.vote_parties:
+            party_bits = _party_bits(guardian_sum, self.vote_parties, self.num_classes)
+            base = np.zeros((party_bits.shape[0], self.num_classes), dtype=np.uint64)
+        else:
+            base = _shares_word(
+                guardian_sum, self.num_classes, self.share_frac_bits, self.frac_bits, 64
+            )
         batch = base.shape[0]
         shape = (batch, self.num_classes)
         e2 = _noise_word(eta2, self.sigma, self.frac_bits, shape, "eta2")
@@ -290,6 +329,9 @@ class ConfidentGNMax:
         totals = _totals(vote_total, self.max_votes, batch, self.frac_bits)
         bound = ring.encode_fixed(NOISE_BOUND_SIGMAS * self.check_sigma, self.frac_bits)
         out.update(_check_words(base, check, totals, bound, self.bits))
+        if party_bits is not None:
+            out["guardian_bits"] = party_bits
+            return out
         out["total"] = ring.reduce(totals[:, 0] - base.sum(axis=1, dtype=np.uint64), self.bits)[
             :, None
         ]
@@ -307,19 +349,64 @@ class ConfidentGNMax:
         return np.where(answered, label, NOT_ANSWERED)
 
 
+def _party_bits(shares: ArrayLike, parties: int, width: int) -> U64:
+    """Every party's shares (B, P, K) uint64 -> their lowest bits (B, P x K), 0 or 1."""
+    s = np.asarray(shares)
+    if s.dtype != np.uint64 or s.shape[1:] != (parties, width):
+        raise ValueError(
+            f"per-party shares must be uint64 of shape (queries, {parties}, {width}), got "
+            f"{s.dtype} {s.shape}"
+        )
+    return (s & np.uint64(1)).reshape(len(s), parties * width)
+
+
+def _one_hot_counts(
+    c: CircuitBuilder, parties: int, width: int, bits: int, frac_bits: int
+) -> list[Word]:
+    """Per class, the number of parties whose vote (student's low bit XOR guardian's) has
+    exactly one bit set and that bit at this class, on the circuit's grid (l-bit words)."""
+    student = c.input("vote_bits", Party.EVALUATOR, parties * width, 1)
+    guardian = c.input("guardian_bits", Party.GARBLER, parties * width, 1)
+    count_bits = max(1, parties.bit_length())
+    counts: list[Word] = [CircuitBuilder.const(0, count_bits)] * width
+    for p in range(parties):
+        vote = [c.xor(student[p * width + j][0], guardian[p * width + j][0]) for j in range(width)]
+        one, two = ZERO, ZERO  # "at least one bit seen", "at least two"
+        for b in vote:
+            both = c.and_(one, b)
+            two = c.or_(two, both)
+            one = c.xor(c.xor(one, b), both)
+        valid = c.and_(one, c.not_(two))
+        counts = [lib.add_bit(c, n, c.and_(valid, b)) for n, b in zip(counts, vote, strict=True)]
+    # count x 2^frac_bits, zero-extended: every count lies in [0, parties].
+    pad = bits - frac_bits - count_bits
+    return [
+        (*CircuitBuilder.const(0, frac_bits), *n, *CircuitBuilder.const(0, pad)) for n in counts
+    ]
+
+
 @functools.lru_cache(maxsize=32)
-def _confident_circuit(num_classes: int, bits: int, confident: bool) -> Circuit:
-    c = CircuitBuilder(f"{'confident-' if confident else ''}gnmax/K={num_classes}/l={bits}/checked")
-    shares = c.input("shares", Party.EVALUATOR, num_classes, bits)
+def _confident_circuit(
+    num_classes: int, bits: int, confident: bool, vote_parties: int = 0, frac_bits: int = 0
+) -> Circuit:
+    filtered = f"/one-hot-of-{vote_parties}" if vote_parties else ""
+    c = CircuitBuilder(
+        f"{'confident-' if confident else ''}gnmax/K={num_classes}/l={bits}/checked{filtered}"
+    )
+    if vote_parties:
+        shares = _one_hot_counts(c, vote_parties, num_classes, bits, frac_bits)
+    else:
+        shares = c.input("shares", Party.EVALUATOR, num_classes, bits)
     if confident:
         thr = c.input("threshold", Party.GARBLER, num_classes, bits)
     arg = c.input("argmax", Party.GARBLER, num_classes, bits)
     low = c.input("low", Party.GARBLER, num_classes, bits)
     high = c.input("high", Party.GARBLER, num_classes, bits)
-    (total,) = c.input("total", Party.GARBLER, 1, bits)
-    violation = lib.any_bit(
-        c, [*_range_violation(c, shares, low, high), _total_violation(c, shares, total)]
-    )
+    checks = _range_violation(c, shares, low, high)
+    if not vote_parties:  # filtered counts total the valid votes by construction
+        (total,) = c.input("total", Party.GARBLER, 1, bits)
+        checks.append(_total_violation(c, shares, total))
+    violation = lib.any_bit(c, checks)
     c.output("violation", Party.BOTH, [(violation,)])
     noisy = [lib.add(c, s, a) for s, a in zip(shares, arg, strict=True)]
     index, _ = lib.argmax(c, noisy)

@@ -14,6 +14,11 @@ x in {0,1}^(width x nbits), c_j = sum_b 2^b x_{j,b}, and proves
   cast exactly one vote; all zero where it sits out);
 - multi-label (``complement``): it also shares the bits of d_j = m x
   participation - c_j and proves c_j + d_j = m x participation (so c_j <= m).
+- tau voting (``grid_bits`` 8, ``tau``): the counts are sums of the
+  teachers' clipped votes on the 2^-8 grid, so the bounds above use
+  M = m x 2^8 for m; it also shares y_j = c_j^2 (field elements) and the bits
+  of the slack D, and proves sum_j y_j + D = floor((M tau)^2) x participation:
+  the counts' L2 norm is at most m x tau votes.
 
 Its votes are then w' c_j, w' its weight on the shares' fixed-point grid:
 a linear map, which each verifier applies to its own shares. That is the
@@ -23,7 +28,10 @@ circuit's input is derived from (:func:`ring_shares`).
 **The proof.** For one query with n = len(x): the wire polynomial f of
 degree n with f(0) = rho (random, the blinding) and f(i) = x_i, i = 1..n;
 the proof polynomial q = f^2 - f, of degree 2n, which vanishes at 1..n for
-a valid x. The proof is rho, q(0) and q(n+1..2n) (n + 2 elements; q(1..n)
+a valid x. (Under tau the last ``width`` gates square the counts instead:
+there f(i) = c_j, a linear function of the bits, and q(i) = y_j - c_j, which
+the verifiers compute from their shares; both are linear, so nothing else
+changes.) The proof is rho, q(0) and q(n+1..2n) (n + 2 elements; q(1..n)
 are 0 by definition). The verifiers hold shares of x and of the proof; at a
 random point t (drawn by the guardian after every share arrived, so no
 prover can adapt to it) each computes its share of f(t) and of q(t) by
@@ -66,9 +74,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -248,15 +258,38 @@ class VoteRelation:
     ``width`` counts (classes, or labels), each written with ``nbits`` bits; the party
     has ``teachers`` teachers. ``complement``: multi-label (counts bounded by the
     teachers, no sum); otherwise one vote per teacher (the counts total the teachers).
+
+    ``grid_bits``: the counts are fixed-point sums of the teachers' votes with that many
+    fractional bits, each teacher's vote per column in [0, 2^grid_bits]
+    (:attr:`max_count` = teachers x 2^grid_bits bounds a count). ``tau``: each teacher's
+    vote (on the grid, in units of 2^grid_bits) also has L2 norm at most ``tau`` (tau
+    voting), so the party proves its counts' norm is at most teachers x tau: with the
+    per-column bound, its counts lie in the Minkowski sum of its teachers' valid votes'
+    convex hull, the same set an honest party's counts lie in. The squared norm is a
+    quadratic statement: the party also shares y_j = c_j^2 (field elements) and the
+    bits of the slack D = bound - sum_j y_j; the proof has one squaring gate per count
+    besides its bit gates (module docstring).
     """
 
     width: int
     teachers: int
     complement: bool = False
+    grid_bits: int = 0
+    tau: float | None = None
 
     def __post_init__(self) -> None:
         if self.width < 1 or self.teachers < 1:
             raise ValidityError("a vote relation needs width >= 1 and teachers >= 1")
+        if not 0 <= self.grid_bits <= 16:
+            raise ValidityError(f"a vote grid has 0 to 16 fractional bits, got {self.grid_bits}")
+        if self.tau is not None:
+            if not self.complement:
+                raise ValidityError("a norm bound (tau) is proven for per-label counts only")
+            if not (math.isfinite(self.tau) and self.tau > 0):
+                raise ValidityError(f"tau must be finite and positive, got {self.tau}")
+        # Every square and their sum with the slack must stay far below p: no wrap in F_p.
+        if self.width * (self.max_count**2 + 1) + 2 * self.norm_bound >= P // 4:
+            raise ValidityError("counts this large cannot be proven in F_p: fewer teachers")
         if self.elements > MAX_ELEMENTS:
             raise ValidityError(
                 f"a proof over {self.elements} elements per query exceeds {MAX_ELEMENTS}: "
@@ -264,13 +297,41 @@ class VoteRelation:
             )
 
     @property
+    def max_count(self) -> int:
+        """The largest count: every teacher's vote at its largest, 2^grid_bits."""
+        return self.teachers << self.grid_bits
+
+    @property
     def nbits(self) -> int:
-        return max(1, self.teachers.bit_length())
+        return max(1, self.max_count.bit_length())
+
+    @property
+    def norm_bound(self) -> int:
+        """The largest sum of squared counts, floor((max_count x tau)^2) (0 without tau):
+        exact, from tau's binary value."""
+        if self.tau is None:
+            return 0
+        return math.floor((self.max_count * Fraction(self.tau)) ** 2)
+
+    @property
+    def slack_bits(self) -> int:
+        """Bits of the norm's slack (0 without tau)."""
+        return self.norm_bound.bit_length() if self.tau is not None else 0
+
+    @property
+    def squares(self) -> int:
+        """Squaring gates per query: one per count under a norm bound, else none."""
+        return self.width if self.tau is not None else 0
+
+    @property
+    def bits(self) -> int:
+        """Shared bits per query: the counts', their complements', the slack's."""
+        return self.width * self.nbits * (2 if self.complement else 1) + self.slack_bits
 
     @property
     def elements(self) -> int:
-        """n: bits shared per query."""
-        return self.width * self.nbits * (2 if self.complement else 1)
+        """n: elements shared per query (the bits, then the squares) and gates proven."""
+        return self.bits + self.squares
 
     @property
     def proof_elements(self) -> int:
@@ -280,10 +341,13 @@ class VoteRelation:
     @property
     def constraints(self) -> int:
         """Linear constraints per query."""
-        return self.width if self.complement else 1
+        if not self.complement:
+            return 1
+        return self.width + (1 if self.tau is not None else 0)
 
     def encode(self, counts: ArrayLike, participation: ArrayLike | None = None) -> U64:
-        """Counts (B, width) integers in [0, teachers] -> bits (B, elements) in {0, 1}.
+        """Counts (B, width) integers in [0, max_count] -> shared elements (B, elements):
+        bits in {0, 1}, then under a norm bound the squared counts.
 
         Raises ValidityError if the counts are not a valid vote (what an honest party
         never produces)."""
@@ -291,54 +355,100 @@ class VoteRelation:
         if c.ndim != 2 or c.shape[1] != self.width or not np.issubdtype(c.dtype, np.integer):
             raise ValidityError(f"counts must be integers of shape (B, {self.width})")
         c = c.astype(np.int64)
-        cap = np.full(c.shape[0], self.teachers, dtype=np.int64)
+        part = np.ones(c.shape[0], dtype=np.int64)
         if participation is not None:
-            cap = cap * np.asarray(participation, dtype=np.int64)
+            part = np.asarray(participation, dtype=np.int64)
+        cap = self.max_count * part
         if (c < 0).any() or (c > cap[:, None]).any():
-            raise ValidityError(f"counts must lie in [0, {self.teachers}] (0 where sitting out)")
+            raise ValidityError(f"counts must lie in [0, {self.max_count}] (0 where sitting out)")
         if not self.complement and (c.sum(axis=1) != cap).any():
             raise ValidityError(f"each query's counts must total the {self.teachers} teachers")
         cols = [c] if not self.complement else [c, cap[:, None] - c]
         shifts = np.arange(self.nbits, dtype=np.int64)
         bits = [((v[:, :, None] >> shifts) & 1).reshape(len(c), -1) for v in cols]
+        if self.tau is not None:
+            squares = c * c
+            slack = self.norm_bound * part - squares.sum(axis=1)
+            if (slack < 0).any():
+                raise ValidityError(
+                    f"the counts' L2 norm must be at most {self.teachers} x tau = "
+                    f"{self.teachers * self.tau:g} votes"
+                )
+            sshift = np.arange(self.slack_bits, dtype=np.int64)
+            bits.append((slack[:, None] >> sshift) & 1)
+            bits.append(squares)
         return np.concatenate(bits, axis=1).astype(np.uint64)
+
+    def _number(self, bit_shares: U64, offset: int, nbits: int, count: int) -> U64:
+        """Shares of ``count`` numbers written with ``nbits`` bits from ``offset`` on:
+        (..., elements) -> (..., count), a linear map."""
+        x = bit_shares[..., offset : offset + count * nbits]
+        c = x.reshape(*x.shape[:-1], count, nbits)
+        # Horner's rule with doublings: two adds per bit, no general field product.
+        acc = c[..., nbits - 1].copy()
+        for i in range(nbits - 2, -1, -1):
+            acc = add(add(acc, acc), c[..., i])
+        return acc
 
     def counts(self, bit_shares: ArrayLike) -> U64:
         """Shares of the counts from shares of the bits: (B, elements) -> (B, width), in F_p."""
-        x = np.asarray(bit_shares, dtype=np.uint64)
-        if self.nbits == 1:  # one teacher: the bits are the counts
-            return x[..., : self.width].copy()
-        c = x[..., : self.width * self.nbits].reshape(*x.shape[:-1], self.width, self.nbits)
-        powers = np.array([1 << i for i in range(self.nbits)], dtype=np.uint64)
-        return dot(powers, c)
+        return self._number(np.asarray(bit_shares, dtype=np.uint64), 0, self.nbits, self.width)
+
+    def wires(self, shares: ArrayLike) -> U64:
+        """Shares of the gates' inputs f(1..n) (B, elements): each bit, then under a norm
+        bound each count (the squaring gates' input)."""
+        x = np.asarray(shares, dtype=np.uint64)
+        if not self.squares:
+            return x
+        return np.concatenate([x[..., : self.bits], self.counts(x)], axis=-1)
+
+    def square_offsets(self, shares: ArrayLike) -> U64:
+        """Shares of q(i) = y_j - c_j at the squaring gates (B, squares): a square gate
+        outputs y_j, q = f^2 - f; the bit gates' q(i) are 0 (x^2 - x)."""
+        x = np.asarray(shares, dtype=np.uint64)
+        return sub(x[..., self.bits :], self.counts(x))
 
     def linear(self, bit_shares: ArrayLike, constant: ArrayLike | None) -> U64:
         """Shares of the linear constraints (B, constraints): zero for a valid vote once
-        the guardian subtracts ``constant`` (B,) = teachers x participation."""
+        the guardian subtracts its constants, from ``constant`` (B,) = teachers x
+        participation (public to the guardian)."""
         x = np.asarray(bit_shares, dtype=np.uint64)
         c = self.counts(x)
         if self.complement:
-            d = self.counts(x[:, self.width * self.nbits :])
+            d = self._number(x, self.width * self.nbits, self.nbits, self.width)
             lin = add(c, d)
+            if self.tau is not None:
+                off = 2 * self.width * self.nbits
+                slack = self._number(x, off, self.slack_bits, 1)
+                norm = slack[..., 0]
+                for j in range(self.width):
+                    norm = add(norm, x[..., self.bits + j])
+                lin = np.concatenate([lin, norm[..., None]], axis=-1)
         else:
             lin = np.zeros(len(x), dtype=np.uint64)
             for j in range(self.width):
                 lin = add(lin, c[:, j])
             lin = lin[:, None]
         if constant is not None:
-            lin = sub(lin, np.asarray(constant, dtype=np.uint64).reshape(-1, 1))
+            part = (np.asarray(constant, dtype=np.uint64).reshape(-1) != 0).astype(np.uint64)
+            bounds = [self.max_count] * (self.width if self.complement else 1)
+            if self.tau is not None:
+                bounds.append(self.norm_bound)
+            want = mul(part[:, None], np.array(bounds, dtype=np.uint64)[None, :])
+            lin = sub(lin, want)
         return lin
 
 
 def prove(relation: VoteRelation, bits: ArrayLike) -> U64:
-    """The proofs (B, proof_elements) for bits (B, elements), each query its own blinding."""
+    """The proofs (B, proof_elements) for shared elements (B, elements) (:meth:`VoteRelation.encode`),
+    each query its own blinding."""
     x = np.asarray(bits, dtype=np.uint64)
     n = relation.elements
     if x.ndim != 2 or x.shape[1] != n:
         raise ValidityError(f"bits must have shape (B, {n})")
     b = len(x)
     rho = expand(os.urandom(16), b, b"capc-blinding")
-    wires = np.concatenate([rho[:, None], x], axis=1)  # f(0..n)
+    wires = np.concatenate([rho[:, None], relation.wires(x)], axis=1)  # f(0..n)
     ext = _extension(n)  # (n, n+1)
     f_hi = dot_rows(ext, wires)  # f(n+1..2n), (B, n)
     q0 = sub(mul(rho, rho), rho)
@@ -445,9 +555,12 @@ def verifier_share(
     t = challenge.point
     flat_x = x.reshape(npart * b, n)
     flat_p = pr.reshape(npart * b, n + 2)
-    wire = dot(_lagrange(t, n + 1), np.concatenate([flat_p[:, :1], flat_x], axis=1))
+    wire = dot(_lagrange(t, n + 1), np.concatenate([flat_p[:, :1], relation.wires(flat_x)], axis=1))
     lam = _lagrange(t, 2 * n + 1)
     q_t = add(mul(flat_p[:, 1], lam[0]), dot(lam[n + 1 :], flat_p[:, 2:]))
+    if relation.squares:  # q(i) at the squaring gates is y_j - c_j, not 0
+        first = relation.bits + 1
+        q_t = add(q_t, dot(lam[first : first + relation.squares], relation.square_offsets(flat_x)))
     const = None if constant is None else np.asarray(constant, dtype=np.uint64).reshape(-1)
     lin = relation.linear(flat_x, const).reshape(npart, b * relation.constraints)
     r, r2 = challenge.coefficients(relation, b, parties)
@@ -498,7 +611,8 @@ def vote_shares(relation: VoteRelation, bit_shares: ArrayLike, weight: int) -> U
 def conversion_failure(batch: int, width: int, teachers: Sequence[int]) -> float:
     """Upper bound on the probability that a round's conversion of its counts from F_p to
     Z_2^64 is off by one anywhere: ``batch`` queries of ``width`` counts, summed over
-    parties with ``teachers`` teachers each, each party's counts converted on their own.
+    parties whose counts are at most ``teachers`` each (their teachers, times 2^grid_bits
+    on a fractional grid), each party's counts converted on their own.
     Data-independent: every argument is public when the round opens."""
     if batch < 0 or width < 0 or any(m < 0 for m in teachers):
         raise ValidityError("a conversion bound needs non-negative sizes")

@@ -364,8 +364,8 @@ def round_votes(
 ) -> np.ndarray:
     """The votes (B, width) uint64 a round asks for: the sum over this party's teachers of
     each one's encoded vote. ``predictions``: (B, m) classes or (B, m, k) labels.
-    ``weighted=False``: the plain counts (weight 1, no fractional bits) that a validity
-    proof is about; the verifiers apply the weight to their shares."""
+    ``weighted=False``: the plain counts (weight 1, on the mechanism's vote grid) that a
+    validity proof is about; the verifiers apply the weight to their shares."""
     mech = mechanism_from_proto(work.mechanism)
     if mech.outputs != outputs:
         raise ValueError(f"the task has {mech.outputs} outputs, this party's teachers {outputs}")
@@ -373,6 +373,6 @@ def round_votes(
     return mech.encode_ensemble_votes(
         predictions,
         weight=work.vote_weight if weighted else 1.0,
-        frac_bits=work.frac_bits if weighted else 0,
+        frac_bits=work.frac_bits if weighted else mech.vote_grid_bits,
         participation=participation,
     )

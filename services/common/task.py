@@ -95,7 +95,7 @@ class EncryptionSpec(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-#: Fixed-point fractional bits of shares when votes are not integers (tau clipping, weights).
+#: Fixed-point fractional bits of vote weights (personalized weighting).
 FRACTIONAL_SHARE_BITS = 8
 
 
@@ -213,9 +213,17 @@ class TaskConfig:
         return self.mechanism.vote_width
 
     @property
+    def weight_bits(self) -> int:
+        """Fractional bits of a party's vote weight: FRACTIONAL_SHARE_BITS under weighting, else
+        0 (every weight is 1)."""
+        return FRACTIONAL_SHARE_BITS if self.weighting else 0
+
+    @property
     def frac_bits(self) -> int:
-        """Fractional bits of the shares: 0 for integer votes, more for fractional or weighted ones."""
-        return FRACTIONAL_SHARE_BITS if self.weighting or self.mechanism.fractional_votes else 0
+        """Fractional bits of the shares: 0 for integer votes, more for fractional or weighted
+        ones. A teacher's vote on its grid (``vote_grid_bits``, what a validity proof is about)
+        times the weight on its own (``weight_bits``): the product is exact on the sum of both."""
+        return self.mechanism.vote_grid_bits + self.weight_bits
 
     @property
     def max_weight(self) -> float:
@@ -232,11 +240,17 @@ class TaskConfig:
             raise TaskError(f"task {self.name!r}: {err}") from err
         return self if mech is self.mechanism else dataclasses.replace(self, mechanism=mech)
 
-    def circuit_spec(self, voters: int, vote_total: float | None = None) -> CircuitSpec:
+    def circuit_spec(
+        self, voters: int, vote_total: float | None = None, vote_parties: int = 0
+    ) -> CircuitSpec:
         """The round's circuit for ``voters`` teachers (every party's, summed: a party with an
         ensemble of m teachers counts m). ``vote_total``: the sum of their weights (the
-        guardian's; the student may leave it out)."""
-        return self.mechanism.circuit(voters * self.max_weight, vote_total, self.frac_bits)
+        guardian's; the student may leave it out). ``vote_parties``: in encrypted-query mode
+        the number of parties whose one-hot votes the circuit checks one by one (their
+        shares, in the round's party order, are its inputs)."""
+        return self.mechanism.circuit(
+            voters * self.max_weight, vote_total, self.frac_bits, vote_parties
+        )
 
     def decode(self, spec: CircuitSpec, outputs: dict[str, NDArray[np.uint64]]) -> Labels:
         """The student's circuit outputs -> labels: (B,) classes, or (B, k) 0/1 for multi-label;

@@ -616,6 +616,12 @@ class RoundEngine:
             # from the OS, not the noise source, so a seeded noise stream replays unchanged.
             rnd.challenge = validity.Challenge.draw(secrets.token_bytes(24))
             challenge = rnd.challenge.to_bytes()
+        elif rnd.ciphertext_hash is not None:
+            # Encrypted mode: no proof is possible (a party never sees its vote), so the
+            # circuit checks each party's one-hot vote: it takes every share, in ``used`` order.
+            rnd.guardian_sum = np.stack([rnd.shares[p] for p in used], axis=1)
+            rnd.shares.clear()
+            self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
         else:
             total = np.zeros((batch, task.vote_width), dtype=np.uint64)
             for p in used:
@@ -639,7 +645,7 @@ class RoundEngine:
     def weight_on_grid(self, rnd: _Round, party: str) -> int:
         """``party``'s vote weight on the shares' fixed-point grid, rounded down as the
         party rounds its own votes (:meth:`Mechanism.encode_votes`)."""
-        return int(np.floor(rnd.weight(party) * (1 << rnd.task.frac_bits)))
+        return int(np.floor(rnd.weight(party) * (1 << rnd.task.weight_bits)))
 
     def check_votes(
         self, querier: str, session_id: bytes, msg: guardian_pb2.VoteCheck
@@ -972,7 +978,7 @@ class RoundEngine:
             return {n: (1.0, 1.0) for n in names}
         caps = [budgets[n].cap if n in budgets else 0.0 for n in names]
         acct, delta = self.ledger.accounting, self.ledger.delta
-        w = pers.weights(caps, task.mechanism, acct, delta, task.frac_bits)
+        w = pers.weights(caps, task.mechanism, acct, delta, task.weight_bits)
         p = pers.rates(caps, task.mechanism, acct, delta)
         return {n: (float(w[i]), float(p[i])) for i, n in enumerate(names)}
 
@@ -1020,7 +1026,8 @@ class RoundEngine:
         round_id, task, b = rnd.round_id, rnd.task, rnd.batch
         # A party with m teachers adds m votes (times its weight) to every query.
         total = sum(rnd.voters(p) * rnd.weight(p) for p in rnd.used)
-        spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total)
+        filtered = len(rnd.used) if rnd.ciphertext_hash is not None else 0
+        spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total, filtered)
         mech = task.mechanism
         noise = mech.draw_noise(b, self._rng)
         theta = None
@@ -1126,7 +1133,9 @@ def _check_conversion(
     relation = task.mechanism.vote_relation(1)  # its width: the counts per query
     if relation is None:
         return
-    bound = validity.conversion_failure(batch, relation.width, counts)
+    # A count is at most its party's teachers times one teacher's largest vote on the grid.
+    largest = [m << relation.grid_bits for m in counts]
+    bound = validity.conversion_failure(batch, relation.width, largest)
     if bound > validity.MAX_CONVERSION_FAILURE:
         most = int(batch * validity.MAX_CONVERSION_FAILURE / bound)
         what = (

@@ -144,9 +144,10 @@ class StudentClient:
                 crypto.message(batch),
                 batch.batch,
                 overrides,
-                shares=lambda round_id, parties: sum(
-                    (batch.share(p, round_id, self.timeout) for p in parties),
-                    np.zeros((batch.batch, batch.num_classes), dtype=np.uint64),
+                # Every party's share, in the guardian's order: the circuit checks each
+                # party's one-hot vote on its own (no proof can: a party never sees its vote).
+                shares=lambda round_id, parties: np.stack(
+                    [batch.share(p, round_id, self.timeout) for p in parties], axis=1
                 ),
             )
         finally:
@@ -234,7 +235,10 @@ class StudentClient:
             raise
         # A party with m teachers adds up to m votes to a count; a guardian that names no
         # counts counts each party as one teacher.
-        spec = task.circuit_spec(sum(teachers.get(p, 1) for p in included))
+        # ``shares`` (encrypted mode) gives every party's shares (B, P, K) for the circuit to
+        # check one by one; otherwise the student inputs their sum.
+        filtered = len(included) if shares is not None else 0
+        spec = task.circuit_spec(sum(teachers.get(p, 1) for p in included), None, filtered)
         out = session.run_round(
             reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
         )

@@ -91,11 +91,16 @@ class LightConsortium:
         self.directory.mkdir(parents=True, exist_ok=True)
         pki.issue_dev_consortium(self.pki_dir, self.names)
         if not self.model.exists():
-            classes = int(self.task.get("num_classes", 3))
-            model = build("mlp", (4,), classes, 8, seed=0).eval()
-            save_teacher(
-                self.model, Teacher("mlp", (4,), classes, model, {"data": "none"}, width=8)
+            # A multi-label task (``num_labels``) gets a multi-label teacher: one logit a label;
+            # an encrypted task its HE-friendly architecture.
+            multi = "num_labels" in self.task
+            classes = int(self.task.get("num_labels" if multi else "num_classes", 3))
+            arch = str(self.task.get("encryption", {}).get("architecture", "mlp"))
+            model = build(arch, (4,), classes, 8, seed=0).eval()
+            teacher = Teacher(
+                arch, (4,), classes, model, {"data": "none"}, width=8, multi_label=multi
             )
+            save_teacher(self.model, teacher)
         (self.directory / "task.json").write_text(json.dumps(self.task))
 
     def start_guardian(self, *extra: str, prefix: Sequence[str] = ()) -> Process:

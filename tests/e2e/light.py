@@ -14,6 +14,7 @@ import numpy as np
 
 from capc.mpc import ring, validity
 from capc.mpc.sealing import OVERHEAD, seal, seed_context
+from capc.mpc.votes import share_proven_votes
 from services.common import protocol, serde
 from services.common.serde import mechanism_from_proto
 from services.proto.capc.v1 import guardian_pb2
@@ -66,6 +67,55 @@ def ballot_stuffing(cls: int, count: int) -> Vote:
         return serde.shares_to_proto(
             work.round_id, bit_share, sealed_seed=sealed, proof=proof_share
         )
+
+    return vote
+
+
+def label_skew(target: int, amount: int) -> Vote:
+    """Issue 41's attack under tau voting: +``amount`` on label ``target`` and -``amount``
+    on every other label (grid units, 2^vote_grid_bits a vote), inside the circuit's
+    range window, which on its own would decide every label. Where the round takes
+    validity proofs the party runs the honest prover on it (each count, modulo p, in its
+    label's lowest bit); otherwise it sends plain ring shares (modulo 2^64)."""
+
+    def vote(work: guardian_pb2.RoundWork, name: str) -> guardian_pb2.Shares:
+        b = _rows(work)
+        mech = mechanism_from_proto(work.mechanism)
+        counts = np.full((b, mech.vote_width), -amount, dtype=np.int64)
+        counts[:, target] = amount
+        seed = ring.new_seed()
+        sealed = seal(bytes(work.student_public_key), seed, seed_context(work.round_id, name))
+        relation = mech.vote_relation(1)
+        if relation is None:
+            votes = counts.astype(np.uint64)  # two's complement: -a is 2^64 - a
+            return serde.shares_to_proto(work.round_id, ring.share(votes, seed), sealed_seed=sealed)
+        elements = np.zeros((b, relation.elements), dtype=np.uint64)
+        for j in range(mech.vote_width):
+            elements[:, j * relation.nbits] = np.asarray(counts[:, j] % validity.P, np.uint64)
+        bit_share, proof_share = validity.share(relation, elements, seed)
+        return serde.shares_to_proto(
+            work.round_id, bit_share, sealed_seed=sealed, proof=proof_share
+        )
+
+    return vote
+
+
+def strongest_valid(target: int) -> Vote:
+    """A deviating party's strongest *valid* tau vote for label ``target``: its one
+    teacher's full vote there, nothing elsewhere, proven honestly."""
+
+    def vote(work: guardian_pb2.RoundWork, name: str) -> guardian_pb2.Shares:
+        b = _rows(work)
+        mech = mechanism_from_proto(work.mechanism)
+        relation = mech.vote_relation(1)
+        if relation is None:
+            raise AssertionError(f"{mech.name} has no proof statement")
+        counts = np.zeros((b, mech.vote_width), dtype=np.int64)
+        counts[:, target] = relation.max_count
+        bits, proof, sealed = share_proven_votes(
+            relation, counts, None, bytes(work.student_public_key), work.round_id, name
+        )
+        return serde.shares_to_proto(work.round_id, bits, sealed_seed=sealed, proof=proof)
 
     return vote
 

@@ -158,3 +158,21 @@ def test_scale_benchmark_reports_round_latency_per_party_count(tmp_path: Path) -
     assert [r["parties"] for r in rows] == [2, 4] and [r["processes"] for r in rows] == [1, 2]
     for r in rows:
         assert r["round_p50_s"] > 0 and r["queries_per_s"] > 0 and r["guardian_rss_mib"] > 0
+
+
+def test_vote_statements_benchmark_reports_costs_beside_correct_outputs() -> None:
+    out = bench(
+        ["benchmarks/vote_statements.py", "--batch", "32", "--parties", "3", "--rounds", "1"],
+        timeout=300,
+    )
+    report = json.loads(out)
+    assert report["correct"] is True
+    tau, encrypted = report["tau"], report["encrypted"]
+    # The statement adds bytes and time: its costs are measured, not assumed.
+    assert tau["bytes_per_query"] > tau["bytes_per_query_without"] > 0
+    assert tau["prove_s_per_party"] > 0 and tau["verify_s_both_sides"] > 0
+    per, total = encrypted["circuit_with_per_party_check"], encrypted["circuit_with_sum_only"]
+    assert per["and_gates_per_query"] > 0 and total["and_gates_per_query"] > 0
+    assert encrypted["and_gates_ratio"] == round(
+        per["and_gates_per_query"] / total["and_gates_per_query"], 3
+    )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import pytest
 
 from capc.data.multilabel import ATTRIBUTE_TABLE, attributes_of
+from capc.mpc import validity
 from capc.mpc.mechanism_circuits import ConfidentGNMax, MultiLabel
 from capc.privacy.accountants import RenyiDp
 from services.answerer.party import round_votes
@@ -204,3 +206,29 @@ def test_encrypted_tasks() -> None:
     for config, reason in bad:
         with pytest.raises(TaskError, match=reason):
             TaskConfig.parse("t", config, config_hash(config))
+
+
+def test_weighted_tau_keeps_the_proven_grid_and_the_weight_apart() -> None:
+    """A tau vote is proven on its 2^-8 grid and weighted on 8 more bits by the verifiers:
+    the shares carry both (16 bits), and the weight multiplier is the weight on its own grid
+    (an integer), so proven shares of weighted tau votes reconstruct exactly."""
+    weighted = parse(
+        ml({"name": "tau", "sigma": 2.0, "tau": 1.5}, personalization={"mode": "weighting"})
+    )
+    assert (weighted.weight_bits, weighted.frac_bits) == (8, 16)
+    plain = parse(ml({"name": "tau", "sigma": 2.0, "tau": 1.5}))
+    assert (plain.weight_bits, plain.frac_bits) == (0, 8)
+    relation = weighted.mechanism.vote_relation(1)
+    assert relation is not None and relation.grid_bits == 8
+    preds = np.array([[[1, 1, 1, 0, 0]], [[0, 0, 0, 0, 1]]])
+    counts = weighted.mechanism.encode_ensemble_votes(preds, frac_bits=relation.grid_bits)
+    np.testing.assert_array_equal(counts[1], [0, 0, 0, 0, 256])
+    assert counts[0, 0] == int(1.5 / np.sqrt(3) * 256)  # clipped to norm tau, rounded down
+    seed = os.urandom(16)
+    bits = relation.encode(counts.astype(np.int64))
+    guardian, _ = validity.share(relation, bits, seed)
+    student, _ = validity.student_shares(seed, relation, len(bits))
+    weight = int(np.floor(0.75 * (1 << weighted.weight_bits)))  # the guardian's weight_on_grid
+    g = validity.ring_shares(validity.vote_shares(relation, guardian, weight), student=False)
+    s = validity.ring_shares(validity.vote_shares(relation, student, weight), student=True)
+    np.testing.assert_array_equal((g + s).view(np.int64), counts.astype(np.int64) * weight)

@@ -139,4 +139,9 @@ def test_which_mechanisms_have_a_proof_statement() -> None:
     k_hot = mechanism_class("binary").from_params(3, {"sigma": 1})
     assert k_hot.vote_relation(2) == validity.VoteRelation(3, 2, complement=True)
     tau = mechanism_class("tau").from_params(3, {"sigma": 1, "tau": 1.5})
-    assert tau.vote_relation(1) is None
+    assert tau.vote_relation(1) == validity.VoteRelation(
+        3, 1, complement=True, grid_bits=8, tau=1.5
+    )
+    # 64 labels of 9 bits and their complements exceed a proof's 512 elements.
+    wide = mechanism_class("tau").from_params(64, {"sigma": 1, "tau": 1.5})
+    assert wide.vote_relation(1) is None
