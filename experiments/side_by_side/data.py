@@ -119,6 +119,4 @@ def split(dataset: str, seed: int) -> Split:
         rest[p][np.random.default_rng([11, seed, i]).permutation(len(p))]
         for i, p in enumerate(partition(len(rest), layout.hospitals, seed=1000 + seed))
     )
-    return Split(
-        dataset, seed, x, y, int(y.max()) + 1, test, reference, tuning, public, shares
-    )
+    return Split(dataset, seed, x, y, int(y.max()) + 1, test, reference, tuning, public, shares)

@@ -354,6 +354,7 @@ class AuditPage(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "degraded"]
     backends: dict[str, str]
+    age_s: float = Field(description="seconds since the backends were last read")
 
 
 class ErrorOut(BaseModel):
