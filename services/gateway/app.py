@@ -42,7 +42,7 @@ from services.common.limits import (
     MAX_UPLOADS_IN_FLIGHT_BYTES,
     RESULTS_PAGE,
 )
-from services.common.protocol import RequestError
+from services.common.protocol import WHO_MAY_RECORD, RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends, HealthCache
 from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
@@ -831,25 +831,19 @@ def create_app(
 
     @app.post(
         "/v1/admin/privacy-audits",
-        response_model=schemas.PrivacyAuditOut,
         responses=ERRORS,
         tags=["admin"],
-        summary="Record a canary attack's counts; the guardian sets them beside the ledger",
+        summary="Refused: audits are recorded by the guardian's operator or the hospital itself",
+        description="A privacy audit may call a hospital's claim refuted, so the querier "
+        "side reads audits and never writes them: the guardian's operator records one "
+        "with the guardian's certificate, a hospital's auditor with its own "
+        "(`capc audit record`). Always 403 (401 without a token).",
     )
-    def record_privacy_audit(body: schemas.PrivacyAuditIn, who: Admin) -> schemas.PrivacyAuditOut:
-        reply = backends.guardian_call(
-            backends.hub.RecordPrivacyAudit,
-            guardian_pb2.RecordPrivacyAuditRequest(
-                header=backends.header,
-                party=body.party,
-                canaries=body.canaries,
-                guesses=body.guesses,
-                correct=body.correct,
-                confidence=body.confidence,
-                attack=body.attack,
-                actor=f"gateway:{who.name} (token {who.token_id})",
-            ),
+    def record_privacy_audit(who: Admin) -> Response:
+        raise HTTPException(
+            403,
+            f"token {who.token_id} ({who.name}) may read privacy audits here (GET) but no "
+            f"gateway token may record one: {WHO_MAY_RECORD}",
         )
-        return privacy_audit_out(reply)
 
     return app

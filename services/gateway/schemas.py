@@ -361,17 +361,6 @@ class ErrorOut(BaseModel):
     detail: str
 
 
-class PrivacyAuditIn(Strict):
-    """A canary attack's counts on one party; the guardian computes the empirical epsilon."""
-
-    party: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-    canaries: int = Field(ge=1, le=1_000_000, description="canaries planted in its data")
-    guesses: int = Field(ge=0, le=1_000_000, description="canaries the attack guessed")
-    correct: int = Field(ge=0, le=1_000_000, description="guesses that were right")
-    confidence: float = Field(0.95, ge=0.5, lt=1.0, description="two-sided Clopper-Pearson")
-    attack: str = Field(min_length=1, max_length=256, description="what the attack saw and did")
-
-
 class PrivacyAuditOut(BaseModel):
     """An empirical audit beside the epsilon the ledger claimed when it was recorded."""
 

@@ -38,7 +38,7 @@ from services.common.limits import (
     MAX_LIST_PAGE,
     ROUND_TIMEOUT_S,
 )
-from services.common.protocol import RequestError, check_version
+from services.common.protocol import WHO_MAY_RECORD, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
 from services.guardian import budgets
 from services.guardian.loop import hospital_of
@@ -63,7 +63,9 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
     f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
-    f"/{SERVICE}/RecordPrivacyAudit": ("gateway",),
+    # The guardian's operator, or a hospital about itself (checked in the handler): an
+    # audit may call a hospital's claim refuted, so the querier side only reads them.
+    f"/{SERVICE}/RecordPrivacyAudit": ("guardian", "answerer"),
     f"/{SERVICE}/ListPrivacyAudits": ("gateway", "guardian"),
 }
 #: Seconds between passes of the reaper (at most; a short --round-timeout checks more often).
@@ -145,6 +147,20 @@ def _privacy_audit(a: PrivacyAudit) -> guardian_pb2.PrivacyAudit:
     if a.empirical_upper is not None:
         out.empirical_upper = a.empirical_upper
     return out
+
+
+def audit_refusal(role: str, name: str, party: str) -> str | None:
+    """Why the identity (``role``, ``name``) may not record a privacy audit against
+    ``party``, or None when it may: the guardian's operator against anyone, a hospital
+    against itself only (the role policy already keeps every other role out)."""
+    if role == "guardian" or (role == "answerer" and name == party):
+        return None
+    if role == "answerer":
+        return (
+            f"{name} may record privacy audits against itself only, not against {party!r}; "
+            + WHO_MAY_RECORD
+        )
+    return f"{name} (role {role}) may read privacy audits but not record them; " + WHO_MAY_RECORD
 
 
 class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
@@ -299,9 +315,13 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> guardian_pb2.PrivacyAudit:
         check_header(request.header, context)
         who = tls.peer_identity(context)
+        if who is not None:
+            refusal = audit_refusal(who.role, who.name, request.party)
+            if refusal is not None:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
         # The recorded actor is who authenticated; a name in the request counts only
-        # without TLS (--insecure-dev). With TLS, what the caller says of itself (the
-        # gateway: which token holder asked) is kept as the entry's untrusted note.
+        # without TLS (--insecure-dev). With TLS, what the caller says of itself is kept
+        # as the entry's untrusted note.
         actor = who.name if who else (request.actor or "insecure-dev")
         note = (request.actor or None) if who else None
         try:
