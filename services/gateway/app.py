@@ -286,10 +286,12 @@ def loop_out(
     )
 
 
-def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
+def party_out(p: guardian_pb2.PartyStatus, ledger_delta: float) -> schemas.PartyOut:
+    """A party's status; the guardian states its full delta (ledger_delta + R 2^-40)."""
     return schemas.PartyOut(
         **fields(
             p,
+            ledger_delta=ledger_delta,
             last_seen=p.last_seen or None,
             queries_left=None if p.queries_left < 0 else p.queries_left,
             declared_cap=p.declared_cap or None,
@@ -705,7 +707,7 @@ def create_app(
     def parties(_: Admin) -> schemas.PartyList:
         reply = backends.list_parties()
         return schemas.PartyList(
-            parties=[party_out(p) for p in reply.parties],
+            parties=[party_out(p, reply.delta) for p in reply.parties],
             delta=reply.delta,
             accounting=reply.accounting,
         )
@@ -721,7 +723,7 @@ def create_app(
             accounting=reply.accounting,
             budgets=[
                 schemas.BudgetOut(
-                    **party_out(p).model_dump(),
+                    **party_out(p, reply.delta).model_dump(),
                     party=p.name,
                     delta=reply.delta,
                     accounting=reply.accounting,
@@ -779,10 +781,17 @@ def create_app(
                 offset=offset,
             ),
         )
+        # An export read on its own must carry the delta its numbers are at.
+        status = backends.list_parties()
+        named = {e.party for e in reply.entries}
+        shown = [p for p in status.parties if p.name in named]
         return schemas.LedgerPage(
             entries=[schemas.LedgerEntryOut(**fields(e)) for e in reply.entries],
             limit=limit,
             offset=offset,
+            ledger_delta=status.delta,
+            rounds_asked={p.name: p.rounds_asked for p in shown},
+            full_delta={p.name: p.full_delta for p in shown},
         )
 
     @app.get("/v1/admin/audit", response_model=schemas.AuditPage, responses=ERRORS, tags=["admin"])

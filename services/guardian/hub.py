@@ -92,6 +92,7 @@ def page_limit(requested: int, context: grpc.ServicerContext) -> int:
 
 def _status(
     b: PartyBudget,
+    delta: float,
     connected: bool = False,
     projection: tuple[float, float, int] = (1.0, 1.0, -1),
     teachers: int = 0,
@@ -122,6 +123,8 @@ def _status(
         best_order=b.best_order or 0.0,
         rounds=b.rounds,
         last_seen=b.last_seen.isoformat() if b.last_seen else "",
+        rounds_asked=b.rounds_asked,
+        full_delta=b.full_delta(delta),
     )
 
 
@@ -185,6 +188,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             parties=[
                 _status(
                     b,
+                    self.ledger.delta,
                     b.name in online,
                     projections.get(b.name, (1.0, 1.0, -1)),
                     online.get(b.name, 0),
@@ -287,7 +291,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, request: guardian_pb2.BudgetHistoryRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.BudgetHistoryReply:
         check_header(request.header, context)
-        caps = {b.name: b.cap for b in self.ledger.budgets()}
+        budgets_now = {b.name: b for b in self.ledger.budgets()}
+        caps = {name: b.cap for name, b in budgets_now.items()}
         if request.party and request.party not in caps:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no party named {request.party!r}")
         points = request.max_points or 500
@@ -300,6 +305,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 guardian_pb2.BudgetSeries(
                     party=name,
                     epsilon_cap=caps[name],
+                    rounds_asked=budgets_now[name].rounds_asked,
+                    full_delta=budgets_now[name].full_delta(self.ledger.delta),
                     points=[
                         guardian_pb2.BudgetPoint(at=at, epsilon=eps, round_id=rid)
                         for at, eps, rid in history.get(name, [])
