@@ -82,12 +82,14 @@ MAX_TENSOR_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 #: upload is buffered whole, and 64 MiB of float32 queries fits one message.
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
-#: Request bodies the gateway holds at once, all requests together (``--max-uploads-mb``):
-#: four uploads of the default largest size. Each is buffered whole (and then parsed to
-#: at most MAX_TENSOR_BYTES of float32), so without a shared bound a few hundred
-#: concurrent 64 MiB uploads would take the gateway's memory; past this a request gets
-#: 503 with Retry-After before its body is read.
-MAX_UPLOADS_IN_FLIGHT_BYTES = 4 * MAX_UPLOAD_BYTES
+#: Memory the gateway's uploads hold at once, all requests together
+#: (``--max-uploads-mb``): each request's body (reserved before it is read) and, for an
+#: upload, three float32-sized copies of its queries (the inflated array, its float32
+#: copy and the job message's; reserved from the headers before inflating). One upload
+#: at the largest sizes needs 64 MiB + 3 x 127 MiB, so 1 GiB admits two of those, or
+#: many small ones; without a shared bound a few hundred concurrent uploads would take
+#: the gateway's memory. Past it a request gets 503 with Retry-After.
+MAX_UPLOADS_IN_FLIGHT_BYTES = 16 * MAX_UPLOAD_BYTES
 
 #: Arrays one uploaded .npz may hold: the queries 'x' and a few companions (labels,
 #: ids) that np.savez writes beside them. Checked from the zip's end record before its

@@ -60,6 +60,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 #: Seconds a request refused for the shared upload budget is told to wait: an upload
 #: of the largest size is read and handed on in a few seconds.
 UPLOAD_RETRY_S = 5
+#: Copies of an upload's queries, at their float32 size, that parsing and sending
+#: hold beside its body (see upload_job); reserved from the same budget.
+UPLOAD_COPIES = 3
 
 
 class BodyLimit:
@@ -136,12 +139,7 @@ class BodyLimit:
         )
 
     def _busy(self, wanted: int) -> str:
-        return (
-            f"the gateway holds {self.budget.held} bytes of other requests' bodies and takes "
-            f"at most {self.budget.limit} bytes at once (--max-uploads-mb); this request "
-            f"needs {wanted} more. Retry in {UPLOAD_RETRY_S} s, or ask the gateway's "
-            "operator for a larger --max-uploads-mb"
-        )
+        return busy_detail(self.budget, wanted)
 
     async def _refuse(self, send: Send, status: int, detail: str) -> None:
         headers = [(b"content-type", b"application/json")]
@@ -149,6 +147,20 @@ class BodyLimit:
             headers.append((b"retry-after", str(UPLOAD_RETRY_S).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
+
+
+class _UploadsBusyError(Exception):
+    """An upload's parsed queries do not fit the shared budget beside the others."""
+
+
+def busy_detail(budget: MemoryBudget, wanted: int) -> str:
+    """What a request refused for the shared upload budget is told."""
+    return (
+        f"the gateway holds {budget.held} bytes of other uploads and takes at most "
+        f"{budget.limit} bytes at once (--max-uploads-mb); this request needs {wanted} more. "
+        f"Retry in {UPLOAD_RETRY_S} s, or ask the gateway's operator for a larger "
+        "--max-uploads-mb"
+    )
 
 
 class _RefusedError(Exception):
@@ -328,6 +340,13 @@ def create_app(
     metrics = GatewayMetrics(backends, clock)
     app.state.tokens = tokens
     app.state.buckets = TokenBuckets(requests_per_minute, clock)
+    if uploads_in_flight_bytes < max_upload_bytes:
+        raise ValueError(
+            f"the memory for all uploads at once ({uploads_in_flight_bytes} bytes, "
+            f"--max-uploads-mb) is below the largest request body ({max_upload_bytes} bytes, "
+            "--max-upload-mb): no upload of that size could ever be taken; raise "
+            "--max-uploads-mb"
+        )
     app.state.uploads = MemoryBudget(uploads_in_flight_bytes)
     health = HealthCache(backends, clock=clock)
     probes = TokenBuckets(healthz_per_minute, clock)
@@ -479,25 +498,54 @@ def create_app(
             overrides = MECHANISM_OVERRIDE.validate_json(mechanism) if mechanism else None
         except ValidationError as err:
             raise HTTPException(422, f"mechanism: {err.errors()[0]['msg']}") from None
+        budget: MemoryBudget = app.state.uploads
+        taken = body = 0
+
+        def reserve(float32_bytes: int) -> None:
+            # What parsing and sending hold beside the body: the inflated array (at most
+            # its float32 size), its float32 copy and the message's copy of that.
+            nonlocal taken
+            wanted = UPLOAD_COPIES * float32_bytes
+            # The body itself is already held (BodyLimit): a request that cannot fit even
+            # alone is too large, not early.
+            if body + taken + wanted > budget.limit:
+                raise DatasetTooLargeError(
+                    f"the upload's {float32_bytes} bytes of float32 queries take {wanted} bytes "
+                    f"to parse and send, beside its body, over the {budget.limit} bytes the "
+                    "gateway gives all uploads at once (--max-uploads-mb); split it into "
+                    "several jobs"
+                )
+            if not budget.take(wanted):
+                raise _UploadsBusyError(busy_detail(budget, wanted))
+            taken += wanted
+
         try:
             # Sized from its headers against what one job's message carries, before it is
             # inflated (integer uploads grow fourfold as float32); inflating is CPU work,
             # kept off the event loop that serves every other request.
             data = await file.read()
-            x = await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES)
+            body = len(data)
+            x = await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES, reserve)
+            tensor = serde.queries_to_proto(x)
+            result: schemas.JobOut = await run_in_threadpool(
+                _create,
+                common_pb2.QueryBatch(tensor=tensor),
+                len(x),
+                batch_size,
+                serde.overrides_to_proto(overrides),
+                reveal_records_to_answerers,
+            )
+            return result
         except DatasetTooLargeError as err:
             raise HTTPException(413, str(err)) from None
         except DatasetError as err:
             raise HTTPException(422, str(err)) from None
-        tensor = serde.queries_to_proto(x)
-        result: schemas.JobOut = _create(
-            common_pb2.QueryBatch(tensor=tensor),
-            len(x),
-            batch_size,
-            serde.overrides_to_proto(overrides),
-            reveal_records_to_answerers,
-        )
-        return result
+        except _UploadsBusyError as err:
+            raise HTTPException(
+                503, str(err), headers={"Retry-After": str(UPLOAD_RETRY_S)}
+            ) from None
+        finally:
+            budget.give(taken)
 
     @app.get("/v1/jobs", response_model=schemas.JobList, responses=ERRORS, tags=["jobs"])
     def list_jobs(

@@ -9,11 +9,13 @@ until the test releases it (asyncio events, no sleeps), and the clock is injecte
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -168,6 +170,50 @@ def test_concurrent_uploads_share_one_memory_budget(
     with TestClient(app) as client:
         big = client.post(UPLOAD, content=b"-" * 1001, headers={"Authorization": f"Bearer {token}"})
         assert big.status_code == 413 and "limit of 1000 bytes" in big.json()["detail"]
+
+
+def npy(n: int) -> bytes:
+    """An .npy of ``n`` uint8 queries of shape (1, 2, 2): 4 n bytes as float32."""
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((n, 1, 2, 2), dtype=np.uint8))
+    return buf.getvalue()
+
+
+def test_parsed_queries_are_reserved_from_the_same_budget_before_inflating(
+    backends: HealthCounting, store: TokenStore
+) -> None:
+    # 250 queries: a 1,128-byte .npy whose queries take 3 x 4,000 bytes to parse and send.
+    data = npy(250)
+    app = create_app(backends, store, max_upload_bytes=3000, uploads_in_flight_bytes=15_000)
+    budget: MemoryBudget = app.state.uploads
+    token = store.create("analyst", "uploader")[0]
+    head = {"Authorization": f"Bearer {token}"}
+    with TestClient(app) as c:
+
+        def upload() -> Any:
+            return c.post(UPLOAD, files={"file": ("q.npy", data)}, headers=head)
+
+        # Alone it fits; it then fails at the (unreachable) student party, and every
+        # byte it held is given back.
+        alone = upload()
+        assert alone.status_code == 503 and budget.held == 0
+        assert "student party is not answering" in alone.json()["detail"]
+        # With 4,000 bytes held by another request, its 12,000 do not fit beside them.
+        assert budget.take(4000)
+        busy = upload()
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
+        assert "needs 12000 more" in busy.json()["detail"] and budget.held == 4000
+        budget.give(4000)
+        # One that could not fit even alone is too large, not early.
+        buf = io.BytesIO()
+        np.savez_compressed(buf, x=np.zeros((2000, 1, 2, 2), dtype=np.uint8))
+        assert len(buf.getvalue()) < 3000  # the body fits; its 24,000 parsed bytes do not
+        big = c.post(UPLOAD, files={"file": ("q.npz", buf.getvalue())}, headers=head)
+        assert big.status_code == 413, big.text
+        assert "over the 15000 bytes the gateway gives all uploads" in big.json()["detail"]
+        assert budget.held == 0
+    with pytest.raises(ValueError, match="raise --max-uploads-mb"):
+        create_app(backends, store, max_upload_bytes=3000, uploads_in_flight_bytes=2999)
 
 
 def test_the_memory_budget_refuses_what_does_not_fit_and_takes_it_back() -> None:
