@@ -389,9 +389,13 @@ def _label_and_train(
         f"(true class {int(consortium.truth[0])}), predicted without any other record"
     )
     say(f"student model:          {directory / 'student.pt'}")
-    say(f"epsilon spent (delta {budgets['delta']:g}, {budgets['accounting']}):")
+    say(f"epsilon spent (ledger delta {budgets['delta']:g}, {budgets['accounting']}):")
     for b in budgets["budgets"]:
-        say(f"  {b['party']}: {b['epsilon_spent']:.2f} of cap {b['epsilon_cap']:g}")
+        say(
+            f"  {b['party']}: {b['epsilon_spent']:.2f} of cap {b['epsilon_cap']:g}; guarantee "
+            f"(eps {b['epsilon_spent']:.2f}, delta {b['full_delta']:.12g} = ledger delta + "
+            f"{b['rounds_asked']} rounds x 2^-40)"
+        )
     say(f"dashboard:              {dashboard} (admin token below)")
     if have_shot:
         say(f"dashboard screenshot:   {shot}")

@@ -91,6 +91,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Why a local consortium's hospital holds a cap above its ledger's, as audited: this
+#: machine's operator runs every party and set the caps in one configuration.
+CONFIGURED_CAP = "set in the local consortium's configuration (capc up / LocalConsortium)"
+
+
 @dataclass
 class Process:
     """A child process whose output is drained into ``lines``."""
@@ -622,10 +627,13 @@ class LocalConsortium:
                 p.popen.kill()
                 p.popen.wait(timeout=10)
 
-    def restart_party(self, i: int, epsilon_cap: float | None = None) -> Process:
+    def restart_party(
+        self, i: int, epsilon_cap: float | None = None, reason: str = "a new budget period"
+    ) -> Process:
         """Restart hospital ``i`` (its own ledger kept), with a new cap of its own when given:
-        only the hospital changes its cap, in its own configuration. Returns once it is
-        connected again; the guardian enforces no more than its registered ceiling."""
+        only the hospital changes its cap, in its own configuration, and a raise carries
+        ``reason`` (audited). Returns once it is connected again; the guardian enforces no
+        more than its registered ceiling."""
         name = f"hospital-{i}"
         for p in self.procs:
             if p.name == name and p.popen.poll() is None:
@@ -636,7 +644,7 @@ class LocalConsortium:
             caps = list(self.epsilon_caps or [self.epsilon_cap] * self.parties)
             caps[i] = epsilon_cap
             self.epsilon_caps = caps
-        proc = self.start_party(i)
+        proc = self.start_party(i, reason)
         proc.wait_for("connected to the guardian")
         return proc
 
@@ -644,7 +652,8 @@ class LocalConsortium:
         """Hospital ``i``'s ``capc answerer`` model options (``--model`` per checkpoint)."""
         return [a for path in self.model_paths(i) for a in ("--model", str(path))]
 
-    def start_party(self, i: int) -> Process:
+    def start_party(self, i: int, cap_reason: str = CONFIGURED_CAP) -> Process:
+        """Start hospital ``i``; ``cap_reason`` is what a raised cap is audited with."""
         proc = spawn(
             f"hospital-{i}",
             "answerer",
@@ -655,6 +664,8 @@ class LocalConsortium:
             f"hospital-{i}",
             "--epsilon-cap",
             repr(self.cap(i)),
+            "--cap-reason",
+            cap_reason,
             "--ledger",
             self.party_ledger(i),
             "--pki",

@@ -20,7 +20,7 @@ from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
 from capc.mechanisms.base import MAX_PARAMETER, CircuitSpec, Labels, MechanismError, NoisyParams
 from capc.mpc.ring import U64
 from capc.privacy import events
-from capc.privacy.mechanisms.multi_label import subset_bits
+from capc.privacy.mechanisms.multi_label import MAX_POWERSET_LABELS, subset_bits
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 
 
@@ -36,7 +36,7 @@ class Powerset(ArgmaxMechanism):
     name = "powerset"
     multi_label = True
     raisable = ("sigma", "threshold", "sigma1")
-    max_outputs = 10
+    max_outputs = MAX_POWERSET_LABELS
     params_model = PowersetParams
     test_noise_per_class = True
 

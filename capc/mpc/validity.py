@@ -619,6 +619,17 @@ def conversion_failure(batch: int, width: int, teachers: Sequence[int]) -> float
     return float(batch) * float(width) * float(sum(m + 1 for m in teachers)) / float(P)
 
 
+def conversion_delta(rounds: int) -> float:
+    """What the ring conversion adds to a party's delta after it was asked to vote in
+    ``rounds`` rounds, aborted ones included: at most MAX_CONVERSION_FAILURE each (the
+    guardian refuses any round above it), so (eps, delta + rounds 2^-40) holds for the
+    ledger's (eps, delta). Rounds without validity proofs are counted too: an
+    over-count, never an under-count."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValidityError(f"a round count is a whole number >= 0, got {rounds!r}")
+    return rounds * MAX_CONVERSION_FAILURE
+
+
 def ring_shares(field_sum: ArrayLike, student: bool) -> U64:
     """A verifier's sum of vote shares in F_p -> its share in Z_2^64: the guardian's as is,
     the student's minus p (see the module docstring for the statistical error)."""

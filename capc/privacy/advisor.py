@@ -14,7 +14,7 @@ query is right when the n teachers agree on a typical vector.
   norm (``TAU_MARGIN`` times it, at most sqrt(k)), so a typical vector is
   not clipped and keeps margin n/2, while the sensitivity drops from sqrt(k)
   to sqrt(2) tau. A vector of norm r > tau keeps entries tau / r.
-- Powerset (k <= 10): noisy argmax over 2**k subsets; the agreed subset has
+- Powerset (k <= ``MAX_POWERSET_LABELS``, 10): noisy argmax over 2**k subsets; the agreed subset has
   n votes and the others none, P = E_z[Phi((n + sigma z) / sigma)**(2**k - 1)].
   Teachers that disagree on any label split the subset vote; when many
   subsets occur that happens more often, so Powerset is only proposed when at
@@ -42,8 +42,6 @@ from capc.privacy.mechanisms.multi_label import MAX_POWERSET_LABELS
 TAU_MARGIN = 1.1
 #: Powerset is proposed only when at most this share of the 2**k subsets occurs.
 POWERSET_SUBSET_FRACTION = 0.5
-#: Powerset's circuit has 2**k classes; beyond this the secure path is impractical.
-MAX_ADVISED_POWERSET_LABELS = 10
 
 
 @dataclass(frozen=True)
@@ -148,8 +146,7 @@ def recommend(
     entry = min(1.0, tau / max(stats.mean_l2, 1e-12))
     options.append(Option("tau", s_tau, tau, float(ndtr(n * (entry - 0.5) / s_tau) ** k)))
     powerset_ok = (
-        k <= min(MAX_ADVISED_POWERSET_LABELS, MAX_POWERSET_LABELS)
-        and stats.distinct_subsets <= POWERSET_SUBSET_FRACTION * 2**k
+        k <= MAX_POWERSET_LABELS and stats.distinct_subsets <= POWERSET_SUBSET_FRACTION * 2**k
     )
     if powerset_ok:
         s_pow = sigma_for(rdp.multilabel_powerset(1.0, o))
@@ -160,5 +157,5 @@ def recommend(
         f"{best.all_labels_right:.3f} at sigma {best.sigma:.3g} for {queries} queries"
     )
     if not powerset_ok:
-        why += f"; Powerset not considered ({stats.distinct_subsets} of {2**k} subsets occur, or k > {MAX_ADVISED_POWERSET_LABELS})"
+        why += f"; Powerset not considered ({stats.distinct_subsets} of {2**k} subsets occur, or k > {MAX_POWERSET_LABELS})"
     return Recommendation(best, options, why)

@@ -194,11 +194,23 @@ def cmd_models_predict(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def guarantee(eps: float, ledger_delta: float, rounds: int | None, full: float | None) -> str:
+    """A party's guarantee as users read it: (eps, delta + R 2^-40), R its rounds asked."""
+    if rounds is None or full is None:
+        return f"(eps {eps:.4f}, delta {ledger_delta:g} + R 2^-40; R not reported by this gateway)"
+    return f"(eps {eps:.4f}, delta {ledger_delta:g} + {rounds} x 2^-40 = {full:.12g})"
+
+
 def cmd_budget(client: Client, args: argparse.Namespace) -> int:
     b = client.budgets()
-    lines = [f"task {b.task}, delta {b.delta:g}: {b.accounting}"] + [
+    lines = [
+        f"task {b.task}, ledger delta {b.delta:g}: {b.accounting}",
+        "each party's guarantee is (eps, ledger delta + R 2^-40), R the rounds it was asked "
+        "to vote in (the validity proofs' ring conversion fails at most 2^-40 a round)",
+    ] + [
         f"{x.party:16} eps {x.epsilon_spent:10.4f} of {x.epsilon_cap:<10g} remaining {x.epsilon_remaining:10.4f}"
         f"  order {x.best_order:g}"
+        + f"  guarantee {guarantee(x.epsilon_spent, x.delta, x.rounds_asked, x.full_delta)}"
         + ("" if x.queries_left is None else f"  ~{x.queries_left} queries left")
         + f"  own ledger: {x.own_ledger.state}"
         + (
@@ -225,7 +237,14 @@ def cmd_parties(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_ledger(client: Client, args: argparse.Namespace) -> int:
     page = client.ledger(args.party, args.round, args.limit, args.offset)
-    lines = [
+    head = []
+    if page.ledger_delta is not None:
+        head = [f"epsilons at the ledger's delta {page.ledger_delta:g}"] + [
+            f"{name}: guarantee delta {page.ledger_delta:g} + {page.rounds_asked[name]} x 2^-40 "
+            f"= {full:.12g}"
+            for name, full in sorted(page.full_delta.items())
+        ]
+    lines = head + [
         f"round {e.round_id:6} {e.party:16} {e.kind:11} {e.mechanism:16} {e.queries:5} queries  eps {e.epsilon_alone:.4f}  {e.at}"
         for e in page.entries
     ]

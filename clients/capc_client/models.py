@@ -116,6 +116,11 @@ class Party(_Model):
     registered_cap: float | None = None
     declared_cap: float | None = None
     own_ledger: PartyLedger = _UNREPORTED
+    #: Rounds asked (R), the ledger's delta and the delta the guarantee holds at:
+    #: ledger_delta + R 2^-40. None from a gateway that does not report them.
+    rounds_asked: int | None = None
+    ledger_delta: float | None = None
+    full_delta: float | None = None
 
 
 class Budget(_Model):
@@ -129,6 +134,11 @@ class Budget(_Model):
     queries_left: int | None = None
     declared_cap: float | None = None
     own_ledger: PartyLedger = _UNREPORTED
+    #: Rounds asked (R), the ledger's delta and the delta the guarantee holds at:
+    #: ledger_delta + R 2^-40. None from a gateway that does not report them.
+    rounds_asked: int | None = None
+    ledger_delta: float | None = None
+    full_delta: float | None = None
 
 
 class BudgetList(_Model):
@@ -148,6 +158,8 @@ class HistorySeries(_Model):
     party: str
     epsilon_cap: float
     points: list[HistoryPoint]
+    rounds_asked: int | None = None
+    full_delta: float | None = None
 
 
 class History(_Model):
@@ -171,6 +183,11 @@ class LedgerPage(_Model):
     entries: list[LedgerEntry]
     limit: int
     offset: int
+    #: The delta the entries' epsilons are at, and per party on the page its rounds
+    #: asked (R) and ledger_delta + R 2^-40. None/empty from an older gateway.
+    ledger_delta: float | None = None
+    rounds_asked: dict[str, int] = {}
+    full_delta: dict[str, float] = {}
 
 
 class AuditEntry(_Model):

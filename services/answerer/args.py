@@ -58,6 +58,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "for it. A changed value is audited in the hospital's ledger",
     )
     p.add_argument(
+        "--cap-reason",
+        default=None,
+        metavar="TEXT",
+        help="why --epsilon-cap is above the cap this hospital's ledger holds: required for "
+        "a raise, audited in the hospital's ledger and at the guardian",
+    )
+    p.add_argument(
         "--ledger",
         default=None,
         help="this hospital's own ledger: SQLite path or URL, or postgresql://... "

@@ -98,6 +98,10 @@ class Terms:
         return np.ones(self.batch, dtype=bool) if mask is None else mask
 
 
+class CapRaiseError(LedgerError):
+    """A hospital raised its own cap without saying why; the message says how."""
+
+
 class OwnBudget:
     """Party ``name``'s ledger at ``url`` with its own ``cap`` (epsilon at the ledger's delta)."""
 
@@ -107,12 +111,25 @@ class OwnBudget:
         ledger: Ledger,
         cap: float,
         guardian_key: str | None = None,
+        cap_reason: str | None = None,
     ) -> None:
         self.name = name
         self.ledger = ledger
-        # The hospital's configuration is the authority: a changed cap is audited.
-        ledger.register_party(name, cap, actor=name)
+        # The hospital's configuration is the authority: a changed cap is audited, and a
+        # raise must say why (its guarantee is weaker than a cap fixed in advance).
+        before = next((b.registered_cap for b in ledger.budgets() if b.name == name), None)
+        if before is not None and cap > before and not (cap_reason or "").strip():
+            raise CapRaiseError(
+                f"{name}'s own cap was {before:g} eps and {cap:g} raises it: a raise must say "
+                "why (`capc answerer --cap-reason TEXT`); the reason is audited in this "
+                "ledger and sent to the guardian with the new cap. A cap raised after rounds "
+                "ran gives no guarantee at the new cap unless that cap was fixed in advance "
+                "(docs/privacy.md, the budget filter)"
+            )
+        ledger.register_party(name, cap, actor=name, reason=cap_reason)
         self.cap = ledger.budget(name).cap
+        #: Sent with every Register; the guardian audits it when the declared cap rises.
+        self.cap_reason = (cap_reason or "").strip()
         if guardian_key is not None:
             self._pin(guardian_key, "configured")
         #: Why this party refuses every round for now (a guardian it cannot account with).
@@ -126,6 +143,7 @@ class OwnBudget:
             epsilon_cap=self.cap,
             accounting_json=self.ledger.accounting_json(),
             open_rounds=self.ledger.open_rounds()[:MAX_ASKED],
+            cap_reason=self.cap_reason,
         )
 
     def open_rounds(self) -> list[int]:

@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
             # Each party keeps its own ledger, even several in one process.
             where = (args.ledger or "{name}-ledger.db").replace("{name}", name)
             ledger = Ledger(where, accountant=args.accountant, delta=args.delta)
-            budget = OwnBudget(name, ledger, args.epsilon_cap, args.guardian_audit_key)
+            budget = OwnBudget(
+                name, ledger, args.epsilon_cap, args.guardian_audit_key, args.cap_reason
+            )
             parties.append(
                 AnsweringParty(name, voters, args.guardian, files, budget, args.server_name)
             )

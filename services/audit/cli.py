@@ -1,5 +1,5 @@
 """The ``capc audit`` command group; each command runs in a module of its own
-(``services.audit.verify``, ``services.audit.run``), imported only when it runs: this
+(``services.audit.verify``, ``services.audit.run``, ``services.audit.record``), imported only when it runs: this
 module imports the standard library alone, so ``capc audit --help`` answers at once."""
 
 from __future__ import annotations
@@ -7,17 +7,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.cli_args import lazy
+from services.common.cli_args import add_tls_args, lazy
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register ``capc audit verify`` and ``capc audit run``."""
+    """Register ``capc audit verify``, ``capc audit run`` and ``capc audit record``."""
     p = sub.add_parser(
         "audit", help="check the consortium's audit logs; empirical privacy audits (canaries)"
     )
     commands = p.add_subparsers(dest="audit_command", required=True)
     _add_verify(commands)
     _add_run(commands)
+    _add_record(commands)
 
 
 def _add_verify(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -69,3 +70,28 @@ def _add_run(asub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--serve", action="store_true", help="then start the gateway and stay up (Ctrl-C stops)"
     )
     r.set_defaults(handler=lazy("services.audit.run", "run"))
+
+
+def _add_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``audit record`` (services.audit.record runs it)."""
+    r = sub.add_parser(
+        "record",
+        help="record a canary audit's counts with the guardian, as its operator (guardian "
+        "certificate) or as the audited hospital (its own certificate)",
+    )
+    r.add_argument("--guardian", required=True, help="the guardian's address host:port")
+    r.add_argument(
+        "--name",
+        required=True,
+        help="the certificate to record with (PKI/NAME.pem): the guardian operator's "
+        "(role guardian) or the audited hospital's own (role answerer)",
+    )
+    r.add_argument("--party", required=True, help="the audited party")
+    r.add_argument("--canaries", type=int, required=True, help="canaries planted")
+    r.add_argument("--guesses", type=int, required=True, help="canaries the attack guessed")
+    r.add_argument("--correct", type=int, required=True, help="guesses that were right")
+    r.add_argument("--attack", required=True, help="what the attack saw and did (1-256 chars)")
+    r.add_argument("--confidence", type=float, default=0.95, help="the interval's confidence level")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    add_tls_args(r)
+    r.set_defaults(handler=lazy("services.audit.record", "run"))

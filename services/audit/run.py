@@ -13,8 +13,8 @@ Then, as any student would:
 3. the attack reads what the student received, the released labels and the
    model's class probabilities on each canary, and guesses each canary's
    label between its two candidates, abstaining where neither is pointed at;
-4. the counts go to the guardian (``RecordPrivacyAudit``, the gateway's admin
-   role), which computes the empirical lower bound on epsilon with its
+4. the counts go to the guardian (``RecordPrivacyAudit``, with the guardian's
+   own certificate: the operator who runs this consortium records them), which computes the empirical lower bound on epsilon with its
    Clopper-Pearson interval at its ledger's delta and stores it beside the
    epsilon its ledger claims for that hospital. The admin API
    (``GET /v1/admin/privacy-audits``) and the dashboard show them side by side.
@@ -49,10 +49,11 @@ from capc.audit import canaries as canary_audit
 from capc.cli_output import stdout_to_stderr
 from capc.models import load_teacher
 from capc.models.inference import logits
+from services.audit.record import RecordError, record
 from services.common import protocol, tls
 from services.gateway.backends import Backends
 from services.local import TASK_NAME, CanarySpec, LocalConsortium
-from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
+from services.proto.capc.v1 import common_pb2, guardian_pb2_grpc, student_pb2
 
 #: What the attack saw and did, as the guardian records it.
 ATTACK = (
@@ -132,36 +133,6 @@ def student_model(
     return load_teacher(path).model
 
 
-def record(b: Backends, party: str, guesses: canary_audit.Guesses, canaries: int) -> dict[str, Any]:
-    """Send the counts to the guardian; returns what it stored, claimed epsilon included."""
-    kept = b.guardian_call(
-        b.hub.RecordPrivacyAudit,
-        guardian_pb2.RecordPrivacyAuditRequest(
-            header=b.header,
-            party=party,
-            canaries=canaries,
-            guesses=guesses.count,
-            correct=guesses.correct,
-            confidence=0.95,
-            attack=ATTACK,
-            actor="capc audit run",
-        ),
-    )
-    return {
-        "party": kept.party,
-        "claimed_epsilon": kept.claimed_epsilon,
-        "delta": kept.delta,
-        "accountant": kept.accountant,
-        "canaries": kept.canaries,
-        "guesses": kept.guesses,
-        "correct": kept.correct,
-        "empirical_lower": kept.empirical_lower,
-        "empirical_upper": kept.empirical_upper if kept.HasField("empirical_upper") else None,
-        "refuted": kept.refuted,
-        "id": kept.id,
-    }
-
-
 def audit_consortium(
     c: LocalConsortium,
     hospitals: tuple[int, ...],
@@ -178,6 +149,15 @@ def audit_consortium(
     queries = np.concatenate([images, extra])
     order = np.random.default_rng(seed).permutation(len(queries))
     b = _backends(c)
+    # The counts are recorded as the guardian's operator, who runs this consortium: the
+    # gateway's certificate, which the jobs go through, may not record audits.
+    operator = tls.secure_channel(
+        f"127.0.0.1:{c.port}",
+        tls.TLSFiles.in_dir(c.pki_dir, "guardian"),
+        "localhost",
+        role="guardian",
+    )
+    hub = guardian_pb2_grpc.GuardianHubStub(operator)
     try:
         job_id, labels_shuffled = label(b, queries[order], batch, timeout)
         labels = np.empty_like(labels_shuffled)
@@ -192,10 +172,22 @@ def audit_consortium(
                 probs = functional.softmax(logits(model, p.images).double(), dim=1).numpy()
             start += m
             guesses = canary_audit.guess(p.canaries, probs, released)
-            out.append(record(b, f"hospital-{h}", guesses, m))
+            kept = record(
+                hub,
+                f"hospital-{h}",
+                canaries=m,
+                guesses=guesses.count,
+                correct=guesses.correct,
+                attack=ATTACK,
+                note="capc audit run",
+            )
+            out.append(kept)
         answered = int((labels >= 0).sum())
+    except RecordError as err:
+        raise AuditError(str(err)) from None
     finally:
         b.close()
+        operator.close()
     return {
         "consortium": str(c.directory),
         "parties": c.parties,

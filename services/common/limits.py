@@ -82,6 +82,15 @@ MAX_TENSOR_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 #: upload is buffered whole, and 64 MiB of float32 queries fits one message.
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
+#: Memory the gateway's uploads hold at once, all requests together
+#: (``--max-uploads-mb``): each request's body (reserved before it is read) and, for an
+#: upload, three float32-sized copies of its queries (the inflated array, its float32
+#: copy and the job message's; reserved from the headers before inflating). One upload
+#: at the largest sizes needs 64 MiB + 3 x 127 MiB, so 1 GiB admits two of those, or
+#: many small ones; without a shared bound a few hundred concurrent uploads would take
+#: the gateway's memory. Past it a request gets 503 with Retry-After.
+MAX_UPLOADS_IN_FLIGHT_BYTES = 16 * MAX_UPLOAD_BYTES
+
 #: Arrays one uploaded .npz may hold: the queries 'x' and a few companions (labels,
 #: ids) that np.savez writes beside them. Checked from the zip's end record before its
 #: directory is parsed, so a 64 MiB upload of a million empty members costs nothing.
@@ -93,6 +102,15 @@ MAX_UPLOAD_MEMBERS = 8
 #: tying up the student party and the guardian.
 GATEWAY_REQUESTS_PER_MINUTE = 600
 
+
+#: Requests to /healthz one client address may make a minute, in bursts of up to as
+#: many. /healthz needs no token, so it is limited by address: a probe every few
+#: seconds from each of a few load balancers behind one address stays far below.
+HEALTHZ_REQUESTS_PER_MINUTE = 120
+
+#: Seconds /healthz answers from its last reading of the backends before it reads them
+#: again (each reading is up to two gRPC health checks of 3 s each).
+HEALTH_CACHE_SECONDS = 5.0
 
 #: Payload bytes of one 2PC frame on the Compute stream: capc.mpc splits messages into
 #: frames of at most 4 MiB, each with its 32-byte header and 16-byte tag. A larger frame

@@ -32,6 +32,16 @@ NO_SESSION = (
 )
 
 
+#: Who may record a privacy audit (RecordPrivacyAudit), in the words every refusal uses.
+WHO_MAY_RECORD = (
+    "a privacy audit is recorded by the guardian's operator (a certificate of role "
+    "guardian, against any party) or by the audited hospital's own auditor (that "
+    "hospital's answerer certificate, against itself only), with `capc audit record "
+    "--guardian HOST:PORT --pki DIR --name CERTIFICATE --party PARTY --canaries N "
+    "--guesses N --correct N --attack TEXT`"
+)
+
+
 def session_id(metadata: object) -> bytes:
     """The 16-byte session id a call's metadata (key/value pairs) names; b"" if none is valid."""
     sid = dict(metadata or ()).get(SESSION_KEY) if isinstance(metadata, (list, tuple)) else None

@@ -35,17 +35,19 @@ from services.common.limits import (
     DEFAULT_BATCH,
     DEFAULT_LIST_PAGE,
     GATEWAY_REQUESTS_PER_MINUTE,
+    HEALTHZ_REQUESTS_PER_MINUTE,
     MAX_LIST_PAGE,
     MAX_TENSOR_BYTES,
     MAX_UPLOAD_BYTES,
+    MAX_UPLOADS_IN_FLIGHT_BYTES,
     RESULTS_PAGE,
 )
-from services.common.protocol import RequestError
+from services.common.protocol import WHO_MAY_RECORD, RequestError
 from services.gateway import schemas
-from services.gateway.backends import BackendError, Backends
+from services.gateway.backends import BackendError, Backends, HealthCache
 from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.ratelimit import TokenBuckets
+from services.gateway.ratelimit import MemoryBudget, TokenBuckets
 from services.gateway.tokens import Principal, Role, TokenError, TokenStore
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 
@@ -55,13 +57,24 @@ MECHANISM_OVERRIDE: TypeAdapter[dict[str, float]] = TypeAdapter(schemas.Mechanis
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": schemas.ErrorOut} for code in (401, 403, 404, 409, 422, 429, 502, 503)
 }
+#: Seconds a request refused for the shared upload budget is told to wait: an upload
+#: of the largest size is read and handed on in a few seconds.
+UPLOAD_RETRY_S = 5
+#: Copies of an upload's queries, at their float32 size, that parsing and sending
+#: hold beside its body (see upload_job); reserved from the same budget.
+UPLOAD_COPIES = 3
 
 
 class BodyLimit:
-    """Refuses request bodies over ``limit`` bytes with 413 before they are buffered."""
+    """Refuses request bodies over ``limit`` bytes with 413, and any body that would take
+    ``budget`` (shared by every request in flight) past its limit with 503 and
+    Retry-After, both before they are buffered. A declared Content-Length is reserved
+    whole on arrival; a chunked body chunk by chunk. Either is held until the response
+    is sent, so the budget may over-count a request that stopped early, never under-count.
+    """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, budget: MemoryBudget) -> None:
+        self.app, self.limit, self.budget = app, limit, budget
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,51 +82,89 @@ class BodyLimit:
             return
         headers = dict(scope.get("headers", []))
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await self._refuse(send)
+        declared = int(length) if length is not None and length.isdigit() else None
+        if declared is not None and declared > self.limit:
+            await self._refuse(send, 413, self._too_large())
             return
+        held = 0
+        if declared:
+            if not self.budget.take(declared):
+                await self._refuse(send, 503, self._busy(declared))
+                return
+            held = declared
         seen = 0
         started = False
+        # Set when this middleware refuses the body midway: the app may turn the
+        # exception into an error of its own (a form parser's 400), which is replaced.
+        refusal: tuple[int, str] | None = None
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, held, refusal
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLargeError
+                    refusal = (413, self._too_large())
+                    raise _RefusedError
+                if seen > held:
+                    if not self.budget.take(seen - held):
+                        refusal = (503, self._busy(seen - held))
+                        raise _RefusedError
+                    held = seen
             return message
 
         async def tracked(message: Message) -> None:
             nonlocal started
+            if refusal is not None:
+                if not started:
+                    started = True
+                    await self._refuse(send, *refusal)
+                return
             started = started or message["type"] == "http.response.start"
             await send(message)
 
         try:
             await self.app(scope, counted, tracked)
-        except _TooLargeError:
-            if not started:
-                await self._refuse(send)
+        except _RefusedError:
+            if not started and refusal is not None:
+                started = True
+                await self._refuse(send, *refusal)
+        finally:
+            self.budget.give(held)
 
-    async def _refuse(self, send: Send) -> None:
-        body = json.dumps(
-            {
-                "detail": f"request body exceeds the gateway's limit of {self.limit} bytes; "
-                "split the dataset into several jobs"
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
-            }
+    def _too_large(self) -> str:
+        return (
+            f"request body exceeds the gateway's limit of {self.limit} bytes; "
+            "split the dataset into several jobs"
         )
-        await send({"type": "http.response.body", "body": body})
+
+    def _busy(self, wanted: int) -> str:
+        return busy_detail(self.budget, wanted)
+
+    async def _refuse(self, send: Send, status: int, detail: str) -> None:
+        headers = [(b"content-type", b"application/json")]
+        if status == 503:
+            headers.append((b"retry-after", str(UPLOAD_RETRY_S).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
 
 
-class _TooLargeError(Exception):
-    pass
+class _UploadsBusyError(Exception):
+    """An upload's parsed queries do not fit the shared budget beside the others."""
+
+
+def busy_detail(budget: MemoryBudget, wanted: int) -> str:
+    """What a request refused for the shared upload budget is told."""
+    return (
+        f"the gateway holds {budget.held} bytes of other uploads and takes at most "
+        f"{budget.limit} bytes at once (--max-uploads-mb); this request needs {wanted} more. "
+        f"Retry in {UPLOAD_RETRY_S} s, or ask the gateway's operator for a larger "
+        "--max-uploads-mb"
+    )
+
+
+class _RefusedError(Exception):
+    """BodyLimit refused the body it was reading; its response is already chosen."""
 
 
 BEARER = HTTPBearer(auto_error=False, description="a token from `capc gateway token create`")
@@ -247,10 +298,12 @@ def loop_out(
     )
 
 
-def party_out(p: guardian_pb2.PartyStatus) -> schemas.PartyOut:
+def party_out(p: guardian_pb2.PartyStatus, ledger_delta: float) -> schemas.PartyOut:
+    """A party's status; the guardian states its full delta (ledger_delta + R 2^-40)."""
     return schemas.PartyOut(
         **fields(
             p,
+            ledger_delta=ledger_delta,
             last_seen=p.last_seen or None,
             queries_left=None if p.queries_left < 0 else p.queries_left,
             declared_cap=p.declared_cap or None,
@@ -272,10 +325,13 @@ def create_app(
     max_upload_bytes: int = MAX_UPLOAD_BYTES,
     requests_per_minute: int = GATEWAY_REQUESTS_PER_MINUTE,
     clock: Callable[[], float] = time.monotonic,
+    uploads_in_flight_bytes: int = MAX_UPLOADS_IN_FLIGHT_BYTES,
+    healthz_per_minute: int = HEALTHZ_REQUESTS_PER_MINUTE,
 ) -> FastAPI:
     """The gateway app over live backends; ``max_upload_bytes`` bounds any request body,
-    ``requests_per_minute`` what each token may send (``clock`` paces both the rate
-    limits and the metrics cache)."""
+    ``uploads_in_flight_bytes`` all bodies held at once, ``requests_per_minute`` what
+    each token may send and ``healthz_per_minute`` what each client address may ask of
+    /healthz (``clock`` paces the rate limits, the health cache and the metrics cache)."""
     app = FastAPI(
         title="capc gateway",
         version="1",
@@ -284,7 +340,17 @@ def create_app(
     metrics = GatewayMetrics(backends, clock)
     app.state.tokens = tokens
     app.state.buckets = TokenBuckets(requests_per_minute, clock)
-    app.add_middleware(BodyLimit, limit=max_upload_bytes)
+    if uploads_in_flight_bytes < max_upload_bytes:
+        raise ValueError(
+            f"the memory for all uploads at once ({uploads_in_flight_bytes} bytes, "
+            f"--max-uploads-mb) is below the largest request body ({max_upload_bytes} bytes, "
+            "--max-upload-mb): no upload of that size could ever be taken; raise "
+            "--max-uploads-mb"
+        )
+    app.state.uploads = MemoryBudget(uploads_in_flight_bytes)
+    health = HealthCache(backends, clock=clock)
+    probes = TokenBuckets(healthz_per_minute, clock)
+    app.add_middleware(BodyLimit, limit=max_upload_bytes, budget=app.state.uploads)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, err: RequestValidationError) -> JSONResponse:
@@ -312,12 +378,30 @@ def create_app(
         return response
 
     # -- health, metrics, dashboard --------------------------------------------------
-    @app.get("/healthz", response_model=schemas.Health, tags=["operations"])
-    def healthz(response: Response) -> schemas.Health:
-        states = backends.health()
+    @app.get(
+        "/healthz",
+        response_model=schemas.Health,
+        responses={429: {"model": schemas.ErrorOut}},
+        tags=["operations"],
+        summary="The backends' health, as last read (at most once per few seconds)",
+    )
+    def healthz(request: Request, response: Response) -> schemas.Health:
+        # No token here, so the limit is per client address; behind a proxy that is
+        # the proxy's, and the proxy's own limits apply to the clients behind it.
+        address = request.client.host if request.client else "unknown"
+        wait = probes.take(address)
+        if wait > 0:
+            seconds = max(1, math.ceil(wait))
+            raise HTTPException(
+                429,
+                f"{address} is over its {probes.per_minute} /healthz requests per minute; "
+                f"retry in {seconds} s (a probe every few seconds stays far below)",
+                headers={"Retry-After": str(seconds)},
+            )
+        states, age = health.read()
         ok = all(v == "SERVING" for v in states.values())
         response.status_code = 200 if ok else 503
-        return schemas.Health(status="ok" if ok else "degraded", backends=states)
+        return schemas.Health(status="ok" if ok else "degraded", backends=states, age_s=age)
 
     @app.get(
         "/metrics",
@@ -414,25 +498,54 @@ def create_app(
             overrides = MECHANISM_OVERRIDE.validate_json(mechanism) if mechanism else None
         except ValidationError as err:
             raise HTTPException(422, f"mechanism: {err.errors()[0]['msg']}") from None
+        budget: MemoryBudget = app.state.uploads
+        taken = body = 0
+
+        def reserve(float32_bytes: int) -> None:
+            # What parsing and sending hold beside the body: the inflated array (at most
+            # its float32 size), its float32 copy and the message's copy of that.
+            nonlocal taken
+            wanted = UPLOAD_COPIES * float32_bytes
+            # The body itself is already held (BodyLimit): a request that cannot fit even
+            # alone is too large, not early.
+            if body + taken + wanted > budget.limit:
+                raise DatasetTooLargeError(
+                    f"the upload's {float32_bytes} bytes of float32 queries take {wanted} bytes "
+                    f"to parse and send, beside its body, over the {budget.limit} bytes the "
+                    "gateway gives all uploads at once (--max-uploads-mb); split it into "
+                    "several jobs"
+                )
+            if not budget.take(wanted):
+                raise _UploadsBusyError(busy_detail(budget, wanted))
+            taken += wanted
+
         try:
             # Sized from its headers against what one job's message carries, before it is
             # inflated (integer uploads grow fourfold as float32); inflating is CPU work,
             # kept off the event loop that serves every other request.
             data = await file.read()
-            x = await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES)
+            body = len(data)
+            x = await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES, reserve)
+            tensor = serde.queries_to_proto(x)
+            result: schemas.JobOut = await run_in_threadpool(
+                _create,
+                common_pb2.QueryBatch(tensor=tensor),
+                len(x),
+                batch_size,
+                serde.overrides_to_proto(overrides),
+                reveal_records_to_answerers,
+            )
+            return result
         except DatasetTooLargeError as err:
             raise HTTPException(413, str(err)) from None
         except DatasetError as err:
             raise HTTPException(422, str(err)) from None
-        tensor = serde.queries_to_proto(x)
-        result: schemas.JobOut = _create(
-            common_pb2.QueryBatch(tensor=tensor),
-            len(x),
-            batch_size,
-            serde.overrides_to_proto(overrides),
-            reveal_records_to_answerers,
-        )
-        return result
+        except _UploadsBusyError as err:
+            raise HTTPException(
+                503, str(err), headers={"Retry-After": str(UPLOAD_RETRY_S)}
+            ) from None
+        finally:
+            budget.give(taken)
 
     @app.get("/v1/jobs", response_model=schemas.JobList, responses=ERRORS, tags=["jobs"])
     def list_jobs(
@@ -642,7 +755,7 @@ def create_app(
     def parties(_: Admin) -> schemas.PartyList:
         reply = backends.list_parties()
         return schemas.PartyList(
-            parties=[party_out(p) for p in reply.parties],
+            parties=[party_out(p, reply.delta) for p in reply.parties],
             delta=reply.delta,
             accounting=reply.accounting,
         )
@@ -658,7 +771,7 @@ def create_app(
             accounting=reply.accounting,
             budgets=[
                 schemas.BudgetOut(
-                    **party_out(p).model_dump(),
+                    **party_out(p, reply.delta).model_dump(),
                     party=p.name,
                     delta=reply.delta,
                     accounting=reply.accounting,
@@ -716,10 +829,17 @@ def create_app(
                 offset=offset,
             ),
         )
+        # An export read on its own must carry the delta its numbers are at.
+        status = backends.list_parties()
+        named = {e.party for e in reply.entries}
+        shown = [p for p in status.parties if p.name in named]
         return schemas.LedgerPage(
             entries=[schemas.LedgerEntryOut(**fields(e)) for e in reply.entries],
             limit=limit,
             offset=offset,
+            ledger_delta=status.delta,
+            rounds_asked={p.name: p.rounds_asked for p in shown},
+            full_delta={p.name: p.full_delta for p in shown},
         )
 
     @app.get("/v1/admin/audit", response_model=schemas.AuditPage, responses=ERRORS, tags=["admin"])
@@ -768,25 +888,19 @@ def create_app(
 
     @app.post(
         "/v1/admin/privacy-audits",
-        response_model=schemas.PrivacyAuditOut,
         responses=ERRORS,
         tags=["admin"],
-        summary="Record a canary attack's counts; the guardian sets them beside the ledger",
+        summary="Refused: audits are recorded by the guardian's operator or the hospital itself",
+        description="A privacy audit may call a hospital's claim refuted, so the querier "
+        "side reads audits and never writes them: the guardian's operator records one "
+        "with the guardian's certificate, a hospital's auditor with its own "
+        "(`capc audit record`). Always 403 (401 without a token).",
     )
-    def record_privacy_audit(body: schemas.PrivacyAuditIn, who: Admin) -> schemas.PrivacyAuditOut:
-        reply = backends.guardian_call(
-            backends.hub.RecordPrivacyAudit,
-            guardian_pb2.RecordPrivacyAuditRequest(
-                header=backends.header,
-                party=body.party,
-                canaries=body.canaries,
-                guesses=body.guesses,
-                correct=body.correct,
-                confidence=body.confidence,
-                attack=body.attack,
-                actor=f"gateway:{who.name} (token {who.token_id})",
-            ),
+    def record_privacy_audit(who: Admin) -> Response:
+        raise HTTPException(
+            403,
+            f"token {who.token_id} ({who.name}) may read privacy audits here (GET) but no "
+            f"gateway token may record one: {WHO_MAY_RECORD}",
         )
-        return privacy_audit_out(reply)
 
     return app

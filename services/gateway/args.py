@@ -13,6 +13,7 @@ DEFAULT_DB = "gateway.db"
 #: limits: kept here so that registering imports neither (a test checks they agree).
 TOKEN_ROLES = ("analyst", "admin", "metrics")
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
+MAX_UPLOADS_IN_FLIGHT_BYTES = 16 * MAX_UPLOAD_BYTES
 GATEWAY_REQUESTS_PER_MINUTE = 600
 
 
@@ -34,6 +35,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=float,
         default=MAX_UPLOAD_BYTES / 2**20,
         help="largest request body (MiB)",
+    )
+    serve.add_argument(
+        "--max-uploads-mb",
+        type=float,
+        default=MAX_UPLOADS_IN_FLIGHT_BYTES / 2**20,
+        help="memory all uploads may hold at once: bodies and parsed queries (MiB; 503 "
+        "with Retry-After beyond)",
     )
     serve.add_argument(
         "--rate-limit",

@@ -7,6 +7,8 @@ gRPC failures become :class:`BackendError` with the HTTP status they map to.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -15,6 +17,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import protocol, tls
+from services.common.limits import HEALTH_CACHE_SECONDS
 from services.proto.capc.v1 import (
     common_pb2,
     guardian_pb2,
@@ -135,3 +138,29 @@ class Backends:
     def close(self) -> None:
         self._student_channel.close()
         self._guardian_channel.close()
+
+
+class HealthCache:
+    """``Backends.health`` read at most once per ``ttl`` seconds, however often or
+    concurrently /healthz is asked: ``read()`` returns the states and their age (s)."""
+
+    def __init__(
+        self,
+        backends: Backends,
+        ttl: float = HEALTH_CACHE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backends, self.ttl, self.clock = backends, ttl, clock
+        self._cached: tuple[float, dict[str, str]] | None = None
+        # Held across the read: requests arriving meanwhile wait and share its result
+        # instead of each dialling the backends.
+        self._lock = threading.Lock()
+
+    def read(self) -> tuple[dict[str, str], float]:
+        with self._lock:
+            cached = self._cached
+            if cached is None or self.clock() - cached[0] >= self.ttl:
+                states = self.backends.health()
+                cached = self._cached = (self.clock(), states)
+            at, states = cached
+            return dict(states), max(0.0, self.clock() - at)

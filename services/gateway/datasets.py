@@ -69,17 +69,27 @@ class DatasetTooLargeError(DatasetError):
     """An upload declares more data than one job carries (HTTP 413)."""
 
 
-def parse_dataset(data: bytes, max_bytes: int = MAX_TENSOR_BYTES) -> NDArray[np.float32]:
+def _no_reservation(_: int) -> None:
+    return None
+
+
+def parse_dataset(
+    data: bytes,
+    max_bytes: int = MAX_TENSOR_BYTES,
+    reserve: Callable[[int], None] = _no_reservation,
+) -> NDArray[np.float32]:
     """The queries of an upload as float32 (N, C, H, W) or (N, F); raises DatasetError.
 
     ``max_bytes`` bounds the queries both as stored and as float32: it is checked
-    from the headers before a byte is inflated."""
+    from the headers before a byte is inflated. ``reserve(n)`` is called with the
+    chosen array's size as float32 (bytes) once its header is checked and before it
+    is inflated or copied; it may raise to stop the parse (a shared memory budget)."""
     if not data:
         raise DatasetError(f"the upload is empty; send {EXPECTED}")
     if data.startswith(NPY_MAGIC):
-        arr = _read_npy(data, max_bytes)
+        arr = _read_npy(data, max_bytes, reserve)
     elif data.startswith(ZIP_MAGICS):
-        arr = _read_npz(data, max_bytes)
+        arr = _read_npz(data, max_bytes, reserve)
     else:
         raise DatasetError(
             f"could not read the upload: it starts with neither the .npy nor the .npz "
@@ -154,7 +164,7 @@ def _shaped(flat: NDArray[Any], shape: tuple[int, ...], fortran: bool) -> NDArra
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
-def _read_npy(data: bytes, max_bytes: int) -> NDArray[Any]:
+def _read_npy(data: bytes, max_bytes: int, reserve: Callable[[int], None]) -> NDArray[Any]:
     stream = io.BytesIO(data)
     shape, fortran, dtype = _header(stream, "the .npy")
     count = _checked(shape, dtype, max_bytes, "the .npy")
@@ -171,6 +181,7 @@ def _read_npy(data: bytes, max_bytes: int) -> NDArray[Any]:
             f"the .npy holds more data than its header declares ({len(body)} bytes, not "
             f"{declared}); save it again with numpy.save"
         )
+    reserve(count * np.dtype(np.float32).itemsize)
     return _shaped(np.frombuffer(body, dtype=dtype, count=count), shape, fortran)
 
 
@@ -185,7 +196,7 @@ class _Member:
     count: int
 
 
-def _read_npz(data: bytes, max_bytes: int) -> NDArray[Any]:
+def _read_npz(data: bytes, max_bytes: int, reserve: Callable[[int], None]) -> NDArray[Any]:
     stream = io.BytesIO(data)
     try:
         end = _end_record(stream)
@@ -236,6 +247,7 @@ def _read_npz(data: bytes, max_bytes: int) -> NDArray[Any]:
             raise DatasetError(f"the .npz holds {names}; name the queries array 'x' ({EXPECTED})")
         chosen = headers[key]
         _queries_shape(chosen.shape)
+        reserve(chosen.count * np.dtype(np.float32).itemsize)
         flat = _inflate(archive, chosen.info, chosen.dtype, chosen.count)
         return _shaped(flat, chosen.shape, chosen.fortran)
 

@@ -115,6 +115,7 @@ def run_serve(args: argparse.Namespace) -> int:
         TokenStore(args.db),
         int(args.max_upload_mb * 1024 * 1024),
         requests_per_minute=args.rate_limit,
+        uploads_in_flight_bytes=int(args.max_uploads_mb * 1024 * 1024),
     )
     config = uvicorn.Config(
         app,

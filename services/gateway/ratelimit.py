@@ -1,4 +1,6 @@
-"""Per-token rate limits for the gateway: a token bucket in memory for each token.
+"""Admission limits for the gateway: a token bucket in memory for each token (or, for
+the open /healthz, each client address), and one memory budget for every request body
+held at once.
 
 A bucket holds up to ``per_minute`` requests and refills at ``per_minute`` a minute, so
 a token may burst a minute's worth and then goes at the steady rate. Buckets are keyed
@@ -50,3 +52,36 @@ class TokenBuckets:
         for key, (level, at) in list(self._buckets.items()):
             if level + (now - at) * self._per_second >= self._capacity:
                 del self._buckets[key]
+
+
+class MemoryBudget:
+    """Bytes every request in flight may hold together: ``take(n)`` reserves ``n`` bytes
+    if they fit (True) or reserves nothing (False); ``give(n)`` returns them. Shared by
+    all requests, so concurrent uploads are bounded by their sum, not one by one."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"a memory budget is at least 1 byte, got {limit}")
+        self.limit = limit
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        """Bytes reserved now."""
+        return self._held
+
+    def take(self, n: int) -> bool:
+        if n < 0:
+            raise ValueError(f"cannot reserve {n} bytes")
+        with self._lock:
+            if self._held + n > self.limit:
+                return False
+            self._held += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            if n < 0 or n > self._held:
+                raise ValueError(f"returning {n} bytes, but {self._held} are held")
+            self._held -= n

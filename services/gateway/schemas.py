@@ -255,6 +255,18 @@ class PartyOut(BaseModel):
         description="the cap the party set itself (None until it connects); the enforced "
         "epsilon_cap is never above it"
     )
+    rounds_asked: int = Field(
+        description="rounds the party was asked to vote in, aborted ones included (R)"
+    )
+    ledger_delta: float = Field(
+        description="the ledger's delta, without the ring-conversion term: epsilon_spent "
+        "is read at it"
+    )
+    full_delta: float = Field(
+        description="the delta the party's guarantee holds at: ledger_delta + R 2^-40 (the "
+        "validity proofs' ring conversion fails with probability at most 2^-40 a round); "
+        "the guarantee is (epsilon_spent, full_delta)"
+    )
     own_ledger: PartyLedgerOut
 
 
@@ -269,12 +281,24 @@ class BudgetOut(BaseModel):
     epsilon_cap: float
     epsilon_spent: float
     epsilon_remaining: float
-    delta: float
+    delta: float = Field(description="the ledger's delta (= ledger_delta; see full_delta)")
     best_order: float = Field(
         description="the Renyi order that gives the smallest epsilon (rdp ledgers; 0 otherwise)"
     )
     accounting: str = Field(description="the ledger's accountant, e.g. exact Gaussian DP")
     queries_left: int | None
+    rounds_asked: int = Field(
+        description="rounds the party was asked to vote in, aborted ones included (R)"
+    )
+    ledger_delta: float = Field(
+        description="the ledger's delta, without the ring-conversion term: epsilon_spent "
+        "is read at it"
+    )
+    full_delta: float = Field(
+        description="the delta the party's guarantee holds at: ledger_delta + R 2^-40 (the "
+        "validity proofs' ring conversion fails with probability at most 2^-40 a round); "
+        "the guarantee is (epsilon_spent, full_delta)"
+    )
     declared_cap: float | None
     own_ledger: PartyLedgerOut
 
@@ -296,6 +320,8 @@ class HistorySeries(BaseModel):
     party: str
     epsilon_cap: float
     points: list[HistoryPoint]
+    rounds_asked: int = Field(description="rounds asked so far (R)")
+    full_delta: float = Field(description="the ledger's delta + R 2^-40 now")
 
 
 class History(BaseModel):
@@ -321,6 +347,14 @@ class LedgerPage(BaseModel):
     entries: list[LedgerEntryOut]
     limit: int
     offset: int
+    ledger_delta: float = Field(description="the ledger's delta: each epsilon_alone is at it")
+    rounds_asked: dict[str, int] = Field(
+        description="per party on this page: rounds asked so far, aborted ones included (R)"
+    )
+    full_delta: dict[str, float] = Field(
+        description="per party on this page: the delta its guarantee holds at now, "
+        "ledger_delta + R 2^-40"
+    )
 
 
 class AuditEntryOut(BaseModel):
@@ -354,21 +388,11 @@ class AuditPage(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "degraded"]
     backends: dict[str, str]
+    age_s: float = Field(description="seconds since the backends were last read")
 
 
 class ErrorOut(BaseModel):
     detail: str
-
-
-class PrivacyAuditIn(Strict):
-    """A canary attack's counts on one party; the guardian computes the empirical epsilon."""
-
-    party: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-    canaries: int = Field(ge=1, le=1_000_000, description="canaries planted in its data")
-    guesses: int = Field(ge=0, le=1_000_000, description="canaries the attack guessed")
-    correct: int = Field(ge=0, le=1_000_000, description="guesses that were right")
-    confidence: float = Field(0.95, ge=0.5, lt=1.0, description="two-sided Clopper-Pearson")
-    attack: str = Field(min_length=1, max_length=256, description="what the attack saw and did")
 
 
 class PrivacyAuditOut(BaseModel):

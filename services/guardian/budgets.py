@@ -50,7 +50,8 @@ def declare(ledger: Ledger, name: str, register: guardian_pb2.Register) -> float
             f"{name} declared no epsilon cap (got {cap}); every answering party sets its own "
             "cap: start it with `capc answerer --epsilon-cap EPS`"
         )
-    return ledger.declare_cap(name, cap, actor=name)
+    # The reason is the hospital's own word, kept with its authenticated declaration.
+    return ledger.declare_cap(name, cap, actor=name, reason=register.cap_reason or None)
 
 
 def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:

@@ -38,7 +38,7 @@ from services.common.limits import (
     MAX_LIST_PAGE,
     ROUND_TIMEOUT_S,
 )
-from services.common.protocol import RequestError, check_version
+from services.common.protocol import WHO_MAY_RECORD, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
 from services.guardian import budgets
 from services.guardian.loop import hospital_of
@@ -63,7 +63,9 @@ POLICY: dict[str, tuple[str, ...]] = {
     f"/{SERVICE}/ListLedger": ("gateway", "guardian"),
     f"/{SERVICE}/ListAudit": ("gateway", "guardian"),
     f"/{SERVICE}/BudgetHistory": ("gateway", "guardian"),
-    f"/{SERVICE}/RecordPrivacyAudit": ("gateway",),
+    # The guardian's operator, or a hospital about itself (checked in the handler): an
+    # audit may call a hospital's claim refuted, so the querier side only reads them.
+    f"/{SERVICE}/RecordPrivacyAudit": ("guardian", "answerer"),
     f"/{SERVICE}/ListPrivacyAudits": ("gateway", "guardian"),
 }
 #: Seconds between passes of the reaper (at most; a short --round-timeout checks more often).
@@ -90,6 +92,7 @@ def page_limit(requested: int, context: grpc.ServicerContext) -> int:
 
 def _status(
     b: PartyBudget,
+    delta: float,
     connected: bool = False,
     projection: tuple[float, float, int] = (1.0, 1.0, -1),
     teachers: int = 0,
@@ -120,6 +123,8 @@ def _status(
         best_order=b.best_order or 0.0,
         rounds=b.rounds,
         last_seen=b.last_seen.isoformat() if b.last_seen else "",
+        rounds_asked=b.rounds_asked,
+        full_delta=b.full_delta(delta),
     )
 
 
@@ -147,6 +152,20 @@ def _privacy_audit(a: PrivacyAudit) -> guardian_pb2.PrivacyAudit:
     return out
 
 
+def audit_refusal(role: str, name: str, party: str) -> str | None:
+    """Why the identity (``role``, ``name``) may not record a privacy audit against
+    ``party``, or None when it may: the guardian's operator against anyone, a hospital
+    against itself only (the role policy already keeps every other role out)."""
+    if role == "guardian" or (role == "answerer" and name == party):
+        return None
+    if role == "answerer":
+        return (
+            f"{name} may record privacy audits against itself only, not against {party!r}; "
+            + WHO_MAY_RECORD
+        )
+    return f"{name} (role {role}) may read privacy audits but not record them; " + WHO_MAY_RECORD
+
+
 class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     """Admin side of the hub over a :class:`Ledger`."""
 
@@ -169,6 +188,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             parties=[
                 _status(
                     b,
+                    self.ledger.delta,
                     b.name in online,
                     projections.get(b.name, (1.0, 1.0, -1)),
                     online.get(b.name, 0),
@@ -271,7 +291,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, request: guardian_pb2.BudgetHistoryRequest, context: grpc.ServicerContext
     ) -> guardian_pb2.BudgetHistoryReply:
         check_header(request.header, context)
-        caps = {b.name: b.cap for b in self.ledger.budgets()}
+        budgets_now = {b.name: b for b in self.ledger.budgets()}
+        caps = {name: b.cap for name, b in budgets_now.items()}
         if request.party and request.party not in caps:
             context.abort(grpc.StatusCode.NOT_FOUND, f"no party named {request.party!r}")
         points = request.max_points or 500
@@ -284,6 +305,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 guardian_pb2.BudgetSeries(
                     party=name,
                     epsilon_cap=caps[name],
+                    rounds_asked=budgets_now[name].rounds_asked,
+                    full_delta=budgets_now[name].full_delta(self.ledger.delta),
                     points=[
                         guardian_pb2.BudgetPoint(at=at, epsilon=eps, round_id=rid)
                         for at, eps, rid in history.get(name, [])
@@ -299,9 +322,13 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> guardian_pb2.PrivacyAudit:
         check_header(request.header, context)
         who = tls.peer_identity(context)
+        if who is not None:
+            refusal = audit_refusal(who.role, who.name, request.party)
+            if refusal is not None:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal)
         # The recorded actor is who authenticated; a name in the request counts only
-        # without TLS (--insecure-dev). With TLS, what the caller says of itself (the
-        # gateway: which token holder asked) is kept as the entry's untrusted note.
+        # without TLS (--insecure-dev). With TLS, what the caller says of itself is kept
+        # as the entry's untrusted note.
         actor = who.name if who else (request.actor or "insecure-dev")
         note = (request.actor or None) if who else None
         try:

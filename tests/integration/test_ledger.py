@@ -727,3 +727,46 @@ def test_migration_0006_leaves_existing_parties_unpinned_until_the_operator_pins
     assert ledger.admit_teachers("h1", 2, actor="h1") == 2
     ledger.verify_audit()
     ledger.close()
+
+
+def test_migration_0007_counts_the_rounds_each_party_was_asked_in_from_the_audit_log(
+    ledger_url: str,
+) -> None:
+    """A ledger at revision 0006 gains ``rounds_asked`` filled from its ``reserve`` audit
+    entries: the aborted round counts, as it must for (eps, delta + R 2^-40)."""
+    from alembic import command
+    from alembic.config import Config
+
+    from services.common.db import make_engine, normalise_url
+    from services.common.ledger import store
+
+    url = normalise_url(ledger_url)
+    ledger = fresh(url)
+    ledger.register_party("h1", 20.0, teachers=1, actor="guardian-cli")
+    ledger.register_party("h2", 20.0, teachers=1, actor="guardian-cli")
+    both = {"h1": gnmax_cost(5), "h2": gnmax_cost(5)}
+    kept = ledger.reserve("r1", "digits", "s", 5, both, mechanism="g", quorum=1)
+    ledger.release(kept.round_id)
+    ledger.commit(kept.round_id, both)
+    dropped = ledger.reserve("r2", "digits", "s", 5, both, mechanism="g", quorum=1)
+    ledger.abort(dropped.round_id, reason="test")
+    ledger.reserve("r3", "digits", "s", 5, {"h1": gnmax_cost(5)}, mechanism="g", quorum=1)
+    assert {b.name: b.rounds_asked for b in ledger.budgets()} == {"h1": 3, "h2": 2}
+    ledger.close()
+    engine = make_engine(url)
+    cfg = Config()
+    cfg.set_main_option("script_location", str(store._MIGRATIONS))
+    with engine.connect() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0006")
+        conn.commit()
+        assert "rounds_asked" not in {
+            c["name"] for c in sa_inspect(conn).get_columns("party_spend")
+        }
+    engine.dispose()
+    ledger = Ledger(url, delta=DELTA)
+    budgets = {b.name: b for b in ledger.budgets()}
+    assert {name: b.rounds_asked for name, b in budgets.items()} == {"h1": 3, "h2": 2}
+    assert {name: b.rounds for name, b in budgets.items()} == {"h1": 2, "h2": 1}
+    assert budgets["h2"].full_delta(DELTA) == DELTA + 2 * 2.0**-40
+    ledger.close()

@@ -133,6 +133,7 @@ def test_light_registrations_agree_with_the_modules() -> None:
     assert guardian_args.ROUND_TIMEOUT_S == limits.ROUND_TIMEOUT_S
     assert tuple(r.value for r in Role) == gateway_args.TOKEN_ROLES
     assert gateway_args.MAX_UPLOAD_BYTES == limits.MAX_UPLOAD_BYTES
+    assert gateway_args.MAX_UPLOADS_IN_FLIGHT_BYTES == limits.MAX_UPLOADS_IN_FLIGHT_BYTES
     assert gateway_args.GATEWAY_REQUESTS_PER_MINUTE == limits.GATEWAY_REQUESTS_PER_MINUTE
 
 

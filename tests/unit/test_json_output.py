@@ -158,6 +158,9 @@ def test_every_capc_json_command_is_covered() -> None:
     covered |= {"task init", "teacher fit", "data pack"}
     # capc up: tests/e2e/test_up.py reads a second start's stdout as one JSON object.
     covered |= {"up"}
+    # audit record: tests/integration/test_privacy_audit_writers.py reads its stdout as
+    # one JSON object.
+    covered |= {"audit record"}
     assert set(_capc_json_commands()) == covered
 
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.stats
 
+from capc.mechanisms.base import MechanismError
+from capc.mechanisms.registry import from_config
+from capc.privacy import advisor
 from capc.privacy import mechanisms as m
 from capc.privacy.randomness import SecureRandom
 
@@ -116,8 +122,28 @@ def test_powerset_round_trip() -> None:
     hist = m.powerset_histogram(votes)
     assert hist.shape == (1, 8) and hist[0, 0b101] == 2 and hist[0, 0b010] == 1
     assert m.powerset_decide(hist, np.zeros_like(hist), 3).tolist() == [[1, 0, 1]]
-    with pytest.raises(ValueError, match="at most 12"):
-        m.powerset_histogram(np.zeros((1, 2, 13)))
+    with pytest.raises(ValueError, match="at most 10"):
+        m.powerset_histogram(np.zeros((1, 2, 11)))
+
+
+def test_powerset_takes_the_same_k_in_every_path_and_the_docs() -> None:
+    # One limit for the plain histogram, the secure mechanism, the advisor and the docs:
+    # they once disagreed (12 in the plain path, 10 in the circuit).
+    k = m.MAX_POWERSET_LABELS
+    assert k == 10
+    docs = (Path(__file__).parents[2] / "docs" / "multilabel.md").read_text()
+    stated = re.findall(r"`powerset` \(k <= (\d+)\)", docs)
+    assert stated == [str(k)]
+    assert m.powerset_histogram(np.zeros((1, 2, k))).shape == (1, 2**k)
+    assert from_config({"name": "powerset", "sigma": 2}, k).vote_width == 2**k
+    with pytest.raises(ValueError, match=f"at most {k} labels"):
+        m.powerset_histogram(np.zeros((1, 2, k + 1)))
+    with pytest.raises(MechanismError, match="powerset takes"):
+        from_config({"name": "powerset", "sigma": 2}, k + 1)
+    for labels, offered in ((k, True), (k + 1, False)):
+        stats = advisor.LabelStatistics(num_labels=labels, mean_l2=1.0, distinct_subsets=2)
+        rec = advisor.recommend(stats, num_teachers=10, queries=100, epsilon=4.0, delta=1e-5)
+        assert ("powerset" in {o.mechanism for o in rec.options}) is offered
 
 
 def test_weighted_and_vanishing_histograms() -> None:

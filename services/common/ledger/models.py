@@ -86,6 +86,10 @@ class SpendRow(Base):
     party: Mapped[str] = mapped_column(ForeignKey("parties.name"), primary_key=True)
     loss: Mapped[list[float]] = mapped_column(JSON)
     rounds: Mapped[int] = mapped_column(Integer, default=0)
+    #: Rounds the party was asked to vote in (reserved for it), aborted ones included:
+    #: R in the guarantee (eps, delta + R 2^-40). Only ever incremented, in the
+    #: reservation's transaction, so it may over-count after a crash, never under-count.
+    rounds_asked: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class TaskRow(Base):

@@ -51,6 +51,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from capc.audit import bounds
+from capc.mpc.validity import conversion_delta
 from capc.privacy import accountants
 from capc.privacy.accountants import Accounting, RenyiDp, UnsupportedEventError
 from capc.privacy.conversion import DEFAULT_ORDERS
@@ -81,7 +82,9 @@ _MIGRATIONS = Path(__file__).with_name("migrations")
 _GENESIS = audit.GENESIS
 #: Settings only the ledger itself writes.
 _OWN_SETTINGS = frozenset({"accountant", "delta", "audit_head", "audit_key"})
-HEAD_REVISION = "0006"
+HEAD_REVISION = "0007"
+#: Characters of a cap change's reason kept in the audit log.
+MAX_CAP_REASON = 512
 _MIGRATION_LOCK = threading.Lock()
 
 
@@ -194,6 +197,15 @@ class PartyBudget:
     report: Mapping[str, object] | None = None
     #: The most teachers the operator lets the party vote with; None: none pinned.
     registered_teachers: int | None = None
+    #: Rounds the party was asked to vote in, aborted ones included (R in the
+    #: guarantee (eps, delta + R 2^-40): :meth:`full_delta`).
+    rounds_asked: int = 0
+
+    def full_delta(self, delta: float) -> float:
+        """The delta this party's guarantee holds at for the ledger's ``delta``: delta plus
+        the validity proofs' ring-conversion failure, at most 2^-40 per round it was
+        asked to vote in (docs/privacy.md, offset robustness)."""
+        return delta + conversion_delta(self.rounds_asked)
 
 
 @dataclass(frozen=True)
@@ -611,10 +623,11 @@ class Ledger:
         role: str = "answerer",
         fingerprint: str | None = None,
         actor: str = "admin",
+        reason: str | None = None,
     ) -> None:
         """Add a party with the cap this ledger's operator gives it (epsilon at the ledger's
-        delta), or change that cap (audited). The enforced cap is the smaller of this one
-        and the cap the party declares itself (:meth:`declare_cap`).
+        delta), or change that cap (audited, with ``reason`` when given). The enforced cap
+        is the smaller of this one and the cap the party declares itself (:meth:`declare_cap`).
 
         ``teachers`` pins the most teachers the party may vote with, 1 to
         MAX_TEACHERS_PER_PARTY (its vote weight: :meth:`admit_teachers`); setting or
@@ -635,15 +648,19 @@ class Ledger:
                 if fingerprint and row.certificate_fingerprint != fingerprint:
                     row.certificate_fingerprint = fingerprint
                 if row.registered_cap != cap:
-                    old = row.epsilon_cap
+                    old, old_registered = row.epsilon_cap, _registered(row)
                     row.registered_cap = cap
                     row.epsilon_cap = _enforced(cap, row.declared_cap)
-                    self._audit(
-                        s,
-                        actor,
-                        "set_cap",
-                        {"party": name, "registered": cap, "old": old, "new": row.epsilon_cap},
-                    )
+                    detail: dict[str, object] = {
+                        "party": name,
+                        "registered": cap,
+                        "old": old,
+                        "new": row.epsilon_cap,
+                        "raised": cap > old_registered,
+                    }
+                    if reason:
+                        detail["reason"] = reason[:MAX_CAP_REASON]
+                    self._audit(s, actor, "set_cap", detail)
                 if pinned is not None and row.registered_teachers != pinned:
                     self._audit(
                         s,
@@ -716,9 +733,12 @@ class Ledger:
             f"consortium agreed on more, {fix}"
         )
 
-    def declare_cap(self, name: str, epsilon_cap: float, *, actor: str) -> float:
+    def declare_cap(
+        self, name: str, epsilon_cap: float, *, actor: str, reason: str | None = None
+    ) -> float:
         """The party ``name`` declares its own cap (at its connection); returns the cap
-        enforced from now on: never above what the party declared. Audited when it changes.
+        enforced from now on: never above what the party declared. Audited when it changes,
+        with the party's ``reason`` and whether it is a raise.
 
         ``actor`` is the party's authenticated identity.
         """
@@ -742,6 +762,8 @@ class Ledger:
                     "declared_before": before,
                     "old": old,
                     "new": row.epsilon_cap,
+                    "raised": before is not None and cap > before,
+                    **({"reason": reason[:MAX_CAP_REASON]} if reason else {}),
                 },
             )
             return row.epsilon_cap
@@ -845,6 +867,7 @@ class Ledger:
                         party.declared_cap,
                         party.report,
                         party.registered_teachers,
+                        spend.rounds_asked,
                     )
                 )
             return out
@@ -1039,6 +1062,7 @@ class Ledger:
                     )
                     spends[p].loss = (np.asarray(spends[p].loss) + costs[p]).tolist()
                     spends[p].rounds += 1
+                    spends[p].rounds_asked += 1
                     # Kept whether or not an allowance exists, so one set later counts what
                     # the querier spent before, and commits and aborts subtract what was added.
                     if p not in shares:

@@ -159,6 +159,7 @@ async function refresh() {
     fill("budgets", answerers.map(p => [
       p.name, p.connected ? "yes" : "no", p.epsilon_spent.toFixed(4),
       p.own_ledger.state === "unreported" ? "" : p.own_ledger.epsilon_spent.toFixed(4),
+      p.ledger_delta.toPrecision(3), p.full_delta.toPrecision(12), p.rounds_asked,
       ledgerState(p), p.epsilon_cap, p.declared_cap === null ? "" : p.declared_cap,
       p.epsilon_remaining.toFixed(4), p.queries_left === null ? "" : p.queries_left,
       p.name in latest ? interval(latest[p.name]) : "not audited", p.last_seen || "",
@@ -176,7 +177,7 @@ async function refresh() {
       `${j.answered} / ${j.processed}`, j.rounds, j.created_at.slice(0, 19),
     ]));
     status.className = "sub";
-    status.textContent = `δ = ${history.delta}; updated ${new Date().toLocaleTimeString()}`;
+    status.textContent = `ledger δ = ${history.delta}, each party's guarantee (ε, δ + R·2⁻⁴⁰); updated ${new Date().toLocaleTimeString()}`;
   } catch (err) {
     status.className = "error";
     status.textContent = `could not load: ${err.message}`;

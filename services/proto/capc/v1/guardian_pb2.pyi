@@ -64,16 +64,18 @@ class TeacherInfo(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., input_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("teachers", "epsilon_cap", "accounting_json", "open_rounds")
+    __slots__ = ("teachers", "epsilon_cap", "accounting_json", "open_rounds", "cap_reason")
     TEACHERS_FIELD_NUMBER: _ClassVar[int]
     EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_JSON_FIELD_NUMBER: _ClassVar[int]
     OPEN_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    CAP_REASON_FIELD_NUMBER: _ClassVar[int]
     teachers: _containers.RepeatedCompositeFieldContainer[TeacherInfo]
     epsilon_cap: float
     accounting_json: str
     open_rounds: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ..., epsilon_cap: _Optional[float] = ..., accounting_json: _Optional[str] = ..., open_rounds: _Optional[_Iterable[int]] = ...) -> None: ...
+    cap_reason: str
+    def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ..., epsilon_cap: _Optional[float] = ..., accounting_json: _Optional[str] = ..., open_rounds: _Optional[_Iterable[int]] = ..., cap_reason: _Optional[str] = ...) -> None: ...
 
 class Shares(_message.Message):
     __slots__ = ("round_id", "shape", "guardian_share", "sealed_seed", "batch_hash", "proof")
@@ -336,7 +338,7 @@ class MpcFrame(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class PartyStatus(_message.Message):
-    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers", "registered_cap", "declared_cap", "party_epsilon_spent", "party_through_round", "party_open_rounds", "party_reported_at", "ledgers", "ledger_gap")
+    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers", "registered_cap", "declared_cap", "party_epsilon_spent", "party_through_round", "party_open_rounds", "party_reported_at", "ledgers", "ledger_gap", "rounds_asked", "full_delta")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -359,6 +361,8 @@ class PartyStatus(_message.Message):
     PARTY_REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     LEDGERS_FIELD_NUMBER: _ClassVar[int]
     LEDGER_GAP_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_ASKED_FIELD_NUMBER: _ClassVar[int]
+    FULL_DELTA_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     status: str
@@ -381,7 +385,9 @@ class PartyStatus(_message.Message):
     party_reported_at: str
     ledgers: str
     ledger_gap: float
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ...) -> None: ...
+    rounds_asked: int
+    full_delta: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ..., rounds_asked: _Optional[int] = ..., full_delta: _Optional[float] = ...) -> None: ...
 
 class ListPartiesRequest(_message.Message):
     __slots__ = ("header", "querier")
@@ -517,14 +523,18 @@ class BudgetPoint(_message.Message):
     def __init__(self, at: _Optional[str] = ..., epsilon: _Optional[float] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class BudgetSeries(_message.Message):
-    __slots__ = ("party", "epsilon_cap", "points")
+    __slots__ = ("party", "epsilon_cap", "points", "rounds_asked", "full_delta")
     PARTY_FIELD_NUMBER: _ClassVar[int]
     EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
     POINTS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_ASKED_FIELD_NUMBER: _ClassVar[int]
+    FULL_DELTA_FIELD_NUMBER: _ClassVar[int]
     party: str
     epsilon_cap: float
     points: _containers.RepeatedCompositeFieldContainer[BudgetPoint]
-    def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ..., points: _Optional[_Iterable[_Union[BudgetPoint, _Mapping]]] = ...) -> None: ...
+    rounds_asked: int
+    full_delta: float
+    def __init__(self, party: _Optional[str] = ..., epsilon_cap: _Optional[float] = ..., points: _Optional[_Iterable[_Union[BudgetPoint, _Mapping]]] = ..., rounds_asked: _Optional[int] = ..., full_delta: _Optional[float] = ...) -> None: ...
 
 class BudgetHistoryReply(_message.Message):
     __slots__ = ("series", "delta")
