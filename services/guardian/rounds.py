@@ -57,6 +57,7 @@ from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
 from services.common.ledger import Ledger, QuorumError, RoundStateError
+from services.common.ledger import disputes as dispute_log
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
@@ -725,17 +726,25 @@ class RoundEngine:
         )
 
     def _exclude_vote(self, rnd: _Round, party: str) -> None:
-        """``party``'s vote failed its validity proof: leave it out and audit it."""
+        """``party``'s vote failed its validity check: leave it out and audit a dispute."""
         why = (
-            f"its vote validity proof failed: not a valid {rnd.task.mechanism.name} vote of "
-            f"{rnd.voters(party)} teachers; its vote was left out of round {rnd.round_id}"
+            f"its vote validity proof did not check with {rnd.querier}'s verifier message: not a valid "
+            f"{rnd.task.mechanism.name} vote of {rnd.voters(party)} teachers, or a wrong "
+            f"message from the student; its vote was left out of round {rnd.round_id}"
         )
         rnd.invalid[party] = why
-        # The actor is the party's authenticated identity: the vote came over its stream.
+        # Either side can fail the check (the student by changing its verifier message), so
+        # the guardian, which saw it fail, records a dispute naming both, not a culprit.
         self.ledger.record(
-            party,
-            "invalid_vote",
-            {"round": rnd.round_id, "querier": rnd.querier, "mechanism": rnd.task.mechanism.name},
+            "guardian",
+            dispute_log.DISPUTE,
+            {
+                "round": rnd.round_id,
+                "querier": rnd.querier,
+                "party": party,
+                "check": "vote_validity",
+                "mechanism": rnd.task.mechanism.name,
+            },
         )
         log.warning("round %d: %s %s", rnd.round_id, party, why)
 

@@ -349,7 +349,7 @@ def test_a_malformed_vote_check_is_refused_without_using_up_the_check(
     # Nothing was decided meanwhile: the round holds its reservations, nobody is flagged.
     assert ledger.round_state(rid) == RoundState.RESERVED
     assert {p: ledger.budget(p).spent for p in ("a", "b")} == held
-    assert not [e for e in ledger.audit_entries(50) if e.action == "invalid_vote"]
+    assert not [e for e in ledger.audit_entries(50) if e.action == "dispute"]
     assert not rnd.invalid
 
     check = engine.check_votes("alice", SID_A, honest)
@@ -424,8 +424,10 @@ def test_verifier_values_outside_the_field_fail_the_vote_below_quorum(
         engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], wire, combined))
     assert ledger.round_state(rid) == RoundState.ABORTED
     assert ledger.budget("a").spent == 0.0 and ledger.budget("b").spent == 0.0
-    flagged = [e for e in ledger.audit_entries(50) if e.action == "invalid_vote"]
-    assert [(e.actor, e.detail["round"]) for e in flagged] == [("b", rid)]
+    flagged = [e for e in ledger.audit_entries(50) if e.action == "dispute"]
+    assert [(e.detail["querier"], e.detail["party"], e.detail["round"]) for e in flagged] == [
+        ("alice", "b", rid)
+    ]
     with pytest.raises(RoundRefusedError, match="not open for this student session"):
         engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], mine.wire, mine.combined))
 

@@ -485,16 +485,34 @@ class ListAuditRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ListAuditReply(_message.Message):
-    __slots__ = ("entries", "chain_valid", "head", "audit_public_key")
+    __slots__ = ("entries", "chain_valid", "head", "audit_public_key", "disputes")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VALID_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     AUDIT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    DISPUTES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
     chain_valid: bool
     head: AuditHead
     audit_public_key: str
-    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., chain_valid: _Optional[bool] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ..., audit_public_key: _Optional[str] = ...) -> None: ...
+    disputes: _containers.RepeatedCompositeFieldContainer[VoteDispute]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., chain_valid: _Optional[bool] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ..., audit_public_key: _Optional[str] = ..., disputes: _Optional[_Iterable[_Union[VoteDispute, _Mapping]]] = ...) -> None: ...
+
+class VoteDispute(_message.Message):
+    __slots__ = ("querier", "party", "failures", "party_queriers", "querier_parties", "points_to")
+    QUERIER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PARTY_QUERIERS_FIELD_NUMBER: _ClassVar[int]
+    QUERIER_PARTIES_FIELD_NUMBER: _ClassVar[int]
+    POINTS_TO_FIELD_NUMBER: _ClassVar[int]
+    querier: str
+    party: str
+    failures: int
+    party_queriers: int
+    querier_parties: int
+    points_to: str
+    def __init__(self, querier: _Optional[str] = ..., party: _Optional[str] = ..., failures: _Optional[int] = ..., party_queriers: _Optional[int] = ..., querier_parties: _Optional[int] = ..., points_to: _Optional[str] = ...) -> None: ...
 
 class BudgetHistoryRequest(_message.Message):
     __slots__ = ("header", "party", "max_points")
