@@ -216,7 +216,7 @@ class RoundCancelled(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude", "hospital", "reveal_records")
+    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude", "hospital", "reveal_records", "retry")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_KEY_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -225,6 +225,7 @@ class OpenRoundRequest(_message.Message):
     EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     HOSPITAL_FIELD_NUMBER: _ClassVar[int]
     REVEAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     round_key: str
     queries: _common_pb2.QueryBatch
@@ -233,7 +234,18 @@ class OpenRoundRequest(_message.Message):
     exclude: _containers.RepeatedScalarFieldContainer[str]
     hospital: str
     reveal_records: bool
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ..., hospital: _Optional[str] = ..., reveal_records: _Optional[bool] = ...) -> None: ...
+    retry: RetryWithout
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ..., hospital: _Optional[str] = ..., reveal_records: _Optional[bool] = ..., retry: _Optional[_Union[RetryWithout, _Mapping]] = ...) -> None: ...
+
+class RetryWithout(_message.Message):
+    __slots__ = ("round_id", "party", "reason")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    party: str
+    reason: str
+    def __init__(self, round_id: _Optional[int] = ..., party: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SealedSeed(_message.Message):
     __slots__ = ("party", "sealed")
