@@ -26,8 +26,8 @@ from typing import Literal
 DISPUTE = "dispute"
 #: Entries written before disputes (the party as actor, the querier in the detail).
 LEGACY_INVALID_VOTE = "invalid_vote"
-#: What failed: the party's vote validity proof, or its sealed seed on the student's side.
-Check = Literal["vote_validity", "sealed_seed"]
+#: A dispute's ``check`` detail is "vote_validity" (the party's vote validity proof) or
+#: "sealed_seed" (its sealed seed, which the student said did not open).
 PointsTo = Literal["party", "querier", "undetermined"]
 
 
