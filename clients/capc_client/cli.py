@@ -259,6 +259,15 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> int:
         + ("" if e.note is None else f"  note (untrusted): {e.note!r}")
         for e in page.entries
     ]
+    if page.disputes:
+        # Either side of a pair can fail its check: the pattern, not one entry, points.
+        lines.append("disputes (failed checks per querier and party; either side can cause one):")
+        lines += [
+            f"  {d.querier:20} {d.party:20} {d.failures:5} failed  party fails with "
+            f"{d.party_queriers} querier(s), querier with {d.querier_parties} party(ies)  "
+            f"points to: {d.points_to}"
+            for d in page.disputes
+        ]
     _print(args, page, lines)
     return 0 if page.chain_valid else 1
 

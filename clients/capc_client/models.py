@@ -229,10 +229,24 @@ class PrivacyAudit(_Model):
     refuted: bool
 
 
+class Dispute(_Model):
+    """Failed checks between one querier and one party; ``points_to`` is where the
+    pattern over all pairs points: "party", "querier" or "undetermined"."""
+
+    querier: str
+    party: str
+    failures: int
+    party_queriers: int
+    querier_parties: int
+    points_to: str
+
+
 class AuditPage(_Model):
     entries: list[AuditEntry]
     chain_valid: bool
     head: AuditHead | None = None
     audit_public_key: str = ""
+    #: Failed checks per (querier, party) pair over the whole log (not only this page).
+    disputes: list[Dispute] = []
     limit: int
     offset: int

@@ -862,6 +862,7 @@ def create_app(
             chain_valid=reply.chain_valid,
             head=schemas.AuditHeadOut(**fields(reply.head)),
             audit_public_key=reply.audit_public_key,
+            disputes=[schemas.DisputeOut(**fields(d)) for d in reply.disputes],
             limit=limit,
             offset=offset,
         )

@@ -374,6 +374,20 @@ class AuditHeadOut(BaseModel):
     signature: str
 
 
+class DisputeOut(BaseModel):
+    """Failed checks between one querier and one party (audit action ``dispute``)."""
+
+    querier: str
+    party: str
+    failures: int = Field(description="failed checks between the two")
+    party_queriers: int = Field(description="queriers this party has failed checks with")
+    querier_parties: int = Field(description="parties this querier has failed checks with")
+    points_to: Literal["party", "querier", "undetermined"] = Field(
+        description="which side the pattern over all pairs points to; one failed check, "
+        "or many within one pair, points nowhere: either side can cause it"
+    )
+
+
 class AuditPage(BaseModel):
     entries: list[AuditEntryOut]
     chain_valid: bool = Field(
@@ -381,6 +395,9 @@ class AuditPage(BaseModel):
     )
     head: AuditHeadOut
     audit_public_key: str = Field(description="the guardian's audit signing key (hex)")
+    disputes: list[DisputeOut] = Field(
+        description="failed checks per (querier, party) pair over the whole log"
+    )
     limit: int
     offset: int
 

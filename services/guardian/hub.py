@@ -285,6 +285,9 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             chain_valid=problem is None,
             head=budgets.head_to_proto(self.ledger.audit_head()),
             audit_public_key="" if key is None else key[0],
+            disputes=[
+                guardian_pb2.VoteDispute(**dataclasses.asdict(d)) for d in self.ledger.disputes()
+            ],
         )
 
     def BudgetHistory(

@@ -41,6 +41,7 @@ import queue
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,7 @@ from capc.privacy.randomness import SecureRandom
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
 from services.common.ledger import Ledger, QuorumError, RoundStateError
+from services.common.ledger import disputes as dispute_log
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
@@ -104,6 +106,8 @@ class DuplicateLinkError(RuntimeError):
 # A party sends a heartbeat every 10 s; a stream silent for this long is dead even
 # if its transport has not noticed yet (a host that lost power sends no FIN).
 SILENT_AFTER_S = 35.0
+#: Rounds remembered for a retry without a party (ids, queriers and seeded parties only).
+RECENT_ROUNDS = 4096
 
 
 def _always() -> bool:
@@ -220,6 +224,9 @@ class RoundEngine:
         # Per identity: streams held open, and rounds being opened (not yet in _rounds).
         self._streams: dict[str, int] = {}
         self._opening: dict[str, int] = {}
+        # Rounds whose sealed seeds went to their student, newest last (at most
+        # RECENT_ROUNDS): (querier, parties whose seeds it got, retried already).
+        self._recent: OrderedDict[int, tuple[str, frozenset[str], bool]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- per-identity limits ---------------------------------------------------
@@ -467,6 +474,8 @@ class RoundEngine:
                 "capc-session-id) before opening the round"
             )
         loop = loop_terms(self.ledger, querier, request, batch)
+        if request.HasField("retry"):
+            self._retry_without(querier, request)
         token = self._admit_round(querier)
         try:
             return self._begin_round(
@@ -475,6 +484,42 @@ class RoundEngine:
         finally:
             with self._lock:
                 self._admitted_round(querier, token)
+
+    def _retry_without(self, querier: str, request: guardian_pb2.OpenRoundRequest) -> None:
+        """The student retries a round of its own without a party whose sealed seed it
+        says it could not open: check the claim's shape, settle the old round if its
+        abort has not arrived yet, and audit a dispute (either side can cause a seed
+        that does not open: the party by sealing garbage, the student by saying so)."""
+        retry = request.retry
+        party, old = retry.party, int(retry.round_id)
+        if party not in request.exclude:
+            raise RequestError(
+                f"a retry without {party or 'no party'} must leave it out: name it in exclude"
+            )
+        with self._lock:
+            seen = self._recent.get(old)
+            if seen is None or seen[0] != querier or party not in seen[1]:
+                raise RequestError(
+                    f"round {old} is not a recent round of {querier} that sent it {party}'s "
+                    "sealed seed: a retry names the round it retries and the party it leaves out"
+                )
+            if seen[2]:
+                raise RequestError(f"round {old} was retried already; a round is retried once")
+            rnd = self._rounds.get(old)
+            if rnd is not None and rnd.released:
+                raise RequestError(
+                    f"round {old} was computed: its seeds opened, so it cannot be retried"
+                )
+            self._recent[old] = (seen[0], seen[1], True)
+        if rnd is not None:  # the student's abandonment may still be on its way
+            self.abandon_round(rnd, f"the student retries it without {party}")
+        self.ledger.record(
+            "guardian",
+            dispute_log.DISPUTE,
+            {"round": old, "querier": querier, "party": party, "check": "sealed_seed"},
+            note=retry.reason,
+        )
+        log.warning("round %d: %s retries it without %s: %s", old, querier, party, retry.reason)
 
     def _begin_round(
         self,
@@ -629,6 +674,14 @@ class RoundEngine:
             rnd.guardian_sum = total
             rnd.shares.clear()
             self._ready_queue(rnd.querier, rnd.session_id).put(rnd.round_id)
+        with self._lock:
+            self._recent[rnd.round_id] = (
+                rnd.querier,
+                frozenset(p for p in used if p in rnd.seeds),
+                False,
+            )
+            while len(self._recent) > RECENT_ROUNDS:
+                self._recent.popitem(last=False)
         return guardian_pb2.OpenRoundReply(
             round_id=rnd.round_id,
             included=list(used),
@@ -731,17 +784,25 @@ class RoundEngine:
         )
 
     def _exclude_vote(self, rnd: _Round, party: str) -> None:
-        """``party``'s vote failed its validity proof: leave it out and audit it."""
+        """``party``'s vote failed its validity check: leave it out and audit a dispute."""
         why = (
-            f"its vote validity proof failed: not a valid {rnd.task.mechanism.name} vote of "
-            f"{rnd.voters(party)} teachers; its vote was left out of round {rnd.round_id}"
+            f"its vote validity proof did not check with {rnd.querier}'s verifier message: not a valid "
+            f"{rnd.task.mechanism.name} vote of {rnd.voters(party)} teachers, or a wrong "
+            f"message from the student; its vote was left out of round {rnd.round_id}"
         )
         rnd.invalid[party] = why
-        # The actor is the party's authenticated identity: the vote came over its stream.
+        # Either side can fail the check (the student by changing its verifier message), so
+        # the guardian, which saw it fail, records a dispute naming both, not a culprit.
         self.ledger.record(
-            party,
-            "invalid_vote",
-            {"round": rnd.round_id, "querier": rnd.querier, "mechanism": rnd.task.mechanism.name},
+            "guardian",
+            dispute_log.DISPUTE,
+            {
+                "round": rnd.round_id,
+                "querier": rnd.querier,
+                "party": party,
+                "check": "vote_validity",
+                "mechanism": rnd.task.mechanism.name,
+            },
         )
         log.warning("round %d: %s %s", rnd.round_id, party, why)
 

@@ -10,6 +10,7 @@ party's 2PC over the Relay stream instead (:mod:`services.student.encrypted`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from capc.mpc import ring, validity
 from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import (
     PartyInputError,
+    UnopenableSeedError,
     open_seeds,
     proven_vote_sum,
     student_share_sum,
@@ -55,6 +57,10 @@ class RoundResult:
     mpc_s: float
     #: Parties whose vote failed its validity proof, with the guardian's reason: left out.
     invalid: dict[str, str] = field(default_factory=dict)
+    #: A party whose sealed seed did not open in ``retried``, the round abandoned for it
+    #: (0: none), with the reason; this round is the retry without it.
+    left_out: dict[str, str] = field(default_factory=dict)
+    retried: int = 0
 
 
 @dataclass
@@ -192,7 +198,10 @@ class StudentClient:
         overrides: Mapping[str, float] | None = None,
         shares: Callable[[int, list[str]], NDArray[np.uint64]] | None = None,
         reveal: bool = False,
+        retry: guardian_pb2.RetryWithout | None = None,
     ) -> RoundResult:
+        """One round; a round where one party's sealed seed does not open is abandoned
+        before its 2PC and retried once without that party (``retry``: the retry)."""
         # The circuit's noise and thresholds follow the overrides, as the guardian's do.
         task = self.task.overridden(dict(overrides) if overrides else None)
         session = self._ensure_session()
@@ -204,9 +213,10 @@ class StudentClient:
                 queries=batch_msg,
                 student_public_key=self.key.public_key().public_bytes_raw(),
                 mechanism=overrides_to_proto(overrides),
-                exclude=list(self.exclude),
+                exclude=[*self.exclude, *([retry.party] if retry is not None else [])],
                 hospital=self.hospital,
                 reveal_records=reveal,
+                retry=retry,
             ),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
@@ -232,7 +242,18 @@ class StudentClient:
             # Abandon the round before its 2PC: the guardian aborts it at once (nothing is
             # released or charged) and records why, naming the party, in its audit log.
             self._drop_session(f"the student abandons round {reply.round_id}: {err}")
-            raise
+            if retry is not None or shares is not None or not isinstance(err, UnopenableSeedError):
+                raise
+            # One party's seed should not stop every round until an operator excludes it by
+            # hand: retry once without it (the guardian audits a dispute with that party).
+            log.warning("round %d: retrying once without %s: %s", reply.round_id, err.party, err)
+            again = guardian_pb2.RetryWithout(
+                round_id=reply.round_id, party=err.party, reason=str(err)[:1000]
+            )
+            result = self._round(batch_msg, batch, overrides, reveal=reveal, retry=again)
+            return dataclasses.replace(
+                result, left_out={err.party: str(err)}, retried=reply.round_id
+            )
         # A party with m teachers adds up to m votes to a count; a guardian that names no
         # counts counts each party as one teacher.
         # ``shares`` (encrypted mode) gives every party's shares (B, P, K) for the circuit to

@@ -190,7 +190,8 @@ class JobRunner:
                     time.sleep(1.0 + attempt)
                 except PartyInputError as err:
                     # One party's bad input: the round was abandoned (the guardian aborted
-                    # it, charging nothing). Retrying would meet the same party again.
+                    # it, charging nothing); a bad seed was retried once without its party
+                    # already (StudentClient), so this is a second bad input or another kind.
                     log.warning("job %s: %s", job_id, err)
                     self.store.finish(job_id, f"party {err.party}: {err}")
                     return

@@ -68,9 +68,12 @@ def test_a_stuffed_ballot_is_left_out_named_and_not_paid_for_by_the_others(
         acct = ledger.accounting
         maximum = acct.spent(acct.cost(worst), ledger.delta).epsilon
         assert all(0 < charged[p] < 0.9 * maximum for p in honest), (charged, maximum)
-        # The guardian's audit log names the party, under its authenticated identity.
-        flagged = [e for e in ledger.audit_entries(200) if e.action == "invalid_vote"]
-        assert [e.actor for e in flagged] == [mallory_name]
+        # The guardian's audit log names a dispute between the student and the party: a
+        # failed check alone cannot tell which of the two deviated.
+        flagged = [e for e in ledger.audit_entries(200) if e.action == "dispute"]
+        assert [(e.detail["querier"], e.detail["party"]) for e in flagged] == [
+            ("student", mallory_name)
+        ]
         assert flagged[0].detail["round"] == result.round_id
         assert not [e for e in ledger.audit_entries(200) if e.action == "histogram_violation"]
         mallory.leave()

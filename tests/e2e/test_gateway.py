@@ -21,7 +21,9 @@ import pytest
 import torch
 from capc_client import Client
 
+from services.common import pki
 from services.common.ledger import Ledger
+from services.common.ledger.audit import load_key
 from services.gateway.tokens import TokenStore
 from services.local import LocalConsortium
 
@@ -146,6 +148,37 @@ def test_capcctl_budget_parties_ledger_audit(consortium: LocalConsortium, admin:
     assert page["limit"] == 3 and all(e["party"] == "hospital-1" for e in page["entries"])
     audit = capcctl(consortium, admin, "audit", "--json")
     assert audit.returncode == 0 and json.loads(audit.stdout)["chain_valid"] is True
+    assert json.loads(audit.stdout)["disputes"] == []
+
+
+def test_capcctl_audit_shows_disputes_per_pair(
+    consortium: LocalConsortium, admin: str, http: httpx.Client
+) -> None:
+    """Issue 41, item 2: the operator's view counts failed checks per (querier, party)
+    pair over the whole log and says where the pattern points. The entries are written
+    as the guardian writes them (signed with its key; tests/e2e/test_deviating_student.py
+    has the guardian write them itself) by two queriers against hospital-3."""
+    key = load_key(pki.audit_key_path(consortium.pki_dir, "guardian"))
+    guardian = Ledger(consortium.db, delta=None, migrate=False, signer=key)
+    for r, querier in enumerate(("querier-a", "querier-b", "querier-b"), start=10_000):
+        detail = {"round": r, "querier": querier, "party": "hospital-3", "check": "sealed_seed"}
+        guardian.record("guardian", "dispute", detail, note="its sealed seed did not open")
+    guardian.close()
+    audit = capcctl(consortium, admin, "audit", "--limit", "1", "--json")
+    assert audit.returncode == 0, audit.stderr
+    body = json.loads(audit.stdout)
+    assert body["chain_valid"] is True and len(body["entries"]) == 1
+    assert body["disputes"] == [
+        {"querier": "querier-a", "party": "hospital-3", "failures": 1,
+         "party_queriers": 2, "querier_parties": 1, "points_to": "party"},
+        {"querier": "querier-b", "party": "hospital-3", "failures": 2,
+         "party_queriers": 2, "querier_parties": 1, "points_to": "party"},
+    ]  # fmt: skip
+    text = capcctl(consortium, admin, "audit", "--limit", "1").stdout
+    assert "disputes (failed checks per querier and party" in text
+    assert re.search(r"querier-b\s+hospital-3\s+2 failed.*points to: party", text), text
+    rest = http.get(consortium.gateway_url + "/v1/admin/audit?limit=1", headers=auth(admin))
+    assert rest.json()["disputes"] == body["disputes"]
 
 
 def test_the_querier_side_cannot_change_a_cap(

@@ -134,23 +134,23 @@ def test_a_hospital_stops_at_its_own_cap_whatever_the_guardians_ledger_says(
             results.append(student.label_batch(consortium.queries[k * BATCH : (k + 1) * BATCH]))
     finally:
         student.close()
-    voted = ["hospital-0" in r.parties for r in results]
-    assert voted[0] and not voted[-1], voted
+    assert any("hospital-0" in r.parties for r in results), "it voted while it had room"
     # Its refusals are in the guardian's audit log under its identity; its words apart.
     # A round it sat out for lateness (a loaded machine) is not a refusal, so the rounds
     # are told apart by id, not by position.
     refused = [e for e in guardian.audit_entries(limit=500) if e.action == "party_refused_budget"]
     refused_rounds = {int(str(e.detail["round"])) for e in refused}
     assert refused_rounds, "it refused past its cap"
-    first_refusal = min(refused_rounds)
-    after = [r for r in results if r.round_id >= first_refusal]
-    assert refused_rounds <= {r.round_id for r in after}
-    assert results[-1].round_id in refused_rounds, "it refused the last round, not sat it out"
-    assert not any("hospital-0" in r.parties for r in after), "past its cap, it never votes"
+    assert not any("hospital-0" in r.parties for r in results if r.round_id in refused_rounds)
+    # A vote after a refusal is allowed (issue 41, item 7): the refused round's work can
+    # arrive before the previous round's settlement, whose worst case then still counts;
+    # once settled at its smaller actual charge, a later round may fit. The invariant is
+    # that its own spend never passes its own cap: both ledgers agree, within it.
     assert all(len(r.parties) >= 3 for r in results), "the other hospitals carried the rounds"
     assert_ledgers_agree(consortium)
     own = Ledger(consortium.party_ledger(0), delta=None, migrate=False)
     assert 0 < own.budget("hospital-0").spent <= CAPS[0]
+    assert guardian.budget("hospital-0").spent <= CAPS[0]
     assert all(e.actor == "hospital-0" and "past its cap" in (e.note or "") for e in refused)
 
 

@@ -32,6 +32,7 @@ from capc.mpc.votes import (
 from services.common import serde
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
+from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
 from services.guardian.rounds import (
     PartyLink,
@@ -349,7 +350,7 @@ def test_a_malformed_vote_check_is_refused_without_using_up_the_check(
     # Nothing was decided meanwhile: the round holds its reservations, nobody is flagged.
     assert ledger.round_state(rid) == RoundState.RESERVED
     assert {p: ledger.budget(p).spent for p in ("a", "b")} == held
-    assert not [e for e in ledger.audit_entries(50) if e.action == "invalid_vote"]
+    assert not [e for e in ledger.audit_entries(50) if e.action == "dispute"]
     assert not rnd.invalid
 
     check = engine.check_votes("alice", SID_A, honest)
@@ -424,8 +425,10 @@ def test_verifier_values_outside_the_field_fail_the_vote_below_quorum(
         engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], wire, combined))
     assert ledger.round_state(rid) == RoundState.ABORTED
     assert ledger.budget("a").spent == 0.0 and ledger.budget("b").spent == 0.0
-    flagged = [e for e in ledger.audit_entries(50) if e.action == "invalid_vote"]
-    assert [(e.actor, e.detail["round"]) for e in flagged] == [("b", rid)]
+    flagged = [e for e in ledger.audit_entries(50) if e.action == "dispute"]
+    assert [(e.detail["querier"], e.detail["party"], e.detail["round"]) for e in flagged] == [
+        ("alice", "b", rid)
+    ]
     with pytest.raises(RoundRefusedError, match="not open for this student session"):
         engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], mine.wire, mine.combined))
 
@@ -471,3 +474,54 @@ def test_an_out_of_field_vote_is_left_out_and_charged_nothing_after_the_2pc(
     assert ledger.budget("a").spent > 0
     assert ledger.budget("b").spent == 0.0
     assert {e.party for e in ledger.entries(round_id=rid) if e.epsilon_alone > 0} == {"a"}
+
+
+def test_a_retry_without_a_party_is_checked_audited_and_taken_once(engine: RoundEngine) -> None:
+    """Issue 41, item 5: a student retries a round without a party whose seed it says did
+    not open. A retry that keeps the party in, names another querier's round, or a party
+    the round never sent it a seed of, is refused before anything is reserved; a valid
+    one settles the old round (aborted: nothing was released) and audits a dispute with
+    the student's words as an untrusted note; a round is retried once."""
+    ledger = engine.ledger
+    key = X25519PrivateKey.generate()
+    reply = proven_round(engine, key, "k-old", ("a", "b"))
+    old = reply.round_id
+
+    def retry(
+        round_key: str, party: str, exclude: list[str], round_id: int = old
+    ) -> guardian_pb2.OpenRoundRequest:
+        req = plain_request(round_key, key.public_key().public_bytes_raw())
+        req.exclude.extend(exclude)
+        req.retry.CopyFrom(
+            guardian_pb2.RetryWithout(round_id=round_id, party=party, reason="b's seed: bad tag")
+        )
+        return req
+
+    refused = [
+        ("alice", retry("k1", "b", []), "must leave it out"),
+        ("bob", retry("k2", "b", ["b"]), "not a recent round of bob"),
+        ("alice", retry("k3", "x", ["x"]), "sealed seed"),
+        ("alice", retry("k4", "b", ["b"], round_id=old + 100), "not a recent round"),
+    ]
+    for querier, req, why in refused:
+        with pytest.raises(RequestError, match=why):
+            engine.begin_round(querier, req, SID_A)
+    assert ledger.last_round() == old, "nothing was reserved for a refused retry"
+    assert ledger.round_state(old) == RoundState.RESERVED
+    assert not [e for e in ledger.audit_entries(50) if e.action == "dispute"]
+
+    rnd = engine.begin_round("alice", retry("k5", "b", ["b"]), SID_A)
+    assert rnd.included == ("a",)
+    assert ledger.round_state(old) == RoundState.ABORTED
+    assert ledger.budget("b").spent == 0.0
+    disputes = [e for e in ledger.audit_entries(50) if e.action == "dispute"]
+    assert [(e.actor, e.detail, e.note) for e in disputes] == [
+        (
+            "guardian",
+            {"round": old, "querier": "alice", "party": "b", "check": "sealed_seed"},
+            "b's seed: bad tag",
+        )
+    ]
+    with pytest.raises(RequestError, match="retried already"):
+        engine.begin_round("alice", retry("k6", "b", ["b"]), SID_A)
+    engine.abandon_round(rnd, "test over")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -518,3 +519,146 @@ def test_streams_that_never_register_are_held_to_the_identitys_limit(
             time.sleep(0.1)
     stream.cancel()
     out.put(None)
+
+
+def _cap_between(pair: Pair, low: np.ndarray, high: np.ndarray) -> float:
+    """An own cap that the loss ``low`` fits and ``high`` does not (epsilon at the
+    ledger's delta, midway between theirs)."""
+    acct, delta = pair.own.ledger.accounting, pair.own.ledger.delta
+    lo, hi = acct.spent(low, delta).epsilon, acct.spent(high, delta).epsilon
+    assert lo < hi, (lo, hi)
+    return (lo + hi) / 2
+
+
+Work = tuple[guardian_pb2.RoundWork, common_pb2.Header, int]
+
+
+def _race(
+    pair: Pair, works: list[Work], settlements: list[guardian_pb2.RoundSettled]
+) -> tuple[list[int], list[int]]:
+    """Admit every round, one thread each, while one more thread applies the settlements
+    in order (as the party's stream reader does), all released together by a barrier:
+    (admitted round ids, round ids refused on the party's own cap). Any other refusal,
+    or a settlement with nothing to do, fails the test."""
+    start = threading.Barrier(len(works) + 1)
+    admitted: list[int] = []
+    refused: list[int] = []
+    errors: list[BaseException | str] = []
+    lock = threading.Lock()
+
+    def admit(work: guardian_pb2.RoundWork, header: common_pb2.Header, rid: int) -> None:
+        start.wait()
+        try:
+            pair.own.admit(work, header)
+        except VoteRefusedError as err:
+            with lock:
+                (refused.append(rid) if err.budget else errors.append(err))
+            return
+        with lock:
+            admitted.append(rid)
+
+    def settle() -> None:
+        start.wait()
+        for msg in settlements:
+            if not pair.own.settle(msg):
+                with lock:
+                    errors.append(f"round {msg.round_id} was not settled")
+
+    threads = [threading.Thread(target=admit, args=w) for w in works]
+    threads.append(threading.Thread(target=settle))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    return sorted(admitted), sorted(refused)
+
+
+def test_a_refused_round_is_followed_by_a_vote_once_a_reservation_settles(tmp_path: Path) -> None:
+    """Issue 41, item 7: a hospital that refused a round voted in a later one. That is
+    right: a round's work can reach the party before the settlement of the round
+    before it (the guardian commits after the student has its labels), so the
+    earlier round still holds its worst case and the party refuses; once the
+    settlement replaces that reservation with the actual, smaller charge, the next
+    round fits. What must hold is that its own spend never passes its cap."""
+    pair = Pair(tmp_path)
+    mech = from_config(TASKS["single"]["mechanism"], 10)
+    acct = pair.own.ledger.accounting
+    worst = acct.cost(mech.worst_case(8))
+    # Nothing answered: the actual charge is the threshold tests' alone, below the worst case.
+    actual = acct.cost(mech.event(np.zeros(8, dtype=bool), 1.0))
+    assert actual[0] < worst[0]
+    cap = _cap_between(pair, actual + worst, 2 * worst)
+    pair.own = OwnBudget(NAME, pair.own.ledger, cap)
+    pair.welcome()
+    first, h1, r1 = pair.work("single", 8)
+    pair.own.admit(first, h1)
+    second, h2, r2 = pair.work("single", 8)
+    with pytest.raises(VoteRefusedError, match="past its cap") as refusal:
+        pair.own.admit(second, h2)  # the first round's worst case is still held
+    assert refusal.value.budget
+    assert pair.own.settle(pair.commit("single", r1, np.zeros(8, dtype=bool), 1.0, None))
+    third, h3, r3 = pair.work("single", 8)
+    pair.own.admit(third, h3)  # the late vote: it fits again
+    assert pair.own.open_rounds() == [r3] and r2 not in pair.own.open_rounds()
+    np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), actual + worst, rtol=1e-12)
+    assert pair.own.ledger.budget(NAME).spent <= cap
+    # And no further worst case fits now.
+    fourth, h4, _ = pair.work("single", 8)
+    with pytest.raises(VoteRefusedError, match="past its cap"):
+        pair.own.admit(fourth, h4)
+
+
+def test_its_own_spend_never_passes_its_cap_under_concurrent_rounds(tmp_path: Path) -> None:
+    """Issue 41, item 7, under load without timing: rounds admitted by threads released
+    together by a barrier, then settlements racing further admissions. Exactly as many
+    worst cases as fit are admitted, the rest are refused on the party's own cap, and
+    after every phase its spend (charges and open reservations) is within its cap,
+    whatever the interleaving."""
+    pair = Pair(tmp_path)
+    mech = from_config(TASKS["single"]["mechanism"], 10)
+    acct, delta = pair.own.ledger.accounting, pair.own.ledger.delta
+    worst = acct.cost(mech.worst_case(8))
+    actual = acct.cost(mech.event(np.zeros(8, dtype=bool), 1.0))
+    fit = 3
+    cap = _cap_between(pair, fit * worst, (fit + 1) * worst)
+    pair.own = OwnBudget(NAME, pair.own.ledger, cap)
+    pair.welcome()
+
+    def within_cap() -> None:
+        spent = pair.own.ledger.budget(NAME).spent
+        assert 0 < spent <= cap, (spent, cap)
+        assert acct.fits(pair.own.ledger.spent_loss(NAME), cap, delta)
+
+    # Phase 1: eight rounds at once; three worst cases fit, five are refused on the cap.
+    admitted, refused = _race(pair, [pair.work("single", 8) for _ in range(8)], [])
+    assert len(admitted) == fit and len(refused) == 8 - fit, (admitted, refused)
+    assert pair.own.open_rounds() == admitted
+    within_cap()
+
+    # Phase 2: the admitted rounds' settlements (nothing answered) race eight more rounds.
+    settlements = [pair.commit("single", r, np.zeros(8, dtype=bool), 1.0, None) for r in admitted]
+    later, refused_later = _race(pair, [pair.work("single", 8) for _ in range(8)], settlements)
+    assert len(later) + len(refused_later) == 8
+    within_cap()
+    # Whatever the interleaving: the settled charges plus the worst cases of the rounds
+    # admitted meanwhile, no more of them than fit once every settlement is in.
+    expected = fit * actual + len(later) * worst
+    np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), expected, rtol=1e-9)
+    assert pair.own.open_rounds() == later
+    most = max(k for k in range(9) if acct.fits(fit * actual + k * worst, cap, delta))
+    assert len(later) <= most < 8, (later, most)
+
+    # Phase 3: the late rounds settle; a round afterwards is admitted exactly when it fits.
+    for rid in later:
+        assert pair.own.settle(pair.commit("single", rid, np.zeros(8, dtype=bool), 1.0, None))
+    spent = (fit + len(later)) * actual
+    last, header, rid = pair.work("single", 8)
+    if acct.fits(spent + worst, cap, delta):
+        pair.own.admit(last, header)
+        spent = spent + worst
+    else:
+        with pytest.raises(VoteRefusedError, match="past its cap"):
+            pair.own.admit(last, header)
+    np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), spent, rtol=1e-9)
+    within_cap()

@@ -323,5 +323,8 @@ def test_the_vote_check_excludes_an_invalid_vote_and_an_unprovable_party(tmp_pat
     rnd = engine._rounds[rid]
     assert rnd.guardian_sum is not None and rnd.used == ("a",)
     np.testing.assert_array_equal(rnd.guardian_sum + student, counts["a"])
-    flagged = [e for e in ledger.audit_entries(50) if e.action == "invalid_vote"]
-    assert [(e.actor, e.detail["round"]) for e in flagged] == [("mallory", rid)]
+    # A dispute between the student and mallory, recorded by the guardian that saw it fail.
+    flagged = [e for e in ledger.audit_entries(50) if e.action == "dispute"]
+    assert [
+        (e.actor, e.detail["round"], e.detail["querier"], e.detail["party"]) for e in flagged
+    ] == [("guardian", rid, "student", "mallory")]

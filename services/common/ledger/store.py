@@ -58,6 +58,7 @@ from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.events import DpEvent
 from services.common.db import iso_utc, make_engine, normalise_url
 from services.common.ledger import audit
+from services.common.ledger import disputes as dispute_log
 from services.common.ledger.audit import AuditHead, ChainProblem
 from services.common.ledger.models import (
     AllowanceRow,
@@ -603,6 +604,18 @@ class Ledger:
                 )
                 for r in rows
             ]
+
+    def disputes(self) -> list[dispute_log.Dispute]:
+        """Failed checks per (querier, party) pair over the whole audit log, with where
+        each pair's pattern points (:mod:`services.common.ledger.disputes`)."""
+        with Session(self.engine) as s:
+            rows = s.execute(
+                select(AuditRow.action, AuditRow.actor, AuditRow.detail).where(
+                    AuditRow.action.in_((dispute_log.DISPUTE, dispute_log.LEGACY_INVALID_VOTE))
+                )
+            )
+            pairs = [dispute_log.dispute_pair(a, who, dict(d)) for a, who, d in rows]
+        return dispute_log.attribute(p for p in pairs if p is not None)
 
     def audit_rows(self, after: int = 0, limit: int = 1000) -> list[AuditRow]:
         """Raw entries with seq > ``after``, oldest first (for verification)."""

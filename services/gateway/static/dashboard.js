@@ -147,9 +147,9 @@ async function refresh() {
   refreshLoop();
   const status = document.getElementById("status");
   try {
-    const [history, parties, jobs, audits] = await Promise.all([
+    const [history, parties, jobs, audits, log] = await Promise.all([
       get("/v1/admin/budgets/history"), get("/v1/admin/parties"), get("/v1/jobs?limit=20"),
-      get("/v1/admin/privacy-audits?limit=100"),
+      get("/v1/admin/privacy-audits?limit=100"), get("/v1/admin/audit?limit=1"),
     ]);
     // Newest first: the first audit seen of a party is its latest.
     const latest = {};
@@ -167,6 +167,10 @@ async function refresh() {
     fill("audits", audits.audits.map(a => [
       a.party, a.claimed_epsilon.toFixed(4), interval(a), `${a.correct} / ${a.guesses} / ${a.canaries}`,
       verdict(a), a.attack, a.at.slice(0, 19),
+    ]));
+    // Per (querier, party) pair over the whole audit log; either side can fail a check.
+    fill("disputes", log.disputes.map(d => [
+      d.querier, d.party, d.failures, d.party_queriers, d.querier_parties, d.points_to,
     ]));
     const diverged = answerers.filter(p => p.own_ledger.state === "diverged").map(p => p.name);
     const alert = document.getElementById("divergence");

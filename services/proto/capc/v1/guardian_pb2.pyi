@@ -218,7 +218,7 @@ class RoundCancelled(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude", "hospital", "reveal_records")
+    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude", "hospital", "reveal_records", "retry")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_KEY_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +227,7 @@ class OpenRoundRequest(_message.Message):
     EXCLUDE_FIELD_NUMBER: _ClassVar[int]
     HOSPITAL_FIELD_NUMBER: _ClassVar[int]
     REVEAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     round_key: str
     queries: _common_pb2.QueryBatch
@@ -235,7 +236,18 @@ class OpenRoundRequest(_message.Message):
     exclude: _containers.RepeatedScalarFieldContainer[str]
     hospital: str
     reveal_records: bool
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ..., hospital: _Optional[str] = ..., reveal_records: _Optional[bool] = ...) -> None: ...
+    retry: RetryWithout
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ..., hospital: _Optional[str] = ..., reveal_records: _Optional[bool] = ..., retry: _Optional[_Union[RetryWithout, _Mapping]] = ...) -> None: ...
+
+class RetryWithout(_message.Message):
+    __slots__ = ("round_id", "party", "reason")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    party: str
+    reason: str
+    def __init__(self, round_id: _Optional[int] = ..., party: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SealedSeed(_message.Message):
     __slots__ = ("party", "sealed")
@@ -491,16 +503,34 @@ class ListAuditRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class ListAuditReply(_message.Message):
-    __slots__ = ("entries", "chain_valid", "head", "audit_public_key")
+    __slots__ = ("entries", "chain_valid", "head", "audit_public_key", "disputes")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     CHAIN_VALID_FIELD_NUMBER: _ClassVar[int]
     HEAD_FIELD_NUMBER: _ClassVar[int]
     AUDIT_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    DISPUTES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[AuditEntry]
     chain_valid: bool
     head: AuditHead
     audit_public_key: str
-    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., chain_valid: _Optional[bool] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ..., audit_public_key: _Optional[str] = ...) -> None: ...
+    disputes: _containers.RepeatedCompositeFieldContainer[VoteDispute]
+    def __init__(self, entries: _Optional[_Iterable[_Union[AuditEntry, _Mapping]]] = ..., chain_valid: _Optional[bool] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ..., audit_public_key: _Optional[str] = ..., disputes: _Optional[_Iterable[_Union[VoteDispute, _Mapping]]] = ...) -> None: ...
+
+class VoteDispute(_message.Message):
+    __slots__ = ("querier", "party", "failures", "party_queriers", "querier_parties", "points_to")
+    QUERIER_FIELD_NUMBER: _ClassVar[int]
+    PARTY_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    PARTY_QUERIERS_FIELD_NUMBER: _ClassVar[int]
+    QUERIER_PARTIES_FIELD_NUMBER: _ClassVar[int]
+    POINTS_TO_FIELD_NUMBER: _ClassVar[int]
+    querier: str
+    party: str
+    failures: int
+    party_queriers: int
+    querier_parties: int
+    points_to: str
+    def __init__(self, querier: _Optional[str] = ..., party: _Optional[str] = ..., failures: _Optional[int] = ..., party_queriers: _Optional[int] = ..., querier_parties: _Optional[int] = ..., points_to: _Optional[str] = ...) -> None: ...
 
 class BudgetHistoryRequest(_message.Message):
     __slots__ = ("header", "party", "max_points")
