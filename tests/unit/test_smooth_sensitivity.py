@@ -290,7 +290,7 @@ def test_support_attack_reads_the_float_release_and_not_the_exact_one() -> None:
     # The old release: R + a float Gaussian draw, released as the float sum.
     old = np.where(truth, r1, r2) + rng.normal(n, scale)
     made, says_first = canaries.guess_offset(old, r1, r2)
-    assert made.sum() > n // 20 and np.array_equal(says_first[made], truth[made])
+    assert made.sum() > n // 5 and np.array_equal(says_first[made], truth[made])
     new = np.array([ss.released_rdp(r1 if t else r2, scale, rng) for t in truth])
     assert np.array_equal(new / float(ss.RELEASE_GRID), np.rint(new / float(ss.RELEASE_GRID)))
     made, says_first = canaries.guess_offset(new, r1, r2)
