@@ -63,6 +63,46 @@ def test_laplace_noisy_max_shapes() -> None:
     assert m.laplace_noisy_max(np.array([[3.0, 0.0]] * 7), 1.0, rng()).shape == (7,)
 
 
+def lnmax_first_wins(gap: int, t: int) -> float:
+    """P[k0 + Z0 >= k1 + Z1] = P[Z1 - Z0 <= gap] for exact discrete Laplace Z of scale t,
+    k0 - k1 = ``gap`` grid points (ties go to class 0), by convolving the two laws."""
+    support = np.arange(-40 * t, 40 * t + 1)
+    q = np.exp(-1.0 / t)
+    pmf = (1 - q) / (1 + q) * q ** np.abs(support)
+    diff = np.convolve(pmf, pmf[::-1])  # Z1 - Z0 on -80t .. 80t
+    return float(diff[: 80 * t + gap + 1].sum())
+
+
+@pytest.mark.parametrize(("counts", "scale"), [((0.25, 0.0), 0.25), ((0.3, 1.0), 0.5)])
+def test_laplace_noisy_max_has_the_exact_grid_law(
+    counts: tuple[float, float], scale: float
+) -> None:
+    s = m.LAPLACE_RESOLUTION
+    t = int(np.ceil(scale * s))
+    gap = int(np.floor(counts[0] * s) - np.floor(counts[1] * s))
+    n = 40_000
+    labels = m.laplace_noisy_max(np.array([counts] * n), scale, rng(f"lnmax{scale}"))
+    wins = int((labels == 0).sum())
+    p = lnmax_first_wins(gap, t)
+    assert abs(wins - n * p) < 4 * np.sqrt(n * p * (1 - p))
+    # Teeth: the law at twice the scale is far outside those counts.
+    q = lnmax_first_wins(gap, 2 * t)
+    assert abs(wins - n * q) > 10 * np.sqrt(n * q * (1 - q))
+
+
+def test_laplace_noisy_max_is_pure_dp_at_two_over_its_scale() -> None:
+    # Neighbours: one vote moves from class 0 to class 1. The exact law's ratio, both ways.
+    s, scale = m.LAPLACE_RESOLUTION, 0.5
+    t = int(np.ceil(scale * s))
+    for before in range(-3, 4):
+        a, b = lnmax_first_wins(before * s, t), lnmax_first_wins((before - 2) * s, t)
+        bound = np.exp(2 * s / t) * (1 + 1e-9)
+        assert a <= bound * b and (1 - b) <= bound * (1 - a)
+    # Teeth: the ratio is near the bound, so a charge of half of it would be wrong.
+    a, b = lnmax_first_wins(-s, t), lnmax_first_wins(-3 * s, t)
+    assert a > np.exp(s / t) * b
+
+
 @pytest.mark.parametrize(
     ("hist", "message"),
     [

@@ -25,6 +25,7 @@ from capc.privacy.mechanisms.personalized import (
     weights_for_caps,
 )
 from capc.privacy.mechanisms.single_label import (
+    LAPLACE_RESOLUTION,
     NOT_ANSWERED,
     ConfidentResult,
     confident_decide,
@@ -37,6 +38,7 @@ from capc.privacy.mechanisms.single_label import (
 )
 
 __all__ = [
+    "LAPLACE_RESOLUTION",
     "MAX_POWERSET_LABELS",
     "NOT_ANSWERED",
     "Confidence",

@@ -6,28 +6,34 @@ weighted) number of teachers voting class j on query b. Every mechanism has a
 must reproduce bit for bit) and a sampling form that draws the noise from a
 :class:`~capc.privacy.randomness.SecureRandom`. Ties go to the lowest class index.
 
-Floating point. Only the argmax (and the threshold bit) is released, never
-a noisy count, so a float sampler's sparse support (Mironov 2012) has no
-released value to read. The float samplers are still not exact: Box-Muller
-confines a Gaussian to about 8.7 standard deviations and the float Laplace
-to about 37.4 scales (53-bit uniforms), so a histogram whose gap exceeds
-twice that answers deterministically, and every event's probability is off
-by the uniforms' 2^-53 grid. We estimate (not proven) that the guarantee
-holds with an extra delta of order 1e-15 per query, not exactly as stated. ``discrete=True``
-draws the exact integer discrete Gaussian (integer counts; Canonne, Kamath
-and Steinke 2020), whose guarantee is exact.
+Exact noise. Gaussian noise is the exact continuous N(0, sigma**2) rounded to
+multiples of 2^-24 (:mod:`capc.privacy.rounded_gaussian`, Karney's exact
+sampler): h + round(eta) = round(h + eta) for counts on that grid (integer
+counts; the services' fixed-point shares, at most 24 fractional bits), so
+every answer is a post-processing of the continuous Gaussian mechanism and
+keeps its Renyi-DP and Gaussian-DP guarantees exactly. Counts off the grid
+(arbitrary float weights) are not covered exactly: weight votes on a grid
+(rounded down, as :meth:`capc.mechanisms.base.Mechanism.encode_votes` does).
+``discrete=True`` draws the integer discrete Gaussian instead (Canonne, Kamath
+and Steinke 2020): the same Renyi DP on integer counts, not the same
+Gaussian-DP curve. LNMax adds exact discrete Laplace noise on a grid of
+1/``LAPLACE_RESOLUTION`` (:func:`laplace_noisy_max`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capc.privacy import discrete_gaussian
+from capc.privacy import discrete_gaussian, exact_noise, rounded_gaussian
 from capc.privacy import validation as check
 from capc.privacy.randomness import SecureRandom
+
+#: Grid points per vote on which LNMax adds its discrete Laplace noise.
+LAPLACE_RESOLUTION = 256
 
 #: Label value for a query the mechanism declined to answer.
 NOT_ANSWERED = -1
@@ -77,13 +83,12 @@ def vote_histogram(labels: ArrayLike, num_classes: int) -> FloatArray:
 def gaussian_noise(
     shape: tuple[int, ...], sigma: float, rng: SecureRandom, discrete: bool = False
 ) -> FloatArray:
-    """Noise N(0, sigma**2) per entry; ``discrete`` draws the exact integer version. The float
-    version is for argmax-only releases (module docstring): never add it to a released
-    number."""
+    """Noise N(0, sigma**2) per entry (votes), exactly, rounded to multiples of 2^-24
+    (module docstring); ``discrete`` draws the integer discrete Gaussian instead."""
     sd = check.positive(sigma, "sigma")
     if discrete:
         return discrete_gaussian.noise(shape, sd, rng).astype(np.float64)
-    return rng.normal(shape, sd)
+    return rounded_gaussian.noise(shape, sd, rng)
 
 
 def _noise_like(hist: FloatArray, noise: ArrayLike, name: str) -> FloatArray:
@@ -143,11 +148,22 @@ def confident_gnmax(
 
 
 def laplace_noisy_max(histograms: ArrayLike, scale: float, rng: SecureRandom) -> IntArray:
-    """LNMax (Papernot et al. 2017): argmax of the histogram plus Laplace(scale) noise.
+    """LNMax (Papernot et al. 2017): argmax of the counts plus Laplace noise of ``scale``
+    (votes), released exactly as pure (2 / scale)-DP.
 
-    Float Laplace: only the argmax is released, but the float sampler's bounded support
-    (module docstring) means the pure 2/scale-DP charged holds only up to a small delta
-    (estimated of order 1e-15 per query); a library function, no service runs it."""
+    The counts go on a grid of s = ``LAPLACE_RESOLUTION`` points per vote, rounded down
+    (k = floor(s h)), and get independent exact discrete Laplace noise of integer scale
+    t = ceil(s * scale) grid points (:mod:`capc.privacy.exact_noise`). A vote of weight
+    at most 1 moves two counts by at most s points each, so the noisy vector k + Z is
+    already (2 s / t)-DP, and (2 s / t) <= 2 / scale; the argmax is post-processing (ties
+    to the lowest class). A float Laplace sampler has no such guarantee: its outputs are
+    bounded (about 37.4 scales) and sparse."""
     h = check.histograms(histograms)
     b = check.positive(scale, "scale")
-    return noisy_argmax(h, rng.laplace(h.shape, b))
+    s = LAPLACE_RESOLUTION
+    k = np.floor(h * s)
+    t = math.ceil(b * s)
+    if np.abs(k).max(initial=0) + 64 * t > 2**62:
+        raise ValueError(f"counts up to {np.abs(h).max()} at scale {b} overflow the integer grid")
+    z = exact_noise.discrete_laplace(t, h.shape, rng)
+    return np.asarray(np.argmax(k.astype(np.int64) + z, axis=1), dtype=np.int64)
