@@ -59,6 +59,7 @@ from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
 from services.common.ledger import Ledger, QuorumError, RoundStateError
 from services.common.ledger import disputes as dispute_log
+from services.common.ledger.models import RoundState
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
@@ -513,6 +514,15 @@ class RoundEngine:
             self._recent[old] = (seen[0], seen[1], True)
         if rnd is not None:  # the student's abandonment may still be on its way
             self.abandon_round(rnd, f"the student retries it without {party}")
+        # A computed round has left ``_rounds`` (and a release may race the abandonment
+        # above): the ledger says whether its output left. Only a round aborted before
+        # its 2PC released nothing, so only that one may be answered again.
+        state = self.ledger.round_state(old)
+        if state != RoundState.ABORTED:
+            raise RequestError(
+                f"round {old} was computed or is still open ({state}): its seeds opened, "
+                "so it cannot be retried; open a new round"
+            )
         self.ledger.record(
             "guardian",
             dispute_log.DISPUTE,
