@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from starlette.types import Message
 
 from services.common.limits import HEALTH_CACHE_SECONDS
 from services.gateway.app import create_app
-from services.gateway.backends import Backends
+from services.gateway.backends import Backends, HealthCache
 from services.gateway.ratelimit import MemoryBudget
 from services.gateway.tokens import TokenStore
 
@@ -262,3 +264,58 @@ def test_healthz_is_held_to_a_rate_per_client_address(
         assert busy.get("/healthz").status_code == 200
         assert busy.get("/healthz").status_code == 429
     assert backends.health_reads == 2  # refused requests read nothing
+
+
+class HealthStalled(HealthCounting):
+    """Backends whose health reading, once ``stall`` is set, waits for ``go`` (a backend
+    that does not answer its health check until the test lets it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stall = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def health(self) -> dict[str, str]:
+        if self.stall:
+            self.entered.set()
+            self.go.wait()
+        return super().health()
+
+
+def test_a_slow_health_reading_holds_up_no_other_probe(store: TokenStore) -> None:
+    """While one /healthz refreshes a stale reading from a backend that does not answer,
+    every other probe is answered at once from the stale reading with its age, and reads
+    no backend: a burst of open probes cannot park the gateway's worker threads. (Before,
+    each waited on the refresh's lock for up to two 3 s health checks.)"""
+    backends = HealthStalled()
+    clock = Clock()
+    cache = HealthCache(backends, ttl=5.0, clock=clock)
+    try:
+        assert cache.read() == ({"student": "SERVING", "guardian": "SERVING"}, 0.0)
+        clock.now += 7.0
+        backends.stall, backends.guardian = True, "UNREACHABLE"
+        refresher = threading.Thread(target=cache.read, daemon=True)
+        refresher.start()
+        assert backends.entered.wait(timeout=60), "the refresh never read the backends"
+        answered: list[tuple[dict[str, str], float]] = []
+        probes = [
+            threading.Thread(target=lambda: answered.append(cache.read()), daemon=True)
+            for _ in range(8)
+        ]
+        for t in probes:
+            t.start()
+        # A deadlock guard only (answered at once, or never): one deadline for all.
+        deadline = time.monotonic() + 30
+        for t in probes:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = sum(t.is_alive() for t in probes)
+        backends.go.set()
+        refresher.join(timeout=60)
+        assert stuck == 0, f"{stuck} probes waited for the slow backend"
+        assert answered == [({"student": "SERVING", "guardian": "SERVING"}, 7.0)] * 8
+        assert backends.health_reads == 2  # the first reading and the one refresh
+        assert cache.read() == ({"student": "SERVING", "guardian": "UNREACHABLE"}, 0.0)
+    finally:
+        backends.go.set()
+        backends.close()
