@@ -142,25 +142,26 @@ def test_concurrent_uploads_share_one_memory_budget(
     token = store.create("analyst", "uploader")[0]
 
     async def scenario() -> None:
-        # A declares 1,000 bytes and stalls before its last chunk, holding them.
-        a = Request([PART, b"-" * (1000 - len(PART))], token, stall=True)
+        # A declares 1,000 bytes, sends 900 and stalls before its last chunk, holding them.
+        a = Request([PART + b"-" * (900 - len(PART)), b"-" * 100], token, stall=True)
         held = asyncio.create_task(a.run(app))
         await asyncio.wait_for(a.stalled.wait(), 60)
-        assert budget.held == 1000
-        # Each of B and C fits the per-request limit; B does not fit beside A.
-        b = await Request([b"-" * 600], token).run(app)
+        assert budget.held == 900
+        # Each of B and C fits the per-request limit; B's declared 700 do not fit beside
+        # A's 900 and are refused before a byte is read.
+        b = await Request([b"-" * 700], token).run(app)
         assert b.status == 503, b.body
         assert b.headers[b"retry-after"] == b"5"
         assert "at most 1500 bytes at once" in b.detail and "--max-uploads-mb" in b.detail
-        assert "holds 1000 bytes" in b.detail and "Retry in 5 s" in b.detail
+        assert "holds 900 bytes" in b.detail and "Retry in 5 s" in b.detail
         c = await Request([b"-" * 400], token).run(app)
         assert c.status != 503, c.body  # admitted (then refused as a malformed form)
-        assert budget.held == 1000  # C gave back what it held
+        assert budget.held == 900  # C gave back what it held
         # Without a Content-Length the body is counted chunk by chunk as it arrives.
-        chunks = [PART + b"-" * (300 - len(PART)), b"-" * 300]
+        chunks = [PART + b"-" * (350 - len(PART)), b"-" * 350]
         d = await Request(chunks, token, declare_length=False).run(app)
-        assert d.status == 503 and "needs 300 more" in d.detail, d.body
-        assert budget.held == 1000
+        assert d.status == 503 and "needs 350 more" in d.detail, d.body
+        assert budget.held == 900
         a.go.set()
         await held
         assert a.status != 503 and budget.held == 0
@@ -319,3 +320,40 @@ def test_a_slow_health_reading_holds_up_no_other_probe(store: TokenStore) -> Non
     finally:
         backends.go.set()
         backends.close()
+
+
+def test_a_declared_length_that_never_arrives_holds_no_budget(
+    backends: HealthCounting, store: TokenStore
+) -> None:
+    """Connections that declare the largest Content-Length and send nothing (no token
+    needed: the budget is taken before routing) would, if the declared length were
+    reserved on arrival, shut every body out of the gateway for as long as they stay
+    open. Only bytes that arrived are held; a declared length that does not fit the
+    room left now is still refused early, without reserving anything."""
+    app = create_app(backends, store, max_upload_bytes=1000, uploads_in_flight_bytes=1500)
+    budget: MemoryBudget = app.state.uploads
+    token = store.create("analyst", "uploader")[0]
+
+    async def scenario() -> None:
+        idle = [Request([b"-" * 1000], "none", stall=True) for _ in range(3)]
+        tasks = []
+        for r in idle:
+            tasks.append(asyncio.create_task(r.run(app)))
+            await asyncio.wait_for(r.stalled.wait(), 60)
+            assert budget.held == 0, "a declared length that never arrived holds the budget"
+        honest = await Request([PART, b"-" * (600 - len(PART))], token).run(app)
+        assert honest.status != 503, honest.body  # admitted (then refused as a bad form)
+        # Real bytes are held: 900 arrived, so 700 more declared do not fit, refused early.
+        full = Request([PART + b"-" * (900 - len(PART)), b"-" * 100], token, stall=True)
+        held = asyncio.create_task(full.run(app))
+        await asyncio.wait_for(full.stalled.wait(), 60)
+        assert budget.held == 900
+        early = await Request([b"-" * 700], token).run(app)
+        assert early.status == 503 and "needs 700 more" in early.detail, early.body
+        assert budget.held == 900
+        for r in [*idle, full]:
+            r.go.set()
+        await asyncio.gather(held, *tasks)
+        assert budget.held == 0
+
+    asyncio.run(scenario())
