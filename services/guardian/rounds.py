@@ -512,11 +512,18 @@ class RoundEngine:
                     f"round {old} was computed: its seeds opened, so it cannot be retried"
                 )
             self._recent[old] = (seen[0], seen[1], True)
+        why = f"the student retries it without {party}"
         if rnd is not None:  # the student's abandonment may still be on its way
-            self.abandon_round(rnd, f"the student retries it without {party}")
-        # A computed round has left ``_rounds`` (and a release may race the abandonment
-        # above): the ledger says whether its output left. Only a round aborted before
-        # its 2PC released nothing, so only that one may be answered again.
+            self.abandon_round(rnd, why)
+        else:
+            # Out of ``_rounds`` but maybe not settled yet (the student's session ending
+            # settles it a moment later): nobody can release it any more, so settle it here.
+            with contextlib.suppress(RoundStateError):
+                if self.ledger.round_state(old) == RoundState.RESERVED:
+                    self.ledger.abort(old, reason=why)
+        # A computed round has left ``_rounds`` too (and a release may race the
+        # abandonment above): the ledger says whether its output left. Only a round
+        # aborted before its 2PC released nothing, so only that one is answered again.
         state = self.ledger.round_state(old)
         if state != RoundState.ABORTED:
             raise RequestError(

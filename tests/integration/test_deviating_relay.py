@@ -571,3 +571,28 @@ def test_a_computed_round_cannot_be_retried_after_it_left_the_engine(
         engine.begin_round("alice", req, SID_A)
     assert ledger.last_round() == old, "nothing was reserved for the refused retry"
     assert not [e for e in ledger.audit_entries(50) if e.action == "dispute"]
+
+
+def test_a_retry_settles_a_round_the_ending_session_has_not_settled_yet(
+    engine: RoundEngine,
+) -> None:
+    """The student drops its session, then retries: the session's end takes the round out
+    of the open rounds a moment before it aborts it in the ledger. A retry arriving in
+    that window settles the round itself (nobody can release it any more) rather than
+    refusing it as computed, and the ending session's own abort then finds it settled."""
+    ledger = engine.ledger
+    key = X25519PrivateKey.generate()
+    reply = proven_round(engine, key, "k-window", ("a", "b"))
+    old = reply.round_id
+    with engine._lock:  # what _end_session does first, under the lock
+        rnd = engine._rounds.pop(old)
+    assert ledger.round_state(old) == RoundState.RESERVED
+    req = plain_request("k-retry", key.public_key().public_bytes_raw())
+    req.exclude.append("b")
+    req.retry.CopyFrom(guardian_pb2.RetryWithout(round_id=old, party="b", reason="bad tag"))
+    again = engine.begin_round("alice", req, SID_A)
+    assert again.included == ("a",)
+    assert ledger.round_state(old) == RoundState.ABORTED
+    engine._settle(rnd, "the student's 2PC session ended")  # finds it settled: no error
+    assert ledger.round_state(old) == RoundState.ABORTED
+    engine.abandon_round(again, "test over")
