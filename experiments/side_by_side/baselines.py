@@ -206,6 +206,8 @@ def dp_sgd_pooled(
         "accuracy": accuracy(trainer.module, x[score_on], split.y[score_on]),
         "epsilon_spent": _within(trainer.spent(), epsilon),
         "noise_multiplier": trainer.sigma,
+        # (noise multiplier, sample rate, steps) as the accountant composed them.
+        "accountant_history": trainer.history(),
     }
     return row | {"seconds": time.perf_counter() - t0}
 
@@ -228,6 +230,7 @@ def dp_fedavg(
         "accuracy": accuracy(run.model, x[score_on], split.y[score_on]),
         "epsilon_spent": _within(max(run.spent), epsilon),
         "noise_multiplier": run.noise_multiplier,
+        "accountant_histories": run.histories,
         "bytes_sent": run.bytes_sent,
         "bytes_measured": "serialised parameter arrays down and up, every client and round",
     }

@@ -81,6 +81,11 @@ def payload(parameters: Parameters) -> int:
     return sum(len(t) for t in parameters.tensors)
 
 
+def model_bytes(module: nn.Module) -> int:
+    """Bytes one copy of ``module``'s parameters takes in a Flower message."""
+    return payload(ndarrays_to_parameters(weights(module)))
+
+
 class Hospital(Client):
     """One hospital: DP-SGD on its own records for ``config.epochs`` local epochs per
     round, starting from the server's model each round."""
