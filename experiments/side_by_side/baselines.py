@@ -310,12 +310,18 @@ def cell(
         raise ValueError(f"seed {TUNING_SEED} is the tuning seed; report other seeds")
     if (method in PRIVATE) != (epsilon is not None):
         raise ValueError(f"{method}: epsilon {epsilon} (the DP methods need one, others none)")
+    t0 = time.perf_counter()
     chosen, tuned, scores = tune(method, split(dataset, TUNING_SEED), n, epsilon, cache, log)
+    tuning_seconds = time.perf_counter() - t0
     rows = []
     for seed in seeds:
         s = split(dataset, seed)
         row = _call(method, s, n, chosen, epsilon, s.test, cache)
-        row |= {"tuning_accuracy": tuned, "tuning_grid_accuracy": scores}
+        row |= {
+            "tuning_accuracy": tuned,
+            "tuning_grid_accuracy": scores,
+            "tuning_seconds": tuning_seconds,
+        }
         log(
             f"{method} n={row['n']} eps={epsilon} seed={seed}: {row['accuracy']:.3f} in {row['seconds']:.1f} s"
         )
