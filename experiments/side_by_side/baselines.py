@@ -58,7 +58,7 @@ Row = dict[str, Any]
 #: larger batches and fewer epochs (each step costs privacy), with per-record clipping.
 GRIDS: dict[tuple[str, str], tuple[Config, ...]] = {
     ("animal-mnist", "non-private"): (
-        *(Config("diet-linear", l2=l2) for l2 in (1e-3, 1e-2, 1e-1, 1.0)),
+        *(Config("diet-linear", l2=l2) for l2 in (1e-4, 1e-3, 1e-2, 1e-1)),
         Config("small-cnn", lr=1e-3, epochs=15, batch=32),
         Config("small-cnn", lr=1e-3, epochs=40, batch=32),
         Config("small-cnn", lr=3e-3, epochs=15, batch=64),
@@ -85,7 +85,7 @@ GRIDS: dict[tuple[str, str], tuple[Config, ...]] = {
         Config("small-cnn", lr=2e-3, epochs=3, batch=256, clip=1.0, rounds=5),
     ),
     ("breast-cancer", "non-private"): (
-        *(Config("linear", l2=l2) for l2 in (1e-3, 1e-2, 1e-1, 1.0)),
+        *(Config("linear", l2=l2) for l2 in (1e-4, 1e-3, 1e-2, 1e-1)),
         Config("mlp", lr=1e-3, epochs=30, batch=32),
         Config("mlp", lr=1e-3, epochs=100, batch=32),
         Config("mlp", lr=3e-3, epochs=30, batch=16),
