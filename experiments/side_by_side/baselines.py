@@ -253,10 +253,19 @@ METHODS: dict[str, Method] = {
 }
 
 
-def grid(dataset: str, method: str) -> tuple[Config, ...]:
+def grid(
+    dataset: str, method: str, architectures: Sequence[str] | None = None
+) -> tuple[Config, ...]:
+    """``method``'s tuning grid on ``dataset``; with ``architectures``, only their points
+    (to bound a run's cost: such a run is tuned on less than the full grid)."""
     if method not in FAMILY:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    return GRIDS[dataset, FAMILY[method]]
+    full = GRIDS[dataset, FAMILY[method]]
+    kept = tuple(c for c in full if architectures is None or c.architecture in architectures)
+    if not kept:
+        offered = sorted({c.architecture for c in full})
+        raise ValueError(f"{dataset}: no {method} configuration uses {architectures}; {offered} do")
+    return kept
 
 
 def _call(
@@ -283,15 +292,20 @@ def tune(
     epsilon: float | None,
     cache: Path | None,
     log: Log = lambda _: None,
+    configs: Sequence[Config] | None = None,
 ) -> tuple[Config, float, list[float]]:
-    """The grid's best configuration for one cell, scored on ``tuning_split.tuning`` only:
-    (chosen, its tuning accuracy, every configuration's tuning accuracy in grid order)."""
-    configs = grid(tuning_split.dataset, method)
+    """The best of ``configs`` (default the method's grid) for one cell, scored on
+    ``tuning_split.tuning`` only: (chosen, its tuning accuracy, every configuration's
+    tuning accuracy in order)."""
+    configs = grid(tuning_split.dataset, method) if configs is None else configs
     scores = []
     for config in configs:
         row = _call(method, tuning_split, n, config, epsilon, tuning_split.tuning, cache)
         scores.append(_tuning_score(row))
-        log(f"  tune {method} n={row['n']} eps={epsilon}: {config.as_dict()} -> {scores[-1]:.3f}")
+        log(
+            f"  tune {method} n={row['n']} eps={epsilon}: {config.as_dict()} -> "
+            f"{scores[-1]:.3f} in {row['seconds']:.1f} s"
+        )
     best = int(np.argmax(scores))
     return configs[best], scores[best], scores
 
@@ -304,6 +318,7 @@ def cell(
     seeds: Sequence[int],
     cache: Path | None,
     log: Log = lambda _: None,
+    architectures: Sequence[str] | None = None,
 ) -> list[Row]:
     """One (dataset, n, epsilon) cell of one method: tuned once, then a row per seed."""
     if TUNING_SEED in seeds:
@@ -311,7 +326,10 @@ def cell(
     if (method in PRIVATE) != (epsilon is not None):
         raise ValueError(f"{method}: epsilon {epsilon} (the DP methods need one, others none)")
     t0 = time.perf_counter()
-    chosen, tuned, scores = tune(method, split(dataset, TUNING_SEED), n, epsilon, cache, log)
+    configs = grid(dataset, method, architectures)
+    chosen, tuned, scores = tune(
+        method, split(dataset, TUNING_SEED), n, epsilon, cache, log, configs
+    )
     tuning_seconds = time.perf_counter() - t0
     rows = []
     for seed in seeds:
@@ -319,6 +337,7 @@ def cell(
         row = _call(method, s, n, chosen, epsilon, s.test, cache)
         row |= {
             "tuning_accuracy": tuned,
+            "tuning_grid": [c.as_dict() for c in configs],
             "tuning_grid_accuracy": scores,
             "tuning_seconds": tuning_seconds,
         }
@@ -337,17 +356,19 @@ def run_baselines(
     cache: Path | None = None,
     *,
     methods: Sequence[str] = tuple(METHODS),
+    architectures: Sequence[str] | None = None,
     log: Log = lambda _: None,
     done: Callable[[list[Row]], None] = lambda _: None,
 ) -> list[Row]:
     """Every row of the baselines for ``dataset``: per size (``None``: all of a share;
     default the dataset's grid sizes), the non-private methods once and the DP methods
-    per epsilon, each tuned per cell. ``done`` sees the rows so far after each cell."""
+    per epsilon, each tuned per cell (on the grids' points of ``architectures`` only, if
+    given). ``done`` sees the rows so far after each cell."""
     rows: list[Row] = []
     for n in LAYOUTS[dataset].sizes if sizes is None else sizes:
         for method in methods:
             for eps in epsilons if method in PRIVATE else (None,):
-                rows += cell(method, dataset, n, eps, seeds, cache, log)
+                rows += cell(method, dataset, n, eps, seeds, cache, log, architectures)
                 done(rows)
     return rows
 
@@ -368,6 +389,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS))
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    p.add_argument(
+        "--architectures",
+        nargs="+",
+        help="tune on these architectures' grid points only (a cheaper, partial search)",
+    )
     p.add_argument("--cache", type=Path, help="folder for the body's features (npz)")
     p.add_argument("--out", type=Path, required=True, help="the JSON file to write")
     p.add_argument(
@@ -407,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.seeds,
         args.cache,
         methods=args.methods,
+        architectures=args.architectures,
         log=log,
         done=save,
     )

@@ -91,37 +91,53 @@ class Config:
         return self.clip is not None
 
 
-def _body_sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
 def _standardised(x: NDArray[np.float32], public: NDArray[np.int64]) -> NDArray[np.float32]:
+    """(N, F) ``x`` flattened, shifted and scaled by the mean and spread of its public rows."""
     flat = x.reshape(len(x), -1)
     mean, std = flat[public].mean(0), flat[public].std(0)
     out: NDArray[np.float32] = ((flat - mean) / np.maximum(std, 1e-6)).astype(np.float32)
     return out
 
 
+def _digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()[:16]
+
+
+#: Features already computed in this process, by :func:`_features_key`.
+_FEATURES: dict[str, NDArray[np.float32]] = {}
+
+
+def _features_key(split: Split) -> str:
+    """Names the body, the records and which of them are public: what the features depend on."""
+    return _digest(SHIPPED_BODY.read_bytes(), split.x.tobytes(), split.public.tobytes())
+
+
 def body_features(split: Split, cache: Path | None) -> NDArray[np.float32]:
     """(N, D) features of every record of ``split``: the shipped body with BatchNorm
     statistics of the public records, standardised by the public records.
 
-    The same for every seed (the public records are fixed), so an npz under ``cache``
-    (named by the dataset and the body's digest) serves every later run.
+    The same for every seed (the records and the public ones are fixed), so they are
+    computed once per process and, under ``cache``, kept in an npz named by the dataset
+    and a digest of the body and the records.
     """
-    digest = _body_sha(SHIPPED_BODY)
-    path = None if cache is None else cache / f"diet-features-{split.dataset}-{digest}.npz"
+    key = _features_key(split)
+    if key in _FEATURES:
+        return _FEATURES[key]
+    path = None if cache is None else cache / f"diet-features-{split.dataset}-{key}.npz"
     if path is not None and path.exists():
         with np.load(path) as stored:
-            cached: NDArray[np.float32] = np.asarray(stored["features"], dtype=np.float32)
-        return cached
-    body = load_teacher(SHIPPED_BODY).model
-    recalibrate(body, split.x[split.public], batch=FEATURE_BATCH)
-    feats = features(body, split.x, batch=FEATURE_BATCH).numpy()
-    out = _standardised(feats, split.public)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, features=out)
+            out: NDArray[np.float32] = np.asarray(stored["features"], dtype=np.float32)
+    else:
+        body = load_teacher(SHIPPED_BODY).model
+        recalibrate(body, split.x[split.public], batch=FEATURE_BATCH)
+        out = _standardised(features(body, split.x, batch=FEATURE_BATCH).numpy(), split.public)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, features=out)
+    _FEATURES[key] = out
     return out
 
 

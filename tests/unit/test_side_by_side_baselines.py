@@ -16,7 +16,7 @@ import torch
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from experiments.side_by_side import baselines, fedavg
+from experiments.side_by_side import baselines, fedavg, training
 from experiments.side_by_side.data import LAYOUTS, TUNING_SEED, Split, split
 from experiments.side_by_side.training import (
     ARCHITECTURES,
@@ -279,3 +279,40 @@ def test_the_command_writes_rows_and_the_command(tmp_path: Path) -> None:
     check_row(doc["rows"][0], "pooled", None)
     for r in doc["rows"]:
         assert r["tuning_accuracy"] == max(r["tuning_grid_accuracy"])
+        assert r["tuning_grid"] == [c.as_dict() for c in TINY["non-private"]]
+        assert r["hyperparameters"] in r["tuning_grid"]
+
+
+def small_image_split() -> Split:
+    """animal-mnist's first 160 records, 64 of them public: enough to run the body."""
+    s = split("animal-mnist", 1)
+    n = np.arange(160, dtype=np.int64)
+    return dataclasses.replace(
+        s, x=s.x[:160].copy(), y=s.y[:160].copy(), test=n[:32], tuning=n[32:64], public=n[64:128]
+    )
+
+
+def test_body_features_depend_on_the_public_records_only_and_are_kept(tmp_path: Path) -> None:
+    s = small_image_split()
+    feats = inputs(s, "diet-linear", tmp_path)
+    assert feats.shape == (160, 256)
+    assert np.allclose(feats[s.public].mean(0), 0, atol=1e-4)
+    assert inputs(s, "diet-linear", tmp_path) is feats  # computed once per process
+    # Another process reads them from the npz.
+    training._FEATURES.clear()
+    assert list(tmp_path.glob("diet-features-animal-mnist-*.npz"))
+    assert np.array_equal(inputs(s, "diet-linear", tmp_path), feats)
+    # A private record's change moves its own features and nobody else's.
+    x = s.x.copy()
+    x[0] = 1.0 - x[0]
+    moved = inputs(dataclasses.replace(s, x=x), "diet-linear", None)
+    assert not np.allclose(moved[0], feats[0])
+    assert np.allclose(moved[1:], feats[1:], atol=1e-5)
+
+
+def test_a_run_may_tune_on_some_architectures_only_and_says_so() -> None:
+    kept = baselines.grid("animal-mnist", "dp_sgd_pooled", ["diet-linear"])
+    assert kept and {c.architecture for c in kept} == {"diet-linear"}
+    assert set(kept) < set(baselines.GRIDS["animal-mnist", "dp-sgd"])
+    with pytest.raises(ValueError, match="no pooled configuration uses"):
+        baselines.grid("breast-cancer", "pooled", ["small-cnn"])
