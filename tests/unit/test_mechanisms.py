@@ -174,6 +174,8 @@ def test_powerset_takes_the_same_k_in_every_path_and_the_docs() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "multilabel.md").read_text()
     stated = re.findall(r"`powerset` \(k <= (\d+)\)", docs)
     assert stated == [str(k)]
+    privacy = (Path(__file__).parents[2] / "docs" / "privacy.md").read_text()
+    assert re.findall(r"Powerset takes k <= (\d+)", privacy) == [str(k)]
     assert m.powerset_histogram(np.zeros((1, 2, k))).shape == (1, 2**k)
     assert from_config({"name": "powerset", "sigma": 2}, k).vote_width == 2**k
     with pytest.raises(ValueError, match=f"at most {k} labels"):
