@@ -37,6 +37,12 @@ class Powerset(ArgmaxMechanism):
     multi_label = True
     raisable = ("sigma", "threshold", "sigma1")
     max_outputs = MAX_POWERSET_LABELS
+    max_outputs_why = (
+        f"a vote-validity statement covers at most 2**{MAX_POWERSET_LABELS} subsets per query "
+        "(MAX_POWERSET_LABELS), and without one a hospital could decide labels with an invalid "
+        f"vote. Use at most {MAX_POWERSET_LABELS} labels, or split the labels into tasks of at "
+        f"most {MAX_POWERSET_LABELS}"
+    )
     params_model = PowersetParams
     test_noise_per_class = True
 
@@ -48,6 +54,10 @@ class Powerset(ArgmaxMechanism):
     @property
     def vote_width(self) -> int:
         return 1 << self.outputs
+
+    def outputs_for_width(self, width: int) -> int:
+        """The most labels whose 2**k subsets fit ``width`` columns."""
+        return max(width.bit_length() - 1, 0)
 
     def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]:
         p = np.asarray(predictions)

@@ -602,15 +602,15 @@ class RoundEngine:
                 except RequestError as err:
                     refused = err
             if not encrypted:
-                # Where the mechanism has a proof statement, every vote carries its proof.
-                # A party whose teacher count makes the statement too large to prove would
-                # vote unchecked shares: it is left out instead (its count is its own claim).
-                proven = task.mechanism.vote_relation(1) is not None
+                # Every vote carries its proof: a plaintext task has a statement at one
+                # teacher (TaskConfig.parse refuses one without). A party whose teacher count
+                # makes the statement too large to prove would vote unchecked shares: it is
+                # left out instead (its count is its own claim).
                 for p, m in rnd.teachers.items():
                     relation = task.mechanism.vote_relation(m)
                     if relation is not None:
                         rnd.relations[p] = relation
-                    elif proven:
+                    else:
                         unprovable.add(p)
         if refused is not None:
             with self._lock:

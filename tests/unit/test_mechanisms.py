@@ -162,7 +162,7 @@ def test_powerset_round_trip() -> None:
     hist = m.powerset_histogram(votes)
     assert hist.shape == (1, 8) and hist[0, 0b101] == 2 and hist[0, 0b010] == 1
     assert m.powerset_decide(hist, np.zeros_like(hist), 3).tolist() == [[1, 0, 1]]
-    with pytest.raises(ValueError, match="at most 10"):
+    with pytest.raises(ValueError, match="at most 9"):
         m.powerset_histogram(np.zeros((1, 2, 11)))
 
 
@@ -170,10 +170,12 @@ def test_powerset_takes_the_same_k_in_every_path_and_the_docs() -> None:
     # One limit for the plain histogram, the secure mechanism, the advisor and the docs:
     # they once disagreed (12 in the plain path, 10 in the circuit).
     k = m.MAX_POWERSET_LABELS
-    assert k == 10
+    assert k == 9  # 2**10 subsets have no vote statement (issue 41)
     docs = (Path(__file__).parents[2] / "docs" / "multilabel.md").read_text()
     stated = re.findall(r"`powerset` \(k <= (\d+)\)", docs)
     assert stated == [str(k)]
+    privacy = (Path(__file__).parents[2] / "docs" / "privacy.md").read_text()
+    assert re.findall(r"Powerset takes k <= (\d+)", privacy) == [str(k)]
     assert m.powerset_histogram(np.zeros((1, 2, k))).shape == (1, 2**k)
     assert from_config({"name": "powerset", "sigma": 2}, k).vote_width == 2**k
     with pytest.raises(ValueError, match=f"at most {k} labels"):

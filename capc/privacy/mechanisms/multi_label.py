@@ -13,15 +13,18 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from capc.mpc.validity import max_width
 from capc.privacy import validation as check
 from capc.privacy.mechanisms.single_label import NOT_ANSWERED, gaussian_noise, noisy_argmax
 from capc.privacy.randomness import SecureRandom
 
-#: Labels Powerset voting takes, in every path (plain, secure, advisor): its circuit
-#: has 2**k classes. Measured on the confident circuit at 24-bit words: 2**10 classes
-#: garble to 5.4 MB a query, 2**12 to 22 MB, so a round under the 2PC's 512 MiB message
-#: cap would hold about 24 queries at k = 12 (98 at k = 10): impractical.
-MAX_POWERSET_LABELS = 10
+#: Labels Powerset voting takes, in every path (plain, secure, advisor): the most k whose
+#: 2**k subset counts a party's vote-validity statement covers at one teacher
+#: (:func:`capc.mpc.validity.max_width`: 2**9 of the 512 elements per query). Without a
+#: statement a hospital could skew the subset counts within the circuit's range checks and
+#: decide labels, so larger k is refused rather than run unchecked (9 today; the circuit's
+#: cost, 5.4 MB a query garbled at 2**10 subsets, would stop it near 10 anyway).
+MAX_POWERSET_LABELS = max_width(1).bit_length() - 1
 
 FloatArray = NDArray[np.float64]
 LabelArray = NDArray[np.int8]
@@ -160,7 +163,11 @@ def powerset_histogram(votes: ArrayLike) -> FloatArray:
     v = _votes(votes)
     k = v.shape[2]
     if k > MAX_POWERSET_LABELS:
-        raise ValueError(f"Powerset voting supports at most {MAX_POWERSET_LABELS} labels, got {k}")
+        raise ValueError(
+            f"Powerset voting supports at most {MAX_POWERSET_LABELS} labels (a vote-validity "
+            f"statement covers at most 2**{MAX_POWERSET_LABELS} subsets), got {k}: split the "
+            "labels into tasks of at most that many"
+        )
     if not np.isin(v, (0.0, 1.0)).all():
         raise ValueError("Powerset voting needs k-hot votes (entries 0 or 1)")
     index = (v.astype(np.int64) << np.arange(k, dtype=np.int64)).sum(axis=2)
