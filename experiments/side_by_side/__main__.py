@@ -102,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for path in args.rows_from:
             other = json.loads(path.read_text())
             rows = merged(rows, other["rows"])
-            commands += [c for c in other.get("commands", []) if c not in commands]
+            theirs = other.get("commands") or [shlex.join(other["command"])]
+            commands += [c for c in theirs if c not in commands]
         write(args.out, rows, commands)
         return 0
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as tmp:

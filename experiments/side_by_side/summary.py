@@ -17,8 +17,8 @@ METHODS: dict[str, str] = {
     "capc-diet-student": "capc: DIET student (no data of its own)",
     "capc-loop": "capc: CaPC loop (hospital 0's own model + labels)",
     "capc-pate-public": "capc: PATE with public records",
-    "dp-fedavg": "DP-FedAvg (Flower + Opacus)",
-    "dp-sgd-pooled": "DP-SGD on pooled records (Opacus)",
+    "dp_fedavg": "DP-FedAvg (Flower + Opacus)",
+    "dp_sgd_pooled": "DP-SGD on pooled records (Opacus)",
     "alone": "each hospital alone (non-private)",
     "pooled": "pooled, non-private (the ceiling)",
 }
@@ -123,7 +123,7 @@ def goals(summary: Sequence[dict[str, Any]], dataset: str = "animal-mnist") -> d
             )
         for eps in epsilons:
             student = lookup(summary, dataset, "capc-diet-student", n, eps)
-            fed = lookup(summary, dataset, "dp-fedavg", n, eps)
+            fed = lookup(summary, dataset, "dp_fedavg", n, eps)
             if student and fed:
                 duel_cells.append(
                     {
