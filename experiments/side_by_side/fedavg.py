@@ -34,6 +34,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ from flwr.common import (
     parameters_to_ndarrays,
 )
 from flwr.compat.client.app import start_client
+from flwr.compat.common import parameter as flower_parameter
 from flwr.server import Server, ServerConfig, SimpleClientManager
 from flwr.server.server import run_fl
 from flwr.server.strategy import FedAvg
@@ -60,6 +62,21 @@ from experiments.side_by_side.training import Config, PrivateTrainer, build_mode
 from services.local import free_port
 
 HOST = "127.0.0.1"
+
+# CPython 3.11.7's compiler is not thread-safe: numpy's .npy header parse
+# (ast.literal_eval) in Flower's client and server threads at once failed with
+# "AST constructor recursion depth mismatch" and hung the run. Every array Flower
+# decodes goes through this one function; a lock makes the decodes take turns.
+_DECODE_LOCK = threading.Lock()
+_bytes_to_ndarray = flower_parameter.bytes_to_ndarray
+
+
+def _decode_one_at_a_time(tensor: bytes) -> NDArray[Any]:
+    with _DECODE_LOCK:
+        return _bytes_to_ndarray(tensor)
+
+
+flower_parameter.bytes_to_ndarray = _decode_one_at_a_time
 
 
 def weights(module: nn.Module) -> NDArrays:
