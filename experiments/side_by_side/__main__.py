@@ -65,7 +65,7 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.side_by_side")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file of rows")
     parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
@@ -86,6 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="saved side-by-side files whose rows to merge in; nothing is run",
     )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if 0 in args.seeds:
         parser.error("seed 0 is the tuning seed; report seeds 1 and up")

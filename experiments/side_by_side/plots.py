@@ -128,11 +128,15 @@ def draw(result: dict[str, Any], folder: Path) -> list[Path]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.side_by_side.plots")
     parser.add_argument("result", type=Path, help="the saved side-by-side JSON")
     parser.add_argument("folder", type=Path, help="where the PNG files go")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     for path in draw(json.loads(args.result.read_text()), args.folder):
         print(path)
     return 0

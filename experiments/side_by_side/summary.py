@@ -6,8 +6,11 @@ A row's ``epsilon`` is ``None`` for a non-private method (training alone, pooled
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -221,15 +224,15 @@ def goals_markdown(summary: Sequence[dict[str, Any]], dataset: str = "animal-mni
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the tables and the goals of a saved side-by-side result."""
-    import argparse
-    import json
-    from pathlib import Path
-
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.side_by_side.summary")
     parser.add_argument("result", type=Path, help="the saved side-by-side JSON")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the tables and the goals of a saved side-by-side result."""
+    args = build_parser().parse_args(argv)
     summary = table(json.loads(args.result.read_text())["rows"])
     print(markdown(summary))
     print(goals_markdown(summary))

@@ -87,8 +87,12 @@ def test_a_tau_vote_that_skews_every_label_moves_none(tmp_path: Path) -> None:
         skewed = np.zeros_like(want)
         skewed[:, target] = 1
         assert (want != skewed).any(axis=1).mean() > 0.5
-        flagged = [e for e in c.ledger().audit_entries(200) if e.action == "invalid_vote"]
-        assert [e.actor for e in flagged] == [mallory_name]
+        # A failed check is a dispute between the querier and the party, never the
+        # party's fault alone (docs/security.md).
+        flagged = [e for e in c.ledger().audit_entries(200) if e.action == "dispute"]
+        assert [(e.detail["querier"], e.detail["party"]) for e in flagged] == [
+            ("student", mallory_name)
+        ]
 
         # Its strongest valid vote (its one teacher's full vote on the target) counts,
         # as one more teacher's vote: no more.
