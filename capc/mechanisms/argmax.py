@@ -12,11 +12,33 @@ from abc import abstractmethod
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capc.mechanisms.base import CircuitSpec, Labels, Mechanism, MechanismError, Noise, NoisyParams
+from capc.mechanisms.base import (
+    NOT_ANSWERED,
+    CircuitSpec,
+    Labels,
+    Mechanism,
+    MechanismError,
+    Noise,
+    NoisyParams,
+    gaussian_noise,
+)
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel
 from capc.mpc.ring import U64
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED, gaussian_noise, noisy_argmax
+from capc.privacy import validation as check
 from capc.privacy.randomness import SecureRandom
+
+
+def noisy_argmax(histograms: ArrayLike, noise: ArrayLike) -> Labels:
+    """argmax(h + noise) per query: (queries, classes) votes -> (queries,) classes.
+
+    Ties go to the lowest class index, as in the circuit."""
+    h = check.histograms(histograms)
+    n = np.asarray(noise, dtype=np.float64)
+    if n.shape != h.shape:
+        raise MechanismError(f"noise must have the histograms' shape {h.shape}, got {n.shape}")
+    if not np.isfinite(n).all():
+        raise MechanismError("noise must be finite")
+    return np.asarray(np.argmax(h + n, axis=1), dtype=np.int64)
 
 
 def one_hot(classes: ArrayLike, width: int) -> NDArray[np.float64]:

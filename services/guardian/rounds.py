@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.mechanisms import Personalization
 from capc.mpc import validity
 from capc.mpc.channel import Channel
 from capc.mpc.mechanism_circuits import HistogramViolationError, violations
@@ -1055,8 +1056,8 @@ class RoundEngine:
         rates = self.rates(task, parties)
         if task.weighting:
             return {p: rates[p][0] for p in parties}, {}
-        draws = self._rng.uniform((batch, len(parties)))
-        return {}, {p: draws[:, i] < rates[p][1] for i, p in enumerate(parties)}
+        mask = Personalization.participation([rates[p][1] for p in parties], batch, self._rng)
+        return {}, {p: mask[:, i] for i, p in enumerate(parties)}
 
     def _ready_queue(self, querier: str, session_id: bytes) -> queue.Queue[int]:
         with self._lock:
