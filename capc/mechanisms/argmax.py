@@ -141,6 +141,11 @@ class ArgmaxMechanism(Mechanism):
         if not self.confident:
             return labels, np.ones(len(h), dtype=bool)
         eta1 = np.asarray(noise["eta1"], dtype=np.float64)
+        want = h.shape if self.test_noise_per_class else h.shape[:1]
+        if eta1.shape != want:
+            raise MechanismError(
+                f"{self.name}: the test noise eta1 must have shape {want}, got {eta1.shape}"
+            )
         tested = (h + eta1).max(axis=1) if eta1.ndim == 2 else h.max(axis=1) + eta1
         answered = tested >= self.threshold
         return np.where(answered, labels, NOT_ANSWERED).astype(np.int64), answered

@@ -19,7 +19,6 @@ import pytest
 
 from capc.data.generators import Recipe
 from capc.models import load_teacher
-from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.ledger import Ledger
@@ -62,8 +61,8 @@ def replay(
     for b, used in zip(batches, parties, strict=True):
         xb = queries[start : start + b]
         start += b
-        hist = vote_histogram(
-            np.stack([teachers[n].predict(xb) for n in used], axis=1), task.outputs
+        hist = task.mechanism.summed_votes(
+            np.stack([teachers[n].predict(xb) for n in used], axis=1)
         )
         spec = task.circuit_spec(len(used))
         labels, _ = task.mechanism.oracle(hist, task.mechanism.draw_noise(b, rng), spec.frac_bits)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from capc.learning.pate import ConfidentParams, budget_filter, label_within_budgets
+from capc.mpc.session import LocalPair
 from capc.privacy import events, gaussian_dp, planning, rdp
 from capc.privacy.accountant import Accountant, Budget
 from capc.privacy.accountants import GaussianDp
@@ -256,3 +257,47 @@ def test_the_gdp_accountant_filters_confident_gnmax_and_unknown_accountants_fail
     assert PLAIN.scaled(200, reference=100) == ConfidentParams(None, 2.0, 12.0)
     with pytest.raises(ValueError, match="threshold >= 0"):
         ConfidentParams(-1.0, 1.0, 1.0)
+
+
+#: Noise far below the circuit's grid (2**-4 votes), on exact ties: the label then turns on
+#: how the noise is rounded, which only the circuit's own rounding reproduces.
+ON_THE_GRID = ConfidentParams(threshold=None, sigma1=1.0, sigma2=0.05)
+
+
+@pytest.mark.parametrize(
+    "params", [PARAMS, PLAIN, ON_THE_GRID], ids=["confident-gnmax", "gnmax", "on-the-grid"]
+)
+def test_central_labels_are_the_circuits_on_the_same_votes_and_noise(
+    params: ConfidentParams,
+) -> None:
+    """The central driver and a networked round agree bit for bit: the same votes and the
+    guardian's noise from the same seed, through the garbled circuit the services run
+    (the student's and the guardian's shares of the votes, the guardian's inputs, the
+    student's decoding), and the e2e tests' replay oracle."""
+    h = histograms(64)
+    h[:32] = 0.0
+    h[:32, [3, 7]] = 25.0  # exact two-way ties
+    mech = params.mechanism(10)
+    (run,) = label_within_budgets(
+        h, mech, [1e6], 1e-5, SecureRandom.from_seed("bit"), num_teachers=50
+    )
+    assert run.processed == len(h)
+    spec = mech.circuit(max_votes=50.0, vote_total=50.0)
+    noise = mech.draw_noise(len(h), SecureRandom.from_seed("bit"))
+    shares = np.random.default_rng(0)
+    student = shares.integers(0, 2**64 - 1, h.shape, dtype=np.uint64, endpoint=True)
+    guardian = h.astype(np.uint64) - student  # additive shares mod 2**64
+    garbler = mech.garbler_inputs(spec, guardian, noise, vote_total=h.sum(axis=1))
+    out = LocalPair(timeout=60).run(spec.circuit(), garbler, spec.evaluator_inputs(student), len(h))
+    np.testing.assert_array_equal(run.labels, mech.decode(spec, out.evaluator))
+    np.testing.assert_array_equal(run.answered, mech.answered(spec, out.garbler, len(h)))
+    labels, answered = oracle(h, params, "bit")
+    np.testing.assert_array_equal(run.labels, labels)
+    # Teeth: the noise decides labels (another seed gives others), and a test declines some.
+    other, _ = oracle(h, params, "another seed")
+    assert not np.array_equal(labels, other)
+    assert 0 < answered.sum() < len(h) if mech.confident else answered.all()
+    if params is ON_THE_GRID:
+        # The plaintext mechanism on the raw float noise labels some ties otherwise.
+        raw, _ = mech.decide(h, noise)
+        assert not np.array_equal(raw[:32], labels[:32])
