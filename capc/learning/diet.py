@@ -44,10 +44,10 @@ from capc.data.generators import GENERATORS, Recipe
 from capc.data.offline import animal_mnist, digits, partition, skewed_partition
 from capc.learning.last_layer import fit_batch_standardised, fit_linear, self_train_linear
 from capc.learning.pate import ACCOUNTANTS, ConfidentParams, label_within_budgets
-from capc.mechanisms import Mechanism
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
+from capc.mechanisms import Mechanism
 from capc.models.checkpoint import Teacher, save_teacher, weights_sha256
 from capc.models.inference import features, logits, run_batches
 from capc.models.registry import Classifier, build

@@ -87,9 +87,7 @@ class Personalization(BaseModel):
         return mult / top if top > 0 else np.zeros_like(mult)
 
     @staticmethod
-    def participation(
-        rates: Sequence[float], queries: int, rng: SecureRandom
-    ) -> NDArray[np.bool_]:
+    def participation(rates: Sequence[float], queries: int, rng: SecureRandom) -> NDArray[np.bool_]:
         """Who votes on which query (vanishing): (parties,) rates in [0, 1] ->
         (queries, parties) mask, drawn from the guardian's secure randomness, never
         from data."""

@@ -34,9 +34,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import ndtr
 
+from capc.mechanisms.powerset import MAX_POWERSET_LABELS
 from capc.privacy import planning, rdp
 from capc.privacy.conversion import DEFAULT_ORDERS
-from capc.mechanisms.powerset import MAX_POWERSET_LABELS
 
 #: tau is this much above the mean l2 norm of the label vectors.
 TAU_MARGIN = 1.1
