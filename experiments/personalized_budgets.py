@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 
 from capc.data.offline import animal_mnist, partition
 from capc.learning.ensemble import ensemble_predictions, train_teachers
-from capc.mechanisms import Personalization, from_config
+from capc.mechanisms import Mechanism, Personalization, from_config
 from capc.privacy import rdp
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
@@ -68,25 +68,32 @@ def run_stream(
     caps: NDArray[np.float64],
     weights: NDArray[np.float64],
     voting: NDArray[np.bool_],
-    sigma: float,
+    gnmax: Mechanism,
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     """Labels answered before any teacher would exceed its cap (epsilon in nats at ``DELTA``).
 
     ``preds`` (Q, n): each teacher's vote; ``voting`` (Q, n): participation;
-    ``sigma``: GNMax noise in votes. The stop depends on ``caps``, ``weights``,
-    ``voting`` and ``sigma`` only, never on ``preds``.
+    ``weights`` (n,): vote weights on the 1/256 grid; ``gnmax``: the mechanism, whose
+    votes, decision and per-teacher events the guardian's are; its noise is drawn from
+    ``rng`` (a simulation). The stop depends on ``caps``, ``weights``, ``voting`` and the
+    mechanism only, never on ``preds``.
     """
     q, n = voting.shape
-    hist = np.zeros((q, 10))
+    hist = np.zeros((q, gnmax.vote_width))
     for i in range(n):
-        np.add.at(hist, (np.arange(q), preds[:, i]), weights[i] * voting[:, i])
-    labels = np.argmax(hist + rng.normal(0.0, sigma, hist.shape), axis=1)
+        votes = gnmax.encode_votes(
+            preds[:, i], weight=float(weights[i]), frac_bits=8, participation=voting[:, i]
+        )
+        hist += votes / 256.0
+    sigma = float(gnmax.params.model_dump()["sigma"])
+    labels, _ = gnmax.decide(hist, {"eta2": rng.normal(0.0, sigma, hist.shape)})
+    acct = RenyiDp(ORDERS)
     fits = q
     for i in range(n):
         if weights[i] == 0:
             continue
-        per = rdp.weighted_gnmax(float(weights[i]), sigma, ORDERS)
+        per = acct.cost(gnmax.event(np.ones(1, dtype=bool), float(weights[i])))
         charged = np.cumsum(voting[:, i : i + 1] * per, axis=0)
         fits = min(fits, stop_index(charged, float(caps[i])))
     return {
@@ -163,12 +170,12 @@ def main() -> None:
     for high in (math.log(4), math.log(8)):
         caps = np.where(np.arange(n) < n // 2, math.log(2), high)
         every = np.ones((args.stream, n), dtype=bool)
-        base = run_stream(preds, truth, np.full(n, caps.min()), np.ones(n), every, args.sigma, rng)
+        base = run_stream(preds, truth, np.full(n, caps.min()), np.ones(n), every, gnmax, rng)
         w = plan("weighting").weights(caps.tolist(), gnmax, acct, DELTA, frac_bits=8)
-        weighted = run_stream(preds, truth, caps, w, every, args.sigma, rng)
+        weighted = run_stream(preds, truth, caps, w, every, gnmax, rng)
         p = plan("vanishing").rates(caps.tolist(), gnmax, acct, DELTA)
         voting = rng.random((args.stream, n)) < p
-        vanishing = run_stream(preds, truth, caps, np.ones(n), voting, args.sigma, rng)
+        vanishing = run_stream(preds, truth, caps, np.ones(n), voting, gnmax, rng)
         results[f"half_log2_half_log{round(math.exp(high))}"] = {
             "baseline_all_at_log2": base,
             "weighting": {**weighted, "weights": sorted({float(v) for v in w})},

@@ -1,4 +1,4 @@
-"""The guardian's round engine (design section 2), independent of gRPC.
+"""The guardian's round engine (docs/architecture.md, "One labelling round"), independent of gRPC.
 
 open_round: check the request, reserve every connected party's worst case in
 the ledger (parties that cannot afford it are left out; below quorum nothing
