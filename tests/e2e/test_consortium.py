@@ -2,7 +2,8 @@
 
 The student labels held-out animal-mnist images through the network. With the guardian's
 test-only noise seed the test replays the noise and checks every label
-against capc.privacy's plaintext Confident-GNMax on the same teachers, and
+against the mechanism's plaintext oracle on the same teachers (the one central
+labelling uses), and
 checks the ledger against an independent accountant.
 """
 

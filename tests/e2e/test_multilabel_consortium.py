@@ -10,7 +10,7 @@ voting with a per-label confidence test, tau voting, confident Powerset
 voting, and Binary voting with personalized weighting and with vanishing.
 
 The guardian's noise is seeded (a test-only flag), so the test replays every
-draw in order and checks each label vector against capc.privacy's plaintext
+draw in order and checks each label vector against the mechanism object's plaintext
 mechanism on the same teachers, and checks every party's ledger charge
 against the mechanism's proven sensitivity (scaled by its weight, or only
 for the queries it voted on).

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from capc.learning.pate import ConfidentParams, budget_filter, label_within_budgets
+from capc.mechanisms import MechanismError, from_config
 from capc.mpc.session import LocalPair
 from capc.privacy import events, gaussian_dp, planning, rdp
 from capc.privacy.accountant import Accountant, Budget
@@ -150,6 +151,12 @@ def test_params_scale_and_refuse_nonsense() -> None:
         ConfidentParams(10.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="positive"):
         label_within_budgets(histograms(10), MECH, [0.0], 1e-5, SecureRandom(), num_teachers=50)
+    # A mechanism without the data-dependent analysis of the side figure is refused by name.
+    robust = from_config(
+        {"name": "robust-confident-gnmax", "sigma": 6.0, "threshold": 30.0, "sigma1": 20.0}, 10
+    )
+    with pytest.raises(MechanismError, match="central labelling runs gnmax or confident-gnmax"):
+        label_within_budgets(histograms(10), robust, [1.0], 1e-5, SecureRandom(), num_teachers=50)
 
 
 def test_a_budget_too_small_for_one_query_labels_nothing() -> None:
