@@ -3,8 +3,7 @@
 The student labels held-out animal-mnist images through the network. With the guardian's
 test-only noise seed the test replays the noise and checks every label
 against the mechanism's plaintext oracle on the same teachers (the one central
-labelling uses), and
-checks the ledger against an independent accountant.
+labelling uses), and checks the ledger against an independent accountant.
 """
 
 from __future__ import annotations
