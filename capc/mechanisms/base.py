@@ -29,19 +29,14 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from capc.mpc.mechanism_circuits import (
-    CIRCUIT_FRAC_BITS,
-    NOT_ANSWERED,
-    ConfidentGNMax,
-    MultiLabel,
-    round_noise,
-)
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel, round_noise
+
+# Re-exported: the label of a declined query is the circuits', and every mechanism's.
+from capc.mpc.mechanism_circuits import NOT_ANSWERED as NOT_ANSWERED
 from capc.mpc.validity import ValidityError, VoteRelation
 from capc.privacy import discrete_gaussian, events
 from capc.privacy import validation as check
 from capc.privacy.randomness import SecureRandom
-
-__all__ = ["NOT_ANSWERED", "Mechanism", "MechanismError", "gaussian_noise"]
 
 U64 = NDArray[np.uint64]
 FloatArray = NDArray[np.float64]
