@@ -27,8 +27,8 @@ Every party that was sent a round is told how it ended (:mod:`services.guardian.
 charged for what it released, or nothing; its own ledger charges itself the same.
 
 Personalized budgets: with weighting, each party's vote weight comes from its
-cap (``vote_weights``) and it is charged w**2 times; with vanishing, the
-guardian draws per query who votes (``participation_rates``) and charges a
+cap (``Personalization.weights``) and it is charged w**2 times; with vanishing, the
+guardian draws per query who votes (``Personalization.rates``, ``Personalization.participation``) and charges a
 party only for the queries it voted on. Both are functions of the caps and of
 the guardian's randomness, never of the data.
 """
