@@ -27,9 +27,10 @@ Every party that was sent a round is told how it ended (:mod:`services.guardian.
 charged for what it released, or nothing; its own ledger charges itself the same.
 
 Personalized budgets: with weighting, each party's vote weight comes from its
-cap (``Personalization.weights``) and it is charged w**2 times; with vanishing, the
-guardian draws per query who votes (``Personalization.rates``, ``Personalization.participation``) and charges a
-party only for the queries it voted on. Both are functions of the caps and of
+cap (``Personalization.weights``) and it is charged w**2 times; with vanishing,
+the guardian draws per query who votes (``Personalization.rates`` and
+``Personalization.participation``) and charges a party only for the queries it
+voted on. Both are functions of the caps and of
 the guardian's randomness, never of the data.
 """
 
