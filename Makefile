@@ -14,7 +14,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, by exact version: the CPU build is installed from a local file
 	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]" -e ./clients
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev,experiments]" -e ./clients
+	# Flower for the experiments' DP-FedAvg baseline: its metadata asks for protobuf < 7,
+	# but the pinned protobuf 7 runtime loads its generated code; what it imports comes
+	# with the experiments extra
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt flwr==1.42.0
 	# offline images: only the data files are read, so its TensorFlow dependency is skipped
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt animal-mnist==0.4
 	@touch $(STAMP)

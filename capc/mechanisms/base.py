@@ -33,8 +33,8 @@ from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, Multi
 
 # Re-exported: the label of a declined query is the circuits', and every mechanism's.
 from capc.mpc.mechanism_circuits import NOT_ANSWERED as NOT_ANSWERED
-from capc.mpc.validity import ValidityError, VoteRelation
-from capc.privacy import discrete_gaussian, events
+from capc.mpc.validity import MAX_ELEMENTS, ValidityError, VoteRelation, max_width
+from capc.privacy import discrete_gaussian, events, rounded_gaussian
 from capc.privacy import validation as check
 from capc.privacy.randomness import SecureRandom
 
@@ -52,22 +52,21 @@ MAX_PARAMETER = 1e6
 def gaussian_noise(
     shape: tuple[int, ...], sigma: float, rng: SecureRandom, discrete: bool = False
 ) -> FloatArray:
-    """Noise N(0, sigma**2) (votes) per entry of ``shape``, from the secure source ``rng``.
-
-    Floating point: only an argmax or a threshold bit is ever released, never a noisy
-    count, so a float sampler's sparse support (Mironov 2012) has no released value to
-    read. The float sampler is still not exact: Box-Muller confines a Gaussian to about
-    8.7 standard deviations (53-bit uniforms), so a histogram whose gap exceeds twice
-    that answers deterministically, and every event's probability is off by the
-    uniforms' 2**-53 grid. We estimate (not proven) that the guarantee holds with an
-    extra delta of order 1e-15 per query, not exactly as stated. Never add this noise to
-    a released number. ``discrete=True`` draws the exact integer discrete Gaussian
-    (Canonne, Kamath and Steinke 2020), whose guarantee is exact.
+    """Noise N(0, sigma**2) (votes) per entry of ``shape``, from the secure source ``rng``,
+    exactly: the continuous Gaussian rounded to multiples of 2**-24
+    (:mod:`capc.privacy.rounded_gaussian`, Karney's exact sampler). For counts on that
+    grid (integer counts; the services' fixed-point shares, at most 24 fractional bits)
+    h + round(eta) = round(h + eta), so every answer is a post-processing of the
+    continuous Gaussian mechanism and keeps its Renyi-DP and Gaussian-DP guarantees
+    exactly. Counts off the grid (arbitrary float weights) are not covered exactly:
+    weight votes on a grid (rounded down, as :meth:`Mechanism.encode_votes` does).
+    ``discrete=True`` draws the integer discrete Gaussian instead (Canonne, Kamath and
+    Steinke 2020): the same Renyi DP on integer counts, not the same Gaussian-DP curve.
     """
     sd = check.positive(sigma, "sigma")
     if discrete:
         return discrete_gaussian.noise(shape, sd, rng).astype(np.float64)
-    return rng.normal(shape, sd)
+    return rounded_gaussian.noise(shape, sd, rng)
 
 
 class MechanismError(ValueError):
@@ -103,6 +102,9 @@ class Mechanism(ABC):
     raisable: ClassVar[tuple[str, ...]] = ()
     #: Largest label space this mechanism's circuit handles.
     max_outputs: ClassVar[int] = 4096
+    #: Why :attr:`max_outputs` is the limit and what to do above it, where it is not
+    #: the circuit's size ("" for none): said when a larger label space is refused.
+    max_outputs_why: ClassVar[str] = ""
     params_model: ClassVar[type[Params]]
 
     def __init__(self, outputs: int, params: Params) -> None:
@@ -115,6 +117,7 @@ class Mechanism(ABC):
             raise MechanismError(
                 f"{self.name} takes {lo} to {self.max_outputs} "
                 f"{'labels' if self.multi_label else 'classes'}, got {outputs!r}"
+                + (f": {self.max_outputs_why}" if self.max_outputs_why else "")
             )
         self.outputs = int(outputs)
         self.params = params
@@ -241,8 +244,9 @@ class Mechanism(ABC):
         bounded by the teachers (k-hot), or for tau voting per-label sums of the
         teachers' votes on a grid of :attr:`vote_grid_bits` fractional bits, each at
         most the teachers, with L2 norm at most the teachers x tau. None where the
-        statement would exceed MAX_ELEMENTS elements per query; its rounds then rely
-        on the circuit's range checks."""
+        statement would exceed MAX_ELEMENTS elements per query: a task needs one at one
+        teacher per party (:meth:`require_vote_statement`), and a party whose teacher
+        count has none is left out of its rounds."""
         try:
             return VoteRelation(
                 self.vote_width,
@@ -253,6 +257,43 @@ class Mechanism(ABC):
             )
         except ValidityError:
             return None
+
+    def outputs_for_width(self, width: int) -> int:
+        """The most outputs (classes or labels) whose votes span at most ``width`` columns
+        (the inverse of :attr:`vote_width`, which is the outputs themselves here)."""
+        return width
+
+    def proven_outputs(self) -> int:
+        """The most outputs this mechanism, with its parameters, has a vote statement for,
+        at one teacher per party (0 where none): from :func:`capc.mpc.validity.max_width`,
+        the relation's own size rule."""
+        width = max_width(
+            1, complement=self.per_label, grid_bits=self.vote_grid_bits, tau=self.vote_norm()
+        )
+        return self.outputs_for_width(width)
+
+    def require_vote_statement(self) -> None:
+        """Refuse this mechanism for rounds whose votes only a proof checks (plaintext
+        queries): without a statement a hospital's invalid vote (+9a on a target, -a
+        elsewhere) stays inside the circuit's range checks and decides labels.
+
+        Raises MechanismError naming the limit and what to do."""
+        if self.vote_relation(1) is not None:
+            return
+        most = self.proven_outputs()
+        unit = "labels" if self.multi_label else "classes"
+        at = "" if self.vote_norm() is None else f" at tau {self.vote_norm():g}"
+        fix = (
+            f"split the labels into tasks of at most {most}"
+            if self.multi_label
+            else "use encrypted queries, whose circuit checks each party's vote"
+        )
+        raise MechanismError(
+            f"{self.name} voting over {self.outputs} {unit} has no vote-validity statement "
+            f"(at most {most} {unit} fit one proof per query{at}, MAX_ELEMENTS "
+            f"{MAX_ELEMENTS}): a hospital could decide labels with an invalid vote. "
+            f"Use at most {most} {unit}, or {fix}"
+        )
 
     def encode_ensemble_votes(
         self,

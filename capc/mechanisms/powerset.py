@@ -26,13 +26,16 @@ from capc.mechanisms.base import (
     NoisyParams,
 )
 from capc.mpc.ring import U64
+from capc.mpc.validity import max_width
 from capc.privacy import events
 
-#: Labels Powerset voting takes, in every path (plain, secure, advisor): its circuit
-#: has 2**k classes. Measured on the confident circuit at 24-bit words: 2**10 classes
-#: garble to 5.4 MB a query, 2**12 to 22 MB, so a round under the 2PC's 512 MiB message
-#: cap would hold about 24 queries at k = 12 (98 at k = 10): impractical.
-MAX_POWERSET_LABELS = 10
+#: Labels Powerset voting takes, in every path (plain, secure, advisor): the most k whose
+#: 2**k subset counts a party's vote-validity statement covers at one teacher
+#: (:func:`capc.mpc.validity.max_width`: 2**9 of the 512 elements per query). Without a
+#: statement a hospital could skew the subset counts within the circuit's range checks and
+#: decide labels, so larger k is refused rather than run unchecked (9 today; the circuit's
+#: cost, 5.4 MB a query garbled at 2**10 subsets, would stop it near 10 anyway).
+MAX_POWERSET_LABELS = max_width(1).bit_length() - 1
 
 
 def subset_bits(index: ArrayLike, num_labels: int) -> Labels:
@@ -55,6 +58,12 @@ class Powerset(ArgmaxMechanism):
     multi_label = True
     raisable = ("sigma", "threshold", "sigma1")
     max_outputs = MAX_POWERSET_LABELS
+    max_outputs_why = (
+        f"a vote-validity statement covers at most 2**{MAX_POWERSET_LABELS} subsets per query "
+        "(MAX_POWERSET_LABELS), and without one a hospital could decide labels with an invalid "
+        f"vote. Use at most {MAX_POWERSET_LABELS} labels, or split the labels into tasks of at "
+        f"most {MAX_POWERSET_LABELS}"
+    )
     params_model = PowersetParams
     test_noise_per_class = True
 
@@ -66,6 +75,10 @@ class Powerset(ArgmaxMechanism):
     @property
     def vote_width(self) -> int:
         return 1 << self.outputs
+
+    def outputs_for_width(self, width: int) -> int:
+        """The most labels whose 2**k subsets fit ``width`` columns."""
+        return max(width.bit_length() - 1, 0)
 
     def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]:
         p = np.asarray(predictions)

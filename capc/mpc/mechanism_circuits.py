@@ -11,8 +11,14 @@ Each spec fixes the circuit and both parties' local input encodings:
 
 Rounding the noise to the grid is post-processing of the Gaussian mechanism:
 counts are on the grid already, so h + round(eta) = round(h + eta). The
-secure noise sampler never exceeds 8.7 standard deviations; the width l leaves
-room for ``NOISE_BOUND_SIGMAS`` and encoding refuses anything beyond it.
+noise is the exact continuous Gaussian rounded to 2^-24
+(:mod:`capc.privacy.rounded_gaussian`), so its tails are unbounded: the width
+l leaves room for ``NOISE_BOUND_SIGMAS`` and encoding refuses anything beyond
+it, which fails the round before anything is computed. That happens with
+probability 2 Phi(-9) = 2.3e-19 per noise value whatever the votes are, so
+the failure itself says nothing; the labels of the rounds that do run are
+within total variation p (that probability times the values drawn) of the
+exact Gaussian mechanism's: (eps, delta + e^eps p) for its (eps, delta).
 
 Outputs: the student receives labels (or "not answered"); the guardian
 receives only the answered bits. Both receive one ``violation`` bit per query.
@@ -37,8 +43,8 @@ comparison of the honest counts); the total is data-independent once every
 vote is valid (capc.mpc.validity), so it reveals nothing either. On the
 accepted branch every word the circuit compares lies in
 [-(2R + 9 sigma), W + 2R + 9 sigma], and ``bits`` leaves room for twice that:
-no comparison can wrap. An honest round never violates: the secure sampler
-stays below 8.7 standard deviations.
+no comparison can wrap. An honest round never violates: noise beyond
+``NOISE_BOUND_SIGMAS`` never reaches the circuit.
 
 One-hot votes filtered in the circuit (``vote_parties``; encrypted-query
 mode, where each party's shares come out of a 2PC that the party garbles, so
@@ -77,7 +83,7 @@ Inputs = dict[str, U64]
 #: release, so every mechanism and driver takes it from here (capc.mechanisms re-exports it).
 NOT_ANSWERED = -1
 
-#: Noise is confined to this many standard deviations (the sampler's own limit is 8.7).
+#: Noise is confined to this many standard deviations (a draw beyond fails the round).
 NOISE_BOUND_SIGMAS = 9.0
 #: Fixed-point fractional bits inside the circuits unless a task says otherwise.
 CIRCUIT_FRAC_BITS = 4

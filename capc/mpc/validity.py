@@ -439,6 +439,39 @@ class VoteRelation:
         return lin
 
 
+def max_width(
+    teachers: int = 1,
+    *,
+    complement: bool = False,
+    grid_bits: int = 0,
+    tau: float | None = None,
+) -> int:
+    """The most counts per query (``width``) a party with ``teachers`` teachers can prove
+    a vote over, the other arguments as :class:`VoteRelation` takes them: the largest
+    width whose relation constructs (fits ``MAX_ELEMENTS`` and F_p), 0 where none does.
+
+    Decided by constructing the relations, so every limit derived from it is the
+    relation's own (no second copy of its size arithmetic)."""
+
+    def fits(width: int) -> bool:
+        try:
+            VoteRelation(width, teachers, complement, grid_bits, tau)
+        except ValidityError:
+            return False
+        return True
+
+    # A relation's elements and its F_p bound both grow with its width, so the widths that
+    # fit are 1..w; every count has at least one element, so w <= MAX_ELEMENTS.
+    lo, hi = 0, MAX_ELEMENTS
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def prove(relation: VoteRelation, bits: ArrayLike) -> U64:
     """The proofs (B, proof_elements) for shared elements (B, elements) (:meth:`VoteRelation.encode`),
     each query its own blinding."""
@@ -639,6 +672,7 @@ def ring_shares(field_sum: ArrayLike, student: bool) -> U64:
 
 __all__ = [
     "MAX_CONVERSION_FAILURE",
+    "MAX_ELEMENTS",
     "Challenge",
     "P",
     "ValidityError",
@@ -646,6 +680,7 @@ __all__ = [
     "VoteRelation",
     "accept",
     "conversion_failure",
+    "max_width",
     "prove",
     "ring_shares",
     "share",

@@ -13,8 +13,9 @@ query is right when the n teachers agree on a typical vector.
 - tau: the same with clipped votes. tau is set slightly above the mean l2
   norm (``TAU_MARGIN`` times it, at most sqrt(k)), so a typical vector is
   not clipped and keeps margin n/2, while the sensitivity drops from sqrt(k)
-  to sqrt(2) tau. A vector of norm r > tau keeps entries tau / r.
-- Powerset (k <= ``MAX_POWERSET_LABELS``, 10): noisy argmax over 2**k subsets; the agreed subset has
+  to sqrt(2) tau. A vector of norm r > tau keeps entries tau / r. Only where its
+  vote-validity statement fits (25 labels, 26 at tau < 2; :meth:`Mechanism.proven_outputs`).
+- Powerset (k <= ``MAX_POWERSET_LABELS``, 9): noisy argmax over 2**k subsets; the agreed subset has
   n votes and the others none, P = E_z[Phi((n + sigma z) / sigma)**(2**k - 1)].
   Teachers that disagree on any label split the subset vote; when many
   subsets occur that happens more often, so Powerset is only proposed when at
@@ -34,7 +35,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import ndtr
 
+from capc.mechanisms.base import MechanismError
 from capc.mechanisms.powerset import MAX_POWERSET_LABELS
+from capc.mechanisms.registry import from_config
 from capc.privacy import planning, rdp
 from capc.privacy.conversion import DEFAULT_ORDERS
 
@@ -141,10 +144,12 @@ def recommend(
     s_bin = sigma_for(rdp.multilabel_binary(k, 1.0, o))
     options.append(Option("binary", s_bin, None, float(ndtr(n / (2 * s_bin)) ** k)))
     tau = min(TAU_MARGIN * max(stats.mean_l2, 1.0), math.sqrt(k))
-    s_tau = sigma_for(rdp.multilabel_tau(k, tau, 1.0, o))
-    # A typical vector (norm mean_l2 <= tau) is not clipped: entries 1, margin n/2.
-    entry = min(1.0, tau / max(stats.mean_l2, 1e-12))
-    options.append(Option("tau", s_tau, tau, float(ndtr(n * (entry - 0.5) / s_tau) ** k)))
+    tau_ok = _has_vote_statement({"name": "tau", "sigma": 1.0, "tau": tau}, k)
+    if tau_ok:
+        s_tau = sigma_for(rdp.multilabel_tau(k, tau, 1.0, o))
+        # A typical vector (norm mean_l2 <= tau) is not clipped: entries 1, margin n/2.
+        entry = min(1.0, tau / max(stats.mean_l2, 1e-12))
+        options.append(Option("tau", s_tau, tau, float(ndtr(n * (entry - 0.5) / s_tau) ** k)))
     powerset_ok = (
         k <= MAX_POWERSET_LABELS and stats.distinct_subsets <= POWERSET_SUBSET_FRACTION * 2**k
     )
@@ -158,4 +163,19 @@ def recommend(
     )
     if not powerset_ok:
         why += f"; Powerset not considered ({stats.distinct_subsets} of {2**k} subsets occur, or k > {MAX_POWERSET_LABELS})"
+    if not tau_ok:
+        why += (
+            f"; tau not considered (over {k} labels at tau {tau:.3g} it has no vote-validity "
+            "statement: split the labels into smaller tasks)"
+        )
     return Recommendation(best, options, why)
+
+
+def _has_vote_statement(config: dict[str, object], k: int) -> bool:
+    """Whether the mechanism ``config`` over ``k`` labels can run in the services: it
+    exists there and has a vote-validity statement (a task without one is refused)."""
+    try:
+        from_config(config, k).require_vote_statement()
+    except MechanismError:
+        return False
+    return True

@@ -71,7 +71,8 @@ class SecureRandom:
 
     def normal(self, shape: int | tuple[int, ...], scale: float = 1.0) -> NDArray[np.float64]:
         """Gaussian noise N(0, scale**2) by the Box-Muller transform, in floating point (as
-        with :meth:`laplace`, never for a released number: use the discrete Gaussian).
+        with :meth:`laplace`, never for privacy noise: use
+        :mod:`capc.privacy.rounded_gaussian`, the exact Gaussian on a grid).
 
         The smallest uniform is 2**-54, so samples are confined to about 8.7
         standard deviations: a tail mass below 1e-17, far under any delta used.
@@ -86,8 +87,8 @@ class SecureRandom:
         Never add it to a number that is released: the outputs form a sparse set
         (Mironov 2012), so ``released - noise`` can give the secret away (the old float
         ALIBI did; :func:`capc.audit.canaries.audit_support` refutes such a release). For
-        released numbers use :mod:`capc.privacy.exact_noise`; this is for argmax-only
-        mechanisms (LNMax) and tests."""
+        privacy noise use :mod:`capc.privacy.exact_noise`; this is for tests (as
+        the float sampler of the releases the audit must refute)."""
         magnitude = -np.log(self.uniform(shape)) * scale
         sign = np.where(self.uint64(shape) & np.uint64(1), 1.0, -1.0)
         return sign * magnitude

@@ -26,28 +26,37 @@ largest one-move change of the RDP between such values anywhere within
 distance d is found by enumeration, with no approximation. Tables are still
 tabulated on {0, ..., n}; impossible entries are never read.
 
-Floating point: not an exact release. The noise is a float Gaussian
-(Box-Muller, :meth:`capc.privacy.randomness.SecureRandom.normal`) added to a
-float R(H), and the result is released as a number. The RDP above is that of
-the continuous Gaussian; a float sampler's outputs form a sparse set
-(Mironov 2012), so the released figure may reveal more about R(H) than the
-cost charged for it. It is a side figure of central-mode experiments
-(:mod:`capc.learning.pate`, ``capc privacy --sanitise``): never a label,
-never charged on a ledger. Making it exact (discrete Gaussian on a grid,
-with R snapped) is not done.
+Exact release. The released figure is R(H) + SS_beta(H) * N(0, sigma_ss**2)
+with the Gaussian exact and continuous, rounded to a multiple of
+``RELEASE_GRID`` (2^-20 nats of RDP) by Karney's sampler
+(:mod:`capc.privacy.rounded_gaussian`): post-processing of the continuous
+release the theorem above is about, so its cost holds exactly. R and SS are
+floats, deterministic functions of the votes, and enter as their exact
+values. It used to add a float Box-Muller draw to R, and a float sum leaks
+its summands: the round trip fl(fl(v - R) + R) = v holds for the R that
+produced v and fails for a neighbour's R on some draws, which then tell the
+two apart with certainty (``tests/unit/test_smooth_sensitivity.py``).
+Only ``noisy_rdp`` and what is computed from it (``epsilon``) are released;
+``expected_epsilon``, ``epsilon_std``, ``smooth_sensitivity`` and
+``data_dependent_rdp`` are noiseless functions of the votes, diagnostics for
+whoever holds them (``capc privacy cost --sanitise`` prints them beside the
+unsanitised data-dependent curve). It is a side figure of central-mode
+experiments (:mod:`capc.learning.pate`, ``capc privacy --sanitise``): never
+a label, never charged on a ledger.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import scipy.special
 import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
-from capc.privacy import rdp
+from capc.privacy import rdp, rounded_gaussian
 from capc.privacy import validation as check
 from capc.privacy.conversion import Conversion, convert
 from capc.privacy.randomness import SecureRandom
@@ -59,9 +68,14 @@ BoolArray = NDArray[np.bool_]
 
 @dataclass(frozen=True)
 class SanitisedEpsilon:
-    """A data-dependent epsilon released with smooth-sensitivity noise, and how."""
+    """A data-dependent epsilon released with smooth-sensitivity noise, and how.
+
+    Released: ``noisy_rdp`` (nats, a multiple of :data:`RELEASE_GRID`), ``epsilon`` (its
+    conversion) and the parameters. ``expected_epsilon``, ``epsilon_std``,
+    ``smooth_sensitivity`` and ``data_dependent_rdp`` are noiseless: never publish them."""
 
     epsilon: float
+    noisy_rdp: float
     expected_epsilon: float
     epsilon_std: float
     delta: float
@@ -71,6 +85,21 @@ class SanitisedEpsilon:
     smooth_sensitivity: float
     data_dependent_rdp: float
     release_rdp: float
+
+
+#: The released RDP is a multiple of this (nats).
+RELEASE_GRID = Fraction(1, 1 << 20)
+
+
+def released_rdp(total: float, scale: float, rng: SecureRandom) -> float:
+    """``total`` + N(0, ``scale``**2), exact and continuous, rounded to a multiple of
+    :data:`RELEASE_GRID` (nats); ``scale`` 0 releases ``total`` rounded (nothing to hide)."""
+    if not (math.isfinite(total) and math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"need a finite total and scale >= 0, got {total} and {scale}")
+    if scale == 0:
+        return float(round(Fraction(total) / RELEASE_GRID) * RELEASE_GRID)
+    m = rounded_gaussian.sample(Fraction(total), Fraction(scale), RELEASE_GRID, rng)
+    return float(m * RELEASE_GRID)
 
 
 def release_rdp(beta: float, sigma_ss: float, order: float) -> float:
@@ -235,12 +264,13 @@ def sanitise(
         ls = sum(float(w.grow().sum()) for w in windows)
         best = max(best, math.exp(-b * d) * ls)
 
-    noisy = total + best * sigma_ss * float(rng.normal(1)[0])
+    noisy = released_rdp(total, best * sigma_ss, rng)
     o = np.array([lam])
     eps = convert(np.array([max(0.0, noisy) + cost]), o, delta, Conversion.IMPROVED).epsilon
     expected = convert(np.array([total + cost]), o, delta, Conversion.IMPROVED).epsilon
     return SanitisedEpsilon(
         epsilon=eps,
+        noisy_rdp=noisy,
         expected_epsilon=expected,
         epsilon_std=best * sigma_ss,
         delta=float(delta),

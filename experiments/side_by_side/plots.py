@@ -88,7 +88,7 @@ def when_to_join(summary: Sequence[dict[str, Any]], dataset: str, path: Path) ->
     for method, budget, label in (
         ("alone", None, "alone (non-private)"),
         ("capc-loop", eps, f"CaPC loop (eps {eps:g})" if eps else "CaPC loop"),
-        ("dp-fedavg", eps, f"DP-FedAvg (eps {eps:g})" if eps else "DP-FedAvg"),
+        ("dp_fedavg", eps, f"DP-FedAvg (eps {eps:g})" if eps else "DP-FedAvg"),
         ("pooled", None, "pooled ceiling (non-private)"),
     ):
         points = [(n, lookup(summary, dataset, method, n, budget)) for n in ns]

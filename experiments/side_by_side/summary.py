@@ -17,8 +17,8 @@ METHODS: dict[str, str] = {
     "capc-diet-student": "capc: DIET student (no data of its own)",
     "capc-loop": "capc: CaPC loop (hospital 0's own model + labels)",
     "capc-pate-public": "capc: PATE with public records",
-    "dp-fedavg": "DP-FedAvg (Flower + Opacus)",
-    "dp-sgd-pooled": "DP-SGD on pooled records (Opacus)",
+    "dp_fedavg": "DP-FedAvg (Flower + Opacus)",
+    "dp_sgd_pooled": "DP-SGD on pooled records (Opacus)",
     "alone": "each hospital alone (non-private)",
     "pooled": "pooled, non-private (the ceiling)",
 }
@@ -123,7 +123,7 @@ def goals(summary: Sequence[dict[str, Any]], dataset: str = "animal-mnist") -> d
             )
         for eps in epsilons:
             student = lookup(summary, dataset, "capc-diet-student", n, eps)
-            fed = lookup(summary, dataset, "dp-fedavg", n, eps)
+            fed = lookup(summary, dataset, "dp_fedavg", n, eps)
             if student and fed:
                 duel_cells.append(
                     {
@@ -188,3 +188,53 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
                 out.append(f"| {name} | " + " | ".join(cells) + " |")
             out.append("")
     return "\n".join(out)
+
+
+def goals_markdown(summary: Sequence[dict[str, Any]], dataset: str = "animal-mnist") -> str:
+    """The goals as a list a person reads: met or not, with the cells behind each."""
+    g = goals(summary, dataset)
+    loop = g["loop_beats_alone"]["cells"]
+    duel = g["student_at_least_dp_fedavg"]["cells"]
+    best = g["student_80_at_eps_10"]["best"]
+
+    def verdict(met: bool) -> str:
+        return "met" if met else "not met"
+
+    lines = [
+        f"- The CaPC loop beats training alone by more than the seed spread wherever "
+        f"alone is below the pooled ceiling: {verdict(g['loop_beats_alone']['met'])} ("
+        + "; ".join(
+            f"n {c['n']}: alone {c['alone']:.3f}, loop {c['loop']:.3f}, pooled {c['pooled']:.3f}"
+            for c in loop
+        )
+        + ").",
+        f"- The DIET student is at least as accurate as DP-FedAvg at every eps: "
+        f"{verdict(g['student_at_least_dp_fedavg']['met'])} ("
+        + "; ".join(
+            f"n {c['n']} eps {c['epsilon']:g}: {c['student']:.3f} vs {c['dp_fedavg']:.3f}"
+            for c in duel
+        )
+        + ").",
+        f"- The DIET student reaches 0.80 at eps 10: {verdict(g['student_80_at_eps_10']['met'])} "
+        f"(best {'n/a' if best is None else f'{best:.3f}'}).",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the tables and the goals of a saved side-by-side result."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(prog="python -m experiments.side_by_side.summary")
+    parser.add_argument("result", type=Path, help="the saved side-by-side JSON")
+    args = parser.parse_args(argv)
+    summary = table(json.loads(args.result.read_text())["rows"])
+    print(markdown(summary))
+    print(goals_markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

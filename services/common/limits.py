@@ -83,7 +83,7 @@ MAX_TENSOR_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
 #: Memory the gateway's uploads hold at once, all requests together
-#: (``--max-uploads-mb``): each request's body (reserved before it is read) and, for an
+#: (``--max-uploads-mb``): each request's body (reserved as it arrives) and, for an
 #: upload, three float32-sized copies of its queries (the inflated array, its float32
 #: copy and the job message's; reserved from the headers before inflating). One upload
 #: at the largest sizes needs 64 MiB + 3 x 127 MiB, so 1 GiB admits two of those, or

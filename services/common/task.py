@@ -183,6 +183,13 @@ class TaskConfig:
                 f"task {name!r}: encrypted queries support single-label voting "
                 "without personalized budgets"
             )
+        if task.encryption is None:
+            # Plaintext queries: each vote is checked by its validity proof and nothing else
+            # (encrypted mode's circuit checks each party's one-hot vote itself).
+            try:
+                task.mechanism.require_vote_statement()
+            except MechanismError as err:
+                raise TaskError(f"task {name!r}: {err}") from err
         return task
 
     @property
@@ -236,6 +243,8 @@ class TaskConfig:
             return self
         try:
             mech = self.mechanism.tightened(overrides)
+            if self.encryption is None:  # a raised parameter must keep its statement
+                mech.require_vote_statement()
         except MechanismError as err:
             raise TaskError(f"task {self.name!r}: {err}") from err
         return self if mech is self.mechanism else dataclasses.replace(self, mechanism=mech)

@@ -68,9 +68,12 @@ UPLOAD_COPIES = 3
 class BodyLimit:
     """Refuses request bodies over ``limit`` bytes with 413, and any body that would take
     ``budget`` (shared by every request in flight) past its limit with 503 and
-    Retry-After, both before they are buffered. A declared Content-Length is reserved
-    whole on arrival; a chunked body chunk by chunk. Either is held until the response
-    is sent, so the budget may over-count a request that stopped early, never under-count.
+    Retry-After, both before they are buffered. Bytes are reserved as they arrive, chunk
+    by chunk, and held until the response is sent, so the budget may over-count a
+    request that stopped early, never under-count. A declared Content-Length is not
+    reserved (a connection declaring the largest body and sending nothing, no token
+    needed, would hold the budget for nothing): it is refused early when it does not
+    fit the room left now.
     """
 
     def __init__(self, app: ASGIApp, limit: int, budget: MemoryBudget) -> None:
@@ -86,12 +89,10 @@ class BodyLimit:
         if declared is not None and declared > self.limit:
             await self._refuse(send, 413, self._too_large())
             return
+        if declared and self.budget.held + declared > self.budget.limit:
+            await self._refuse(send, 503, self._busy(declared))
+            return
         held = 0
-        if declared:
-            if not self.budget.take(declared):
-                await self._refuse(send, 503, self._busy(declared))
-                return
-            held = declared
         seen = 0
         started = False
         # Set when this middleware refuses the body midway: the app may turn the

@@ -142,7 +142,13 @@ class Backends:
 
 class HealthCache:
     """``Backends.health`` read at most once per ``ttl`` seconds, however often or
-    concurrently /healthz is asked: ``read()`` returns the states and their age (s)."""
+    concurrently /healthz is asked: ``read()`` returns the states and their age (s).
+
+    While one caller refreshes a stale reading (up to two 3 s health checks when a
+    backend is slow or down), the others answer at once from the stale one, with its
+    age: an open endpoint must not park a worker thread per request for seconds, or a
+    burst of probes would stall every other request the gateway's thread pool serves.
+    Only the very first reading, with nothing to answer from, is waited for."""
 
     def __init__(
         self,
@@ -152,15 +158,22 @@ class HealthCache:
     ) -> None:
         self.backends, self.ttl, self.clock = backends, ttl, clock
         self._cached: tuple[float, dict[str, str]] | None = None
-        # Held across the read: requests arriving meanwhile wait and share its result
-        # instead of each dialling the backends.
+        # Held by the one caller reading the backends: the others never dial them too.
         self._lock = threading.Lock()
 
     def read(self) -> tuple[dict[str, str], float]:
-        with self._lock:
-            cached = self._cached
-            if cached is None or self.clock() - cached[0] >= self.ttl:
-                states = self.backends.health()
-                cached = self._cached = (self.clock(), states)
-            at, states = cached
-            return dict(states), max(0.0, self.clock() - at)
+        cached = self._cached
+        stale = cached is None or self.clock() - cached[0] >= self.ttl
+        # One refresher; the rest take the stale reading rather than queue behind it.
+        if stale and self._lock.acquire(blocking=cached is None):
+            try:
+                cached = self._cached
+                if cached is None or self.clock() - cached[0] >= self.ttl:
+                    states = self.backends.health()
+                    cached = self._cached = (self.clock(), states)
+            finally:
+                self._lock.release()
+        if cached is None:  # unreachable: a first reading is waited for above
+            raise RuntimeError("no health reading")
+        at, states = cached
+        return dict(states), max(0.0, self.clock() - at)

@@ -61,6 +61,7 @@ from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
 from services.common.ledger import Ledger, QuorumError, RoundStateError
 from services.common.ledger import disputes as dispute_log
+from services.common.ledger.models import RoundState
 from services.common.limits import (
     MAX_BATCH,
     MAX_CIPHERTEXTS,
@@ -513,8 +514,24 @@ class RoundEngine:
                     f"round {old} was computed: its seeds opened, so it cannot be retried"
                 )
             self._recent[old] = (seen[0], seen[1], True)
+        why = f"the student retries it without {party}"
         if rnd is not None:  # the student's abandonment may still be on its way
-            self.abandon_round(rnd, f"the student retries it without {party}")
+            self.abandon_round(rnd, why)
+        else:
+            # Out of ``_rounds`` but maybe not settled yet (the student's session ending
+            # settles it a moment later): nobody can release it any more, so settle it here.
+            with contextlib.suppress(RoundStateError):
+                if self.ledger.round_state(old) == RoundState.RESERVED:
+                    self.ledger.abort(old, reason=why)
+        # A computed round has left ``_rounds`` too (and a release may race the
+        # abandonment above): the ledger says whether its output left. Only a round
+        # aborted before its 2PC released nothing, so only that one is answered again.
+        state = self.ledger.round_state(old)
+        if state != RoundState.ABORTED:
+            raise RequestError(
+                f"round {old} was computed or is still open ({state}): its seeds opened, "
+                "so it cannot be retried; open a new round"
+            )
         self.ledger.record(
             "guardian",
             dispute_log.DISPUTE,
@@ -587,15 +604,15 @@ class RoundEngine:
                 except RequestError as err:
                     refused = err
             if not encrypted:
-                # Where the mechanism has a proof statement, every vote carries its proof.
-                # A party whose teacher count makes the statement too large to prove would
-                # vote unchecked shares: it is left out instead (its count is its own claim).
-                proven = task.mechanism.vote_relation(1) is not None
+                # Every vote carries its proof: a plaintext task has a statement at one
+                # teacher (TaskConfig.parse refuses one without). A party whose teacher count
+                # makes the statement too large to prove would vote unchecked shares: it is
+                # left out instead (its count is its own claim).
                 for p, m in rnd.teachers.items():
                     relation = task.mechanism.vote_relation(m)
                     if relation is not None:
                         rnd.relations[p] = relation
-                    elif proven:
+                    else:
                         unprovable.add(p)
         if refused is not None:
             with self._lock:

@@ -525,3 +525,74 @@ def test_a_retry_without_a_party_is_checked_audited_and_taken_once(engine: Round
     with pytest.raises(RequestError, match="retried already"):
         engine.begin_round("alice", retry("k6", "b", ["b"]), SID_A)
     engine.abandon_round(rnd, "test over")
+
+
+def test_a_computed_round_cannot_be_retried_after_it_left_the_engine(
+    engine: RoundEngine,
+) -> None:
+    """A round whose 2PC ran (released, committed: its seeds opened) is no longer in the
+    engine's open rounds; a retry naming it must still be refused, or a student could
+    take its labels, then blame a party's seed that opened (a dispute against an honest
+    hospital at will) and have the same queries answered again."""
+    ledger = engine.ledger
+    key = X25519PrivateKey.generate()
+    g_chan, e_chan = memory_channel_pair()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            engine.serve_compute("alice", g_chan, SID_A, idle_timeout=3.0)
+        except BaseException as err:
+            errors.append(err)
+
+    garbler = threading.Thread(target=serve, daemon=True)
+    garbler.start()
+    student = EvaluatorSession(e_chan, SID_A, timeout=30)
+    student.setup()
+    reply = proven_round(engine, key, "k-done", ("a", "b"))
+    old = reply.round_id
+    mine, bits = student_side(key, reply)
+    check = engine.check_votes(
+        "alice", SID_A, vote_check(old, ["a", "b"], mine.wire, mine.combined)
+    )
+    total = proven_vote_sum(
+        dict.fromkeys(check.included, RELATION), bits, dict(check.vote_weights), student=True
+    )
+    spec = PLAIN.circuit_spec(len(check.included))
+    student.run_round(old, spec.circuit(), spec.evaluator_inputs(total), BATCH)
+    garbler.join(timeout=30)
+    assert not errors
+    assert ledger.round_state(old) == RoundState.COMMITTED
+
+    req = plain_request("k-again", key.public_key().public_bytes_raw())
+    req.exclude.append("b")
+    req.retry.CopyFrom(guardian_pb2.RetryWithout(round_id=old, party="b", reason="bad tag"))
+    with pytest.raises(RequestError, match="was computed"):
+        engine.begin_round("alice", req, SID_A)
+    assert ledger.last_round() == old, "nothing was reserved for the refused retry"
+    assert not [e for e in ledger.audit_entries(50) if e.action == "dispute"]
+
+
+def test_a_retry_settles_a_round_the_ending_session_has_not_settled_yet(
+    engine: RoundEngine,
+) -> None:
+    """The student drops its session, then retries: the session's end takes the round out
+    of the open rounds a moment before it aborts it in the ledger. A retry arriving in
+    that window settles the round itself (nobody can release it any more) rather than
+    refusing it as computed, and the ending session's own abort then finds it settled."""
+    ledger = engine.ledger
+    key = X25519PrivateKey.generate()
+    reply = proven_round(engine, key, "k-window", ("a", "b"))
+    old = reply.round_id
+    with engine._lock:  # what _end_session does first, under the lock
+        rnd = engine._rounds.pop(old)
+    assert ledger.round_state(old) == RoundState.RESERVED
+    req = plain_request("k-retry", key.public_key().public_bytes_raw())
+    req.exclude.append("b")
+    req.retry.CopyFrom(guardian_pb2.RetryWithout(round_id=old, party="b", reason="bad tag"))
+    again = engine.begin_round("alice", req, SID_A)
+    assert again.included == ("a",)
+    assert ledger.round_state(old) == RoundState.ABORTED
+    engine._settle(rnd, "the student's 2PC session ended")  # finds it settled: no error
+    assert ledger.round_state(old) == RoundState.ABORTED
+    engine.abandon_round(again, "test over")

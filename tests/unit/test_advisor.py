@@ -34,6 +34,18 @@ def test_sparse_labels_over_many_classes_favour_tau_slightly_above_the_mean_norm
     assert rec.best.sigma < binary.sigma
 
 
+def test_tau_is_not_proposed_where_no_task_could_run_it() -> None:
+    """Over 30 sparse labels tau would win, but a task of it has no vote statement and is
+    refused (issue 41): the advisor says so and proposes what can run."""
+    stats = LabelStatistics(num_labels=30, mean_l2=1.3, distinct_subsets=5000)
+    rec = recommend(stats, num_teachers=100, queries=1000, epsilon=8.0, delta=1e-5)
+    assert {o.mechanism for o in rec.options} == {"binary"}
+    assert "tau not considered (over 30 labels at tau 1.43" in rec.reason
+    # At 26 labels, tau 1.43 < 2 still has its statement.
+    near = LabelStatistics(num_labels=26, mean_l2=1.3, distinct_subsets=5000)
+    assert recommend(near, 100, 1000, 8.0, 1e-5).best.mechanism == "tau"
+
+
 def test_dense_labels_favour_binary_when_tau_cannot_clip() -> None:
     stats = LabelStatistics(num_labels=4, mean_l2=2.0, distinct_subsets=16)
     rec = recommend(stats, num_teachers=30, queries=100, epsilon=4.0, delta=1e-5)

@@ -32,14 +32,28 @@ def test_a_querier_failing_with_many_parties_points_to_the_querier() -> None:
 
 
 def test_both_sides_failing_with_others_points_nowhere() -> None:
-    """s1 fails with h0 and h1, h0 with s1 and s2: the pair (s1, h0) could be either."""
+    """s1 fails with h0 and h1, h0 with s1 and s2: every pair could be either side's
+    doing (s1 framing both, or h0 and h1 deviating), so none points anywhere."""
     pairs = [("s1", "h0"), ("s1", "h1"), ("s2", "h0")]
     points = {(d.querier, d.party): d.points_to for d in attribute(pairs)}
     assert points == {
         ("s1", "h0"): "undetermined",
-        ("s1", "h1"): "querier",
-        ("s2", "h0"): "party",
+        ("s1", "h1"): "undetermined",
+        ("s2", "h0"): "undetermined",
     }
+
+
+def test_a_known_framer_and_one_more_querier_do_not_point_to_an_honest_party() -> None:
+    """Two deviating students frame honest h0: s1 also fails with h1 and h2 (its pattern
+    looks like a framer), s2 only with h0. h0's accusers are not all clean, so no pair
+    points to h0 (before, (s2, h0) did: one clean accuser sufficed). s1's parties are
+    not all clean either (h0 fails with s2 too), so as docs/security.md states the rule
+    its pairs stay undetermined as well."""
+    pairs = [("s1", "h0"), ("s1", "h1"), ("s1", "h2"), ("s2", "h0"), ("s2", "h0")]
+    points = {(d.querier, d.party): d.points_to for d in attribute(pairs)}
+    assert points[("s2", "h0")] == "undetermined"
+    assert points[("s1", "h0")] == "undetermined"
+    assert points[("s1", "h1")] == points[("s1", "h2")] == "undetermined"
 
 
 def test_entries_name_their_pair_and_legacy_entries_count() -> None:
@@ -60,6 +74,6 @@ def test_the_ledger_counts_disputes_over_its_whole_log(tmp_path: Path) -> None:
     ledger.record("guardian", "abort", {"round": 9, "reason": "h0 ... s1"})
     assert ledger.disputes() == [
         Dispute("s1", "h0", 1, 2, 2, "undetermined"),
-        Dispute("s1", "h1", 1, 1, 2, "querier"),
-        Dispute("s2", "h0", 2, 2, 1, "party"),
+        Dispute("s1", "h1", 1, 1, 2, "undetermined"),
+        Dispute("s2", "h0", 2, 2, 1, "undetermined"),
     ]

@@ -11,7 +11,7 @@ import pytest
 import scipy.stats
 
 from capc.mechanisms import Mechanism, MechanismError, Personalization, from_config
-from capc.mechanisms.argmax import noisy_argmax
+from capc.mechanisms.argmax import LAPLACE_RESOLUTION, laplace_noisy_max, noisy_argmax
 from capc.mechanisms.base import NOT_ANSWERED, gaussian_noise
 from capc.mechanisms.powerset import MAX_POWERSET_LABELS, subset_bits
 from capc.privacy import advisor
@@ -87,6 +87,50 @@ def test_discrete_noise_is_integer_and_decides_valid_labels() -> None:
     assert labels.shape == (20,) and set(labels.tolist()) <= {0, 1, 2}
 
 
+def test_laplace_noisy_max_shapes() -> None:
+    assert laplace_noisy_max(np.array([[3.0, 0.0]] * 7), 1.0, rng()).shape == (7,)
+
+
+def lnmax_first_wins(gap: int, t: int) -> float:
+    """P[k0 + Z0 >= k1 + Z1] = P[Z1 - Z0 <= gap] for exact discrete Laplace Z of scale t,
+    k0 - k1 = ``gap`` grid points (ties go to class 0), by convolving the two laws."""
+    support = np.arange(-40 * t, 40 * t + 1)
+    q = np.exp(-1.0 / t)
+    pmf = (1 - q) / (1 + q) * q ** np.abs(support)
+    diff = np.convolve(pmf, pmf[::-1])  # Z1 - Z0 on -80t .. 80t
+    return float(diff[: 80 * t + gap + 1].sum())
+
+
+@pytest.mark.parametrize(("counts", "scale"), [((0.25, 0.0), 0.25), ((0.3, 1.0), 0.5)])
+def test_laplace_noisy_max_has_the_exact_grid_law(
+    counts: tuple[float, float], scale: float
+) -> None:
+    s = LAPLACE_RESOLUTION
+    t = int(np.ceil(scale * s))
+    gap = int(np.floor(counts[0] * s) - np.floor(counts[1] * s))
+    n = 40_000
+    labels = laplace_noisy_max(np.array([counts] * n), scale, rng(f"lnmax{scale}"))
+    wins = int((labels == 0).sum())
+    p = lnmax_first_wins(gap, t)
+    assert abs(wins - n * p) < 4 * np.sqrt(n * p * (1 - p))
+    # Teeth: the law at twice the scale is far outside those counts.
+    q = lnmax_first_wins(gap, 2 * t)
+    assert abs(wins - n * q) > 10 * np.sqrt(n * q * (1 - q))
+
+
+def test_laplace_noisy_max_is_pure_dp_at_two_over_its_scale() -> None:
+    # Neighbours: one vote moves from class 0 to class 1. The exact law's ratio, both ways.
+    s, scale = LAPLACE_RESOLUTION, 0.5
+    t = int(np.ceil(scale * s))
+    for before in range(-3, 4):
+        a, b = lnmax_first_wins(before * s, t), lnmax_first_wins((before - 2) * s, t)
+        bound = np.exp(2 * s / t) * (1 + 1e-9)
+        assert a <= bound * b and (1 - b) <= bound * (1 - a)
+    # Teeth: the ratio is near the bound, so a charge of half of it would be wrong.
+    a, b = lnmax_first_wins(-s, t), lnmax_first_wins(-3 * s, t)
+    assert a > np.exp(s / t) * b
+
+
 @pytest.mark.parametrize(
     ("hist", "message"),
     [
@@ -160,7 +204,7 @@ def test_powerset_round_trip() -> None:
     labels, _ = mech.decide(hist, {"eta2": np.zeros_like(hist)})
     assert labels.tolist() == [[1, 0, 1]]
     assert subset_bits(np.array([0b101, 0b010]), 3).tolist() == [[1, 0, 1], [0, 1, 0]]
-    with pytest.raises(MechanismError, match="1 to 10 labels"):
+    with pytest.raises(MechanismError, match=r"1 to 9 labels.*at most 9"):
         from_config({"name": "powerset", "sigma": 1.0}, 11)
 
 
@@ -168,14 +212,16 @@ def test_powerset_takes_the_same_k_in_every_path_and_the_docs() -> None:
     # One limit for the plain histogram, the secure mechanism, the advisor and the docs:
     # they once disagreed (12 in the plain path, 10 in the circuit).
     k = MAX_POWERSET_LABELS
-    assert k == 10
+    assert k == 9  # 2**10 subsets have no vote statement (issue 41)
     docs = (Path(__file__).parents[2] / "docs" / "multilabel.md").read_text()
     stated = re.findall(r"`powerset` \(k <= (\d+)\)", docs)
     assert stated == [str(k)]
+    privacy = (Path(__file__).parents[2] / "docs" / "privacy.md").read_text()
+    assert re.findall(r"Powerset takes k <= (\d+)", privacy) == [str(k)]
     mech = from_config({"name": "powerset", "sigma": 2}, k)
     assert mech.vote_width == 2**k
     assert mech.summed_votes(np.zeros((1, 2, k), dtype=np.int64)).shape == (1, 2**k)
-    with pytest.raises(MechanismError, match="powerset takes"):
+    with pytest.raises(MechanismError, match=f"powerset takes .*at most {k} labels"):
         from_config({"name": "powerset", "sigma": 2}, k + 1)
     for labels, offered in ((k, True), (k + 1, False)):
         stats = advisor.LabelStatistics(num_labels=labels, mean_l2=1.0, distinct_subsets=2)

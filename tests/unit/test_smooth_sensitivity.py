@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from capc.audit import canaries
 from capc.privacy import smooth_sensitivity as ss
 from capc.privacy.randomness import SecureRandom
 
@@ -269,3 +270,35 @@ def test_impossible_top_votes_do_not_drive_the_release(
     got = library_smooth_sensitivity(hists, answered, n, 4.0, order, beta, threshold, 1.0)
     assert brute * (1 - 1e-12) <= got.smooth_sensitivity <= 1.2 * brute + 1e-12
     assert got.epsilon_std <= 0.03
+
+
+def test_support_attack_reads_the_float_release_and_not_the_exact_one() -> None:
+    # Two neighbouring vote sets (one teacher moves one vote), each released many times.
+    hist = _random_hist(np.random.default_rng(3), 20)
+    answered = np.ones(20, dtype=bool)
+    moved = hist.copy()
+    top = int(np.argmax(moved[0]))
+    moved[0, top] -= 1
+    moved[0, (top + 1) % K] += 1
+    first, second = release(hist, answered, 5), release(moved, answered, 5)
+    r1, r2 = first.data_dependent_rdp, second.data_dependent_rdp
+    assert r1 != r2
+    scale = max(first.smooth_sensitivity, second.smooth_sensitivity) * first.sigma_ss
+    n = 6_000
+    truth = np.arange(n) % 2 == 0
+    rng = SecureRandom.from_seed("attack")
+    # The old release: R + a float Gaussian draw, released as the float sum.
+    old = np.where(truth, r1, r2) + rng.normal(n, scale)
+    made, says_first = canaries.guess_offset(old, r1, r2)
+    assert made.sum() > n // 5 and np.array_equal(says_first[made], truth[made])
+    new = np.array([ss.released_rdp(r1 if t else r2, scale, rng) for t in truth])
+    assert np.array_equal(new / float(ss.RELEASE_GRID), np.rint(new / float(ss.RELEASE_GRID)))
+    made, says_first = canaries.guess_offset(new, r1, r2)
+    right = int((says_first[made] == truth[made]).sum())
+    assert right <= made.sum() / 2 + 4 * np.sqrt(made.sum() / 4) + 1
+
+
+def test_release_without_noise_is_its_total_on_the_grid() -> None:
+    assert ss.released_rdp(0.75, 0.0, SecureRandom.from_seed(0)) == 0.75
+    with pytest.raises(ValueError, match="scale"):
+        ss.released_rdp(1.0, -1.0, SecureRandom.from_seed(0))

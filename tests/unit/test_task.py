@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from capc.data.multilabel import ATTRIBUTE_TABLE, attributes_of
+from capc.mechanisms import from_config
 from capc.mpc import validity
 from capc.mpc.mechanism_circuits import ConfidentGNMax, MultiLabel
 from capc.privacy.accountants import RenyiDp
@@ -63,7 +64,7 @@ def test_personalized_tasks() -> None:
             {"num_classes": 5, "input_shape": [4], "mechanism": {"name": "binary", "sigma": 1}},
             "num_labels",
         ),
-        (ml({"name": "powerset", "sigma": 1.0}, k=11), "1 to 10 labels"),
+        (ml({"name": "powerset", "sigma": 1.0}, k=11), "1 to 9 labels"),
         (ml({"name": "tau", "sigma": 1.0}), "tau: Field required"),
         (ml({"name": "binary", "sigma": 1.0}, personalization={"mode": "boost"}), "mode"),
         (
@@ -82,6 +83,72 @@ def test_personalized_tasks() -> None:
 def test_bad_task_configurations_say_what_is_wrong(config: dict[str, Any], reason: str) -> None:
     with pytest.raises(TaskError, match=reason):
         parse(config)
+
+
+def test_a_task_whose_votes_no_proof_checks_is_refused() -> None:
+    """Issue 41: where a vote statement would exceed MAX_ELEMENTS per query, rounds ran on
+    the circuit's range checks alone, and one hospital's invalid vote (+9a on a target,
+    -a elsewhere) decided labels. Such tasks are refused, saying the limit and the way out;
+    the largest allowed ones parse, and every task that parses has a statement."""
+    tau = {"name": "tau", "sigma": 1.0}
+    for t, most in ((3.0, 25), (1.0, 26)):
+        largest = parse(ml({**tau, "tau": t}, k=most))
+        assert largest.mechanism.vote_relation(1) is not None
+        with pytest.raises(
+            TaskError,
+            match=(
+                rf"tau voting over {most + 1} labels has no vote-validity statement \(at most "
+                rf"{most} labels fit one proof per query at tau {t:g}, MAX_ELEMENTS 512\): a "
+                rf"hospital could decide labels with an invalid vote\. Use at most {most} "
+                rf"labels, or split the labels into tasks of at most {most}$"
+            ),
+        ):
+            parse(ml({**tau, "tau": t}, k=most + 1))
+    with pytest.raises(TaskError, match=r"tau voting over 30 labels .* at most 25 labels"):
+        parse(ml({**tau, "tau": 3.0}, k=30))
+    assert parse(ml({"name": "powerset", "sigma": 1.0}, k=9)).mechanism.vote_relation(1)
+    with pytest.raises(
+        TaskError,
+        match=(
+            r"powerset takes 1 to 9 labels, got 10: a vote-validity statement covers at most "
+            r"2\*\*9 subsets per query .* Use at most 9 labels, or split the labels into tasks"
+        ),
+    ):
+        parse(ml({"name": "powerset", "sigma": 1.0}, k=10))
+    # Binary voting's statement fits every label count a task may name.
+    assert parse(ml({"name": "binary", "sigma": 1.0}, k=64)).mechanism.vote_relation(1)
+    # One-hot votes over more classes than a proof holds: plaintext refused, ...
+    gnmax = {"input_shape": [4], "mechanism": {"name": "gnmax", "sigma": 1.0}}
+    assert parse({**gnmax, "num_classes": 512}).mechanism.vote_relation(1)
+    with pytest.raises(
+        TaskError, match=r"gnmax voting over 513 classes .* or use encrypted queries"
+    ):
+        parse({**gnmax, "num_classes": 513})
+    # ... while encrypted queries' circuit checks each party's one-hot vote itself.
+    encrypted = parse(
+        {
+            **gnmax,
+            "num_classes": 513,
+            "input_shape": [1, 28, 28],
+            "encryption": {"architecture": "he-cnn"},
+        }
+    )
+    assert encrypted.encryption is not None and encrypted.mechanism.vote_relation(1) is None
+
+
+def test_the_label_limits_are_the_proofs_own() -> None:
+    """proven_outputs, which the refusals quote, is exactly where vote_relation stops."""
+    for config, top in (
+        ({"name": "tau", "sigma": 1.0, "tau": 3.0}, 64),
+        ({"name": "tau", "sigma": 1.0, "tau": 0.5}, 64),
+        ({"name": "binary", "sigma": 1.0}, 64),
+        ({"name": "powerset", "sigma": 1.0}, 9),
+    ):
+        fits = [k for k in range(1, top + 1) if from_config(config, k).vote_relation(1) is not None]
+        assert fits == list(range(1, fits[-1] + 1))
+        assert min(from_config(config, 1).proven_outputs(), top) == fits[-1]
+    assert from_config({"name": "powerset", "sigma": 1.0}, 1).proven_outputs() == 9
+    assert from_config({"name": "gnmax", "sigma": 1.0}, 2).proven_outputs() == 512
 
 
 def test_answering_party_votes_follow_the_round() -> None:

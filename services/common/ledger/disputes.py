@@ -74,10 +74,14 @@ def attribute(pairs: Iterable[tuple[str, str]]) -> list[Dispute]:
     out = []
     for (querier, party), failures in sorted(counts.items()):
         with_party, with_querier = len(queriers_of[party]), len(parties_of[querier])
+        # Every accuser must be clean, not only this pair's: one querier that also fails
+        # with others is as likely a framer, and one more framer would then suffice.
+        party_side = all(len(parties_of[q]) == 1 for q in queriers_of[party])
+        querier_side = all(len(queriers_of[p]) == 1 for p in parties_of[querier])
         points: PointsTo = "undetermined"
-        if with_party >= 2 and with_querier == 1:
+        if with_party >= 2 and party_side:
             points = "party"
-        elif with_querier >= 2 and with_party == 1:
+        elif with_querier >= 2 and querier_side:
             points = "querier"
         out.append(Dispute(querier, party, failures, with_party, with_querier, points))
     return out

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from starlette.types import Message
 
 from services.common.limits import HEALTH_CACHE_SECONDS
 from services.gateway.app import create_app
-from services.gateway.backends import Backends
+from services.gateway.backends import Backends, HealthCache
 from services.gateway.ratelimit import MemoryBudget
 from services.gateway.tokens import TokenStore
 
@@ -140,25 +142,26 @@ def test_concurrent_uploads_share_one_memory_budget(
     token = store.create("analyst", "uploader")[0]
 
     async def scenario() -> None:
-        # A declares 1,000 bytes and stalls before its last chunk, holding them.
-        a = Request([PART, b"-" * (1000 - len(PART))], token, stall=True)
+        # A declares 1,000 bytes, sends 900 and stalls before its last chunk, holding them.
+        a = Request([PART + b"-" * (900 - len(PART)), b"-" * 100], token, stall=True)
         held = asyncio.create_task(a.run(app))
         await asyncio.wait_for(a.stalled.wait(), 60)
-        assert budget.held == 1000
-        # Each of B and C fits the per-request limit; B does not fit beside A.
-        b = await Request([b"-" * 600], token).run(app)
+        assert budget.held == 900
+        # Each of B and C fits the per-request limit; B's declared 700 do not fit beside
+        # A's 900 and are refused before a byte is read.
+        b = await Request([b"-" * 700], token).run(app)
         assert b.status == 503, b.body
         assert b.headers[b"retry-after"] == b"5"
         assert "at most 1500 bytes at once" in b.detail and "--max-uploads-mb" in b.detail
-        assert "holds 1000 bytes" in b.detail and "Retry in 5 s" in b.detail
+        assert "holds 900 bytes" in b.detail and "Retry in 5 s" in b.detail
         c = await Request([b"-" * 400], token).run(app)
         assert c.status != 503, c.body  # admitted (then refused as a malformed form)
-        assert budget.held == 1000  # C gave back what it held
+        assert budget.held == 900  # C gave back what it held
         # Without a Content-Length the body is counted chunk by chunk as it arrives.
-        chunks = [PART + b"-" * (300 - len(PART)), b"-" * 300]
+        chunks = [PART + b"-" * (350 - len(PART)), b"-" * 350]
         d = await Request(chunks, token, declare_length=False).run(app)
-        assert d.status == 503 and "needs 300 more" in d.detail, d.body
-        assert budget.held == 1000
+        assert d.status == 503 and "needs 350 more" in d.detail, d.body
+        assert budget.held == 900
         a.go.set()
         await held
         assert a.status != 503 and budget.held == 0
@@ -262,3 +265,95 @@ def test_healthz_is_held_to_a_rate_per_client_address(
         assert busy.get("/healthz").status_code == 200
         assert busy.get("/healthz").status_code == 429
     assert backends.health_reads == 2  # refused requests read nothing
+
+
+class HealthStalled(HealthCounting):
+    """Backends whose health reading, once ``stall`` is set, waits for ``go`` (a backend
+    that does not answer its health check until the test lets it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stall = False
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def health(self) -> dict[str, str]:
+        if self.stall:
+            self.entered.set()
+            self.go.wait()
+        return super().health()
+
+
+def test_a_slow_health_reading_holds_up_no_other_probe(store: TokenStore) -> None:
+    """While one /healthz refreshes a stale reading from a backend that does not answer,
+    every other probe is answered at once from the stale reading with its age, and reads
+    no backend: a burst of open probes cannot park the gateway's worker threads. (Before,
+    each waited on the refresh's lock for up to two 3 s health checks.)"""
+    backends = HealthStalled()
+    clock = Clock()
+    cache = HealthCache(backends, ttl=5.0, clock=clock)
+    try:
+        assert cache.read() == ({"student": "SERVING", "guardian": "SERVING"}, 0.0)
+        clock.now += 7.0
+        backends.stall, backends.guardian = True, "UNREACHABLE"
+        refresher = threading.Thread(target=cache.read, daemon=True)
+        refresher.start()
+        assert backends.entered.wait(timeout=60), "the refresh never read the backends"
+        answered: list[tuple[dict[str, str], float]] = []
+        probes = [
+            threading.Thread(target=lambda: answered.append(cache.read()), daemon=True)
+            for _ in range(8)
+        ]
+        for t in probes:
+            t.start()
+        # A deadlock guard only (answered at once, or never): one deadline for all.
+        deadline = time.monotonic() + 30
+        for t in probes:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = sum(t.is_alive() for t in probes)
+        backends.go.set()
+        refresher.join(timeout=60)
+        assert stuck == 0, f"{stuck} probes waited for the slow backend"
+        assert answered == [({"student": "SERVING", "guardian": "SERVING"}, 7.0)] * 8
+        assert backends.health_reads == 2  # the first reading and the one refresh
+        assert cache.read() == ({"student": "SERVING", "guardian": "UNREACHABLE"}, 0.0)
+    finally:
+        backends.go.set()
+        backends.close()
+
+
+def test_a_declared_length_that_never_arrives_holds_no_budget(
+    backends: HealthCounting, store: TokenStore
+) -> None:
+    """Connections that declare the largest Content-Length and send nothing (no token
+    needed: the budget is taken before routing) would, if the declared length were
+    reserved on arrival, shut every body out of the gateway for as long as they stay
+    open. Only bytes that arrived are held; a declared length that does not fit the
+    room left now is still refused early, without reserving anything."""
+    app = create_app(backends, store, max_upload_bytes=1000, uploads_in_flight_bytes=1500)
+    budget: MemoryBudget = app.state.uploads
+    token = store.create("analyst", "uploader")[0]
+
+    async def scenario() -> None:
+        idle = [Request([b"-" * 1000], "none", stall=True) for _ in range(3)]
+        tasks = []
+        for r in idle:
+            tasks.append(asyncio.create_task(r.run(app)))
+            await asyncio.wait_for(r.stalled.wait(), 60)
+            assert budget.held == 0, "a declared length that never arrived holds the budget"
+        honest = await Request([PART, b"-" * (600 - len(PART))], token).run(app)
+        assert honest.status != 503, honest.body  # admitted (then refused as a bad form)
+        # Real bytes are held: 900 arrived, so 700 more declared do not fit, refused early.
+        full = Request([PART + b"-" * (900 - len(PART)), b"-" * 100], token, stall=True)
+        held = asyncio.create_task(full.run(app))
+        await asyncio.wait_for(full.stalled.wait(), 60)
+        assert budget.held == 900
+        early = await Request([b"-" * 700], token).run(app)
+        assert early.status == 503 and "needs 700 more" in early.detail, early.body
+        assert budget.held == 900
+        for r in [*idle, full]:
+            r.go.set()
+        await asyncio.gather(held, *tasks)
+        assert budget.held == 0
+
+    asyncio.run(scenario())

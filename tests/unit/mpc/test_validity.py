@@ -265,3 +265,34 @@ def test_proven_tau_shares_reconstruct_the_votes_in_the_ring() -> None:
         student = vp.add(student, vp.vote_shares(rel, xs, weight))
     ring = vp.ring_shares(guardian, student=False) + vp.ring_shares(student, student=True)
     np.testing.assert_array_equal(ring.view(np.int64), hist)
+
+
+@pytest.mark.parametrize(
+    ("teachers", "kwargs"),
+    [
+        (1, {}),
+        (7, {}),
+        (1, {"complement": True}),
+        (1, {"complement": True, "grid_bits": 8, "tau": 3.0}),
+        (1, {"complement": True, "grid_bits": 8, "tau": 1.0}),
+        (4, {"complement": True, "grid_bits": 8, "tau": 2.0}),
+    ],
+)
+def test_max_width_is_where_a_relation_stops_fitting(
+    teachers: int, kwargs: dict[str, object]
+) -> None:
+    w = vp.max_width(teachers, **kwargs)  # type: ignore[arg-type]
+    assert 1 <= w <= vp.MAX_ELEMENTS
+    assert vp.VoteRelation(w, teachers, **kwargs).elements <= vp.MAX_ELEMENTS  # type: ignore[arg-type]
+    with pytest.raises(vp.ValidityError, match="exceeds 512"):
+        vp.VoteRelation(w + 1, teachers, **kwargs)  # type: ignore[arg-type]
+
+
+def test_max_width_of_the_shipped_statements() -> None:
+    # One-hot over 512 classes (Powerset's 2**9 subsets), k-hot over 256 labels, tau over
+    # 25 labels at tau 3 and 26 at tau 1 (issue 41's limits).
+    assert vp.max_width(1) == 512
+    assert vp.max_width(1, complement=True) == 256
+    assert vp.max_width(1, complement=True, grid_bits=8, tau=3.0) == 25
+    assert vp.max_width(1, complement=True, grid_bits=8, tau=1.0) == 26
+    assert vp.max_width(1, complement=True, grid_bits=8, tau=float("nan")) == 0
