@@ -43,9 +43,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.models import load_teacher
-from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.votes import one_hot_votes, share_votes
-from capc.privacy.mechanisms.single_label import confident_decide, gaussian_noise, vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common.ledger import Ledger
 from services.local import TASK_NAME, LocalConsortium
@@ -58,19 +56,13 @@ def plain_pate(c: LocalConsortium, queries: np.ndarray, batch: int) -> float:
     """Seconds for in-process PATE: every teacher predicts, histogram, noise, Confident-GNMax."""
     teachers = [load_teacher(c.model_path(i)) for i in range(c.parties)]
     task = c.task_config
-    spec = task.circuit_spec(c.parties)
-    assert isinstance(spec, ConfidentGNMax)
+    mech = task.mechanism
     rng = SecureRandom()
     start = time.perf_counter()
     for i in range(0, len(queries), batch):
         xb = queries[i : i + batch]
-        hist = vote_histogram(np.stack([t.predict(xb) for t in teachers], axis=1), task.outputs)
-        confident_decide(
-            hist,
-            spec.threshold,
-            gaussian_noise((len(xb),), spec.sigma1, rng),
-            gaussian_noise(hist.shape, spec.sigma, rng),
-        )
+        hist = mech.summed_votes(np.stack([t.predict(xb) for t in teachers], axis=1))
+        mech.decide(hist, mech.draw_noise(len(xb), rng))
     return time.perf_counter() - start
 
 

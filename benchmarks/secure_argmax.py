@@ -38,16 +38,22 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
+from capc.mechanisms import Mechanism, from_config
+from capc.mechanisms.argmax import noisy_argmax
 from capc.mpc import ot, votes
 from capc.mpc import validity as vp
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.mpc.session import LocalPair
 from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
-from capc.privacy.mechanisms.single_label import noisy_argmax, vote_histogram
 from capc.privacy.randomness import SecureRandom
 
 #: The issue's reference point: a per-gate Python loop garbling one AND gate.
 NAIVE_US_PER_AND = 3.6
+
+
+def counting(classes: int) -> Mechanism:
+    """The plaintext vote count every single-label mechanism shares (its noise is unused)."""
+    return from_config({"name": "gnmax", "sigma": 1.0}, classes)
 
 
 def make_shares(
@@ -71,7 +77,7 @@ def make_shares(
         )
         guardian += share
     student = student_share_sum(key, sealed, 0, (batch, classes))
-    hist = vote_histogram(votes, classes)
+    hist = counting(classes).summed_votes(votes)
     return hist, student, guardian
 
 
@@ -103,7 +109,7 @@ def make_proven_shares(
         "s_bits": np.stack(s_x),
         "s_proof": np.stack(s_p),
     }
-    return vote_histogram(votes, classes), shares, prove_s / parties
+    return counting(classes).summed_votes(votes), shares, prove_s / parties
 
 
 def verify_and_sum(

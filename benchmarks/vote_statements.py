@@ -35,11 +35,11 @@ import numpy as np
 from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
 from capc.mechanisms import mechanism_class
+from capc.mechanisms.argmax import noisy_argmax
 from capc.mpc import ring, votes
 from capc.mpc import validity as vp
 from capc.mpc.mechanism_circuits import ConfidentGNMax, LogitsToShares, MultiLabel, round_noise
 from capc.mpc.session import LocalPair
-from capc.privacy.mechanisms.single_label import noisy_argmax
 from capc.privacy.randomness import SecureRandom
 
 TAU = 1.5

@@ -45,7 +45,6 @@ from capc.learning.teachers import fit_head_ensemble
 from capc.models.checkpoint import weights_sha256
 from capc.models.inference import features
 from capc.models.registry import Classifier
-from capc.privacy.mechanisms.single_label import vote_histogram
 from experiments.report import save
 
 
@@ -65,13 +64,14 @@ def seed_students(
     ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
     test_votes = ensemble.classes_of(test_feats)
-    majority = float((vote_histogram(test_votes, classes).argmax(1) == y[test]).mean())
+    voting = config.voting(classes)
+    majority = float((voting.summed_votes(test_votes).argmax(1) == y[test]).mean())
     (epsilon,) = config.epsilons
     noisy, noiseless, answered, agreement = [], [], [], []
     for q in range(query_draws):
         queries = query_recipe(config, seed, 0, draw=q).generate()
         qf = features(body, queries, current_statistics=True, batch=config.batch)
-        hist = vote_histogram(ensemble.classes_of(qf), classes)
+        hist = voting.summed_votes(ensemble.classes_of(qf))
         truth = hist.argmax(1).astype(np.int64)
 
         student = partial(
@@ -82,7 +82,7 @@ def seed_students(
         for n in range(noise_draws):
             (run,) = label_within_budgets(
                 hist,
-                config.params,
+                voting,
                 (epsilon,),
                 config.delta,
                 noise_stream(seed, n),

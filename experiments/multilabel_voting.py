@@ -38,17 +38,11 @@ from sklearn.metrics import average_precision_score
 from capc.data.multilabel import animal_attributes
 from capc.data.offline import partition
 from capc.learning.ensemble import ensemble_predictions, train_teachers
-from capc.mechanisms import from_config
+from capc.mechanisms import Mechanism, from_config
 from capc.privacy import planning
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.advisor import TAU_MARGIN, LabelStatistics, recommend
 from capc.privacy.conversion import DEFAULT_ORDERS
-from capc.privacy.mechanisms.multi_label import (
-    multilabel_decide,
-    powerset_decide,
-    powerset_histogram,
-    tau_counts,
-)
 from experiments.report import save
 
 DELTA = 1e-5
@@ -74,15 +68,17 @@ def quality(pred: NDArray[np.int8], truth: NDArray[np.int8]) -> dict[str, float]
 
 
 def decide(
-    name: str, votes: NDArray[np.float64], sigma: float, tau: float, rng: np.random.Generator
+    mech: Mechanism, votes: NDArray[np.float64], sigma: float, rng: np.random.Generator
 ) -> NDArray[np.int8]:
-    """(B, teachers, k) votes -> (B, k) labels under ``name`` with noise ``sigma``."""
-    n = votes.shape[1]
-    if name == "powerset":
-        hist = powerset_histogram(votes)
-        return powerset_decide(hist, rng.normal(0.0, sigma, hist.shape), votes.shape[2])
-    counts = tau_counts(votes, tau) if name == "tau" else votes.sum(axis=1)
-    return multilabel_decide(counts, n / 2.0, rng.normal(0.0, sigma, counts.shape))
+    """(B, teachers, k) votes -> (B, k) labels under ``mech`` with noise ``sigma`` (votes),
+    drawn from ``rng`` (a simulation, not the guardian's secure source)."""
+    counts = mech.summed_votes(votes)
+    # The mechanisms' noise names: the argmax's (Powerset) or the per-label decisions'.
+    key = "eta2" if mech.name == "powerset" else "noise"
+    labels, _ = mech.decide(
+        counts, {key: rng.normal(0.0, sigma, counts.shape)}, votes.shape[1] / 2.0
+    )
+    return labels.astype(np.int8)
 
 
 def main() -> None:
@@ -120,7 +116,7 @@ def main() -> None:
             sigma = planning.noise_scale_for(unit, DEFAULT_ORDERS, args.queries, eps, DELTA)
             fit_common = planning.max_queries(unit / args.sigma**2, DEFAULT_ORDERS, eps, DELTA)
             runs = [
-                quality(decide(name, votes, sigma, tau, np.random.default_rng(s)), truth)
+                quality(decide(spec, votes, sigma, np.random.default_rng(s)), truth)
                 for s in range(args.seeds)
             ]
             row[name] = {

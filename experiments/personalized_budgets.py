@@ -3,8 +3,8 @@
 Central-mode simulation on animal-mnist with GNMax (sigma fixed). Half the
 teachers accept eps = log 2, half eps = log 4 or log 8 (delta = 1e-5). The
 baseline gives every teacher the smallest budget, log 2, and weight 1; the
-personalized runs use the guardian's own rules (capc.privacy.mechanisms:
-``vote_weights`` and ``participation_rates`` from the caps). Queries stream
+personalized runs use the guardian's own rules (capc.mechanisms.Personalization:
+``weights`` and ``rates`` from the caps, by the ledger's RDP accountant). Queries stream
 from held-out images (cycled with fresh noise) until the next query would
 take some teacher past its cap; we report the labels produced, their
 accuracy and the ratio to the baseline.
@@ -37,9 +37,10 @@ from numpy.typing import NDArray
 
 from capc.data.offline import animal_mnist, partition
 from capc.learning.ensemble import ensemble_predictions, train_teachers
+from capc.mechanisms import Mechanism, Personalization, from_config
 from capc.privacy import rdp
+from capc.privacy.accountants import RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
-from capc.privacy.mechanisms import participation_rates, vote_weights
 from experiments.report import save
 
 DELTA = 1e-5
@@ -67,25 +68,32 @@ def run_stream(
     caps: NDArray[np.float64],
     weights: NDArray[np.float64],
     voting: NDArray[np.bool_],
-    sigma: float,
+    gnmax: Mechanism,
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     """Labels answered before any teacher would exceed its cap (epsilon in nats at ``DELTA``).
 
     ``preds`` (Q, n): each teacher's vote; ``voting`` (Q, n): participation;
-    ``sigma``: GNMax noise in votes. The stop depends on ``caps``, ``weights``,
-    ``voting`` and ``sigma`` only, never on ``preds``.
+    ``weights`` (n,): vote weights on the 1/256 grid; ``gnmax``: the mechanism, whose
+    votes, decision and per-teacher events the guardian's are; its noise is drawn from
+    ``rng`` (a simulation). The stop depends on ``caps``, ``weights``, ``voting`` and the
+    mechanism only, never on ``preds``.
     """
     q, n = voting.shape
-    hist = np.zeros((q, 10))
+    hist = np.zeros((q, gnmax.vote_width))
     for i in range(n):
-        np.add.at(hist, (np.arange(q), preds[:, i]), weights[i] * voting[:, i])
-    labels = np.argmax(hist + rng.normal(0.0, sigma, hist.shape), axis=1)
+        votes = gnmax.encode_votes(
+            preds[:, i], weight=float(weights[i]), frac_bits=8, participation=voting[:, i]
+        )
+        hist += votes / 256.0
+    sigma = float(gnmax.params.model_dump()["sigma"])
+    labels, _ = gnmax.decide(hist, {"eta2": rng.normal(0.0, sigma, hist.shape)})
+    acct = RenyiDp(ORDERS)
     fits = q
     for i in range(n):
         if weights[i] == 0:
             continue
-        per = rdp.weighted_gnmax(float(weights[i]), sigma, ORDERS)
+        per = acct.cost(gnmax.event(np.ones(1, dtype=bool), float(weights[i])))
         charged = np.cumsum(voting[:, i : i + 1] * per, axis=0)
         fits = min(fits, stop_index(charged, float(caps[i])))
     return {
@@ -149,17 +157,25 @@ def main() -> None:
     idx = rng.integers(0, len(held), args.stream)
     preds, truth = pool[idx], y[held][idx]
     n = args.teachers
-    unit = rdp.gnmax_data_independent(args.sigma, ORDERS)
+    gnmax = from_config({"name": "gnmax", "sigma": args.sigma}, 10)
+    acct = RenyiDp(ORDERS)
+
+    def plan(mode: str) -> Personalization:
+        # max_weight 64 (the largest a task may name): these caps never reach it.
+        return Personalization.model_validate(
+            {"mode": mode, "planned_queries": 1000, "max_weight": 64.0}
+        )
+
     results: dict[str, Any] = {}
     for high in (math.log(4), math.log(8)):
         caps = np.where(np.arange(n) < n // 2, math.log(2), high)
         every = np.ones((args.stream, n), dtype=bool)
-        base = run_stream(preds, truth, np.full(n, caps.min()), np.ones(n), every, args.sigma, rng)
-        w = np.floor(vote_weights(caps, unit, ORDERS, 1000, DELTA) * 256) / 256
-        weighted = run_stream(preds, truth, caps, w, every, args.sigma, rng)
-        p = participation_rates(caps, unit, ORDERS, 1000, DELTA)
+        base = run_stream(preds, truth, np.full(n, caps.min()), np.ones(n), every, gnmax, rng)
+        w = plan("weighting").weights(caps.tolist(), gnmax, acct, DELTA, frac_bits=8)
+        weighted = run_stream(preds, truth, caps, w, every, gnmax, rng)
+        p = plan("vanishing").rates(caps.tolist(), gnmax, acct, DELTA)
         voting = rng.random((args.stream, n)) < p
-        vanishing = run_stream(preds, truth, caps, np.ones(n), voting, args.sigma, rng)
+        vanishing = run_stream(preds, truth, caps, np.ones(n), voting, gnmax, rng)
         results[f"half_log2_half_log{round(math.exp(high))}"] = {
             "baseline_all_at_log2": base,
             "weighting": {**weighted, "weights": sorted({float(v) for v in w})},

@@ -46,7 +46,6 @@ from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
 from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
-from capc.privacy.mechanisms.single_label import vote_histogram
 from services import tasks
 from services.demo_args import DEMO_CAP as DEMO_CAP
 from services.local import LocalConsortium
@@ -138,7 +137,7 @@ def noiseless_majority(c: LocalConsortium, recipe: Recipe, batch: int) -> np.nda
             for lo in range(0, len(x), batch)
         ]
     )
-    hist = vote_histogram(preds, int(c.task["num_classes"]))
+    hist = from_config(c.task["mechanism"], int(c.task["num_classes"])).summed_votes(preds)
     return np.asarray(hist.argmax(axis=1), dtype=np.int64)
 
 

@@ -47,10 +47,10 @@ from capc.learning.pate import ACCOUNTANTS, ConfidentParams, label_within_budget
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
+from capc.mechanisms import Mechanism
 from capc.models.checkpoint import Teacher, save_teacher, weights_sha256
 from capc.models.inference import features, logits, run_batches
 from capc.models.registry import Classifier, build
-from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 
 DATASETS = ("animal-mnist", "digits")
@@ -275,6 +275,11 @@ class DietConfig:
         """The mechanism at this run's teacher count."""
         return self.mechanism.scaled(self.teachers)
 
+    def voting(self, classes: int) -> Mechanism:
+        """The mechanism object at this run's teacher count, over ``classes`` classes: it
+        counts the votes and labels them, as a networked round does."""
+        return self.params.mechanism(classes)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["mechanism_at_teachers"] = asdict(self.params)
@@ -379,7 +384,7 @@ def _label_rows(
     rows = []
     for run in label_within_budgets(
         hist,
-        config.params,
+        config.voting(hist.shape[1]),
         config.epsilons,
         config.delta,
         rng,
@@ -426,8 +431,9 @@ def run_seed(
     t0 = time.perf_counter()
     ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
-    test_votes = vote_histogram(
-        ensemble.predictions(x[test], current_statistics=False, batch=config.batch), classes
+    voting = config.voting(classes)
+    test_votes = voting.summed_votes(
+        ensemble.predictions(x[test], current_statistics=False, batch=config.batch)
     )
     refs: dict[str, float] = {
         "teacher_ensemble_accuracy": float((test_votes.argmax(1) == y[test]).mean()),
@@ -462,7 +468,7 @@ def run_seed(
                 if stats == "current"
                 else ensemble.predictions(queries, current_statistics=False, batch=config.batch)
             )
-            hist = vote_histogram(preds, classes)
+            hist = voting.summed_votes(preds)
             truth = hist.argmax(1).astype(np.int64)
             base = {"method": "diet", "generator": generator, "statistics": stats, "seed": seed}
             rows += _label_rows(
@@ -544,7 +550,7 @@ def _baseline_rows(
     same queries; the student is trained from scratch on the answers."""
     classes = int(y.max()) + 1
     preds = np.stack([logits(t, queries).argmax(dim=1).numpy() for t in teachers], axis=1)
-    hist = vote_histogram(preds, classes)
+    hist = config.voting(classes).summed_votes(preds)
 
     def student(labels: NDArray[np.int64]) -> dict[str, float]:
         # A network trained from scratch: no frozen body to self-train or standardise a head on.

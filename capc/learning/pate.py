@@ -1,14 +1,23 @@
-"""Central-mode labelling: Confident-GNMax over teacher votes until a budget is spent.
+"""Central-mode labelling: GNMax or Confident-GNMax over teacher votes until a budget is spent.
+
+The mechanism is the services' own object (:mod:`capc.mechanisms`): its noise
+draw (:meth:`~capc.mechanisms.Mechanism.draw_noise`, in the guardian's order),
+its plaintext oracle (:meth:`~capc.mechanisms.Mechanism.oracle`, what the
+circuit releases for that noise, and what the end-to-end tests replay the
+networked rounds against) and its privacy events
+(:meth:`~capc.mechanisms.Mechanism.event`). So central labels with a seeded
+noise stream are bit for bit those of a networked round with the same votes
+and noise.
 
 Queries are answered in order, and a privacy filter decides where labelling
 stops, with one of the accountants of :mod:`capc.privacy.accountants` (the
 ledger's own). The stop depends on data-independent charges only: how many
 labels a run releases never depends on the private votes except through
 outputs that are themselves differentially private (the noisy threshold
-tests). Each query is charged its threshold test (a Gaussian mechanism of
-sensitivity 1; none for plain GNMax) and, when the noisy test answers it,
-its GNMax answer (sensitivity sqrt(2)); a mechanism runs only if its charge
-keeps the total within the budget.
+tests). Each query is charged the mechanism's event for one query: its
+threshold test (none for plain GNMax) and, when the noisy test answers it,
+its answer; a mechanism runs only if its charge keeps the total within the
+budget.
 
 - ``rdp``: Renyi DP, minimised over orders. Sound as a filter because every
   charge is linear in the order (docs/privacy.md, "The budget filter").
@@ -37,24 +46,34 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.mechanisms import Mechanism, MechanismError, from_config
+from capc.mechanisms.base import NOT_ANSWERED
+from capc.mechanisms.confident_gnmax import ConfidentGNMax
+from capc.mechanisms.gnmax import GNMax
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
 from capc.privacy import accountants as kinds
 from capc.privacy.accountants import Accounting, RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS
-from capc.privacy.events import GaussianEvent
-from capc.privacy.mechanisms import confident_gnmax, gnmax
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
 
 #: The accountants :func:`label_within_budgets` knows (see the module's docstring).
 ACCOUNTANTS = tuple(kinds.ACCOUNTANTS)
 
+#: The mechanisms central labelling runs: those with the data-dependent analysis its
+#: sanitised side figure reports (robust-confident-gnmax has none).
+CENTRAL_MECHANISMS = (GNMax.name, ConfidentGNMax.name)
+
 
 @dataclass(frozen=True)
 class ConfidentParams:
-    """Confident-GNMax: threshold T and noise sigma1 of the test, noise sigma2 of the answer
-    (all in votes). ``threshold=None`` is plain GNMax: no test, every query answered,
-    ``sigma1`` unused."""
+    """How ``capc diet`` and its experiments name the mechanism: threshold T and noise
+    sigma1 of the test, noise sigma2 of the answer (all in votes). ``threshold=None`` is
+    plain GNMax: no test, every query answered, ``sigma1`` unused.
+
+    A configuration only: :meth:`mechanism` turns it into the registered mechanism
+    object, which does all the noise, labels and cost.
+    """
 
     threshold: float | None
     sigma1: float
@@ -71,6 +90,20 @@ class ConfidentParams:
         f = teachers / reference
         t = None if self.threshold is None else self.threshold * f
         return ConfidentParams(t, self.sigma1 * f, self.sigma2 * f)
+
+    def mechanism(self, classes: int) -> Mechanism:
+        """The mechanism over ``classes`` classes: gnmax, or confident-gnmax with a test."""
+        if self.threshold is None:
+            return from_config({"name": GNMax.name, "sigma": self.sigma2}, classes)
+        return from_config(
+            {
+                "name": ConfidentGNMax.name,
+                "sigma": self.sigma2,
+                "threshold": self.threshold,
+                "sigma1": self.sigma1,
+            },
+            classes,
+        )
 
 
 @dataclass(frozen=True)
@@ -117,33 +150,36 @@ class Filtered:
 
 def budget_filter(
     answered: NDArray[np.bool_],
-    params: ConfidentParams,
+    mechanism: Mechanism,
     budget: float,
     delta: float,
     accounting: Accounting | None = None,
 ) -> Filtered:
-    """Run the privacy filter over queries whose test outcomes are ``answered``.
+    """Run the privacy filter over queries whose test outcomes are ``answered`` (N,).
 
-    In order, each query's threshold test (unless plain GNMax) and then, if
-    answered, its GNMax answer run only if the epsilon (nats, at ``delta``)
-    of everything charged so far stays within ``budget``, by ``accounting``
-    (default Renyi DP on the default orders). ``spent`` is the accountant's
-    loss vector. The votes are not an argument: they cannot move the stop.
+    In order, each query's threshold test (unless the mechanism has none) and then,
+    if answered, its answer run only if the epsilon (nats, at ``delta``) of
+    everything charged so far stays within ``budget``, by ``accounting`` (default
+    Renyi DP on the default orders). The charges are ``mechanism``'s own events for
+    one query, the ledger's. ``spent`` is the accountant's loss vector. The votes
+    are not an argument: they cannot move the stop.
     """
     acct = accounting if accounting is not None else RenyiDp()
-    answer = acct.filter_cost(GaussianEvent(math.sqrt(2.0), params.sigma2))
-    test = (
-        acct.zero()
-        if params.threshold is None
-        else acct.filter_cost(GaussianEvent(1.0, params.sigma1))
+    # One query's cost, as the ledger charges it: the test alone when it declined, the
+    # test and the answer when it answered.
+    declined = (
+        acct.filter_cost(mechanism.event(np.zeros(1, dtype=bool)))
+        if mechanism.confident
+        else acct.zero()
     )
+    answer = acct.filter_cost(mechanism.event(np.ones(1, dtype=bool))) - declined
 
     def fits(total: NDArray[np.float64]) -> bool:
         return acct.fits(total, budget, delta)
 
     spent = acct.zero()
     for i, was_answered in enumerate(answered):
-        after_test = spent + test
+        after_test = spent + declined
         if not fits(after_test):
             return Filtered(i, spent)
         if was_answered:
@@ -159,7 +195,7 @@ def budget_filter(
 
 def label_within_budgets(
     histograms: NDArray[np.float64],
-    params: ConfidentParams,
+    mechanism: Mechanism,
     budgets: Sequence[float],
     delta: float,
     rng: SecureRandom,
@@ -167,12 +203,20 @@ def label_within_budgets(
     num_teachers: int,
     orders: NDArray[np.float64] = DEFAULT_ORDERS,
     accountants: Sequence[str] = ("rdp",),
+    frac_bits: int = CIRCUIT_FRAC_BITS,
 ) -> list[Labelled]:
     """Label (N, K) vote ``histograms`` in order, for each accountant in ``accountants`` and
     each epsilon in ``budgets`` (nats) at ``delta`` (that order: accountant, then budget).
 
-    One noise draw serves them all. ``orders``: the Renyi orders of the ``rdp`` accountant.
+    One noise draw serves them all: ``mechanism.draw_noise(N, rng)``, the guardian's
+    draw, and the labels are ``mechanism.oracle`` on it with ``frac_bits`` fractional
+    bits (the circuit's grid), what a networked round releases for the same votes and
+    noise. ``orders``: the Renyi orders of the ``rdp`` accountant.
     """
+    if mechanism.name not in CENTRAL_MECHANISMS:
+        raise MechanismError(
+            f"central labelling runs {' or '.join(CENTRAL_MECHANISMS)}, not {mechanism.name}"
+        )
     unknown = [a for a in accountants if a not in ACCOUNTANTS]
     if unknown or not accountants:
         raise ValueError(
@@ -182,16 +226,11 @@ def label_within_budgets(
     if bad:
         raise ValueError(f"budgets must be positive, got {bad[0]}")
     h = np.asarray(histograms, dtype=np.float64)
-    if params.threshold is None:
-        labels = gnmax(h, params.sigma2, rng)
-        answered = np.ones(len(h), dtype=bool)
-    else:
-        result = confident_gnmax(h, params.threshold, params.sigma1, params.sigma2, rng)
-        labels, answered = result.labels, result.answered
+    labels, answered = mechanism.oracle(h, mechanism.draw_noise(len(h), rng), frac_bits)
     out: list[Labelled] = []
     for name in accountants:
         acct = RenyiDp(orders) if name == RenyiDp.name else kinds.make(name)
-        out += _runs(h, labels, answered, params, budgets, delta, rng, num_teachers, acct)
+        out += _runs(h, labels, answered, mechanism, budgets, delta, rng, num_teachers, acct)
     return out
 
 
@@ -205,16 +244,18 @@ def _runs(
     h: NDArray[np.float64],
     labels: NDArray[np.int64],
     answered: NDArray[np.bool_],
-    params: ConfidentParams,
+    mechanism: Mechanism,
     budgets: Sequence[float],
     delta: float,
     rng: SecureRandom,
     num_teachers: int,
     acct: Accounting,
 ) -> list[Labelled]:
+    params = mechanism.params.model_dump()
+    confident = mechanism.confident
     out = []
     for budget in budgets:
-        run = budget_filter(answered, params, budget, delta, acct)
+        run = budget_filter(answered, mechanism, budget, delta, acct)
         stop = run.processed
         spent = acct.spent(run.spent, delta)
         # Nothing ran: no conversion offset to pay.
@@ -228,12 +269,12 @@ def _runs(
                 h[:stop],
                 answered[:stop],
                 num_teachers,
-                params.sigma2,
+                float(params["sigma"]),
                 order,
                 delta,
                 rng,
-                threshold=params.threshold,
-                sigma1=None if params.threshold is None else params.sigma1,
+                threshold=float(params["threshold"]) if confident else None,
+                sigma1=float(params["sigma1"]) if confident else None,
             ).epsilon
         out.append(Labelled(budget, _prefix(labels, stop), stop, eps, order, side, acct.name))
     return out

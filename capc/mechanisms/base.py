@@ -30,8 +30,12 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel, round_noise
+
+# Re-exported: the label of a declined query is the circuits', and every mechanism's.
+from capc.mpc.mechanism_circuits import NOT_ANSWERED as NOT_ANSWERED
 from capc.mpc.validity import MAX_ELEMENTS, ValidityError, VoteRelation, max_width
-from capc.privacy import events
+from capc.privacy import discrete_gaussian, events, rounded_gaussian
+from capc.privacy import validation as check
 from capc.privacy.randomness import SecureRandom
 
 U64 = NDArray[np.uint64]
@@ -43,6 +47,26 @@ CircuitSpec = ConfidentGNMax | MultiLabel
 #: Largest noise scale or threshold (votes) a configuration or override may name: beyond
 #: it nothing is ever answered, and the circuit's word width would grow without purpose.
 MAX_PARAMETER = 1e6
+
+
+def gaussian_noise(
+    shape: tuple[int, ...], sigma: float, rng: SecureRandom, discrete: bool = False
+) -> FloatArray:
+    """Noise N(0, sigma**2) (votes) per entry of ``shape``, from the secure source ``rng``,
+    exactly: the continuous Gaussian rounded to multiples of 2**-24
+    (:mod:`capc.privacy.rounded_gaussian`, Karney's exact sampler). For counts on that
+    grid (integer counts; the services' fixed-point shares, at most 24 fractional bits)
+    h + round(eta) = round(h + eta), so every answer is a post-processing of the
+    continuous Gaussian mechanism and keeps its Renyi-DP and Gaussian-DP guarantees
+    exactly. Counts off the grid (arbitrary float weights) are not covered exactly:
+    weight votes on a grid (rounded down, as :meth:`Mechanism.encode_votes` does).
+    ``discrete=True`` draws the integer discrete Gaussian instead (Canonne, Kamath and
+    Steinke 2020): the same Renyi DP on integer counts, not the same Gaussian-DP curve.
+    """
+    sd = check.positive(sigma, "sigma")
+    if discrete:
+        return discrete_gaussian.noise(shape, sd, rng).astype(np.float64)
+    return rounded_gaussian.noise(shape, sd, rng)
 
 
 class MechanismError(ValueError):

@@ -15,11 +15,19 @@ from collections import Counter
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from capc.mechanisms.base import CircuitSpec, Labels, Mechanism, MechanismError, Noise, NoisyParams
+from capc.mechanisms.base import (
+    NOT_ANSWERED,
+    CircuitSpec,
+    Labels,
+    Mechanism,
+    MechanismError,
+    Noise,
+    NoisyParams,
+    gaussian_noise,
+)
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, MultiLabel
 from capc.mpc.ring import U64
 from capc.privacy import events
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED, gaussian_noise
 from capc.privacy.randomness import SecureRandom
 
 

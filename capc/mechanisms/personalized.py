@@ -19,9 +19,9 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from capc.mechanisms.base import Mechanism
+from capc.mechanisms.base import Mechanism, MechanismError
 from capc.privacy.accountants import Accounting
-from capc.privacy.mechanisms.personalized import rates_from_multipliers, weights_from_multipliers
+from capc.privacy.randomness import SecureRandom
 
 
 class Personalization(BaseModel):
@@ -63,9 +63,14 @@ class Personalization(BaseModel):
         fixed-point grid so a party is charged for exactly the weight it votes with."""
         if not self.weighting:
             return np.ones(len(caps))
-        w = weights_from_multipliers(
-            self.multipliers(caps, mechanism, accounting, delta), self.max_weight
-        )
+        # A weight w multiplies a Gaussian mechanism's cost by w**2, so w is proportional
+        # to the square root of what each cap affords; mean 1 keeps the histogram's scale
+        # (the noise and thresholds of the task stay meaningful), and the cap only slows
+        # a party's spending.
+        root = np.sqrt(self.multipliers(caps, mechanism, accounting, delta))
+        if not root.any():
+            return np.zeros_like(root)
+        w = np.minimum(root / root.mean(), self.max_weight)
         grid = float(1 << frac_bits)
         return np.asarray(np.floor(w * grid) / grid, dtype=np.float64)
 
@@ -75,4 +80,20 @@ class Personalization(BaseModel):
         """Participation rates (vanishing; the largest is 1)."""
         if self.weighting:
             return np.ones(len(caps))
-        return rates_from_multipliers(self.multipliers(caps, mechanism, accounting, delta))
+        # Proportional to what each cap affords, so every party is expected to reach its
+        # cap after the same number of queries.
+        mult = self.multipliers(caps, mechanism, accounting, delta)
+        top = float(mult.max()) if mult.size else 0.0
+        return mult / top if top > 0 else np.zeros_like(mult)
+
+    @staticmethod
+    def participation(rates: Sequence[float], queries: int, rng: SecureRandom) -> NDArray[np.bool_]:
+        """Who votes on which query (vanishing): (parties,) rates in [0, 1] ->
+        (queries, parties) mask, drawn from the guardian's secure randomness, never
+        from data."""
+        p = np.asarray(rates, dtype=np.float64)
+        if p.ndim != 1 or not np.isfinite(p).all() or ((p < 0) | (p > 1)).any():
+            raise MechanismError(
+                "participation rates must be a 1-D array of probabilities in [0, 1]"
+            )
+        return rng.uniform((queries, p.size)) < p

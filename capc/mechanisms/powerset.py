@@ -17,11 +17,32 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
 from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
-from capc.mechanisms.base import MAX_PARAMETER, CircuitSpec, Labels, MechanismError, NoisyParams
+from capc.mechanisms.base import (
+    MAX_PARAMETER,
+    NOT_ANSWERED,
+    CircuitSpec,
+    Labels,
+    MechanismError,
+    NoisyParams,
+)
 from capc.mpc.ring import U64
+from capc.mpc.validity import max_width
 from capc.privacy import events
-from capc.privacy.mechanisms.multi_label import MAX_POWERSET_LABELS, subset_bits
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED
+
+#: Labels Powerset voting takes, in every path (plain, secure, advisor): the most k whose
+#: 2**k subset counts a party's vote-validity statement covers at one teacher
+#: (:func:`capc.mpc.validity.max_width`: 2**9 of the 512 elements per query). Without a
+#: statement a hospital could skew the subset counts within the circuit's range checks and
+#: decide labels, so larger k is refused rather than run unchecked (9 today; the circuit's
+#: cost, 5.4 MB a query garbled at 2**10 subsets, would stop it near 10 anyway).
+MAX_POWERSET_LABELS = max_width(1).bit_length() - 1
+
+
+def subset_bits(index: ArrayLike, num_labels: int) -> Labels:
+    """Decode subset indices (queries,) into k-bit label vectors (queries, k): bit j of
+    subset ``sum_j bit_j * 2**j``."""
+    idx = np.asarray(index, dtype=np.int64)
+    return (idx[:, None] >> np.arange(num_labels, dtype=np.int64)) & 1
 
 
 class PowersetParams(NoisyParams):
@@ -73,7 +94,7 @@ class Powerset(ArgmaxMechanism):
         return self._bits(self._decoded(spec, evaluator_out))
 
     def _bits(self, raw: Labels) -> Labels:
-        bits = subset_bits(np.maximum(raw, 0), self.outputs).astype(np.int64)
+        bits = subset_bits(np.maximum(raw, 0), self.outputs)
         return np.where((raw == NOT_ANSWERED)[:, None], NOT_ANSWERED, bits)
 
     def decide(

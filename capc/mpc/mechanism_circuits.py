@@ -75,10 +75,13 @@ from numpy.typing import ArrayLike, NDArray
 from capc.mpc import library as lib
 from capc.mpc import ring
 from capc.mpc.circuit import ONE, ZERO, Bit, Circuit, CircuitBuilder, Party, Word
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 
 U64 = NDArray[np.uint64]
 Inputs = dict[str, U64]
+
+#: Label value for a query (or label) a mechanism declined to answer: what the circuits
+#: release, so every mechanism and driver takes it from here (capc.mechanisms re-exports it).
+NOT_ANSWERED = -1
 
 #: Noise is confined to this many standard deviations (a draw beyond fails the round).
 NOISE_BOUND_SIGMAS = 9.0

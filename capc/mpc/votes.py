@@ -1,4 +1,5 @@
-"""Vote shares as answering parties make them and the student opens them (design section 2, steps 3-5).
+"""Vote shares as answering parties make them and the student opens them (docs/architecture.md,
+"One labelling round", steps 5-7).
 
 An answering party turns its predictions into votes, encodes them in the
 ring, draws a fresh 128-bit seed, and sends the guardian ``votes - expand(seed)``

@@ -36,10 +36,10 @@ from numpy.typing import ArrayLike
 from scipy.special import ndtr
 
 from capc.mechanisms.base import MechanismError
+from capc.mechanisms.powerset import MAX_POWERSET_LABELS
 from capc.mechanisms.registry import from_config
 from capc.privacy import planning, rdp
 from capc.privacy.conversion import DEFAULT_ORDERS
-from capc.privacy.mechanisms.multi_label import MAX_POWERSET_LABELS
 
 #: tau is this much above the mean l2 norm of the label vectors.
 TAU_MARGIN = 1.1

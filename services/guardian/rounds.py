@@ -1,4 +1,4 @@
-"""The guardian's round engine (design section 2), independent of gRPC.
+"""The guardian's round engine (docs/architecture.md, "One labelling round"), independent of gRPC.
 
 open_round: check the request, reserve every connected party's worst case in
 the ledger (parties that cannot afford it are left out; below quorum nothing
@@ -27,9 +27,10 @@ Every party that was sent a round is told how it ended (:mod:`services.guardian.
 charged for what it released, or nothing; its own ledger charges itself the same.
 
 Personalized budgets: with weighting, each party's vote weight comes from its
-cap (``vote_weights``) and it is charged w**2 times; with vanishing, the
-guardian draws per query who votes (``participation_rates``) and charges a
-party only for the queries it voted on. Both are functions of the caps and of
+cap (``Personalization.weights``) and it is charged w**2 times; with vanishing,
+the guardian draws per query who votes (``Personalization.rates`` and
+``Personalization.participation``) and charges a party only for the queries it
+voted on. Both are functions of the caps and of
 the guardian's randomness, never of the data.
 """
 
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.mechanisms import Personalization
 from capc.mpc import validity
 from capc.mpc.channel import Channel
 from capc.mpc.mechanism_circuits import HistogramViolationError, violations
@@ -1072,8 +1074,8 @@ class RoundEngine:
         rates = self.rates(task, parties)
         if task.weighting:
             return {p: rates[p][0] for p in parties}, {}
-        draws = self._rng.uniform((batch, len(parties)))
-        return {}, {p: draws[:, i] < rates[p][1] for i, p in enumerate(parties)}
+        mask = Personalization.participation([rates[p][1] for p in parties], batch, self._rng)
+        return {}, {p: mask[:, i] for i, p in enumerate(parties)}
 
     def _ready_queue(self, querier: str, session_id: bytes) -> queue.Queue[int]:
         with self._lock:

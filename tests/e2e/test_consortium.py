@@ -2,8 +2,8 @@
 
 The student labels held-out animal-mnist images through the network. With the guardian's
 test-only noise seed the test replays the noise and checks every label
-against capc.privacy's plaintext Confident-GNMax on the same teachers, and
-checks the ledger against an independent accountant.
+against the mechanism's plaintext oracle on the same teachers (the one central
+labelling uses), and checks the ledger against an independent accountant.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 
 from capc.data.generators import Recipe
 from capc.models import load_teacher
-from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.ledger import Ledger
@@ -62,8 +61,8 @@ def replay(
     for b, used in zip(batches, parties, strict=True):
         xb = queries[start : start + b]
         start += b
-        hist = vote_histogram(
-            np.stack([teachers[n].predict(xb) for n in used], axis=1), task.outputs
+        hist = task.mechanism.summed_votes(
+            np.stack([teachers[n].predict(xb) for n in used], axis=1)
         )
         spec = task.circuit_spec(len(used))
         labels, _ = task.mechanism.oracle(hist, task.mechanism.draw_noise(b, rng), spec.frac_bits)

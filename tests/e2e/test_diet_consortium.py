@@ -31,7 +31,6 @@ from capc.learning.simclr import PretrainConfig
 from capc.learning.supervised import accuracy
 from capc.models import load_teacher
 from capc.models.ensemble import Voters
-from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
@@ -99,7 +98,7 @@ def test_ensembles_vote_as_their_teachers_summed_and_pay_as_one_teacher(
             [v.predict(x[lo : lo + BATCH], current_statistics=True) for v in voters], axis=1
         )
         assert preds.shape == (BATCH, sum(TEACHERS))
-        hist = vote_histogram(preds, task.outputs)
+        hist = task.mechanism.summed_votes(preds)
         assert (hist.sum(axis=1) == sum(TEACHERS)).all()
         spec = task.circuit_spec(sum(TEACHERS))
         noise = task.mechanism.draw_noise(BATCH, rng)

@@ -29,7 +29,6 @@ import pytest
 
 from capc.he.plan import Plan, compile_model
 from capc.models import load_teacher
-from capc.privacy.mechanisms.single_label import vote_histogram
 from capc.privacy.randomness import SecureRandom
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
@@ -100,7 +99,7 @@ def replay(
         logits = np.stack([plans[n].forward(xb.astype(np.float64)) for n in used], axis=1)
         top = np.sort(logits, axis=2)
         gaps.append((top[:, :, -1] - top[:, :, -2]).min(axis=1))
-        hist = vote_histogram(logits.argmax(axis=2), task.outputs)
+        hist = task.mechanism.summed_votes(logits.argmax(axis=2))
         spec = task.circuit_spec(len(used))
         noise = task.mechanism.draw_noise(len(xb), rng)
         labels.append(task.mechanism.oracle(hist, noise, spec.frac_bits)[0])

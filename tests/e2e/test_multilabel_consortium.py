@@ -10,7 +10,7 @@ voting with a per-label confidence test, tau voting, confident Powerset
 voting, and Binary voting with personalized weighting and with vanishing.
 
 The guardian's noise is seeded (a test-only flag), so the test replays every
-draw in order and checks each label vector against capc.privacy's plaintext
+draw in order and checks each label vector against the mechanism object's plaintext
 mechanism on the same teachers, and checks every party's ledger charge
 against the mechanism's proven sensitivity (scaled by its weight, or only
 for the queries it voted on).
@@ -26,15 +26,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from capc.mechanisms.argmax import noisy_argmax
+from capc.mechanisms.base import NOT_ANSWERED, gaussian_noise
+from capc.mechanisms.powerset import subset_bits
 from capc.models.ensemble import Voters
 from capc.mpc.mechanism_circuits import round_noise
-from capc.privacy.mechanisms.multi_label import (
-    clip_votes,
-    multilabel_decide,
-    powerset_histogram,
-    subset_bits,
-)
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED, gaussian_noise, noisy_argmax
 from capc.privacy.randomness import SecureRandom
 from services.common import tls
 from services.common.ledger import Ledger
@@ -183,7 +179,7 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
             weights = np.floor(np.minimum(root / root.mean(), 4.0) * 256) / 256
             assert weights[0] < 1.0 < weights[2]
         if mech.name == "powerset":
-            hist = powerset_histogram(votes)
+            hist = mech.summed_votes(votes)
             eta2 = gaussian_noise(hist.shape, p["sigma"], replay.rng)
             # Independent test noise on every subset count (offset-robust).
             eta1 = gaussian_noise(hist.shape, p["sigma1"], replay.rng)
@@ -198,7 +194,8 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
             frac = 8 if mech.name == "tau" or cfg.weighting else 4
             if mech.name == "tau":
                 # The parties' fixed point rounds each clipped vote down to the 2**-8 grid.
-                votes = np.floor(clip_votes(votes, p["tau"]) * 256) / 256
+                clipped = np.stack([mech.unit_votes(votes[:, t]) for t in range(votes.shape[1])], 1)
+                votes = np.floor(clipped * 256) / 256
             w, v = weights[owner], voting[:, owner]
             scaled = votes * (w[None, :, None] * v[:, :, None])
             counts = scaled.sum(axis=1)
@@ -206,18 +203,7 @@ def test_every_mechanism_matches_plaintext_and_charges_its_sensitivity(
             noise = round_noise(gaussian_noise(counts.shape, p["sigma"], replay.rng), frac)
             if mech.confident:
                 conf = round_noise(gaussian_noise(counts.shape, p["sigma1"], replay.rng), frac)
-                expected = np.stack(
-                    [
-                        multilabel_decide(
-                            counts[b : b + 1],
-                            theta[b],
-                            noise[b : b + 1],
-                            p["threshold"],
-                            conf[b : b + 1],
-                        )[0]
-                        for b in range(BATCH)
-                    ]
-                )
+                expected, _ = mech.decide(counts, {"noise": noise, "confidence": conf}, theta)
             else:
                 expected = (counts + noise >= theta[:, None]).astype(np.int8)
             answered = expected != NOT_ANSWERED

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 from capc.he.plan import compile_model
+from capc.mechanisms.base import gaussian_noise
 from capc.models import Teacher
 from capc.models.checkpoint import load_teacher
 from capc.mpc.mechanism_circuits import round_noise
-from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
 from services.answerer.budget import OwnBudget
 from services.answerer.encrypted import Answer, EncryptedAnswerer

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from capc.mechanisms import from_config
 from experiments import diet_services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +81,7 @@ def test_personalized_budget_streams_stop_whatever_the_votes() -> None:
     labels: the stop never reads a data-dependent epsilon."""
     from experiments.personalized_budgets import run_stream
 
+    gnmax = from_config({"name": "gnmax", "sigma": 20.0}, 10)
     q, n = 400, 100
     rng = np.random.default_rng(0)
     truth = rng.integers(0, 10, q)
@@ -94,7 +96,7 @@ def test_personalized_budget_streams_stop_whatever_the_votes() -> None:
         neighbour[:, 0] = (preds[:, 0] + 1) % 10
         for votes in (preds, neighbour):
             for w, v in ((weights, np.ones((q, n), dtype=bool)), (np.ones(n), voting)):
-                out = run_stream(votes, truth, caps, w, v, 20.0, np.random.default_rng(1))
+                out = run_stream(votes, truth, caps, w, v, gnmax, np.random.default_rng(1))
                 runs.append(out)
     # unanimous or split, a teacher moved or not: the same stop per rule
     assert {r["labels"] for r in runs[0::2]} == {runs[0]["labels"]}

@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from capc.mechanisms import from_config
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.mpc.session import EvaluatorSession, GarblerSession
-from capc.privacy.mechanisms.single_label import confident_decide, vote_histogram
 from services.common import pki, tls
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION
@@ -22,13 +22,15 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 B, K, N = 256, 10, 20
 SPEC = ConfidentGNMax(K, N, sigma=4.0, threshold=16.0, sigma1=12.0)
+#: The mechanism whose circuit SPEC is: its plaintext is the reference.
+MECH = from_config({"name": "confident-gnmax", "sigma": 4.0, "threshold": 16.0, "sigma1": 12.0}, K)
 HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION, task="test")
 SESSION = b"s" * 16
 
 
 def problem() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(11)
-    hist = vote_histogram(rng.integers(0, 3, (B, N)), K).astype(np.uint64)
+    hist = MECH.summed_votes(rng.integers(0, 3, (B, N))).astype(np.uint64)
     student = rng.integers(0, 2**64 - 1, (B, K), dtype=np.uint64, endpoint=True)
     eta1 = np.clip(rng.normal(0, SPEC.sigma1, B), -8 * SPEC.sigma1, 8 * SPEC.sigma1)
     eta2 = np.clip(rng.normal(0, SPEC.sigma, (B, K)), -8 * SPEC.sigma, 8 * SPEC.sigma)
@@ -93,16 +95,16 @@ def test_confident_gnmax_over_mutual_tls(tmp_path: Path) -> None:
         session.setup()
         out = session.run_round(1, SPEC.circuit(), SPEC.evaluator_inputs(student), B)
         chan.close()
-        ref = confident_decide(
-            hist.astype(np.float64), SPEC.threshold, round_noise(eta1), round_noise(eta2)
+        labels, answered = MECH.decide(
+            hist.astype(np.float64), {"eta1": round_noise(eta1), "eta2": round_noise(eta2)}
         )
-        np.testing.assert_array_equal(SPEC.decode(out), ref.labels)
-        assert 0 < ref.answered.sum() < B
+        np.testing.assert_array_equal(SPEC.decode(out), labels)
+        assert 0 < answered.sum() < B
         for _ in range(100):
             if servicer.answered is not None:
                 break
             time.sleep(0.05)
         assert servicer.answered is not None
-        np.testing.assert_array_equal(servicer.answered.astype(bool), ref.answered)
+        np.testing.assert_array_equal(servicer.answered.astype(bool), answered)
     finally:
         server.stop(1).wait()

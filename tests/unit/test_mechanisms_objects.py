@@ -21,12 +21,11 @@ import pytest
 from numpy.typing import NDArray
 
 from capc.mechanisms import MECHANISMS, Mechanism, MechanismError, from_config, mechanism_class
-from capc.mechanisms.base import MAX_PARAMETER, CircuitSpec, Noise
+from capc.mechanisms.base import MAX_PARAMETER, NOT_ANSWERED, CircuitSpec, Noise
 from capc.mpc import ring
 from capc.mpc.mechanism_circuits import ConfidentGNMax, MultiLabel
 from capc.mpc.session import LocalPair
 from capc.privacy import events
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED
 from capc.privacy.randomness import SecureRandom
 
 #: Small valid parameters for every registered mechanism, with and without a confidence test

@@ -8,15 +8,26 @@ import numpy as np
 import pytest
 
 from capc.learning.pate import ConfidentParams, budget_filter, label_within_budgets
+from capc.mechanisms import MechanismError, from_config
+from capc.mpc.session import LocalPair
 from capc.privacy import events, gaussian_dp, planning, rdp
 from capc.privacy.accountant import Accountant, Budget
 from capc.privacy.accountants import GaussianDp
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
-from capc.privacy.mechanisms import confident_gnmax, gnmax
 from capc.privacy.randomness import SecureRandom
 
 THRESHOLD = 30.0
 PARAMS = ConfidentParams(threshold=THRESHOLD, sigma1=20.0, sigma2=6.0)
+#: The mechanism objects the services run, over the 10 classes of :func:`histograms`.
+MECH = PARAMS.mechanism(10)
+
+
+def oracle(h: np.ndarray, params: ConfidentParams, seed: str) -> tuple[np.ndarray, np.ndarray]:
+    """What a networked round releases for votes ``h`` with the guardian's noise seeded
+    ``seed``: the e2e replay's oracle (tests/e2e/test_consortium.py)."""
+    mech = params.mechanism(h.shape[1])
+    noise = mech.draw_noise(len(h), SecureRandom.from_seed(seed))
+    return mech.oracle(h, noise, mech.circuit(float(h.sum(axis=1).max())).frac_bits)
 
 
 def histograms(n: int = 400, teachers: int = 50, seed: int = 0) -> np.ndarray:
@@ -53,15 +64,15 @@ def test_runs_stop_where_the_data_independent_accountant_refuses_the_next_charge
     h = histograms()
     budgets = [1.0, 3.0, 6.0]
     runs = label_within_budgets(
-        h, PARAMS, budgets, 1e-5, SecureRandom.from_seed("t"), num_teachers=50
+        h, MECH, budgets, 1e-5, SecureRandom.from_seed("t"), num_teachers=50
     )
-    plain = confident_gnmax(h, THRESHOLD, PARAMS.sigma1, PARAMS.sigma2, SecureRandom.from_seed("t"))
+    labels, answered = oracle(h, PARAMS, "t")
     assert 0 < runs[0].processed < runs[1].processed < runs[2].processed < len(h)
     for run in runs:
         # The labels are the mechanism's, up to where the run stopped.
-        np.testing.assert_array_equal(run.labels[: run.processed], plain.labels[: run.processed])
+        np.testing.assert_array_equal(run.labels[: run.processed], labels[: run.processed])
         assert (run.labels[run.processed :] == -1).all()
-        stop, acc = filter_by_accountant(plain.answered, PARAMS, run.budget, 1e-5)
+        stop, acc = filter_by_accountant(answered, PARAMS, run.budget, 1e-5)
         assert run.processed == stop
         spent = acc.spent(1e-5)
         assert not acc.report(1e-5).data_dependent
@@ -76,7 +87,7 @@ def test_runs_stop_where_the_data_independent_accountant_refuses_the_next_charge
 def test_the_filter_charges_an_unanswered_query_its_test_only() -> None:
     orders = DEFAULT_ORDERS
     answered = np.array([True, False, False, True] * 50)
-    run = budget_filter(answered, PARAMS, 2.0, 1e-5)
+    run = budget_filter(answered, MECH, 2.0, 1e-5)
     tests = rdp.threshold_data_independent(PARAMS.sigma1, orders)
     answers = rdp.gnmax_data_independent(PARAMS.sigma2, orders)
     done = answered[: run.processed]
@@ -87,7 +98,7 @@ def test_the_filter_charges_an_unanswered_query_its_test_only() -> None:
     np.testing.assert_allclose(run.spent, expected, rtol=1e-12)
     assert convert(run.spent, orders, 1e-5).epsilon <= 2.0
     # answering every query would have stopped sooner
-    assert budget_filter(np.ones(200, dtype=bool), PARAMS, 2.0, 1e-5).processed < run.processed
+    assert budget_filter(np.ones(200, dtype=bool), MECH, 2.0, 1e-5).processed < run.processed
 
 
 def neighbours(n: int = 400, teachers: int = 50) -> tuple[np.ndarray, np.ndarray]:
@@ -123,7 +134,9 @@ def test_neighbouring_votes_release_the_same_number_of_labels(params: ConfidentP
     assert abs(dd[0].epsilon - dd[1].epsilon) > 0.1
     budgets = [5.0, 10.0, 20.0]
     runs = [
-        label_within_budgets(x, params, budgets, 1e-5, SecureRandom.from_seed("n"), num_teachers=50)
+        label_within_budgets(
+            x, params.mechanism(10), budgets, 1e-5, SecureRandom.from_seed("n"), num_teachers=50
+        )
         for x in (h, g)
     ]
     for a, b in zip(*runs, strict=True):
@@ -137,12 +150,18 @@ def test_params_scale_and_refuse_nonsense() -> None:
     with pytest.raises(ValueError, match="positive"):
         ConfidentParams(10.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="positive"):
-        label_within_budgets(histograms(10), PARAMS, [0.0], 1e-5, SecureRandom(), num_teachers=50)
+        label_within_budgets(histograms(10), MECH, [0.0], 1e-5, SecureRandom(), num_teachers=50)
+    # A mechanism without the data-dependent analysis of the side figure is refused by name.
+    robust = from_config(
+        {"name": "robust-confident-gnmax", "sigma": 6.0, "threshold": 30.0, "sigma1": 20.0}, 10
+    )
+    with pytest.raises(MechanismError, match="central labelling runs gnmax or confident-gnmax"):
+        label_within_budgets(histograms(10), robust, [1.0], 1e-5, SecureRandom(), num_teachers=50)
 
 
 def test_a_budget_too_small_for_one_query_labels_nothing() -> None:
     (run,) = label_within_budgets(
-        histograms(20), PARAMS, [1e-6], 1e-5, SecureRandom(), num_teachers=50
+        histograms(20), MECH, [1e-6], 1e-5, SecureRandom(), num_teachers=50
     )
     assert run.processed == 0 and not run.answered.any()
     assert run.epsilon == 0.0 and math.isnan(run.sanitised_data_dependent_epsilon)
@@ -157,9 +176,9 @@ def test_plain_gnmax_by_rdp_answers_what_the_data_independent_plan_allows() -> N
     for seed in range(2):
         h = histograms(seed=seed)
         (run,) = label_within_budgets(
-            h, PLAIN, [3.0], 1e-5, SecureRandom.from_seed("p"), num_teachers=50
+            h, PLAIN.mechanism(10), [3.0], 1e-5, SecureRandom.from_seed("p"), num_teachers=50
         )
-        labels = gnmax(h, PLAIN.sigma2, SecureRandom.from_seed("p"))
+        labels, _ = oracle(h, PLAIN, "p")
         assert run.processed == fit and run.accountant == "rdp"
         np.testing.assert_array_equal(run.labels[: run.processed], labels[: run.processed])
         spent = planning.epsilon_after(per_query, DEFAULT_ORDERS, fit, 1e-5)
@@ -172,7 +191,7 @@ def test_the_diet_configuration_admits_2849_labels_by_rdp_and_3201_by_gdp() -> N
     h[:, 0], h[:, 1] = 200, 50
     rdp_run, gdp_run = label_within_budgets(
         h,
-        ConfidentParams(None, 1.0, 40.0),
+        ConfidentParams(None, 1.0, 40.0).mechanism(10),
         [10.0],
         1e-5,
         SecureRandom.from_seed("d"),
@@ -189,7 +208,7 @@ def test_the_gdp_accountant_stops_where_the_exact_bound_says_whatever_the_votes(
         h = histograms(seed=seed)
         runs = label_within_budgets(
             h,
-            PLAIN,
+            PLAIN.mechanism(10),
             budgets,
             1e-5,
             SecureRandom.from_seed("g"),
@@ -197,7 +216,7 @@ def test_the_gdp_accountant_stops_where_the_exact_bound_says_whatever_the_votes(
             accountants=("rdp", "gdp"),
         )
         by_rdp, by_gdp = runs[:2], runs[2:]
-        labels = gnmax(h, PLAIN.sigma2, SecureRandom.from_seed("g"))
+        labels, _ = oracle(h, PLAIN, "g")
         for r, g in zip(by_rdp, by_gdp, strict=True):
             assert g.accountant == "gdp" and g.budget == r.budget
             # One draw: the accountants differ only in where they stop.
@@ -218,7 +237,7 @@ def test_the_gdp_accountant_filters_confident_gnmax_and_unknown_accountants_fail
     h = histograms(400)
     rdp_run, gdp_run = label_within_budgets(
         h,
-        PARAMS,
+        MECH,
         [3.0],
         1e-5,
         SecureRandom.from_seed("c"),
@@ -228,14 +247,64 @@ def test_the_gdp_accountant_filters_confident_gnmax_and_unknown_accountants_fail
     # Exact Gaussian DP is a filter under full adaptivity: it stops no earlier than RDP,
     # and its stop is what its own accountant allows, test by test.
     assert gdp_run.processed >= rdp_run.processed > 0
-    plain = confident_gnmax(h, THRESHOLD, PARAMS.sigma1, PARAMS.sigma2, SecureRandom.from_seed("c"))
-    run = budget_filter(plain.answered, PARAMS, 3.0, 1e-5, GaussianDp())
+    _, answered = oracle(h, PARAMS, "c")
+    run = budget_filter(answered, MECH, 3.0, 1e-5, GaussianDp())
     assert gdp_run.processed == run.processed
     assert gdp_run.epsilon == GaussianDp().spent(run.spent, 1e-5).epsilon <= 3.0
     with pytest.raises(ValueError, match="unknown accountants"):
         label_within_budgets(
-            h, PLAIN, [1.0], 1e-5, SecureRandom(), num_teachers=50, accountants=("moments",)
+            h,
+            PLAIN.mechanism(10),
+            [1.0],
+            1e-5,
+            SecureRandom(),
+            num_teachers=50,
+            accountants=("moments",),
         )
     assert PLAIN.scaled(200, reference=100) == ConfidentParams(None, 2.0, 12.0)
     with pytest.raises(ValueError, match="threshold >= 0"):
         ConfidentParams(-1.0, 1.0, 1.0)
+
+
+#: Noise far below the circuit's grid (2**-4 votes), on exact ties: the label then turns on
+#: how the noise is rounded, which only the circuit's own rounding reproduces.
+ON_THE_GRID = ConfidentParams(threshold=None, sigma1=1.0, sigma2=0.05)
+
+
+@pytest.mark.parametrize(
+    "params", [PARAMS, PLAIN, ON_THE_GRID], ids=["confident-gnmax", "gnmax", "on-the-grid"]
+)
+def test_central_labels_are_the_circuits_on_the_same_votes_and_noise(
+    params: ConfidentParams,
+) -> None:
+    """The central driver and a networked round agree bit for bit: the same votes and the
+    guardian's noise from the same seed, through the garbled circuit the services run
+    (the student's and the guardian's shares of the votes, the guardian's inputs, the
+    student's decoding), and the e2e tests' replay oracle."""
+    h = histograms(64)
+    h[:32] = 0.0
+    h[:32, [3, 7]] = 25.0  # exact two-way ties
+    mech = params.mechanism(10)
+    (run,) = label_within_budgets(
+        h, mech, [1e6], 1e-5, SecureRandom.from_seed("bit"), num_teachers=50
+    )
+    assert run.processed == len(h)
+    spec = mech.circuit(max_votes=50.0, vote_total=50.0)
+    noise = mech.draw_noise(len(h), SecureRandom.from_seed("bit"))
+    shares = np.random.default_rng(0)
+    student = shares.integers(0, 2**64 - 1, h.shape, dtype=np.uint64, endpoint=True)
+    guardian = h.astype(np.uint64) - student  # additive shares mod 2**64
+    garbler = mech.garbler_inputs(spec, guardian, noise, vote_total=h.sum(axis=1))
+    out = LocalPair(timeout=60).run(spec.circuit(), garbler, spec.evaluator_inputs(student), len(h))
+    np.testing.assert_array_equal(run.labels, mech.decode(spec, out.evaluator))
+    np.testing.assert_array_equal(run.answered, mech.answered(spec, out.garbler, len(h)))
+    labels, answered = oracle(h, params, "bit")
+    np.testing.assert_array_equal(run.labels, labels)
+    # Teeth: the noise decides labels (another seed gives others), and a test declines some.
+    other, _ = oracle(h, params, "another seed")
+    assert not np.array_equal(labels, other)
+    assert 0 < answered.sum() < len(h) if mech.confident else answered.all()
+    if params is ON_THE_GRID:
+        # The plaintext mechanism on the raw float noise labels some ties otherwise.
+        raw, _ = mech.decide(h, noise)
+        assert not np.array_equal(raw[:32], labels[:32])

@@ -7,15 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from capc.mechanisms import MECHANISMS
+from capc.mechanisms import MECHANISMS, Personalization, from_config
 from capc.privacy import events, planning, rdp
+from capc.privacy.accountants import RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion
-from capc.privacy.mechanisms import (
-    participation_rates,
-    upsampling_replicas,
-    vote_weights,
-    weights_for_caps,
-)
 
 A = [200, 30, 20, 0, 0, 0, 0, 0, 0, 0]
 
@@ -89,23 +84,15 @@ def test_impossible_targets() -> None:
 def test_weights_exhaust_every_cap_together() -> None:
     caps = np.array([np.log(2), np.log(4), np.log(8)])
     q = 500
-    w = weights_for_caps(caps, 1e-5, 40.0, q)
+    gnmax = from_config({"name": "gnmax", "sigma": 40.0}, 10)
+    plan = Personalization(mode="weighting", planned_queries=q)
+    # Unnormalised: the weight at which each cap is exactly spent after q queries.
+    w = np.sqrt(plan.multipliers(caps.tolist(), gnmax, RenyiDp(), 1e-5))
     for cap, wi in zip(caps, w, strict=True):
         per = rdp.weighted_gnmax(float(wi), 40.0, DEFAULT_ORDERS)
         assert planning.epsilon_after(per, DEFAULT_ORDERS, q, 1e-5).epsilon == pytest.approx(
             cap, rel=1e-6
         )
-
-
-def test_upsampling_replicas_fit_caps() -> None:
-    u = upsampling_replicas(np.array([0.5, 2.0, 8.0, 100.0]), 1e-5, 40.0, 200, max_replicas=6)
-    assert list(u) == sorted(u) and u[-1] == 6
-    for cap, ui in zip([0.5, 2.0, 8.0], u[:3], strict=True):
-        if ui > 0:
-            per = rdp.upsampled_gnmax(int(ui), 40.0, DEFAULT_ORDERS)
-            assert planning.epsilon_after(per, DEFAULT_ORDERS, 200, 1e-5).epsilon <= cap
-            per_more = rdp.upsampled_gnmax(int(ui) + 1, 40.0, DEFAULT_ORDERS)
-            assert planning.epsilon_after(per_more, DEFAULT_ORDERS, 200, 1e-5).epsilon > cap
 
 
 def test_max_queries_counts_what_is_left_after_spending() -> None:
@@ -121,8 +108,16 @@ def test_cap_derived_weights_and_rates_exhaust_every_cap_together() -> None:
     after the same number of queries; weights average 1, the largest rate is 1."""
     caps = np.array([np.log(2), np.log(2), np.log(8), np.log(8)])
     unit = rdp.multilabel_binary(5, 20.0, DEFAULT_ORDERS)
-    w = vote_weights(caps, unit, DEFAULT_ORDERS, 400, 1e-5)
-    p = participation_rates(caps, unit, DEFAULT_ORDERS, 400, 1e-5)
+    binary = from_config({"name": "binary", "sigma": 20.0}, 5)
+    acct = RenyiDp()
+
+    def plan(mode: str, max_weight: float = 64.0) -> Personalization:
+        return Personalization.model_validate(
+            {"mode": mode, "planned_queries": 400, "max_weight": max_weight}
+        )
+
+    w = plan("weighting").weights(caps.tolist(), binary, acct, 1e-5, frac_bits=24)
+    p = plan("vanishing").rates(caps.tolist(), binary, acct, 1e-5)
     assert w.mean() == pytest.approx(1.0) and w[0] < 1.0 < w[2]
     assert p.max() == 1.0 and 0 < p[0] < p[2]
     q_weighted = [
@@ -138,4 +133,7 @@ def test_cap_derived_weights_and_rates_exhaust_every_cap_together() -> None:
     # Against everyone at the smallest cap with weight 1, the low-cap parties last longer.
     baseline = planning.max_queries(unit, DEFAULT_ORDERS, float(caps.min()), 1e-5)
     assert min(q_weighted) > 1.5 * baseline
-    assert (vote_weights(caps, unit, DEFAULT_ORDERS, 400, 1e-5, max_weight=1.2) <= 1.2).all()
+    capped = plan("weighting", max_weight=1.2).weights(
+        caps.tolist(), binary, acct, 1e-5, frac_bits=24
+    )
+    assert (capped <= 1.2).all() and capped.max() > 1.19

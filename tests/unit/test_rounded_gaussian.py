@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare, norm
 
+from capc.mechanisms.base import gaussian_noise
 from capc.privacy import rounded_gaussian as rg
-from capc.privacy.mechanisms.single_label import gaussian_noise
 from capc.privacy.randomness import SecureRandom
 
 N = 30_000

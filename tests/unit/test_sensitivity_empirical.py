@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from capc.mechanisms import from_config
 from capc.privacy import rdp
-from capc.privacy.mechanisms import clip_votes, gnmax
 from capc.privacy.randomness import SecureRandom
 from tests.unit.divergence import (
     argmax_probabilities,
@@ -156,7 +156,7 @@ def test_tau_voting_bound(k: int, tau: float) -> None:
     # Per label the decision bit moves with the clipped-count change delta_j;
     # the worst threshold is taken for each label separately (an upper bound).
     sigma = 1.0
-    votes = clip_votes(_khot(k)[None, :, :], tau)[0]
+    votes = from_config({"name": "tau", "sigma": 1.0, "tau": tau}, k).unit_votes(_khot(k))
     claim = rdp.multilabel_tau(k, tau, sigma, ORDERS)
     per_shift: dict[float, np.ndarray] = {}
     for a, b in itertools.combinations(range(votes.shape[0]), 2):
@@ -176,7 +176,7 @@ def test_tau_voting_bound(k: int, tau: float) -> None:
 def test_tau_sensitivity_teeth() -> None:
     # tau alone (forgetting the sqrt(2)) under-counts: votes e_1 and e_2 differ by sqrt(2).
     k, tau = 4, 1.0
-    votes = clip_votes(np.eye(k)[None, :2, :], tau)[0]
+    votes = from_config({"name": "tau", "sigma": 1.0, "tau": tau}, k).unit_votes(np.eye(k)[:2])
     assert np.linalg.norm(votes[0] - votes[1]) == pytest.approx(rdp.tau_sensitivity(k, tau))
     assert rdp.tau_sensitivity(k, tau) > tau
 
@@ -188,8 +188,11 @@ def test_gnmax_monte_carlo_with_confidence_bound() -> None:
     rng = SecureRandom.from_seed("mc-gnmax")
     h = np.array([2.0, 1.0, 1.0, 0.0, 0.0])
     h2 = np.array([1.0, 2.0, 1.0, 0.0, 0.0])
-    p_counts = np.bincount(gnmax(np.tile(h, (n, 1)), sigma, rng), minlength=5)
-    q_counts = np.bincount(gnmax(np.tile(h2, (n, 1)), sigma, rng), minlength=5)
+    mech = from_config({"name": "gnmax", "sigma": sigma}, 5)
+    p_counts = np.bincount(mech.decide(np.tile(h, (n, 1)), mech.draw_noise(n, rng))[0], minlength=5)
+    q_counts = np.bincount(
+        mech.decide(np.tile(h2, (n, 1)), mech.draw_noise(n, rng))[0], minlength=5
+    )
     alpha = 1e-3
     p_lo = scipy.stats.beta.ppf(alpha / 2, p_counts, n - p_counts + 1)
     q_hi = scipy.stats.beta.ppf(1 - alpha / 2, q_counts + 1, n - q_counts)

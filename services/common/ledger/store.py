@@ -1,6 +1,6 @@
 """The persistent privacy ledger: budgets checked before anything is spent.
 
-Round life cycle (design section 2):
+Round life cycle (docs/architecture.md, "One labelling round", steps 3 and 11-13):
 
     reserve -> (release) -> commit      or      reserve -> abort
 

@@ -7,17 +7,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from capc.mechanisms import from_config
+from capc.mechanisms.argmax import noisy_argmax
 from capc.mpc import library as lib
 from capc.mpc import ring
 from capc.mpc.circuit import Circuit, CircuitBuilder, Party, Word
 from capc.mpc.mechanism_circuits import ConfidentGNMax, LogitsToShares, MultiLabel, round_noise
 from capc.mpc.session import LocalPair
-from capc.privacy.mechanisms.multi_label import (
-    multilabel_decide,
-    powerset_decide,
-    powerset_histogram,
-)
-from capc.privacy.mechanisms.single_label import confident_decide, noisy_argmax, vote_histogram
 
 L = 8
 MOD = 1 << L
@@ -186,7 +182,10 @@ def test_confident_gnmax_matches_the_plaintext_mechanism(confident: bool, pair: 
     rng = np.random.default_rng(3)
     b, k, n = 256, 10, 50
     spec = ConfidentGNMax(k, n, sigma=8.0, threshold=40.0, sigma1=30.0, confident=confident)
-    hist = vote_histogram(rng.integers(0, k, (b, n)), k)
+    mech = from_config(
+        {"name": "confident-gnmax", "sigma": 8.0, "threshold": 40.0, "sigma1": 30.0}, k
+    )
+    hist = mech.summed_votes(rng.integers(0, k, (b, n)))
     hist[:8] = 0  # empty histograms: every count ties
     hist[8:16] = 0
     hist[8:16, 4] = n  # unanimous
@@ -202,10 +201,10 @@ def test_confident_gnmax_matches_the_plaintext_mechanism(confident: bool, pair: 
     out = run_both(spec.circuit(), pair, g, e)
     labels = spec.decode(out)
     if confident:
-        ref = confident_decide(hist, spec.threshold, round_noise(eta1), round_noise(eta2))
-        np.testing.assert_array_equal(labels, ref.labels)
-        np.testing.assert_array_equal(out["answered"][:, 0].astype(bool), ref.answered)
-        assert 0 < ref.answered.sum() < b
+        ref, answered = mech.decide(hist, {"eta1": round_noise(eta1), "eta2": round_noise(eta2)})
+        np.testing.assert_array_equal(labels, ref)
+        np.testing.assert_array_equal(out["answered"][:, 0].astype(bool), answered)
+        assert 0 < answered.sum() < b
     else:
         np.testing.assert_array_equal(labels, noisy_argmax(hist, round_noise(eta2)))
     # Exact two-way ties with no noise go to the lower index (when answered at all).
@@ -218,7 +217,8 @@ def test_powerset_is_gnmax_over_subsets(pair: LocalPair) -> None:
     rng = np.random.default_rng(4)
     k, b, n = 3, 128, 20
     votes = (rng.random((b, n, k)) < 0.4).astype(np.float64)
-    hist = powerset_histogram(votes)
+    mech = from_config({"name": "powerset", "sigma": 4.0}, k)
+    hist = mech.summed_votes(votes)
     spec = ConfidentGNMax(1 << k, n, sigma=4.0, confident=False)
     noise = rng.normal(0, 4.0, hist.shape)
     student, guardian = shares_of(hist, rng)
@@ -226,7 +226,7 @@ def test_powerset_is_gnmax_over_subsets(pair: LocalPair) -> None:
         spec.circuit(), pair, spec.garbler_inputs(guardian, noise), spec.evaluator_inputs(student)
     )
     index = spec.decode(out)
-    expect = powerset_decide(hist, round_noise(noise), k)
+    expect, _ = mech.decide(hist, {"eta2": round_noise(noise)})
     np.testing.assert_array_equal(((index[:, None] >> np.arange(k)) & 1).astype(np.int8), expect)
 
 
@@ -260,13 +260,10 @@ def test_multilabel_matches_the_plaintext_mechanism(
     g = spec.garbler_inputs(guardian, noise, conf_noise if confidence is not None else None)
     out = run_both(spec.circuit(), pair, g, spec.evaluator_inputs(student))
     f = spec.frac_bits
-    ref = multilabel_decide(
-        counts,
-        n / 2,
-        round_noise(noise, f),
-        confidence,
-        round_noise(conf_noise, f) if confidence is not None else None,
-    )
+    test = {} if confidence is None else {"threshold": confidence, "sigma1": 4.0}
+    mech = from_config({"name": "binary", "sigma": 5.0, **test}, k)
+    rounded = {"noise": round_noise(noise, f), "confidence": round_noise(conf_noise, f)}
+    ref, _ = mech.decide(counts, rounded, n / 2)
     np.testing.assert_array_equal(spec.decode(out), ref)
     if confidence is None:  # counts exactly at the threshold with zero noise are positive
         assert (spec.decode(out)[:5] == 1).all()

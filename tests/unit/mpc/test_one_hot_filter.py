@@ -14,9 +14,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from capc.mechanisms.argmax import noisy_argmax
+from capc.mechanisms.base import NOT_ANSWERED
 from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
 from capc.mpc.session import LocalPair
-from capc.privacy.mechanisms.single_label import NOT_ANSWERED, noisy_argmax
 
 K, B = 6, 48
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from capc.mechanisms import from_config
 from capc.mpc import ot
 from capc.mpc.blocks import FixedKeyHash, lsb
 from capc.mpc.channel import HEADER_BYTES, TAG_BYTES, Channel, Kind
@@ -21,10 +22,13 @@ from capc.mpc.circuit import Circuit, Op, Party
 from capc.mpc.garbling import Garbler, OutputLabelError, evaluate, garbler_output_labels
 from capc.mpc.mechanism_circuits import ConfidentGNMax
 from capc.mpc.session import LocalPair
-from capc.privacy.mechanisms.single_label import vote_histogram
 
 B, K, N = 512, 10, 50
 SPEC = ConfidentGNMax(K, N, sigma=8.0, threshold=40.0, sigma1=30.0)
+#: Counts the votes as the parties do.
+VOTING = from_config(
+    {"name": "confident-gnmax", "sigma": 8.0, "threshold": 40.0, "sigma1": 30.0}, K
+)
 
 
 @dataclass
@@ -71,7 +75,7 @@ class Round:
 @pytest.fixture(scope="module")
 def recorded() -> Round:
     rng = np.random.default_rng(7)
-    hist = vote_histogram(rng.integers(0, K, (B, N)), K).astype(np.uint64)
+    hist = VOTING.summed_votes(rng.integers(0, K, (B, N))).astype(np.uint64)
     student = rng.integers(0, 2**64 - 1, (B, K), dtype=np.uint64, endpoint=True)
     guardian = hist - student
     eta1 = rng.normal(0, SPEC.sigma1, B)
@@ -162,7 +166,7 @@ def test_internal_wires_are_not_decodable_by_the_evaluator() -> None:
     c = SPEC.circuit()
     b = 128
     student = rng.integers(0, 2**64 - 1, (b, K), dtype=np.uint64, endpoint=True)
-    hist = vote_histogram(rng.integers(0, K, (b, N)), K).astype(np.uint64)
+    hist = VOTING.summed_votes(rng.integers(0, K, (b, N))).astype(np.uint64)
     g_in = SPEC.garbler_inputs(hist - student, rng.normal(0, 8.0, (b, K)), rng.normal(0, 30.0, b))
     e_in = SPEC.evaluator_inputs(student)
     hasher = FixedKeyHash()
@@ -220,7 +224,7 @@ def test_evaluator_cannot_forge_the_garblers_output() -> None:
     c = SPEC.circuit()
     b = 16
     student = rng.integers(0, 2**64 - 1, (b, K), dtype=np.uint64, endpoint=True)
-    hist = vote_histogram(rng.integers(0, K, (b, N)), K).astype(np.uint64)
+    hist = VOTING.summed_votes(rng.integers(0, K, (b, N))).astype(np.uint64)
     g_in = SPEC.garbler_inputs(hist - student, rng.normal(0, 8.0, (b, K)), rng.normal(0, 30.0, b))
     hasher = FixedKeyHash()
     garbler = Garbler(c, b, os.urandom(16), 0, hasher)
