@@ -87,7 +87,7 @@ def test_summary_and_goals_follow_the_rows() -> None:
         for s, a in ((1, 0.70), (2, 0.71), (3, 0.72))
     ]
     rows += [_row("capc-diet-student", 50, 10.0, s, 0.81) for s in (1, 2, 3)]
-    rows += [_row("dp-fedavg", 50, 10.0, s, 0.82) for s in (1, 2, 3)]
+    rows += [_row("dp_fedavg", 50, 10.0, s, 0.82) for s in (1, 2, 3)]
     table = summary.table(rows)
     alone = summary.lookup(table, "d", "alone", 50, None)
     assert alone is not None and alone["accuracy"] == pytest.approx(0.62)
@@ -107,3 +107,60 @@ def test_a_new_row_replaces_the_old_one_of_its_cell() -> None:
     new = [_row("alone", 50, None, 1, 0.7)]
     got = merged(old, new)
     assert sorted(r["accuracy"] for r in got) == [0.5, 0.7] and len(got) == 2
+
+
+def test_the_saved_results_and_the_docs_follow_the_saved_rows() -> None:
+    """docs/results.md's side-by-side tables and goals, and the saved summary, are what
+    the saved rows give (recomputed here, not copied)."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    saved = json.loads((root / "experiments/results/side-by-side.json").read_text())
+    table = summary.table(saved["rows"])
+    assert json.loads(json.dumps(table)) == saved["summary"]
+    assert all(r["seed"] != 0 for r in saved["rows"]), "seed 0 is for tuning only"
+    assert saved["commands"] and all(
+        c.startswith("python -m experiments.side_by_side") for c in saved["commands"]
+    )
+    text = (root / "docs/results.md").read_text()
+    begin, end = "<!-- side-by-side: generated -->\n", "<!-- side-by-side: end -->"
+    block = text[text.index(begin) + len(begin) : text.index(end)]
+    expected = summary.markdown(table) + "\n" + summary.goals_markdown(table) + "\n"
+    assert block == expected
+    for png in ("accuracy-vs-epsilon", "when-to-join"):
+        for dataset in {r["dataset"] for r in saved["rows"]}:
+            assert (root / f"docs/img/side-by-side-{dataset}-{png}.png").is_file()
+
+
+def test_the_docs_side_by_side_commands_parse() -> None:
+    """Every ``python -m experiments.side_by_side...`` line in docs/results.md and in the
+    modules' docstrings is accepted by that module's own parser."""
+    import shlex
+    from pathlib import Path
+
+    from experiments.side_by_side import __main__ as grid
+    from experiments.side_by_side import baselines, plots
+
+    parsers = {
+        "experiments.side_by_side": grid.build_parser(),
+        "experiments.side_by_side.summary": summary.build_parser(),
+        "experiments.side_by_side.plots": plots.build_parser(),
+    }
+    root = Path(__file__).resolve().parents[2]
+    texts = [(root / "docs/results.md").read_text(), grid.__doc__ or "", plots.__doc__ or ""]
+    texts.append(baselines.__doc__ or "")
+    seen = 0
+    for text in texts:
+        joined = text.replace("\\\n", " ")
+        for line in joined.splitlines():
+            words = (
+                shlex.split(line.split("#")[0])
+                if "python -m experiments.side_by_side" in line
+                else []
+            )
+            if len(words) < 3 or words[0] != "python" or words[2] not in parsers:
+                continue
+            parsers[words[2]].parse_args(words[3:])
+            seen += 1
+    assert seen >= 5
