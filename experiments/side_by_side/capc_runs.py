@@ -251,7 +251,6 @@ def student_methods(
     analyst = Client(c.gateway_url, c.token("analyst", "side-by-side"), ca=c.ca, timeout=600)
     architecture, epochs = (None, cfg.epochs) if cell.images else ("mlp", cfg.table_epochs)
     rows: list[dict[str, Any]] = []
-    public = _npz(cell.work / "public.npz", split.x[split.public])
     for method, most in (("capc-diet-student", 10**9), ("capc-pate-public", len(split.public))):
         jobs: list[str] = []
         bought, done, start = 0, 0, time.perf_counter()
@@ -287,7 +286,6 @@ def student_methods(
                 )
             )
             cell.log(f"{method} n={cell.n} seed={split.seed} eps={e:g}: {done} queries, {accuracy}")
-    del public
     return rows
 
 
