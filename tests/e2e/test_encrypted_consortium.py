@@ -268,9 +268,9 @@ def test_a_batch_of_one_with_every_slot_filled_pays_for_and_gets_one_query(
         result = student._round(
             crypto.message(batch),
             1,
-            shares=lambda rid, parties: sum(
-                (batch.share(p, rid, student.timeout) for p in parties),
-                np.zeros((1, batch.num_classes), dtype=np.uint64),
+            # every party's share, in the guardian's order, as label_encrypted sends them
+            shares=lambda rid, parties: np.stack(
+                [batch.share(p, rid, student.timeout) for p in parties], axis=1
             ),
         )
     finally:
