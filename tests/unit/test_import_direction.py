@@ -1,0 +1,66 @@
+"""Dependencies point inwards: services -> capc, and the client shares nothing with
+the server. Every import statement is read, including those inside functions, so a
+lazy import cannot slip a transport into the library."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: package folder -> top-level modules it may never import
+FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "capc": ("grpc", "google", "services", "capc_client", "fastapi", "starlette", "httpx"),
+    "clients/capc_client": ("capc", "services", "grpc", "google"),
+}
+
+
+def imported(path: Path) -> list[tuple[int, str]]:
+    """Every (line, top-level module) that ``path`` imports, at any depth."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module.split(".")[0]))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            out.append((node.lineno, node.args[0].value.split(".")[0]))
+    return out
+
+
+def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, module in imported(path)
+        if module in forbidden
+    ]
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_a_package_imports_nothing_outside_its_layer(package: str) -> None:
+    assert violations(package, FORBIDDEN[package]) == []
+
+
+def test_the_check_sees_a_lazy_import_inside_a_function(tmp_path: Path) -> None:
+    # the check can fail: a transport imported inside a function is found
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import importlib\n"
+        "def f():\n"
+        "    import grpc\n"
+        "    from services.guardian import rounds\n"
+        "    return importlib.import_module('google.protobuf')\n"
+    )
+    assert [m for _, m in imported(bad)] == ["importlib", "grpc", "services", "google"]
