@@ -1,0 +1,153 @@
+"""What every part of the ledger shares: its engine, accountant and delta, transactions,
+the audit append, and the arithmetic that keeps totals from shrinking.
+
+:class:`LedgerBase` holds the state; each responsibility is a mixin over it
+(:mod:`~services.common.ledger.schema`, :mod:`~services.common.ledger.auditlog`,
+:mod:`~services.common.ledger.registry`, :mod:`~services.common.ledger.reservations`,
+:mod:`~services.common.ledger.reads`, :mod:`~services.common.ledger.empirical`),
+and :class:`services.common.ledger.store.Ledger` combines them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from numpy.typing import NDArray
+from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy.orm import Session
+
+from capc.privacy.accountants import Accounting, UnsupportedEventError
+from capc.privacy.events import DpEvent
+from services.common.ledger import chain
+from services.common.ledger.errors import LedgerError, UnknownTaskError
+from services.common.ledger.records import KeptSetting
+from services.common.ledger.tables import settings, tasks
+from services.common.limits import MAX_TEACHERS_PER_PARTY
+
+FloatArray = NDArray[np.float64]
+#: Settings only the ledger itself writes.
+OWN_SETTINGS = frozenset({"accountant", "delta", "audit_head", "audit_key"})
+#: Characters of a cap change's reason kept in the audit log.
+MAX_CAP_REASON = 512
+
+
+class LedgerBase:
+    """The state every part of the ledger works on (set by ``Ledger.__init__``)."""
+
+    url: str
+    engine: Engine
+    accounting: Accounting
+    delta: float
+    _signer: Ed25519PrivateKey | None
+
+    # -- transactions -----------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[Session]:
+        """An ORM session in one transaction (the registry and other cold paths)."""
+        with Session(self.engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """A Core connection in one transaction (the round write path)."""
+        with self.engine.begin() as conn:
+            yield conn
+
+    def _audit(
+        self,
+        s: Session | Connection,
+        actor: str,
+        action: str,
+        detail: Mapping[str, object],
+        note: str | None = None,
+    ) -> None:
+        """Append one audit entry in the transaction of ``s``."""
+        conn = s.connection() if isinstance(s, Session) else s
+        chain.append(conn, [chain.Entry(actor, action, detail, note)], self._signer)
+
+    def _keep(self, conn: Connection, kept: KeptSetting) -> chain.Entry | None:
+        """Write ``kept`` in ``conn``'s transaction; its audit entry, None when unchanged."""
+        have = conn.execute(
+            select(settings.c.value).where(settings.c.key == kept.key).with_for_update()
+        ).first()
+        if have is None:
+            conn.execute(insert(settings).values(key=kept.key, value=kept.value))
+        elif have[0] == kept.value:
+            return None
+        else:
+            conn.execute(
+                update(settings).where(settings.c.key == kept.key).values(value=kept.value)
+            )
+        return chain.Entry(kept.actor, kept.action, {"key": kept.key, **(kept.detail or {})})
+
+    # -- accounting ---------------------------------------------------------------
+    def _eps(self, loss: Sequence[float] | FloatArray) -> tuple[float, float | None]:
+        """(epsilon at the ledger's delta, best Renyi order or None) of a loss vector."""
+        spent = self.accounting.spent(np.asarray(loss, dtype=np.float64), self.delta)
+        return spent.epsilon, spent.order
+
+    def _fits(self, loss: FloatArray, cap: float) -> bool:
+        return self.accounting.fits(loss, cap, self.delta)
+
+    def _loss(self, event: DpEvent, what: str) -> FloatArray:
+        """An event's loss vector as a budget charge; LedgerError if the filter cannot take it."""
+        try:
+            loss = self.accounting.filter_cost(event)
+        except (UnsupportedEventError, ValueError, ArithmeticError) as err:
+            raise LedgerError(f"{what}: {err}") from err
+        if not np.isfinite(loss).all():
+            raise LedgerError(f"{what}: its privacy loss is not finite (noise too small?)")
+        return loss
+
+
+def unknown_task(s: Session | Connection, name: str) -> UnknownTaskError:
+    """The error for a task ``name`` the ledger lacks, naming the tasks it has."""
+    known = list(s.scalars(select(tasks.c.name).order_by(tasks.c.name)))
+    listed = f"known tasks: {', '.join(known)}" if known else "no task is registered"
+    return UnknownTaskError(f"no task named {name!r}; {listed}")
+
+
+def check_setting(kept: KeptSetting | None) -> None:
+    if kept is not None and (kept.key in OWN_SETTINGS or not 0 < len(kept.key) <= 64):
+        raise LedgerError(f"{kept.key!r} is not a setting that can be kept")
+
+
+def positive_cap(epsilon_cap: float) -> float:
+    if not (
+        isinstance(epsilon_cap, int | float) and math.isfinite(epsilon_cap) and epsilon_cap > 0
+    ):
+        raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
+    return float(epsilon_cap)
+
+
+def teacher_count(teachers: int) -> int:
+    if isinstance(teachers, bool) or not isinstance(teachers, int):
+        raise LedgerError(f"a teacher count is a whole number, got {teachers!r}")
+    if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
+        raise LedgerError(
+            f"a party votes with 1 to {MAX_TEACHERS_PER_PARTY} teachers, got {teachers}"
+        )
+    return teachers
+
+
+def enforced(registered: float, declared: float | None) -> float:
+    """The cap a ledger enforces: never above what the party itself declared."""
+    return registered if declared is None else min(registered, declared)
+
+
+def registered_cap(epsilon_cap: float, registered: float | None) -> float:
+    """The cap a party's operator registered, from its row's enforced and registered caps."""
+    # Every row has one since revision 0004 filled them; the column stays nullable.
+    return epsilon_cap if registered is None else registered
+
+
+def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
+    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the largest
+    term, so float error never shrinks a total (it is of the order of an ulp of the largest
+    operand, not of the result); exact zeros stay zero."""
+    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
+    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)

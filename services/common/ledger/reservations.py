@@ -1,0 +1,505 @@
+"""Budgets checked before anything is spent: a round's reservation, release, commit or abort.
+
+Round life cycle (docs/architecture.md, "One labelling round", steps 3 and 11-13):
+
+    reserve -> (release) -> commit      or      reserve -> abort
+
+- ``reserve`` takes each answering party's worst-case privacy event for the
+  round (every query answered) and has the ledger's accountant turn it into a
+  loss vector; only events the accountant's budget filter is proven for are
+  accepted (docs/privacy.md, "The budget filter"). In one transaction the ledger locks
+  those parties' spend rows (``SELECT ... FOR UPDATE`` on PostgreSQL, an
+  immediate write lock on SQLite), leaves out every party the charge would
+  take past its cap, refuses the round below quorum, and otherwise records the
+  reservation. Racing rounds therefore serialise on the party rows and can
+  never overspend.
+- ``release`` is written durably before the guardian sends anything that
+  depends on its noise. From then on the round can only be committed.
+- ``commit`` replaces the reservation with the actual charge.
+- ``recover`` (at start-up) aborts rounds that were never released and
+  commits released ones at their reservation: after a crash the ledger may
+  over-count, never under-count.
+
+Each step is one transaction of SQLAlchemy Core statements (a few per round,
+one per table, whatever the number of parties), with its audit entries
+appended together at its end (:mod:`services.common.ledger.chain`). A step
+that fails part-way writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from sqlalchemy import Connection, bindparam, delete, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from capc.privacy.events import DpEvent
+from services.common.ledger import chain
+from services.common.ledger.base import (
+    FloatArray,
+    LedgerBase,
+    check_setting,
+    round_up,
+    unknown_task,
+)
+from services.common.ledger.errors import (
+    DuplicateRoundError,
+    LedgerError,
+    QuorumError,
+    RoundStateError,
+    UnknownPartyError,
+)
+from services.common.ledger.models import ChargeKind, RoundState, utcnow
+from services.common.ledger.records import KeptSetting, Reservation
+from services.common.ledger.tables import (
+    Spend,
+    allowances,
+    charges,
+    lock_querier_spends,
+    lock_spends,
+    parties,
+    querier_spend,
+    rounds,
+    tasks,
+    write_querier_spends,
+    write_spends,
+)
+
+
+def _locked_round(conn: Connection, round_id: int) -> tuple[RoundState, str]:
+    """(state, querier) of a round, its row locked for this transaction."""
+    row = conn.execute(
+        select(rounds.c.state, rounds.c.querier).where(rounds.c.id == round_id).with_for_update()
+    ).first()
+    if row is None:
+        raise RoundStateError(f"no round {round_id}")
+    return RoundState(row[0]), str(row[1])
+
+
+class Reservations(LedgerBase):
+    """A round's reservation, release, commit and abort."""
+
+    def reserve(
+        self,
+        round_key: str,
+        task: str,
+        querier: str,
+        queries: int,
+        worst_case: Mapping[str, DpEvent],
+        *,
+        mechanism: str,
+        quorum: int,
+        round_id: int | None = None,
+        terms: Mapping[str, object] | None = None,
+        disclosure: Mapping[str, object] | None = None,
+    ) -> Reservation:
+        """Reserve each party's worst-case event for a round, leaving out parties it would take past their cap.
+
+        Raises QuorumError (nothing written) if fewer than ``quorum`` remain,
+        DuplicateRoundError if ``round_key`` (or ``round_id``) was used before.
+        ``round_id``: a party's own ledger numbers its rounds as the guardian
+        does; ``terms``: what the round asked of the party (JSON), kept with it;
+        ``disclosure``: the querier's own records the round sends in the clear (the
+        CaPC loop), audited as ``clear_records`` in the same transaction.
+        """
+        if queries < 1:
+            raise LedgerError(f"a round has at least one query, got {queries}")
+        if quorum < 1:
+            raise LedgerError(f"quorum must be >= 1, got {quorum}")
+        costs = {p: self._loss(e, f"worst case of {p}") for p, e in worst_case.items()}
+        stored_events = {p: e.to_dict() for p, e in worst_case.items()}
+        names = sorted(costs)
+        used = rounds.c.round_key == round_key
+        if round_id is not None:
+            used = or_(used, rounds.c.id == round_id)
+        try:
+            with self._write() as conn:
+                if conn.execute(select(rounds.c.id).where(used).limit(1)).first() is not None:
+                    raise DuplicateRoundError(
+                        f"round {round_key!r} was opened before; a round key is used once"
+                    )
+                if conn.execute(select(tasks.c.name).where(tasks.c.name == task)).first() is None:
+                    raise unknown_task(conn, task)
+                spends = lock_spends(conn, names)
+                known = {
+                    name: (float(cap), str(status))
+                    for name, cap, status in conn.execute(
+                        select(parties.c.name, parties.c.epsilon_cap, parties.c.status).where(
+                            parties.c.name.in_(names)
+                        )
+                    )
+                }
+                unknown = [p for p in names if p not in known or p not in spends]
+                if unknown:
+                    raise UnknownPartyError(f"unknown parties {unknown}; register them first")
+                allowance = conn.execute(
+                    select(allowances.c.epsilon_cap).where(allowances.c.querier == querier)
+                ).scalar()
+                shares = lock_querier_spends(conn, querier, names)
+                included: list[str] = []
+                excluded: dict[str, float] = {}
+                # Each excluded party's (cap, loss so far): what the refusal reports.
+                room: dict[str, tuple[float, FloatArray]] = {}
+                for p in names:
+                    current = spends[p].loss
+                    cap, status = known[p]
+                    if status != "active":
+                        excluded[p] = 0.0
+                        continue
+                    mine = shares.get(p)
+                    fits = self._fits(current + costs[p], cap)
+                    if allowance is not None:
+                        mine = self.accounting.zero() if mine is None else mine
+                        fits = fits and self._fits(mine + costs[p], allowance)
+                    if fits:
+                        included.append(p)
+                        continue
+                    # What a party has left is only worked out for a refusal's message.
+                    left = cap - self._eps(current)[0]
+                    if allowance is not None and mine is not None:
+                        left = min(left, allowance - self._eps(mine)[0])
+                    excluded[p] = max(0.0, left)
+                    room[p] = (cap, current)
+                if len(included) < quorum:
+                    raise QuorumError(
+                        self._refusal(len(included), names, quorum, queries, excluded, costs, room),
+                        excluded,
+                    )
+                now = utcnow()
+                values: dict[str, object] = {
+                    "round_key": round_key,
+                    "task": task,
+                    "querier": querier,
+                    "queries": queries,
+                    "state": RoundState.RESERVED,
+                    "terms": None if terms is None else dict(terms),
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                if round_id is not None:
+                    values["id"] = round_id
+                made = conn.execute(insert(rounds).values(**values))
+                made_key = made.inserted_primary_key
+                if round_id is not None:
+                    rid = round_id
+                elif made_key is not None:
+                    rid = int(made_key[0])
+                else:
+                    raise LedgerError("the database gave the new round no id")
+                conn.execute(
+                    insert(charges),
+                    [
+                        {
+                            "round_id": rid,
+                            "party": p,
+                            "kind": ChargeKind.RESERVATION,
+                            "mechanism": mechanism,
+                            "loss": costs[p].tolist(),
+                            "event": stored_events[p],
+                            "created_at": now,
+                        }
+                        for p in included
+                    ],
+                )
+                fresh: list[str] = []
+                for p in included:
+                    spends[p].loss = spends[p].loss + costs[p]
+                    spends[p].rounds += 1
+                    spends[p].rounds_asked += 1
+                    # Kept whether or not an allowance exists, so one set later counts what
+                    # the querier spent before, and commits and aborts subtract what was added.
+                    if p not in shares:
+                        fresh.append(p)
+                        shares[p] = self.accounting.zero()
+                    shares[p] = shares[p] + costs[p]
+                write_spends(conn, spends, included)
+                if fresh:
+                    conn.execute(
+                        insert(querier_spend),
+                        [
+                            {"querier": querier, "party": p, "loss": shares[p].tolist()}
+                            for p in fresh
+                        ],
+                    )
+                write_querier_spends(conn, querier, shares, [p for p in included if p not in fresh])
+                entries = [
+                    chain.Entry(
+                        querier,
+                        "reserve",
+                        {
+                            "round": rid,
+                            "key": round_key,
+                            "task": task,
+                            "queries": queries,
+                            "included": included,
+                            "excluded": sorted(excluded),
+                        },
+                    )
+                ]
+                if disclosure is not None:
+                    entries.append(
+                        chain.Entry(querier, "clear_records", {"round": rid, **disclosure})
+                    )
+                chain.append(conn, entries, self._signer)
+                return Reservation(rid, tuple(included), excluded)
+        except IntegrityError as err:
+            raise DuplicateRoundError(
+                f"round {round_key!r} was opened before; a round key is used once"
+            ) from err
+
+    def _refusal(
+        self,
+        included: int,
+        names: Sequence[str],
+        quorum: int,
+        queries: int,
+        excluded: Mapping[str, float],
+        costs: Mapping[str, FloatArray],
+        room: Mapping[str, tuple[float, FloatArray]],
+    ) -> str:
+        """Why a round of ``queries`` queries is refused: per excluded party, the epsilon
+        it has left, what this round alone costs it (epsilon at the ledger's delta) and how
+        many more queries its cap covers (``room``: its cap and loss so far); and where to
+        see more."""
+        fits: dict[str, int] = {}
+        parts = []
+        for p, left in excluded.items():
+            alone = self._eps(costs[p])[0]
+            cap, spent = room.get(p, (0.0, self.accounting.zero()))
+            # Loss vectors add up over queries (Gaussian DP's mu**2, Renyi curves), so a
+            # round's worst case over its size is one query's.
+            unit = costs[p] / queries
+            fits[p] = (
+                self.accounting.max_count_of(unit, cap, self.delta, spent)
+                if left > 0 and unit.any()
+                else 0
+            )
+            parts.append(
+                f"{p}: {left:.4g} eps left, this round of {queries} queries costs it "
+                f"{alone:.4g} eps, {fits[p]} more queries fit"
+            )
+        best = max(fits, key=lambda p: fits[p]) if fits else None
+        if best is None or fits[best] == 0:
+            hint = ". No excluded party's cap covers another query"
+        else:
+            hint = (
+                f"; at most {fits[best]} more queries fit ({best}): ask for at most that "
+                "many per round (--batch-size)"
+            )
+        return (
+            f"only {included} of {len(names)} parties can afford this round, quorum is "
+            f"{quorum}; excluded: {'; '.join(parts)}{hint}. `capcctl budget` shows every "
+            "party's epsilon and queries left"
+        )
+
+    def release(self, round_id: int, *, actor: str = "guardian") -> None:
+        """Mark a reserved round released, durably: call before any noisy output leaves."""
+        with self._write() as conn:
+            state, _ = _locked_round(conn, round_id)
+            if state != RoundState.RESERVED:
+                raise RoundStateError(
+                    f"round {round_id} is {state.value}; only a reserved round can be released"
+                )
+            conn.execute(
+                update(rounds)
+                .where(rounds.c.id == round_id)
+                .values(state=RoundState.RELEASED, updated_at=utcnow())
+            )
+            chain.append(conn, [chain.Entry(actor, "release", {"round": round_id})], self._signer)
+
+    def commit(
+        self,
+        round_id: int,
+        actual: Mapping[str, DpEvent],
+        *,
+        actor: str = "guardian",
+        outcome: Mapping[str, object] | None = None,
+        release: bool = False,
+        keep: KeptSetting | None = None,
+    ) -> None:
+        """Replace a released round's reservations with the actual charges (events).
+
+        Parties with a reservation but no entry in ``actual`` took no part in
+        the result (they dropped out) and are charged nothing. An actual
+        charge above the reservation is still charged in full and audited.
+        ``outcome``: what the round released (JSON), kept with it. ``release``: a
+        round still reserved is released first, in the same transaction (a party's
+        own ledger, told of a round whose output has left already). ``keep``: a
+        setting kept in that transaction too.
+        """
+        costs = {p: self._loss(e, f"charge of {p}") for p, e in actual.items()}
+        events = {p: e.to_dict() for p, e in actual.items()}
+        self._commit(round_id, costs, events, actor, outcome, release=release, keep=keep)
+
+    def commit_at_reservation(
+        self,
+        round_id: int,
+        *,
+        actor: str,
+        release: bool = False,
+        keep: KeptSetting | None = None,
+    ) -> None:
+        """Commit a released round charging every party its reservation (the worst case):
+        what is charged when what the round released is unknown. ``release`` and
+        ``keep`` as for :meth:`commit`."""
+        self._commit(round_id, None, {}, actor, release=release, keep=keep)
+
+    def _commit(
+        self,
+        round_id: int,
+        costs: Mapping[str, FloatArray] | None,
+        charged: Mapping[str, dict[str, object] | None],
+        actor: str,
+        outcome: Mapping[str, object] | None = None,
+        *,
+        release: bool = False,
+        keep: KeptSetting | None = None,
+    ) -> None:
+        """``costs`` None: every party is charged its reservation, with its event."""
+        check_setting(keep)
+        with self._write() as conn:
+            state, querier = _locked_round(conn, round_id)
+            entries: list[chain.Entry] = []
+            if release and state == RoundState.RESERVED:
+                state = RoundState.RELEASED
+                entries.append(chain.Entry(actor, "release", {"round": round_id}))
+            if state != RoundState.RELEASED:
+                raise RoundStateError(
+                    f"round {round_id} is {state.value}; only a released round can be committed"
+                )
+            if keep is not None:
+                kept = self._keep(conn, keep)
+                if kept is not None:
+                    entries.append(kept)
+            held = {
+                p: (np.asarray(loss, dtype=np.float64), event)
+                for p, loss, event in conn.execute(
+                    select(charges.c.party, charges.c.loss, charges.c.event).where(
+                        charges.c.round_id == round_id
+                    )
+                )
+            }
+            if costs is None:
+                costs = {p: loss for p, (loss, _) in held.items()}
+                charged = {p: event for p, (_, event) in held.items()}
+            extra = sorted(set(costs) - set(held))
+            if extra:
+                raise LedgerError(
+                    f"round {round_id} reserved nothing for {extra}; they cannot be charged in it"
+                )
+            names = sorted(held)
+            spends = lock_spends(conn, names)
+            shares = lock_querier_spends(conn, querier, names)
+            over = []
+            updates = []
+            for p in names:
+                reserved = held[p][0]
+                charge = costs.get(p, self.accounting.zero())
+                if (charge > reserved * (1 + 1e-12)).any():
+                    over.append(p)
+                total = spends[p].loss
+                spends[p].loss = round_up(total - reserved + charge, total, reserved)
+                if p in shares:
+                    mine = shares[p]
+                    shares[p] = round_up(mine - reserved + charge, mine, reserved)
+                if p not in costs:
+                    spends[p].rounds -= 1
+                updates.append({"b_party": p, "b_loss": charge.tolist(), "b_event": charged.get(p)})
+            write_spends(conn, spends, names)
+            write_querier_spends(conn, querier, shares, [p for p in names if p in shares])
+            if updates:
+                conn.execute(
+                    update(charges)
+                    .where(charges.c.round_id == round_id, charges.c.party == bindparam("b_party"))
+                    .values(
+                        kind=ChargeKind.CHARGE,
+                        loss=bindparam("b_loss", type_=charges.c.loss.type),
+                        event=bindparam("b_event", type_=charges.c.event.type),
+                    ),
+                    updates,
+                )
+            done: dict[str, object] = {"state": RoundState.COMMITTED, "updated_at": utcnow()}
+            if outcome is not None:
+                done["outcome"] = dict(outcome)
+            conn.execute(update(rounds).where(rounds.c.id == round_id).values(**done))
+            entries.append(
+                chain.Entry(
+                    actor,
+                    "commit",
+                    {"round": round_id, "charged": sorted(costs), "above_reservation": over},
+                )
+            )
+            chain.append(conn, entries, self._signer)
+
+    def abort(
+        self,
+        round_id: int,
+        *,
+        actor: str = "guardian",
+        reason: str = "",
+        keep: KeptSetting | None = None,
+    ) -> None:
+        """Cancel a reserved (never released) round and return its reservations; ``keep``:
+        a setting kept in the same transaction."""
+        check_setting(keep)
+        with self._write() as conn:
+            state, querier = _locked_round(conn, round_id)
+            if state != RoundState.RESERVED:
+                raise RoundStateError(
+                    f"round {round_id} is {state.value}; only a round that was never released can be aborted"
+                )
+            entries: list[chain.Entry] = []
+            if keep is not None:
+                kept = self._keep(conn, keep)
+                if kept is not None:
+                    entries.append(kept)
+            held = {
+                p: np.asarray(loss, dtype=np.float64)
+                for p, loss in conn.execute(
+                    select(charges.c.party, charges.c.loss).where(charges.c.round_id == round_id)
+                )
+            }
+            names = sorted(held)
+            spends: dict[str, Spend] = lock_spends(conn, names)
+            shares = lock_querier_spends(conn, querier, names)
+            for p in names:
+                total, reserved = spends[p].loss, held[p]
+                spends[p].loss = round_up(total - reserved, total, reserved)
+                spends[p].rounds -= 1
+                if p in shares:
+                    mine = shares[p]
+                    shares[p] = round_up(mine - reserved, mine, reserved)
+            write_spends(conn, spends, names)
+            write_querier_spends(conn, querier, shares, [p for p in names if p in shares])
+            conn.execute(delete(charges).where(charges.c.round_id == round_id))
+            conn.execute(
+                update(rounds)
+                .where(rounds.c.id == round_id)
+                .values(state=RoundState.ABORTED, updated_at=utcnow())
+            )
+            entries.append(chain.Entry(actor, "abort", {"round": round_id, "reason": reason}))
+            chain.append(conn, entries, self._signer)
+
+    def recover(self) -> tuple[int, int]:
+        """After a restart: abort never-released rounds, commit released ones at their reservation.
+
+        Returns (aborted, committed).
+        """
+        with self.engine.connect() as conn:
+            pending = list(
+                conn.execute(
+                    select(rounds.c.id, rounds.c.state).where(
+                        rounds.c.state.in_([RoundState.RESERVED, RoundState.RELEASED])
+                    )
+                )
+            )
+        aborted = committed = 0
+        for rid, state in pending:
+            if state == RoundState.RESERVED:
+                self.abort(rid, actor="recovery", reason="guardian restarted before release")
+                aborted += 1
+            else:
+                self.commit_at_reservation(rid, actor="recovery")
+                committed += 1
+        return aborted, committed
