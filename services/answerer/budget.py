@@ -134,6 +134,9 @@ class OwnBudget:
             self._pin(guardian_key, "configured")
         #: Why this party refuses every round for now (a guardian it cannot account with).
         self.refusing: str | None = None
+        #: Tasks this ledger holds, name -> config hash: a round of a known task writes
+        #: nothing for it (a task's configuration never changes under its name).
+        self._tasks: dict[str, str] = {}
 
     # -- the guardian ------------------------------------------------------------
     def register(self, teachers: list[guardian_pb2.TeacherInfo]) -> guardian_pb2.Register:
@@ -235,7 +238,10 @@ class OwnBudget:
                     f"round {work.round_id} names task {header.task!r} with config hash "
                     f"{header.config_hash}, but carries a configuration that does not hash to it"
                 )
-            self.ledger.create_task(header.task, config, actor=self.name)
+            if self._tasks.get(header.task) != header.config_hash:
+                self._tasks[header.task] = self.ledger.create_task(
+                    header.task, config, actor=self.name
+                )
             self.ledger.reserve(
                 f"guardian-round-{work.round_id}",
                 header.task,

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.common.ledger import audit, chain
@@ -22,7 +22,7 @@ from services.common.ledger.base import LedgerBase
 from services.common.ledger.errors import LedgerError
 from services.common.ledger.models import AuditRow
 from services.common.ledger.records import AuditEntry
-from services.common.ledger.tables import settings
+from services.common.ledger.tables import INSERT_SETTING, SETTING, SETTING_LOCKED
 
 
 class AuditLog(LedgerBase):
@@ -33,18 +33,13 @@ class AuditLog(LedgerBase):
         another key later (its signatures would not verify the earlier heads)."""
         mine = audit.public_hex(signer)
         with self._write() as conn:
-            have = conn.execute(
-                select(settings.c.value).where(settings.c.key == "audit_key").with_for_update()
-            ).scalar()
+            have = conn.execute(SETTING_LOCKED, {"key": "audit_key"}).scalar()
             if have is None:
-                head = conn.execute(
-                    select(settings.c.value).where(settings.c.key == chain.HEAD)
-                ).scalar_one()
+                head = conn.execute(SETTING, {"key": chain.HEAD}).scalar_one()
                 seq = int(json.loads(head)[0])
                 conn.execute(
-                    insert(settings).values(
-                        key="audit_key", value=json.dumps({"key": mine, "from": seq})
-                    )
+                    INSERT_SETTING,
+                    {"key": "audit_key", "value": json.dumps({"key": mine, "from": seq})},
                 )
                 self._signer = signer
                 self._audit(conn, "ledger", "audit_key", {"public_key": mine, "signed_after": seq})
@@ -61,9 +56,7 @@ class AuditLog(LedgerBase):
     def audit_key(self) -> tuple[str, int] | None:
         """(public key hex, last entry written before it signed), or None: no key yet."""
         with self.engine.connect() as conn:
-            value = conn.execute(
-                select(settings.c.value).where(settings.c.key == "audit_key")
-            ).scalar()
+            value = conn.execute(SETTING, {"key": "audit_key"}).scalar()
         if value is None:
             return None
         saved = json.loads(value)
@@ -72,11 +65,7 @@ class AuditLog(LedgerBase):
     def audit_head(self) -> AuditHead:
         """The audit chain's current head, signed (the signature is empty without a key)."""
         with self.engine.connect() as conn:
-            value = json.loads(
-                conn.execute(
-                    select(settings.c.value).where(settings.c.key == chain.HEAD)
-                ).scalar_one()
-            )
+            value = json.loads(conn.execute(SETTING, {"key": chain.HEAD}).scalar_one())
         return AuditHead(int(value[0]), str(value[1]), str(value[2]) if len(value) > 2 else "")
 
     def record(

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
-from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy import Connection, Engine, select
 from sqlalchemy.orm import Session
 
 from capc.privacy.accountants import Accounting, UnsupportedEventError
@@ -25,7 +25,7 @@ from capc.privacy.events import DpEvent
 from services.common.ledger import chain
 from services.common.ledger.errors import LedgerError, UnknownTaskError
 from services.common.ledger.records import KeptSetting
-from services.common.ledger.tables import settings, tasks
+from services.common.ledger.tables import INSERT_SETTING, SETTING_LOCKED, UPDATE_SETTING, tasks
 from services.common.limits import MAX_TEACHERS_PER_PARTY
 
 FloatArray = NDArray[np.float64]
@@ -71,17 +71,13 @@ class LedgerBase:
 
     def _keep(self, conn: Connection, kept: KeptSetting) -> chain.Entry | None:
         """Write ``kept`` in ``conn``'s transaction; its audit entry, None when unchanged."""
-        have = conn.execute(
-            select(settings.c.value).where(settings.c.key == kept.key).with_for_update()
-        ).first()
+        have = conn.execute(SETTING_LOCKED, {"key": kept.key}).first()
         if have is None:
-            conn.execute(insert(settings).values(key=kept.key, value=kept.value))
+            conn.execute(INSERT_SETTING, {"key": kept.key, "value": kept.value})
         elif have[0] == kept.value:
             return None
         else:
-            conn.execute(
-                update(settings).where(settings.c.key == kept.key).values(value=kept.value)
-            )
+            conn.execute(UPDATE_SETTING, {"b_key": kept.key, "b_value": kept.value})
         return chain.Entry(kept.actor, kept.action, {"key": kept.key, **(kept.detail or {})})
 
     # -- accounting ---------------------------------------------------------------

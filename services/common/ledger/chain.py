@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection
 
 from services.common.ledger import audit
 from services.common.ledger.models import utcnow
-from services.common.ledger.tables import audit_log, settings
+from services.common.ledger.tables import INSERT_AUDIT, SETTING_LOCKED, UPDATE_SETTING
 
 #: The setting that holds the chain's head: JSON [seq, hash, signature].
 HEAD = "audit_head"
@@ -38,9 +38,7 @@ def append(conn: Connection, entries: Sequence[Entry], signer: Ed25519PrivateKey
     """Append ``entries`` in order, in ``conn``'s transaction."""
     if not entries:
         return
-    value = conn.execute(
-        select(settings.c.value).where(settings.c.key == HEAD).with_for_update()
-    ).scalar_one()
+    value = conn.execute(SETTING_LOCKED, {"key": HEAD}).scalar_one()
     seq, prev = json.loads(value)[:2]
     rows = []
     signature: str | None = None
@@ -64,9 +62,7 @@ def append(conn: Connection, entries: Sequence[Entry], signer: Ed25519PrivateKey
             }
         )
         prev = digest
-    conn.execute(insert(audit_log), rows)
+    conn.execute(INSERT_AUDIT, rows)
     conn.execute(
-        update(settings)
-        .where(settings.c.key == HEAD)
-        .values(value=json.dumps([seq, prev, signature or ""]))
+        UPDATE_SETTING, {"b_key": HEAD, "b_value": json.dumps([seq, prev, signature or ""])}
     )

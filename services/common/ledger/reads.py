@@ -7,10 +7,9 @@ open rounds) are single Core statements; each opens one connection.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Select, func, select
+from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from capc.privacy.events import DpEvent
@@ -19,41 +18,47 @@ from services.common.ledger.base import FloatArray, LedgerBase, registered_cap
 from services.common.ledger.errors import RoundStateError, UnknownPartyError
 from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState
 from services.common.ledger.records import LedgerEntry, PartyBudget, RoundRecord
-from services.common.ledger.tables import charges, parties, rounds, spend
+from services.common.ledger.tables import (
+    CHARGES,
+    LAST_ROUND,
+    OPEN_ROUNDS,
+    ROUND,
+    ROUND_STATE,
+    SPEND_LOSS,
+    UNSETTLED,
+    parties,
+    rounds,
+    spend,
+)
 
-_OPEN = (RoundState.RESERVED, RoundState.RELEASED)
-
-
-def _budget_query() -> Select[Any]:
-    return (
-        select(
-            parties.c.name,
-            parties.c.role,
-            parties.c.status,
-            parties.c.epsilon_cap,
-            spend.c.loss,
-            spend.c.rounds,
-            parties.c.last_seen,
-            parties.c.registered_cap,
-            parties.c.declared_cap,
-            parties.c.report,
-            parties.c.registered_teachers,
-            spend.c.rounds_asked,
-        )
-        .join(spend, spend.c.party == parties.c.name)
-        .order_by(parties.c.name)
+_BUDGETS = (
+    select(
+        parties.c.name,
+        parties.c.role,
+        parties.c.status,
+        parties.c.epsilon_cap,
+        spend.c.loss,
+        spend.c.rounds,
+        parties.c.last_seen,
+        parties.c.registered_cap,
+        parties.c.declared_cap,
+        parties.c.report,
+        parties.c.registered_teachers,
+        spend.c.rounds_asked,
     )
+    .join(spend, spend.c.party == parties.c.name)
+    .order_by(parties.c.name)
+)
+_BUDGET = _BUDGETS.where(parties.c.name == bindparam("party"))
 
 
 class Reads(LedgerBase):
     """What a ledger shows: budgets, spends, rounds and their entries."""
 
     def _budgets(self, conn: Connection, name: str | None) -> list[PartyBudget]:
-        q = _budget_query()
-        if name is not None:
-            q = q.where(parties.c.name == name)
+        rows = conn.execute(_BUDGETS) if name is None else conn.execute(_BUDGET, {"party": name})
         out = []
-        for row in conn.execute(q):
+        for row in rows:
             (who, role, status, cap, loss, n, seen, registered, declared, report, pinned,
              asked) = row  # fmt: skip
             eps, order = self._eps(loss)
@@ -93,7 +98,7 @@ class Reads(LedgerBase):
     def spent_loss(self, name: str) -> FloatArray:
         """A party's loss vector (charges and open reservations) in the ledger's accountant."""
         with self.engine.connect() as conn:
-            loss = conn.execute(select(spend.c.loss).where(spend.c.party == name)).scalar()
+            loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
         if loss is None:
             raise UnknownPartyError(f"no party named {name!r}")
         return np.asarray(loss, dtype=np.float64)
@@ -111,16 +116,11 @@ class Reads(LedgerBase):
         round. Two ledgers that saw the same rounds agree on it to float rounding, and a
         running total altered in the database shows up here."""
         with self.engine.connect() as conn:
-            loss = conn.execute(select(spend.c.loss).where(spend.c.party == name)).scalar()
+            loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
             if loss is None:
                 raise UnknownPartyError(f"no party named {name!r}")
             total = np.asarray(loss, dtype=np.float64)
-            rows = conn.scalars(
-                select(charges.c.loss).where(
-                    charges.c.party == name,
-                    (charges.c.kind == ChargeKind.RESERVATION) | (charges.c.round_id > through),
-                )
-            )
+            rows = conn.scalars(UNSETTLED, {"party": name, "through": through})
             for held in rows:
                 total = total - np.asarray(held, dtype=np.float64)
         return np.maximum(total, 0.0)
@@ -128,39 +128,26 @@ class Reads(LedgerBase):
     def round_record(self, round_id: int) -> RoundRecord | None:
         """A round with its terms, outcome and per-party rows; None if there is none."""
         with self.engine.connect() as conn:
-            rnd = conn.execute(
-                select(rounds.c.state, rounds.c.terms, rounds.c.outcome).where(
-                    rounds.c.id == round_id
-                )
-            ).first()
+            rnd = conn.execute(ROUND, {"rid": round_id}).first()
             if rnd is None:
                 return None
-            rows = conn.execute(
-                select(charges.c.party, charges.c.kind, charges.c.event).where(
-                    charges.c.round_id == round_id
-                )
-            )
-            held = {p: (ChargeKind(kind), event) for p, kind, event in rows}
+            rows = conn.execute(CHARGES, {"rid": round_id})
+            held = {p: (ChargeKind(kind), event) for p, kind, _, event in rows}
         return RoundRecord(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
     def open_rounds(self) -> list[int]:
         """Ids of rounds reserved or released but not yet committed or aborted, oldest first."""
         with self.engine.connect() as conn:
-            return [
-                int(i)
-                for i in conn.scalars(
-                    select(rounds.c.id).where(rounds.c.state.in_(_OPEN)).order_by(rounds.c.id)
-                )
-            ]
+            return [int(i) for i in conn.scalars(OPEN_ROUNDS)]
 
     def last_round(self) -> int:
         """The highest round id, 0 when there is none."""
         with self.engine.connect() as conn:
-            return int(conn.scalar(select(func.max(rounds.c.id))) or 0)
+            return int(conn.scalar(LAST_ROUND) or 0)
 
     def round_state(self, round_id: int) -> RoundState:
         with self.engine.connect() as conn:
-            state = conn.scalar(select(rounds.c.state).where(rounds.c.id == round_id))
+            state = conn.scalar(ROUND_STATE, {"rid": round_id})
         if state is None:
             raise RoundStateError(f"no round {round_id}")
         return RoundState(state)

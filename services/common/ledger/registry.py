@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from services.common.db import iso_utc
@@ -37,7 +36,7 @@ from services.common.ledger.models import (
     utcnow,
 )
 from services.common.ledger.records import KeptSetting
-from services.common.ledger.tables import settings
+from services.common.ledger.tables import SETTING
 from services.common.task import config_hash
 
 
@@ -47,7 +46,7 @@ class Registry(LedgerBase):
     def setting(self, key: str) -> str | None:
         """A value kept with :meth:`keep_setting`, or None."""
         with self.engine.connect() as conn:
-            value = conn.execute(select(settings.c.value).where(settings.c.key == key)).scalar()
+            value = conn.execute(SETTING, {"key": key}).scalar()
         return None if value is None else str(value)
 
     def keep_setting(

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, bindparam, delete, insert, or_, select, update
+from sqlalchemy import Connection, delete, select
 from sqlalchemy.exc import IntegrityError
 
 from capc.privacy.events import DpEvent
@@ -53,15 +53,22 @@ from services.common.ledger.errors import (
 from services.common.ledger.models import ChargeKind, RoundState, utcnow
 from services.common.ledger.records import KeptSetting, Reservation
 from services.common.ledger.tables import (
+    ALLOWANCE,
+    CHARGES,
+    INSERT_CHARGES,
+    INSERT_QUERIER_SPENDS,
+    INSERT_ROUND,
+    OPENABLE,
+    ROUND_LOCKED,
+    SET_ROUND_OUTCOME,
+    SET_ROUND_STATE,
+    SPENDS_CAPS_LOCKED,
+    UPDATE_CHARGES,
     Spend,
-    allowances,
     charges,
     lock_querier_spends,
     lock_spends,
-    parties,
-    querier_spend,
     rounds,
-    tasks,
     write_querier_spends,
     write_spends,
 )
@@ -69,9 +76,7 @@ from services.common.ledger.tables import (
 
 def _locked_round(conn: Connection, round_id: int) -> tuple[RoundState, str]:
     """(state, querier) of a round, its row locked for this transaction."""
-    row = conn.execute(
-        select(rounds.c.state, rounds.c.querier).where(rounds.c.id == round_id).with_for_update()
-    ).first()
+    row = conn.execute(ROUND_LOCKED, {"rid": round_id}).first()
     if row is None:
         raise RoundStateError(f"no round {round_id}")
     return RoundState(row[0]), str(row[1])
@@ -110,32 +115,29 @@ class Reservations(LedgerBase):
         costs = {p: self._loss(e, f"worst case of {p}") for p, e in worst_case.items()}
         stored_events = {p: e.to_dict() for p, e in worst_case.items()}
         names = sorted(costs)
-        used = rounds.c.round_key == round_key
-        if round_id is not None:
-            used = or_(used, rounds.c.id == round_id)
         try:
             with self._write() as conn:
-                if conn.execute(select(rounds.c.id).where(used).limit(1)).first() is not None:
+                # A round id of None matches no row (id = NULL is never true).
+                used, known_task = conn.execute(
+                    OPENABLE, {"key": round_key, "rid": round_id, "task": task}
+                ).one()
+                if used:
                     raise DuplicateRoundError(
                         f"round {round_key!r} was opened before; a round key is used once"
                     )
-                if conn.execute(select(tasks.c.name).where(tasks.c.name == task)).first() is None:
+                if not known_task:
                     raise unknown_task(conn, task)
-                spends = lock_spends(conn, names)
-                known = {
-                    name: (float(cap), str(status))
-                    for name, cap, status in conn.execute(
-                        select(parties.c.name, parties.c.epsilon_cap, parties.c.status).where(
-                            parties.c.name.in_(names)
-                        )
-                    )
-                }
-                unknown = [p for p in names if p not in known or p not in spends]
+                spends: dict[str, Spend] = {}
+                known: dict[str, tuple[float, str]] = {}
+                for p, loss, n, asked, cap, status in conn.execute(
+                    SPENDS_CAPS_LOCKED, {"names": names}
+                ):
+                    spends[p] = Spend(np.asarray(loss, dtype=np.float64), int(n), int(asked))
+                    known[p] = (float(cap), str(status))
+                unknown = [p for p in names if p not in known]
                 if unknown:
                     raise UnknownPartyError(f"unknown parties {unknown}; register them first")
-                allowance = conn.execute(
-                    select(allowances.c.epsilon_cap).where(allowances.c.querier == querier)
-                ).scalar()
+                allowance = conn.execute(ALLOWANCE, {"querier": querier}).scalar()
                 shares = lock_querier_spends(conn, querier, names)
                 included: list[str] = []
                 excluded: dict[str, float] = {}
@@ -179,7 +181,7 @@ class Reservations(LedgerBase):
                 }
                 if round_id is not None:
                     values["id"] = round_id
-                made = conn.execute(insert(rounds).values(**values))
+                made = conn.execute(INSERT_ROUND, values)
                 made_key = made.inserted_primary_key
                 if round_id is not None:
                     rid = round_id
@@ -188,7 +190,7 @@ class Reservations(LedgerBase):
                 else:
                     raise LedgerError("the database gave the new round no id")
                 conn.execute(
-                    insert(charges),
+                    INSERT_CHARGES,
                     [
                         {
                             "round_id": rid,
@@ -216,7 +218,7 @@ class Reservations(LedgerBase):
                 write_spends(conn, spends, included)
                 if fresh:
                     conn.execute(
-                        insert(querier_spend),
+                        INSERT_QUERIER_SPENDS,
                         [
                             {"querier": querier, "party": p, "loss": shares[p].tolist()}
                             for p in fresh
@@ -302,9 +304,8 @@ class Reservations(LedgerBase):
                     f"round {round_id} is {state.value}; only a reserved round can be released"
                 )
             conn.execute(
-                update(rounds)
-                .where(rounds.c.id == round_id)
-                .values(state=RoundState.RELEASED, updated_at=utcnow())
+                SET_ROUND_STATE,
+                {"b_rid": round_id, "b_state": RoundState.RELEASED, "b_at": utcnow()},
             )
             chain.append(conn, [chain.Entry(actor, "release", {"round": round_id})], self._signer)
 
@@ -374,11 +375,7 @@ class Reservations(LedgerBase):
                     entries.append(kept)
             held = {
                 p: (np.asarray(loss, dtype=np.float64), event)
-                for p, loss, event in conn.execute(
-                    select(charges.c.party, charges.c.loss, charges.c.event).where(
-                        charges.c.round_id == round_id
-                    )
-                )
+                for p, _, loss, event in conn.execute(CHARGES, {"rid": round_id})
             }
             if costs is None:
                 costs = {p: loss for p, (loss, _) in held.items()}
@@ -405,24 +402,24 @@ class Reservations(LedgerBase):
                     shares[p] = round_up(mine - reserved + charge, mine, reserved)
                 if p not in costs:
                     spends[p].rounds -= 1
-                updates.append({"b_party": p, "b_loss": charge.tolist(), "b_event": charged.get(p)})
+                updates.append(
+                    {
+                        "b_rid": round_id,
+                        "b_party": p,
+                        "b_kind": ChargeKind.CHARGE,
+                        "b_loss": charge.tolist(),
+                        "b_event": charged.get(p),
+                    }
+                )
             write_spends(conn, spends, names)
             write_querier_spends(conn, querier, shares, [p for p in names if p in shares])
             if updates:
-                conn.execute(
-                    update(charges)
-                    .where(charges.c.round_id == round_id, charges.c.party == bindparam("b_party"))
-                    .values(
-                        kind=ChargeKind.CHARGE,
-                        loss=bindparam("b_loss", type_=charges.c.loss.type),
-                        event=bindparam("b_event", type_=charges.c.event.type),
-                    ),
-                    updates,
-                )
-            done: dict[str, object] = {"state": RoundState.COMMITTED, "updated_at": utcnow()}
-            if outcome is not None:
-                done["outcome"] = dict(outcome)
-            conn.execute(update(rounds).where(rounds.c.id == round_id).values(**done))
+                conn.execute(UPDATE_CHARGES, updates)
+            done = {"b_rid": round_id, "b_state": RoundState.COMMITTED, "b_at": utcnow()}
+            if outcome is None:
+                conn.execute(SET_ROUND_STATE, done)
+            else:
+                conn.execute(SET_ROUND_OUTCOME, {**done, "b_outcome": dict(outcome)})
             entries.append(
                 chain.Entry(
                     actor,
@@ -456,9 +453,7 @@ class Reservations(LedgerBase):
                     entries.append(kept)
             held = {
                 p: np.asarray(loss, dtype=np.float64)
-                for p, loss in conn.execute(
-                    select(charges.c.party, charges.c.loss).where(charges.c.round_id == round_id)
-                )
+                for p, _, loss, _ in conn.execute(CHARGES, {"rid": round_id})
             }
             names = sorted(held)
             spends: dict[str, Spend] = lock_spends(conn, names)
@@ -474,9 +469,8 @@ class Reservations(LedgerBase):
             write_querier_spends(conn, querier, shares, [p for p in names if p in shares])
             conn.execute(delete(charges).where(charges.c.round_id == round_id))
             conn.execute(
-                update(rounds)
-                .where(rounds.c.id == round_id)
-                .values(state=RoundState.ABORTED, updated_at=utcnow())
+                SET_ROUND_STATE,
+                {"b_rid": round_id, "b_state": RoundState.ABORTED, "b_at": utcnow()},
             )
             entries.append(chain.Entry(actor, "abort", {"round": round_id, "reason": reason}))
             chain.append(conn, entries, self._signer)

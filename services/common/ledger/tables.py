@@ -1,9 +1,11 @@
-"""The ledger's tables as SQLAlchemy Core objects, and the row locks the write path takes.
+"""The ledger's tables as SQLAlchemy Core objects, and the statements a round runs.
 
 The ORM classes in :mod:`services.common.ledger.models` define the schema (the
 migrations create exactly it); the write path and the reads a round needs run
 Core statements on these tables instead, so a round costs a few statements
-and no unit of work, identity map or per-row object.
+and no unit of work, identity map or per-row object. The statements are built
+once, here, with bound parameters: SQLAlchemy then compiles each once per
+engine and a round only binds values.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Connection, Table, bindparam, select, update
+from sqlalchemy import Connection, Table, bindparam, exists, func, insert, or_, select, update
 
 from services.common.ledger import models
 
@@ -29,6 +31,115 @@ allowances = cast(Table, models.AllowanceRow.__table__)
 querier_spend = cast(Table, models.QuerierSpendRow.__table__)
 
 FloatArray = NDArray[np.float64]
+_OPEN = (models.RoundState.RESERVED, models.RoundState.RELEASED)
+
+# -- settings ------------------------------------------------------------------
+SETTING = select(settings.c.value).where(settings.c.key == bindparam("key"))
+SETTING_LOCKED = SETTING.with_for_update()
+INSERT_SETTING = insert(settings)
+UPDATE_SETTING = (
+    update(settings).where(settings.c.key == bindparam("b_key")).values(value=bindparam("b_value"))
+)
+
+# -- rounds ----------------------------------------------------------------------
+#: (round key or id used before, task known) for a new round.
+OPENABLE = select(
+    exists(
+        select(rounds.c.id).where(
+            or_(rounds.c.round_key == bindparam("key"), rounds.c.id == bindparam("rid"))
+        )
+    ),
+    exists(select(tasks.c.name).where(tasks.c.name == bindparam("task"))),
+)
+ROUND_LOCKED = (
+    select(rounds.c.state, rounds.c.querier)
+    .where(rounds.c.id == bindparam("rid"))
+    .with_for_update()
+)
+ROUND = select(rounds.c.state, rounds.c.terms, rounds.c.outcome).where(
+    rounds.c.id == bindparam("rid")
+)
+ROUND_STATE = select(rounds.c.state).where(rounds.c.id == bindparam("rid"))
+OPEN_ROUNDS = select(rounds.c.id).where(rounds.c.state.in_(_OPEN)).order_by(rounds.c.id)
+LAST_ROUND = select(func.max(rounds.c.id))
+INSERT_ROUND = insert(rounds)
+SET_ROUND_STATE = (
+    update(rounds)
+    .where(rounds.c.id == bindparam("b_rid"))
+    .values(state=bindparam("b_state", type_=rounds.c.state.type), updated_at=bindparam("b_at"))
+)
+#: A round's state with what it released.
+SET_ROUND_OUTCOME = SET_ROUND_STATE.values(
+    outcome=bindparam("b_outcome", type_=rounds.c.outcome.type)
+)
+
+# -- charges ---------------------------------------------------------------------
+CHARGES = select(charges.c.party, charges.c.kind, charges.c.loss, charges.c.event).where(
+    charges.c.round_id == bindparam("rid")
+)
+INSERT_CHARGES = insert(charges)
+UPDATE_CHARGES = (
+    update(charges)
+    .where(charges.c.round_id == bindparam("b_rid"), charges.c.party == bindparam("b_party"))
+    .values(
+        kind=bindparam("b_kind", type_=charges.c.kind.type),
+        loss=bindparam("b_loss", type_=charges.c.loss.type),
+        event=bindparam("b_event", type_=charges.c.event.type),
+    )
+)
+#: A party's open reservations and charges of rounds after ``through``.
+UNSETTLED = select(charges.c.loss).where(
+    charges.c.party == bindparam("party"),
+    or_(charges.c.kind == models.ChargeKind.RESERVATION, charges.c.round_id > bindparam("through")),
+)
+
+# -- spends ----------------------------------------------------------------------
+SPEND_LOSS = select(spend.c.loss).where(spend.c.party == bindparam("party"))
+_SPENDS = select(spend.c.party, spend.c.loss, spend.c.rounds, spend.c.rounds_asked)
+SPENDS_LOCKED = (
+    _SPENDS.where(spend.c.party.in_(bindparam("names", expanding=True)))
+    .order_by(spend.c.party)
+    .with_for_update()
+)
+#: Spend rows locked (only those: ``FOR UPDATE OF``) with their parties' cap and status.
+SPENDS_CAPS_LOCKED = (
+    _SPENDS.add_columns(parties.c.epsilon_cap, parties.c.status)
+    .join(parties, parties.c.name == spend.c.party)
+    .where(spend.c.party.in_(bindparam("names", expanding=True)))
+    .order_by(spend.c.party)
+    .with_for_update(of=spend)
+)
+UPDATE_SPENDS = (
+    update(spend)
+    .where(spend.c.party == bindparam("b_party"))
+    .values(
+        loss=bindparam("b_loss", type_=spend.c.loss.type),
+        rounds=bindparam("b_rounds"),
+        rounds_asked=bindparam("b_asked"),
+    )
+)
+ALLOWANCE = select(allowances.c.epsilon_cap).where(allowances.c.querier == bindparam("querier"))
+QUERIER_SPENDS_LOCKED = (
+    select(querier_spend.c.party, querier_spend.c.loss)
+    .where(
+        querier_spend.c.querier == bindparam("querier"),
+        querier_spend.c.party.in_(bindparam("names", expanding=True)),
+    )
+    .order_by(querier_spend.c.party)
+    .with_for_update()
+)
+INSERT_QUERIER_SPENDS = insert(querier_spend)
+UPDATE_QUERIER_SPENDS = (
+    update(querier_spend)
+    .where(
+        querier_spend.c.querier == bindparam("b_querier"),
+        querier_spend.c.party == bindparam("b_party"),
+    )
+    .values(loss=bindparam("b_loss", type_=querier_spend.c.loss.type))
+)
+
+# -- audit log -------------------------------------------------------------------
+INSERT_AUDIT = insert(audit_log)
 
 
 @dataclass
@@ -42,12 +153,7 @@ class Spend:
 
 def lock_spends(conn: Connection, names: Sequence[str]) -> dict[str, Spend]:
     """Spend rows of ``names``, locked for this transaction in a fixed order (no deadlocks)."""
-    rows = conn.execute(
-        select(spend.c.party, spend.c.loss, spend.c.rounds, spend.c.rounds_asked)
-        .where(spend.c.party.in_(names))
-        .order_by(spend.c.party)
-        .with_for_update()
-    )
+    rows = conn.execute(SPENDS_LOCKED, {"names": list(names)})
     return {
         p: Spend(np.asarray(loss, dtype=np.float64), int(n), int(asked))
         for p, loss, n, asked in rows
@@ -58,51 +164,33 @@ def lock_querier_spends(
     conn: Connection, querier: str, names: Sequence[str]
 ) -> dict[str, FloatArray]:
     """A querier's per-party loss vectors, locked in a fixed order."""
-    rows = conn.execute(
-        select(querier_spend.c.party, querier_spend.c.loss)
-        .where(querier_spend.c.querier == querier, querier_spend.c.party.in_(names))
-        .order_by(querier_spend.c.party)
-        .with_for_update()
-    )
+    rows = conn.execute(QUERIER_SPENDS_LOCKED, {"querier": querier, "names": list(names)})
     return {p: np.asarray(loss, dtype=np.float64) for p, loss in rows}
 
 
 def write_spends(conn: Connection, spends: dict[str, Spend], names: Sequence[str]) -> None:
     """Write back the spend rows of ``names`` (one statement, executed for each)."""
-    if not names:
-        return
-    conn.execute(
-        update(spend)
-        .where(spend.c.party == bindparam("b_party"))
-        .values(
-            loss=bindparam("b_loss", type_=spend.c.loss.type),
-            rounds=bindparam("b_rounds"),
-            rounds_asked=bindparam("b_asked"),
-        ),
-        [
-            {
-                "b_party": p,
-                "b_loss": spends[p].loss.tolist(),
-                "b_rounds": spends[p].rounds,
-                "b_asked": spends[p].rounds_asked,
-            }
-            for p in names
-        ],
-    )
+    if names:
+        conn.execute(
+            UPDATE_SPENDS,
+            [
+                {
+                    "b_party": p,
+                    "b_loss": spends[p].loss.tolist(),
+                    "b_rounds": spends[p].rounds,
+                    "b_asked": spends[p].rounds_asked,
+                }
+                for p in names
+            ],
+        )
 
 
 def write_querier_spends(
     conn: Connection, querier: str, shares: dict[str, FloatArray], names: Sequence[str]
 ) -> None:
     """Write back the querier's loss vectors on ``names`` (rows that exist)."""
-    if not names:
-        return
-    conn.execute(
-        update(querier_spend)
-        .where(
-            querier_spend.c.querier == bindparam("b_querier"),
-            querier_spend.c.party == bindparam("b_party"),
+    if names:
+        conn.execute(
+            UPDATE_QUERIER_SPENDS,
+            [{"b_querier": querier, "b_party": p, "b_loss": shares[p].tolist()} for p in names],
         )
-        .values(loss=bindparam("b_loss", type_=querier_spend.c.loss.type)),
-        [{"b_querier": querier, "b_party": p, "b_loss": shares[p].tolist()} for p in names],
-    )
