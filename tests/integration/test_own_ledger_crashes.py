@@ -1,0 +1,289 @@
+"""A hospital killed between its reservation and its settlement: its own ledger may
+over-count, never under-count, and a hospital past its cap never votes.
+
+The hospital runs in a child process (its real ``OwnBudget`` over its real ledger,
+SQLite or PostgreSQL) and dies by ``os._exit`` at a chosen point: in the middle of
+the reservation's or the settlement's transaction (right after the statement that
+writes the charge), at that transaction's commit, or after it voted and before it
+was told how the round ended. Its vote "leaves" when a line naming the round is
+written to a file, as a real party sends its shares only after ``admit`` returns.
+The test process then restarts the hospital on the same ledger and checks it
+against the guardian's, and checks both audit chains with ``capc audit verify``.
+No sleeps: the child's death is synchronous with the point it dies at.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import Engine, event
+
+from capc.mechanisms.registry import from_config
+from services.answerer.budget import OwnBudget, VoteRefusedError
+from services.audit.verify import verify
+from services.common import serde
+from services.common.ledger import Ledger
+from services.common.protocol import PROTOCOL_VERSION
+from services.common.task import canonical_json, config_hash
+from services.guardian import budgets
+from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+NAME = "hospital-a"
+#: The exit status of a child that died at its crash point.
+CRASHED = 86
+#: The statement that writes a round's charge row, in the reservation and the settlement.
+WRITES = {"reserve": "INSERT INTO charges", "settle": "UPDATE charges"}
+CONFIDENT: dict[str, Any] = {
+    "num_classes": 10,
+    "input_shape": [4],
+    "mechanism": {"name": "robust-confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
+    "quorum": 1,
+}
+#: Answers every query: a round's charge is its worst case.
+PLAIN: dict[str, Any] = {
+    "num_classes": 10,
+    "input_shape": [4],
+    "mechanism": {"name": "gnmax", "sigma": 4.0},
+    "quorum": 1,
+}
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round as the guardian opened and settled it, as messages the hospital gets."""
+
+    round_id: int
+    work: bytes
+    header: bytes
+    settled: bytes
+
+
+def _die_at(engine: Engine, step: str, where: str) -> None:
+    """Make this process die in ``step``'s transaction: right after the statement that
+    writes its charge (``mid``) or at that transaction's commit (``commit``)."""
+    wrote = False
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        nonlocal wrote
+        if statement.lstrip().upper().startswith(WRITES[step].upper()):
+            wrote = True
+            if where == "mid":
+                os._exit(CRASHED)
+
+    @event.listens_for(engine, "commit")
+    def _commit(conn: Any) -> None:
+        if wrote and where == "commit":
+            os._exit(CRASHED)
+
+
+def _hospital(
+    url: str,
+    cap: float,
+    registered: bytes,
+    rounds: list[Round],
+    crash: tuple[int, str] | None,
+    votes: str,
+) -> None:
+    """The hospital's side of ``rounds``, dying at ``crash`` = (round index, point), point
+    one of reserve-mid, reserve-commit, voted, settle-mid, settle-commit."""
+    own = OwnBudget(NAME, Ledger(url), cap)
+    own.welcome(guardian_pb2.Registered.FromString(registered))
+    for i, rnd in enumerate(rounds):
+        point = crash[1] if crash is not None and crash[0] == i else None
+        if point is not None and point.startswith("reserve"):
+            _die_at(own.ledger.engine, "reserve", point.split("-")[1])
+        try:
+            own.admit(
+                guardian_pb2.RoundWork.FromString(rnd.work),
+                common_pb2.Header.FromString(rnd.header),
+            )
+        except VoteRefusedError:
+            continue
+        # The vote leaves only once the reservation is durable (services/answerer/party.py).
+        with open(votes, "a") as f:
+            f.write(f"{rnd.round_id}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if point == "voted":
+            os._exit(CRASHED)
+        if point is not None and point.startswith("settle"):
+            _die_at(own.ledger.engine, "settle", point.split("-")[1])
+        own.settle(guardian_pb2.RoundSettled.FromString(rnd.settled))
+    own.ledger.close()
+
+
+def _run_hospital(
+    url: str,
+    cap: float,
+    registered: bytes,
+    rounds: list[Round],
+    crash: tuple[int, str] | None,
+    votes: Path,
+) -> int:
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=_hospital, args=(url, cap, registered, rounds, crash, str(votes)))
+    proc.start()
+    proc.join(timeout=300)
+    if proc.exitcode is None:
+        proc.kill()
+        pytest.fail("the hospital's process did not end")
+    return int(proc.exitcode)
+
+
+class Guardian:
+    """The guardian's ledger, opening and settling rounds as its round engine does."""
+
+    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+        self.ledger = Ledger(str(directory / "guardian.db"), signer=Ed25519PrivateKey.generate())
+        self.ledger.register_party(NAME, 1e6, teachers=1)
+        self.config = config
+        self.ledger.create_task("t", config)
+        self.mech = from_config(config["mechanism"], config["num_classes"])
+        self.rng = np.random.default_rng(7)
+
+    def registered(self) -> bytes:
+        return budgets.registered(self.ledger, NAME).SerializeToString()
+
+    def round(self, batch: int = 16) -> Round:
+        """Reserve a round, release it and commit what it released (some queries
+        unanswered where the mechanism has a threshold)."""
+        key = f"k{self.ledger.last_round() + 1}"
+        res = self.ledger.reserve(
+            key, "t", "student", batch, {NAME: self.mech.worst_case(batch)},
+            mechanism=self.mech.name, quorum=1,
+        )  # fmt: skip
+        work = guardian_pb2.RoundWork(
+            round_id=res.round_id,
+            queries=common_pb2.QueryBatch(
+                recipe=common_pb2.Recipe(generator="gaussian", count=batch, shape=[4])
+            ),
+            mechanism=serde.mechanism_to_proto(self.mech),
+            vote_weight=1.0,
+            task_json=canonical_json(self.config),
+        )
+        header = common_pb2.Header(
+            protocol_version=PROTOCOL_VERSION, task="t", config_hash=config_hash(self.config)
+        )
+        answered = (
+            self.rng.random(batch) < 0.5 if self.mech.confident else np.ones(batch, dtype=bool)
+        )
+        self.ledger.release(res.round_id)
+        self.ledger.commit(
+            res.round_id, {NAME: self.mech.event(answered)}, outcome=budgets.outcome(answered)
+        )
+        settled = budgets.settlement(self.ledger, NAME, res.round_id)
+        assert settled is not None
+        return Round(
+            res.round_id,
+            work.SerializeToString(),
+            header.SerializeToString(),
+            settled.SerializeToString(),
+        )
+
+
+def _voted(votes: Path) -> list[int]:
+    return [int(x) for x in votes.read_text().split()] if votes.exists() else []
+
+
+def _verified(guardian: Ledger, own: Ledger) -> None:
+    """Both audit chains and every head the hospital kept check (``capc audit verify``)."""
+    report = verify(guardian, {NAME: own})
+    assert report.ok, report.problems
+    assert report.heads_checked >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point", ["reserve-mid", "reserve-commit", "voted", "settle-mid", "settle-commit", None]
+)
+def test_a_crash_between_reservation_and_settlement_over_counts_never_under_counts(
+    ledger_url: str, tmp_path: Path, point: str | None
+) -> None:
+    guardian = Guardian(tmp_path, CONFIDENT)
+    # Shown at connection, before the rounds: a head older than any settlement's.
+    registered = guardian.registered()
+    first = guardian.round()
+    after_first = guardian.ledger.spent_loss(NAME)
+    second = guardian.round()
+    votes = tmp_path / "votes"
+    crash = None if point is None else (1, point)
+    code = _run_hospital(ledger_url, 1e4, registered, [first, second], crash, votes)
+    assert code == (0 if point is None else CRASHED)
+    # The hospital restarts on the same ledger.
+    own = OwnBudget(NAME, Ledger(ledger_url), 1e4)
+    mine = own.ledger.spent_loss(NAME)
+    worst = own.ledger.accounting.filter_cost(guardian.mech.worst_case(16))
+    record = own.ledger.round_record(first.round_id)
+    assert record is not None and record.state.value == "committed"
+    if point in ("reserve-mid", "reserve-commit"):
+        # Died before its reservation was durable: it never voted, and holds nothing for
+        # the round (the guardian, which got no vote, would charge it nothing either).
+        assert _voted(votes) == [first.round_id]
+        assert own.open_rounds() == [] and own.ledger.round_record(second.round_id) is None
+        np.testing.assert_allclose(mine, after_first, rtol=1e-9)
+        assert not own.settle(guardian_pb2.RoundSettled.FromString(second.settled))
+        _verified(guardian.ledger, own.ledger)
+        return
+    assert _voted(votes) == [first.round_id, second.round_id]
+    charged = guardian.ledger.spent_loss(NAME)
+    # Never below what the guardian charged for the rounds it voted in.
+    assert (mine >= charged * (1 - 1e-12)).all()
+    if point is None:
+        np.testing.assert_allclose(mine, charged, rtol=1e-9)
+        assert own.open_rounds() == []
+        assert not own.settle(guardian_pb2.RoundSettled.FromString(second.settled))
+    else:
+        # Died before its settlement was durable: the round stays reserved at its worst
+        # case, above what it cost (some queries went unanswered).
+        assert own.open_rounds() == [second.round_id]
+        np.testing.assert_allclose(mine, after_first + worst, rtol=1e-9)
+        assert (mine > charged).all()
+        _verified(guardian.ledger, own.ledger)
+        # Told again how the round ended (its heartbeat asks), it settles it exactly.
+        assert own.settle(guardian_pb2.RoundSettled.FromString(second.settled))
+        assert own.open_rounds() == []
+        np.testing.assert_allclose(own.ledger.spent_loss(NAME), charged, rtol=1e-9)
+    _verified(guardian.ledger, own.ledger)
+
+
+@pytest.mark.slow
+def test_a_hospital_past_its_cap_never_votes_across_crashes(
+    ledger_url: str, tmp_path: Path
+) -> None:
+    guardian = Guardian(tmp_path, PLAIN)
+    registered = guardian.registered()
+    rounds = [guardian.round() for _ in range(4)]
+    acc, delta = guardian.ledger.accounting, guardian.ledger.delta
+    worst = acc.filter_cost(guardian.mech.worst_case(16))
+    two, three = acc.spent(2 * worst, delta).epsilon, acc.spent(3 * worst, delta).epsilon
+    cap = (two + three) / 2  # two rounds' worst case fit, a third does not
+    votes = tmp_path / "votes"
+    # Dies after voting in the first round, before hearing how it ended; restarted, it
+    # votes in the second and dies the same way; restarted again, it is offered the rest.
+    assert _run_hospital(ledger_url, cap, registered, rounds, (0, "voted"), votes) == CRASHED
+    assert _run_hospital(ledger_url, cap, registered, rounds[1:], (0, "voted"), votes) == CRASHED
+    assert _run_hospital(ledger_url, cap, registered, rounds[2:], None, votes) == 0
+    assert _voted(votes) == [rounds[0].round_id, rounds[1].round_id]
+    own = OwnBudget(NAME, Ledger(ledger_url), cap)
+    # Both reservations survived the crashes and kept the cap.
+    assert own.open_rounds() == [rounds[0].round_id, rounds[1].round_id]
+    assert own.ledger.budget(NAME).spent <= cap
+    for rnd in rounds[:2]:
+        assert own.settle(guardian_pb2.RoundSettled.FromString(rnd.settled))
+    np.testing.assert_allclose(own.ledger.spent_loss(NAME), 2 * worst, rtol=1e-9)
+    # Settled at their worst case, the two rounds still leave no room for a third.
+    with pytest.raises(VoteRefusedError) as refused:
+        own.admit(
+            guardian_pb2.RoundWork.FromString(rounds[3].work),
+            common_pb2.Header.FromString(rounds[3].header),
+        )
+    assert refused.value.budget
+    _verified(guardian.ledger, own.ledger)
