@@ -176,3 +176,14 @@ def test_vote_statements_benchmark_reports_costs_beside_correct_outputs() -> Non
     assert encrypted["and_gates_ratio"] == round(
         per["and_gates_per_query"] / total["and_gates_per_query"], 3
     )
+
+
+def test_own_ledger_benchmark_settles_every_round_and_reports_its_cpu() -> None:
+    out = bench(["benchmarks/own_ledger.py", "--rounds", "20", "--batch", "16"], timeout=300)
+    report = json.loads(out)
+    assert report["rounds"] == 20 and report["cpu_ms_per_round"] > 0
+    parts = report["admit_cpu_ms"] + report["settle_cpu_ms"] + report["report_cpu_ms"]
+    assert abs(parts - report["cpu_ms_per_round"]) < 0.01
+    # Four entries at connection (party, guardian key, head, task), four a round (reserve,
+    # release, the guardian's head, commit): every round was settled and audited.
+    assert report["audit_entries"] == 4 + 4 * 20
