@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from capc.round.settlement import outcome
+from capc.round.settlement import settlement as rule
+from services.common import serde
 from services.common.ledger import Ledger, PartyBudget
 from services.common.ledger.audit import AuditHead
-from services.common.ledger.models import ChargeKind, RoundState
 from services.common.protocol import RequestError
+from services.guardian.ledger_port import SqlRoundLedger
 from services.proto.capc.v1 import guardian_pb2
 
 #: Relative tolerance within which two ledgers agree (float rounding is ~1e-15).
@@ -66,39 +69,17 @@ def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
     )
 
 
-def outcome(answered: np.ndarray) -> dict[str, object]:
-    """What a round released, as the ledger keeps it for the parties' settlements."""
-    mask = np.asarray(answered, dtype=bool)
-    return {
-        "shape": list(mask.shape),
-        "answered": np.packbits(mask.ravel(), bitorder="little").tobytes().hex(),
-    }
-
-
 def settlement(
     ledger: Ledger, name: str, round_id: int, head: AuditHead | None = None
 ) -> guardian_pb2.RoundSettled | None:
-    """How round ``round_id`` ended for ``name``, shown with ``head`` (the ledger's current
-    audit head unless given); None while it is open or unknown here."""
-    record = ledger.round_record(round_id)
-    if record is None or record.state in (RoundState.RESERVED, RoundState.RELEASED):
+    """How round ``round_id`` ended for ``name`` (:func:`capc.round.settlement.settlement`),
+    shown with ``head`` (the ledger's current audit head unless given); None while it is
+    open or unknown here."""
+    settled = rule(SqlRoundLedger(ledger).round_record(round_id), name)
+    if settled is None:
         return None
-    held = record.charges.get(name)
-    answered = b""
-    if record.state == RoundState.ABORTED or held is None or held[1] is None:
-        kind = guardian_pb2.SETTLEMENT_NOT_CHARGED
-    elif held[0] != ChargeKind.CHARGE:
-        return None
-    elif record.outcome is not None and "answered" in record.outcome:
-        kind = guardian_pb2.SETTLEMENT_CHARGED
-        answered = bytes.fromhex(str(record.outcome["answered"]))
-    else:
-        kind = guardian_pb2.SETTLEMENT_WORST_CASE
-    return guardian_pb2.RoundSettled(
-        round_id=round_id,
-        settlement=kind,
-        answered=answered,
-        head=head_to_proto(ledger.audit_head() if head is None else head),
+    return serde.settlement_to_proto(
+        settled, head_to_proto(ledger.audit_head() if head is None else head)
     )
 
 
