@@ -17,13 +17,15 @@ Each hospital keeps its own ledger and is the authority on its own cap
 from __future__ import annotations
 
 import math
+import queue
 from dataclasses import dataclass
 
 import numpy as np
 
 from capc.round.settlement import outcome
 from capc.round.settlement import settlement as rule
-from services.common import serde
+from services.common import protocol, serde
+from services.common.buffers import BoundedBuffer
 from services.common.ledger import Ledger, PartyBudget
 from services.common.ledger.audit import AuditHead
 from services.common.protocol import RequestError
@@ -81,6 +83,30 @@ def settlement(
     return serde.settlement_to_proto(
         settled, head_to_proto(ledger.audit_head() if head is None else head)
     )
+
+
+def send_settlements(
+    ledger: Ledger,
+    name: str,
+    outbox: BoundedBuffer[guardian_pb2.HubMessage],
+    round_ids: list[int],
+) -> int:
+    """Put in party ``name``'s ``outbox`` the settlement of each of ``round_ids`` that has ended
+    for it (rounds still open, or unknown here, get none); returns how many were sent."""
+    sent = 0
+    head = ledger.audit_head()  # one read for every round a heartbeat names
+    for round_id in round_ids:
+        settled = settlement(ledger, name, round_id, head)
+        if settled is None:
+            continue
+        try:
+            outbox.put_nowait(guardian_pb2.HubMessage(header=protocol.header(), settled=settled))
+        except queue.Full:
+            # A party that reads nothing is told later: its heartbeats name the rounds
+            # its ledger still holds open, and each is settled again then.
+            break
+        sent += 1
+    return sent
 
 
 def store_report(ledger: Ledger, name: str, report: guardian_pb2.SpendReport) -> None:
@@ -169,6 +195,7 @@ __all__ = [
     "head_to_proto",
     "outcome",
     "registered",
+    "send_settlements",
     "settlement",
     "store_report",
 ]

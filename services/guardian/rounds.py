@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from capc.mpc.channel import Channel
-from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from capc.round import GuardianCore, GuardianRound
 from capc.round.guardian import check_task
@@ -36,6 +35,7 @@ from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, ROUND_TIMEOUT_S
 from services.common.protocol import RequestError, check_version
 from services.common.task import TaskConfig, TaskError, canonical_json
 from services.guardian import budgets
+from services.guardian.compute import Garbler
 from services.guardian.ledger_port import SqlRoundLedger
 from services.guardian.links import SILENT_AFTER_S, Links, PartyLink, _always
 from services.guardian.loop import loop_terms
@@ -108,8 +108,7 @@ class RoundEngine:
         self.links = Links(self._lock, silent_after)
         self.relays = Relays(self._lock, self.core, self.links)
         self._live: dict[int, LiveRound] = {}
-        # Rounds ready for their 2PC, per student session.
-        self._ready: dict[tuple[str, bytes], queue.Queue[int]] = {}
+        self.garbler = Garbler(self)
 
     @property
     def silent_after(self) -> float:
@@ -120,7 +119,7 @@ class RoundEngine:
         return self.core.rounds
 
     @contextlib.contextmanager
-    def _step(self) -> Iterator[GuardianCore[TaskConfig]]:
+    def step(self) -> Iterator[GuardianCore[TaskConfig]]:
         """One call into the core, under the lock, its refusals as the service's; the
         rounds it ended are then told to their parties and their openers."""
         try:
@@ -179,7 +178,7 @@ class RoundEngine:
             return self.links.teachers()
 
     def _failed(self, round_id: int, name: str) -> bool:
-        with self._step() as core:
+        with self.step() as core:
             asked = core.party_failed(round_id, name)
             live = self._live.get(round_id)
             done = asked and core.rounds[round_id].collected
@@ -196,7 +195,7 @@ class RoundEngine:
 
     def receive_shares(self, name: str, msg: guardian_pb2.Shares) -> None:
         """Accept one party's shares for a round; replays and wrong shapes are refused."""
-        with self._step() as core:
+        with self.step() as core:
             layout = core.layout(msg.round_id, name)
             try:
                 shares = serde.party_shares_from_proto(msg, name, layout)
@@ -252,9 +251,9 @@ class RoundEngine:
         req = serde.round_request_from_proto(
             request, querier, session_id, queries, loop.left_out, loop.disclosure
         )
-        with self._step() as core:
+        with self.step() as core:
             core.retry_without(req)
-        with self._step() as core:
+        with self.step() as core:
             rnd, work = core.open(
                 task, req, self.links.reachable(), self.links.teachers(), time.monotonic()
             )
@@ -282,12 +281,12 @@ class RoundEngine:
     def finish_round(self, rnd: LiveRound) -> guardian_pb2.OpenRoundReply:
         """After the shares are in (or the share timeout): abort below quorum, or queue the
         round for its vote check or 2PC and reply with the sealed seeds."""
-        with self._step() as core:
+        with self.step() as core:
             opened = core.close(rnd.round_id)
             ready = rnd.state.ready
         rnd.complete.set()  # late shares are refused from here on
         if ready:
-            self._ready_queue(rnd.state.querier, rnd.state.session_id).put(rnd.round_id)
+            self.garbler.ready(rnd.state.querier, rnd.state.session_id, rnd.round_id)
         return serde.opened_to_proto(opened)
 
     def check_votes(
@@ -296,14 +295,14 @@ class RoundEngine:
         """Verify the round's vote validity proofs with the student's verifier shares;
         invalid votes are left out, then the round is queued for its 2PC. Raises
         RoundInputError (malformed message) or RoundRefusedError (quorum lost)."""
-        with self._step() as core:
+        with self.step() as core:
             batch = core.vote_check_batch(msg.round_id, querier, session_id, list(msg.parties))
             try:
                 student = serde.vote_check_from_proto(msg, batch)
             except RequestError as err:
                 raise RoundInputError(str(err)) from None
             verdict = core.check_votes(msg.round_id, student)
-        self._ready_queue(querier, session_id).put(msg.round_id)
+        self.garbler.ready(querier, session_id, msg.round_id)
         return serde.vote_verdict_to_proto(verdict)
 
     # -- encrypted-query mode: relayed frames -----------------------------------------
@@ -338,77 +337,11 @@ class RoundEngine:
 
         Returns when the student ends its stream (``ended``) or stays idle for ``idle_timeout`` s.
         """
-        session = GarblerSession(channel, session_id, timeout=self.share_timeout + 60)
-        session.setup()
-        ready = self._ready_queue(querier, session_id)
-        done = 0
-        farewell: str | None = None
-        idle_since = time.monotonic()
-        try:
-            while True:
-                try:
-                    round_id = ready.get(timeout=0.25)
-                except queue.Empty:
-                    if ended():
-                        # Rounds awaiting their vote check end with the student's reason.
-                        farewell = session.parting_words()
-                        return done
-                    if time.monotonic() - idle_since > idle_timeout:
-                        return done
-                    continue
-                self._compute(session, round_id)
-                done += 1
-                idle_since = time.monotonic()
-        except Exception as err:
-            session.abort(str(err))
-            raise
-        finally:
-            self._end_session(querier, session_id, farewell)
-
-    def _ready_queue(self, querier: str, session_id: bytes) -> queue.Queue[int]:
-        with self._lock:
-            return self._ready.setdefault((querier, session_id), queue.Queue())
-
-    def _compute(self, session: GarblerSession, round_id: int) -> None:
-        with self._step() as core:
-            rnd = core.to_compute(round_id)
-
-        def release() -> None:
-            with self._step() as core:
-                core.release(rnd)
-
-        start = time.perf_counter()
-        try:
-            spec, inputs = self.core.garbler_inputs(rnd)
-            out = session.run_round(round_id, spec.circuit(), inputs, rnd.batch, on_release=release)
-            with self._step() as core:
-                done = core.computed(rnd, spec, out)
-        except BaseException as err:
-            with self._step() as core:
-                core.settle(rnd, f"the 2PC broke: {err}")
-            raise
-        log.info(
-            "round %d: %d of %d answered by %d parties in %.2f s",
-            round_id,
-            done.answered,
-            done.batch,
-            len(done.parties),
-            time.perf_counter() - start,
-        )
-
-    def _end_session(self, querier: str, session_id: bytes, farewell: str | None = None) -> None:
-        """The 2PC session ended: rounds still waiting for it can never run, so settle them
-        now; ``farewell``: the reason the student gave, if it aborted the session."""
-        with self._step() as core:
-            ready = self._ready.pop((querier, session_id), None)
-            core.end_session(querier, session_id, farewell or "the student's 2PC session ended")
-            while ready is not None and not ready.empty():
-                why = "the student's 2PC session ended before the round was computed"
-                core.settle_id(ready.get_nowait(), why)
+        return self.garbler.serve(querier, channel, session_id, ended, idle_timeout)
 
     def _settle(self, rnd: GuardianRound[TaskConfig], why: str) -> None:
         """A round that will not finish: aborted before its release, charged its reservation after."""
-        with self._step() as core:
+        with self.step() as core:
             core.settle(rnd, why)
 
     def abandon_round(self, rnd: LiveRound | GuardianRound[TaskConfig], why: str) -> None:
@@ -417,7 +350,7 @@ class RoundEngine:
 
     def reap(self) -> list[int]:
         """Abort every round not released within ``round_timeout`` s of opening; returns their ids."""
-        with self._step() as core:
+        with self.step() as core:
             return core.reap(time.monotonic())
 
     def rates(
@@ -433,28 +366,15 @@ class RoundEngine:
             self.settle(name, [rnd.round_id])
 
     def settle(self, name: str, round_ids: list[int]) -> int:
-        """Send ``name`` the settlement of each of ``round_ids`` that has ended (rounds
-        still open, or unknown here, get none); returns how many were sent."""
+        """Send ``name`` the settlement of each of ``round_ids`` that has ended; returns
+        how many were sent (see :func:`budgets.send_settlements`)."""
         with self._lock:
             link = self.links.by_name.get(name)
-        if link is None:
-            return 0
-        sent = 0
-        head = self.ledger.audit_head()  # one read for every round a heartbeat names
-        for round_id in round_ids:
-            settled = budgets.settlement(self.ledger, name, round_id, head)
-            if settled is None:
-                continue
-            try:
-                link.outbox.put_nowait(
-                    guardian_pb2.HubMessage(header=protocol.header(), settled=settled)
-                )
-            except queue.Full:
-                # A party that reads nothing is told later: its heartbeats name the rounds
-                # its ledger still holds open, and each is settled again then.
-                break
-            sent += 1
-        return sent
+        return (
+            0
+            if link is None
+            else budgets.send_settlements(self.ledger, name, link.outbox, round_ids)
+        )
 
 
 __all__ = [
