@@ -28,7 +28,7 @@ from services.proto.capc.v1 import guardian_pb2
 SILENT_AFTER_S = 35.0
 
 
-def _always() -> bool:
+def always_active() -> bool:
     return True
 
 
@@ -43,7 +43,7 @@ class PartyLink:
 
     name: str
     peer: str = ""
-    active: Callable[[], bool] = _always
+    active: Callable[[], bool] = always_active
     outbox: BoundedBuffer[guardian_pb2.HubMessage] = field(
         default_factory=lambda: BoundedBuffer(PARTY_OUTBOX_MESSAGES)
     )

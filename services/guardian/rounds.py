@@ -37,7 +37,7 @@ from services.common.task import TaskConfig, TaskError, canonical_json
 from services.guardian import budgets
 from services.guardian.compute import Garbler
 from services.guardian.ledger_port import SqlRoundLedger
-from services.guardian.links import SILENT_AFTER_S, Links, PartyLink, _always
+from services.guardian.links import SILENT_AFTER_S, Links, PartyLink, always_active
 from services.guardian.loop import loop_terms
 from services.guardian.relays import Relays
 from services.guardian.round_errors import (
@@ -141,7 +141,11 @@ class RoundEngine:
         return self.links.streams(identity)
 
     def attach(
-        self, name: str, peer: str = "", active: Callable[[], bool] = _always, teachers: int = 1
+        self,
+        name: str,
+        peer: str = "",
+        active: Callable[[], bool] = always_active,
+        teachers: int = 1,
     ) -> PartyLink:
         """A party's stream opened (see :meth:`Links.attach`)."""
         link, old = self.links.attach(name, peer, active, teachers)
