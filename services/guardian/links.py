@@ -60,12 +60,14 @@ class PartyLink:
 
 
 class Links:
-    """Party links by name and stream counts by identity, under the caller's ``lock``."""
+    """Party links by name and stream counts by identity. Its own lock is never held
+    while it calls out, so a caller may hold its lock around these calls (never the
+    other way round)."""
 
-    def __init__(self, lock: threading.Lock, silent_after: float = SILENT_AFTER_S) -> None:
-        self._lock = lock
+    def __init__(self, silent_after: float = SILENT_AFTER_S) -> None:
+        self._lock = threading.Lock()
         self.silent_after = silent_after
-        self.by_name: dict[str, PartyLink] = {}
+        self._by_name: dict[str, PartyLink] = {}
         self._streams: dict[str, int] = {}
 
     def admit_stream(self, identity: str, what: str) -> Callable[[], None]:
@@ -119,25 +121,40 @@ class Links:
             )
         link = PartyLink(name, peer, active, teachers=teachers)
         with self._lock:
-            old = self.by_name.get(name)
+            old = self._by_name.get(name)
             if old is not None and old.alive(self.silent_after):
                 raise DuplicateLinkError(name, old.peer)
-            self.by_name[name] = link
+            self._by_name[name] = link
         return link, old
 
     def remove(self, link: PartyLink) -> None:
-        """``link``'s stream closed (a newer stream of the party keeps its own). Under the lock."""
-        if self.by_name.get(link.name) is link:
-            del self.by_name[link.name]
+        """``link``'s stream closed (a newer stream of the party keeps its own)."""
+        with self._lock:
+            if self._by_name.get(link.name) is link:
+                del self._by_name[link.name]
+
+    def get(self, name: str) -> PartyLink | None:
+        with self._lock:
+            return self._by_name.get(name)
+
+    def connected(self) -> list[str]:
+        with self._lock:
+            return sorted(self._by_name)
 
     def reachable(self) -> list[str]:
         """Connected parties heard from within ``silent_after`` s: those a round can ask.
-        Under the lock."""
-        return sorted(n for n, link in self.by_name.items() if link.alive(self.silent_after))
+
+        A hospital behind a partition keeps its stream open until its transport
+        notices; it sends no heartbeat meanwhile, so it is left out of new rounds
+        (and not reserved for) instead of holding each round to its share timeout.
+        """
+        with self._lock:
+            return sorted(n for n, link in self._by_name.items() if link.alive(self.silent_after))
 
     def teachers(self) -> dict[str, int]:
-        """Teachers of every connected party. Under the lock."""
-        return {n: link.teachers for n, link in self.by_name.items()}
+        """Teachers of every connected party."""
+        with self._lock:
+            return {n: link.teachers for n, link in self._by_name.items()}
 
 
 __all__ = ["SILENT_AFTER_S", "Links", "PartyLink"]

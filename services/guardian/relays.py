@@ -81,8 +81,7 @@ class Relays:
             raise RoundInputError(f"round {frame.round_id} belongs to another student session")
         if frame.hello:
             raise RoundInputError("only answering parties send hellos")
-        with self._lock:
-            link = self._links.by_name.get(frame.party)
+        link = self._links.get(frame.party)
         if link is None:
             raise RoundInputError(f"{frame.party} is not connected")
         return link.outbox, guardian_pb2.HubMessage(

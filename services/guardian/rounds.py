@@ -105,7 +105,7 @@ class RoundEngine:
             rng=rng,
             max_open=MAX_OPEN_ROUNDS_PER_QUERIER,
         )
-        self.links = Links(self._lock, silent_after)
+        self.links = Links(silent_after)
         self.relays = Relays(self._lock, self.core, self.links)
         self._live: dict[int, LiveRound] = {}
         self.garbler = Garbler(self)
@@ -159,8 +159,8 @@ class RoundEngine:
 
     def detach(self, link: PartyLink) -> None:
         """A party's stream closed: it is left out of rounds still waiting for it there."""
+        self.links.remove(link)
         with self._lock:
-            self.links.remove(link)
             waiting = [
                 r
                 for r in self._live.values()
@@ -170,16 +170,13 @@ class RoundEngine:
             self._failed(r.round_id, link.name)
 
     def connected(self) -> list[str]:
-        with self._lock:
-            return sorted(self.links.by_name)
+        return self.links.connected()
 
     def reachable(self) -> list[str]:
-        with self._lock:
-            return self.links.reachable()
+        return self.links.reachable()
 
     def teachers(self) -> dict[str, int]:
-        with self._lock:
-            return self.links.teachers()
+        return self.links.teachers()
 
     def _failed(self, round_id: int, name: str) -> bool:
         with self.step() as core:
@@ -258,10 +255,10 @@ class RoundEngine:
         with self.step() as core:
             core.retry_without(req)
         with self.step() as core:
-            rnd, work = core.open(
-                task, req, self.links.reachable(), self.links.teachers(), time.monotonic()
-            )
-            sent = {p: self.links.by_name[p] for p in rnd.teachers if p in self.links.by_name}
+            teachers = self.links.teachers()
+            rnd, work = core.open(task, req, self.links.reachable(), teachers, time.monotonic())
+            links = {p: self.links.get(p) for p in rnd.teachers}
+            sent = {p: link for p, link in links.items() if link is not None}
             live = self._live[rnd.round_id] = LiveRound(rnd, Signal(), sent)
         header = protocol.header(task.name, task.config_hash)
         for w in work:
@@ -372,13 +369,10 @@ class RoundEngine:
     def settle(self, name: str, round_ids: list[int]) -> int:
         """Send ``name`` the settlement of each of ``round_ids`` that has ended; returns
         how many were sent (see :func:`budgets.send_settlements`)."""
-        with self._lock:
-            link = self.links.by_name.get(name)
-        return (
-            0
-            if link is None
-            else budgets.send_settlements(self.ledger, name, link.outbox, round_ids)
-        )
+        link = self.links.get(name)
+        if link is None:
+            return 0
+        return budgets.send_settlements(self.ledger, name, link.outbox, round_ids)
 
 
 __all__ = [
