@@ -1,9 +1,15 @@
-"""One labelling round as pure protocol state (docs/architecture.md, "capc.round").
+"""One labelling round as pure protocol state (docs/architecture.md, "The round as a
+library core, the services as adapters").
 
-No transport, no threads, no clock: services drive it. :mod:`capc.round.messages`
-holds the frozen messages of a round, :mod:`capc.round.ledger` the ledger port the
-guardian's round needs (and an in-memory ledger with the SQL ledger's rules),
-:mod:`capc.round.guardian` the guardian's state machine.
+No transport, no threads, no clock: services drive it, passing "now".
+:mod:`~capc.round.messages`: the frozen messages of a round;
+:mod:`~capc.round.ledger`: the ledger port the guardian's round needs, with
+:mod:`~capc.round.memory_ledger`, an in-memory ledger with the SQL ledger's rules;
+:mod:`~capc.round.guardian`: the guardian's state machine, over
+:mod:`~capc.round.state` (a round in flight), :mod:`~capc.round.admission` (checks
+before anything is reserved), :mod:`~capc.round.personalization` (weights and
+participation), :mod:`~capc.round.circuit` (the guardian's circuit inputs) and
+:mod:`~capc.round.settlement` (how a round ended for a party).
 """
 
 from capc.round.errors import (
@@ -16,7 +22,8 @@ from capc.round.errors import (
     RoundStateError,
 )
 from capc.round.guardian import GuardianCore, GuardianRound
-from capc.round.ledger import MemoryLedger, Reservation, RoundLedger, RoundState
+from capc.round.ledger import Reservation, RoundLedger, RoundState
+from capc.round.memory_ledger import MemoryLedger
 from capc.round.messages import (
     Opened,
     PartyShares,

@@ -34,18 +34,19 @@ import logging
 import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Generic
 
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.mechanisms import Personalization
 from capc.mechanisms.base import CircuitSpec
 from capc.mpc import validity
 from capc.mpc.mechanism_circuits import violations
 from capc.mpc.votes import accepted, proven_vote_sum, verifier_shares
 from capc.privacy.randomness import SecureRandom
+from capc.round import circuit, personalization
+from capc.round.admission import MAX_EXCLUDED, check_conversion, check_excluded, check_task
 from capc.round.errors import (
     LimitError,
     RoundInputError,
@@ -64,86 +65,15 @@ from capc.round.messages import (
     VoteVerdict,
 )
 from capc.round.settlement import outcome
+from capc.round.state import GuardianRound, TaskT
 from capc.round.task import RoundTask
 
 log = logging.getLogger("capc.round.guardian")
 
 #: The audit action of a failed check between a querier and a party.
 DISPUTE = "dispute"
-#: Most parties one request may leave out.
-MAX_EXCLUDED = 1024
 #: Rounds remembered for a retry without a party.
 RECENT_ROUNDS = 4096
-
-TaskT = TypeVar("TaskT", bound=RoundTask)
-
-
-@dataclass
-class GuardianRound(Generic[TaskT]):
-    """One round in flight at the guardian: what it asked, received and decided.
-
-    Shares are (batch, width) uint64; ``votes_on`` masks (batch,) bool; ``opened_at``
-    is the caller's clock (seconds) at opening.
-    """
-
-    round_id: int
-    task: TaskT
-    querier: str
-    batch: int
-    included: tuple[str, ...]
-    excluded: dict[str, float]
-    opened_at: float
-    session_id: bytes = b""
-    ciphertext_hash: bytes | None = None
-    # Personalized budgets: vote weight and, with vanishing, who votes on which query.
-    weights: dict[str, float] = field(default_factory=dict)
-    votes_on: dict[str, NDArray[np.bool_]] = field(default_factory=dict)
-    # Teachers of each included party, as connected when the round opened.
-    teachers: dict[str, int] = field(default_factory=dict)
-    # Each proven party's statement, its bit and proof shares, and its sealed seed.
-    relations: dict[str, validity.VoteRelation] = field(default_factory=dict)
-    shares: dict[str, NDArray[np.uint64]] = field(default_factory=dict)
-    proofs: dict[str, NDArray[np.uint64]] = field(default_factory=dict)
-    seeds: dict[str, bytes] = field(default_factory=dict)
-    failed: set[str] = field(default_factory=set)
-    # Parties whose vote was left out (unprovable or invalid), with why.
-    invalid: dict[str, str] = field(default_factory=dict)
-    closed: bool = False
-    used: tuple[str, ...] = ()
-    challenge: validity.Challenge | None = None
-    checked: bool = False
-    guardian_sum: NDArray[np.uint64] | None = None
-    released: bool = False
-
-    def weight(self, party: str) -> float:
-        return self.weights.get(party, 1.0)
-
-    def voters(self, party: str) -> int:
-        return self.teachers.get(party, 1)
-
-    def voting(self, party: str) -> NDArray[np.bool_]:
-        """(batch,) mask of the queries ``party`` votes on."""
-        mask = self.votes_on.get(party)
-        return np.ones(self.batch, dtype=bool) if mask is None else mask
-
-    def left_out(self, party: str) -> bool:
-        """The party failed, or its vote did: it takes no further part in the round."""
-        return party in self.failed or party in self.invalid
-
-    @property
-    def collected(self) -> bool:
-        """Every included party answered or failed."""
-        return set(self.shares) | self.failed >= set(self.included)
-
-    @property
-    def ready(self) -> bool:
-        """The guardian's share sum is there: the round waits for its 2PC."""
-        return self.guardian_sum is not None
-
-    def weight_on_grid(self, party: str) -> int:
-        """``party``'s vote weight on the shares' fixed-point grid, rounded down as the
-        party rounds its own votes."""
-        return int(np.floor(self.weight(party) * (1 << self.task.weight_bits)))
 
 
 @dataclass
@@ -153,55 +83,6 @@ class _Recent:
     querier: str
     seeded: frozenset[str]
     retried: bool = False
-
-
-def check_conversion(
-    task: RoundTask, batch: int, teachers: Mapping[str, int], candidates: Sequence[str]
-) -> None:
-    """Refuse a round whose proven votes' conversion to the circuit's ring could go wrong
-    with probability above 2^-40 (public sizes only: batch, counts, teachers)."""
-    counts = [teachers.get(p, 1) for p in candidates]
-    relation = task.mechanism.vote_relation(1)  # its width: the counts per query
-    if relation is None:
-        return
-    # A count is at most its party's teachers times one teacher's largest vote on the grid.
-    largest = [m << relation.grid_bits for m in counts]
-    bound = validity.conversion_failure(batch, relation.width, largest)
-    if bound > validity.MAX_CONVERSION_FAILURE:
-        most = int(batch * validity.MAX_CONVERSION_FAILURE / bound)
-        what = (
-            f"send at most {most} queries per round"
-            if most >= 1
-            else "no batch fits: the consortium's hospitals must register fewer teachers"
-        )
-        raise RoundRequestError(
-            f"a round of {batch} queries over {len(counts)} parties with {sum(counts)} "
-            f"teachers could convert its shared counts wrongly with probability {bound:.1e}, "
-            f"above 2^-40: {what}"
-        )
-
-
-def check_task(task: RoundTask) -> None:
-    """Refuse a task whose mechanism is not offset-robust: a distributed round cannot run it."""
-    if not task.mechanism.offset_robust:
-        raise RoundRequestError(
-            f"task {task.name} uses {task.mechanism.name} with one threshold-test noise "
-            "shared by every class: a deviating student or hospital could offset the "
-            "histogram and turn its test into a noiseless comparison of two counts. "
-            "Distributed rounds take offset-robust mechanisms only: register the task "
-            "with robust-confident-gnmax (independent test noise per class)"
-        )
-
-
-def check_excluded(names: Sequence[str] | frozenset[str]) -> frozenset[str]:
-    """The parties a round request leaves out, checked: names, at most MAX_EXCLUDED."""
-    if len(names) > MAX_EXCLUDED:
-        raise RoundRequestError(
-            f"a round may leave out at most {MAX_EXCLUDED} parties, got {len(names)}"
-        )
-    if any(not 1 <= len(n) <= 128 for n in names):
-        raise RoundRequestError("exclude: party names are 1 to 128 characters")
-    return frozenset(names)
 
 
 class GuardianCore(Generic[TaskT]):
@@ -238,27 +119,7 @@ class GuardianCore(Generic[TaskT]):
         from the parties' caps; (1, 1) without personalization."""
         caps = self.ledger.caps()
         names = list(caps) if parties is None else list(parties)
-        pers = task.personalization
-        if pers is None or not names:
-            return {n: (1.0, 1.0) for n in names}
-        held = [caps.get(n, 0.0) for n in names]
-        acct, delta = self.ledger.accounting, self.ledger.delta
-        w = pers.weights(held, task.mechanism, acct, delta, task.weight_bits)
-        p = pers.rates(held, task.mechanism, acct, delta)
-        return {n: (float(w[i]), float(p[i])) for i, n in enumerate(names)}
-
-    def personalize(
-        self, task: RoundTask, parties: Sequence[str], batch: int
-    ) -> tuple[dict[str, float], dict[str, NDArray[np.bool_]]]:
-        """This round's vote weights (weighting) or (batch,) participation masks
-        (vanishing), from the caps and the guardian's randomness; both empty otherwise."""
-        if task.personalization is None or not parties:
-            return {}, {}
-        rates = self.rates(task, parties)
-        if task.weighting:
-            return {p: rates[p][0] for p in parties}, {}
-        mask = Personalization.participation([rates[p][1] for p in parties], batch, self.rng)
-        return {}, {p: mask[:, i] for i, p in enumerate(parties)}
+        return personalization.rates(task, caps, names, self.ledger.accounting, self.ledger.delta)
 
     # -- opening -----------------------------------------------------------------
     def open(
@@ -289,7 +150,9 @@ class GuardianCore(Generic[TaskT]):
         candidates = [p for p in candidates if p not in excluded]
         if not encrypted:
             check_conversion(task, batch, teachers, candidates)
-        weights, votes_on = self.personalize(task, candidates, batch)
+        weights, votes_on = personalization.draw(
+            task, self.rates(task, candidates), batch, self.rng
+        )
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
             p: task.mechanism.worst_case(
@@ -623,23 +486,8 @@ class GuardianCore(Generic[TaskT]):
     def garbler_inputs(
         self, rnd: GuardianRound[TaskT]
     ) -> tuple[CircuitSpec, dict[str, NDArray[np.uint64]]]:
-        """The circuit and the guardian's inputs for ``rnd``: its share sum, fresh noise from
-        the guardian's randomness, and every query's vote total (the histogram checks)."""
-        if rnd.guardian_sum is None:
-            raise RoundRefusedError(f"round {rnd.round_id} has no share sum to compute on")
-        task, mech = rnd.task, rnd.task.mechanism
-        # A party with m teachers adds m votes (times its weight) to every query.
-        total = sum(rnd.voters(p) * rnd.weight(p) for p in rnd.used)
-        filtered = len(rnd.used) if rnd.ciphertext_hash is not None else 0
-        spec = task.circuit_spec(sum(rnd.voters(p) for p in rnd.used), total, filtered)
-        noise = mech.draw_noise(rnd.batch, self.rng)
-        theta = None
-        if rnd.votes_on and mech.per_label:  # vanishing: the majority of the teachers who voted
-            theta = np.sum([rnd.voters(p) * rnd.voting(p) for p in rnd.used], axis=0) / 2.0
-        vote_total = np.sum(
-            [rnd.voters(p) * rnd.weight(p) * rnd.voting(p) for p in rnd.used], axis=0
-        ).astype(np.float64)
-        return spec, mech.garbler_inputs(spec, rnd.guardian_sum, noise, theta, vote_total)
+        """The circuit and the guardian's inputs for ``rnd`` (:func:`circuit.garbler_inputs`)."""
+        return circuit.garbler_inputs(rnd, self.rng)
 
     def release(self, rnd: GuardianRound[TaskT]) -> None:
         """Record ``rnd`` released, before the first garbled input leaves; RoundRefusedError
