@@ -5,9 +5,11 @@ anything is spent, quorum, leaving parties out, the vote check, settlement,
 retry without a party, the reaper). This engine does what needs I/O, threads
 or a clock: it keeps the parties' links (:mod:`services.guardian.links`) and the
 students' relays (:mod:`services.guardian.relays`), holds one lock around every
-call into the core, sends the work and the settlements, waits for shares and
-runs the garbled circuit over the student's 2PC session; wire messages become
-the core's messages once, in :mod:`services.common.serde`.
+call into the core (its ledger transactions included, so a reservation, a
+release and the reaper never interleave), sends the work and the settlements,
+waits for shares and runs the garbled circuit over the student's 2PC session
+(:mod:`services.guardian.compute`); wire messages become the core's messages
+once, in :mod:`services.common.serde`.
 
 Personalized budgets (weights or participation, from the caps and the
 guardian's randomness, never from the data) and the parties' own ledgers
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from capc.mpc.channel import Channel
 from capc.privacy.randomness import SecureRandom
 from capc.round import GuardianCore, GuardianRound
-from capc.round.guardian import check_task
+from capc.round.admission import check_task
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
 from services.common.ledger import Ledger, QuorumError
