@@ -17,14 +17,19 @@ Each hospital keeps its own ledger and is the authority on its own cap
 from __future__ import annotations
 
 import math
+import queue
 from dataclasses import dataclass
 
 import numpy as np
 
+from capc.round.settlement import outcome
+from capc.round.settlement import settlement as rule
+from services.common import protocol, serde
+from services.common.buffers import BoundedBuffer
 from services.common.ledger import Ledger, PartyBudget
 from services.common.ledger.audit import AuditHead
-from services.common.ledger.models import ChargeKind, RoundState
 from services.common.protocol import RequestError
+from services.guardian.ledger_port import SqlRoundLedger
 from services.proto.capc.v1 import guardian_pb2
 
 #: Relative tolerance within which two ledgers agree (float rounding is ~1e-15).
@@ -66,40 +71,42 @@ def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
     )
 
 
-def outcome(answered: np.ndarray) -> dict[str, object]:
-    """What a round released, as the ledger keeps it for the parties' settlements."""
-    mask = np.asarray(answered, dtype=bool)
-    return {
-        "shape": list(mask.shape),
-        "answered": np.packbits(mask.ravel(), bitorder="little").tobytes().hex(),
-    }
-
-
 def settlement(
     ledger: Ledger, name: str, round_id: int, head: AuditHead | None = None
 ) -> guardian_pb2.RoundSettled | None:
-    """How round ``round_id`` ended for ``name``, shown with ``head`` (the ledger's current
-    audit head unless given); None while it is open or unknown here."""
-    record = ledger.round_record(round_id)
-    if record is None or record.state in (RoundState.RESERVED, RoundState.RELEASED):
+    """How round ``round_id`` ended for ``name`` (:func:`capc.round.settlement.settlement`),
+    shown with ``head`` (the ledger's current audit head unless given); None while it is
+    open or unknown here."""
+    settled = rule(SqlRoundLedger(ledger).round_record(round_id), name)
+    if settled is None:
         return None
-    held = record.charges.get(name)
-    answered = b""
-    if record.state == RoundState.ABORTED or held is None or held[1] is None:
-        kind = guardian_pb2.SETTLEMENT_NOT_CHARGED
-    elif held[0] != ChargeKind.CHARGE:
-        return None
-    elif record.outcome is not None and "answered" in record.outcome:
-        kind = guardian_pb2.SETTLEMENT_CHARGED
-        answered = bytes.fromhex(str(record.outcome["answered"]))
-    else:
-        kind = guardian_pb2.SETTLEMENT_WORST_CASE
-    return guardian_pb2.RoundSettled(
-        round_id=round_id,
-        settlement=kind,
-        answered=answered,
-        head=head_to_proto(ledger.audit_head() if head is None else head),
+    return serde.settlement_to_proto(
+        settled, head_to_proto(ledger.audit_head() if head is None else head)
     )
+
+
+def send_settlements(
+    ledger: Ledger,
+    name: str,
+    outbox: BoundedBuffer[guardian_pb2.HubMessage],
+    round_ids: list[int],
+) -> int:
+    """Put in party ``name``'s ``outbox`` the settlement of each of ``round_ids`` that has ended
+    for it (rounds still open, or unknown here, get none); returns how many were sent."""
+    sent = 0
+    head = ledger.audit_head()  # one read for every round a heartbeat names
+    for round_id in round_ids:
+        settled = settlement(ledger, name, round_id, head)
+        if settled is None:
+            continue
+        try:
+            outbox.put_nowait(guardian_pb2.HubMessage(header=protocol.header(), settled=settled))
+        except queue.Full:
+            # A party that reads nothing is told later: its heartbeats name the rounds
+            # its ledger still holds open, and each is settled again then.
+            break
+        sent += 1
+    return sent
 
 
 def store_report(ledger: Ledger, name: str, report: guardian_pb2.SpendReport) -> None:
@@ -188,6 +195,7 @@ __all__ = [
     "head_to_proto",
     "outcome",
     "registered",
+    "send_settlements",
     "settlement",
     "store_report",
 ]

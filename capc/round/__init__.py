@@ -1,0 +1,62 @@
+"""One labelling round as pure protocol state (docs/architecture.md, "The round as a
+library core, the services as adapters").
+
+No transport, no threads, no clock: services drive it, passing "now".
+:mod:`~capc.round.messages`: the frozen messages of a round;
+:mod:`~capc.round.ledger`: the ledger port the guardian's round needs, with
+:mod:`~capc.round.memory_ledger`, an in-memory ledger with the SQL ledger's rules;
+:mod:`~capc.round.guardian`: the guardian's state machine, over
+:mod:`~capc.round.state` (a round in flight), :mod:`~capc.round.admission` (checks
+before anything is reserved), :mod:`~capc.round.personalization` (weights and
+participation), :mod:`~capc.round.circuit` (the guardian's circuit inputs) and
+:mod:`~capc.round.settlement` (how a round ended for a party).
+"""
+
+from capc.round.errors import (
+    LimitError,
+    QuorumError,
+    RoundError,
+    RoundInputError,
+    RoundRefusedError,
+    RoundRequestError,
+    RoundStateError,
+)
+from capc.round.guardian import GuardianCore, GuardianRound
+from capc.round.ledger import Reservation, RoundLedger, RoundState
+from capc.round.memory_ledger import MemoryLedger
+from capc.round.messages import (
+    Opened,
+    PartyShares,
+    QueryBatch,
+    Retry,
+    RoundRequest,
+    RoundWork,
+    Settlement,
+    ShareLayout,
+    VoteVerdict,
+)
+
+__all__ = [
+    "GuardianCore",
+    "GuardianRound",
+    "LimitError",
+    "MemoryLedger",
+    "Opened",
+    "PartyShares",
+    "QueryBatch",
+    "QuorumError",
+    "Reservation",
+    "Retry",
+    "RoundError",
+    "RoundInputError",
+    "RoundLedger",
+    "RoundRefusedError",
+    "RoundRequest",
+    "RoundRequestError",
+    "RoundState",
+    "RoundStateError",
+    "RoundWork",
+    "Settlement",
+    "ShareLayout",
+    "VoteVerdict",
+]

@@ -1,0 +1,313 @@
+"""A :class:`~capc.round.ledger.RoundLedger` in memory, with the SQL ledger's rules:
+reservation of every party at once (nothing written below quorum), release before
+any output, commit to the actual charge or at the reservation, abort only before
+the release, per-querier allowances, float error rounded up, and crash recovery that
+over-counts (a released round is charged its reservation), never under-counts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.privacy import accountants
+from capc.privacy.accountants import Accounting, UnsupportedEventError
+from capc.privacy.events import DpEvent
+from capc.round.errors import QuorumError, RoundError, RoundStateError
+from capc.round.ledger import Held, Reservation, RoundRecord, RoundState
+
+FloatArray = NDArray[np.float64]
+
+
+class LedgerRefusedError(RoundError):
+    """The in-memory ledger refused an operation (unknown party, reused key, bad event)."""
+
+
+def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
+    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the
+    largest term: float error never shrinks a total. Exact zeros stay zero."""
+    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
+    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)
+
+
+@dataclass
+class _Party:
+    cap: float
+    role: str
+    active: bool
+    loss: FloatArray
+
+
+@dataclass
+class _Round:
+    key: str
+    task: str
+    querier: str
+    queries: int
+    state: RoundState
+    # party -> loss vector held: the reservation, then the charge.
+    held: dict[str, FloatArray]
+    events: dict[str, DpEvent | None]
+    settled: bool = False
+    outcome: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    actor: str
+    action: str
+    detail: Mapping[str, object]
+    note: str | None = None
+
+
+@dataclass
+class MemoryLedger:
+    """A :class:`RoundLedger` in memory, with the SQL ledger's rules (see the module).
+
+    ``accounting`` defaults to the tightest sound accountant (Gaussian DP).
+    """
+
+    accounting: Accounting = field(
+        default_factory=lambda: accountants.make(accountants.DEFAULT_ACCOUNTANT)
+    )
+    delta: float = 1e-5
+    audit: list[AuditEntry] = field(default_factory=list)
+    _parties: dict[str, _Party] = field(default_factory=dict)
+    _rounds: dict[int, _Round] = field(default_factory=dict)
+    # querier -> party -> loss its rounds hold; querier -> its allowance per party.
+    _querier_loss: dict[str, dict[str, FloatArray]] = field(default_factory=dict)
+    _allowances: dict[str, float] = field(default_factory=dict)
+
+    # -- parties ----------------------------------------------------------------
+    def register(
+        self, name: str, cap: float, *, role: str = "answerer", active: bool = True
+    ) -> None:
+        if not (math.isfinite(cap) and cap > 0):
+            raise LedgerRefusedError(f"epsilon cap must be a positive number, got {cap}")
+        self._parties[name] = _Party(float(cap), role, active, self.accounting.zero())
+
+    def set_allowance(self, querier: str, cap: float | None) -> None:
+        """Cap what ``querier``'s rounds may spend of each party (None: no cap)."""
+        if cap is None:
+            self._allowances.pop(querier, None)
+        else:
+            self._allowances[querier] = float(cap)
+
+    def _eps(self, loss: FloatArray) -> float:
+        return self.accounting.spent(loss, self.delta).epsilon
+
+    def spent(self, party: str) -> float:
+        """Epsilon of ``party``'s charges and open reservations."""
+        return self._eps(self._party(party).loss)
+
+    def spent_loss(self, party: str) -> FloatArray:
+        return self._party(party).loss.copy()
+
+    def remaining(self, party: str) -> float:
+        p = self._party(party)
+        return max(0.0, p.cap - self._eps(p.loss))
+
+    def caps(self) -> Mapping[str, float]:
+        return {n: p.cap for n, p in sorted(self._parties.items()) if p.role == "answerer"}
+
+    def _party(self, name: str) -> _Party:
+        p = self._parties.get(name)
+        if p is None:
+            raise LedgerRefusedError(f"no party named {name!r}")
+        return p
+
+    def _loss(self, event: DpEvent, what: str) -> FloatArray:
+        try:
+            loss = self.accounting.filter_cost(event)
+        except (UnsupportedEventError, ValueError, ArithmeticError) as err:
+            raise LedgerRefusedError(f"{what}: {err}") from err
+        if not np.isfinite(loss).all():
+            raise LedgerRefusedError(f"{what}: its privacy loss is not finite")
+        return loss
+
+    # -- rounds -----------------------------------------------------------------
+    def reserve(
+        self,
+        round_key: str,
+        task: str,
+        querier: str,
+        queries: int,
+        worst_case: Mapping[str, DpEvent],
+        *,
+        mechanism: str,
+        quorum: int,
+        disclosure: Mapping[str, object] | None = None,
+    ) -> Reservation:
+        if queries < 1 or quorum < 1:
+            raise LedgerRefusedError(
+                f"a round has >= 1 query and quorum >= 1, got {queries}, {quorum}"
+            )
+        if any(r.key == round_key for r in self._rounds.values()):
+            raise LedgerRefusedError(
+                f"round {round_key!r} was opened before; a round key is used once"
+            )
+        costs = {p: self._loss(e, f"worst case of {p}") for p, e in worst_case.items()}
+        names = sorted(costs)
+        for p in names:
+            self._party(p)
+        allowance = self._allowances.get(querier)
+        mine = self._querier_loss.get(querier, {})
+        included: list[str] = []
+        excluded: dict[str, float] = {}
+        for p in names:
+            party = self._parties[p]
+            if not party.active:
+                excluded[p] = 0.0
+                continue
+            left = party.cap - self._eps(party.loss)
+            fits = self.accounting.fits(party.loss + costs[p], party.cap, self.delta)
+            if allowance is not None:
+                held = mine.get(p, self.accounting.zero())
+                left = min(left, allowance - self._eps(held))
+                fits = fits and self.accounting.fits(held + costs[p], allowance, self.delta)
+            if fits:
+                included.append(p)
+            else:
+                excluded[p] = max(0.0, left)
+        if len(included) < quorum:
+            raise QuorumError(
+                f"only {len(included)} of {len(names)} parties can afford this round, quorum "
+                f"is {quorum}; excluded: {', '.join(sorted(excluded))}",
+                excluded,
+            )
+        round_id = max(self._rounds, default=0) + 1
+        self._rounds[round_id] = _Round(
+            round_key,
+            task,
+            querier,
+            queries,
+            RoundState.RESERVED,
+            {p: costs[p] for p in included},
+            {p: worst_case[p] for p in included},
+        )
+        spends = self._querier_loss.setdefault(querier, {})
+        for p in included:
+            self._parties[p].loss = self._parties[p].loss + costs[p]
+            spends[p] = spends.get(p, self.accounting.zero()) + costs[p]
+        detail = {"round": round_id, "included": included, "excluded": sorted(excluded)}
+        self.record(querier, "reserve", detail)
+        if disclosure is not None:
+            self.record(querier, "clear_records", {"round": round_id, **disclosure})
+        return Reservation(round_id, tuple(included), excluded)
+
+    def _round(self, round_id: int) -> _Round:
+        rnd = self._rounds.get(round_id)
+        if rnd is None:
+            raise RoundStateError(f"no round {round_id}")
+        return rnd
+
+    def release(self, round_id: int) -> None:
+        rnd = self._round(round_id)
+        if rnd.state != RoundState.RESERVED:
+            raise RoundStateError(
+                f"round {round_id} is {rnd.state.value}; only a reserved round can be released"
+            )
+        rnd.state = RoundState.RELEASED
+        self.record("guardian", "release", {"round": round_id})
+
+    def commit(
+        self,
+        round_id: int,
+        actual: Mapping[str, DpEvent],
+        *,
+        outcome: Mapping[str, object] | None = None,
+    ) -> None:
+        costs = {p: self._loss(e, f"charge of {p}") for p, e in actual.items()}
+        self._commit(round_id, costs, dict(actual), outcome)
+
+    def commit_at_reservation(self, round_id: int) -> None:
+        rnd = self._round(round_id)
+        self._commit(round_id, dict(rnd.held), dict(rnd.events), None)
+
+    def _commit(
+        self,
+        round_id: int,
+        costs: Mapping[str, FloatArray],
+        events: Mapping[str, DpEvent | None],
+        outcome: Mapping[str, object] | None,
+    ) -> None:
+        rnd = self._round(round_id)
+        if rnd.state != RoundState.RELEASED:
+            raise RoundStateError(
+                f"round {round_id} is {rnd.state.value}; only a released round can be committed"
+            )
+        extra = sorted(set(costs) - set(rnd.held))
+        if extra:
+            raise LedgerRefusedError(f"round {round_id} reserved nothing for {extra}")
+        spends = self._querier_loss.get(rnd.querier, {})
+        for p, reserved in rnd.held.items():
+            # A charge above the reservation is still charged in full.
+            charge = costs.get(p, self.accounting.zero())
+            total = self._parties[p].loss
+            self._parties[p].loss = round_up(total - reserved + charge, total, reserved)
+            if p in spends:
+                spends[p] = round_up(spends[p] - reserved + charge, spends[p], reserved)
+            rnd.held[p] = charge
+            rnd.events[p] = events.get(p)
+        rnd.state, rnd.settled, rnd.outcome = RoundState.COMMITTED, True, outcome
+        self.record("guardian", "commit", {"round": round_id, "charged": sorted(costs)})
+
+    def abort(self, round_id: int, *, reason: str) -> None:
+        rnd = self._round(round_id)
+        if rnd.state != RoundState.RESERVED:
+            raise RoundStateError(
+                f"round {round_id} is {rnd.state.value}; only a round that was never "
+                "released can be aborted"
+            )
+        spends = self._querier_loss.get(rnd.querier, {})
+        for p, held in rnd.held.items():
+            total = self._parties[p].loss
+            self._parties[p].loss = round_up(total - held, total, held)
+            if p in spends:
+                spends[p] = round_up(spends[p] - held, spends[p], held)
+        rnd.held.clear()
+        rnd.events.clear()
+        rnd.state = RoundState.ABORTED
+        self.record("guardian", "abort", {"round": round_id, "reason": reason})
+
+    def recover(self) -> tuple[int, int]:
+        """After a crash of whoever drove the rounds: abort never-released rounds, charge
+        released ones their reservation (over-count, never under-count). (aborted,
+        committed)."""
+        aborted = committed = 0
+        for rid, rnd in sorted(self._rounds.items()):
+            if rnd.state == RoundState.RESERVED:
+                self.abort(rid, reason="restarted before release")
+                aborted += 1
+            elif rnd.state == RoundState.RELEASED:
+                self.commit_at_reservation(rid)
+                committed += 1
+        return aborted, committed
+
+    def round_state(self, round_id: int) -> RoundState:
+        return self._round(round_id).state
+
+    def round_record(self, round_id: int) -> RoundRecord | None:
+        rnd = self._rounds.get(round_id)
+        if rnd is None:
+            return None
+        held = {p: Held(rnd.settled, rnd.events.get(p) is not None) for p in rnd.held}
+        return RoundRecord(round_id, rnd.state, rnd.outcome, held)
+
+    def open_rounds(self) -> list[int]:
+        return sorted(
+            rid
+            for rid, r in self._rounds.items()
+            if r.state in (RoundState.RESERVED, RoundState.RELEASED)
+        )
+
+    def record(
+        self, actor: str, action: str, detail: Mapping[str, object], note: str | None = None
+    ) -> None:
+        self.audit.append(AuditEntry(actor, action, dict(detail), note))
+
+
+__all__ = ["AuditEntry", "LedgerRefusedError", "MemoryLedger", "round_up"]
