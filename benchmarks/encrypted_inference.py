@@ -42,7 +42,7 @@ from capc.he.plan import compile_model
 from capc.he.single import SingleEvaluator, SingleLayout, encrypt_query
 from capc.learning.supervised import fit
 from capc.models.registry import build
-from capc.mpc.mechanism_circuits import LogitsToShares
+from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import LocalPair
 from capc.privacy.randomness import SecureRandom
 
@@ -50,7 +50,7 @@ PUBLISHED_CAPC_SINGLE_QUERY_S = 14.2
 
 
 def votes(
-    pair: LocalPair, spec: LogitsToShares, masked: np.ndarray, mask: np.ndarray
+    pair: LocalPair, spec: LogitsToSharesCircuit, masked: np.ndarray, mask: np.ndarray
 ) -> tuple[np.ndarray, int]:
     """The 2PC: (B, K) student values and party masks -> (B,) argmax, and the bytes sent."""
     share = SecureRandom().uint64(masked.shape)
@@ -82,7 +82,7 @@ def main() -> None:
     xt = x[test].astype(np.float64)
     plain = plan.forward(xt)
     rng = SecureRandom()
-    spec = LogitsToShares(plan.num_classes, params.share_bits)
+    spec = LogitsToSharesCircuit(plan.num_classes, params.share_bits)
     pair = LocalPair()
 
     # single query: keys with the rotations the layout needs, context sent once

@@ -23,7 +23,7 @@ def main() -> None:
     hists = np.zeros((1000, 10))
     hists[:, 0] = 200
     hists[:, 1] = np.arange(1000) % 150
-    dd = best_time(lambda: [rdp.gnmax(h, 40.0, DEFAULT_ORDERS) for h in hists])
+    dd = best_time(lambda: [rdp.gnmax_data_dependent(h, 40.0, DEFAULT_ORDERS) for h in hists])
     di = best_time(lambda: [rdp.gnmax_data_independent(40.0, DEFAULT_ORDERS) for _ in range(1000)])
     print(
         json.dumps(
@@ -60,7 +60,9 @@ def main() -> None:
     )
 
     cont = best_time(lambda: rng.normal((1024, 10), 40.0))
-    disc = best_time(lambda: discrete_gaussian.noise((1024, 10), 40.0, rng), repeat=1)
+    disc = best_time(
+        lambda: discrete_gaussian.discrete_gaussian_noise((1024, 10), 40.0, rng), repeat=1
+    )
     print(
         json.dumps(
             {

@@ -42,7 +42,7 @@ from capc.mechanisms import Mechanism, from_config
 from capc.mechanisms.argmax import noisy_argmax
 from capc.mpc import ot, votes
 from capc.mpc import validity as vp
-from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
+from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit, round_noise
 from capc.mpc.session import LocalPair
 from capc.mpc.votes import one_hot_votes, share_votes, student_share_sum
 from capc.privacy.randomness import SecureRandom
@@ -96,7 +96,7 @@ def make_proven_shares(
         counts = (votes[:, p, None] == np.arange(classes)).astype(np.int64)
         seed = os.urandom(16)
         t0 = time.perf_counter()
-        xg, pg = vp.share(rel, rel.encode(counts), seed)
+        xg, pg = vp.guardian_shares(rel, rel.encode(counts), seed)
         prove_s += time.perf_counter() - t0
         xs, ps = vp.student_shares(seed, rel, batch)
         g_x.append(xg)
@@ -167,7 +167,7 @@ def main() -> None:
     secure = SecureRandom()
     # Papernot et al. (2018) used T=200, sigma1=150, sigma=40 for 250 teachers; scaled to P.
     scale = args.parties / 250
-    spec = ConfidentGNMax(
+    spec = ConfidentGNMaxCircuit(
         num_classes=args.classes,
         max_votes=args.parties,
         threshold=200 * scale,

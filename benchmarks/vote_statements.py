@@ -9,7 +9,7 @@ time of both sides, and the whole round (shares and the mechanism circuit,
 garbled in process) against the round without proofs.
 
 Encrypted-query mode: the guardian's circuit checks each party's one-hot vote
-(ConfidentGNMax with ``vote_parties``) and counts the valid ones itself,
+(ConfidentGNMaxCircuit with ``vote_parties``) and counts the valid ones itself,
 instead of reconstructing the sum of the parties' shares. Reported: AND
 gates, bytes and seconds of the circuit per query against the sum circuit
 (each party's own logits-to-shares 2PC, unchanged, is given for scale).
@@ -38,7 +38,12 @@ from capc.mechanisms import mechanism_class
 from capc.mechanisms.argmax import noisy_argmax
 from capc.mpc import ring, votes
 from capc.mpc import validity as vp
-from capc.mpc.mechanism_circuits import ConfidentGNMax, LogitsToShares, MultiLabel, round_noise
+from capc.mpc.mechanism_circuits import (
+    ConfidentGNMaxCircuit,
+    LogitsToSharesCircuit,
+    MultiLabelCircuit,
+    round_noise,
+)
 from capc.mpc.session import LocalPair
 from capc.privacy.randomness import SecureRandom
 
@@ -62,7 +67,7 @@ def tau_cost(args: argparse.Namespace, pair: LocalPair, secure: SecureRandom) ->
     preds = rng.integers(0, 2, (p, b, m, k))
     counts = [mech.encode_ensemble_votes(preds[i], frac_bits=8).astype(np.int64) for i in range(p)]
     hist = np.sum(counts, axis=0)  # (B, k) on the 2^-8 grid
-    spec = MultiLabel(
+    spec = MultiLabelCircuit(
         num_labels=k,
         max_votes=p * m,
         sigma=SIGMA,
@@ -96,7 +101,7 @@ def tau_cost(args: argparse.Namespace, pair: LocalPair, secure: SecureRandom) ->
         for c in counts:
             seed = os.urandom(16)
             t1 = time.perf_counter()
-            xg, pg = vp.share(rel, rel.encode(c), seed)
+            xg, pg = vp.guardian_shares(rel, rel.encode(c), seed)
             prove.append(time.perf_counter() - t1)
             xs, ps = vp.student_shares(seed, rel, b)
             shared.append((xg, pg, xs, ps))
@@ -169,7 +174,10 @@ def encrypted_cost(
     student = one_hot - guardian  # modulo 2^64, as the parties' 2PCs leave them
     hist = one_hot.sum(axis=1).astype(np.float64)
     kw = {"num_classes": k, "max_votes": p, "sigma": SIGMA, "confident": False}
-    specs = {"sum": ConfidentGNMax(**kw), "per_party": ConfidentGNMax(**kw, vote_parties=p)}
+    specs = {
+        "sum": ConfidentGNMaxCircuit(**kw),
+        "per_party": ConfidentGNMaxCircuit(**kw, vote_parties=p),
+    }
     inputs = {
         "sum": (guardian.sum(axis=1, dtype=np.uint64), student.sum(axis=1, dtype=np.uint64)),
         "per_party": (guardian, student),
@@ -206,7 +214,7 @@ def encrypted_cost(
         "and_gates_ratio": round(per["and_gates_per_query"] / total["and_gates_per_query"], 3),
         "bytes_per_query_ratio": round(per["bytes_per_query"] / total["bytes_per_query"], 3),
         "round_s_ratio": round(per["round_s"] / total["round_s"], 3),
-        "logits_to_shares_and_gates_per_party_query": LogitsToShares(k, SHARE_BITS)
+        "logits_to_shares_and_gates_per_party_query": LogitsToSharesCircuit(k, SHARE_BITS)
         .circuit()
         .num_and,
         "correct": correct,

@@ -42,7 +42,7 @@ import torch
 
 from capc.audit import bounds
 from capc.labeldp import pipeline
-from capc.labeldp.pipeline import BodyConfig, DataConfig, PateFmSettings
+from capc.labeldp.pipeline import DataConfig, PateFmSettings, PublicBodyConfig
 from capc.learning.fixmatch import FixMatchConfig
 from capc.privacy.randomness import SecureRandom
 from experiments.report import save
@@ -55,7 +55,7 @@ METHODS = ("alibi", "rr", "pate-fm")
 class Setup:
     """Per dataset: the body, the ALIBI/RR epochs and PATE-FM's knobs."""
 
-    body: BodyConfig
+    body: PublicBodyConfig
     epochs: int
     pate: PateFmSettings
     subset: int | None = None
@@ -76,8 +76,8 @@ def _pate(teachers: int, sigma: float) -> PateFmSettings:
 
 
 SETUPS = {
-    "digits": Setup(BodyConfig(width=32, steps=300), 30, _pate(100, 0.17)),
-    "animal-mnist": Setup(BodyConfig(width=16, steps=300), 8, _pate(400, 0.1)),
+    "digits": Setup(PublicBodyConfig(width=32, steps=300), 30, _pate(100, 0.17)),
+    "animal-mnist": Setup(PublicBodyConfig(width=16, steps=300), 8, _pate(400, 0.1)),
 }
 
 

@@ -121,7 +121,7 @@ def data_dependent_side_figure(
     for w in np.unique(weights):
         if w > 0:
             per_weight[float(w)] = np.array(
-                [rdp.gnmax(h / w, sigma / w, ORDERS) for h in hist]
+                [rdp.gnmax_data_dependent(h / w, sigma / w, ORDERS) for h in hist]
             ).reshape(len(hist), len(ORDERS))
     out: dict[str, float] = {}
     for i in range(len(caps)):

@@ -396,9 +396,9 @@ class LocalConsortium:
         """Hospital ``i``'s teachers trained from scratch, one checkpoint each."""
         name, shape = f"hospital-{i}", tuple(self.task["input_shape"])
         # an encrypted-query task fixes the HE-friendly architecture every party runs
-        enc = self.task.get("encryption") or {}
+        enc = self.task_config.encryption
         default = "mlp" if len(shape) == 1 else "small-cnn"  # table rows or images
-        architecture, width = enc.get("architecture", default), enc.get("width")
+        architecture, width = (default, None) if enc is None else (enc.architecture, enc.width)
         for t, (path, idx) in enumerate(zip(self.model_paths(i), parts, strict=True)):
             self._say(f"training {name}'s {architecture} teacher on {len(idx)} private records")
             model = fit(

@@ -37,7 +37,7 @@ Only the slots a round pays for are decoded: the first B of each of the K
 batched logit ciphertexts, or slots 0..K-1 of each single-query output.
 Whatever else a student packs into a ciphertext comes back uniform and is
 never decoded. In the logits-to-shares circuit
-(:class:`capc.mpc.mechanism_circuits.LogitsToShares`) the student's input is
+(:class:`capc.mpc.mechanism_circuits.LogitsToSharesCircuit`) the student's input is
 its share y and the party's "mask" is minus its share, so y - mask is the logit.
 """
 

@@ -52,6 +52,7 @@ from torch import nn
 from torch.nn import functional
 
 from capc.labeldp.training import TrainConfig, fit_soft
+from capc.onehot import one_hot
 from capc.privacy import events, exact_noise
 from capc.privacy.randomness import SecureRandom
 
@@ -109,18 +110,6 @@ def label_event(epsilon: float) -> events.PureDpEvent:
     return events.PureDpEvent(_epsilon(epsilon))
 
 
-def one_hot(labels: NDArray[np.integer], classes: int) -> NDArray[np.float64]:
-    """(N,) classes in [0, classes) -> (N, classes) one-hot rows."""
-    y = np.asarray(labels)
-    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-        raise ValueError(f"labels must be a 1-D integer array, got {y.dtype} {y.shape}")
-    if len(y) and (y.min() < 0 or y.max() >= classes):
-        raise ValueError(f"labels must lie in [0, {classes})")
-    out = np.zeros((len(y), classes), dtype=np.float64)
-    out[np.arange(len(y)), y] = 1.0
-    return out
-
-
 def release(
     labels: NDArray[np.integer], classes: int, epsilon: float, rng: SecureRandom
 ) -> NDArray[np.int64]:
@@ -171,7 +160,7 @@ def log_odds(
     return (np.abs(a) - np.abs(a - 1.0) + np.abs(b - 1.0) - np.abs(b)) / scale
 
 
-def train(
+def train_alibi(
     model: nn.Module,
     x: NDArray[np.float32],
     noisy: NDArray[np.float64],

@@ -17,7 +17,7 @@ import torch
 
 from capc.cli_output import stdout_to_stderr
 from capc.labeldp import pipeline
-from capc.labeldp.pipeline import BodyConfig, DataConfig, PateFmSettings
+from capc.labeldp.pipeline import DataConfig, PateFmSettings, PublicBodyConfig
 from capc.learning.fixmatch import FixMatchConfig
 from capc.privacy import accountants
 from capc.privacy.randomness import SecureRandom
@@ -56,10 +56,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--body-steps",
         type=positive_int,
-        default=BodyConfig().steps,
+        default=PublicBodyConfig().steps,
         help="SimCLR steps of the public body",
     )
-    p.add_argument("--width", type=positive_int, default=BodyConfig().width, help="small-cnn width")
+    p.add_argument(
+        "--width", type=positive_int, default=PublicBodyConfig().width, help="small-cnn width"
+    )
     p.add_argument("--cache", type=Path, default=Path(".capc-cache"), help="public bodies")
     p.add_argument(
         "--noise-seed",
@@ -145,7 +147,10 @@ def run_method(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     data = DataConfig(args.dataset, args.subset, canaries=args.canaries, seed=args.seed)
     split = pipeline.load(data)
     body = pipeline.public_body(
-        split, BodyConfig(width=args.width, steps=args.body_steps, seed=args.seed), args.cache, log
+        split,
+        PublicBodyConfig(width=args.width, steps=args.body_steps, seed=args.seed),
+        args.cache,
+        log,
     )
     rng = SecureRandom() if args.noise_seed is None else SecureRandom.from_seed(args.noise_seed)
     if args.method == "pate-fm":

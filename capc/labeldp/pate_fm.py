@@ -137,7 +137,7 @@ def select_queries(bank: ViewBank, count: int, selection: str, seed: int) -> NDA
     return np.sort(np.asarray(chosen, dtype=np.int64))
 
 
-def train_teachers(
+def train_head_teachers(
     bank: ViewBank,
     train_index: NDArray[np.int64],
     labels: NDArray[np.integer],
@@ -156,7 +156,7 @@ def train_teachers(
     return w, b, parts
 
 
-def run(
+def label_pool(
     bank: ViewBank,
     train_index: NDArray[np.int64],
     labels: NDArray[np.integer],
@@ -169,7 +169,7 @@ def run(
     ``labels`` (N,) over the whole pool; only those of ``train_index`` are read),
     queries, noisy aggregation with noise from ``rng``, accounting, and the student.
 
-    ``teachers``: heads (weights, biases) already trained by :func:`train_teachers` with
+    ``teachers``: heads (weights, biases) already trained by :func:`train_head_teachers` with
     this configuration (an ensemble serves every budget: it does not depend on epsilon)."""
     mech = mechanism(config, classes)
     acct = accountants.make(config.accountant)
@@ -181,7 +181,7 @@ def run(
         )
     count = min(fit, config.queries or fit, len(bank))
     if teachers is None:
-        w, b, _ = train_teachers(bank, train_index, labels, classes, config)
+        w, b, _ = train_head_teachers(bank, train_index, labels, classes, config)
     else:
         w, b = teachers
         if w.shape[0] != config.teachers:

@@ -78,7 +78,7 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class BodyConfig:
+class PublicBodyConfig:
     """The public body: ``architecture`` of ``width`` trained by SimCLR for ``steps``."""
 
     architecture: str = "small-cnn"
@@ -89,7 +89,7 @@ class BodyConfig:
 
 
 @dataclass(frozen=True)
-class Split:
+class CanarySplit:
     """Images ``x`` (N, C, H, W), the labels trained on ``y`` (canaries planted), the true
     labels ``truth``, and the ``train``/``test`` index sets; ``canaries`` in ``train``."""
 
@@ -102,7 +102,7 @@ class Split:
     classes: int
 
 
-def load(config: DataConfig) -> Split:
+def load(config: DataConfig) -> CanarySplit:
     """The dataset split, with canaries planted among the training records."""
     x, y = digits(8) if config.dataset == "digits" else animal_mnist()
     rng = np.random.default_rng(config.seed)
@@ -119,7 +119,7 @@ def load(config: DataConfig) -> Split:
     classes = int(y.max()) + 1
     chosen = np.sort(rng.choice(train, config.canaries, replace=False))
     planted, canaries = canary_audit.plant(y, classes, chosen, rng)
-    return Split(x, planted, y.astype(np.int64), train, test, canaries, classes)
+    return CanarySplit(x, planted, y.astype(np.int64), train, test, canaries, classes)
 
 
 def _simclr_view(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -131,7 +131,7 @@ def _digest(x: NDArray[np.float32]) -> str:
 
 
 def public_body(
-    split: Split, config: BodyConfig, cache: Path | None = None, log: Log | None = None
+    split: CanarySplit, config: PublicBodyConfig, cache: Path | None = None, log: Log | None = None
 ) -> Classifier:
     """A body trained by SimCLR on the training pool's images (no label is read), from
     ``cache`` when a body of the same configuration and pool is there."""
@@ -167,7 +167,7 @@ def _probabilities(model: torch.nn.Module, x: NDArray[np.float32]) -> NDArray[np
 
 def _row(
     method: str,
-    split: Split,
+    split: CanarySplit,
     claimed: float,
     delta: float,
     accuracy: float,
@@ -202,13 +202,13 @@ def _finetuned(body: Classifier, classes: int, seed: int) -> Classifier:
     return model
 
 
-def _canary_positions(split: Split) -> NDArray[np.int64]:
+def _canary_positions(split: CanarySplit) -> NDArray[np.int64]:
     """Where each canary sits among the training records."""
     return np.searchsorted(split.train, split.canaries.index).astype(np.int64)
 
 
 def run_alibi(
-    split: Split,
+    split: CanarySplit,
     body: Classifier,
     epsilon: float,
     config: TrainConfig,
@@ -233,7 +233,7 @@ def run_alibi(
         if released is None
         else released
     )
-    model = alibi.train(
+    model = alibi.train_alibi(
         _finetuned(body, split.classes, config.seed),
         split.x[tr],
         noisy,
@@ -272,14 +272,14 @@ def run_alibi(
 
 
 def run_rr(
-    split: Split, body: Classifier, epsilon: float, config: TrainConfig, rng: SecureRandom
+    split: CanarySplit, body: Classifier, epsilon: float, config: TrainConfig, rng: SecureRandom
 ) -> dict[str, Any]:
     """Randomized response at ``epsilon``, then supervised fine-tuning on the noisy labels.
     Two audits: the model's and the released labels' own."""
     started = time.perf_counter()
     tr = split.train
     noisy = rr.randomize(split.y[tr], split.classes, epsilon, rng)
-    model = rr.train(
+    model = rr.train_rr(
         _finetuned(body, split.classes, config.seed), split.x[tr], noisy, split.classes, config
     )
     acc = float(
@@ -312,7 +312,7 @@ class PoolFeatures:
     body: Classifier
 
 
-def pool_features(split: Split, body: Classifier, seed: int = 0) -> PoolFeatures:
+def pool_features(split: CanarySplit, body: Classifier, seed: int = 0) -> PoolFeatures:
     """Features of the training pool and of its weak and strong views (computed once)."""
     bank, proj = view_bank(body.features, split.x[split.train], dim=64, seed=seed)
     return PoolFeatures(bank, proj, body)
@@ -391,18 +391,18 @@ def pate_config(
 
 
 def pate_teachers(
-    split: Split, features: PoolFeatures, settings: PateFmSettings, seed: int = 0
+    split: CanarySplit, features: PoolFeatures, settings: PateFmSettings, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PATE-FM's teacher heads (they serve every epsilon)."""
     config = pate_config(1.0, settings, seed, split.classes)
-    w, b, _ = pate_fm.train_teachers(
+    w, b, _ = pate_fm.train_head_teachers(
         features.bank, np.arange(len(split.train)), split.y[split.train], split.classes, config
     )
     return w, b
 
 
 def run_pate_fm(
-    split: Split,
+    split: CanarySplit,
     features: PoolFeatures,
     epsilon: float,
     settings: PateFmSettings,
@@ -416,7 +416,7 @@ def run_pate_fm(
     config = pate_config(epsilon, settings, seed, split.classes)
     # Pool positions are indices into split.train; the labels are read there.
     pool_labels = split.y[split.train]
-    result = pate_fm.run(
+    result = pate_fm.label_pool(
         features.bank,
         np.arange(len(split.train)),
         pool_labels,

@@ -25,8 +25,9 @@ import torch
 from numpy.typing import NDArray
 from torch import nn
 
-from capc.labeldp.alibi import label_event, one_hot
+from capc.labeldp.alibi import label_event
 from capc.labeldp.training import TrainConfig, fit_soft
+from capc.onehot import one_hot
 from capc.privacy import events, exact_noise
 from capc.privacy.randomness import SecureRandom
 
@@ -65,7 +66,7 @@ def randomize(
     return out
 
 
-def train(
+def train_rr(
     model: nn.Module,
     x: NDArray[np.float32],
     released: NDArray[np.integer],

@@ -118,7 +118,7 @@ class FixMatchStats:
     mask_rates: list[float]
 
 
-def train(
+def train_fixmatch(
     model: nn.Module,
     x_labelled: NDArray[np.float32],
     y_labelled: NDArray[np.integer] | NDArray[np.floating],

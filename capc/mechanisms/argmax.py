@@ -1,7 +1,7 @@
 """Shared plumbing of the mechanisms that release one noisy argmax per query.
 
 GNMax, Confident-GNMax (either test) and Powerset voting all run the same
-circuit (:class:`capc.mpc.mechanism_circuits.ConfidentGNMax`) over their vote
+circuit (:class:`capc.mpc.mechanism_circuits.ConfidentGNMaxCircuit`) over their vote
 columns; they differ in their parameters, their test noise and their cost.
 """
 
@@ -23,7 +23,7 @@ from capc.mechanisms.base import (
     NoisyParams,
     gaussian_noise,
 )
-from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMaxCircuit, MultiLabelCircuit
 from capc.mpc.ring import U64
 from capc.privacy import exact_noise
 from capc.privacy import validation as check
@@ -72,18 +72,6 @@ def laplace_noisy_max(histograms: ArrayLike, scale: float, rng: SecureRandom) ->
     return np.asarray(np.argmax(k.astype(np.int64) + z, axis=1), dtype=np.int64)
 
 
-def one_hot(classes: ArrayLike, width: int) -> NDArray[np.float64]:
-    """Class indices (B,) -> one-hot rows (B, width); refuses anything outside [0, width)."""
-    p = np.asarray(classes)
-    if p.ndim != 1 or not np.issubdtype(p.dtype, np.integer):
-        raise MechanismError(f"predictions must be a 1-D integer array, got {p.dtype} {p.shape}")
-    if ((p < 0) | (p >= width)).any():
-        raise MechanismError(f"predictions must lie in [0, {width})")
-    out = np.zeros((p.size, width), dtype=np.float64)
-    out[np.arange(p.size), p] = 1.0
-    return out
-
-
 class ArgmaxMechanism(Mechanism):
     params: NoisyParams
 
@@ -122,7 +110,7 @@ class ArgmaxMechanism(Mechanism):
         share_frac_bits: int = 0,
         vote_parties: int = 0,
     ) -> CircuitSpec:
-        return ConfidentGNMax(
+        return ConfidentGNMaxCircuit(
             num_classes=self.vote_width,
             max_votes=max_votes,
             sigma=self.sigma,
@@ -150,14 +138,14 @@ class ArgmaxMechanism(Mechanism):
         decision_threshold: ArrayLike | None = None,
         vote_total: ArrayLike | None = None,
     ) -> dict[str, U64]:
-        if not isinstance(spec, ConfidentGNMax) or decision_threshold is not None:
+        if not isinstance(spec, ConfidentGNMaxCircuit) or decision_threshold is not None:
             raise MechanismError(
                 f"{self.name} runs the argmax circuit and takes no decision threshold"
             )
         return spec.garbler_inputs(guardian_sum, noise["eta2"], noise.get("eta1"), vote_total)
 
     def _decoded(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
-        if isinstance(spec, MultiLabel):
+        if isinstance(spec, MultiLabelCircuit):
             raise MechanismError(f"{self.name} runs the argmax circuit")
         return np.asarray(spec.decode(evaluator_out), dtype=np.int64)
 

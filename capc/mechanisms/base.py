@@ -29,7 +29,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMax, MultiLabel, round_noise
+from capc.mpc.mechanism_circuits import (
+    CIRCUIT_FRAC_BITS,
+    ConfidentGNMaxCircuit,
+    MultiLabelCircuit,
+    round_noise,
+)
 
 # Re-exported: the label of a declined query is the circuits', and every mechanism's.
 from capc.mpc.mechanism_circuits import NOT_ANSWERED as NOT_ANSWERED
@@ -42,7 +47,7 @@ U64 = NDArray[np.uint64]
 FloatArray = NDArray[np.float64]
 Labels = NDArray[np.int64]
 Noise = dict[str, FloatArray]
-CircuitSpec = ConfidentGNMax | MultiLabel
+CircuitSpec = ConfidentGNMaxCircuit | MultiLabelCircuit
 
 #: Largest noise scale or threshold (votes) a configuration or override may name: beyond
 #: it nothing is ever answered, and the circuit's word width would grow without purpose.
@@ -65,8 +70,8 @@ def gaussian_noise(
     """
     sd = check.positive(sigma, "sigma")
     if discrete:
-        return discrete_gaussian.noise(shape, sd, rng).astype(np.float64)
-    return rounded_gaussian.noise(shape, sd, rng)
+        return discrete_gaussian.discrete_gaussian_noise(shape, sd, rng).astype(np.float64)
+    return rounded_gaussian.rounded_gaussian_noise(shape, sd, rng)
 
 
 class MechanismError(ValueError):

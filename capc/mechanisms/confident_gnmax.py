@@ -20,8 +20,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
-from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
-from capc.mechanisms.base import MAX_PARAMETER, NoisyParams
+from capc.mechanisms.argmax import ArgmaxMechanism
+from capc.mechanisms.base import MAX_PARAMETER, MechanismError, NoisyParams
+from capc.onehot import one_hot
 from capc.privacy import events, rdp
 
 
@@ -39,15 +40,15 @@ class ConfidentGNMax(ArgmaxMechanism):
     test_sensitivity = 1.0
 
     def unit_votes(self, predictions: ArrayLike) -> NDArray[np.float64]:
-        return one_hot(predictions, self.outputs)
+        return one_hot(predictions, self.outputs, what="predictions", error=MechanismError)
 
     def data_dependent_event(
         self, histogram: ArrayLike, answered: bool, orders: ArrayLike
     ) -> events.RdpCurveEvent:
         o = np.asarray(orders, dtype=np.float64)
-        curve = rdp.threshold(histogram, self.threshold, self.sigma1, o)
+        curve = rdp.threshold_data_dependent(histogram, self.threshold, self.sigma1, o)
         if answered:
-            curve = curve + rdp.gnmax(histogram, self.sigma, o)
+            curve = curve + rdp.gnmax_data_dependent(histogram, self.sigma, o)
         return events.RdpCurveEvent(curve, o, self.name, data_dependent=True)
 
     def log_pr_answered(self, histogram: ArrayLike) -> float:

@@ -25,7 +25,7 @@ from capc.mechanisms.base import (
     NoisyParams,
     gaussian_noise,
 )
-from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, MultiLabel
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, MultiLabelCircuit
 from capc.mpc.ring import U64
 from capc.privacy import events
 from capc.privacy.randomness import SecureRandom
@@ -83,7 +83,7 @@ class PerLabelMechanism(Mechanism):
                 f"{self.name} votes are checked by validity proofs, not in the circuit"
             )
         total = max_votes if vote_total is None else vote_total
-        return MultiLabel(
+        return MultiLabelCircuit(
             num_labels=self.outputs,
             max_votes=max_votes,
             sigma=self.sigma,
@@ -109,14 +109,14 @@ class PerLabelMechanism(Mechanism):
         decision_threshold: ArrayLike | None = None,
         vote_total: ArrayLike | None = None,
     ) -> dict[str, U64]:
-        if not isinstance(spec, MultiLabel):
+        if not isinstance(spec, MultiLabelCircuit):
             raise MechanismError(f"{self.name} runs the per-label circuit")
         return spec.garbler_inputs(
             guardian_sum, noise["noise"], noise.get("confidence"), decision_threshold
         )
 
     def decode(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
-        if not isinstance(spec, MultiLabel):
+        if not isinstance(spec, MultiLabelCircuit):
             raise MechanismError(f"{self.name} runs the per-label circuit")
         return np.asarray(spec.decode(evaluator_out), dtype=np.int64)
 

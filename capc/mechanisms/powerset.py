@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import Field
 
-from capc.mechanisms.argmax import ArgmaxMechanism, one_hot
+from capc.mechanisms.argmax import ArgmaxMechanism
 from capc.mechanisms.base import (
     MAX_PARAMETER,
     NOT_ANSWERED,
@@ -27,6 +27,7 @@ from capc.mechanisms.base import (
 )
 from capc.mpc.ring import U64
 from capc.mpc.validity import max_width
+from capc.onehot import one_hot
 from capc.privacy import events
 
 #: Labels Powerset voting takes, in every path (plain, secure, advisor): the most k whose
@@ -88,7 +89,7 @@ class Powerset(ArgmaxMechanism):
                 f"got {p.dtype} {p.shape}"
             )
         index = (p.astype(np.int64) << np.arange(self.outputs, dtype=np.int64)).sum(axis=1)
-        return one_hot(index, self.vote_width)
+        return one_hot(index, self.vote_width, what="predictions", error=MechanismError)
 
     def decode(self, spec: CircuitSpec, evaluator_out: dict[str, U64]) -> Labels:
         return self._bits(self._decoded(spec, evaluator_out))

@@ -130,7 +130,7 @@ def mask_word(c: CircuitBuilder, bit: Bit, x: Word) -> Word:
     return tuple(c.and_(bit, b) for b in x)
 
 
-def one_hot(c: CircuitBuilder, index: Word, count: int) -> Word:
+def one_hot_word(c: CircuitBuilder, index: Word, count: int) -> Word:
     """The one-hot vector of ``index`` over ``count`` positions (a binary decoder)."""
     rows: list[Bit] = [ONE]
     for bit in index:

@@ -222,7 +222,7 @@ def round_noise(noise: ArrayLike, frac_bits: int = CIRCUIT_FRAC_BITS) -> NDArray
 
 
 @dataclass(frozen=True)
-class ConfidentGNMax:
+class ConfidentGNMaxCircuit:
     """Confident-GNMax (or plain GNMax with ``confident=False``) over K classes.
 
     Query answered iff max(h) + eta1 >= threshold; label argmax(h + eta2).
@@ -431,7 +431,7 @@ def _confident_circuit(
 
 
 @dataclass(frozen=True)
-class MultiLabel:
+class MultiLabelCircuit:
     """Binary or tau voting over k labels, optionally with a per-label confidence test.
 
     Label j is 1 iff c_j + n_j >= theta_j; with a confidence test it is released
@@ -583,7 +583,7 @@ def _multilabel_circuit(num_labels: int, bits: int, confident: bool) -> Circuit:
 
 
 @dataclass(frozen=True)
-class LogitsToShares:
+class LogitsToSharesCircuit:
     """Encrypted-query mode: (masked logits, mask) -> additive shares of onehot(argmax).
 
     The evaluator (student) holds y = z + m mod 2^bits after decrypting; the
@@ -632,7 +632,7 @@ def _logits_circuit(num_classes: int, bits: int) -> Circuit:
     neg_share = c.input("neg_share", Party.GARBLER, num_classes, 64)
     logits = [lib.add(c, y, m) for y, m in zip(masked, neg_mask, strict=True)]
     index, _ = lib.argmax(c, logits)
-    hot = lib.one_hot(c, index, num_classes)
+    hot = lib.one_hot_word(c, index, num_classes)
     c.output(
         "vote_share",
         Party.EVALUATOR,

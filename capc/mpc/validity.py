@@ -111,18 +111,18 @@ def _fold(x: U64) -> U64:
     return x - np.where(x >= _P, _P, np.uint64(0))
 
 
-def add(a: ArrayLike, b: ArrayLike) -> U64:
+def field_add(a: ArrayLike, b: ArrayLike) -> U64:
     """(a + b) mod p for reduced operands; broadcasts."""
     s = np.asarray(a, dtype=np.uint64) + np.asarray(b, dtype=np.uint64)
     return s - np.where(s >= _P, _P, np.uint64(0))
 
 
-def sub(a: ArrayLike, b: ArrayLike) -> U64:
+def field_sub(a: ArrayLike, b: ArrayLike) -> U64:
     """(a - b) mod p for reduced operands; broadcasts."""
-    return add(a, _P - np.asarray(b, dtype=np.uint64))
+    return field_add(a, _P - np.asarray(b, dtype=np.uint64))
 
 
-def mul(a: ArrayLike, b: ArrayLike) -> U64:
+def field_mul(a: ArrayLike, b: ArrayLike) -> U64:
     """(a * b) mod p for reduced operands, with 32-bit limbs in uint64; broadcasts."""
     x = np.asarray(a, dtype=np.uint64)
     y = np.asarray(b, dtype=np.uint64)
@@ -387,7 +387,7 @@ class VoteRelation:
         # Horner's rule with doublings: two adds per bit, no general field product.
         acc = c[..., nbits - 1].copy()
         for i in range(nbits - 2, -1, -1):
-            acc = add(add(acc, acc), c[..., i])
+            acc = field_add(field_add(acc, acc), c[..., i])
         return acc
 
     def counts(self, bit_shares: ArrayLike) -> U64:
@@ -406,7 +406,7 @@ class VoteRelation:
         """Shares of q(i) = y_j - c_j at the squaring gates (B, squares): a square gate
         outputs y_j, q = f^2 - f; the bit gates' q(i) are 0 (x^2 - x)."""
         x = np.asarray(shares, dtype=np.uint64)
-        return sub(x[..., self.bits :], self.counts(x))
+        return field_sub(x[..., self.bits :], self.counts(x))
 
     def linear(self, bit_shares: ArrayLike, constant: ArrayLike | None) -> U64:
         """Shares of the linear constraints (B, constraints): zero for a valid vote once
@@ -416,26 +416,26 @@ class VoteRelation:
         c = self.counts(x)
         if self.complement:
             d = self._number(x, self.width * self.nbits, self.nbits, self.width)
-            lin = add(c, d)
+            lin = field_add(c, d)
             if self.tau is not None:
                 off = 2 * self.width * self.nbits
                 slack = self._number(x, off, self.slack_bits, 1)
                 norm = slack[..., 0]
                 for j in range(self.width):
-                    norm = add(norm, x[..., self.bits + j])
+                    norm = field_add(norm, x[..., self.bits + j])
                 lin = np.concatenate([lin, norm[..., None]], axis=-1)
         else:
             lin = np.zeros(len(x), dtype=np.uint64)
             for j in range(self.width):
-                lin = add(lin, c[:, j])
+                lin = field_add(lin, c[:, j])
             lin = lin[:, None]
         if constant is not None:
             part = (np.asarray(constant, dtype=np.uint64).reshape(-1) != 0).astype(np.uint64)
             bounds = [self.max_count] * (self.width if self.complement else 1)
             if self.tau is not None:
                 bounds.append(self.norm_bound)
-            want = mul(part[:, None], np.array(bounds, dtype=np.uint64)[None, :])
-            lin = sub(lin, want)
+            want = field_mul(part[:, None], np.array(bounds, dtype=np.uint64)[None, :])
+            lin = field_sub(lin, want)
         return lin
 
 
@@ -484,8 +484,8 @@ def prove(relation: VoteRelation, bits: ArrayLike) -> U64:
     wires = np.concatenate([rho[:, None], relation.wires(x)], axis=1)  # f(0..n)
     ext = _extension(n)  # (n, n+1)
     f_hi = dot_rows(ext, wires)  # f(n+1..2n), (B, n)
-    q0 = sub(mul(rho, rho), rho)
-    q_hi = sub(mul(f_hi, f_hi), f_hi)
+    q0 = field_sub(field_mul(rho, rho), rho)
+    q_hi = field_sub(field_mul(f_hi, f_hi), f_hi)
     return np.concatenate([rho[:, None], q0[:, None], q_hi], axis=1)
 
 
@@ -498,12 +498,12 @@ def student_shares(seed: bytes, relation: VoteRelation, batch: int) -> tuple[U64
     return both[:, :n], both[:, n:]
 
 
-def share(relation: VoteRelation, bits: ArrayLike, seed: bytes) -> tuple[U64, U64]:
+def guardian_shares(relation: VoteRelation, bits: ArrayLike, seed: bytes) -> tuple[U64, U64]:
     """A party's guardian shares (bits, proof) for ``bits`` (B, n), the student's from ``seed``."""
     x = np.asarray(bits, dtype=np.uint64)
     proof = prove(relation, x)
     xs, ps = student_shares(seed, relation, len(x))
-    return sub(x, xs), sub(proof, ps)
+    return field_sub(x, xs), field_sub(proof, ps)
 
 
 # -- verification --------------------------------------------------------------------
@@ -590,15 +590,17 @@ def verifier_share(
     flat_p = pr.reshape(npart * b, n + 2)
     wire = dot(_lagrange(t, n + 1), np.concatenate([flat_p[:, :1], relation.wires(flat_x)], axis=1))
     lam = _lagrange(t, 2 * n + 1)
-    q_t = add(mul(flat_p[:, 1], lam[0]), dot(lam[n + 1 :], flat_p[:, 2:]))
+    q_t = field_add(field_mul(flat_p[:, 1], lam[0]), dot(lam[n + 1 :], flat_p[:, 2:]))
     if relation.squares:  # q(i) at the squaring gates is y_j - c_j, not 0
         first = relation.bits + 1
-        q_t = add(q_t, dot(lam[first : first + relation.squares], relation.square_offsets(flat_x)))
+        q_t = field_add(
+            q_t, dot(lam[first : first + relation.squares], relation.square_offsets(flat_x))
+        )
     const = None if constant is None else np.asarray(constant, dtype=np.uint64).reshape(-1)
     lin = relation.linear(flat_x, const).reshape(npart, b * relation.constraints)
     r, r2 = challenge.coefficients(relation, b, parties)
-    terms = mul(r, q_t.reshape(npart, b))
-    combined = add(_row_sums(terms), _row_sums(mul(r2, lin)))
+    terms = field_mul(r, q_t.reshape(npart, b))
+    combined = field_add(_row_sums(terms), _row_sums(field_mul(r2, lin)))
     return VerifierShare(wire.reshape(npart, b), combined)
 
 
@@ -608,7 +610,7 @@ def _row_sums(a: U64) -> U64:
     while x.shape[-1] > 1:
         if x.shape[-1] % 2:
             x = np.concatenate([x, np.zeros((*x.shape[:-1], 1), dtype=np.uint64)], axis=-1)
-        x = add(x[..., 0::2], x[..., 1::2])
+        x = field_add(x[..., 0::2], x[..., 1::2])
     return x[..., 0] if x.shape[-1] else np.zeros(x.shape[:-1], dtype=np.uint64)
 
 
@@ -625,10 +627,10 @@ def accept(
     if sw.shape != guardian.wire.shape or sc.shape != guardian.combined.shape:
         return np.zeros(len(parties), dtype=bool)
     malformed = (sw >= _P).any(axis=1) | (sc >= _P)
-    f = add(guardian.wire, np.where(sw >= _P, np.uint64(0), sw))
+    f = field_add(guardian.wire, np.where(sw >= _P, np.uint64(0), sw))
     r, _ = challenge.coefficients(relation, f.shape[1], parties)
-    square = _row_sums(mul(r, sub(mul(f, f), f)))
-    total = sub(add(guardian.combined, np.where(sc >= _P, np.uint64(0), sc)), square)
+    square = _row_sums(field_mul(r, field_sub(field_mul(f, f), f)))
+    total = field_sub(field_add(guardian.combined, np.where(sc >= _P, np.uint64(0), sc)), square)
     return np.asarray((total == 0) & ~malformed, dtype=bool)
 
 
@@ -638,7 +640,7 @@ def vote_shares(relation: VoteRelation, bit_shares: ArrayLike, weight: int) -> U
     an integer) times its counts."""
     if not 0 <= weight < P:
         raise ValidityError("a vote weight on the grid must lie in [0, p)")
-    return mul(relation.counts(bit_shares), np.uint64(weight))
+    return field_mul(relation.counts(bit_shares), np.uint64(weight))
 
 
 def conversion_failure(batch: int, width: int, teachers: Sequence[int]) -> float:
@@ -680,10 +682,10 @@ __all__ = [
     "VoteRelation",
     "accept",
     "conversion_failure",
+    "guardian_shares",
     "max_width",
     "prove",
     "ring_shares",
-    "share",
     "student_shares",
     "verifier_share",
     "vote_shares",

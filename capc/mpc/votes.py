@@ -74,7 +74,7 @@ def share_proven_votes(
     the seed (:func:`capc.mpc.validity.student_shares`)."""
     bits = relation.encode(np.asarray(counts, dtype=np.int64), participation)
     seed = ring.new_seed()
-    bit_share, proof_share = validity.share(relation, bits, seed)
+    bit_share, proof_share = validity.guardian_shares(relation, bits, seed)
     return bit_share, proof_share, seal(student_public_key, seed, seed_context(round_id, party))
 
 

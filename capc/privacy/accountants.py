@@ -247,7 +247,7 @@ class GaussianDp(Accounting):
         return gaussian_dp.within(mu, epsilon, delta)
 
     def _max_count(self, unit: FloatArray, base: FloatArray, epsilon: float, delta: float) -> int:
-        return gaussian_dp.max_queries(
+        return gaussian_dp.max_queries_gdp(
             math.sqrt(float(unit[0])), epsilon, delta, math.sqrt(float(base[0]))
         )
 

@@ -32,7 +32,7 @@ def _bernoulli_exp_le1(gamma: Fraction, rng: SecureRandom) -> bool:
     return k % 2 == 1
 
 
-def bernoulli_exp(gamma: Fraction, rng: SecureRandom) -> bool:
+def bernoulli_exp_scalar(gamma: Fraction, rng: SecureRandom) -> bool:
     """True with probability exp(-gamma), exactly, for rational gamma >= 0."""
     if gamma < 0:
         raise ValueError(f"bernoulli_exp needs gamma >= 0, got {gamma}")
@@ -43,16 +43,16 @@ def bernoulli_exp(gamma: Fraction, rng: SecureRandom) -> bool:
     return _bernoulli_exp_le1(gamma, rng)
 
 
-def discrete_laplace(t: int, rng: SecureRandom) -> int:
+def discrete_laplace_scalar(t: int, rng: SecureRandom) -> int:
     """One sample with P[x] proportional to exp(-|x| / t), t a positive integer (Algorithm 2)."""
     if t < 1:
         raise ValueError(f"discrete_laplace needs an integer scale t >= 1, got {t}")
     while True:
         u = rng.randbelow(t)
-        if not bernoulli_exp(Fraction(u, t), rng):
+        if not bernoulli_exp_scalar(Fraction(u, t), rng):
             continue
         v = 0
-        while bernoulli_exp(Fraction(1), rng):
+        while bernoulli_exp_scalar(Fraction(1), rng):
             v += 1
         x = u + t * v
         negative = rng.bernoulli(1, 2)
@@ -61,15 +61,15 @@ def discrete_laplace(t: int, rng: SecureRandom) -> int:
         return -x if negative else x
 
 
-def sample(sigma2: Fraction, rng: SecureRandom) -> int:
+def sample_discrete_gaussian(sigma2: Fraction, rng: SecureRandom) -> int:
     """One exact sample of N_Z(0, sigma2) for rational sigma2 > 0 (Algorithm 3)."""
     if sigma2 <= 0:
         raise ValueError(f"discrete Gaussian variance must be > 0, got {sigma2}")
     t = isqrt(sigma2.numerator // sigma2.denominator) + 1
     while True:
-        y = discrete_laplace(t, rng)
+        y = discrete_laplace_scalar(t, rng)
         gamma = (abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
-        if bernoulli_exp(gamma, rng):
+        if bernoulli_exp_scalar(gamma, rng):
             return y
 
 
@@ -81,10 +81,12 @@ def variance_of(sigma: float) -> Fraction:
     return s * s
 
 
-def noise(shape: int | tuple[int, ...], sigma: float, rng: SecureRandom) -> NDArray[np.int64]:
+def discrete_gaussian_noise(
+    shape: int | tuple[int, ...], sigma: float, rng: SecureRandom
+) -> NDArray[np.int64]:
     """An array of independent N_Z(0, sigma**2) samples (sigma read as its decimal value)."""
     sigma2 = variance_of(sigma)
     size = int(np.prod(shape))
     return np.fromiter(
-        (sample(sigma2, rng) for _ in range(size)), dtype=np.int64, count=size
+        (sample_discrete_gaussian(sigma2, rng) for _ in range(size)), dtype=np.int64, count=size
     ).reshape(shape)

@@ -37,7 +37,7 @@ def gnmax_mu(sigma: float) -> float:
     return gaussian_mu(math.sqrt(2.0), sigma)
 
 
-def compose(mus: ArrayLike) -> float:
+def compose_mu(mus: ArrayLike) -> float:
     """mu of the composition of mechanisms that are mu_i-GDP: sqrt(sum mu_i**2)."""
     m = np.atleast_1d(np.asarray(mus, dtype=np.float64))
     if np.isnan(m).any() or (m < 0).any():
@@ -131,7 +131,9 @@ def max_mu(epsilon: float, delta: float) -> float:
     return lo
 
 
-def max_queries(per_query_mu: float, epsilon: float, delta: float, spent_mu: float = 0.0) -> int:
+def max_queries_gdp(
+    per_query_mu: float, epsilon: float, delta: float, spent_mu: float = 0.0
+) -> int:
     """How many more queries of ``per_query_mu`` fit (epsilon, delta) after ``spent_mu``.
 
     Exact: n fits iff sqrt(spent_mu**2 + n per_query_mu**2) <= max_mu(epsilon, delta).

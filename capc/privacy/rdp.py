@@ -37,7 +37,7 @@ def _log1mexp(x: float) -> float:
     raise ValueError(f"log1mexp needs a non-positive argument, got {x!r}")
 
 
-def gaussian(l2_sensitivity: float, sigma: float, orders: ArrayLike) -> FloatArray:
+def gaussian_rdp(l2_sensitivity: float, sigma: float, orders: ArrayLike) -> FloatArray:
     """RDP of the Gaussian mechanism: order * sensitivity**2 / (2 sigma**2).
 
     ``l2_sensitivity`` is the largest L2 change of the noised statistic between
@@ -118,7 +118,7 @@ def rdp_from_log_q(logq: float, sigma: float, orders: FloatArray) -> FloatArray:
     return np.maximum(ret, 0.0)
 
 
-def gnmax(votes: ArrayLike, sigma: float, orders: ArrayLike) -> FloatArray:
+def gnmax_data_dependent(votes: ArrayLike, sigma: float, orders: ArrayLike) -> FloatArray:
     """Data-dependent RDP of one GNMax query on ``votes`` with noise ``sigma``.
 
     Never above :func:`gnmax_data_independent`. Needs the clear histogram, so
@@ -179,7 +179,9 @@ def threshold_from_log_tails(
     return np.minimum(bound, orders / (2.0 * sigma1 * sigma1))
 
 
-def threshold(votes: ArrayLike, threshold: float, sigma1: float, orders: ArrayLike) -> FloatArray:
+def threshold_data_dependent(
+    votes: ArrayLike, threshold: float, sigma1: float, orders: ArrayLike
+) -> FloatArray:
     """Data-dependent RDP of the Confident-GNMax threshold test, in nats per order.
 
     Theorem 6 with log q = min(log p, log(1 - p)), p = Pr[answered] at the
@@ -199,7 +201,7 @@ def threshold(votes: ArrayLike, threshold: float, sigma1: float, orders: ArrayLi
 # ---------------------------------------------------------------------------
 
 
-def laplace_noisy_max(scale: float, orders: ArrayLike) -> FloatArray:
+def laplace_noisy_max_rdp(scale: float, orders: ArrayLike) -> FloatArray:
     """RDP of Laplace noisy max with noise scale ``scale`` on every count.
 
     The mechanism is pure epsilon-DP with epsilon = 2 / scale (a vote move
@@ -220,7 +222,7 @@ def multilabel_binary(num_labels: int, sigma: float, orders: ArrayLike) -> Float
     single-label bound for k labels under-counts.
     """
     k = _positive_int(num_labels, "num_labels")
-    return gaussian(math.sqrt(k), sigma, orders)
+    return gaussian_rdp(math.sqrt(k), sigma, orders)
 
 
 def tau_sensitivity(num_labels: int, tau: float) -> float:
@@ -236,7 +238,7 @@ def tau_sensitivity(num_labels: int, tau: float) -> float:
 
 def multilabel_tau(num_labels: int, tau: float, sigma: float, orders: ArrayLike) -> FloatArray:
     """RDP of tau voting: the Gaussian mechanism at :func:`tau_sensitivity`."""
-    return gaussian(tau_sensitivity(num_labels, tau), sigma, orders)
+    return gaussian_rdp(tau_sensitivity(num_labels, tau), sigma, orders)
 
 
 def multilabel_powerset(sigma: float, orders: ArrayLike) -> FloatArray:
@@ -250,13 +252,13 @@ def multilabel_powerset(sigma: float, orders: ArrayLike) -> FloatArray:
 def weighted_gnmax(weight: float, sigma: float, orders: ArrayLike) -> FloatArray:
     """Per-teacher RDP of GNMax with vote weight ``weight``: orders * w**2 / sigma**2."""
     w = check.non_negative(weight, "weight")
-    return gaussian(math.sqrt(2.0) * w, sigma, orders)
+    return gaussian_rdp(math.sqrt(2.0) * w, sigma, orders)
 
 
 def weighted_threshold(weight: float, sigma1: float, orders: ArrayLike) -> FloatArray:
     """Per-teacher RDP of the threshold test with vote weight ``weight``: orders * w**2 / (2 sigma1**2)."""
     w = check.non_negative(weight, "weight")
-    return gaussian(w, sigma1, orders)
+    return gaussian_rdp(w, sigma1, orders)
 
 
 def upsampled_gnmax(replicas: int, sigma: float, orders: ArrayLike) -> FloatArray:
@@ -265,13 +267,13 @@ def upsampled_gnmax(replicas: int, sigma: float, orders: ArrayLike) -> FloatArra
     Changing the point can move u votes, all from the same class to the same other class.
     """
     u = _positive_int(replicas, "replicas")
-    return gaussian(math.sqrt(2.0) * u, sigma, orders)
+    return gaussian_rdp(math.sqrt(2.0) * u, sigma, orders)
 
 
 def upsampled_threshold(replicas: int, sigma1: float, orders: ArrayLike) -> FloatArray:
     """RDP of the threshold test for a point held by ``replicas`` teachers: orders * u**2 / (2 sigma1**2)."""
     u = _positive_int(replicas, "replicas")
-    return gaussian(float(u), sigma1, orders)
+    return gaussian_rdp(float(u), sigma1, orders)
 
 
 def vanishing_expected(participation: float, sigma: float, orders: ArrayLike) -> FloatArray:

@@ -109,7 +109,7 @@ def _exp_minus_x_shifted(x: _Uniform, k: int, rng: SecureRandom) -> bool:
 def _exp_minus_half(rng: SecureRandom) -> bool:
     """True with probability exp(-1/2), exactly, in integers: K, the first k whose
     Bernoulli(1 / (2k)) fails, is odd with probability exp(-1/2) (Canonne, Kamath and
-    Steinke 2020, Algorithm 1; :func:`capc.privacy.discrete_gaussian.bernoulli_exp` with
+    Steinke 2020, Algorithm 1; :func:`capc.privacy.discrete_gaussian.bernoulli_exp_scalar` with
     the Fractions taken out, which this hot loop cannot afford)."""
     k = 1
     while rng.randbelow(2 * k) == 0:
@@ -132,7 +132,9 @@ def _standard(rng: SecureRandom) -> tuple[int, int, _Uniform]:
             return (1 if rng.randbelow(2) else -1), k, x
 
 
-def sample(center: Fraction, scale: Fraction, grid: Fraction, rng: SecureRandom) -> int:
+def sample_rounded_gaussian(
+    center: Fraction, scale: Fraction, grid: Fraction, rng: SecureRandom
+) -> int:
     """The integer m nearest (center + scale Z) / grid, Z ~ N(0, 1), exactly.
 
     ``center`` and ``grid`` in the released value's unit, ``scale`` (the standard deviation)
@@ -170,7 +172,7 @@ class _Rounding:
             x.refine()
 
 
-def noise(
+def rounded_gaussian_noise(
     shape: int | tuple[int, ...], sigma: float, rng: SecureRandom, grid_bits: int = GRID_BITS
 ) -> NDArray[np.float64]:
     """Independent N(0, sigma**2) draws rounded to multiples of 2**-grid_bits, exactly, in an

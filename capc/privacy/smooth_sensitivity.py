@@ -11,7 +11,7 @@ RDP at order lambda, for 1 < lambda < 1 / (2 beta); it is added before conversio
 To make the local sensitivity exactly computable, the released R is built
 from two integer statistics of each histogram (vote counts of n teachers):
 - the threshold test's RDP depends only on m = max(votes) (as in
-  :func:`capc.privacy.rdp.threshold`); one vote move changes it by <= 1;
+  :func:`capc.privacy.rdp.threshold_data_dependent`); one vote move changes it by <= 1;
 - GNMax is charged Theorem 6 at q <= min(1 - 1/K, (K - 1) * Pr[N(0, 2 sigma**2) >= g]),
   with g the gap between the two largest counts: a valid upper bound on the
   probability of a wrong answer (every other class is at least g behind), at
@@ -98,7 +98,9 @@ def released_rdp(total: float, scale: float, rng: SecureRandom) -> float:
         raise ValueError(f"need a finite total and scale >= 0, got {total} and {scale}")
     if scale == 0:
         return float(round(Fraction(total) / RELEASE_GRID) * RELEASE_GRID)
-    m = rounded_gaussian.sample(Fraction(total), Fraction(scale), RELEASE_GRID, rng)
+    m = rounded_gaussian.sample_rounded_gaussian(
+        Fraction(total), Fraction(scale), RELEASE_GRID, rng
+    )
     return float(m * RELEASE_GRID)
 
 

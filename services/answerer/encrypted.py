@@ -30,7 +30,7 @@ from capc.he.masking import mask_batched, mask_single
 from capc.he.plan import Plan, compile_model
 from capc.he.single import SingleEvaluator
 from capc.models import Teacher
-from capc.mpc.mechanism_circuits import LogitsToShares
+from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common.relay import CHUNK, RelayChannel, session_id
@@ -154,7 +154,7 @@ class EncryptedAnswerer:
         for ct in outputs:
             channel.send_blob(to_bytes(ct))
         share = self._rng.uint64((b, k))
-        spec = LogitsToShares(k, ctx.params.share_bits)
+        spec = LogitsToSharesCircuit(k, ctx.params.share_bits)
         session = GarblerSession(
             channel,
             session_id(work.round_id, self.name, hello),

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import numpy as np
 
-from capc.data.schema import RecordSchema, parse_records
+from capc.data.schema import RecordSchema
 from capc.models import Teacher
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
@@ -44,6 +44,7 @@ from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
 from services.common.serde import mechanism_from_proto
+from services.common.task import TaskConfig, config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 log = logging.getLogger("capc.answerer")
@@ -254,7 +255,7 @@ class AnsweringParty:
                 # Synthetic queries: regenerate, check the hash. Images are normalised with
                 # their own statistics (DIET); table rows are encoded like real records, so
                 # the teachers read them with the statistics of their own data.
-                x = regenerate(work.queries.recipe, task_records(work))
+                x = regenerate(work.queries.recipe, task_records(work, task))
                 self._check_fits(work, task, tuple(x.shape[1:]))
                 table = len(x.shape) == 2
                 preds = self.voters.predict(x, current_statistics=not table)
@@ -350,13 +351,15 @@ class AnsweringParty:
         self.rounds_answered += 1
 
 
-def task_records(work: guardian_pb2.RoundWork) -> RecordSchema | None:
-    """The schema of the round's task, from the configuration the round carries (checked
-    against the header's config hash when the round was admitted); None if it declares none.
-    Raises SchemaError (a ValueError) for a malformed one."""
+def task_records(work: guardian_pb2.RoundWork, task: str) -> RecordSchema | None:
+    """The schema of the round's task ``task``, from the configuration the round carries
+    (checked against the header's config hash when the round was admitted), parsed as every
+    party parses a task; None if it declares none. Raises TaskError (a ValueError) for a
+    malformed configuration."""
     config = json.loads(work.task_json or "null")
-    records = config.get("records") if isinstance(config, dict) else None
-    return None if records is None else parse_records(records)
+    if not isinstance(config, dict):
+        return None
+    return TaskConfig.parse(task, config, config_hash(config)).records
 
 
 def round_votes(

@@ -65,17 +65,17 @@ class Encryption:
                 f"got {self.architecture!r}"
             )
 
+    def to_config(self) -> dict[str, Any]:
+        """The ``encryption`` object of a task configuration (what :meth:`parse` reads)."""
+        return {
+            "architecture": self.architecture,
+            "width": self.width,
+            "params": self.params.to_dict(),
+        }
+
     def to_json(self) -> str:
         """Canonical JSON, as carried by each encrypted batch."""
-        return json.dumps(
-            {
-                "architecture": self.architecture,
-                "width": self.width,
-                "params": self.params.to_dict(),
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        return json.dumps(self.to_config(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def parse(cls, d: object) -> Encryption:
@@ -83,6 +83,10 @@ class Encryption:
             spec = EncryptionSpec.model_validate(d)
         except ValidationError as err:
             raise TaskError(f"encryption: {_problems(err)}") from None
+        return cls.from_spec(spec)
+
+    @classmethod
+    def from_spec(cls, spec: EncryptionSpec) -> Encryption:
         return cls(spec.architecture, spec.width, CkksParams.from_dict(spec.params))
 
 
@@ -99,18 +103,31 @@ class EncryptionSpec(BaseModel):
 FRACTIONAL_SHARE_BITS = 8
 
 
+class MechanismSpec(BaseModel):
+    """The ``mechanism`` object of a task configuration: its ``name`` and its parameters
+    (the other keys), which the named mechanism's own model checks
+    (:func:`capc.mechanisms.from_config`)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", allow_inf_nan=False)
+    name: str = Field(min_length=1)
+
+    def to_config(self) -> dict[str, Any]:
+        """The object as the configuration wrote it, name and parameters."""
+        return {"name": self.name, **(self.model_extra or {})}
+
+
 class TaskSpec(BaseModel):
     """A task configuration as JSON carries it. Single-label tasks name ``num_classes``,
     multi-label ones ``num_labels``; which one is the mechanism's to say."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=False)
-    mechanism: dict[str, Any]
+    mechanism: MechanismSpec
     input_shape: list[int] = Field(min_length=1, max_length=4)
     num_classes: int | None = Field(default=None, ge=2, le=4096)
     num_labels: int | None = Field(default=None, ge=1, le=64)
     quorum: int = Field(default=1, ge=1, le=10_000)
     personalization: Personalization | None = None
-    encryption: dict[str, Any] | None = None
+    encryption: EncryptionSpec | None = None
     #: What the records are (capc.data.schema): images with a value range, or table rows
     #: with public feature ranges and levels. Optional for tasks written before schemas.
     records: dict[str, Any] | None = None
@@ -143,15 +160,18 @@ class TaskConfig:
         """Validate a stored configuration; TaskError says which field is wrong."""
         try:
             spec = TaskSpec.model_validate(config)
-            mech_name = spec.mechanism.get("name")
-            multi = mechanism_class(str(mech_name)).multi_label
+            mech_name = spec.mechanism.name
+            multi = mechanism_class(mech_name).multi_label
             outputs = spec.num_labels if multi else spec.num_classes
             wrong = spec.num_classes if multi else spec.num_labels
             if outputs is None or wrong is not None:
                 want, not_want = (
                     ("num_labels", "num_classes") if multi else ("num_classes", "num_labels")
                 )
-                raise TaskError(f"{mech_name} needs {want} and takes no {not_want}")
+                raise TaskError(
+                    f"{mech_name} needs {want} and takes no {not_want}: give the task "
+                    f'"{want}" (the teachers\' outputs){f" and drop {not_want!r}" if wrong else ""}'
+                )
             if any(d < 1 for d in spec.input_shape):
                 raise TaskError(f"input_shape must be positive, got {spec.input_shape}")
             records = None if spec.records is None else parse_records(spec.records)
@@ -165,10 +185,12 @@ class TaskConfig:
                 name=name,
                 config_hash=config_hash,
                 input_shape=tuple(spec.input_shape),
-                mechanism=from_config(spec.mechanism, outputs),
+                mechanism=from_config(spec.mechanism.to_config(), outputs),
                 quorum=spec.quorum,
                 personalization=spec.personalization,
-                encryption=None if spec.encryption is None else Encryption.parse(spec.encryption),
+                encryption=None
+                if spec.encryption is None
+                else Encryption.from_spec(spec.encryption),
                 records=records,
                 classes=classes,
             )
@@ -191,6 +213,26 @@ class TaskConfig:
             except MechanismError as err:
                 raise TaskError(f"task {name!r}: {err}") from err
         return task
+
+    def to_config(self) -> dict[str, Any]:
+        """The configuration object this task parses from (:meth:`parse` of it gives an equal
+        task), in the on-disk format: the mechanism with every parameter spelled out,
+        optional parts present only when set."""
+        config: dict[str, Any] = {
+            "mechanism": self.mechanism.to_config(),
+            "input_shape": list(self.input_shape),
+            "num_labels" if self.multi_label else "num_classes": self.outputs,
+            "quorum": self.quorum,
+        }
+        if self.personalization is not None:
+            config["personalization"] = self.personalization.model_dump()
+        if self.encryption is not None:
+            config["encryption"] = self.encryption.to_config()
+        if self.records is not None:
+            config["records"] = self.records.to_dict()
+        if self.classes is not None:
+            config["classes"] = list(self.classes)
+        return config
 
     @property
     def class_names(self) -> tuple[str, ...]:

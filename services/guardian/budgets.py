@@ -38,14 +38,6 @@ AGREE_RTOL = 1e-9
 MAX_LOSS_ENTRIES = 10_000
 
 
-def head_to_proto(head: AuditHead) -> guardian_pb2.AuditHead:
-    return guardian_pb2.AuditHead(seq=head.seq, hash=head.hash, signature=head.signature)
-
-
-def head_from_proto(msg: guardian_pb2.AuditHead) -> AuditHead:
-    return AuditHead(int(msg.seq), msg.hash, msg.signature)
-
-
 def declare(ledger: Ledger, name: str, register: guardian_pb2.Register) -> float:
     """Take the cap party ``name`` declares in its Register; returns the cap the guardian
     now enforces for it (never larger). RequestError when it declares none."""
@@ -67,7 +59,7 @@ def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
         epsilon_cap=ledger.budget(name).cap,
         accounting_json=ledger.accounting_json(),
         audit_public_key=b"" if key is None else bytes.fromhex(key[0]),
-        head=head_to_proto(ledger.audit_head()),
+        head=serde.audit_head_to_proto(ledger.audit_head()),
     )
 
 
@@ -81,7 +73,7 @@ def settlement(
     if settled is None:
         return None
     return serde.settlement_to_proto(
-        settled, head_to_proto(ledger.audit_head() if head is None else head)
+        settled, serde.audit_head_to_proto(ledger.audit_head() if head is None else head)
     )
 
 
@@ -191,8 +183,6 @@ __all__ = [
     "Comparison",
     "compare",
     "declare",
-    "head_from_proto",
-    "head_to_proto",
     "outcome",
     "registered",
     "send_settlements",

@@ -24,12 +24,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
-from services.common import protocol, tls
+from services.common import protocol, serde, tls
 from services.common.ledger import (
     Ledger,
     LedgerError,
-    PartyBudget,
-    PrivacyAudit,
     UnknownPartyError,
     UnknownTaskError,
 )
@@ -90,68 +88,6 @@ def page_limit(requested: int, context: grpc.ServicerContext) -> int:
     return limit
 
 
-def _status(
-    b: PartyBudget,
-    delta: float,
-    connected: bool = False,
-    projection: tuple[float, float, int] = (1.0, 1.0, -1),
-    teachers: int = 0,
-    own: budgets.Comparison | None = None,
-) -> guardian_pb2.PartyStatus:
-    weight, participation, queries_left = projection
-    own = own or budgets.Comparison("unreported")
-    return guardian_pb2.PartyStatus(
-        teachers=teachers,
-        registered_cap=b.registered_cap,
-        declared_cap=b.declared_cap or 0.0,
-        party_epsilon_spent=own.party_spent,
-        party_through_round=own.through,
-        party_open_rounds=own.open_rounds,
-        party_reported_at=own.reported_at,
-        ledgers=own.state,
-        ledger_gap=own.gap,
-        vote_weight=weight,
-        participation=participation,
-        queries_left=queries_left,
-        name=b.name,
-        role=b.role,
-        status=b.status,
-        connected=connected,
-        epsilon_cap=b.cap,
-        epsilon_spent=b.spent,
-        epsilon_remaining=b.remaining,
-        best_order=b.best_order or 0.0,
-        rounds=b.rounds,
-        last_seen=b.last_seen.isoformat() if b.last_seen else "",
-        rounds_asked=b.rounds_asked,
-        full_delta=b.full_delta(delta),
-    )
-
-
-def _privacy_audit(a: PrivacyAudit) -> guardian_pb2.PrivacyAudit:
-    out = guardian_pb2.PrivacyAudit(
-        id=a.id,
-        party=a.party,
-        at=a.at,
-        actor=a.actor,
-        attack=a.attack,
-        canaries=a.canaries,
-        guesses=a.guesses,
-        correct=a.correct,
-        confidence=a.confidence,
-        delta=a.delta,
-        accountant=a.accountant,
-        claimed_epsilon=a.claimed_epsilon,
-        empirical_lower=a.empirical_lower,
-        refuted=a.refuted,
-    )
-    if a.empirical_point is not None:
-        out.empirical_point = a.empirical_point
-    if a.empirical_upper is not None:
-        out.empirical_upper = a.empirical_upper
-    return out
-
-
 def audit_refusal(role: str, name: str, party: str) -> str | None:
     """Why the identity (``role``, ``name``) may not record a privacy audit against
     ``party``, or None when it may: the guardian's operator against anyone, a hospital
@@ -186,13 +122,13 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         online = self.engine.teachers()
         reply = guardian_pb2.ListPartiesReply(
             parties=[
-                _status(
+                serde.party_status_to_proto(
                     b,
                     self.ledger.delta,
-                    b.name in online,
-                    projections.get(b.name, (1.0, 1.0, -1)),
-                    online.get(b.name, 0),
                     budgets.compare(self.ledger, b),
+                    connected=b.name in online,
+                    projection=projections.get(b.name, serde.NO_PROJECTION),
+                    teachers=online.get(b.name, 0),
                 )
                 for b in self.ledger.budgets()
             ],
@@ -283,7 +219,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 for e in self.ledger.audit_entries(limit, request.offset)
             ],
             chain_valid=problem is None,
-            head=budgets.head_to_proto(self.ledger.audit_head()),
+            head=serde.audit_head_to_proto(self.ledger.audit_head()),
             audit_public_key="" if key is None else key[0],
             disputes=[
                 guardian_pb2.VoteDispute(**dataclasses.asdict(d)) for d in self.ledger.disputes()
@@ -356,7 +292,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 kept.claimed_epsilon,
                 kept.empirical_lower,
             )
-        return _privacy_audit(kept)
+        return serde.privacy_audit_to_proto(kept)
 
     def ListPrivacyAudits(
         self, request: guardian_pb2.ListPrivacyAuditsRequest, context: grpc.ServicerContext
@@ -365,7 +301,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         limit = page_limit(request.limit, context)
         return guardian_pb2.ListPrivacyAuditsReply(
             audits=[
-                _privacy_audit(a) for a in self.ledger.privacy_audits(request.party or None, limit)
+                serde.privacy_audit_to_proto(a)
+                for a in self.ledger.privacy_audits(request.party or None, limit)
             ]
         )
 

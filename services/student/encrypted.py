@@ -28,7 +28,7 @@ from capc.he.masking import masked_batched, masked_single
 from capc.he.plan import Plan, compile_model
 from capc.he.single import SingleLayout, encrypt_query
 from capc.models.registry import build
-from capc.mpc.mechanism_circuits import LogitsToShares
+from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import EvaluatorSession
 from capc.mpc.votes import PartyInputError
 from services.common.buffers import BoundedBuffer
@@ -145,7 +145,7 @@ class EncryptedBatch:
                 masked = masked_batched(self.keys, outputs, self.batch)
             else:
                 masked = masked_single(self.keys, outputs, self.num_classes)
-            spec = LogitsToShares(self.num_classes, params.share_bits)
+            spec = LogitsToSharesCircuit(self.num_classes, params.share_bits)
             session = EvaluatorSession(
                 channel, session_id(round_id, party, hello), timeout=timeout, max_frame=CHUNK
             )

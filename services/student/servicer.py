@@ -31,7 +31,7 @@ from services.common.limits import (
     batch_refusal,
 )
 from services.common.protocol import RequestError, check_version, query_recipe
-from services.common.serde import mechanism_to_proto, overrides_from_proto
+from services.common.serde import overrides_from_proto
 from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
@@ -68,40 +68,11 @@ def stored_overrides(job: Job) -> dict[str, float] | None:
     return {str(k): float(str(v)) for k, v in job.mechanism.items()}
 
 
-def to_proto(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
-    """A job as the jobs API returns it; with ``task``, the mechanism its rounds run."""
-    msg = student_pb2.Job(
-        id=job.id,
-        state=job.state,
-        requested=job.requested,
-        processed=job.processed,
-        answered=job.answered,
-        rounds=job.rounds,
-        error=job.error,
-        task=job.task,
-        source=job.source,
-        created_at=job.created_at,
-        round_seconds=job.round_seconds,
-        records_revealed=job.revealed,
-    )
-    if task is not None:
-        msg.mechanism.CopyFrom(mechanism_to_proto(task.overridden(stored_overrides(job)).mechanism))
-    return msg
-
-
-def model_proto(model: StudentModel) -> student_pb2.StudentModel:
-    return student_pb2.StudentModel(
-        id=model.id,
-        state=model.state,
-        job_ids=list(model.job_ids),
-        architecture=model.architecture,
-        epochs=model.epochs,
-        examples=model.examples,
-        metrics_json=json.dumps(model.metrics, sort_keys=True),
-        error=model.error,
-        created_at=model.created_at,
-        options_json=json.dumps(model.options, sort_keys=True),
-    )
+def job_reply(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
+    """A job as the jobs API returns it; with ``task``, the mechanism its rounds run (the
+    task's, with the job's stored overrides)."""
+    mech = None if task is None else task.overridden(stored_overrides(job)).mechanism
+    return serde.job_to_proto(job, mech)
 
 
 class JobRunner:
@@ -285,7 +256,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             self.task.name, x.astype(np.float32), batch, recipe_json, overrides, revealed
         )
         self.runner.submit(job.id)
-        return to_proto(job, self.task)
+        return job_reply(job, self.task)
 
     def _job(self, job_id: str, context: grpc.ServicerContext) -> Job:
         job = self.store.get(job_id)
@@ -302,7 +273,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         while context.is_active():
             job = self._job(request.id, context)
             if job != last:
-                yield to_proto(job, self.task)
+                yield job_reply(job, self.task)
                 last = job
             if job.state in TERMINAL:
                 return
@@ -312,7 +283,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self, request: student_pb2.WatchJobRequest, context: grpc.ServicerContext
     ) -> student_pb2.Job:
         self._check(request.header, context)
-        return to_proto(self._job(request.id, context), self.task)
+        return job_reply(self._job(request.id, context), self.task)
 
     def GetResults(
         self, request: student_pb2.GetResultsRequest, context: grpc.ServicerContext
@@ -328,7 +299,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         queries = self.store.queries(job.id, lo, hi)
         return student_pb2.JobResults(
             total=len(all_labels),
-            job=to_proto(job, self.task),
+            job=job_reply(job, self.task),
             labels=serde.labels_to_proto(labels),
             queries=serde.queries_to_proto(queries),
         )
@@ -343,7 +314,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, f"limit must be at most {MAX_LIST_PAGE}"
             )
         jobs = self.store.jobs(limit, request.offset)
-        return student_pb2.ListJobsReply(jobs=[to_proto(j, self.task) for j in jobs])
+        return student_pb2.ListJobsReply(jobs=[job_reply(j, self.task) for j in jobs])
 
     def TrainModel(
         self, request: student_pb2.TrainModelRequest, context: grpc.ServicerContext
@@ -364,7 +335,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             options.to_dict(),
         )
         self.trainer.submit(model.id)
-        return model_proto(model)
+        return serde.model_to_proto(model)
 
     def _model(self, model_id: str, context: grpc.ServicerContext) -> StudentModel:
         model = self.store.model(model_id)
@@ -377,13 +348,15 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self, request: student_pb2.GetModelRequest, context: grpc.ServicerContext
     ) -> student_pb2.StudentModel:
         self._check(request.header, context)
-        return model_proto(self._model(request.id, context))
+        return serde.model_to_proto(self._model(request.id, context))
 
     def ListModels(
         self, request: student_pb2.ListModelsRequest, context: grpc.ServicerContext
     ) -> student_pb2.ListModelsReply:
         self._check(request.header, context)
-        return student_pb2.ListModelsReply(models=[model_proto(m) for m in self.store.models()])
+        return student_pb2.ListModelsReply(
+            models=[serde.model_to_proto(m) for m in self.store.models()]
+        )
 
     def DownloadModel(
         self, request: student_pb2.GetModelRequest, context: grpc.ServicerContext
@@ -399,7 +372,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         assert found is not None
         checkpoint, card = found
         return student_pb2.ModelFile(
-            model=model_proto(model),
+            model=serde.model_to_proto(model),
             checkpoint=checkpoint,
             card_json=json.dumps(card, sort_keys=True),
         )
@@ -429,4 +402,4 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self, request: student_pb2.GetLoopRequest, context: grpc.ServicerContext
     ) -> student_pb2.LoopReport:
         self._check(request.header, context)
-        return loop_report(self.store, self.identity, model_proto)
+        return loop_report(self.store, self.identity, serde.model_to_proto)

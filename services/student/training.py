@@ -453,7 +453,7 @@ class ModelTrainer:
         config = replace(config, steps=epochs * max(per_epoch, FIXMATCH_MIN_STEPS_PER_EPOCH))
         torch.manual_seed(seed)
         model = build(architecture, self.task.input_shape, self.task.outputs)
-        stats = fixmatch.train(model, x, y, pool, config)
+        stats = fixmatch.train_fixmatch(model, x, y, pool, config)
         metrics: dict[str, object] = {
             "train_accuracy": accuracy(model, x, y),
             "unlabelled_examples": len(pool) - len(x),

@@ -63,7 +63,7 @@ def ballot_stuffing(cls: int, count: int) -> Vote:
             return serde.shares_to_proto(work.round_id, ring.share(votes, seed), sealed_seed=sealed)
         bits = np.zeros((b, relation.elements), dtype=np.uint64)
         bits[:, cls * relation.nbits] = count
-        bit_share, proof_share = validity.share(relation, bits, seed)
+        bit_share, proof_share = validity.guardian_shares(relation, bits, seed)
         return serde.shares_to_proto(
             work.round_id, bit_share, sealed_seed=sealed, proof=proof_share
         )
@@ -92,7 +92,7 @@ def label_skew(target: int, amount: int) -> Vote:
         elements = np.zeros((b, relation.elements), dtype=np.uint64)
         for j in range(mech.vote_width):
             elements[:, j * relation.nbits] = np.asarray(counts[:, j] % validity.P, np.uint64)
-        bit_share, proof_share = validity.share(relation, elements, seed)
+        bit_share, proof_share = validity.guardian_shares(relation, elements, seed)
         return serde.shares_to_proto(
             work.round_id, bit_share, sealed_seed=sealed, proof=proof_share
         )

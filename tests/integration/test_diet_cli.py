@@ -86,7 +86,7 @@ def test_diet_run_quick_plain_gnmax_reports_both_accountants(tmp_path: Path) -> 
     assert config["seeds"] == [3] and {r["seed"] for r in result["rows"]} == {3}
     for eps in (5.0, 10.0):
         gdp = rows["gdp", eps]
-        fit = gaussian_dp.max_queries(gaussian_dp.gnmax_mu(sigma2), eps, config["delta"])
+        fit = gaussian_dp.max_queries_gdp(gaussian_dp.gnmax_mu(sigma2), eps, config["delta"])
         assert gdp["answered"] == gdp["processed"] == min(fit, config["queries"])
         assert gdp["epsilon_spent"] <= eps and math.isnan(gdp["sanitised_data_dependent_epsilon"])
         # the rdp row stops where the data-independent plan says, whatever the votes

@@ -17,19 +17,22 @@ from typing import Any
 import pytest
 
 from capc.labeldp import alibi, pipeline
-from capc.labeldp.pipeline import BodyConfig, DataConfig, PateFmSettings, Split
+from capc.labeldp.pipeline import CanarySplit, DataConfig, PateFmSettings, PublicBodyConfig
 from capc.labeldp.training import TrainConfig
 from capc.learning.fixmatch import FixMatchConfig
 from capc.models.registry import Classifier
+from capc.onehot import one_hot
 from capc.privacy.randomness import SecureRandom
 
 MEMORISING = TrainConfig(epochs=40, batch=64, lr=0.05, weight_decay=0.0, augment=False)
 
 
 @pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Split, Classifier]]:
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CanarySplit, Classifier]]:
     split = pipeline.load(DataConfig("digits", canaries=100, seed=0))
-    body = pipeline.public_body(split, BodyConfig(steps=100), tmp_path_factory.mktemp("bodies"))
+    body = pipeline.public_body(
+        split, PublicBodyConfig(steps=100), tmp_path_factory.mktemp("bodies")
+    )
     yield split, body
 
 
@@ -44,7 +47,7 @@ def lower_bounds(row: dict[str, Any]) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("epsilon", [1.0, 4.0])
 def test_real_alibi_and_rr_are_never_refuted(
-    digits: tuple[Split, Classifier], epsilon: float
+    digits: tuple[CanarySplit, Classifier], epsilon: float
 ) -> None:
     split, body = digits
     for run in (pipeline.run_alibi, pipeline.run_rr):
@@ -53,7 +56,7 @@ def test_real_alibi_and_rr_are_never_refuted(
 
 
 @pytest.mark.slow
-def test_real_pate_fm_is_never_refuted(digits: tuple[Split, Classifier]) -> None:
+def test_real_pate_fm_is_never_refuted(digits: tuple[CanarySplit, Classifier]) -> None:
     split, body = digits
     quick = FixMatchConfig(steps=60, unlabelled_ratio=4)
     settings = PateFmSettings(teachers=20, teacher=quick, student=quick)
@@ -64,9 +67,11 @@ def test_real_pate_fm_is_never_refuted(digits: tuple[Split, Classifier]) -> None
 
 
 @pytest.mark.slow
-def test_alibi_with_its_noise_switched_off_is_refuted(digits: tuple[Split, Classifier]) -> None:
+def test_alibi_with_its_noise_switched_off_is_refuted(
+    digits: tuple[CanarySplit, Classifier],
+) -> None:
     split, body = digits
-    clean = alibi.one_hot(split.y[split.train], split.classes)
+    clean = one_hot(split.y[split.train], split.classes)
     row = pipeline.run_alibi(
         split, body, 1.0, MEMORISING, SecureRandom.from_seed(0), released=clean, train_scale=1e-3
     )
@@ -75,7 +80,9 @@ def test_alibi_with_its_noise_switched_off_is_refuted(digits: tuple[Split, Class
 
 
 @pytest.mark.slow
-def test_alibi_charged_at_a_tenth_of_its_cost_is_refuted(digits: tuple[Split, Classifier]) -> None:
+def test_alibi_charged_at_a_tenth_of_its_cost_is_refuted(
+    digits: tuple[CanarySplit, Classifier],
+) -> None:
     split, body = digits
     noisy = alibi.noisy_labels(split.y[split.train], split.classes, 10.0, SecureRandom.from_seed(1))
     row = pipeline.run_alibi(
@@ -92,11 +99,11 @@ def test_alibi_charged_at_a_tenth_of_its_cost_is_refuted(digits: tuple[Split, Cl
 
 
 @pytest.mark.slow
-def test_alibi_with_floating_point_noise_is_refuted(digits: tuple[Split, Classifier]) -> None:
+def test_alibi_with_floating_point_noise_is_refuted(digits: tuple[CanarySplit, Classifier]) -> None:
     """The release ALIBI made before it moved to the grid: one-hot plus float Laplace at the
     right scale. Only the support attack sees it; it needs no model."""
     split, body = digits
-    clean = alibi.one_hot(split.y[split.train], split.classes)
+    clean = one_hot(split.y[split.train], split.classes)
     old = clean + SecureRandom.from_seed(2).laplace(clean.shape, 2.0)
     row = pipeline.run_alibi(split, body, 1.0, MEMORISING, SecureRandom.from_seed(0), released=old)
     support = row["support_audit"]

@@ -67,7 +67,7 @@ def test_pate_fm_row_is_within_its_budget(tmp_path: Path) -> None:
     mu = (r["queries"] / m["sigma1"] ** 2 + 2 * r["answered"] / m["sigma"] ** 2) ** 0.5
     assert r["epsilon"] == pytest.approx(gaussian_dp.epsilon_at(mu, 1e-5)) and r["epsilon"] <= 3
     per_query = (1 / m["sigma1"] ** 2 + 2 / m["sigma"] ** 2) ** 0.5
-    assert r["queries"] == r["budget_queries"] == gaussian_dp.max_queries(per_query, 3.0, 1e-5)
+    assert r["queries"] == r["budget_queries"] == gaussian_dp.max_queries_gdp(per_query, 3.0, 1e-5)
 
 
 def test_bad_arguments_are_refused_with_a_reason(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 
 from capc.mechanisms import from_config
-from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
+from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit, round_noise
 from capc.mpc.session import EvaluatorSession, GarblerSession
 from services.common import pki, tls
 from services.common.mpc_stream import StreamChannel
@@ -21,7 +21,7 @@ from services.guardian.hub import POLICY
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 B, K, N = 256, 10, 20
-SPEC = ConfidentGNMax(K, N, sigma=4.0, threshold=16.0, sigma1=12.0)
+SPEC = ConfidentGNMaxCircuit(K, N, sigma=4.0, threshold=16.0, sigma1=12.0)
 #: The mechanism whose circuit SPEC is: its plaintext is the reference.
 MECH = from_config({"name": "confident-gnmax", "sigma": 4.0, "threshold": 16.0, "sigma1": 12.0}, K)
 HEADER = common_pb2.Header(protocol_version=PROTOCOL_VERSION, task="test")

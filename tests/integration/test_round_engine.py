@@ -292,7 +292,7 @@ def test_the_vote_check_excludes_an_invalid_vote_and_an_unprovable_party(tmp_pat
     stuffed = np.zeros((batch, classes), dtype=np.uint64)
     stuffed[:, 7] = 400
     seed = ring.new_seed()
-    g_bits, g_proof = validity.share(rel, stuffed, seed)
+    g_bits, g_proof = validity.guardian_shares(rel, stuffed, seed)
     engine.receive_shares(
         "mallory",
         serde.shares_to_proto(

@@ -63,12 +63,16 @@ def test_state_dict_round_trip_through_json() -> None:
     acc = Accountant("hospital-b")
     o = DEFAULT_ORDERS
     acc.compose(
-        events.RdpCurveEvent(rdp.threshold(A, 200, 150, o), o, "threshold", data_dependent=True),
+        events.RdpCurveEvent(
+            rdp.threshold_data_dependent(A, 200, 150, o), o, "threshold", data_dependent=True
+        ),
         3,
         label="threshold",
     )
     acc.compose(
-        events.RdpCurveEvent(rdp.gnmax(A, 40, o), o, "gnmax", data_dependent=True), 2, label="gnmax"
+        events.RdpCurveEvent(rdp.gnmax_data_dependent(A, 40, o), o, "gnmax", data_dependent=True),
+        2,
+        label="gnmax",
     )
     acc.compose(events.GaussianEvent(math.sqrt(5), 20.0), label="binary-voting")
     state = json.loads(json.dumps(acc.state_dict()))

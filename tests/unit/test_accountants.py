@@ -203,7 +203,9 @@ def test_compose_repeat_and_leaves() -> None:
     with pytest.raises(EventError, match="count"):
         SelfComposedEvent(g, -1)
     curve = events.rdp_curve(events.compose(events.repeat(g, 4), p), DEFAULT_ORDERS)
-    want = 4 * rdp.gaussian(1.0, 2.0, DEFAULT_ORDERS) + np.minimum(0.3, DEFAULT_ORDERS * 0.3**2 / 2)
+    want = 4 * rdp.gaussian_rdp(1.0, 2.0, DEFAULT_ORDERS) + np.minimum(
+        0.3, DEFAULT_ORDERS * 0.3**2 / 2
+    )
     np.testing.assert_allclose(curve, want, rtol=1e-12)
     with pytest.raises(EventError, match="order grid"):
         events.rdp_curve(RdpCurveEvent(np.array([0.1]), np.array([2.0])), DEFAULT_ORDERS)

@@ -16,6 +16,7 @@ from scipy.stats import binomtest
 
 from capc.audit import bounds, canaries
 from capc.labeldp import alibi, rr
+from capc.onehot import one_hot
 from capc.privacy.randomness import SecureRandom
 
 
@@ -94,7 +95,7 @@ def test_the_audit_refutes_a_mechanism_charged_at_a_tenth_of_its_cost() -> None:
 def float_alibi(labels: np.ndarray, classes: int, epsilon: float, rng: SecureRandom) -> np.ndarray:
     """The old ALIBI release, kept here only as the thing being audited: one-hot labels plus
     floating-point Laplace(2 / epsilon) noise (Mironov 2012's porous support)."""
-    clean = alibi.one_hot(labels, classes)
+    clean = one_hot(labels, classes)
     return clean + rng.laplace(clean.shape, 2.0 / epsilon)
 
 

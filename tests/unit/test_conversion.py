@@ -23,26 +23,32 @@ def test_default_grid_is_documented_one() -> None:
 
 
 def test_basic_conversion_whole_run() -> None:
-    eps, order = epsilon_basic(1000 * rdp.gnmax(A, 40, PATE_ORDERS), PATE_ORDERS, 1e-5)
+    eps, order = epsilon_basic(
+        1000 * rdp.gnmax_data_dependent(A, 40, PATE_ORDERS), PATE_ORDERS, 1e-5
+    )
     assert eps == pytest.approx(2.31115, abs=5e-6) and order == 13.5
 
 
 def test_improved_conversion_whole_run() -> None:
-    eps, order = epsilon(1000 * rdp.gnmax(A, 40, DEFAULT_ORDERS), DEFAULT_ORDERS, 1e-5)
+    eps, order = epsilon(
+        1000 * rdp.gnmax_data_dependent(A, 40, DEFAULT_ORDERS), DEFAULT_ORDERS, 1e-5
+    )
     assert eps == pytest.approx(2.02177, abs=5e-6) and order == 12.5
 
 
 def test_confident_gnmax_whole_run() -> None:
     o = PATE_ORDERS
-    every = 1000 * (rdp.threshold(A, 200, 150, o) + rdp.gnmax(A, 40, o))
-    none = 1000 * rdp.threshold(A, 200, 150, o)
+    every = 1000 * (
+        rdp.threshold_data_dependent(A, 200, 150, o) + rdp.gnmax_data_dependent(A, 40, o)
+    )
+    none = 1000 * rdp.threshold_data_dependent(A, 200, 150, o)
     assert epsilon_basic(every, o, 1e-5)[0] == pytest.approx(2.6026, abs=5e-5)
     assert epsilon_basic(none, o, 1e-5)[0] == pytest.approx(1.0339, abs=5e-5)
 
 
 def test_confident_histogram_b_and_tv_shortcut() -> None:
     o = np.arange(2, 101, dtype=np.float64)
-    total = 1000 * rdp.gnmax(B, 20, o)
+    total = 1000 * rdp.gnmax_data_dependent(B, 20, o)
     assert total[0] == pytest.approx(7.7e-15, rel=0.01)
     eps, order = epsilon(total, o, 1e-5)
     assert eps == pytest.approx(0.137, abs=5e-4) and order == 51

@@ -15,7 +15,7 @@ from capc.privacy.randomness import SecureRandom
 def test_bernoulli_exp_frequency() -> None:
     rng = SecureRandom.from_seed("bexp")
     for gamma in (Fraction(1, 3), Fraction(5, 2)):
-        hits = sum(dg.bernoulli_exp(gamma, rng) for _ in range(20_000))
+        hits = sum(dg.bernoulli_exp_scalar(gamma, rng) for _ in range(20_000))
         p = float(np.exp(-float(gamma)))
         assert abs(hits / 20_000 - p) < 4 * np.sqrt(p * (1 - p) / 20_000)
 
@@ -24,7 +24,7 @@ def test_bernoulli_exp_frequency() -> None:
 def test_pmf_chi_square(sigma: float) -> None:
     rng = SecureRandom.from_seed(f"dg-{sigma}")
     n = 20_000
-    x = dg.noise(n, sigma, rng)
+    x = dg.discrete_gaussian_noise(n, sigma, rng)
     support = np.arange(-int(8 * sigma) - 2, int(8 * sigma) + 3)
     weights = np.exp(-(support.astype(float) ** 2) / (2 * sigma**2))
     pmf = weights / weights.sum()

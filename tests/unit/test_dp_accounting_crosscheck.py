@@ -28,7 +28,7 @@ def test_gaussian_composition_matches(
     theirs.compose(dp_accounting.GaussianDpEvent(sigma / sensitivity), count)
     their_eps = theirs.get_epsilon(delta)
 
-    ours = count * rdp.gaussian(sensitivity, sigma, DEFAULT_ORDERS)
+    ours = count * rdp.gaussian_rdp(sensitivity, sigma, DEFAULT_ORDERS)
     # dp-accounting applies the total-variation shortcut; so do we when asked.
     mine = convert(ours, DEFAULT_ORDERS, delta, tv_shortcut=True).epsilon
     assert mine == pytest.approx(their_eps, rel=1e-9, abs=1e-12)

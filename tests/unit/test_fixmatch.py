@@ -132,7 +132,7 @@ def test_train_fits_a_small_model_on_images() -> None:
     y = gen.integers(0, 2, 64)
     x[y == 1, :, :4] += 0.7  # class 1 is bright on top
     model = build("small-cnn", (1, 8, 8), 2, width=4, seed=0)
-    stats = fixmatch.train(
+    stats = fixmatch.train_fixmatch(
         model,
         x[:16],
         y[:16],

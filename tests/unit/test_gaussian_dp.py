@@ -42,7 +42,7 @@ def test_known_values_and_edges() -> None:
     # Far in the tail delta underflows a float, its logarithm does not, and still falls.
     far = gaussian_dp.log_delta_at(0.5, 20.0)
     assert math.isfinite(far) and far < -745 and far < gaussian_dp.log_delta_at(0.5, 19.0)
-    assert gaussian_dp.compose([0.3, 0.4]) == pytest.approx(0.5)
+    assert gaussian_dp.compose_mu([0.3, 0.4]) == pytest.approx(0.5)
     assert gaussian_dp.gnmax_mu(40.0) == pytest.approx(math.sqrt(2) / 40)
 
 
@@ -73,7 +73,7 @@ def test_composition_agrees_with_the_pld_accountant(sigma: float, count: int, de
 @pytest.mark.parametrize("budget", [1.0, 5.0, 10.0, 20.0])
 def test_never_looser_than_rdp_and_the_query_count_is_exact(sigma: float, budget: float) -> None:
     per_query = gaussian_dp.gnmax_mu(sigma)
-    n = gaussian_dp.max_queries(per_query, budget, 1e-5)
+    n = gaussian_dp.max_queries_gdp(per_query, budget, 1e-5)
     by_rdp = planning.max_queries(
         rdp.gnmax_data_independent(sigma, DEFAULT_ORDERS), DEFAULT_ORDERS, budget, 1e-5
     )
@@ -89,9 +89,11 @@ def test_never_looser_than_rdp_and_the_query_count_is_exact(sigma: float, budget
 
 def test_the_250_teacher_budget() -> None:
     # sigma2 = 40 votes at eps 10, delta 1e-5: 2849 queries by RDP (docs/diet.md), 3201 exactly.
-    assert gaussian_dp.max_queries(gaussian_dp.gnmax_mu(40.0), 10.0, 1e-5) == 3201
+    assert gaussian_dp.max_queries_gdp(gaussian_dp.gnmax_mu(40.0), 10.0, 1e-5) == 3201
     spent = math.sqrt(1000) * gaussian_dp.gnmax_mu(40.0)
-    assert gaussian_dp.max_queries(gaussian_dp.gnmax_mu(40.0), 10.0, 1e-5, spent_mu=spent) == 2201
+    assert (
+        gaussian_dp.max_queries_gdp(gaussian_dp.gnmax_mu(40.0), 10.0, 1e-5, spent_mu=spent) == 2201
+    )
 
 
 def test_a_vote_moving_between_two_classes_leaks_as_much_as_the_bound_says() -> None:
@@ -126,9 +128,9 @@ def test_a_vote_moving_between_two_classes_leaks_as_much_as_the_bound_says() -> 
         (lambda: gaussian_dp.epsilon_at(1.0, 0.0), "delta"),
         (lambda: gaussian_dp.epsilon_at(1.0, 1.5), "delta"),
         (lambda: gaussian_dp.max_mu(0.0, 1e-5), "epsilon"),
-        (lambda: gaussian_dp.max_queries(0.0, 1.0, 1e-5), "per_query_mu"),
+        (lambda: gaussian_dp.max_queries_gdp(0.0, 1.0, 1e-5), "per_query_mu"),
         (lambda: gaussian_dp.gaussian_mu(1.0, 0.0), "sigma"),
-        (lambda: gaussian_dp.compose([0.1, float("nan")]), "mu"),
+        (lambda: gaussian_dp.compose_mu([0.1, float("nan")]), "mu"),
     ],
 )
 def test_bad_input_is_refused(call: object, match: str) -> None:

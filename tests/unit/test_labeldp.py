@@ -20,6 +20,7 @@ import torch
 from capc.labeldp import alibi, pate_fm, rr
 from capc.learning.fixmatch import FixMatchConfig, ViewBank
 from capc.mechanisms import from_config
+from capc.onehot import one_hot
 from capc.privacy import accountants, events, gaussian_dp
 from capc.privacy.randomness import SecureRandom
 
@@ -116,7 +117,7 @@ def test_noisy_labels_are_on_the_grid_with_the_exact_noise() -> None:
     o = alibi.noisy_labels(y, 10, 2.0, SecureRandom.from_seed(1))
     k = o * alibi.RESOLUTION
     np.testing.assert_array_equal(k, np.round(k))  # on the grid, division exact
-    noise = o - alibi.one_hot(y, 10)
+    noise = o - one_hot(y, 10)
     # scale lambda = 1: mean |x| = 1, variance 2, to O(1/t^2).
     assert abs(np.abs(noise).mean() - 1.0) < 0.02 and abs(noise.var() - 2.0) < 0.1
     # A coarse grid (t = 2): the noise in grid units has the discrete Laplace law exactly.
@@ -177,9 +178,9 @@ def test_pate_fm_fixes_its_query_count_from_the_budget_and_stays_within_it() -> 
     acct = accountants.make("gdp")
     # Independently: every query costs (1/sigma1)^2 + 2/sigma^2 in mu^2 if answered.
     per_query = math.sqrt(1 / 6.0**2 + 2 / 8.0**2)
-    expected = gaussian_dp.max_queries(per_query, 3.0, 1e-5)
+    expected = gaussian_dp.max_queries_gdp(per_query, 3.0, 1e-5)
     assert pate_fm.budget_queries(mech, acct, 3.0, 1e-5) == expected
-    result = pate_fm.run(bank, np.arange(300), y, 3, cfg, SecureRandom.from_seed("pate"))
+    result = pate_fm.label_pool(bank, np.arange(300), y, 3, cfg, SecureRandom.from_seed("pate"))
     assert len(result.queries) == expected == result.budget_queries
     assert result.event == mech.event(result.answered)
     assert result.epsilon <= 3.0
@@ -195,8 +196,8 @@ def test_pate_fm_fixes_its_query_count_from_the_budget_and_stays_within_it() -> 
 def test_labels_cannot_move_what_pate_fm_asks() -> None:
     bank, y = bank_and_labels()
     other = (y + 1) % 3
-    a = pate_fm.run(bank, np.arange(300), y, 3, config(2.0), SecureRandom.from_seed(0))
-    b = pate_fm.run(bank, np.arange(300), other, 3, config(2.0), SecureRandom.from_seed(0))
+    a = pate_fm.label_pool(bank, np.arange(300), y, 3, config(2.0), SecureRandom.from_seed(0))
+    b = pate_fm.label_pool(bank, np.arange(300), other, 3, config(2.0), SecureRandom.from_seed(0))
     np.testing.assert_array_equal(a.queries, b.queries)
     assert a.budget_queries == b.budget_queries
 
@@ -204,7 +205,7 @@ def test_labels_cannot_move_what_pate_fm_asks() -> None:
 def test_pate_fm_refuses_a_budget_that_pays_for_nothing() -> None:
     bank, y = bank_and_labels()
     with pytest.raises(ValueError, match="does not pay for one query"):
-        pate_fm.run(bank, np.arange(300), y, 3, config(1e-4), SecureRandom.from_seed(0))
+        pate_fm.label_pool(bank, np.arange(300), y, 3, config(1e-4), SecureRandom.from_seed(0))
     with pytest.raises(ValueError, match="selection"):
         config(1.0, selection="votes")
 

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 from capc.mechanisms import MECHANISMS, Mechanism, MechanismError, from_config, mechanism_class
 from capc.mechanisms.base import MAX_PARAMETER, NOT_ANSWERED, CircuitSpec, Noise
 from capc.mpc import ring
-from capc.mpc.mechanism_circuits import ConfidentGNMax, MultiLabel
+from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit, MultiLabelCircuit
 from capc.mpc.session import LocalPair
 from capc.privacy import events
 from capc.privacy.randomness import SecureRandom
@@ -273,11 +273,11 @@ def test_argmax_mechanisms_take_no_decision_threshold() -> None:
         spec = mech.circuit(5.0, 5.0, 0)
         noise = mech.draw_noise(2, SecureRandom.from_seed(name))
         shares = np.zeros((2, mech.vote_width), dtype=np.uint64)
-        if isinstance(spec, ConfidentGNMax):
+        if isinstance(spec, ConfidentGNMaxCircuit):
             with pytest.raises(MechanismError, match="no decision threshold"):
                 mech.garbler_inputs(spec, shares, noise, np.full(2, 2.5))
         else:
-            assert isinstance(spec, MultiLabel)
+            assert isinstance(spec, MultiLabelCircuit)
             with pytest.raises(MechanismError, match="decision threshold"):
                 mech.decide(np.zeros((2, mech.outputs)), noise)
 

@@ -127,7 +127,9 @@ def test_neighbouring_votes_release_the_same_number_of_labels(params: ConfidentP
     # The data-dependent epsilon tells the neighbours apart: a stop decided by it would too.
     dd = [
         convert(
-            sum(rdp.gnmax(v, params.sigma2, DEFAULT_ORDERS) for v in x[:20]), DEFAULT_ORDERS, 1e-5
+            sum(rdp.gnmax_data_dependent(v, params.sigma2, DEFAULT_ORDERS) for v in x[:20]),
+            DEFAULT_ORDERS,
+            1e-5,
         )
         for x in (h, g)
     ]
@@ -223,7 +225,7 @@ def test_the_gdp_accountant_stops_where_the_exact_bound_says_whatever_the_votes(
             np.testing.assert_array_equal(g.labels[: g.processed], labels[: g.processed])
             assert (g.labels[g.processed :] == -1).all()
             per_query = gaussian_dp.gnmax_mu(PLAIN.sigma2)
-            assert g.processed == gaussian_dp.max_queries(per_query, g.budget, 1e-5)
+            assert g.processed == gaussian_dp.max_queries_gdp(per_query, g.budget, 1e-5)
             assert g.epsilon <= g.budget == r.budget
             # data-independent: nothing to sanitise
             assert math.isnan(g.sanitised_data_dependent_epsilon) and math.isnan(g.order)

@@ -18,7 +18,12 @@ A = [200, 30, 20, 0, 0, 0, 0, 0, 0, 0]
 @pytest.mark.parametrize(("eps", "dd", "di"), [(1, 200, 33), (2, 784, 128), (8, 5853, 1674)])
 def test_reference_query_counts(eps: float, dd: int, di: int) -> None:
     basic = Conversion.BASIC
-    assert planning.max_queries(rdp.gnmax(A, 40, PATE_ORDERS), PATE_ORDERS, eps, 1e-5, basic) == dd
+    assert (
+        planning.max_queries(
+            rdp.gnmax_data_dependent(A, 40, PATE_ORDERS), PATE_ORDERS, eps, 1e-5, basic
+        )
+        == dd
+    )
     assert (
         planning.max_queries(
             rdp.gnmax_data_independent(40, PATE_ORDERS), PATE_ORDERS, eps, 1e-5, basic

@@ -43,12 +43,12 @@ def test_matches_reference(row: dict[str, str]) -> None:
     expected = np.array([float(row[f"rdp@{n}"]) for n in range(2, 101)])
     if row["kind"] == "gnmax":
         log_value = rdp.log_q_gnmax(votes, sigma)
-        got = rdp.gnmax(votes, sigma, ORDERS)
+        got = rdp.gnmax_data_dependent(votes, sigma, ORDERS)
         assert np.all(got <= rdp.gnmax_data_independent(sigma, ORDERS))
     else:
         t = float(row["threshold"])
         log_value = rdp.log_pr_answered(votes, t, sigma)
-        got = rdp.threshold(votes, t, sigma, ORDERS)
+        got = rdp.threshold_data_dependent(votes, t, sigma, ORDERS)
         assert np.all(got <= rdp.threshold_data_independent(sigma, ORDERS))
     assert log_value == pytest.approx(float(row["log_q_or_log_pr_answered"]), rel=1e-9)
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)

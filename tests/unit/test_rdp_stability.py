@@ -35,7 +35,7 @@ def histograms(draw: st.DrawFn) -> np.ndarray:
 @settings(max_examples=150, deadline=None)
 @given(histograms(), sigmas)
 def test_gnmax_is_finite_and_capped(votes: np.ndarray, sigma: float) -> None:
-    got = rdp.gnmax(votes, sigma, DEFAULT_ORDERS)
+    got = rdp.gnmax_data_dependent(votes, sigma, DEFAULT_ORDERS)
     cap = rdp.gnmax_data_independent(sigma, DEFAULT_ORDERS)
     assert np.isfinite(got).all() and (got >= 0).all() and (got <= cap).all()
     # Up to one ulp: math.log and numpy's log may round 1 - 1/K differently.
@@ -45,27 +45,27 @@ def test_gnmax_is_finite_and_capped(votes: np.ndarray, sigma: float) -> None:
 @settings(max_examples=150, deadline=None)
 @given(histograms(), sigmas, st.floats(0, 1e4))
 def test_threshold_is_finite_and_capped(votes: np.ndarray, sigma1: float, threshold: float) -> None:
-    got = rdp.threshold(votes, threshold, sigma1, DEFAULT_ORDERS)
+    got = rdp.threshold_data_dependent(votes, threshold, sigma1, DEFAULT_ORDERS)
     cap = rdp.threshold_data_independent(sigma1, DEFAULT_ORDERS)
     assert np.isfinite(got).all() and (got >= 0).all() and (got <= cap).all()
 
 
 def test_more_confident_votes_cost_less() -> None:
-    weak = rdp.gnmax([120, 100, 30], 40, DEFAULT_ORDERS)
-    strong = rdp.gnmax([240, 10, 0], 40, DEFAULT_ORDERS)
+    weak = rdp.gnmax_data_dependent([120, 100, 30], 40, DEFAULT_ORDERS)
+    strong = rdp.gnmax_data_dependent([240, 10, 0], 40, DEFAULT_ORDERS)
     assert (strong <= weak).all() and strong[20] < weak[20]
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: rdp.gnmax([1, float("nan")], 1.0, [2.0]), "finite"),
-        (lambda: rdp.gnmax([1, -1], 1.0, [2.0]), "non-negative"),
-        (lambda: rdp.gnmax([1, 2], 0.0, [2.0]), "sigma"),
-        (lambda: rdp.gnmax([1, 2], 1.0, [0.5]), "orders"),
-        (lambda: rdp.gnmax([[1, 2]], 1.0, [2.0]), "1-D"),
-        (lambda: rdp.gnmax([3], 1.0, [2.0]), "at least 2 classes"),
-        (lambda: rdp.threshold([1, 2], -1.0, 1.0, [2.0]), "threshold"),
+        (lambda: rdp.gnmax_data_dependent([1, float("nan")], 1.0, [2.0]), "finite"),
+        (lambda: rdp.gnmax_data_dependent([1, -1], 1.0, [2.0]), "non-negative"),
+        (lambda: rdp.gnmax_data_dependent([1, 2], 0.0, [2.0]), "sigma"),
+        (lambda: rdp.gnmax_data_dependent([1, 2], 1.0, [0.5]), "orders"),
+        (lambda: rdp.gnmax_data_dependent([[1, 2]], 1.0, [2.0]), "1-D"),
+        (lambda: rdp.gnmax_data_dependent([3], 1.0, [2.0]), "at least 2 classes"),
+        (lambda: rdp.threshold_data_dependent([1, 2], -1.0, 1.0, [2.0]), "threshold"),
         (lambda: rdp.multilabel_binary(0, 1.0, [2.0]), "num_labels"),
         (lambda: rdp.multilabel_tau(3, 0.0, 1.0, [2.0]), "tau"),
         (lambda: rdp.vanishing_expected(1.5, 1.0, [2.0]), "participation"),

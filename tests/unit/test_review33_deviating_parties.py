@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.mechanisms.registry import from_config
 from capc.mpc import ring, validity
-from capc.mpc.mechanism_circuits import MultiLabel
+from capc.mpc.mechanism_circuits import MultiLabelCircuit
 from capc.mpc.validity import VoteRelation
 from capc.mpc.votes import (
     one_hot_votes,
@@ -66,7 +66,7 @@ def test_a_proof_rejects_the_stuffed_ballot_of_a_one_teacher_party() -> None:
     # Bits of a count of 400 do not fit one teacher's relation: send them as if they were.
     bits = rel.encode(one_hot_votes(np.full(3, 7), 10).astype(np.int64))
     bits[:, 7] = 400  # a "bit" that is 400
-    g_bits, g_proof = validity.share(rel, bits, seed)
+    g_bits, g_proof = validity.guardian_shares(rel, bits, seed)
     s_bits, s_proof = validity.student_shares(seed, rel, 3)
     ch = validity.Challenge.draw(bytes(range(24)))
     g = validity.verifier_share(rel, ch, ["m"], g_bits[None], g_proof[None], np.ones((1, 3)))
@@ -86,7 +86,7 @@ def test_a_self_declared_ensemble_proves_a_ballot_that_decides_every_label() -> 
     counts = np.zeros((4, 10), dtype=np.int64)
     counts[:, 7] = 1024
     seed = ring.new_seed()
-    g_bits, g_proof = validity.share(rel, rel.encode(counts), seed)
+    g_bits, g_proof = validity.guardian_shares(rel, rel.encode(counts), seed)
     s_bits, s_proof = validity.student_shares(seed, rel, 4)
     ch = validity.Challenge.draw(bytes(range(24)))
     constant = np.full((1, 4), 1024)
@@ -156,7 +156,7 @@ def test_the_ring_conversion_is_taken_before_the_weighting() -> None:
     have = int(relation.counts(student)[0, 0])
     student[0, unit] = np.uint64((int(student[0, unit]) + (1 << 45) - have) % validity.P)
     assert int(relation.counts(student)[0, 0]) == 1 << 45
-    guardian = validity.sub(bits, student)
+    guardian = validity.field_sub(bits, student)
     weight = {"a": 1 << 16}
     total = proven_vote_sum({"a": relation}, {"a": guardian}, weight, student=False)
     total = total + proven_vote_sum({"a": relation}, {"a": student}, weight, student=True)
@@ -172,7 +172,7 @@ def test_a_student_choosing_which_votes_count_cannot_steer_the_conversion() -> N
     rel = VoteRelation(2, 1)
     for h in (0, 1, 0, 1):
         seed = ring.new_seed()
-        g_victim, _ = validity.share(rel, rel.encode(np.array([[h, 1 - h]])), seed)
+        g_victim, _ = validity.guardian_shares(rel, rel.encode(np.array([[h, 1 - h]])), seed)
         s_victim, _ = validity.student_shares(seed, rel, 1)
         colluders = {}
         for i in range(61):
@@ -231,7 +231,7 @@ def _multilabel_outcomes(count: int, offset: int) -> tuple[np.ndarray, np.ndarra
     """(answered, violation) of one label for every confidence noise on the grid: 20 voters
     (decision threshold 10), confidence threshold 20, the student adding ``offset`` to
     its share of the count (its circuit input)."""
-    spec = MultiLabel(
+    spec = MultiLabelCircuit(
         1,
         20.0,
         sigma=2.0,

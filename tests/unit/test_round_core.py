@@ -121,7 +121,7 @@ def answer(c: Consortium, work: RoundWork, label: int = 0, stuffed: bool = False
         bits = RELATION.encode(counts)
         bits[:, label] = 2
         seed = ring.new_seed()
-        share, proof = validity.share(RELATION, bits, seed)
+        share, proof = validity.guardian_shares(RELATION, bits, seed)
         sealed = seal(pub, seed, seed_context(work.round_id, work.party))
     else:
         share, proof, sealed = share_proven_votes(

@@ -37,7 +37,7 @@ def chi2_pvalue(m: np.ndarray, center: float, scale: float, grid: float) -> floa
 
 def draws(center: Fraction, scale: Fraction, grid: Fraction, seed: str, n: int = N) -> np.ndarray:
     rng = SecureRandom.from_seed(seed)
-    return np.array([rg.sample(center, scale, grid, rng) for _ in range(n)])
+    return np.array([rg.sample_rounded_gaussian(center, scale, grid, rng) for _ in range(n)])
 
 
 @pytest.mark.parametrize(
@@ -81,8 +81,8 @@ def test_noise_refuses_what_it_cannot_represent() -> None:
     rng = SecureRandom.from_seed("bad")
     for sigma in (0.0, -1.0, float("inf"), 2.0**21):
         with pytest.raises(ValueError, match="sigma"):
-            rg.noise(3, sigma, rng)
+            rg.rounded_gaussian_noise(3, sigma, rng)
     with pytest.raises(ValueError, match="grid_bits"):
-        rg.noise(3, 1.0, rng, grid_bits=31)
+        rg.rounded_gaussian_noise(3, 1.0, rng, grid_bits=31)
     with pytest.raises(ValueError, match="positive"):
-        rg.sample(Fraction(0), Fraction(0), Fraction(1), rng)
+        rg.sample_rounded_gaussian(Fraction(0), Fraction(0), Fraction(1), rng)

@@ -55,7 +55,7 @@ def test_every_row_answered_no_more_than_its_budget_pays_for() -> None:
             continue
         spent = gaussian_dp.epsilon_at(math.sqrt(row["answered"]) * per_query, config["delta"])
         assert spent <= row["epsilon"] + 1e-9, row
-        room = gaussian_dp.max_queries(per_query, row["epsilon"], config["delta"])
+        room = gaussian_dp.max_queries_gdp(per_query, row["epsilon"], config["delta"])
         assert row["answered"] == min(room, config["queries"]), row
 
 

@@ -39,7 +39,9 @@ def test_every_hospital_stayed_within_its_cap_and_the_labels_are_paid_for() -> N
         assert row["delta"] == 1e-5 and row["hospitals"] >= 5 and row["teachers"] >= 250
         assert all(eps <= row["epsilon"] for eps in row["epsilon_spent"].values()), row
         sigma = DEMO_TASK["mechanism"]["sigma"] * row["teachers"] / DEMO_VOTERS
-        room = gaussian_dp.max_queries(gaussian_dp.gnmax_mu(sigma), row["epsilon"], row["delta"])
+        room = gaussian_dp.max_queries_gdp(
+            gaussian_dp.gnmax_mu(sigma), row["epsilon"], row["delta"]
+        )
         assert row["answered"] <= room, row
         spent = gaussian_dp.epsilon_at(
             math.sqrt(row["answered"]) * gaussian_dp.gnmax_mu(sigma), row["delta"]

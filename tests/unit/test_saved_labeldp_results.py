@@ -76,7 +76,7 @@ def test_every_row_is_charged_what_its_mechanism_costs(path: Path) -> None:
             mu = math.sqrt(2.0 * r["queries"]) / sigma
             assert r["epsilon"] == pytest.approx(gaussian_dp.epsilon_at(mu, s.delta), rel=1e-9)
             assert r["epsilon"] <= eps
-            fit = gaussian_dp.max_queries(math.sqrt(2.0) / sigma, eps, s.delta)
+            fit = gaussian_dp.max_queries_gdp(math.sqrt(2.0) / sigma, eps, s.delta)
             assert r["budget_queries"] == fit
             assert r["queries"] == min(fit, s.queries or fit) >= s.min_queries
 

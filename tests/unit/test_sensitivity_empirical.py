@@ -105,7 +105,7 @@ def test_upsampled_gnmax_bound() -> None:
 @pytest.mark.parametrize("scale", [0.5, 1.0, 4.0])
 def test_laplace_noisy_max_bound(scale: float) -> None:
     measured = _max_argmax_divergence(HISTS[:3], 1.0, "laplace", scale)
-    assert np.all(measured <= rdp.laplace_noisy_max(scale, ORDERS) * (1 + 1e-6))
+    assert np.all(measured <= rdp.laplace_noisy_max_rdp(scale, ORDERS) * (1 + 1e-6))
 
 
 @pytest.mark.parametrize("sigma1", [0.5, 1.0, 3.0])
@@ -212,7 +212,7 @@ def test_data_dependent_gnmax_holds_for_every_neighbour() -> None:
     # Theorem 6 bounds D(M(h) || M(h')) for all neighbours h' of the given h.
     sigma = 1.0
     for h in (np.array([6.0, 1.0, 0.0]), np.array([8.0, 2.0, 0.0]), np.array([4.0, 4.0, 0.0])):
-        bound = rdp.gnmax(h, sigma, ORDERS)
+        bound = rdp.gnmax_data_dependent(h, sigma, ORDERS)
         p = argmax_probabilities(h, "gaussian", sigma)
         for h2 in _neighbours(h, 1.0):
             q = argmax_probabilities(h2, "gaussian", sigma)
@@ -224,7 +224,7 @@ def test_data_dependent_threshold_holds_for_every_neighbour() -> None:
     sigma1, threshold = 1.5, 10.0
     for top in (4.0, 9.0, 10.0, 16.0):
         h = np.array([top, 1.0, 0.0])
-        bound = rdp.threshold(h, threshold, sigma1, ORDERS)
+        bound = rdp.threshold_data_dependent(h, threshold, sigma1, ORDERS)
         p = scipy.stats.norm.sf(threshold - top, scale=sigma1)
         for moved in (top - 1, top + 1):
             q = scipy.stats.norm.sf(threshold - moved, scale=sigma1)

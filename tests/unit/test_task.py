@@ -11,12 +11,19 @@ import pytest
 from capc.data.multilabel import ATTRIBUTE_TABLE, attributes_of
 from capc.mechanisms import from_config
 from capc.mpc import validity
-from capc.mpc.mechanism_circuits import ConfidentGNMax, MultiLabel
+from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit, MultiLabelCircuit
 from capc.privacy.accountants import RenyiDp
 from services.answerer.party import round_votes
 from services.common.protocol import RequestError
 from services.common.serde import mechanism_to_proto, overrides_from_proto
-from services.common.task import TaskConfig, TaskError, config_hash
+from services.common.task import (
+    EncryptionSpec,
+    MechanismSpec,
+    TaskConfig,
+    TaskError,
+    TaskSpec,
+    config_hash,
+)
 from services.proto.capc.v1 import guardian_pb2
 
 
@@ -32,14 +39,18 @@ def test_multi_label_tasks_size_votes_and_circuits() -> None:
     binary = parse(ml({"name": "binary", "sigma": 2.0, "threshold": 1.0, "sigma1": 3.0}))
     assert binary.multi_label and binary.vote_width == 5 and binary.frac_bits == 0
     spec = binary.circuit_spec(6)
-    assert isinstance(spec, MultiLabel) and spec.confident
+    assert isinstance(spec, MultiLabelCircuit) and spec.confident
     # The student does not know the guardian's vote total; both build the same circuit.
     assert binary.circuit_spec(6, vote_total=5.25).circuit().name == spec.circuit().name
     tau = parse(ml({"name": "tau", "sigma": 2.0, "tau": 1.5}))
     assert tau.frac_bits == 8 and not tau.mechanism.confident
     power = parse(ml({"name": "powerset", "sigma": 2.0, "threshold": 3.0, "sigma1": 2.0}, k=3))
     pspec = power.circuit_spec(4)
-    assert power.vote_width == 8 and isinstance(pspec, ConfidentGNMax) and pspec.num_classes == 8
+    assert (
+        power.vote_width == 8
+        and isinstance(pspec, ConfidentGNMaxCircuit)
+        and pspec.num_classes == 8
+    )
     out = {
         "label": np.array([[5], [0], [7]], dtype=np.uint64),
         "answered": np.array([[1], [0], [1]], dtype=np.uint64),
@@ -293,9 +304,64 @@ def test_weighted_tau_keeps_the_proven_grid_and_the_weight_apart() -> None:
     assert counts[0, 0] == int(1.5 / np.sqrt(3) * 256)  # clipped to norm tau, rounded down
     seed = os.urandom(16)
     bits = relation.encode(counts.astype(np.int64))
-    guardian, _ = validity.share(relation, bits, seed)
+    guardian, _ = validity.guardian_shares(relation, bits, seed)
     student, _ = validity.student_shares(seed, relation, len(bits))
     weight = int(np.floor(0.75 * (1 << weighted.weight_bits)))  # the guardian's weight_on_grid
     g = validity.ring_shares(validity.vote_shares(relation, guardian, weight), student=False)
     s = validity.ring_shares(validity.vote_shares(relation, student, weight), student=True)
     np.testing.assert_array_equal((g + s).view(np.int64), counts.astype(np.int64) * weight)
+
+
+ROUND_TRIP: list[dict[str, Any]] = [
+    {"num_classes": 10, "input_shape": [1, 28, 28], "mechanism": {"name": "gnmax", "sigma": 40.0}},
+    ml({"name": "binary", "sigma": 2.0}, personalization={"mode": "weighting", "max_weight": 3}),
+    {
+        "num_classes": 10,
+        "input_shape": [1, 28, 28],
+        "quorum": 2,
+        "mechanism": {"name": "confident-gnmax", "sigma": 4.0, "threshold": 8.0, "sigma1": 4.0},
+        "encryption": {"architecture": "he-cnn", "width": 5, "params": {"share_bits": 22}},
+        "classes": [str(i) for i in range(10)],
+    },
+]
+
+
+@pytest.mark.parametrize("config", ROUND_TRIP)
+def test_a_task_round_trips_through_its_configuration(config: dict[str, Any]) -> None:
+    task = parse(config)
+    written = task.to_config()
+    # the written form parses to the same task, and is a fixed point of parse/to_config
+    assert parse(written) == task
+    assert parse(written).to_config() == written
+    # what the file said survives, key by key (the mechanism gains its defaults only)
+    for key, value in config.items():
+        if key == "mechanism":
+            assert written[key].items() >= value.items()
+        elif key == "encryption":
+            assert written[key]["architecture"] == value["architecture"]
+            assert written[key]["params"].items() >= value["params"].items()
+        elif key == "personalization":
+            assert written[key].items() >= value.items()
+        else:
+            assert written[key] == value
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "reason"),
+    [
+        ({"sigma": 1.0}, "mechanism.name: Field required"),
+        ("gnmax", "mechanism: Input should be a valid dictionary"),
+        ({"name": ""}, "mechanism.name: String should have at least 1 character"),
+        ({"name": "gnmax", "sigma": 1.0, "sigmaa": 2.0}, "sigmaa"),
+    ],
+)
+def test_a_malformed_mechanism_says_which_field(mechanism: object, reason: str) -> None:
+    with pytest.raises(TaskError, match=reason):
+        parse({"num_classes": 4, "input_shape": [4], "mechanism": mechanism})
+
+
+def test_the_typed_spec_is_what_parse_reads() -> None:
+    spec = TaskSpec.model_validate(ROUND_TRIP[2])
+    assert isinstance(spec.mechanism, MechanismSpec) and spec.mechanism.name == "confident-gnmax"
+    assert spec.mechanism.to_config() == ROUND_TRIP[2]["mechanism"]
+    assert isinstance(spec.encryption, EncryptionSpec) and spec.encryption.width == 5

@@ -44,7 +44,7 @@ def exact(threshold: float, sigma1: float, m: float, m2: float) -> np.ndarray:
 
 def worst_shortfall(threshold: float, sigma1: float, m: float) -> float:
     """max over orders and neighbours of exact - bound; <= 0 when the bound holds."""
-    bound = rdp.threshold(np.array([m, 0.0]), threshold, sigma1, ORDERS)
+    bound = rdp.threshold_data_dependent(np.array([m, 0.0]), threshold, sigma1, ORDERS)
     worst = -math.inf
     for m2 in (m - 1.0, m + 1.0):
         if m2 < 0:
@@ -79,7 +79,7 @@ def test_huge_gap_is_charged_what_it_leaks() -> None:
     votes = np.array([60.0, 0.0])
     at_50 = ORDERS == 50
     measured = exact(0.0, 1.0, 60.0, 61.0)[at_50][0]
-    bound = rdp.threshold(votes, 0.0, 1.0, ORDERS)[at_50][0]
+    bound = rdp.threshold_data_dependent(votes, 0.0, 1.0, ORDERS)[at_50][0]
     assert 23.5 < measured < 23.8
     assert measured <= bound <= rdp.threshold_data_independent(1.0, [50.0])[0]
 
@@ -103,9 +103,11 @@ def test_non_integer_max_is_charged_on_the_safe_side(
 ) -> None:
     # Rounding 59.4 down to 59 moves it away from T = 70 and under-charged by 0.12 at order 7.
     assert worst_shortfall(threshold, sigma1, top) <= 0.0
-    bound = rdp.threshold(np.array([top, 0.0]), threshold, sigma1, ORDERS)
+    bound = rdp.threshold_data_dependent(np.array([top, 0.0]), threshold, sigma1, ORDERS)
     for rounded in (math.floor(top), math.ceil(top)):
-        at_integer = rdp.threshold(np.array([float(rounded), 0.0]), threshold, sigma1, ORDERS)
+        at_integer = rdp.threshold_data_dependent(
+            np.array([float(rounded), 0.0]), threshold, sigma1, ORDERS
+        )
         assert np.all(bound >= at_integer)
 
 

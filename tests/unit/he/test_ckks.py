@@ -14,7 +14,7 @@ from capc.he.params import CkksParams
 from capc.he.plan import compile_model
 from capc.he.single import SingleEvaluator, SingleLayout, encrypt_query
 from capc.models.registry import build
-from capc.mpc.mechanism_circuits import LogitsToShares
+from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import LocalPair
 from capc.privacy.randomness import SecureRandom
 
@@ -214,7 +214,7 @@ def test_masked_logits_recombine_in_2pc_on_both_layouts(keys, party, plan, layou
     for k in range(ref.shape[1]):
         assert abs(np.corrcoef(seen[:, k].astype(np.float64), ref[:, k])[0, 1]) < 0.07
     # the logits-to-shares circuit removes the mask inside the 2PC
-    spec = LogitsToShares(plan.num_classes, PARAMS.share_bits)
+    spec = LogitsToSharesCircuit(plan.num_classes, PARAMS.share_bits)
     share = SecureRandom().uint64((64, plan.num_classes))
     res = LocalPair().run(
         spec.circuit(),

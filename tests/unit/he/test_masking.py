@@ -29,7 +29,7 @@ from capc.he.masking import (
 from capc.he.params import CkksParams
 from capc.he.plan import Plan, compile_model
 from capc.models.registry import build
-from capc.mpc.mechanism_circuits import LogitsToShares
+from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import LocalPair
 from capc.privacy.randomness import SecureRandom
 from services.answerer.encrypted import evaluate_and_mask
@@ -178,7 +178,7 @@ def test_a_batch_of_one_with_every_slot_filled_yields_one_query(
     outputs, masks = evaluate_and_mask(party, evaluator, cts, 1, SecureRandom())
     assert masks.shape == (1, plan.num_classes)
     # the 2PC takes the declared query only, and gets its vote right
-    spec = LogitsToShares(plan.num_classes, PARAMS.share_bits)
+    spec = LogitsToSharesCircuit(plan.num_classes, PARAMS.share_bits)
     share = SecureRandom().uint64((1, plan.num_classes))
     y = masked_batched(keys, outputs, 1)
     res = LocalPair().run(

@@ -12,7 +12,12 @@ from capc.mechanisms.argmax import noisy_argmax
 from capc.mpc import library as lib
 from capc.mpc import ring
 from capc.mpc.circuit import Circuit, CircuitBuilder, Party, Word
-from capc.mpc.mechanism_circuits import ConfidentGNMax, LogitsToShares, MultiLabel, round_noise
+from capc.mpc.mechanism_circuits import (
+    ConfidentGNMaxCircuit,
+    LogitsToSharesCircuit,
+    MultiLabelCircuit,
+    round_noise,
+)
 from capc.mpc.session import LocalPair
 
 L = 8
@@ -136,7 +141,7 @@ def test_mux_one_hot_and_increment(pair: LocalPair) -> None:
     (wy,) = c.input("y", Party.EVALUATOR, 1, L)
     sel = wy[0]
     c.output("mux", Party.EVALUATOR, [lib.mux(c, sel, wx, wy)])
-    c.output("hot", Party.EVALUATOR, [(b,) for b in lib.one_hot(c, wx[:3], 6)])
+    c.output("hot", Party.EVALUATOR, [(b,) for b in lib.one_hot_word(c, wx[:3], 6)])
     c.output("inc", Party.EVALUATOR, [lib.add_bit(c, wx, sel)])
     c.output("masked", Party.EVALUATOR, [lib.mask_word(c, sel, wx)])
     circuit = c.build()
@@ -181,7 +186,7 @@ def shares_of(values: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray,
 def test_confident_gnmax_matches_the_plaintext_mechanism(confident: bool, pair: LocalPair) -> None:
     rng = np.random.default_rng(3)
     b, k, n = 256, 10, 50
-    spec = ConfidentGNMax(k, n, sigma=8.0, threshold=40.0, sigma1=30.0, confident=confident)
+    spec = ConfidentGNMaxCircuit(k, n, sigma=8.0, threshold=40.0, sigma1=30.0, confident=confident)
     mech = from_config(
         {"name": "confident-gnmax", "sigma": 8.0, "threshold": 40.0, "sigma1": 30.0}, k
     )
@@ -219,7 +224,7 @@ def test_powerset_is_gnmax_over_subsets(pair: LocalPair) -> None:
     votes = (rng.random((b, n, k)) < 0.4).astype(np.float64)
     mech = from_config({"name": "powerset", "sigma": 4.0}, k)
     hist = mech.summed_votes(votes)
-    spec = ConfidentGNMax(1 << k, n, sigma=4.0, confident=False)
+    spec = ConfidentGNMaxCircuit(1 << k, n, sigma=4.0, confident=False)
     noise = rng.normal(0, 4.0, hist.shape)
     student, guardian = shares_of(hist, rng)
     out = run_both(
@@ -242,7 +247,7 @@ def test_multilabel_matches_the_plaintext_mechanism(
     else:
         counts = rng.integers(0, n + 1, (b, k)).astype(np.float64)
     counts[:5] = n / 2  # exactly at the decision threshold
-    spec = MultiLabel(
+    spec = MultiLabelCircuit(
         k,
         n,
         sigma=5.0,
@@ -272,7 +277,7 @@ def test_multilabel_matches_the_plaintext_mechanism(
 def test_logits_to_shares(pair: LocalPair) -> None:
     rng = np.random.default_rng(6)
     b, k, bits = 300, 10, 24
-    spec = LogitsToShares(k, bits)
+    spec = LogitsToSharesCircuit(k, bits)
     logits = rng.integers(-(2**20), 2**20, (b, k))
     logits[:10] = 7  # all tied
     logits[10:20, 3] = 2**22 - 1  # largest positive value
@@ -287,7 +292,7 @@ def test_logits_to_shares(pair: LocalPair) -> None:
 
 
 def test_mechanism_specs_reject_bad_inputs() -> None:
-    spec = ConfidentGNMax(4, 10, sigma=2.0, threshold=5.0, sigma1=3.0)
+    spec = ConfidentGNMaxCircuit(4, 10, sigma=2.0, threshold=5.0, sigma1=3.0)
     good = np.zeros((3, 4), dtype=np.uint64)
     with pytest.raises(ValueError, match="shape"):
         spec.garbler_inputs(good, np.zeros((3, 5)), np.zeros(3))
@@ -300,7 +305,7 @@ def test_mechanism_specs_reject_bad_inputs() -> None:
     with pytest.raises(ValueError, match="eta1"):
         spec.garbler_inputs(good, np.zeros((3, 4)))
     with pytest.raises(ValueError, match="num_classes"):
-        ConfidentGNMax(1, 10, sigma=1.0)
+        ConfidentGNMaxCircuit(1, 10, sigma=1.0)
     circuit = spec.circuit()
     with pytest.raises(ValueError, match="exactly"):
         circuit.input_bits(Party.EVALUATOR, {"wrong": good}, 3)
@@ -315,7 +320,7 @@ def test_multilabel_per_query_thresholds_for_vanishing(pair: LocalPair) -> None:
     voters = rng.integers(1, n + 1, b)
     counts = np.minimum(rng.integers(0, n + 1, (b, k)), voters[:, None]).astype(np.float64)
     theta = voters / 2.0
-    spec = MultiLabel(k, n, sigma=2.0, decision_threshold=n / 2)
+    spec = MultiLabelCircuit(k, n, sigma=2.0, decision_threshold=n / 2)
     noise = rng.normal(0, 2.0, (b, k))
     student, guardian = shares_of(counts.astype(np.uint64), rng)
     g = spec.garbler_inputs(guardian, noise, decision_threshold=theta)
@@ -323,8 +328,8 @@ def test_multilabel_per_query_thresholds_for_vanishing(pair: LocalPair) -> None:
     expect = (counts + round_noise(noise) >= theta[:, None]).astype(np.int8)
     np.testing.assert_array_equal(spec.decode(out), expect)
     # The student's spec (any threshold within max_votes) builds the same circuit.
-    assert MultiLabel(k, n, sigma=2.0, decision_threshold=0.0).bits == spec.bits
+    assert MultiLabelCircuit(k, n, sigma=2.0, decision_threshold=0.0).bits == spec.bits
     with pytest.raises(ValueError, match="decision thresholds"):
         spec.garbler_inputs(guardian, noise, decision_threshold=np.full(b, n + 1.0))
     with pytest.raises(ValueError, match="decision_threshold"):
-        MultiLabel(k, n, sigma=2.0, decision_threshold=n + 1.0)
+        MultiLabelCircuit(k, n, sigma=2.0, decision_threshold=n + 1.0)

@@ -1,5 +1,5 @@
 """Encrypted-query mode's vote statement: each party's one-hot vote checked in the
-guardian's circuit (ConfidentGNMax with ``vote_parties``), garbled and in the clear.
+guardian's circuit (ConfidentGNMaxCircuit with ``vote_parties``), garbled and in the clear.
 
 Issue 41: the mode checked only the sum, so a hospital whose share summed to +9a on a
 target class and -a on every other (a total of 1, inside the range window) decided
@@ -16,7 +16,7 @@ import pytest
 
 from capc.mechanisms.argmax import noisy_argmax
 from capc.mechanisms.base import NOT_ANSWERED
-from capc.mpc.mechanism_circuits import ConfidentGNMax, round_noise
+from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit, round_noise
 from capc.mpc.session import LocalPair
 
 K, B = 6, 48
@@ -41,7 +41,7 @@ def honest_votes(rng: np.random.Generator, parties: int) -> np.ndarray:
 
 def run(
     pair: LocalPair,
-    spec: ConfidentGNMax,
+    spec: ConfidentGNMaxCircuit,
     guardian: np.ndarray,
     student: np.ndarray,
     noise: dict[str, np.ndarray],
@@ -70,7 +70,7 @@ def test_a_skewed_vote_counts_as_none_and_moves_no_label(pair: LocalPair, confid
     nothing = np.zeros((B, 1, K), dtype=np.int64)
     votes = np.concatenate([honest, skew, two_hot, nothing], axis=1)
     assert (votes.sum(axis=2)[:, :5] == 1).all()  # the skewed vote passes a total check
-    spec = ConfidentGNMax(
+    spec = ConfidentGNMaxCircuit(
         K, max_votes=7, sigma=0.5, threshold=2.0, sigma1=0.5, confident=confident, vote_parties=7
     )
     sigma_noise = np.random.default_rng(5)
@@ -104,7 +104,7 @@ def test_a_students_bit_flips_make_a_vote_one_vote_or_none(pair: LocalPair) -> N
     flip[:, 0, 0] = 1  # party 0: class 0 flipped
     flip[:, 1, :] = 1  # party 1: every class flipped
     student = student ^ flip
-    spec = ConfidentGNMax(K, max_votes=3, sigma=0.01, confident=False, vote_parties=3)
+    spec = ConfidentGNMaxCircuit(K, max_votes=3, sigma=0.01, confident=False, vote_parties=3)
     out = run(pair, spec, guardian, student, {"eta2": np.zeros((B, K))})
     assert not out["violation"].any()
     got = votes.copy()
@@ -117,8 +117,8 @@ def test_a_students_bit_flips_make_a_vote_one_vote_or_none(pair: LocalPair) -> N
 
 
 def test_filtered_inputs_are_checked() -> None:
-    spec = ConfidentGNMax(K, max_votes=3, sigma=1.0, confident=False, vote_parties=3)
+    spec = ConfidentGNMaxCircuit(K, max_votes=3, sigma=1.0, confident=False, vote_parties=3)
     with pytest.raises(ValueError, match="per-party shares"):
         spec.evaluator_inputs(np.zeros((B, K), dtype=np.uint64))
     with pytest.raises(ValueError, match="exceed max_votes"):
-        ConfidentGNMax(K, max_votes=2, sigma=1.0, vote_parties=3)
+        ConfidentGNMaxCircuit(K, max_votes=2, sigma=1.0, vote_parties=3)

@@ -22,12 +22,12 @@ from capc.mpc.channel import (
     memory_channel_pair,
 )
 from capc.mpc.circuit import Party
-from capc.mpc.mechanism_circuits import ConfidentGNMax
+from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit
 from capc.mpc.session import EvaluatorSession, GarblerSession, LocalPair, new_session_id
 from tests.unit.mpc.deviating import deviate
 
 B, K = 16, 4
-SPEC = ConfidentGNMax(K, 10, sigma=2.0, threshold=5.0, sigma1=3.0)
+SPEC = ConfidentGNMaxCircuit(K, 10, sigma=2.0, threshold=5.0, sigma1=3.0)
 
 
 def inputs() -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -172,7 +172,7 @@ def test_parties_must_agree_on_the_circuit() -> None:
     ch_g, ch_e = memory_channel_pair()
     sid = new_session_id()
     g, e = GarblerSession(ch_g, sid, timeout=10), EvaluatorSession(ch_e, sid, timeout=10)
-    other = ConfidentGNMax(K, 10, sigma=2.0, confident=False)
+    other = ConfidentGNMaxCircuit(K, 10, sigma=2.0, confident=False)
     g_in, _ = inputs()
     rng = np.random.default_rng(1)
     e_in = other.evaluator_inputs(rng.integers(0, 2**63, (B, K), dtype=np.uint64))

@@ -42,7 +42,7 @@ def _round(
     for p in teachers:
         if forged and p in forged:
             seed = secrets.token_bytes(16)
-            g_bits[p], g_proof[p] = validity.share(rel[p], forged[p], seed)
+            g_bits[p], g_proof[p] = validity.guardian_shares(rel[p], forged[p], seed)
             sealed[p] = seal(pub, seed, seed_context(ROUND, p))
         else:
             g_bits[p], g_proof[p], sealed[p] = share_proven_votes(

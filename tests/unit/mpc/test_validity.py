@@ -23,7 +23,7 @@ def check(rel: vp.VoteRelation, bits: list[np.ndarray], constant: np.ndarray) ->
     g_x, g_p, s_x, s_p = [], [], [], []
     for b in bits:
         seed = os.urandom(16)
-        xg, pg = vp.share(rel, b, seed)
+        xg, pg = vp.guardian_shares(rel, b, seed)
         xs, ps = vp.student_shares(seed, rel, batch)
         g_x.append(xg)
         g_p.append(pg)
@@ -42,7 +42,7 @@ def test_field_multiplication_is_exact() -> None:
     a[:2] = vp.P - 1
     b[:2] = vp.P - 1
     want = [int(x) * int(y) % vp.P for x, y in zip(a, b, strict=True)]
-    assert vp.mul(a, b).tolist() == want
+    assert vp.field_mul(a, b).tolist() == want
 
 
 @pytest.mark.parametrize("teachers", [1, 3])
@@ -89,13 +89,13 @@ def test_a_forged_student_message_fails_the_check() -> None:
     rel = vp.VoteRelation(3, 1)
     bits = rel.encode(np.eye(3, dtype=np.int64)[[0, 1, 2, 0]])
     seed = os.urandom(16)
-    xg, pg = vp.share(rel, bits, seed)
+    xg, pg = vp.guardian_shares(rel, bits, seed)
     xs, ps = vp.student_shares(seed, rel, 4)
     ch = vp.Challenge.from_bytes(vp.Challenge.draw(os.urandom(24)).to_bytes())
     g = vp.verifier_share(rel, ch, ["h"], xg[None], pg[None], np.ones((1, 4), dtype=np.uint64))
     s = vp.verifier_share(rel, ch, ["h"], xs[None], ps[None])
     assert vp.accept(rel, ch, ["h"], g, s).all()
-    forged = vp.VerifierShare(s.wire, vp.add(s.combined, 1))
+    forged = vp.VerifierShare(s.wire, vp.field_add(s.combined, 1))
     assert not vp.accept(rel, ch, ["h"], g, forged).any()
     # A check computed for another party's name does not carry over.
     assert not vp.accept(rel, ch, ["other"], g, s).any()
@@ -112,10 +112,10 @@ def test_proven_shares_reconstruct_the_histogram_in_the_ring() -> None:
         counts = counts_of(rng.integers(0, 6, (batch, 2)), 6)
         hist += weight * counts
         seed = os.urandom(16)
-        xg, _ = vp.share(rel, rel.encode(counts), seed)
+        xg, _ = vp.guardian_shares(rel, rel.encode(counts), seed)
         xs, _ = vp.student_shares(seed, rel, batch)
-        guardian = vp.add(guardian, vp.vote_shares(rel, xg, weight))
-        student = vp.add(student, vp.vote_shares(rel, xs, weight))
+        guardian = vp.field_add(guardian, vp.vote_shares(rel, xg, weight))
+        student = vp.field_add(student, vp.vote_shares(rel, xs, weight))
     ring = vp.ring_shares(guardian, student=False) + vp.ring_shares(student, student=True)
     np.testing.assert_array_equal(ring.view(np.int64), hist)
 
@@ -259,10 +259,10 @@ def test_proven_tau_shares_reconstruct_the_votes_in_the_ring() -> None:
         counts = tau_counts(rng.integers(0, 2, (batch, 2, TAU_LABELS)))
         hist += counts
         seed = os.urandom(16)
-        xg, _ = vp.share(rel, rel.encode(counts), seed)
+        xg, _ = vp.guardian_shares(rel, rel.encode(counts), seed)
         xs, _ = vp.student_shares(seed, rel, batch)
-        guardian = vp.add(guardian, vp.vote_shares(rel, xg, weight))
-        student = vp.add(student, vp.vote_shares(rel, xs, weight))
+        guardian = vp.field_add(guardian, vp.vote_shares(rel, xg, weight))
+        student = vp.field_add(student, vp.vote_shares(rel, xs, weight))
     ring = vp.ring_shares(guardian, student=False) + vp.ring_shares(student, student=True)
     np.testing.assert_array_equal(ring.view(np.int64), hist)
 

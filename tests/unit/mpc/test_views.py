@@ -20,11 +20,11 @@ from capc.mpc.blocks import FixedKeyHash, lsb
 from capc.mpc.channel import HEADER_BYTES, TAG_BYTES, Channel, Kind
 from capc.mpc.circuit import Circuit, Op, Party
 from capc.mpc.garbling import Garbler, OutputLabelError, evaluate, garbler_output_labels
-from capc.mpc.mechanism_circuits import ConfidentGNMax
+from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit
 from capc.mpc.session import LocalPair
 
 B, K, N = 512, 10, 50
-SPEC = ConfidentGNMax(K, N, sigma=8.0, threshold=40.0, sigma1=30.0)
+SPEC = ConfidentGNMaxCircuit(K, N, sigma=8.0, threshold=40.0, sigma1=30.0)
 #: Counts the votes as the parties do.
 VOTING = from_config(
     {"name": "confident-gnmax", "sigma": 8.0, "threshold": 40.0, "sigma1": 30.0}, K
