@@ -9,17 +9,11 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
-from services.common.limits import (
-    DEFAULT_LIST_PAGE,
-    MAX_LIST_PAGE,
-)
+from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
 from services.common.protocol import WHO_MAY_RECORD
 from services.gateway import schemas
 from services.gateway.deps import ERRORS, NAME, Admin, Backend
-from services.gateway.replies import (
-    fields,
-    privacy_audit_out,
-)
+from services.gateway.replies import fields, privacy_audit_out
 from services.proto.capc.v1 import guardian_pb2
 
 router = APIRouter()

@@ -7,16 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from services.common.limits import (
-    DEFAULT_LIST_PAGE,
-    MAX_LIST_PAGE,
-)
+from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
 from services.gateway import schemas
 from services.gateway.deps import ERRORS, NAME, Admin, Backend
-from services.gateway.replies import (
-    fields,
-    party_out,
-)
+from services.gateway.replies import fields, party_out
 from services.proto.capc.v1 import guardian_pb2
 
 router = APIRouter()

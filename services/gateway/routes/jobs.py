@@ -26,9 +26,7 @@ from services.gateway.backends import BackendError, Backends
 from services.gateway.bodylimit import UPLOAD_RETRY_S, busy_detail
 from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
 from services.gateway.deps import ERRORS, JOB_ID, Analyst, Backend, Uploads
-from services.gateway.replies import (
-    job_out,
-)
+from services.gateway.replies import job_out
 from services.proto.capc.v1 import common_pb2, student_pb2
 
 MECHANISM_OVERRIDE: TypeAdapter[dict[str, float]] = TypeAdapter(schemas.MechanismOverride)

@@ -15,10 +15,7 @@ from services.common.protocol import RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
 from services.gateway.deps import ERRORS, JOB_ID, Analyst, Backend
-from services.gateway.replies import (
-    loop_out,
-    model_out,
-)
+from services.gateway.replies import loop_out, model_out
 from services.proto.capc.v1 import student_pb2
 
 router = APIRouter()
