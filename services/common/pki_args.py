@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         action="store_true",
         help="a development CA: the only kind that issues localhost certificates (issue --dev)",
     )
-    init.set_defaults(handler=lazy("services.common.pki", "_cmd_init"))
+    init.set_defaults(handler=lazy("services.common.pki.cli", "cmd_init"))
     iss = psub.add_parser("issue", help="issue a certificate with its role bound in it")
     iss.add_argument("--dir", type=Path, default=Path("pki"), help="the CA's directory")
     iss.add_argument("--role", required=True, choices=ROLE_NAMES, help="the role bound in it")
@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="development only: also valid for localhost and 127.0.0.1 (needs init --dev)",
     )
     iss.add_argument("--days", type=int, default=365, help="validity in days")
-    iss.set_defaults(handler=lazy("services.common.pki", "_cmd_issue"))
+    iss.set_defaults(handler=lazy("services.common.pki.cli", "cmd_issue"))
     rev = psub.add_parser(
         "revoke", help="revoke a certificate: every service refuses it once crl.pem reaches it"
     )
@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--reason", choices=list(REVOKE_REASONS), default="unspecified", help="reason in the CRL"
     )
     rev.add_argument("--days", type=int, default=365, help="days until the CRL is due for renewal")
-    rev.set_defaults(handler=lazy("services.common.pki", "_cmd_revoke"))
+    rev.set_defaults(handler=lazy("services.common.pki.cli", "cmd_revoke"))
     web = psub.add_parser(
         "issue-https",
         help="issue the gateway's HTTPS certificate (NAME-https.pem/.key) for its hosts",
@@ -85,4 +85,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--dev", action="store_true", help="a development certificate: allows localhost names"
     )
     web.add_argument("--days", type=int, default=365, help="validity in days")
-    web.set_defaults(handler=lazy("services.common.pki", "_cmd_issue_https"))
+    web.set_defaults(handler=lazy("services.common.pki.cli", "cmd_issue_https"))

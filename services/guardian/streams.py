@@ -309,7 +309,6 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         try:
             async for msg in request_iterator:
                 link.heard()
-                kind = msg.WhichOneof("body")
                 if msg.header.protocol_version != PROTOCOL_VERSION:
                     log.warning(
                         "%s speaks protocol %d; ignoring its message",
@@ -317,49 +316,56 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                         msg.header.protocol_version,
                     )
                     continue
-                if kind == "shares":
-                    try:
-                        self.engine.receive_shares(name, msg.shares)
-                    except RoundInputError as err:
-                        self._cancel(name, link, msg.shares.round_id, "shares", err)
-                elif kind == "relay":
-                    try:
-                        box, frame = self.engine.relay_to_student(name, msg.relay)
-                    except RoundInputError as err:
-                        self._cancel(name, link, msg.relay.round_id, "a relayed frame", err)
-                        continue
-                    await _put(box, frame, f"the student of round {msg.relay.round_id}")
-                elif kind == "failure":
-                    asked = self.engine.report_failure(
-                        name, msg.failure.round_id, msg.failure.reason
-                    )
-                    # Only for a round that asked it: a party cannot fill the log.
-                    if asked and msg.failure.budget_refused:
-                        await self._run(
-                            functools.partial(
-                                self.ledger.record,
-                                name,
-                                "party_refused_budget",
-                                {"party": name, "round": msg.failure.round_id},
-                                note=msg.failure.reason,
-                            )
-                        )
-                elif kind == "heartbeat":
-                    await self._run(self.ledger.touch, name)
-                    await self._run(
-                        self.engine.settle, name, list(msg.heartbeat.open_rounds)[:MAX_SETTLE]
-                    )
-                elif kind == "report":
-                    try:
-                        await self._run(budgets.store_report, self.ledger, name, msg.report)
-                    except RequestError as err:
-                        log.warning("refused a spend report from %s: %s", name, err)
+                await self._on_party_message(name, link, msg)
         except (grpc.RpcError, tls.PeerRevokedError, asyncio.CancelledError):
             pass
         finally:
             self.engine.detach(link)
             link.outbox.close()
             log.info("answering party %s disconnected", name)
+
+    async def _on_party_message(
+        self, name: str, link: PartyLink, msg: guardian_pb2.PartyMessage
+    ) -> None:
+        """One message of party ``name``'s Connect stream, in its protocol version."""
+        kind = msg.WhichOneof("body")
+        if kind == "shares":
+            try:
+                self.engine.receive_shares(name, msg.shares)
+            except RoundInputError as err:
+                self._cancel(name, link, msg.shares.round_id, "shares", err)
+        elif kind == "relay":
+            try:
+                box, frame = self.engine.relay_to_student(name, msg.relay)
+            except RoundInputError as err:
+                self._cancel(name, link, msg.relay.round_id, "a relayed frame", err)
+                return
+            await _put(box, frame, f"the student of round {msg.relay.round_id}")
+        elif kind == "failure":
+            await self._on_party_failure(name, msg.failure)
+        elif kind == "heartbeat":
+            await self._run(self.ledger.touch, name)
+            await self._run(self.engine.settle, name, list(msg.heartbeat.open_rounds)[:MAX_SETTLE])
+        elif kind == "report":
+            try:
+                await self._run(budgets.store_report, self.ledger, name, msg.report)
+            except RequestError as err:
+                log.warning("refused a spend report from %s: %s", name, err)
+
+    async def _on_party_failure(self, name: str, failure: guardian_pb2.RoundFailure) -> None:
+        """Party ``name`` could not answer a round; a budget refusal goes in the audit log."""
+        asked = self.engine.report_failure(name, failure.round_id, failure.reason)
+        # Only for a round that asked it: a party cannot fill the log.
+        if asked and failure.budget_refused:
+            await self._run(
+                functools.partial(
+                    self.ledger.record,
+                    name,
+                    "party_refused_budget",
+                    {"party": name, "round": failure.round_id},
+                    note=failure.reason,
+                )
+            )
 
     def _cancel(
         self, name: str, link: PartyLink, round_id: int, what: str, err: RoundInputError
@@ -509,19 +515,7 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         async def read() -> None:
             try:
                 async for frame in request_iterator:
-                    if frame.header.protocol_version != PROTOCOL_VERSION:
-                        log.warning(
-                            "%s relays with protocol %d; ignored",
-                            querier,
-                            frame.header.protocol_version,
-                        )
-                        continue
-                    try:
-                        outbox, message = self.engine.relay_to_party(querier, session_id, frame)
-                    except RoundInputError as err:
-                        log.warning("refused a relayed frame from %s: %s", querier, err)
-                        continue
-                    await _put(outbox, message, frame.party)
+                    await self._relay_to_party(querier, session_id, frame)
             except (grpc.RpcError, tls.PeerRevokedError, asyncio.CancelledError):
                 pass
             finally:
@@ -535,6 +529,22 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             reader.cancel()
             self.engine.close_relay(querier, session_id, box)
             release()
+
+    async def _relay_to_party(
+        self, querier: str, session_id: bytes, frame: guardian_pb2.RelayFrame
+    ) -> None:
+        """Hand one frame of the student's Relay stream to the party it names."""
+        if frame.header.protocol_version != PROTOCOL_VERSION:
+            log.warning(
+                "%s relays with protocol %d; ignored", querier, frame.header.protocol_version
+            )
+            return
+        try:
+            outbox, message = self.engine.relay_to_party(querier, session_id, frame)
+        except RoundInputError as err:
+            log.warning("refused a relayed frame from %s: %s", querier, err)
+            return
+        await _put(outbox, message, frame.party)
 
 
 async def _put(box: BoundedBuffer[T], item: T, reader: str) -> None:

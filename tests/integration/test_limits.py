@@ -198,9 +198,9 @@ def test_the_gateway_refuses_an_upload_too_large_for_one_job_message(
 ) -> None:
     # Integer uploads grow fourfold as float32: 2 uint8 queries of 16 pixels become 128 bytes.
     client, auth = gateway
-    monkeypatch.setattr("services.gateway.app.MAX_TENSOR_BYTES", 127)
+    monkeypatch.setattr("services.gateway.routes.jobs.MAX_TENSOR_BYTES", 127)
     upload = {"file": ("q.npy", npy(np.zeros((2, *SHAPE), dtype=np.uint8)))}
     r = client.post("/v1/jobs/upload", headers=auth, files=upload)
     assert r.status_code == 413 and "128 bytes as float32 queries, over the 127" in r.text
-    monkeypatch.setattr("services.gateway.app.MAX_TENSOR_BYTES", 128)
+    monkeypatch.setattr("services.gateway.routes.jobs.MAX_TENSOR_BYTES", 128)
     assert client.post("/v1/jobs/upload", headers=auth, files=upload).status_code == 201

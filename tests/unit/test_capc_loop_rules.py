@@ -13,7 +13,7 @@ from capc.privacy.events import GaussianEvent
 from services.common.ledger import Ledger
 from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
-from services.gateway.from_proto import loop_out
+from services.gateway.replies import loop_out
 from services.guardian.loop import bind_querier, hospital_of, loop_terms, parse_querier
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 from services.student.loop import LoopIdentity, clear_records_refusal

@@ -1,6 +1,4 @@
-"""Proto replies from the guardian and the student -> the gateway's REST response models
-(:mod:`services.gateway.schemas`). Every copy of a message's fields into a response lives
-here, so a route only calls these."""
+"""The backends' gRPC replies as the gateway's response schemas."""
 
 from __future__ import annotations
 

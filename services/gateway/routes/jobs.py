@@ -1,0 +1,254 @@
+"""Labelling jobs: programmatic queries or an uploaded dataset in, labels out."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, File, Form, HTTPException, Query, UploadFile
+from fastapi.responses import Response
+from pydantic import TypeAdapter, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from services.common import serde
+from services.common.limits import (
+    DEFAULT_BATCH,
+    DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
+    MAX_TENSOR_BYTES,
+    RESULTS_PAGE,
+)
+from services.common.protocol import RequestError
+from services.gateway import schemas
+from services.gateway.backends import BackendError, Backends
+from services.gateway.bodylimit import UPLOAD_RETRY_S, busy_detail
+from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
+from services.gateway.deps import ERRORS, JOB_ID, Analyst, Backend, Uploads
+from services.gateway.replies import job_out
+from services.proto.capc.v1 import common_pb2, student_pb2
+
+MECHANISM_OVERRIDE: TypeAdapter[dict[str, float]] = TypeAdapter(schemas.MechanismOverride)
+
+#: Copies of an upload's queries, at their float32 size, that parsing and sending
+#: hold beside its body (see upload_job); reserved from the same budget.
+UPLOAD_COPIES = 3
+
+
+class _UploadsBusyError(Exception):
+    """An upload's parsed queries do not fit the shared budget beside the others."""
+
+
+router = APIRouter()
+
+
+def _create(
+    backends: Backends,
+    queries: common_pb2.QueryBatch,
+    count: int,
+    batch: int,
+    mech: Any,
+    reveal: bool = False,
+) -> Any:
+    request = student_pb2.CreateJobRequest(
+        header=backends.header,
+        queries=queries,
+        count=count,
+        batch_size=batch,
+        reveal_records_to_answerers=reveal,
+    )
+    if mech is not None:
+        request.mechanism.CopyFrom(mech)
+    return job_out(backends.student_call(backends.jobs.CreateJob, request))
+
+
+@router.post(
+    "/v1/jobs",
+    status_code=201,
+    response_model=schemas.JobOut,
+    responses=ERRORS,
+    tags=["jobs"],
+    summary="Label programmatic queries",
+)
+def create_job(body: schemas.JobCreate, _: Analyst, backends: Backend) -> schemas.JobOut:
+    recipe = common_pb2.Recipe(
+        generator=body.recipe.generator or "",
+        params_json=json.dumps(body.recipe.params, sort_keys=True),
+        seed=body.recipe.seed,
+        start=body.recipe.start,
+        count=body.count,
+    )
+    # No shape: the student fills in its task's input shape.
+    result: schemas.JobOut = _create(
+        backends,
+        common_pb2.QueryBatch(recipe=recipe),
+        body.count,
+        body.batch_size,
+        serde.overrides_to_proto(body.mechanism),
+    )
+    return result
+
+
+@router.post(
+    "/v1/jobs/upload",
+    status_code=201,
+    response_model=schemas.JobOut,
+    responses={**ERRORS, 413: {"model": schemas.ErrorOut}},
+    tags=["jobs"],
+    summary="Label an uploaded unlabelled dataset",
+)
+async def upload_job(
+    _: Analyst,
+    backends: Backend,
+    budget: Uploads,
+    file: Annotated[UploadFile, File(description=parse_dataset.__doc__ or "")],
+    batch_size: Annotated[schemas.BatchSize, Form()] = DEFAULT_BATCH,
+    reveal_records_to_answerers: Annotated[
+        bool,
+        Form(
+            description="the file holds the querying hospital's own records: send them "
+            "to the answering hospitals in the clear (audited by the guardian). A "
+            "hospital's student party refuses its records in a plaintext task without it"
+        ),
+    ] = False,
+    mechanism: Annotated[
+        str | None,
+        Form(
+            max_length=1024,
+            description='JSON object of mechanism overrides, e.g. {"sigma": 2.0}',
+        ),
+    ] = None,
+) -> schemas.JobOut:
+    try:
+        overrides = MECHANISM_OVERRIDE.validate_json(mechanism) if mechanism else None
+    except ValidationError as err:
+        raise HTTPException(422, f"mechanism: {err.errors()[0]['msg']}") from None
+    taken = body = 0
+
+    def reserve(float32_bytes: int) -> None:
+        # What parsing and sending hold beside the body: the inflated array (at most
+        # its float32 size), its float32 copy and the message's copy of that.
+        nonlocal taken
+        wanted = UPLOAD_COPIES * float32_bytes
+        # The body itself is already held (BodyLimit): a request that cannot fit even
+        # alone is too large, not early.
+        if body + taken + wanted > budget.limit:
+            raise DatasetTooLargeError(
+                f"the upload's {float32_bytes} bytes of float32 queries take {wanted} bytes "
+                f"to parse and send, beside its body, over the {budget.limit} bytes the "
+                "gateway gives all uploads at once (--max-uploads-mb); split it into "
+                "several jobs"
+            )
+        if not budget.take(wanted):
+            raise _UploadsBusyError(busy_detail(budget, wanted))
+        taken += wanted
+
+    try:
+        # Sized from its headers against what one job's message carries, before it is
+        # inflated (integer uploads grow fourfold as float32); inflating is CPU work,
+        # kept off the event loop that serves every other request.
+        data = await file.read()
+        body = len(data)
+        x = await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES, reserve)
+        tensor = serde.queries_to_proto(x)
+        result: schemas.JobOut = await run_in_threadpool(
+            _create,
+            backends,
+            common_pb2.QueryBatch(tensor=tensor),
+            len(x),
+            batch_size,
+            serde.overrides_to_proto(overrides),
+            reveal_records_to_answerers,
+        )
+        return result
+    except DatasetTooLargeError as err:
+        raise HTTPException(413, str(err)) from None
+    except DatasetError as err:
+        raise HTTPException(422, str(err)) from None
+    except _UploadsBusyError as err:
+        raise HTTPException(503, str(err), headers={"Retry-After": str(UPLOAD_RETRY_S)}) from None
+    finally:
+        budget.give(taken)
+
+
+@router.get("/v1/jobs", response_model=schemas.JobList, responses=ERRORS, tags=["jobs"])
+def list_jobs(
+    _: Analyst,
+    backends: Backend,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> schemas.JobList:
+    reply = backends.list_jobs(limit, offset)
+    return schemas.JobList(jobs=[job_out(j) for j in reply.jobs], limit=limit, offset=offset)
+
+
+@router.get("/v1/jobs/{job_id}", response_model=schemas.JobOut, responses=ERRORS, tags=["jobs"])
+def get_job(job_id: Annotated[str, JOB_ID], _: Analyst, backends: Backend) -> schemas.JobOut:
+    return job_out(
+        backends.student_call(
+            backends.jobs.GetJob, student_pb2.WatchJobRequest(header=backends.header, id=job_id)
+        )
+    )
+
+
+def _results(backends: Backends, job_id: str) -> tuple[student_pb2.Job, np.ndarray, np.ndarray]:
+    labels, queries, offset = [], [], 0
+    while True:
+        page = backends.student_call(
+            backends.jobs.GetResults,
+            student_pb2.GetResultsRequest(
+                header=backends.header, id=job_id, offset=offset, limit=RESULTS_PAGE
+            ),
+        )
+        n = int(page.labels.shape[0]) if page.labels.shape else 0
+        if n:
+            try:
+                labels.append(serde.labels_from_proto(page.labels))
+                queries.append(serde.tensor_from_proto(page.queries, "float32", "queries"))
+            except RequestError as err:
+                raise BackendError(
+                    "student party", None, f"a malformed results page: {err}"
+                ) from None
+        offset += n
+        if n == 0 or offset >= page.total:
+            job = page.job
+            break
+    y = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+    x = np.concatenate(queries) if queries else np.zeros(0, dtype=np.float32)
+    return job, x, y
+
+
+@router.get(
+    "/v1/jobs/{job_id}/results",
+    responses={
+        **ERRORS,
+        200: {
+            "description": "format=npz: an .npz with 'queries' and 'labels' (-1: not answered); "
+            "format=json: the labels",
+            # "model" puts LabelsOut in the components, so its $refs resolve.
+            "model": schemas.LabelsOut,
+            "content": {"application/octet-stream": {}},
+        },
+    },
+    tags=["jobs"],
+    summary="Download the labelled queries processed so far",
+    response_class=Response,
+)
+def job_results(
+    job_id: Annotated[str, JOB_ID],
+    _: Analyst,
+    backends: Backend,
+    format: Annotated[str, Query(pattern="^(npz|json)$")] = "npz",
+) -> Response:
+    job, x, y = _results(backends, job_id)
+    if format == "json":
+        body = schemas.LabelsOut(job=job_out(job), labels=y.tolist())
+        return Response(body.model_dump_json(), media_type="application/json")
+    buf = io.BytesIO()
+    np.savez(buf, queries=x, labels=y)
+    return Response(
+        buf.getvalue(),
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="capc-job-{job_id}.npz"'},
+    )
