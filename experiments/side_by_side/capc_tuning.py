@@ -1,9 +1,12 @@
 """capc tuned as the baselines are: at most 8 configurations per (dataset, n) cell,
 trained on the tuning seed's shares and scored on ``split.tuning`` only (issue 43).
 
-Run (animal-mnist; about an hour on 2 shared cores)::
+Run (animal-mnist; about 40 minutes on 2 shared cores; every finished cell is saved)::
 
-    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes all 1000 --loop-sizes 1000 200 --pool 32768
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes 200 50 --loop-sizes --pool 32768 --add-to
 
 No services run: this is central mode on the library pieces the services use.
 

@@ -68,9 +68,10 @@ def _poisoned(s: Split) -> Split:
 
 
 def _tiny(n: int, hospitals: int) -> list[tuning.Candidate]:
-    return [tuning.Candidate("shipped: tiny", 2, tuning.gnmax(2 * hospitals, 4.0))]
+    return [tuning.Candidate("shipped: tiny", 1, tuning.gnmax(hospitals, 8.0))]
 
 
+@pytest.mark.slow
 def test_tuning_never_reads_the_test_records() -> None:
     s = split("animal-mnist", TUNING_SEED)
     bad = _poisoned(s)
