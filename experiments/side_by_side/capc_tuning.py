@@ -496,7 +496,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = [*saved.get("commands", []), command]
     tuner = Tuner(s, args.pool, log)
     # Each cell is saved as it ends, so a run that is stopped keeps what it finished.
-    cells = [([v], []) for v in sizes] + [([], [n]) for n in args.loop_sizes]
+    cells: list[tuple[list[int | None], list[int]]] = [([v], []) for v in sizes]
+    cells += [([], [n]) for n in args.loop_sizes]
     for cell_sizes, cell_loops in cells:
         new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner)
         fresh = {_key(r) for r in new}
