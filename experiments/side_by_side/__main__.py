@@ -77,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="labelled records per hospital ('all' for a whole share); default: the grid's",
     )
+    parser.add_argument(
+        "--teachers",
+        type=int,
+        default=None,
+        help="capc: teachers per hospital (default: capc_runs.teachers_per_hospital)",
+    )
+    parser.add_argument(
+        "--mechanism",
+        type=json.loads,
+        default=None,
+        help="capc: the task's mechanism as JSON (default: the shipped share of the vote)",
+    )
     parser.add_argument("--add-to", action="store_true", help="merge into the saved rows")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: temp)")
     parser.add_argument(
@@ -111,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             commands += [c for c in theirs if c not in commands]
         write(args.out, rows, commands)
         return 0
+    capc = CapcConfig(teachers=args.teachers, mechanism=args.mechanism)
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as tmp:
         work = args.work or Path(tmp)
         for dataset in args.datasets:
@@ -118,13 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "baselines" in args.methods:
                 from experiments.side_by_side.baselines import run_baselines
 
-                new = run_baselines(dataset, sizes, CapcConfig().epsilons, args.seeds, work)
+                new = run_baselines(dataset, sizes, capc.epsilons, args.seeds, work)
                 rows = merged(rows, new)
                 write(args.out, rows, commands)
             if "capc" in args.methods:
                 for seed in args.seeds:
                     for n in sizes:
-                        new = run_capc(split(dataset, seed), [n], CapcConfig(), work, log)
+                        new = run_capc(split(dataset, seed), [n], capc, work, log)
                         rows = merged(rows, new)
                         write(args.out, rows, commands)
     log(summary.markdown(summary.table(rows)))

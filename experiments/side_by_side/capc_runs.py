@@ -48,11 +48,12 @@ from numpy.typing import NDArray
 
 from capc.data.offline import partition
 from capc.learning.supervised import fit
-from capc.learning.teachers import fit_head_ensemble
+from capc.learning.teachers import HeadEnsemble, fit_head_ensemble
 from capc.mechanisms import from_config
 from capc.models import build, load_teacher
 from capc.models.checkpoint import Teacher
 from capc.models.ensemble import save_checkpoints, save_ensemble
+from capc.models.registry import Classifier
 from experiments.side_by_side.data import Split, task
 from services.demo import SHIPPED_BODY, demo_task
 from services.local import LocalConsortium, free_port
@@ -76,6 +77,19 @@ class CapcConfig:
     table_teacher_epochs: int = 100
     #: Seconds the guardian waits for a hospital's shares on 2 loaded cores.
     share_timeout: float = 300.0
+    #: Teachers per hospital; ``None``: :func:`teachers_per_hospital` (the grid's rule).
+    teachers: int | None = None
+    #: The task's mechanism (a :mod:`capc.mechanisms` config, e.g. a tuned one from
+    #: ``experiments.side_by_side.capc_tuning``); ``None``: :func:`scaled_task`'s. A
+    #: distributed round takes offset-robust mechanisms only (gnmax,
+    #: robust-confident-gnmax). Every row is priced by its worst case
+    #: (:func:`counts`), every query answered, which for a confident mechanism buys
+    #: fewer queries than a filter on what was actually answered would.
+    mechanism: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.teachers is not None and self.teachers < 1:
+            raise ValueError(f"teachers per hospital must be >= 1, got {self.teachers}")
 
 
 def teachers_per_hospital(dataset: str, n: int) -> int:
@@ -112,6 +126,13 @@ def _parts(idx: NDArray[np.int64], m: int, seed: int, i: int) -> list[NDArray[np
     return [idx[p] for p in partition(len(idx), m, seed=100 + 1000 * seed + i)]
 
 
+def image_ensemble(split: Split, n: int, m: int, i: int, body: Classifier) -> HeadEnsemble:
+    """Hospital ``i``'s ``m`` DIET teachers: heads on ``body`` fitted on disjoint parts
+    of its ``n`` labelled records (what its party votes with)."""
+    parts = _parts(split.labelled(i, n), m, split.seed, i)
+    return fit_head_ensemble(body, split.x, split.y, parts, l2=1e-2)
+
+
 def fit_image_teachers(split: Split, n: int, m: int, directory: Path) -> dict[int, Path]:
     """Each hospital's ``m`` DIET teachers (heads on the shipped body) on its ``n``
     labelled records; {hospital index: ensemble file}."""
@@ -119,8 +140,7 @@ def fit_image_teachers(split: Split, n: int, m: int, directory: Path) -> dict[in
     out: dict[int, Path] = {}
     for i in range(split.hospitals):
         idx = split.labelled(i, n)
-        parts = _parts(idx, m, split.seed, i)
-        ensemble = fit_head_ensemble(base.model, split.x, split.y, parts, l2=1e-2)
+        ensemble = image_ensemble(split, n, m, i, base.model)
         card = {
             "data": f"{split.dataset}, hospital {i}'s first {len(idx)} records",
             "method": f"pretrained body; {m} teachers' own statistics and last layers",
@@ -210,12 +230,14 @@ class Cell:
 def consortium(cell: Cell) -> tuple[LocalConsortium, dict[str, Any], int]:
     """The cell's consortium (prepared, not started), its task and teachers per hospital."""
     split, n = cell.split, cell.split.size(cell.n)
-    m = teachers_per_hospital(split.dataset, n)
+    m = cell.config.teachers or teachers_per_hospital(split.dataset, n)
     directory = cell.work / "consortium"
     shutil.rmtree(directory, ignore_errors=True)  # a fresh ledger and PKI
     directory.mkdir(parents=True)
     voters = split.hospitals * m
     task_dict = scaled_task(split.dataset, voters)
+    if cell.config.mechanism is not None:
+        task_dict = {**task_dict, "mechanism": dict(cell.config.mechanism)}
     if cell.images:
         own = fit_image_teachers(split, n, m, directory)
     else:
@@ -241,6 +263,14 @@ def consortium(cell: Cell) -> tuple[LocalConsortium, dict[str, Any], int]:
     if not np.array_equal(c.queries, split.x[split.test]):
         raise RuntimeError("the consortium's held-out records are not the split's test records")
     return c, task_dict, m
+
+
+def _hyperparameters(config: CapcConfig, task_dict: dict[str, Any]) -> dict[str, Any]:
+    """What a row records of its mechanism: sigma, and the whole mechanism when overridden."""
+    out: dict[str, Any] = {"sigma": task_dict["mechanism"]["sigma"]}
+    if config.mechanism is not None:
+        out["mechanism"] = dict(task_dict["mechanism"])
+    return out
 
 
 def student_methods(
@@ -282,7 +312,7 @@ def student_methods(
                     queries=done,
                     labels=bought,
                     seconds=time.perf_counter() - start,
-                    hyperparameters={"sigma": task_dict["mechanism"]["sigma"]},
+                    hyperparameters=_hyperparameters(cfg, task_dict),
                 )
             )
             cell.log(f"{method} n={cell.n} seed={split.seed} eps={e:g}: {done} queries, {accuracy}")
@@ -332,7 +362,7 @@ def loop_method(cell: Cell, c: LocalConsortium, task_dict: dict[str, Any]) -> li
                 labels=bought,
                 unlabelled=len(unlabelled),
                 seconds=time.perf_counter() - start,
-                hyperparameters={"sigma": task_dict["mechanism"]["sigma"]},
+                hyperparameters=_hyperparameters(cfg, task_dict),
             )
         )
         cell.log(f"capc-loop n={cell.n} seed={split.seed} eps={e:g}: {before:.3f} -> {after:.3f}")

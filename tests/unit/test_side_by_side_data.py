@@ -140,16 +140,17 @@ def test_the_docs_side_by_side_commands_parse() -> None:
     from pathlib import Path
 
     from experiments.side_by_side import __main__ as grid
-    from experiments.side_by_side import baselines, plots
+    from experiments.side_by_side import baselines, capc_tuning, plots
 
     parsers = {
         "experiments.side_by_side": grid.build_parser(),
         "experiments.side_by_side.summary": summary.build_parser(),
         "experiments.side_by_side.plots": plots.build_parser(),
+        "experiments.side_by_side.capc_tuning": capc_tuning.build_parser(),
     }
     root = Path(__file__).resolve().parents[2]
     texts = [(root / "docs/results.md").read_text(), grid.__doc__ or "", plots.__doc__ or ""]
-    texts.append(baselines.__doc__ or "")
+    texts += [baselines.__doc__ or "", capc_tuning.__doc__ or ""]
     seen = 0
     for text in texts:
         joined = text.replace("\\\n", " ")

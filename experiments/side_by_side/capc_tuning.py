@@ -1,0 +1,524 @@
+"""capc tuned as the baselines are: at most 8 configurations per (dataset, n) cell,
+trained on the tuning seed's shares and scored on ``split.tuning`` only (issue 43).
+
+Run (animal-mnist; about 40 minutes on 2 shared cores; every finished cell is saved)::
+
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes all 1000 --loop-sizes 1000 200 --pool 32768
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes 200 50 --loop-sizes --pool 32768 --add-to
+
+No services run: this is central mode on the library pieces the services use.
+
+* Teachers: each hospital's ``m`` heads on the shipped body
+  (:func:`.capc_runs.image_ensemble`, what ``capc_runs.fit_image_teachers`` saves for
+  a hospital's party).
+* Queries: the DIET student's Gaussian recipe with the split's seed from record 0,
+  as ``capc_runs`` submits it; each batch of :data:`BATCH` queries is read with its
+  own BatchNorm statistics, by the teachers (one pass for every head, as a party's
+  ensemble does) and by the student. The services' rounds start at each job's first
+  query, so where a job's length is not a multiple of :data:`BATCH` their batches
+  are cut elsewhere; nothing else differs.
+* Labels: the mechanism object's noise draw and plaintext oracle on the summed
+  votes (``mechanism.draw_noise``, ``mechanism.oracle``: the two calls of
+  :func:`capc.learning.pate.label_within_budgets`, whose labels are bit for bit a
+  networked round's for the same votes and noise).
+* The student: what the student service's trainer does for a pretrained body
+  (``services.student.training.ModelTrainer._fit_pretrained``, default options):
+  a batch-standardised, class-balanced head with L2 :data:`STUDENT_L2` on the
+  answered queries' features, the reference batch's statistics stored, then scored.
+  The loop's model is the same head on the hospital's own records (features in
+  batches of :data:`OWN_BATCH`, in the trainer's order) and its bought labels, with
+  the statistics of a batch of its own records.
+
+Pricing (every eps is a prefix of one run per configuration). The guardian's
+ledger and each hospital's own charge the guardian's accountant (``gdp``, exact
+Gaussian DP, ``services.up.accountant``) at delta 1e-5; before a round runs its
+worst case (every query answered) must fit the cap on top of what earlier rounds
+were actually charged, and afterwards the round is charged what happened: the
+threshold test of every query, GNMax on the answered ones. Under ``gdp`` that is a
+privacy filter under fully adaptive composition (Smith and Thakurta 2022: adaptively
+chosen Gaussian mechanisms whose sum of mu**2 is kept within the cap before each
+step are mu-GDP). So the labels a configuration buys at eps ``e`` are those of the
+rounds a fresh cap of ``e`` admits (:func:`admitted`): rounds of :data:`BATCH`
+queries while a whole round's worst case fits, then the largest round whose worst
+case still fits, until none does. What decides the stop is data-independent apart
+from the answered counts, which are DP outputs charged inside the cap. For GNMax
+every query is answered and this is exactly ``queries_fit(task, e)``, the count
+``capc_runs`` prices its rows at (checked at run time). A confident mechanism runs
+as robust-confident-gnmax, the one distributed rounds take (the guardian refuses
+confident-gnmax's single shared test noise); its test has L2 sensitivity sqrt(2).
+Through the services today a confident task's rows would be priced by its worst
+case (``capc_runs.counts``), fewer queries than this filter: a student that keeps
+submitting rounds until the guardian refuses one gets these.
+
+Configurations (:func:`student_grid`, :func:`loop_grid`): teachers per hospital
+``m`` around the grid's rule ``m0 = teachers_per_hospital``; GNMax with sigma a
+multiple of the shipped share of the vote (sigma = 40 x voters / 250); and
+robust-confident-gnmax with threshold and test noise as fractions of the voters.
+The loop (hospital 0 buying labels for its unlabelled records from the others'
+teachers) is also tried with two post-processings of its labels: keeping only those
+its own model agrees with, and weighting its own records four times (they enter
+the fit four times). Its "alone" is its model on its own records, scored on the
+same tuning records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from capc.data.generators import Recipe
+from capc.learning.last_layer import fit_batch_standardised
+from capc.learning.supervised import accuracy
+from capc.learning.teachers import HeadEnsemble
+from capc.mechanisms import Mechanism, from_config
+from capc.models import load_teacher
+from capc.models.inference import features, logits, reference_statistics
+from capc.models.registry import Classifier
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
+from capc.privacy.randomness import SecureRandom
+from experiments.side_by_side.capc_runs import (
+    DELTA,
+    CapcConfig,
+    image_ensemble,
+    teachers_per_hospital,
+)
+from experiments.side_by_side.data import TUNING_SEED, Split, split
+from services.common.limits import MAX_REFERENCE_RECORDS
+from services.demo import DEMO_TASK, DEMO_VOTERS, SHIPPED_BODY
+from services.student.training import OWN_BATCH, STUDENT_L2
+from services.up import accountant, queries_fit
+
+DATASET = "animal-mnist"
+EPSILONS = CapcConfig().epsilons
+#: Queries a round holds (capc_runs' batch size): the BatchNorm batch of synthetic queries.
+BATCH = CapcConfig().batch
+#: At most this many configurations per (dataset, n) cell, as the baselines.
+MAX_GRID = 8
+#: Largest number of synthetic queries a configuration may use (a recipe's limit).
+MAX_POOL = 65_536
+#: The shipped GNMax sigma per voter (the demo's 40 of 250).
+SIGMA_SHARE = float(DEMO_TASK["mechanism"]["sigma"]) / DEMO_VOTERS
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration: teachers per hospital, the mechanism (a :mod:`capc.mechanisms`
+    config, its numbers in votes) and, for the loop, what it does with its labels
+    (``retrain``: the services' way; ``agree``: only labels its own model agrees with;
+    ``own-x4``: its own records weighted four times)."""
+
+    name: str
+    teachers: int
+    mechanism: dict[str, Any]
+    labels: str = "retrain"
+
+    def build(self) -> Mechanism:
+        return from_config(self.mechanism, int(DEMO_TASK["num_classes"]))
+
+    def task(self) -> dict[str, Any]:
+        return {**DEMO_TASK, "mechanism": dict(self.mechanism)}
+
+
+def gnmax(voters: int, factor: float = 1.0) -> dict[str, Any]:
+    """GNMax with sigma ``factor`` times the shipped share of ``voters``."""
+    return {"name": "gnmax", "sigma": round(SIGMA_SHARE * voters * factor, 4)}
+
+
+def robust(voters: int, threshold: float, sigma1: float, factor: float = 1.0) -> dict[str, Any]:
+    """robust-confident-gnmax: threshold and test noise as fractions of ``voters``, the
+    answer's sigma ``factor`` times the shipped share."""
+    return {
+        "name": "robust-confident-gnmax",
+        "sigma": round(SIGMA_SHARE * voters * factor, 4),
+        "threshold": round(threshold * voters, 4),
+        "sigma1": round(sigma1 * voters, 4),
+    }
+
+
+def student_grid(n: int, hospitals: int) -> list[Candidate]:
+    """The DIET student's configurations for ``n`` labelled records a hospital; the first
+    is the shipped rule (``capc_runs``)."""
+    m0 = teachers_per_hospital(DATASET, n)
+    few, many = max(1, m0 // 5), 2 * m0
+    v0, vf, vm = hospitals * m0, hospitals * few, hospitals * many
+    return [
+        Candidate("shipped: m0, gnmax at the share", m0, gnmax(v0)),
+        Candidate("m0, gnmax at 2x the share", m0, gnmax(v0, 2.0)),
+        Candidate("m0, gnmax at 4x the share", m0, gnmax(v0, 4.0)),
+        Candidate("2 m0, gnmax at the share", many, gnmax(vm)),
+        Candidate("m0/5, gnmax at the share", few, gnmax(vf)),
+        Candidate("m0/5, gnmax at m0's sigma", few, gnmax(v0)),
+        Candidate("m0, confident T .5 s1 .2", m0, robust(v0, 0.5, 0.2)),
+        Candidate("m0, confident T .6 s1 .3 at 2x", m0, robust(v0, 0.6, 0.3, 2.0)),
+    ]
+
+
+def loop_grid(n: int, hospitals: int) -> list[Candidate]:
+    """The CaPC loop's configurations (sigma for every hospital's teachers, as the
+    consortium's task sets it; hospital 0's own never vote)."""
+    m0 = teachers_per_hospital(DATASET, n)
+    v0, voting = hospitals * m0, (hospitals - 1) * m0
+    confident = robust(voting, 0.7, 0.15)
+    confident["sigma"] = gnmax(v0)["sigma"]
+    return [
+        Candidate("shipped: gnmax, retrain", m0, gnmax(v0)),
+        Candidate("gnmax, agree", m0, gnmax(v0), "agree"),
+        Candidate("gnmax, own x4", m0, gnmax(v0), "own-x4"),
+        Candidate("confident T .7 s1 .15, retrain", m0, confident),
+        Candidate("confident T .7 s1 .15, agree", m0, confident, "agree"),
+        Candidate("confident T .7 s1 .15, own x4", m0, confident, "own-x4"),
+    ]
+
+
+# -- pricing --------------------------------------------------------------------------
+def admitted(answered: NDArray[np.bool_], mechanism: Mechanism, epsilon: float) -> int:
+    """Queries a fresh cap of ``epsilon`` (nats, at delta 1e-5) admits when rounds run in
+    order over queries whose outcomes are ``answered`` (N,): each round's worst case
+    must fit on top of what was charged, then the round is charged what happened (the
+    module's docstring). The largest round is :data:`BATCH`; a smaller one runs where a
+    whole one no longer fits. The votes are not an argument."""
+    acct = accountant()
+    unit = acct.filter_cost(mechanism.per_query())
+    spent, done = acct.zero(), 0
+    while done < len(answered):
+        size = min(BATCH, len(answered) - done, acct.max_count_of(unit, epsilon, DELTA, spent))
+        if size < 1:
+            break
+        worst = acct.filter_cost(mechanism.worst_case(size))
+        if not acct.fits(spent + worst, epsilon, DELTA):
+            raise RuntimeError(f"a round of {size} does not fit although max_count said so")
+        spent = spent + acct.filter_cost(mechanism.event(answered[done : done + size]))
+        done += size
+    return done
+
+
+# -- scoring ----------------------------------------------------------------------------
+def _student_accuracy(
+    body: Classifier,
+    feats: torch.Tensor,
+    labels: NDArray[np.int64],
+    reference: NDArray[np.float32],
+    score: tuple[NDArray[np.float32], NDArray[np.int64]],
+) -> float | None:
+    """Accuracy on ``score`` of the student service's pretrained head fitted to the
+    (N, D) ``feats`` and their labels, with ``reference``'s statistics stored."""
+    if len(labels) < 2 or len(np.unique(labels)) < 2:
+        return None
+    model = copy.deepcopy(body)
+    model.head = fit_batch_standardised(  # type: ignore[assignment]
+        feats, labels, body.head.out_features, l2=STUDENT_L2, balanced=True
+    )
+    reference_statistics(model, reference)
+    return float(accuracy(model, *score))
+
+
+@dataclass
+class Tuner:
+    """One split's tuning run: the body, the query pool's features and teachers, cached."""
+
+    split: Split
+    pool: int
+    log: Log
+    #: Records every score is taken on: the tuning records (a test passes others).
+    score_on: NDArray[np.int64] | None = None
+
+    def __post_init__(self) -> None:
+        self.body = load_teacher(SHIPPED_BODY).model.eval()
+        self._ensembles: dict[tuple[int, int], list[HeadEnsemble]] = {}
+        self._queries: torch.Tensor | None = None
+        idx = self.split.tuning if self.score_on is None else self.score_on
+        self.score = (self.split.x[idx], self.split.y[idx])
+
+    def query_features(self) -> torch.Tensor:
+        """(pool, D) features of the synthetic queries, batches of :data:`BATCH` read with
+        their own statistics (what the teachers and the student both see)."""
+        if self._queries is None:
+            t = time.perf_counter()
+            x = Recipe("gaussian", self.split.seed, 0, self.pool, (1, 28, 28)).generate()
+            self._queries = features(self.body, x, current_statistics=True, batch=BATCH)
+            self.log(f"{self.pool} queries' features in {time.perf_counter() - t:.0f} s")
+        return self._queries
+
+    def ensembles(self, n: int, m: int) -> list[HeadEnsemble]:
+        if (n, m) not in self._ensembles:
+            t = time.perf_counter()
+            self._ensembles[(n, m)] = [
+                image_ensemble(self.split, n, m, i, self.body) for i in range(self.split.hospitals)
+            ]
+            self.log(f"n={n}: {m} teachers a hospital in {time.perf_counter() - t:.0f} s")
+        return self._ensembles[(n, m)]
+
+    def student(self, n: int, c: Candidate) -> list[dict[str, Any]]:
+        """The DIET student of ``c`` at every eps (rows scored on the tuning records)."""
+        mech = c.build()
+        qf = self.query_features()
+        votes = np.zeros((len(qf), mech.outputs))
+        for ens in self.ensembles(n, c.teachers):
+            for lo in range(0, len(qf), 8192):
+                votes[lo : lo + 8192] += mech.summed_votes(ens.classes_of(qf[lo : lo + 8192]))
+        rng = SecureRandom.from_seed(f"side-by-side-capc-tuning-{n}-{c.name}")
+        labels, answered = mech.oracle(votes, mech.draw_noise(len(votes), rng), CIRCUIT_FRAC_BITS)
+        reference = self.split.x[self.split.reference]
+        rows = []
+        for e in EPSILONS:
+            done = admitted(answered, mech, e)
+            if not mech.confident and done != min(self.pool, queries_fit(c.task(), e)):
+                raise RuntimeError(f"{c.name}: {done} queries at eps {e:g}, not queries_fit's")
+            use = np.flatnonzero(answered[:done])
+            acc = _student_accuracy(self.body, qf[use], labels[use], reference, self.score)
+            rows.append(self._row("capc-diet-student", n, c, e, acc, done, len(use)))
+            rows[-1]["pool_exhausted"] = done == self.pool
+            rows[-1]["label_agreement"] = _agreement(votes[use], labels[use])
+        return rows
+
+    def loop(self, n: int, grid: Sequence[Candidate]) -> list[dict[str, Any]]:
+        """Hospital 0's CaPC loop for every candidate, and its model alone."""
+        s = self.split
+        own = s.labelled(0, n)
+        own_x, own_y = s.x[own], s.y[own]
+        unlabelled = s.x[s.unlabelled(0, n)]
+        # ModelTrainer's orders: features of its own records, and its reference batch.
+        order = np.random.default_rng(1).permutation(len(own_x))
+        own_f = features(self.body, own_x[order], current_statistics=True, batch=OWN_BATCH)
+        ref_order = np.random.default_rng(0).permutation(len(own_x))
+        reference = own_x[ref_order[:MAX_REFERENCE_RECORDS]]
+        uf = features(self.body, unlabelled, current_statistics=True, batch=BATCH)
+        alone_model = self._fitted(own_f, own_y[order], reference)
+        alone = float(accuracy(alone_model, *self.score))
+        with torch.no_grad():
+            own_view = logits(alone_model, unlabelled).argmax(1).numpy()
+        rows = [self._row("alone (hospital 0)", n, None, None, alone, 0, 0)]
+        votes_by_m: dict[int, NDArray[np.float64]] = {}
+        for c in grid:
+            mech = c.build()
+            if c.teachers not in votes_by_m:
+                t = time.perf_counter()
+                # Real records: each teacher reads them with its own statistics, as a
+                # party's ensemble does for tensors; hospital 0's teachers never vote.
+                others = self.ensembles(n, c.teachers)[1:]
+                votes_by_m[c.teachers] = sum(
+                    (
+                        mech.summed_votes(e.predictions(unlabelled, current_statistics=False))
+                        for e in others
+                    ),
+                    np.zeros((len(unlabelled), mech.outputs)),
+                )
+                self.log(f"loop n={n}: votes in {time.perf_counter() - t:.0f} s")
+            votes = votes_by_m[c.teachers]
+            rng = SecureRandom.from_seed(f"side-by-side-capc-tuning-loop-{n}-{c.mechanism}")
+            labels, answered = mech.oracle(
+                votes, mech.draw_noise(len(votes), rng), CIRCUIT_FRAC_BITS
+            )
+            for e in EPSILONS:
+                done = admitted(answered, mech, e)
+                use = np.flatnonzero(answered[:done])
+                if c.labels == "agree":
+                    use = use[own_view[use] == labels[use]]
+                copies = 4 if c.labels == "own-x4" else 1
+                f = torch.cat([own_f.repeat(copies, 1), uf[use]])
+                y = np.concatenate([np.tile(own_y[order], copies), labels[use]])
+                acc = float(accuracy(self._fitted(f, y, reference), *self.score))
+                row = self._row("capc-loop", n, c, e, acc, done, len(use))
+                row["accuracy_alone"], row["gain"] = alone, acc - alone
+                row["label_agreement"] = _agreement(votes[use], labels[use])
+                row["label_accuracy"] = (
+                    float((labels[use] == s.y[s.unlabelled(0, n)][use]).mean())
+                    if len(use)
+                    else None
+                )
+                rows.append(row)
+        return rows
+
+    def _fitted(
+        self, f: torch.Tensor, y: NDArray[np.int64], reference: NDArray[np.float32]
+    ) -> Classifier:
+        model = copy.deepcopy(self.body)
+        model.head = fit_batch_standardised(  # type: ignore[assignment]
+            f, y, self.body.head.out_features, l2=STUDENT_L2, balanced=True
+        )
+        reference_statistics(model, reference)
+        return model
+
+    def _row(
+        self,
+        method: str,
+        n: int,
+        c: Candidate | None,
+        e: float | None,
+        acc: float | None,
+        queries: int,
+        labels: int,
+    ) -> dict[str, Any]:
+        return {
+            "dataset": self.split.dataset,
+            "method": method,
+            "n": n,
+            "epsilon": e,
+            "delta": DELTA,
+            "seed": self.split.seed,
+            "config": None if c is None else asdict(c),
+            "tuning_accuracy": acc,
+            "queries": queries,
+            "labels": labels,
+        }
+
+
+def _agreement(votes: NDArray[np.float64], labels: NDArray[np.int64]) -> float | None:
+    """Fraction of released labels equal to the noiseless plurality (a diagnostic: it
+    reads the private votes, so it is never a release and decides nothing)."""
+    return float((votes.argmax(1) == labels).mean()) if len(labels) else None
+
+
+def chosen(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (method, n, eps): the configuration with the best tuning accuracy (the first
+    on a tie, as the baselines), and the shipped rule's for comparison."""
+    out = []
+    cells: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["epsilon"] is not None:
+            cells.setdefault((r["method"], r["n"], r["epsilon"]), []).append(r)
+    for (method, n, e), rs in cells.items():
+        scored = [r for r in rs if r["tuning_accuracy"] is not None]
+        best = max(scored, key=lambda r: r["tuning_accuracy"], default=None)
+        shipped = next(r for r in rs if r["config"]["name"].startswith("shipped"))
+        out.append(
+            {
+                "method": method,
+                "n": n,
+                "epsilon": e,
+                "chosen": None if best is None else best["config"]["name"],
+                "tuning_accuracy": None if best is None else best["tuning_accuracy"],
+                "shipped_tuning_accuracy": shipped["tuning_accuracy"],
+                "chosen_config": None if best is None else best["config"],
+            }
+        )
+    return out
+
+
+def run(
+    s: Split,
+    sizes: Sequence[int | None],
+    loop_sizes: Sequence[int],
+    pool: int,
+    log: Log,
+    score_on: NDArray[np.int64] | None = None,
+    grid: Callable[[int, int], list[Candidate]] = student_grid,
+    loops: Callable[[int, int], list[Candidate]] = loop_grid,
+    tuner: Tuner | None = None,
+) -> list[dict[str, Any]]:
+    """Every tuning row of ``s`` (only its hospitals' shares and ``score_on``, by default
+    the tuning records, are read). ``tuner``: one whose features and teachers to reuse."""
+    tuner = tuner or Tuner(s, pool, log, score_on)
+    rows: list[dict[str, Any]] = []
+    for size in sizes:
+        n = s.size(size)
+        candidates = grid(n, s.hospitals)
+        if len(candidates) > MAX_GRID:
+            raise ValueError(f"{len(candidates)} configurations for n={n}; at most {MAX_GRID}")
+        for c in candidates:
+            rows += tuner.student(n, c)
+            log(
+                f"student n={n} {c.name}: "
+                + ", ".join(
+                    f"eps {r['epsilon']:g} {r['labels']} labels {r['tuning_accuracy']}"
+                    for r in rows[-len(EPSILONS) :]
+                )
+            )
+    for n in loop_sizes:
+        candidates = loops(n, s.hospitals)
+        if len(candidates) > MAX_GRID:
+            raise ValueError(f"{len(candidates)} loop configurations for n={n}")
+        rows += tuner.loop(n, candidates)
+        log(f"loop n={n} done")
+    return rows
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m experiments.side_by_side.capc_tuning")
+    parser.add_argument("--out", type=Path, required=True, help="the JSON file of rows")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        default=["all", "1000", "200", "50"],
+        help="labelled records per hospital for the student ('all': a whole share)",
+    )
+    parser.add_argument(
+        "--loop-sizes", nargs="*", type=int, default=[200, 1000], help="n for the loop"
+    )
+    parser.add_argument(
+        "--pool", type=int, default=MAX_POOL, help="synthetic queries at most (<= 65,536)"
+    )
+    parser.add_argument(
+        "--add-to",
+        action="store_true",
+        help="merge into the saved rows (a row of the same method, n, eps and config replaced)",
+    )
+    return parser
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, ...]:
+    config = row["config"]
+    return (row["method"], row["n"], row["epsilon"], None if config is None else config["name"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not 1 <= args.pool <= MAX_POOL:
+        raise SystemExit(f"--pool must lie in [1, {MAX_POOL}]")
+    torch.set_num_threads(1)
+    command = shlex.join(
+        ["python", "-m", "experiments.side_by_side.capc_tuning", *(argv or sys.argv[1:])]
+    )
+    start = time.perf_counter()
+
+    def log(text: str) -> None:
+        print(f"[{time.perf_counter() - start:6.0f} s] {text}", file=sys.stderr, flush=True)
+
+    sizes = [None if v == "all" else int(v) for v in args.sizes]
+    s = split(DATASET, TUNING_SEED)
+    saved = json.loads(args.out.read_text()) if args.add_to and args.out.exists() else {}
+    rows: list[dict[str, Any]] = list(saved.get("rows", []))
+    commands = [*saved.get("commands", []), command]
+    tuner = Tuner(s, args.pool, log)
+    # Each cell is saved as it ends, so a run that is stopped keeps what it finished.
+    cells: list[tuple[list[int | None], list[int]]] = [([v], []) for v in sizes]
+    cells += [([], [n]) for n in args.loop_sizes]
+    for cell_sizes, cell_loops in cells:
+        new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner)
+        fresh = {_key(r) for r in new}
+        rows = [r for r in rows if _key(r) not in fresh] + new
+        result = {
+            "experiment": "side_by_side_capc_tuning",
+            "commands": commands,
+            "dataset": DATASET,
+            "seed": TUNING_SEED,
+            "scored_on": "split.tuning",
+            "accountant": "gdp (services.up.accountant), delta 1e-5, rounds admitted by worst case",
+            "rows": rows,
+            "chosen": chosen(rows),
+            "seconds": saved.get("seconds", 0.0) + time.perf_counter() - start,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
