@@ -51,6 +51,7 @@ from numpy.typing import NDArray
 from experiments.report import save
 from services.demo import DEMO_VOTERS, demo_task, shipped_body
 from services.gateway.tokens import TokenStore
+from services.harness import stop_all
 from services.local import LocalConsortium, free_port
 
 QUERIER, HOSPITAL = "hospital-0-querier", "hospital-0"
@@ -186,13 +187,7 @@ class Querier:
     def stop(self) -> None:
         """Stop the querier and its gateway; the consortium runs on."""
         mine = [p for p in self.c.procs if p.name in (QUERIER, "loop-gateway")]
-        for p in mine:
-            p.popen.terminate()
-            try:
-                p.popen.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # a gateway busy past SIGTERM
-                p.popen.kill()
-                p.popen.wait(timeout=10)
+        stop_all(mine, grace=30)  # a gateway may be busy for a while past SIGTERM
         self.c.procs = [p for p in self.c.procs if p not in mine]
 
 

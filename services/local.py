@@ -13,12 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +36,37 @@ from services.common import pki, tls
 from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
 from services.gateway.tokens import TokenStore
+from services.harness import (
+    ROOT,
+    Process,
+    StatusFiles,
+    free_port,
+    gateway_ready,
+    guardian_ready,
+    spawn,
+    stop_all,
+    student_ready,
+)
 from services.student.client import StudentClient
 
-ROOT = Path(__file__).resolve().parents[1]
+# ROOT, Process, spawn and free_port are services.harness's, re-exported here for
+# the tests, experiments and benchmarks that import them from this module.
+__all__ = [
+    "CONFIGURED_CAP",
+    "DATASETS",
+    "DEFAULT_TASK",
+    "HELD_OUT",
+    "REFERENCE",
+    "ROOT",
+    "TASK_NAME",
+    "CanarySpec",
+    "LocalConsortium",
+    "PlantedCanaries",
+    "Process",
+    "free_port",
+    "load_dataset",
+    "spawn",
+]
 TASK_NAME = "images"
 #: The task a LocalConsortium built in code runs unless given another: one teacher per
 #: hospital under robust Confident-GNMax, what the e2e tests exercise. It covers only a
@@ -85,64 +107,9 @@ def load_dataset(
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 #: Why a local consortium's hospital holds a cap above its ledger's, as audited: this
 #: machine's operator runs every party and set the caps in one configuration.
 CONFIGURED_CAP = "set in the local consortium's configuration (capc up / LocalConsortium)"
-
-
-@dataclass
-class Process:
-    """A child process whose output is drained into ``lines``."""
-
-    name: str
-    popen: subprocess.Popen[str]
-    lines: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._reader = threading.Thread(target=self._pump, daemon=True)
-        self._reader.start()
-
-    def output(self, timeout: float = 10.0) -> str:
-        """Everything the process printed, once it has exited and its output is drained."""
-        self.popen.wait(timeout=timeout)
-        self._reader.join(timeout)
-        return "".join(self.lines)
-
-    def _pump(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.append(line)
-
-    def wait_for(self, text: str, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in line for line in self.lines):
-                return
-            if self.popen.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not report {text!r}: {''.join(self.lines)[-2000:]}")
-
-
-def spawn(name: str, *args: str, prefix: Sequence[str] = ()) -> Process:
-    """Run ``capc ARGS...`` as a child process with its output drained.
-
-    ``prefix``: a command that runs it, e.g. ``ip netns exec NS`` (services.testbed.netlab).
-    """
-    popen = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "services.cli", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return Process(name, popen)
 
 
 @dataclass(frozen=True)
@@ -425,16 +392,16 @@ class LocalConsortium:
         """Start the guardian and every answering party; returns once all are connected."""
         self.start_guardian()
         self._say(f"guardian listening on {self.listen_host}:{self.port}")
-        for i in range(self.parties):
-            self.start_party(i)
-        for p in self.procs:
-            if p.name.startswith("hospital-"):
-                p.wait_for("connected to the guardian")
+        # All start at once; each is then waited for until its status file says connected.
+        for proc in [self.start_party(i) for i in range(self.parties)]:
+            proc.wait_ready()
         self._say(f"{self.parties} answering parties connected (no inbound ports)")
 
     def start_guardian(self) -> Process:
-        """(Re)start the guardian on the same port and ledger; it recovers on start-up."""
+        """(Re)start the guardian on the same port and ledger; it recovers on start-up.
+        Returns once its gRPC health service says it serves."""
         self.port = self.port or free_port()
+        listen = f"{self.listen_host}:{self.port}"
         ceilings = self.registered_caps or [self.cap(i) for i in range(self.parties)]
         # Each hospital's teacher count is pinned by the guardian's operator, as a
         # consortium agrees it: a hospital connecting with more is refused.
@@ -453,7 +420,7 @@ class LocalConsortium:
             "--db",
             self.db,
             "--listen",
-            f"{self.listen_host}:{self.port}",
+            listen,
             "--pki",
             str(self.pki_dir),
             "--share-timeout",
@@ -461,13 +428,15 @@ class LocalConsortium:
             *register,
             *extra,
             prefix=self.guardian_prefix,
+            ready=guardian_ready(listen, self.pki_dir),
         )
         self.procs.append(guardian)
-        guardian.wait_for("guardian serving")
+        guardian.wait_ready()
         return guardian
 
     def start_student(self) -> Process:
         """Start ``capc student`` (the jobs API) on a free port; sets ``student_port``.
+        Returns once its gRPC health service says it serves.
 
         The held-out images are the student's own labelled test set."""
         task_file = self.directory / f"{TASK_NAME}.json"
@@ -499,9 +468,10 @@ class LocalConsortium:
             str(test_file),
             *reference,
             *(["--body", str(self.body)] if self.body is not None else []),
+            ready=student_ready(f"127.0.0.1:{self.student_port}", self.pki_dir),
         )
         self.procs.append(proc)
-        proc.wait_for("student serving jobs")
+        proc.wait_ready()
         return proc
 
     def start_querier(
@@ -515,7 +485,7 @@ class LocalConsortium:
         """Hospital ``i`` querying the consortium (the CaPC loop): a student party of its own,
         under its own student certificate, whose rounds leave hospital ``i`` out and whose
         pretrained student learns from ``own`` (x, y) plus what its jobs bring back; tested
-        on ``test``. Returns the port of its jobs API.
+        on ``test``. Returns the port of its jobs API, once it serves.
 
         A querier bound in ``queriers`` runs with ``--hospital``; ``exclude_self=False``
         drops its own ``--exclude`` (the guardian's binding must leave it out anyway)."""
@@ -558,9 +528,10 @@ class LocalConsortium:
             *(["--hospital", self.queriers[name]] if name in self.queriers else []),
             "--body",
             str(self.body),
+            ready=student_ready(f"127.0.0.1:{port}", self.pki_dir),
         )
         self.procs.append(proc)
-        proc.wait_for("student serving jobs")
+        proc.wait_ready()
         return port
 
     @property
@@ -592,7 +563,8 @@ class LocalConsortium:
 
     def serve_gateway(self, name: str, student_port: int, port: int, db: str) -> Process:
         """Start a ``capc gateway serve`` named ``name`` on ``port`` over the student party
-        listening on ``student_port``, its tokens in ``db``; returns once it listens."""
+        listening on ``student_port``, its tokens in ``db``; returns once its ``/healthz``
+        answers 200 (it serves, and so do the student party and guardian behind it)."""
         proc = spawn(
             name,
             "gateway",
@@ -611,9 +583,10 @@ class LocalConsortium:
             str(self.pki_dir),
             "--server-name",
             "localhost",
+            ready=gateway_ready(f"https://127.0.0.1:{port}", self.ca),
         )
         self.procs.append(proc)
-        proc.wait_for("Uvicorn running on")  # listening: after start-up and bind
+        proc.wait_ready()
         return proc
 
     def token(self, role: str, name: str = "", days: float = 1.0) -> str:
@@ -635,25 +608,29 @@ class LocalConsortium:
         ``reason`` (audited). Returns once it is connected again; the guardian enforces no
         more than its registered ceiling."""
         name = f"hospital-{i}"
-        for p in self.procs:
-            if p.name == name and p.popen.poll() is None:
-                p.popen.terminate()
-                p.popen.wait(timeout=30)
+        stop_all([p for p in self.procs if p.name == name], grace=30)
         self.procs = [p for p in self.procs if p.name != name]
         if epsilon_cap is not None:
             caps = list(self.epsilon_caps or [self.epsilon_cap] * self.parties)
             caps[i] = epsilon_cap
             self.epsilon_caps = caps
         proc = self.start_party(i, reason)
-        proc.wait_for("connected to the guardian")
+        proc.wait_ready()
         return proc
 
     def model_args(self, i: int) -> list[str]:
         """Hospital ``i``'s ``capc answerer`` model options (``--model`` per checkpoint)."""
         return [a for path in self.model_paths(i) for a in ("--model", str(path))]
 
+    def status_file(self, i: int) -> Path:
+        """Hospital ``i``'s status file, kept fresh while it is connected to the guardian."""
+        return self.directory / f"hospital-{i}-connected"
+
     def start_party(self, i: int, cap_reason: str = CONFIGURED_CAP) -> Process:
-        """Start hospital ``i``; ``cap_reason`` is what a raised cap is audited with."""
+        """Start hospital ``i``; ``cap_reason`` is what a raised cap is audited with.
+        Returns at once: the process's ``wait_ready()`` returns once it is connected."""
+        connected = StatusFiles((self.status_file(i),))
+        connected.clear()  # an earlier run's file must not count as this one's
         proc = spawn(
             f"hospital-{i}",
             "answerer",
@@ -668,10 +645,13 @@ class LocalConsortium:
             cap_reason,
             "--ledger",
             self.party_ledger(i),
+            "--status-file",
+            str(self.status_file(i)),
             "--pki",
             str(self.pki_dir),
             "--server-name",
             "localhost",
+            ready=connected,
         )
         self.procs.append(proc)
         return proc
@@ -685,15 +665,7 @@ class LocalConsortium:
         )
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.popen.poll() is None:
-                p.popen.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait(timeout=5)
+        stop_all(self.procs)
         self.procs.clear()
 
     def __enter__(self) -> LocalConsortium:

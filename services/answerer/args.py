@@ -90,7 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--status-file",
         type=Path,
         default=None,
-        help="kept fresh while connected to the guardian (for `capc health --file`)",
+        help="kept fresh while connected to the guardian (for `capc health --file`); with "
+        "several --name, put {name} in it for one file per party",
     )
     add_tls_args(p)
     p.set_defaults(handler=lazy("services.answerer.main", "run"))

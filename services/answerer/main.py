@@ -5,6 +5,7 @@ hospital's own ledger, serve the guardian's rounds within the hospital's own cap
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -29,8 +30,12 @@ def run(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         print("error: each --name may be given once", file=sys.stderr)
         return 2
-    if args.status_file is not None and len(names) > 1:
-        print("error: --status-file reports one party; give one --name with it", file=sys.stderr)
+    if args.status_file is not None and len(names) > 1 and "{name}" not in str(args.status_file):
+        print(
+            "error: --status-file reports one party: with several --name, put {name} in it "
+            "(e.g. --status-file status/{name}) so that each party reports its own",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.ledger is not None and len(names) > 1 and "{name}" not in args.ledger:
@@ -74,9 +79,9 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.status_file is not None:
-        threading.Thread(
-            target=_keep_status, args=(parties[0], args.status_file, stop), daemon=True
-        ).start()
+        for party in parties:
+            path = Path(str(args.status_file).replace("{name}", party.name))
+            threading.Thread(target=_keep_status, args=(party, path, stop), daemon=True).start()
     threads = [
         threading.Thread(target=party.run, args=(stop,), name=f"capc-party-{party.name}")
         for party in parties
@@ -109,9 +114,16 @@ def check_encryption(voters: Voters, task: TaskConfig) -> None:
 
 
 def _keep_status(party: AnsweringParty, path: Path, stop: threading.Event) -> None:
-    # A hospital opens no port, so its health is this file's age, not a probe.
-    while not stop.wait(STATUS_EVERY_S):
-        if party.connected.is_set():
-            path.write_text(f"{time.time():.0f}\n")
+    # A hospital opens no port, so its health is this file's age, not a probe. It is
+    # written the moment the party is connected (whoever waits for it, a container's
+    # healthcheck or services.harness, goes on at once), then every STATUS_EVERY_S;
+    # it is removed while the party is not connected.
+    while not stop.is_set():
+        if party.connected.wait(STATUS_EVERY_S):
+            # Written beside and renamed: a reader never sees a half-written time.
+            fresh = path.with_name(f".{path.name}.new")
+            fresh.write_text(f"{time.time():.0f}\n")
+            os.replace(fresh, path)
+            stop.wait(STATUS_EVERY_S)
         else:
             path.unlink(missing_ok=True)

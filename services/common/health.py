@@ -4,7 +4,9 @@
     capc health --file /var/lib/capc/connected --max-age 30     # an answering party
     capc health --http https://127.0.0.1:8080/healthz --ca /pki/ca.pem --server-name gateway
 
-Exit 0 when healthy, 1 otherwise, with the reason on stderr.
+Exit 0 when healthy, 1 otherwise, with the reason on stderr. The checks themselves
+(:func:`check_grpc`, :func:`check_file`, :func:`check_http`) are also how the local
+harness (services.harness) knows that a process it started is ready.
 """
 
 from __future__ import annotations
@@ -25,40 +27,66 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import pki, tls
 
+#: What a failed check raises: the service is not up yet, is gone, or answers unhealthy.
+UNHEALTHY: tuple[type[Exception], ...] = (
+    OSError,
+    ValueError,
+    RuntimeError,
+    grpc.RpcError,
+    urllib.error.URLError,
+    pki.PKIError,
+    http.client.HTTPException,
+)
+
 
 def run(args: argparse.Namespace) -> int:
     try:
         if args.file is not None:
-            age = time.time() - float(args.file.read_text().strip())
-            if age > args.max_age:
-                raise RuntimeError(f"status is {age:.0f} s old (limit {args.max_age:g} s)")
+            check_file(args.file, args.max_age)
         elif args.http is not None:
-            status = _http_status(args.http, args.ca, args.server_name)
-            if status != 200:
-                raise RuntimeError(f"{args.http} answered {status}")
+            check_http(args.http, args.ca, args.server_name)
         else:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, args.name)
             role = args.server_role
             if role is None:
                 role = "guardian" if files is None else pki.identity(files.cert.read_bytes()).role
-            channel = tls.secure_channel(args.grpc, files, args.server_name, role=role)
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=args.service), timeout=5
-            )
-            if reply.status != health_pb2.HealthCheckResponse.SERVING:
-                raise RuntimeError(f"{args.grpc} is {reply.status}")
-    except (
-        OSError,
-        ValueError,
-        RuntimeError,
-        grpc.RpcError,
-        urllib.error.URLError,
-        pki.PKIError,
-        http.client.HTTPException,
-    ) as err:
+            check_grpc(args.grpc, files, args.server_name, role, args.service)
+    except UNHEALTHY as err:
         print(f"unhealthy: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def check_file(path: Path, max_age: float) -> None:
+    """Returns when ``path`` (an answering party's --status-file) holds a time at most
+    ``max_age`` seconds old; raises one of UNHEALTHY otherwise (no file: not connected)."""
+    age = time.time() - float(path.read_text().strip())
+    if age > max_age:
+        raise RuntimeError(f"status is {age:.0f} s old (limit {max_age:g} s)")
+
+
+def check_http(url: str, ca: Path | None, server_name: str | None) -> None:
+    """Returns when ``url`` answers 200; raises one of UNHEALTHY otherwise."""
+    status = _http_status(url, ca, server_name)
+    if status != 200:
+        raise RuntimeError(f"{url} answered {status}")
+
+
+def check_grpc(
+    target: str, files: tls.TLSFiles | None, server_name: str | None, role: str, service: str
+) -> None:
+    """Returns when the gRPC health service at ``target`` (whose certificate must carry
+    ``role``; ``files=None``: plaintext, --insecure-dev) says ``service`` is SERVING;
+    raises one of UNHEALTHY otherwise."""
+    channel = tls.secure_channel(target, files, server_name, role=role)
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=5
+        )
+    finally:
+        channel.close()
+    if reply.status != health_pb2.HealthCheckResponse.SERVING:
+        raise RuntimeError(f"{target} is {reply.status}")
 
 
 class _NamedHTTPS(http.client.HTTPSConnection):

@@ -8,7 +8,8 @@ same untrained MLP on 4 features (random weights, seeded): the availability
 tests and the scale benchmark measure rounds, budgets and streams, not
 accuracy, so no training time is spent and 200 hospitals fit on one machine.
 Any process may run inside a network namespace (``prefix``) and dial the
-guardian through an emulated link (services.testbed.netlab).
+guardian through an emulated link (services.testbed.netlab). Processes are
+started, waited for and stopped through services.harness.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import secrets
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,16 @@ from services import tasks
 from services.common import pki, protocol, tls
 from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
-from services.local import Process, free_port, spawn
+from services.harness import (
+    Process,
+    StatusFiles,
+    free_port,
+    guardian_ready,
+    spawn,
+    stop_all,
+    student_ready,
+    wait_ready,
+)
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc, student_pb2_grpc
 from services.student.client import StudentClient
 
@@ -122,9 +132,10 @@ class LightConsortium:
             *self.guardian_args,
             *extra,
             prefix=prefix,
+            ready=guardian_ready(self.address, self.pki_dir),
         )
         self.procs.append(proc)
-        proc.wait_for("guardian serving", timeout=60)
+        proc.wait_ready()
         self.guardian = proc
         return proc
 
@@ -132,7 +143,10 @@ class LightConsortium:
         self, names: Sequence[str], target: str | None = None, prefix: Sequence[str] = ()
     ) -> Process:
         """One ``capc answerer`` process hosting ``names``, dialling ``target`` (default the
-        guardian's address), run under ``prefix`` (e.g. a lab namespace)."""
+        guardian's address), run under ``prefix`` (e.g. a lab namespace). Returns at once;
+        :meth:`wait_connected` waits for its parties."""
+        connected = StatusFiles(tuple(self.status_file(n) for n in names))
+        connected.clear()  # an earlier process's files must not count as this one's
         proc = spawn(
             "answerers",
             "answerer",
@@ -146,21 +160,32 @@ class LightConsortium:
             # Each hospital keeps its own ledger, even several in one process.
             "--ledger",
             str(self.directory / "{name}-ledger.db"),
+            # Each party's own status file, kept fresh while it is connected.
+            "--status-file",
+            str(self.status_file("{name}")),
             "--pki",
             str(self.pki_dir),
             "--server-name",
             "localhost",
             prefix=prefix,
+            ready=connected,
         )
         self.procs.append(proc)
         return proc
 
-    def wait_connected(self, proc: Process, count: int, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while sum("connected to the guardian" in line for line in proc.lines) < count:
-            if time.monotonic() > deadline or proc.popen.poll() is not None:
-                raise RuntimeError(f"parties did not connect: {''.join(proc.lines)[-3000:]}")
-            time.sleep(0.1)
+    def status_file(self, name: str) -> Path:
+        """Party ``name``'s status file (``capc answerer --status-file``)."""
+        return self.directory / f"{name}-connected"
+
+    def wait_connected(self, proc: Process, count: int, timeout: float = 300.0) -> None:
+        """Return once ``count`` of the parties ``proc`` hosts say they are connected to
+        the guardian (their status files); NotReadyError if it exits first or ``timeout``
+        s pass."""
+        if not isinstance(proc.ready, StatusFiles):
+            raise ValueError(f"{proc.name} was not started by start_parties")
+        if not 1 <= count <= len(proc.ready.paths):
+            raise ValueError(f"{proc.name} hosts {len(proc.ready.paths)} parties, not {count}")
+        wait_ready(proc, replace(proc.ready, at_least=count), timeout)
 
     def start_student(self) -> Process:
         """``capc student``, the jobs API, on a free port (``student_port``)."""
@@ -182,9 +207,10 @@ class LightConsortium:
             str(self.pki_dir),
             "--server-name",
             "localhost",
+            ready=student_ready(f"127.0.0.1:{self.student_port}", self.pki_dir),
         )
         self.procs.append(proc)
-        proc.wait_for("student serving jobs", timeout=60)
+        proc.wait_ready()
         return proc
 
     def jobs(self) -> Any:
@@ -241,15 +267,7 @@ class LightConsortium:
         return Ledger(self.db)
 
     def stop(self) -> None:
-        for p in self.procs:
-            if p.popen.poll() is None:
-                p.popen.terminate()
-        for p in self.procs:
-            try:
-                p.popen.wait(timeout=15)
-            except Exception:
-                p.popen.kill()
-                p.popen.wait(timeout=5)
+        stop_all(self.procs)
         self.procs.clear()
 
 

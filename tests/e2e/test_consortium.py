@@ -137,7 +137,7 @@ def test_a_party_that_drops_is_left_out_and_not_charged(
     assert ledger.budget("hospital-0").spent > 0
     assert_ledgers_agree(consortium)
     # The hospital comes back without anyone restarting the guardian.
-    consortium.start_party(4).wait_for("connected to the guardian")
+    consortium.start_party(4).wait_ready()
 
 
 def test_student_service_runs_a_job_for_the_gateway(consortium: LocalConsortium) -> None:
@@ -331,7 +331,7 @@ def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
         p.popen.wait(timeout=15)
     consortium.epsilon_caps = [1e-3] * consortium.parties
     for i in range(consortium.parties):
-        consortium.start_party(i).wait_for("connected to the guardian")
+        consortium.start_party(i).wait_ready()
     assert {b.cap for b in Ledger(consortium.db).budgets()} == {1e-3}
     rounds_before = Ledger(consortium.db).count_rounds()
     with pytest.raises(grpc.RpcError) as err:

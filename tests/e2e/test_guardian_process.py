@@ -15,7 +15,7 @@ from services.common import pki, tls
 from services.common.ledger import Ledger, audit
 from services.common.ledger.models import RoundState
 from services.common.protocol import PROTOCOL_VERSION
-from services.local import Process, free_port, spawn
+from services.harness import Process, free_port, guardian_ready, spawn
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,8 +36,9 @@ def start_guardian(pki_dir: Path, db: str, port: int) -> Process:
         "hospital-a=3:1",
         "--register",
         "hospital-b=3:1",
+        ready=guardian_ready(f"127.0.0.1:{port}", pki_dir),
     )
-    proc.wait_for("guardian serving")
+    proc.wait_ready()
     return proc
 
 
@@ -119,25 +120,26 @@ def test_guardian_refuses_to_start_without_certificates(tmp_path: Path) -> None:
 
 
 def test_insecure_dev_warns_loudly(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
     proc = spawn(
         "guardian",
         "guardian",
         "--db",
         str(tmp_path / "l.db"),
         "--listen",
-        "127.0.0.1:0",
+        address,
         "--insecure-dev",
+        ready=guardian_ready(address, None),  # plaintext, as it serves
     )
     try:
-        proc.wait_for("guardian serving")
-        seen = "".join(proc.lines)
-        assert "insecure-dev" in seen and "Never use this with real patient data" in seen
+        proc.wait_ready()
         # Its audit signing key is made beside its ledger, never in the source tree.
         assert (tmp_path / "guardian-audit.key").exists()
         assert not (ROOT / "guardian-audit.key").exists()
     finally:
-        proc.popen.kill()
-        proc.popen.wait(timeout=10)
+        proc.stop()
+    seen = proc.output()
+    assert "insecure-dev" in seen and "Never use this with real patient data" in seen
 
 
 def test_noise_seed_without_insecure_dev_is_refused(tmp_path: Path) -> None:
@@ -176,11 +178,10 @@ def test_seeded_test_guardian_still_serves_mutual_tls(
         "--noise-seed",
         "replay-me",
         "--insecure-dev",
+        ready=guardian_ready(f"127.0.0.1:{port}", pki_dir),
     )
     procs.append(proc)
-    proc.wait_for("guardian serving")
-    seen = "".join(proc.lines)
-    assert "mutual TLS stays on" in seen and "for tests only" in seen
+    proc.wait_ready()
     secure = guardian_pb2_grpc.GuardianHubStub(
         tls.secure_channel(
             f"127.0.0.1:{port}",
@@ -196,3 +197,6 @@ def test_seeded_test_guardian_still_serves_mutual_tls(
     )
     with pytest.raises(grpc.RpcError):
         plaintext.ListParties(guardian_pb2.ListPartiesRequest(header=HEADER), timeout=5)
+    proc.stop()  # then all it printed is read, start-up warnings included
+    seen = proc.output()
+    assert "mutual TLS stays on" in seen and "for tests only" in seen

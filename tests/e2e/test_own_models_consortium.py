@@ -119,5 +119,5 @@ def test_a_round_answered_by_own_models_equals_the_plaintext_mechanism(
     # Each party said what it votes with, and charged itself what the guardian did.
     for i in range(PARTIES):
         proc = next(p for p in consortium.procs if p.name == f"hospital-{i}")
-        assert any(f"1 teacher: {FORMATS[i]}" in line for line in proc.lines)
+        assert proc.said(f"1 teacher: {FORMATS[i]}")
     assert_ledgers_agree(consortium)

@@ -1,0 +1,232 @@
+"""Service processes on this machine, for local consortia and tests: start one, know
+when it is ready by asking it, stop it.
+
+Readiness is asked of each service the way its deployment's healthcheck asks
+(services.common.health, ``capc health``): the guardian and the student party through
+the standard gRPC health service over mutual TLS, the gateway through HTTPS
+``/healthz``, an answering party, which opens no port, through the status file it keeps
+while it is connected to the guardian (``capc answerer --status-file``). Nothing waits
+on a log line: what a process prints is kept for people, and for the error raised when
+it exits before it is ready. services.local (LocalConsortium) and
+services.testbed.light (LightConsortium) start every process through here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common import health, tls
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Seconds a process may take to become ready: generous, for a loaded machine. The
+#: wait ends sooner when the process exits.
+READY_TIMEOUT_S = 300.0
+#: Seconds between two readiness probes of a process that is starting.
+PROBE_EVERY_S = 0.1
+#: Seconds a process is given to stop after SIGTERM before it is killed.
+STOP_GRACE_S = 15.0
+#: Seconds old an answering party's status file may be (``capc health --file``'s
+#: default); the party rewrites it every 5 s while connected.
+STATUS_MAX_AGE_S = 30.0
+#: Characters of a process's last output that an error shows.
+TAIL_CHARS = 3000
+#: gRPC health service names (services.guardian.hub.SERVICE, services.student.servicer.SERVICE).
+GUARDIAN_SERVICE = "capc.v1.GuardianHub"
+STUDENT_SERVICE = "capc.v1.StudentParty"
+
+#: Returns when the service is ready; raises one of health.UNHEALTHY, saying why, when not.
+Probe = Callable[[], None]
+
+
+class NotReadyError(RuntimeError):
+    """A process exited before it was ready, or was not ready in time; the message names
+    it and shows its last output."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """A child process whose output is drained into ``lines``; ``ready`` probes whether
+    it serves (None: nothing to wait for)."""
+
+    name: str
+    popen: subprocess.Popen[str]
+    ready: Probe | None = None
+    lines: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        if self.popen.stdout is None:  # spawn always pipes it; nothing to drain otherwise
+            return
+        for line in self.popen.stdout:
+            self.lines.append(line)
+
+    def output(self, timeout: float = 10.0) -> str:
+        """Everything the process printed, once it has exited and its output is drained
+        (subprocess.TimeoutExpired if it is still running after ``timeout`` s)."""
+        self.popen.wait(timeout=timeout)
+        self._reader.join(timeout)
+        return "".join(self.lines)
+
+    def said(self, text: str, timeout: float = 60.0) -> bool:
+        """Whether the process printed ``text`` (waiting up to ``timeout`` s for the line
+        to be drained): for tests of what a process tells people. Readiness never waits
+        on output; use :meth:`wait_ready`."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if self.popen.poll() is not None:
+                self._reader.join(10)
+                return any(text in line for line in self.lines)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(PROBE_EVERY_S)
+        return True
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Return once ``ready`` answers (see :func:`wait_ready`)."""
+        if self.ready is None:
+            raise ValueError(f"{self.name} was started without a readiness probe")
+        wait_ready(self, self.ready, timeout)
+
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` s (see :func:`stop_all`)."""
+        stop_all([self], grace)
+
+
+def spawn(name: str, *args: str, prefix: Sequence[str] = (), ready: Probe | None = None) -> Process:
+    """Run ``capc ARGS...`` as a child process named ``name``, its output drained.
+
+    ``prefix``: a command that runs it, e.g. ``ip netns exec NS`` (services.testbed.netlab);
+    ``ready``: how to tell that it serves (:func:`guardian_ready` and the others).
+    """
+    popen = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "services.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return Process(name, popen, ready)
+
+
+def wait_ready(proc: Process, probe: Probe, timeout: float = READY_TIMEOUT_S) -> None:
+    """Probe until ``probe`` answers, then return. :class:`NotReadyError` with the
+    process's last output as soon as it exits, or once ``timeout`` s have passed."""
+    deadline = time.monotonic() + timeout
+    why = "not probed yet"
+    while proc.popen.poll() is None:
+        try:
+            probe()
+        except health.UNHEALTHY as err:
+            why = str(err) or type(err).__name__
+        else:
+            # Answered: by this process only if it still runs (not another on its port).
+            if proc.popen.poll() is None:
+                return
+            break
+        if time.monotonic() > deadline:
+            raise NotReadyError(
+                f"{proc.name} was not ready within {timeout:g} s (last probe: {why}); "
+                f"its last output:\n{''.join(proc.lines)[-TAIL_CHARS:]}"
+            )
+        # Sleeps between probes, but wakes the moment the process exits.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(PROBE_EVERY_S)
+    out = proc.output()
+    raise NotReadyError(
+        f"{proc.name} exited with code {proc.popen.returncode} before it was ready; "
+        f"its last output:\n{out[-TAIL_CHARS:]}"
+    )
+
+
+def stop_all(procs: Iterable[Process], grace: float = STOP_GRACE_S) -> None:
+    """SIGTERM every running process in ``procs``, then wait up to ``grace`` s for each
+    and SIGKILL those still running: each gets its graceful shutdown first."""
+    procs = list(procs)
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+            p.popen.wait(timeout=5)
+
+
+def grpc_ready(
+    target: str,
+    service: str,
+    role: str,
+    pki_dir: Path | None,
+    name: str = "gateway",
+    server_name: str | None = "localhost",
+) -> Probe:
+    """``service`` at ``target`` says SERVING through the gRPC health service, over mutual
+    TLS with ``name``'s certificate in ``pki_dir`` to a server whose certificate carries
+    ``role`` (``pki_dir=None``: plaintext, a --insecure-dev process)."""
+    files = None if pki_dir is None else tls.TLSFiles.in_dir(pki_dir, name)
+    return lambda: health.check_grpc(target, files, server_name, role, service)
+
+
+def guardian_ready(target: str, pki_dir: Path | None, name: str = "gateway") -> Probe:
+    """The guardian at ``target`` serves (see :func:`grpc_ready`)."""
+    return grpc_ready(target, GUARDIAN_SERVICE, "guardian", pki_dir, name)
+
+
+def student_ready(target: str, pki_dir: Path | None, name: str = "gateway") -> Probe:
+    """A student party's jobs API at ``target`` serves (see :func:`grpc_ready`)."""
+    return grpc_ready(target, STUDENT_SERVICE, "student", pki_dir, name)
+
+
+def gateway_ready(url: str, ca: Path | None) -> Probe:
+    """The gateway at ``url`` answers 200 on ``/healthz`` (HTTPS verified against ``ca``):
+    it serves, and the student party and guardian behind it do."""
+    return lambda: health.check_http(f"{url.rstrip('/')}/healthz", ca, None)
+
+
+@dataclass(frozen=True)
+class StatusFiles:
+    """Answering parties' status files (``capc answerer --status-file``): ready when at
+    least ``at_least`` of them (all by default) say their party is connected. Call
+    :meth:`clear` before the parties start, so that only their own files count."""
+
+    paths: tuple[Path, ...]
+    at_least: int | None = None
+    max_age: float = STATUS_MAX_AGE_S
+
+    def clear(self) -> None:
+        for path in self.paths:
+            path.unlink(missing_ok=True)
+
+    def __call__(self) -> None:
+        need = len(self.paths) if self.at_least is None else self.at_least
+        waiting: list[str] = []
+        for path in self.paths:
+            try:
+                health.check_file(path, self.max_age)
+            except health.UNHEALTHY as err:
+                waiting.append(f"{path.name}: {err}")
+        if len(self.paths) - len(waiting) < need:
+            raise RuntimeError(
+                f"{len(self.paths) - len(waiting)} of {len(self.paths)} parties connected, "
+                f"{need} wanted ({waiting[0]})"
+            )
