@@ -5,8 +5,9 @@ part of the offline data (animal-mnist by default; animal-attributes for a
 multi-label task) unless checkpoints exist or a hospital brings its own,
 registers a task in a SQLite ledger, and starts the guardian and N answering
 parties (and on request the student party and the gateway) as separate
-processes over mutual TLS. ``capc up`` (services/up.py), the e2e tests, the
-consortium benchmark and the demo use it.
+processes over mutual TLS, each started, waited for (until its health check
+answers) and stopped through services.harness. ``capc up`` (services/up.py), the
+e2e tests, the consortium benchmark and the demo use it.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from services.cli import main
 from services.common import pki, protocol, tls
 from services.harness import (
     NotReadyError,
-    Process,
     Probe,
+    Process,
     StatusFiles,
     free_port,
     gateway_ready,
