@@ -9,10 +9,15 @@ No transport, no threads, no clock: services drive it, passing "now".
 :mod:`~capc.round.state` (a round in flight), :mod:`~capc.round.admission` (checks
 before anything is reserved), :mod:`~capc.round.personalization` (weights and
 participation), :mod:`~capc.round.circuit` (the guardian's circuit inputs) and
-:mod:`~capc.round.settlement` (how a round ended for a party).
+:mod:`~capc.round.settlement` (how a round ended for a party);
+:mod:`~capc.round.party`: an answering party's state machine, over its own ledger
+(:class:`~capc.round.ledger.PartyLedger`, in memory:
+:mod:`~capc.round.memory_party_ledger`).
 """
 
 from capc.round.errors import (
+    DuplicateRoundError,
+    LedgerRefusedError,
     LimitError,
     QuorumError,
     RoundError,
@@ -20,10 +25,12 @@ from capc.round.errors import (
     RoundRefusedError,
     RoundRequestError,
     RoundStateError,
+    VoteRefusedError,
 )
 from capc.round.guardian import GuardianCore, GuardianRound
-from capc.round.ledger import Reservation, RoundLedger, RoundState
+from capc.round.ledger import KeptSetting, PartyLedger, Reservation, RoundLedger, RoundState
 from capc.round.memory_ledger import MemoryLedger
+from capc.round.memory_party_ledger import MemoryPartyLedger
 from capc.round.messages import (
     Opened,
     PartyShares,
@@ -35,13 +42,20 @@ from capc.round.messages import (
     ShareLayout,
     VoteVerdict,
 )
+from capc.round.party import PartyCore
 
 __all__ = [
+    "DuplicateRoundError",
     "GuardianCore",
     "GuardianRound",
+    "KeptSetting",
+    "LedgerRefusedError",
     "LimitError",
     "MemoryLedger",
+    "MemoryPartyLedger",
     "Opened",
+    "PartyCore",
+    "PartyLedger",
     "PartyShares",
     "QueryBatch",
     "QuorumError",
@@ -58,5 +72,6 @@ __all__ = [
     "RoundWork",
     "Settlement",
     "ShareLayout",
+    "VoteRefusedError",
     "VoteVerdict",
 ]
