@@ -12,7 +12,8 @@ participation), :mod:`~capc.round.circuit` (the guardian's circuit inputs) and
 :mod:`~capc.round.settlement` (how a round ended for a party);
 :mod:`~capc.round.party`: an answering party's state machine, over its own ledger
 (:class:`~capc.round.ledger.PartyLedger`, in memory:
-:mod:`~capc.round.memory_party_ledger`).
+:mod:`~capc.round.memory_party_ledger`); :mod:`~capc.round.student`: the student's;
+:mod:`~capc.round.central`: the three roles driven in one process (central mode).
 """
 
 from capc.round.errors import (
@@ -43,6 +44,8 @@ from capc.round.messages import (
     VoteVerdict,
 )
 from capc.round.party import PartyCore
+from capc.round.student import StudentCore, StudentRound
+from capc.round.task import MechanismTask
 
 __all__ = [
     "DuplicateRoundError",
@@ -51,6 +54,7 @@ __all__ = [
     "KeptSetting",
     "LedgerRefusedError",
     "LimitError",
+    "MechanismTask",
     "MemoryLedger",
     "MemoryPartyLedger",
     "Opened",
@@ -72,6 +76,8 @@ __all__ = [
     "RoundWork",
     "Settlement",
     "ShareLayout",
+    "StudentCore",
+    "StudentRound",
     "VoteRefusedError",
     "VoteVerdict",
 ]
