@@ -35,7 +35,8 @@ from __future__ import annotations
 import json
 import logging
 
-from capc.round.errors import VoteRefusedError
+# Re-exported: a refusal is the party role's own.
+from capc.round.errors import VoteRefusedError as VoteRefusedError
 from capc.round.ledger import KeptSetting
 from capc.round.messages import RoundWork
 from capc.round.party import PartyCore
