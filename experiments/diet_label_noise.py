@@ -88,6 +88,7 @@ def seed_students(
                 noise_stream(seed, n),
                 num_teachers=config.teachers,
                 accountants=config.accountants,
+                labels_by=config.labels_by,
             )
             labelled.append(run)
             row.append(student(run.labels)["student_accuracy"])

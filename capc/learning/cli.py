@@ -31,7 +31,7 @@ from capc.learning.diet import (
     run,
     save_body,
 )
-from capc.learning.pate import ACCOUNTANTS, ConfidentParams
+from capc.learning.pate import ACCOUNTANTS, LABELS_BY, ConfidentParams
 from capc.learning.simclr import PRECISIONS, PretrainConfig, PretrainingPausedError
 from capc.models import ARCHITECTURES, load_teacher
 from capc.models.checkpoint import weights_sha256
@@ -228,6 +228,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "the same labels",
     )
     r.add_argument(
+        "--labels-by",
+        choices=LABELS_BY,
+        default=DEFAULTS.labels_by,
+        help="oracle: the mechanism's plaintext oracle; 2pc: the same labels through the "
+        "protocol's guardian, party and student in one process, with the real garbled "
+        "circuit (slower; a check that central labels are the protocol's)",
+    )
+    r.add_argument(
         "--student-l2",
         type=float,
         default=DEFAULTS.student_l2,
@@ -324,6 +332,7 @@ def run_experiment(args: argparse.Namespace) -> int:
             batch=args.batch,
             mechanism=ConfidentParams(args.threshold, args.sigma1, args.sigma2),
             accountants=args.accountants,
+            labels_by=args.labels_by,
             student_l2=args.student_l2,
             baseline=not args.no_baseline,
         )

@@ -43,7 +43,7 @@ from numpy.typing import NDArray
 from capc.data.generators import GENERATORS, Recipe
 from capc.data.offline import animal_mnist, digits, partition, skewed_partition
 from capc.learning.last_layer import fit_batch_standardised, fit_linear, self_train_linear
-from capc.learning.pate import ACCOUNTANTS, ConfidentParams, label_within_budgets
+from capc.learning.pate import ACCOUNTANTS, LABELS_BY, ConfidentParams, label_within_budgets
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
@@ -231,6 +231,10 @@ class DietConfig:
     #: each is a row of its own, on the same labels and noise
     #: (:func:`label_within_budgets`).
     accountants: tuple[str, ...] = ("rdp",)
+    #: ``oracle``: the mechanism's plaintext oracle; ``2pc``: the same labels through the
+    #: protocol's roles in one process with the real garbled circuit (slower)
+    #: (:func:`label_within_budgets`).
+    labels_by: str = "oracle"
     test_size: int = 1000
     teacher_l2: float = 1e-2
     student_l2: float = 1e-3
@@ -266,6 +270,8 @@ class DietConfig:
                 f"unknown accountants {unknown_accountants or 'none given'}; "
                 f"choose from {', '.join(ACCOUNTANTS)}"
             )
+        if self.labels_by not in LABELS_BY:
+            raise ValueError(f"labels_by must be one of {', '.join(LABELS_BY)}")
         penalties = (self.teacher_l2, self.student_l2, self.reference_l2)
         if not all(math.isfinite(v) and v >= 0 for v in penalties):
             raise ValueError("the heads' L2 penalties must be finite and >= 0")
@@ -390,6 +396,7 @@ def _label_rows(
         rng,
         num_teachers=config.teachers,
         accountants=config.accountants,
+        labels_by=config.labels_by,
     ):
         answered = run.answered
         rows.append(

@@ -35,6 +35,12 @@ own cost (included in the figure), not part of ``epsilon``.
 One noise draw serves every budget and accountant, so the runs at eps 5, 10
 and 20 are prefixes of one run, and the accountants' runs differ only in
 where they stop.
+
+The labels come from the mechanism's oracle (``labels_by="oracle"``, the default and
+the fastest), or from the protocol itself run in one process
+(``labels_by="2pc"``: :func:`capc.round.central.label_histograms`, the guardian, one
+party holding the ensemble and the student, with the real garbled circuit), bit for
+bit the same labels for the same noise.
 """
 
 from __future__ import annotations
@@ -56,9 +62,13 @@ from capc.privacy.accountants import Accounting, RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
+from capc.round.central import label_histograms
 
 #: The accountants :func:`label_within_budgets` knows (see the module's docstring).
 ACCOUNTANTS = tuple(kinds.ACCOUNTANTS)
+
+#: Where the labels come from (see the module's docstring).
+LABELS_BY = ("oracle", "2pc")
 
 #: The mechanisms central labelling runs: those with the data-dependent analysis its
 #: sanitised side figure reports (robust-confident-gnmax has none).
@@ -204,6 +214,7 @@ def label_within_budgets(
     orders: NDArray[np.float64] = DEFAULT_ORDERS,
     accountants: Sequence[str] = ("rdp",),
     frac_bits: int = CIRCUIT_FRAC_BITS,
+    labels_by: str = "oracle",
 ) -> list[Labelled]:
     """Label (N, K) vote ``histograms`` in order, for each accountant in ``accountants`` and
     each epsilon in ``budgets`` (nats) at ``delta`` (that order: accountant, then budget).
@@ -211,7 +222,10 @@ def label_within_budgets(
     One noise draw serves them all: ``mechanism.draw_noise(N, rng)``, the guardian's
     draw, and the labels are ``mechanism.oracle`` on it with ``frac_bits`` fractional
     bits (the circuit's grid), what a networked round releases for the same votes and
-    noise. ``orders``: the Renyi orders of the ``rdp`` accountant.
+    noise. ``labels_by="2pc"``: the same labels from the protocol's roles in one process
+    with the real garbled circuit (integer histograms whose rows total ``num_teachers``,
+    on the circuit's grid only). ``orders``: the Renyi orders of the ``rdp`` accountant.
+    The budget filter is the same either way: it sees only which queries were answered.
     """
     if mechanism.name not in CENTRAL_MECHANISMS:
         raise MechanismError(
@@ -225,8 +239,15 @@ def label_within_budgets(
     bad = [b for b in budgets if not b > 0]
     if bad:
         raise ValueError(f"budgets must be positive, got {bad[0]}")
+    if labels_by not in LABELS_BY:
+        raise ValueError(f"labels_by must be one of {', '.join(LABELS_BY)}, got {labels_by!r}")
     h = np.asarray(histograms, dtype=np.float64)
-    labels, answered = mechanism.oracle(h, mechanism.draw_noise(len(h), rng), frac_bits)
+    if labels_by == "oracle":
+        labels, answered = mechanism.oracle(h, mechanism.draw_noise(len(h), rng), frac_bits)
+    elif frac_bits != CIRCUIT_FRAC_BITS:
+        raise ValueError(f"the garbled circuit's grid has {CIRCUIT_FRAC_BITS} fractional bits")
+    else:
+        labels, answered = label_histograms(h, mechanism, num_teachers, rng, mode="2pc")
     out: list[Labelled] = []
     for name in accountants:
         acct = RenyiDp(orders) if name == RenyiDp.name else kinds.make(name)

@@ -9,10 +9,16 @@ No transport, no threads, no clock: services drive it, passing "now".
 :mod:`~capc.round.state` (a round in flight), :mod:`~capc.round.admission` (checks
 before anything is reserved), :mod:`~capc.round.personalization` (weights and
 participation), :mod:`~capc.round.circuit` (the guardian's circuit inputs) and
-:mod:`~capc.round.settlement` (how a round ended for a party).
+:mod:`~capc.round.settlement` (how a round ended for a party);
+:mod:`~capc.round.party`: an answering party's state machine, over its own ledger
+(:class:`~capc.round.ledger.PartyLedger`, in memory:
+:mod:`~capc.round.memory_party_ledger`); :mod:`~capc.round.student`: the student's;
+:mod:`~capc.round.central`: the three roles driven in one process (central mode).
 """
 
 from capc.round.errors import (
+    DuplicateRoundError,
+    LedgerRefusedError,
     LimitError,
     QuorumError,
     RoundError,
@@ -20,10 +26,12 @@ from capc.round.errors import (
     RoundRefusedError,
     RoundRequestError,
     RoundStateError,
+    VoteRefusedError,
 )
 from capc.round.guardian import GuardianCore, GuardianRound
-from capc.round.ledger import Reservation, RoundLedger, RoundState
+from capc.round.ledger import KeptSetting, PartyLedger, Reservation, RoundLedger, RoundState
 from capc.round.memory_ledger import MemoryLedger
+from capc.round.memory_party_ledger import MemoryPartyLedger
 from capc.round.messages import (
     Opened,
     PartyShares,
@@ -35,13 +43,23 @@ from capc.round.messages import (
     ShareLayout,
     VoteVerdict,
 )
+from capc.round.party import PartyCore
+from capc.round.student import StudentCore, StudentRound
+from capc.round.task import MechanismTask
 
 __all__ = [
+    "DuplicateRoundError",
     "GuardianCore",
     "GuardianRound",
+    "KeptSetting",
+    "LedgerRefusedError",
     "LimitError",
+    "MechanismTask",
     "MemoryLedger",
+    "MemoryPartyLedger",
     "Opened",
+    "PartyCore",
+    "PartyLedger",
     "PartyShares",
     "QueryBatch",
     "QuorumError",
@@ -58,5 +76,8 @@ __all__ = [
     "RoundWork",
     "Settlement",
     "ShareLayout",
+    "StudentCore",
+    "StudentRound",
+    "VoteRefusedError",
     "VoteVerdict",
 ]

@@ -38,7 +38,27 @@ class RoundStateError(RoundError):
     """The ledger's round is not in a state that allows this transition."""
 
 
+class LedgerRefusedError(RoundError):
+    """A ledger refused an operation (unknown party, reused key, bad event); the message
+    says why."""
+
+
+class DuplicateRoundError(LedgerRefusedError):
+    """A round key or round id was used before: a replayed or duplicated round."""
+
+
+class VoteRefusedError(RoundError):
+    """An answering party will not vote in a round; ``budget``: because of its own cap.
+    Nothing was spent in its own ledger."""
+
+    def __init__(self, reason: str, *, budget: bool = False) -> None:
+        super().__init__(reason)
+        self.budget = budget
+
+
 __all__ = [
+    "DuplicateRoundError",
+    "LedgerRefusedError",
     "LimitError",
     "QuorumError",
     "RoundError",
@@ -46,4 +66,5 @@ __all__ = [
     "RoundRefusedError",
     "RoundRequestError",
     "RoundStateError",
+    "VoteRefusedError",
 ]

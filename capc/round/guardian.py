@@ -92,6 +92,11 @@ class GuardianCore(Generic[TaskT]):
     where the proofs' challenges come from (the OS by default, so a seeded noise
     stream replays unchanged); ``round_timeout``: seconds a round may stay
     unreleased; ``max_open``: rounds one querier may hold open.
+
+    ``central``: every party and the student run in this process, driven by
+    :mod:`capc.round.central`, so none can deviate: their votes travel as plain ring
+    shares (no validity proof, so no bound on a proof's ring conversion either), and
+    a mechanism that is not offset-robust may run. Never for a networked guardian.
     """
 
     def __init__(
@@ -102,12 +107,14 @@ class GuardianCore(Generic[TaskT]):
         rng: SecureRandom | None = None,
         max_open: int = 16,
         entropy: Callable[[int], bytes] = secrets.token_bytes,
+        central: bool = False,
     ) -> None:
         self.ledger = ledger
         self.round_timeout = round_timeout
         self.max_open = max_open
         self.rng = rng or SecureRandom()
         self._entropy = entropy
+        self.central = central
         self.rounds: dict[int, GuardianRound[TaskT]] = {}
         self.recent: OrderedDict[int, _Recent] = OrderedDict()
 
@@ -136,7 +143,8 @@ class GuardianCore(Generic[TaskT]):
         Raises RoundRequestError, LimitError, or the ledger's QuorumError (nothing
         reserved). Call :meth:`retry_without` first for a retry.
         """
-        check_task(task)
+        if not self.central:
+            check_task(task)
         excluded = check_excluded(request.exclude) | request.left_out
         querier, batch, encrypted = request.querier, request.batch, request.queries.encrypted
         held = sum(1 for r in self.rounds.values() if r.querier == querier)
@@ -148,7 +156,8 @@ class GuardianCore(Generic[TaskT]):
                 f"never computed is aborted {self.round_timeout:g} s after its opening"
             )
         candidates = [p for p in candidates if p not in excluded]
-        if not encrypted:
+        proven = not (encrypted or self.central)
+        if proven:
             check_conversion(task, batch, teachers, candidates)
         weights, votes_on = personalization.draw(
             task, self.rates(task, candidates), batch, self.rng
@@ -190,7 +199,7 @@ class GuardianCore(Generic[TaskT]):
             if p not in rnd.teachers:  # its stream went away meanwhile
                 rnd.failed.add(p)
                 continue
-            if not encrypted:
+            if proven:
                 # Every plaintext vote carries its proof; a party whose teacher count makes
                 # the statement too large to prove would vote unchecked: left out instead.
                 relation = task.mechanism.vote_relation(rnd.voters(p))
@@ -208,6 +217,9 @@ class GuardianCore(Generic[TaskT]):
                     task.frac_bits,
                     rnd.voters(p),
                     votes_on.get(p),
+                    request.queries,
+                    task.name,
+                    proven=proven,
                 )
             )
         return rnd, work
@@ -525,7 +537,15 @@ class GuardianCore(Generic[TaskT]):
             )
             log.warning("round %d: %d histograms broke their vote total", rnd.round_id, bad.size)
             return Computed(rnd.round_id, 0, b, rnd.used, tuple(int(q) for q in bad))
-        answered = mech.answered(spec, dict(out), b)
+        return self.charge(rnd, mech.answered(spec, dict(out), b))
+
+    def charge(self, rnd: GuardianRound[TaskT], answered: NDArray[np.bool_]) -> Computed:
+        """Settle released ``rnd`` from what it released, ``answered`` (the mechanism's
+        answer shape): each party is charged the queries it voted on, at its weight. The
+        circuit's outputs give ``answered`` (:meth:`computed`); a central driver running
+        the mechanism's oracle gives it directly."""
+        self.rounds.pop(rnd.round_id, None)
+        b, mech = rnd.batch, rnd.task.mechanism
         charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
         self.ledger.commit(rnd.round_id, charges, outcome=outcome(answered))
         count = int(answered.reshape(b, -1).any(axis=1).sum())

@@ -63,12 +63,26 @@ class Held:
 @dataclass(frozen=True)
 class RoundRecord:
     """A round as a settlement needs it: state, what it released (``outcome``: JSON with
-    the packed ``answered`` mask, None when unknown), and what is held per party."""
+    the packed ``answered`` mask, None when unknown), what is held per party, and (a
+    party's own ledger) what the round asked of the party (``terms``, JSON)."""
 
     round_id: int
     state: RoundState
     outcome: Mapping[str, object] | None
     held: Mapping[str, Held]
+    terms: Mapping[str, object] | None = None
+
+
+@dataclass(frozen=True)
+class KeptSetting:
+    """A setting a ledger keeps in the same step as a round's settlement (a party's own
+    ledger keeps the guardian's audit head that way): one durable write a round."""
+
+    key: str
+    value: str
+    actor: str
+    action: str = "setting"
+    detail: Mapping[str, object] | None = None
 
 
 class RoundLedger(Protocol):
@@ -146,4 +160,74 @@ class RoundLedger(Protocol):
         ...
 
 
-__all__ = ["Held", "Reservation", "RoundLedger", "RoundRecord", "RoundState"]
+class PartyLedger(Protocol):
+    """What an answering party's role needs from its own ledger, which holds one party,
+    itself. Every method is one atomic step; rounds carry the guardian's round ids."""
+
+    @property
+    def accounting(self) -> Accounting:
+        """The accountant loss vectors are kept in (the guardian's, or the two ledgers
+        could not be compared)."""
+        ...
+
+    @property
+    def delta(self) -> float: ...
+
+    @property
+    def cap(self) -> float:
+        """The party's own epsilon cap, at :attr:`delta`."""
+        ...
+
+    def reserve_vote(
+        self,
+        round_id: int,
+        task: str,
+        config: Mapping[str, object],
+        queries: int,
+        worst_case: DpEvent,
+        *,
+        mechanism: str,
+        terms: Mapping[str, object],
+    ) -> None:
+        """Reserve the party's ``worst_case`` for the guardian's round ``round_id`` of task
+        ``task`` (registered with ``config`` first; a task's configuration never changes
+        under its name: LedgerRefusedError), keeping ``terms`` (JSON) with it.
+        QuorumError, nothing written, when it would take the party past its cap
+        (``remaining`` names the party); DuplicateRoundError when the round was reserved
+        before."""
+        ...
+
+    def round_record(self, round_id: int) -> RoundRecord | None:
+        """The round with its terms; None when this ledger never reserved it."""
+        ...
+
+    def open_rounds(self) -> list[int]:
+        """Rounds reserved or released and not yet settled, oldest first."""
+        ...
+
+    def abort(self, round_id: int, *, reason: str, keep: KeptSetting | None = None) -> None:
+        """Return a never-released round's reservation; ``keep`` kept in the same step."""
+        ...
+
+    def commit(
+        self, round_id: int, charge: DpEvent | None, *, keep: KeptSetting | None = None
+    ) -> None:
+        """Replace the round's reservation by ``charge`` (None: nothing), releasing it
+        first if it is still reserved; ``keep`` kept in the same step."""
+        ...
+
+    def commit_at_reservation(self, round_id: int, *, keep: KeptSetting | None = None) -> None:
+        """Charge the round its reservation (what it released is unknown), releasing it
+        first if it is still reserved; ``keep`` kept in the same step."""
+        ...
+
+
+__all__ = [
+    "Held",
+    "KeptSetting",
+    "PartyLedger",
+    "Reservation",
+    "RoundLedger",
+    "RoundRecord",
+    "RoundState",
+]

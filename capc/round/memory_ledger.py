@@ -16,14 +16,15 @@ from numpy.typing import NDArray
 from capc.privacy import accountants
 from capc.privacy.accountants import Accounting, UnsupportedEventError
 from capc.privacy.events import DpEvent
-from capc.round.errors import QuorumError, RoundError, RoundStateError
+from capc.round.errors import (
+    DuplicateRoundError,
+    LedgerRefusedError,
+    QuorumError,
+    RoundStateError,
+)
 from capc.round.ledger import Held, Reservation, RoundRecord, RoundState
 
 FloatArray = NDArray[np.float64]
-
-
-class LedgerRefusedError(RoundError):
-    """The in-memory ledger refused an operation (unknown party, reused key, bad event)."""
 
 
 def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
@@ -53,6 +54,7 @@ class _Round:
     events: dict[str, DpEvent | None]
     settled: bool = False
     outcome: Mapping[str, object] | None = None
+    terms: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -140,15 +142,22 @@ class MemoryLedger:
         mechanism: str,
         quorum: int,
         disclosure: Mapping[str, object] | None = None,
+        round_id: int | None = None,
+        terms: Mapping[str, object] | None = None,
     ) -> Reservation:
+        """See :meth:`RoundLedger.reserve`. ``round_id``: a party's own ledger numbers its
+        rounds as the guardian does; ``terms``: what the round asked of the party, kept
+        with it. DuplicateRoundError when the key or the id was used before."""
         if queries < 1 or quorum < 1:
             raise LedgerRefusedError(
                 f"a round has >= 1 query and quorum >= 1, got {queries}, {quorum}"
             )
-        if any(r.key == round_key for r in self._rounds.values()):
-            raise LedgerRefusedError(
+        if round_id in self._rounds or any(r.key == round_key for r in self._rounds.values()):
+            raise DuplicateRoundError(
                 f"round {round_key!r} was opened before; a round key is used once"
             )
+        if round_id is not None and round_id < 1:
+            raise LedgerRefusedError(f"a round id is positive, got {round_id}")
         costs = {p: self._loss(e, f"worst case of {p}") for p, e in worst_case.items()}
         names = sorted(costs)
         for p in names:
@@ -178,7 +187,8 @@ class MemoryLedger:
                 f"is {quorum}; excluded: {', '.join(sorted(excluded))}",
                 excluded,
             )
-        round_id = max(self._rounds, default=0) + 1
+        if round_id is None:
+            round_id = max(self._rounds, default=0) + 1
         self._rounds[round_id] = _Round(
             round_key,
             task,
@@ -187,6 +197,7 @@ class MemoryLedger:
             RoundState.RESERVED,
             {p: costs[p] for p in included},
             {p: worst_case[p] for p in included},
+            terms=None if terms is None else dict(terms),
         )
         spends = self._querier_loss.setdefault(querier, {})
         for p in included:
@@ -219,13 +230,17 @@ class MemoryLedger:
         actual: Mapping[str, DpEvent],
         *,
         outcome: Mapping[str, object] | None = None,
+        release: bool = False,
     ) -> None:
+        """See :meth:`RoundLedger.commit`; ``release``: a round still reserved is released
+        first (a party's own ledger, told of a round whose output has left already)."""
         costs = {p: self._loss(e, f"charge of {p}") for p, e in actual.items()}
-        self._commit(round_id, costs, dict(actual), outcome)
+        self._commit(round_id, costs, dict(actual), outcome, release)
 
-    def commit_at_reservation(self, round_id: int) -> None:
+    def commit_at_reservation(self, round_id: int, *, release: bool = False) -> None:
+        """See :meth:`RoundLedger.commit_at_reservation`; ``release`` as for :meth:`commit`."""
         rnd = self._round(round_id)
-        self._commit(round_id, dict(rnd.held), dict(rnd.events), None)
+        self._commit(round_id, dict(rnd.held), dict(rnd.events), None, release)
 
     def _commit(
         self,
@@ -233,8 +248,11 @@ class MemoryLedger:
         costs: Mapping[str, FloatArray],
         events: Mapping[str, DpEvent | None],
         outcome: Mapping[str, object] | None,
+        release: bool = False,
     ) -> None:
         rnd = self._round(round_id)
+        if release and rnd.state == RoundState.RESERVED:
+            self.release(round_id)
         if rnd.state != RoundState.RELEASED:
             raise RoundStateError(
                 f"round {round_id} is {rnd.state.value}; only a released round can be committed"
@@ -295,7 +313,7 @@ class MemoryLedger:
         if rnd is None:
             return None
         held = {p: Held(rnd.settled, rnd.events.get(p) is not None) for p in rnd.held}
-        return RoundRecord(round_id, rnd.state, rnd.outcome, held)
+        return RoundRecord(round_id, rnd.state, rnd.outcome, held, rnd.terms)
 
     def open_rounds(self) -> list[int]:
         return sorted(

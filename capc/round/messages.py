@@ -77,7 +77,14 @@ class RoundRequest:
 class RoundWork:
     """What one party is asked to do for a round: vote on the round's queries with
     ``teachers`` teachers, at ``vote_weight``, encoded with ``frac_bits`` fractional
-    bits, on the queries ``participation`` marks ((B,) bool; None: every query)."""
+    bits, on the queries ``participation`` marks ((B,) bool; None: every query).
+
+    ``queries``: the round's batch as its rules need it; ``task`` and ``task_config``: the
+    task's name and configuration (JSON, its hash checked against the round's header),
+    which a party's own ledger registers before it reserves. The guardian's core leaves
+    the configuration to its service, which sends the task's canonical JSON.
+    ``proven``: whether the round takes the vote with its validity proof.
+    """
 
     round_id: int
     party: str
@@ -87,6 +94,17 @@ class RoundWork:
     frac_bits: int
     teachers: int
     participation: NDArray[np.bool_] | None = None
+    queries: QueryBatch | None = None
+    task: str = ""
+    task_config: Mapping[str, object] | None = None
+    #: The round takes this party's vote with its validity proof (every plaintext round of
+    #: a networked guardian); False: plain ring shares (encrypted, or a central driver).
+    proven: bool = True
+
+    @property
+    def batch(self) -> int:
+        """B, the round's queries (0 when the work does not say)."""
+        return 0 if self.queries is None else self.queries.count
 
 
 @dataclass(frozen=True)

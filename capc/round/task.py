@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from capc.mechanisms import Mechanism, Personalization
@@ -51,4 +52,40 @@ class RoundTask(Protocol):
         ...
 
 
-__all__ = ["RoundTask"]
+@dataclass(frozen=True)
+class MechanismTask:
+    """A :class:`RoundTask` that is a mechanism and a quorum only: no personalization, so
+    every vote weighs 1 and the shares carry the mechanism's vote grid (what a central
+    driver runs, :mod:`capc.round.central`)."""
+
+    name: str
+    mechanism: Mechanism
+    quorum: int = 1
+
+    @property
+    def personalization(self) -> Personalization | None:
+        return None
+
+    @property
+    def weighting(self) -> bool:
+        return False
+
+    @property
+    def vote_width(self) -> int:
+        return self.mechanism.vote_width
+
+    @property
+    def weight_bits(self) -> int:
+        return 0
+
+    @property
+    def frac_bits(self) -> int:
+        return self.mechanism.vote_grid_bits
+
+    def circuit_spec(
+        self, voters: int, vote_total: float | None = None, vote_parties: int = 0
+    ) -> CircuitSpec:
+        return self.mechanism.circuit(float(voters), vote_total, self.frac_bits, vote_parties)
+
+
+__all__ = ["MechanismTask", "RoundTask"]

@@ -18,6 +18,12 @@ the cap set in its own configuration:
   history the guardian's database later shows differently is caught
   (``capc audit verify``).
 
+The first two rules are the party's role (:class:`capc.round.party.PartyCore`, over
+this ledger through :mod:`services.answerer.ledger_port`); this module is their
+adapter: it converts the guardian's messages (in :mod:`services.common.serde`), and
+keeps what is the service's own: the cap's registration, the guardian's audit key and
+heads, and the spend reports.
+
 What the hospital trusts the guardian for: whether its vote was used and
 what a round released. A guardian that lied about those would already have
 broken the protocol it is trusted to follow (it could hand its share sum to
@@ -28,25 +34,17 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from capc.mechanisms.registry import from_config
+# Re-exported: a refusal is the party role's own.
+from capc.round.errors import VoteRefusedError as VoteRefusedError
+from capc.round.ledger import KeptSetting
+from capc.round.messages import RoundWork
+from capc.round.party import PartyCore
+from services.answerer.ledger_port import SqlPartyLedger
 from services.common import serde
-from services.common.ledger import (
-    DuplicateRoundError,
-    KeptSetting,
-    Ledger,
-    LedgerError,
-    QuorumError,
-)
+from services.common.ledger import Ledger, LedgerError
 from services.common.ledger.audit import AuditHead, head_signed
-from services.common.ledger.models import RoundState
-from services.common.limits import MAX_BATCH
 from services.common.protocol import RequestError
-from services.common.task import config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.answerer.budget")
@@ -56,46 +54,6 @@ GUARDIAN_KEY = "guardian_audit_key"
 GUARDIAN_HEAD = "guardian_head"
 #: Open rounds a heartbeat asks the guardian about (oldest first).
 MAX_ASKED = 256
-
-
-class VoteRefusedError(Exception):
-    """This party will not vote in a round; ``budget``: because of its own cap."""
-
-    def __init__(self, reason: str, *, budget: bool = False) -> None:
-        super().__init__(reason)
-        self.budget = budget
-
-
-def query_count(queries: common_pb2.QueryBatch) -> int:
-    """How many queries a round's batch holds, from its description."""
-    source = queries.WhichOneof("source")
-    if source == "recipe":
-        count = int(queries.recipe.count)
-    elif source == "tensor":
-        count = int(queries.tensor.shape[0]) if queries.tensor.shape else 0
-    elif source == "encrypted":
-        count = int(queries.encrypted.batch)
-    else:
-        count = 0
-    if not 1 <= count <= MAX_BATCH:
-        raise VoteRefusedError(f"a round holds 1 to {MAX_BATCH} queries, this one {count}")
-    return count
-
-
-@dataclass(frozen=True)
-class Terms:
-    """What a round asked of this party, as its ledger keeps it (JSON)."""
-
-    mechanism: dict[str, object]
-    outputs: int
-    weight: float
-    batch: int
-    participation: str
-
-    def voting(self) -> np.ndarray:
-        """(batch,) mask of the queries this party voted on."""
-        mask = serde.participation_from_bytes(bytes.fromhex(self.participation), self.batch)
-        return np.ones(self.batch, dtype=bool) if mask is None else mask
 
 
 class CapRaiseError(LedgerError):
@@ -132,11 +90,17 @@ class OwnBudget:
         self.cap_reason = (cap_reason or "").strip()
         if guardian_key is not None:
             self._pin(guardian_key, "configured")
-        #: Why this party refuses every round for now (a guardian it cannot account with).
-        self.refusing: str | None = None
-        #: Tasks this ledger holds, name -> config hash: a round of a known task writes
-        #: nothing for it (a task's configuration never changes under its name).
-        self._tasks: dict[str, str] = {}
+        #: The party's round rules, over this ledger.
+        self.core = PartyCore(name, SqlPartyLedger(ledger, name))
+
+    @property
+    def refusing(self) -> str | None:
+        """Why this party refuses every round for now (a guardian it cannot account with)."""
+        return self.core.refusing
+
+    @refusing.setter
+    def refusing(self, why: str | None) -> None:
+        self.core.refusing = why
 
     # -- the guardian ------------------------------------------------------------
     def register(self, teachers: list[guardian_pb2.TeacherInfo]) -> guardian_pb2.Register:
@@ -205,113 +169,29 @@ class OwnBudget:
         )
 
     # -- rounds -------------------------------------------------------------------
-    def admit(self, work: guardian_pb2.RoundWork, header: common_pb2.Header) -> None:
-        """Reserve the round's worst case in this party's ledger before it votes;
-        VoteRefusedError if it must not vote (``budget`` when its own cap would be exceeded)."""
-        if self.refusing is not None:
-            raise VoteRefusedError(self.refusing)
+    def admit(self, work: guardian_pb2.RoundWork, header: common_pb2.Header) -> RoundWork:
+        """Reserve the round's worst case in this party's ledger before it votes; the work
+        as the party's role takes it. VoteRefusedError if it must not vote (``budget``
+        when its own cap would be exceeded)."""
+        self.core.willing()
         try:
-            mech = serde.mechanism_from_proto(work.mechanism)
-            batch = query_count(work.queries)
-            terms = Terms(
-                mech.to_config(),
-                mech.outputs,
-                float(work.vote_weight),
-                batch,
-                bytes(work.participation).hex(),
-            )
-            voting = terms.voting()
-            if work.queries.WhichOneof("source") == "encrypted" and (
-                terms.weight != 1.0 or work.participation
-            ):
-                # The party's encrypted vote is a whole one-hot on every query: charged at
-                # a smaller weight or on fewer queries, it would be given for less.
-                raise VoteRefusedError(
-                    f"round {work.round_id} is encrypted: its votes are one-hot of weight 1 "
-                    f"on every query, but it names weight {terms.weight:g}"
-                    f"{' and a participation mask' if work.participation else ''}"
-                )
-            worst = mech.worst_case(int(voting.sum()), terms.weight)
-            config = json.loads(work.task_json or "null")
-            if not isinstance(config, dict) or config_hash(config) != header.config_hash:
-                raise VoteRefusedError(
-                    f"round {work.round_id} names task {header.task!r} with config hash "
-                    f"{header.config_hash}, but carries a configuration that does not hash to it"
-                )
-            if self._tasks.get(header.task) != header.config_hash:
-                self._tasks[header.task] = self.ledger.create_task(
-                    header.task, config, actor=self.name
-                )
-            self.ledger.reserve(
-                f"guardian-round-{work.round_id}",
-                header.task,
-                "guardian",
-                batch,
-                {self.name: worst},
-                mechanism=mech.name,
-                quorum=1,
-                round_id=int(work.round_id),
-                terms=asdict(terms),
-            )
-        except QuorumError as err:
-            left = err.remaining.get(self.name, 0.0)
-            raise VoteRefusedError(
-                f"{self.name}'s own ledger refuses round {work.round_id}: its worst case would "
-                f"take {self.name} past its cap of {self.cap:g} eps ({left:.4g} left)",
-                budget=True,
-            ) from None
-        except DuplicateRoundError:
-            raise VoteRefusedError(
-                f"{self.name} already voted in round {work.round_id}; a round is voted in once"
-            ) from None
-        except (LedgerError, RequestError, ValueError) as err:
+            core_work = serde.round_work_from_proto(work, self.name, header)
+        except (RequestError, ValueError) as err:
             raise VoteRefusedError(f"round {work.round_id} cannot be accounted: {err}") from None
+        self.core.admit(core_work)
+        return core_work
 
     def settle(self, msg: guardian_pb2.RoundSettled) -> bool:
         """Charge a round as the guardian says it ended; False when there was nothing to do
-        (a round this party never reserved, or one settled already)."""
+        (a round this party never reserved, or one settled already), or when the
+        guardian's audit head shown with it does not check (the reservation stays)."""
         rid = int(msg.round_id)
-        record = self.ledger.round_record(rid)
-        if record is None or record.state in (RoundState.COMMITTED, RoundState.ABORTED):
-            return False
-        # A guardian whose head fails the check is not taken at its word: the reservation
-        # stays (an over-count, never an under-count) until a settlement that checks.
-        head = self.checked_head(msg.head, rid)
-        if head is None:
-            return False
-        # The head is kept in the settlement's own transaction: one durable write a round.
-        actor = "guardian"
-        if msg.settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED:
-            if record.state == RoundState.RESERVED:
-                self.ledger.abort(
-                    rid, actor=actor, reason="the guardian did not use this vote", keep=head
-                )
-            else:
-                self.ledger.commit(rid, {}, actor=actor, keep=head)
-        elif msg.settlement == guardian_pb2.SETTLEMENT_WORST_CASE:
-            self.ledger.commit_at_reservation(rid, actor=actor, release=True, keep=head)
-        elif msg.settlement == guardian_pb2.SETTLEMENT_CHARGED:
-            terms = Terms(**record.terms)  # type: ignore[arg-type]
-            mech = from_config(terms.mechanism, terms.outputs)
-            shape = mech.answer_shape(terms.batch)
-            size = math.prod(shape)
-            bits = np.frombuffer(bytes(msg.answered), dtype=np.uint8)
-            if len(bits) != (size + 7) // 8:
-                log.error(
-                    "round %d: the guardian's answered mask has %d bits, the round %d; "
-                    "the reservation stays charged",
-                    rid,
-                    8 * len(bits),
-                    size,
-                )
-                return False
-            answered = np.unpackbits(bits, count=size, bitorder="little").astype(bool)
-            event = mech.event(answered.reshape(shape)[terms.voting()], terms.weight)
-            self.ledger.commit(rid, {self.name: event}, actor=actor, release=True, keep=head)
-        else:
+        settled = serde.settlement_from_proto(msg, self.name)
+        if settled is None:
             log.error("round %d: an unknown settlement %d; kept reserved", rid, msg.settlement)
             return False
-        return True
+        # The head is kept in the settlement's own transaction: one durable write a round.
+        return self.core.settle(settled, lambda: self.checked_head(msg.head, rid))
 
     def keep_head(self, msg: guardian_pb2.AuditHead, round_id: int) -> bool:
         """Store the guardian's signed audit head shown with ``round_id`` (0: at connection),

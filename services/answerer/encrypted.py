@@ -29,12 +29,12 @@ from capc.he.ckks import MAX_CIPHERTEXT_BYTES, MAX_CONTEXT_BYTES, PublicContext,
 from capc.he.masking import mask_batched, mask_single
 from capc.he.plan import Plan, compile_model
 from capc.he.single import SingleEvaluator
+from capc.mechanisms import Mechanism
 from capc.models import Teacher
 from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
 from services.common.relay import CHUNK, RelayChannel, session_id
-from services.common.serde import mechanism_from_proto
 from services.common.task import Encryption
 from services.proto.capc.v1 import guardian_pb2
 
@@ -107,14 +107,15 @@ class EncryptedAnswerer:
     def answer(
         self,
         work: guardian_pb2.RoundWork,
+        mech: Mechanism,
         channel: RelayChannel,
         hello: bytes,
         send_hello: Callable[[bytes], None],
     ) -> Answer:
-        """Run the whole exchange for one round; raises ValueError with what was wrong."""
+        """Run the whole exchange for one round whose mechanism (decoded once, by the
+        caller) is ``mech``; raises ValueError with what was wrong."""
         batch = work.queries.encrypted
         settings = Encryption.parse(json.loads(batch.settings_json))
-        mech = mechanism_from_proto(work.mechanism)
         if mech.multi_label or work.participation or work.frac_bits or work.vote_weight != 1.0:
             raise ValueError("encrypted rounds carry single-label votes of weight 1")
         plan = self.plan(settings)

@@ -16,11 +16,12 @@ sends the guardian share in the clear and the seed sealed to the student
 Before it votes, the party reserves the round's worst case in its own ledger
 and refuses once its own cap would be exceeded; when the guardian says how
 the round ended it charges itself the same (:mod:`services.answerer.budget`).
+Those rules and the vote itself are the party's role (:mod:`capc.round.party`):
+this process runs the teachers, keeps the stream and converts each message once.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import threading
@@ -35,15 +36,15 @@ from capc.data.schema import RecordSchema
 from capc.models import Teacher
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
-from capc.mpc.votes import share_proven_votes, share_votes
-from services.answerer.budget import OwnBudget, VoteRefusedError
+from capc.round.errors import VoteRefusedError
+from capc.round.messages import PartyShares, RoundWork
+from services.answerer.budget import OwnBudget
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
 from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
-from services.common.serde import mechanism_from_proto
 from services.common.task import TaskConfig, config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
@@ -222,60 +223,41 @@ class AnsweringParty:
 
     def _answer(
         self,
-        work: guardian_pb2.RoundWork,
+        msg: guardian_pb2.RoundWork,
         header: common_pb2.Header,
         outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
     ) -> None:
         task = header.task
         try:
             # Reserved durably before anything derived from the data leaves this party.
-            self.budget.admit(work, header)
+            work = self.budget.admit(msg, header)
         except VoteRefusedError as refusal:
             log.warning("%s", refusal)
             outgoing.put(
                 guardian_pb2.PartyMessage(
                     header=self._header(task),
                     failure=guardian_pb2.RoundFailure(
-                        round_id=work.round_id, reason=str(refusal), budget_refused=refusal.budget
+                        round_id=msg.round_id, reason=str(refusal), budget_refused=refusal.budget
                     ),
                 )
             )
             return
+        core = self.budget.core
         try:
-            source = work.queries.WhichOneof("source")
+            source = msg.queries.WhichOneof("source")
             if source == "encrypted":
-                self._answer_encrypted(work, task, outgoing)
-                return
-            if work.teachers and work.teachers != len(self.voters):
-                raise ValueError(
-                    f"the guardian counts this party with {work.teachers} teachers, it votes "
-                    f"with {len(self.voters)}; reconnect so that it registers them"
-                )
-            if source == "recipe":
-                # Synthetic queries: regenerate, check the hash. Images are normalised with
-                # their own statistics (DIET); table rows are encoded like real records, so
-                # the teachers read them with the statistics of their own data.
-                x = regenerate(work.queries.recipe, task_records(work, task))
-                self._check_fits(work, task, tuple(x.shape[1:]))
-                table = len(x.shape) == 2
-                preds = self.voters.predict(x, current_statistics=not table)
-            elif source == "tensor":
-                self._check_fits(work, task, tuple(int(n) for n in work.queries.tensor.shape[1:]))
-                # The guardian checks the batch too; this party checks it against its own teachers.
-                x = serde.queries_from_proto(
-                    work.queries.tensor, self.voters.input_shape, MAX_BATCH
-                )
-                preds = self.voters.predict(x)
+                shares = self._answer_encrypted(msg, work, task, outgoing)
             else:
-                raise ValueError("this party answers float32 tensors and recipes")
+                core.check_teachers(work, len(self.voters))
+                shares = core.vote(work, self._predict(msg, work, task), self.voters.num_classes)
             outgoing.put(
                 guardian_pb2.PartyMessage(
-                    header=self._header(task),
-                    shares=self._shares(work, preds),
+                    header=self._header(task), shares=serde.party_shares_to_proto(shares)
                 )
             )
             self.rounds_answered += 1
         except Exception as err:
+            core.forget(work.round_id)
             log.warning("could not answer round %d: %s", work.round_id, err)
             outgoing.put(
                 guardian_pb2.PartyMessage(
@@ -284,40 +266,41 @@ class AnsweringParty:
                 )
             )
 
-    def _check_fits(
-        self, work: guardian_pb2.RoundWork, task: str, input_shape: tuple[int, ...]
-    ) -> None:
+    def _predict(self, msg: guardian_pb2.RoundWork, work: RoundWork, task: str) -> np.ndarray:
+        """Every teacher's predictions on the round's queries: (B, m) or (B, m, k)."""
+        source = msg.queries.WhichOneof("source")
+        if source == "recipe":
+            # Synthetic queries: regenerate, check the hash. Images are normalised with
+            # their own statistics (DIET); table rows are encoded like real records, so
+            # the teachers read them with the statistics of their own data.
+            x = regenerate(msg.queries.recipe, task_records(work, task))
+            self._check_fits(work, task, tuple(x.shape[1:]))
+            table = len(x.shape) == 2
+            return self.voters.predict(x, current_statistics=not table)
+        if source == "tensor":
+            self._check_fits(work, task, tuple(int(n) for n in msg.queries.tensor.shape[1:]))
+            # The guardian checks the batch too; this party checks it against its own teachers.
+            x = serde.queries_from_proto(msg.queries.tensor, self.voters.input_shape, MAX_BATCH)
+            return self.voters.predict(x)
+        raise ValueError("this party answers float32 tensors and recipes")
+
+    def _check_fits(self, work: RoundWork, task: str, input_shape: tuple[int, ...]) -> None:
         """ValueError saying which model does not fit the round's task and how (the same
         check ``capc answerer --task`` makes at start, here from the round itself)."""
-        mech = mechanism_from_proto(work.mechanism)
+        mech = work.mechanism
         want = Interface(task or "(unnamed)", input_shape, mech.outputs, mech.multi_label)
         why = self.voters.misfit(self.name, want)
         if why is not None:
             log.error("%s", why)
             raise ValueError(why)
 
-    def _shares(self, work: guardian_pb2.RoundWork, preds: np.ndarray) -> guardian_pb2.Shares:
-        """The round's shares message: with a validity proof where the mechanism has a
-        proof statement (the counts' bits in F_p), the plain ring shares otherwise."""
-        key, round_id = bytes(work.student_public_key), work.round_id
-        relation = mechanism_from_proto(work.mechanism).vote_relation(len(self.voters))
-        if relation is None:
-            votes = round_votes(work, preds, self.voters.num_classes)
-            share, sealed = share_votes(votes, key, round_id, self.name)
-            return serde.shares_to_proto(round_id, share, sealed_seed=sealed)
-        counts = round_votes(work, preds, self.voters.num_classes, weighted=False)
-        participation = serde.participation_from_bytes(work.participation, len(preds))
-        bits, proof, sealed = share_proven_votes(
-            relation, counts.astype(np.int64), participation, key, round_id, self.name
-        )
-        return serde.shares_to_proto(round_id, bits, sealed_seed=sealed, proof=proof)
-
     def _answer_encrypted(
         self,
-        work: guardian_pb2.RoundWork,
+        msg: guardian_pb2.RoundWork,
+        work: RoundWork,
         task: str,
         outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
-    ) -> None:
+    ) -> PartyShares:
         header = self._header(task)
 
         def send(payload: bytes, hello: bool = False) -> None:
@@ -332,50 +315,25 @@ class AnsweringParty:
                 f"with {len(self.voters)} teacher(s): {self.voters.architecture}"
             )
         channel, key = RelayChannel.for_party(
-            bytes(work.student_public_key), work.round_id, self.name, send
+            work.student_public_key, work.round_id, self.name, send
         )
         self._relays[work.round_id] = channel
         try:
-            answer = self._encrypted.answer(work, channel, key, lambda p: send(p, hello=True))
+            answer = self._encrypted.answer(
+                msg, work.mechanism, channel, key, lambda p: send(p, hello=True)
+            )
         finally:
             self._relays.pop(work.round_id, None)
             channel.close()
-        outgoing.put(
-            guardian_pb2.PartyMessage(
-                header=header,
-                shares=serde.shares_to_proto(
-                    work.round_id, answer.share, batch_hash=answer.ciphertext_hash
-                ),
-            )
-        )
-        self.rounds_answered += 1
+        return self.budget.core.encrypted_vote(work, answer.share, answer.ciphertext_hash)
 
 
-def task_records(work: guardian_pb2.RoundWork, task: str) -> RecordSchema | None:
+def task_records(work: RoundWork, task: str) -> RecordSchema | None:
     """The schema of the round's task ``task``, from the configuration the round carries
     (checked against the header's config hash when the round was admitted), parsed as every
     party parses a task; None if it declares none. Raises TaskError (a ValueError) for a
     malformed configuration."""
-    config = json.loads(work.task_json or "null")
-    if not isinstance(config, dict):
+    config = work.task_config
+    if config is None:
         return None
-    return TaskConfig.parse(task, config, config_hash(config)).records
-
-
-def round_votes(
-    work: guardian_pb2.RoundWork, predictions: np.ndarray, outputs: int, weighted: bool = True
-) -> np.ndarray:
-    """The votes (B, width) uint64 a round asks for: the sum over this party's teachers of
-    each one's encoded vote. ``predictions``: (B, m) classes or (B, m, k) labels.
-    ``weighted=False``: the plain counts (weight 1, on the mechanism's vote grid) that a
-    validity proof is about; the verifiers apply the weight to their shares."""
-    mech = mechanism_from_proto(work.mechanism)
-    if mech.outputs != outputs:
-        raise ValueError(f"the task has {mech.outputs} outputs, this party's teachers {outputs}")
-    participation = serde.participation_from_bytes(work.participation, len(predictions))
-    return mech.encode_ensemble_votes(
-        predictions,
-        weight=work.vote_weight if weighted else 1.0,
-        frac_bits=work.frac_bits if weighted else mech.vote_grid_bits,
-        participation=participation,
-    )
+    return TaskConfig.parse(task, dict(config), config_hash(dict(config))).records

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -22,23 +21,17 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from capc.data.generators import FloatImages, Recipe
-from capc.mpc import ring, validity
 from capc.mpc.session import EvaluatorSession, new_session_id
-from capc.mpc.votes import (
-    PartyInputError,
-    UnopenableSeedError,
-    open_seeds,
-    proven_vote_sum,
-    student_share_sum,
-    verifier_shares,
-)
+from capc.mpc.votes import PartyInputError
+from capc.round.messages import QueryBatch, Retry
+from capc.round.student import StudentCore, StudentRound
 from services.common import protocol, serde, tls
 from services.common.limits import DEFAULT_BATCH
 from services.common.mpc_stream import StreamChannel
 from services.common.recipes import recipe_to_proto
 from services.common.serde import overrides_to_proto
 from services.common.task import TaskConfig
-from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+from services.proto.capc.v1 import common_pb2, guardian_pb2_grpc
 from services.student.encrypted import RelayRouter, StudentCrypto
 
 log = logging.getLogger("capc.student")
@@ -91,6 +84,8 @@ class StudentClient:
         self._stream: StreamChannel | None = None
         self._relay: RelayRouter | None = None
         self._crypto: StudentCrypto | None = None
+        #: The student's round rules.
+        self.core = StudentCore(self.name, self.key, self.exclude)
 
     @property
     def header(self) -> common_pb2.Header:
@@ -148,7 +143,7 @@ class StudentClient:
         try:
             return self._round(
                 crypto.message(batch),
-                batch.batch,
+                QueryBatch("encrypted", batch.batch, batch.ciphertext_hash),
                 overrides,
                 # Every party's share, in the guardian's order: the circuit checks each
                 # party's one-hot vote on its own (no proof can: a party never sees its vote).
@@ -175,7 +170,10 @@ class StudentClient:
         explicit choice (the guardian audits it)."""
         tensor = serde.queries_to_proto(queries)
         return self._round(
-            common_pb2.QueryBatch(tensor=tensor), tensor.shape[0], overrides, reveal=reveal
+            common_pb2.QueryBatch(tensor=tensor),
+            QueryBatch("tensor", tensor.shape[0]),
+            overrides,
+            reveal=reveal,
         )
 
     def label_recipe(
@@ -189,16 +187,20 @@ class StudentClient:
         ``images``: the recipe's batch when the caller has generated it already (hashed, not
         generated again)."""
         msg = recipe_to_proto(recipe, images=images, records=self.task.records)
-        return self._round(common_pb2.QueryBatch(recipe=msg), recipe.count, overrides)
+        return self._round(
+            common_pb2.QueryBatch(recipe=msg),
+            QueryBatch("recipe", recipe.count, bytes(msg.batch_hash)),
+            overrides,
+        )
 
     def _round(
         self,
         batch_msg: common_pb2.QueryBatch,
-        batch: int,
+        queries: QueryBatch,
         overrides: Mapping[str, float] | None = None,
         shares: Callable[[int, list[str]], NDArray[np.uint64]] | None = None,
         reveal: bool = False,
-        retry: guardian_pb2.RetryWithout | None = None,
+        retry: Retry | None = None,
     ) -> RoundResult:
         """One round; a round where one party's sealed seed does not open is abandoned
         before its 2PC and retried once without that party (``retry``: the retry)."""
@@ -206,110 +208,65 @@ class StudentClient:
         task = self.task.overridden(dict(overrides) if overrides else None)
         session = self._ensure_session()
         start = time.perf_counter()
+        request = self.core.request(queries, retry)
         reply = self._stub.OpenRound(
-            guardian_pb2.OpenRoundRequest(
-                header=self.header,
-                round_key=uuid.uuid4().hex,
-                queries=batch_msg,
-                student_public_key=self.key.public_key().public_bytes_raw(),
-                mechanism=overrides_to_proto(overrides),
-                exclude=[*self.exclude, *([retry.party] if retry is not None else [])],
-                hospital=self.hospital,
-                reveal_records=reveal,
-                retry=retry,
+            serde.round_request_to_proto(
+                request,
+                self.header,
+                batch_msg,
+                overrides_to_proto(overrides),
+                self.hospital,
+                reveal,
             ),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
         )
         opened = time.perf_counter()
-        included, teachers = list(reply.included), dict(reply.teachers)
-        invalid: dict[str, str] = {}
+        batch, encrypted = queries.count, shares is not None
         try:
+            rnd = self.core.opened(task, serde.opened_from_proto(reply), batch, encrypted=encrypted)
             if shares is not None:
-                student_sum = shares(reply.round_id, list(reply.included))
-            elif reply.challenge:
-                check, student_sum = self._check_votes(reply, task, batch)
-                included, teachers = list(check.included), dict(check.teachers)
-                invalid = {e.party: e.reason for e in check.excluded}
+                student_sum = self.core.encrypted_sum(rnd, shares(rnd.round_id, list(rnd.included)))
+            elif rnd.challenge is not None:
+                student_sum = self._check_votes(rnd)
             else:
-                sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
-                if set(sealed) != set(reply.included):
-                    raise RuntimeError("the guardian's seeds do not match the parties it reports")
-                student_sum = student_share_sum(
-                    self.key, sealed, reply.round_id, (batch, task.vote_width)
-                )
+                student_sum = self.core.share_sum(rnd)
         except PartyInputError as err:
             # Abandon the round before its 2PC: the guardian aborts it at once (nothing is
             # released or charged) and records why, naming the party, in its audit log.
             self._drop_session(f"the student abandons round {reply.round_id}: {err}")
-            if retry is not None or shares is not None or not isinstance(err, UnopenableSeedError):
-                raise
             # One party's seed should not stop every round until an operator excludes it by
             # hand: retry once without it (the guardian audits a dispute with that party).
+            again = self.core.retry_without(err, retried=retry is not None, encrypted=encrypted)
+            if again is None:
+                raise
             log.warning("round %d: retrying once without %s: %s", reply.round_id, err.party, err)
-            again = guardian_pb2.RetryWithout(
-                round_id=reply.round_id, party=err.party, reason=str(err)[:1000]
-            )
-            result = self._round(batch_msg, batch, overrides, reveal=reveal, retry=again)
+            result = self._round(batch_msg, queries, overrides, reveal=reveal, retry=again)
             return dataclasses.replace(
                 result, left_out={err.party: str(err)}, retried=reply.round_id
             )
-        # A party with m teachers adds up to m votes to a count; a guardian that names no
-        # counts counts each party as one teacher.
-        # ``shares`` (encrypted mode) gives every party's shares (B, P, K) for the circuit to
-        # check one by one; otherwise the student inputs their sum.
-        filtered = len(included) if shares is not None else 0
-        spec = task.circuit_spec(sum(teachers.get(p, 1) for p in included), None, filtered)
-        out = session.run_round(
-            reply.round_id, spec.circuit(), spec.evaluator_inputs(student_sum), batch
-        )
+        spec, inputs = self.core.evaluator_inputs(rnd, student_sum)
+        out = session.run_round(rnd.round_id, spec.circuit(), inputs, batch)
         return RoundResult(
-            round_id=reply.round_id,
-            labels=task.decode(spec, out),
-            parties=tuple(included),
-            excluded=dict(reply.excluded_remaining_epsilon),
+            round_id=rnd.round_id,
+            labels=self.core.labels(rnd, spec, out),
+            parties=rnd.included,
+            excluded=rnd.excluded,
             open_s=opened - start,
             mpc_s=time.perf_counter() - opened,
-            invalid=invalid,
+            invalid=rnd.invalid,
         )
 
-    def _check_votes(
-        self, reply: guardian_pb2.OpenRoundReply, task: TaskConfig, batch: int
-    ) -> tuple[guardian_pb2.VoteCheckReply, NDArray[np.uint64]]:
-        """Check the round's vote validity proofs with the guardian: (its reply, this
-        side's share of the valid votes' histogram (B, width) in Z_2^64)."""
-        sealed = {s.party: bytes(s.sealed) for s in reply.seeds}
-        if set(sealed) != set(reply.included):
-            raise RuntimeError("the guardian's seeds do not match the parties it reports")
-        seeds = open_seeds(self.key, sealed, reply.round_id)
-        challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
-        relations, bits, proofs = {}, {}, {}
-        plain = []  # parties whose statement is too large for a proof: plain ring shares
-        for p in reply.included:
-            relation = task.mechanism.vote_relation(reply.teachers.get(p, 1))
-            if relation is None:
-                plain.append(p)
-                continue
-            relations[p] = relation
-            bits[p], proofs[p] = validity.student_shares(seeds[p], relation, batch)
-        parties = [p for p in reply.included if p in relations]
-        mine = verifier_shares(relations, challenge, parties, bits, proofs)
-        check: guardian_pb2.VoteCheckReply = self._stub.CheckVotes(
-            serde.vote_check_to_proto(self.header, reply.round_id, parties, mine),
+    def _check_votes(self, rnd: StudentRound) -> NDArray[np.uint64]:
+        """Check the round's vote validity proofs with the guardian; this side's share of
+        the valid votes' histogram (B, width) in Z_2^64."""
+        parties, mine = self.core.vote_check(rnd)
+        check = self._stub.CheckVotes(
+            serde.vote_check_to_proto(self.header, rnd.round_id, parties, mine),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
         )
-        valid = [p for p in check.included if p in relations]
-        if not set(check.included) <= set(reply.included) or set(check.vote_weights) != set(valid):
-            raise RuntimeError("the guardian's vote check names parties the round did not have")
-        total = np.zeros((batch, task.vote_width), dtype=np.uint64)
-        if valid:
-            total += proven_vote_sum(
-                {p: relations[p] for p in valid}, bits, dict(check.vote_weights), student=True
-            )
-        for p in plain:
-            total += ring.expand_seed(seeds[p], (batch, task.vote_width))
-        return check, total
+        return self.core.checked(rnd, serde.vote_verdict_from_proto(check))
 
     def label(
         self, queries: NDArray[np.float32], batch_size: int = DEFAULT_BATCH

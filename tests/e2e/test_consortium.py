@@ -20,6 +20,7 @@ import pytest
 from capc.data.generators import Recipe
 from capc.models import load_teacher
 from capc.privacy.randomness import SecureRandom
+from capc.round.messages import QueryBatch
 from services.common import tls
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
@@ -208,7 +209,7 @@ def test_programmatic_queries_travel_as_recipes(consortium: LocalConsortium) -> 
     forged = recipe_to_proto(Recipe("spectral", seed=11, start=0, count=8, shape=(1, 28, 28)))
     forged.batch_hash = bytes(32)
     with pytest.raises(grpc.RpcError) as err:
-        student._round(common_pb2.QueryBatch(recipe=forged), 8)
+        student._round(common_pb2.QueryBatch(recipe=forged), QueryBatch("recipe", 8))
     student.close()
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "nothing was charged" in str(err.value.details())

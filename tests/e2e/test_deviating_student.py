@@ -21,10 +21,10 @@ from numpy.typing import NDArray
 
 from capc.mpc import validity
 from capc.mpc.mechanism_circuits import HistogramViolationError
+from capc.round.student import StudentRound
 from services.common import protocol
 from services.common.ledger.disputes import Dispute
 from services.common.ledger.models import RoundState
-from services.common.task import TaskConfig
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 from services.student.client import StudentClient
 from services.testbed.light import light_consortium, queries, wait_until
@@ -35,13 +35,10 @@ class OffsettingStudent(StudentClient):
 
     offset: int = 1000
 
-    def _check_votes(
-        self, reply: guardian_pb2.OpenRoundReply, task: TaskConfig, batch: int
-    ) -> tuple[guardian_pb2.VoteCheckReply, NDArray[np.uint64]]:
-        check, total = super()._check_votes(reply, task, batch)
-        total = total.copy()
+    def _check_votes(self, rnd: StudentRound) -> NDArray[np.uint64]:
+        total = super()._check_votes(rnd).copy()
         total[:, 0] += np.uint64(self.offset)
-        return check, total
+        return total
 
 
 def test_an_offset_circuit_input_aborts_the_round_charged_at_its_reservation(

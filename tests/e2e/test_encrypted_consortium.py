@@ -30,6 +30,7 @@ import pytest
 from capc.he.plan import Plan, compile_model
 from capc.models import load_teacher
 from capc.privacy.randomness import SecureRandom
+from capc.round.messages import QueryBatch
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
@@ -149,7 +150,7 @@ def test_tabular_rounds_in_both_layouts_match_the_plaintext_pipeline(
     with pytest.raises(grpc.RpcError) as err:
         student._round(
             student.crypto.message(batch),
-            8,
+            QueryBatch("encrypted", 8, batch.ciphertext_hash),
             shares=lambda rid, parties: batch.share(parties[0], rid, 5),
         )
     relay.pending = None
@@ -267,7 +268,7 @@ def test_a_batch_of_one_with_every_slot_filled_pays_for_and_gets_one_query(
     try:
         result = student._round(
             crypto.message(batch),
-            1,
+            QueryBatch("encrypted", 1, batch.ciphertext_hash),
             # every party's share, in the guardian's order, as label_encrypted sends them
             shares=lambda rid, parties: np.stack(
                 [batch.share(p, rid, student.timeout) for p in parties], axis=1

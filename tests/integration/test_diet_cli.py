@@ -99,6 +99,17 @@ def test_diet_run_quick_plain_gnmax_reports_both_accountants(tmp_path: Path) -> 
     assert (
         "gdp" in done.stdout and "accountant" in done.stdout and "sanitised dd eps" in done.stdout
     )
+    # The labels through the protocol's own roles and garbled circuit change no row.
+    secure = tmp_path / "secure.json"
+    cmd[cmd.index("--out") + 1] = str(secure)
+    again = subprocess.run(
+        [*cmd, "--labels-by", "2pc"], capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    through = json.loads(secure.read_text())
+    assert through["config"]["labels_by"] == "2pc" and config["labels_by"] == "oracle"
+    # (compared as JSON text: a NaN cell is never equal to itself)
+    assert json.dumps(through["rows"]) == json.dumps(result["rows"])
     # An accountant the project does not have: a clear error, no run.
     refused = subprocess.run(
         [sys.executable, "-m", "capc.learning", "diet", "run", "--accountants", "pld"],

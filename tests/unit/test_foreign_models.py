@@ -265,13 +265,6 @@ def test_the_documented_command_lines_parse() -> None:
     ]
 
 
-class AdmitAll:
-    """A hospital budget that admits every round (the check under test comes after it)."""
-
-    def admit(self, work: object, header: object) -> None:
-        return None
-
-
 @pytest.mark.parametrize(
     ("shape", "classes", "reason"),
     [
@@ -283,28 +276,32 @@ def test_without_task_the_round_says_what_does_not_fit(
     model: nn.Module, tmp_path: Path, shape: tuple[int, ...], classes: int, reason: str
 ) -> None:
     from capc.mechanisms import from_config
+    from services.answerer.budget import OwnBudget
     from services.answerer.party import AnsweringParty
     from services.common import serde
     from services.common.buffers import BoundedBuffer
+    from services.common.ledger import Ledger
+    from services.common.task import canonical_json, config_hash
     from services.proto.capc.v1 import common_pb2, guardian_pb2
 
     onnx = export_onnx(model, SHAPE, tmp_path / "model.onnx")
-    party = AnsweringParty(
-        "hospital-a",
-        Voters.load([onnx]),
-        "127.0.0.1:9",
-        None,
-        AdmitAll(),  # type: ignore[arg-type]
-    )
+    # The hospital's own ledger admits the round (its cap covers it): the check under test
+    # comes after it.
+    own = OwnBudget("hospital-a", Ledger(str(tmp_path / "own.db")), 1e4)
+    party = AnsweringParty("hospital-a", Voters.load([onnx]), "127.0.0.1:9", None, own)
+    mechanism = {"name": "gnmax", "sigma": 4.0}
+    config = {"num_classes": classes, "input_shape": list(shape), "mechanism": mechanism}
     work = guardian_pb2.RoundWork(
         round_id=7,
         queries=common_pb2.QueryBatch(
             tensor=serde.queries_to_proto(np.zeros((2, *shape), np.float32))
         ),
-        mechanism=serde.mechanism_to_proto(from_config({"name": "gnmax", "sigma": 4.0}, classes)),
+        mechanism=serde.mechanism_to_proto(from_config(mechanism, classes)),
+        task_json=canonical_json(config),
     )
     out: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(4)
-    party._answer(work, common_pb2.Header(task="images"), out)
+    header = common_pb2.Header(task="images", config_hash=config_hash(config))
+    party._answer(work, header, out)
     msg = out.get(timeout=5)
     assert msg is not None and msg.WhichOneof("body") == "failure"
     assert msg.failure.round_id == 7

@@ -14,9 +14,15 @@ from capc.mechanisms import from_config
 from capc.mpc import validity
 from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit, MultiLabelCircuit
 from capc.privacy.accountants import RenyiDp
-from services.answerer.party import round_votes
+from capc.round.messages import QueryBatch, RoundWork
+from capc.round.party import ensemble_votes
 from services.common.protocol import RequestError
-from services.common.serde import mechanism_to_proto, overrides_from_proto
+from services.common.serde import (
+    mechanism_to_proto,
+    overrides_from_proto,
+    queries_to_proto,
+    round_work_from_proto,
+)
 from services.common.task import (
     EncryptionSpec,
     MechanismSpec,
@@ -25,7 +31,7 @@ from services.common.task import (
     TaskSpec,
     config_hash,
 )
-from services.proto.capc.v1 import guardian_pb2
+from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 
 def parse(config: dict[str, Any]) -> TaskConfig:
@@ -166,27 +172,29 @@ def test_the_label_limits_are_the_proofs_own() -> None:
 def test_answering_party_votes_follow_the_round() -> None:
     task = parse(ml({"name": "binary", "sigma": 2.0}, k=3))
     preds = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 1]])
-    work = guardian_pb2.RoundWork(
-        mechanism=mechanism_to_proto(task.mechanism),
-        vote_weight=0.5,
-        frac_bits=8,
-        participation=np.packbits([1, 0, 1], bitorder="little").tobytes(),
-    )
-    votes = round_votes(work, preds[:, None], 3)
+    voting = np.array([True, False, True])
+    work = RoundWork(7, "a", task.mechanism, b"", 0.5, 8, 1, voting, QueryBatch("tensor", 3))
+    votes = ensemble_votes(work, preds[:, None], 3)
     np.testing.assert_array_equal(votes, [[128, 0, 128], [0, 0, 0], [128, 128, 128]])
     # An ensemble of two teachers: the sum of their votes, each weighted and rounded alone.
     other = np.array([[0, 0, 1], [1, 1, 1], [0, 1, 0]])
-    both = round_votes(work, np.stack([preds, other], axis=1), 3)
+    both = ensemble_votes(work, np.stack([preds, other], axis=1), 3)
     np.testing.assert_array_equal(both, [[128, 0, 256], [0, 0, 0], [128, 256, 128]])
     with pytest.raises(ValueError, match="3 outputs, this party's teachers 5"):
-        round_votes(work, preds[:, None], 5)
+        ensemble_votes(work, preds[:, None], 5)
     with pytest.raises(ValueError, match=r"\(B, m, k\) labels"):
-        round_votes(work, preds, 3)
+        ensemble_votes(work, preds, 3)
+    # As the party reads the round: no mechanism, or a mask of another size, is refused.
+    header = common_pb2.Header(task="t")
     with pytest.raises(ValueError, match="names no mechanism"):
-        round_votes(guardian_pb2.RoundWork(vote_weight=1.0), preds[:, None], 3)
-    work.participation = b"\x01\x00"
+        round_work_from_proto(guardian_pb2.RoundWork(vote_weight=1.0), "a", header)
+    wire = guardian_pb2.RoundWork(
+        mechanism=mechanism_to_proto(task.mechanism),
+        queries=common_pb2.QueryBatch(tensor=queries_to_proto(np.zeros((3, 2), np.float32))),
+        participation=b"\x01\x00",
+    )
     with pytest.raises(ValueError, match="3 bits"):
-        round_votes(work, preds[:, None], 3)
+        round_work_from_proto(wire, "a", header)
 
 
 def test_animal_attributes_are_a_fixed_function_of_the_class() -> None:

@@ -8,19 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from capc.mpc.validity import conversion_delta
+
+# A value for :meth:`Ledger.keep_setting`, kept in the same transaction as a round's
+# settlement when passed to :meth:`Ledger.commit` or :meth:`Ledger.abort`: the round
+# core's, so a party's own ledger port passes it through unchanged.
+from capc.round.ledger import KeptSetting as KeptSetting
 from services.common.ledger.models import ChargeKind, RoundState
-
-
-@dataclass(frozen=True)
-class KeptSetting:
-    """A value for :meth:`Ledger.keep_setting`, kept in the same transaction as a round's
-    settlement when passed to :meth:`Ledger.commit` or :meth:`Ledger.abort`."""
-
-    key: str
-    value: str
-    actor: str
-    action: str = "setting"
-    detail: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from capc.round.messages import (
@@ -12,15 +13,22 @@ from capc.round.messages import (
     RoundRequest,
     RoundWork,
     Settlement,
+    SettlementKind,
     ShareLayout,
     VoteVerdict,
 )
 from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
 from services.common.protocol import RequestError, query_recipe
-from services.common.serde.mechanisms import mechanism_to_proto
-from services.common.serde.shares import participation_to_bytes, proof_from_proto, shares_from_proto
+from services.common.serde.mechanisms import mechanism_from_proto, mechanism_to_proto
+from services.common.serde.shares import (
+    participation_from_bytes,
+    participation_to_bytes,
+    proof_from_proto,
+    shares_from_proto,
+    shares_to_proto,
+)
 from services.common.serde.tensors import queries_from_proto
-from services.common.task import TaskConfig
+from services.common.task import TaskConfig, config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 #: Ciphertext layouts an encrypted batch may name.
@@ -126,6 +134,72 @@ def round_work_to_proto(
     )
 
 
+def _work_queries(msg: common_pb2.QueryBatch) -> QueryBatch:
+    """A round's queries as the party's rules need them: kind, count (1 to MAX_BATCH) and
+    the digest it checks (a recipe's batch hash, the ciphertexts' hash)."""
+    source = msg.WhichOneof("source")
+    if source == "recipe":
+        batch = QueryBatch("recipe", int(msg.recipe.count), bytes(msg.recipe.batch_hash))
+    elif source == "tensor":
+        count = int(msg.tensor.shape[0]) if msg.tensor.shape else 0
+        batch = QueryBatch("tensor", count)
+    elif source == "encrypted":
+        batch = QueryBatch(
+            "encrypted", int(msg.encrypted.batch), bytes(msg.encrypted.ciphertext_hash)
+        )
+    else:
+        batch = QueryBatch("tensor", 0)
+    if not 1 <= batch.count <= MAX_BATCH:
+        raise RequestError(f"a round holds 1 to {MAX_BATCH} queries, this one {batch.count}")
+    return batch
+
+
+def round_work_from_proto(
+    msg: guardian_pb2.RoundWork, party: str, header: common_pb2.Header
+) -> RoundWork:
+    """The work a party got, as its role takes it: the mechanism decoded once for the round,
+    the batch's size and participation mask checked, and the task's configuration, which
+    must hash to the header's config hash. RequestError saying what is wrong."""
+    mechanism = mechanism_from_proto(msg.mechanism)
+    queries = _work_queries(msg.queries)
+    participation = participation_from_bytes(msg.participation, queries.count)
+    try:
+        config = json.loads(msg.task_json or "null")
+    except ValueError:
+        config = None
+    if not isinstance(config, dict) or config_hash(config) != header.config_hash:
+        raise RequestError(
+            f"round {msg.round_id} names task {header.task!r} with config hash "
+            f"{header.config_hash}, but carries a configuration that does not hash to it"
+        )
+    return RoundWork(
+        int(msg.round_id),
+        party,
+        mechanism,
+        bytes(msg.student_public_key),
+        float(msg.vote_weight),
+        int(msg.frac_bits),
+        int(msg.teachers),
+        participation,
+        queries,
+        header.task,
+        config,
+        # A networked guardian takes every plaintext vote with its validity proof.
+        proven=not queries.encrypted,
+    )
+
+
+def party_shares_to_proto(shares: PartyShares) -> guardian_pb2.Shares:
+    """A party's answer to a round, as it sends it to the guardian."""
+    return shares_to_proto(
+        shares.round_id,
+        shares.share,
+        sealed_seed=shares.sealed_seed,
+        batch_hash=shares.batch_hash,
+        proof=shares.proof,
+    )
+
+
 def party_shares_from_proto(
     msg: guardian_pb2.Shares, party: str, layout: ShareLayout
 ) -> PartyShares:
@@ -138,6 +212,57 @@ def party_shares_from_proto(
     share = shares_from_proto(msg, expected, field=layout.field)
     return PartyShares(
         int(msg.round_id), party, share, bytes(msg.sealed_seed), bytes(msg.batch_hash), proof
+    )
+
+
+def round_request_to_proto(
+    request: RoundRequest,
+    header: common_pb2.Header,
+    queries: common_pb2.QueryBatch,
+    overrides: common_pb2.Mechanism | None = None,
+    hospital: str = "",
+    reveal: bool = False,
+) -> guardian_pb2.OpenRoundRequest:
+    """The student's OpenRound: the core's request with the queries themselves, the job's
+    mechanism overrides, the hospital it says it belongs to and whether its own records
+    are shown in the clear."""
+    retry = None
+    if request.retry is not None:
+        r = request.retry
+        retry = guardian_pb2.RetryWithout(round_id=r.round_id, party=r.party, reason=r.reason)
+    return guardian_pb2.OpenRoundRequest(
+        header=header,
+        round_key=request.round_key,
+        queries=queries,
+        student_public_key=request.student_public_key,
+        mechanism=overrides,
+        exclude=sorted(request.exclude),
+        hospital=hospital,
+        reveal_records=reveal,
+        retry=retry,
+    )
+
+
+def opened_from_proto(msg: guardian_pb2.OpenRoundReply) -> Opened:
+    """The guardian's reply to OpenRound, as the student's role takes it."""
+    return Opened(
+        int(msg.round_id),
+        tuple(msg.included),
+        dict(msg.excluded_remaining_epsilon),
+        {s.party: bytes(s.sealed) for s in msg.seeds},
+        {p: int(n) for p, n in msg.teachers.items()},
+        bytes(msg.challenge),
+    )
+
+
+def vote_verdict_from_proto(msg: guardian_pb2.VoteCheckReply) -> VoteVerdict:
+    """The guardian's vote check, as the student's role takes it."""
+    return VoteVerdict(
+        int(msg.round_id),
+        tuple(msg.included),
+        {e.party: e.reason for e in msg.excluded},
+        {p: int(w) for p, w in msg.vote_weights.items()},
+        {p: int(n) for p, n in msg.teachers.items()},
     )
 
 
@@ -164,11 +289,21 @@ def vote_verdict_to_proto(verdict: VoteVerdict) -> guardian_pb2.VoteCheckReply:
     )
 
 
-_SETTLEMENTS = {
+_SETTLEMENTS: dict[SettlementKind, guardian_pb2.Settlement] = {
     "charged": guardian_pb2.SETTLEMENT_CHARGED,
     "not_charged": guardian_pb2.SETTLEMENT_NOT_CHARGED,
     "worst_case": guardian_pb2.SETTLEMENT_WORST_CASE,
 }
+_SETTLEMENT_KINDS: dict[int, SettlementKind] = {v: k for k, v in _SETTLEMENTS.items()}
+
+
+def settlement_from_proto(msg: guardian_pb2.RoundSettled, party: str) -> Settlement | None:
+    """How the guardian says a round ended for ``party``; None for a settlement this
+    version does not know (the round then stays reserved)."""
+    kind = _SETTLEMENT_KINDS.get(msg.settlement)
+    if kind is None:
+        return None
+    return Settlement(int(msg.round_id), party, kind, bytes(msg.answered))
 
 
 def settlement_to_proto(
