@@ -102,10 +102,8 @@ def test_summary_and_goals_follow_the_rows() -> None:
     assert "| each hospital alone (non-private) |" in summary.markdown(table)
     # Bytes: a table of the methods that send any, capc's beside DP-FedAvg's.
     assert "bytes sent" not in summary.markdown(table)
-    sent = [
-        {**r, "bytes_sent": {"capc-diet-student": 2.5e7, "dp_fedavg": 5e5}.get(r["method"], 0)}
-        for r in rows
-    ]
+    sends = {"capc-diet-student": 2.5e7, "dp_fedavg": 5e5}
+    sent = [{**r, "bytes_sent": sends.get(str(r["method"]), 0.0)} for r in rows]
     text = summary.markdown(summary.table(sent))
     assert "| capc: DIET student (no data of its own) | 50 | 25 MB |" in text
     assert "| DP-FedAvg (Flower + Opacus) | 50 | 500 kB |" in text
