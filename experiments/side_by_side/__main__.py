@@ -46,14 +46,30 @@ def merged(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list
     return [r for r in old if key(r) not in fresh] + list(new)
 
 
-def write(path: Path, rows: list[dict[str, Any]], commands: list[str]) -> None:
-    """Save ``rows`` with their summary and the commands that made them."""
+#: What :func:`write` makes itself; any other key of a saved file is carried over.
+MADE = ("experiment", "commands", "delta", "rows", "summary")
+
+
+def kept(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved file's keys that :func:`write` does not make (e.g. ``capc_bytes``)."""
+    return {k: v for k, v in saved.items() if k not in MADE}
+
+
+def write(
+    path: Path,
+    rows: list[dict[str, Any]],
+    commands: list[str],
+    others: dict[str, Any] | None = None,
+) -> None:
+    """Save ``rows`` with their summary and the commands that made them, and ``others``
+    (keys made elsewhere, e.g. capc_bytes's measurements)."""
     result = {
         "experiment": "side_by_side",
         "commands": commands,
         "delta": 1e-5,
         "rows": rows,
         "summary": summary.table(rows),
+        **(others or {}),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -121,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = merged(rows, other["rows"])
             theirs = other.get("commands") or [shlex.join(other["command"])]
             commands += [c for c in theirs if c not in commands]
-        write(args.out, rows, commands)
+        write(args.out, rows, commands, kept(saved))
         return 0
     capc = CapcConfig(teachers=args.teachers, mechanism=args.mechanism)
     with tempfile.TemporaryDirectory(prefix="side-by-side-") as tmp:
@@ -133,13 +149,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 new = run_baselines(dataset, sizes, capc.epsilons, args.seeds, work)
                 rows = merged(rows, new)
-                write(args.out, rows, commands)
+                write(args.out, rows, commands, kept(saved))
             if "capc" in args.methods:
                 for seed in args.seeds:
                     for n in sizes:
                         new = run_capc(split(dataset, seed), [n], capc, work, log)
                         rows = merged(rows, new)
-                        write(args.out, rows, commands)
+                        write(args.out, rows, commands, kept(saved))
     log(summary.markdown(summary.table(rows)))
     return 0
 

@@ -24,6 +24,16 @@ consortium to save its start-up (each hospital's cap covers all three; the
 guardian's totals are saved beside the rows), so they are three independent
 releases, each priced on its own.
 
+Bytes. A zero-delay counting relay stands in front of the guardian
+(:mod:`experiments.side_by_side.wire`), so a row's ``bytes_sent`` is every byte to
+and from the guardian during the labelling jobs that bought its queries (each
+job's own in ``job_bytes``); the consortium's start-up (connections, handshakes)
+is ``consortium_setup_bytes``, and the loop querier's ``querier_setup_bytes``,
+in no method's bytes. A student party opens its session with the guardian (its
+connection and base OTs) in its first job, so the DIET student's and the loop's
+first job carry it. Rows made before the relay get fitted bytes
+(:mod:`experiments.side_by_side.capc_bytes`).
+
 Hyperparameters follow the shipped tasks, not a tuning run: teachers per hospital
 by :func:`teachers_per_hospital`, and GNMax's sigma the same share of the vote as
 the shipped task's (the demo's 40 for 250 teachers; breast-cancer's 23 for 24), as
@@ -39,6 +49,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +66,10 @@ from capc.models.checkpoint import Teacher
 from capc.models.ensemble import save_checkpoints, save_ensemble
 from capc.models.registry import Classifier
 from experiments.side_by_side.data import Split, task
+from experiments.side_by_side.wire import MEASURED, SETUP, count_guardian, settled
 from services.demo import SHIPPED_BODY, demo_task
 from services.local import LocalConsortium, free_port
+from services.testbed.proxy import LinkProxy
 from services.up import queries_fit
 
 DELTA = 1e-5
@@ -186,12 +199,47 @@ def _train(
     return float(model.metrics["test_accuracy"])
 
 
-def _label(client: Client, submitted: Any, what: str) -> tuple[str, int]:
-    """Wait for a submitted labelling job to end; (its id, labels it bought)."""
-    job = client.wait(submitted.id, timeout=7200)
+@dataclass(frozen=True)
+class Labelled:
+    """One labelling job's outcome: its id, the labels it bought and its bytes to and
+    from the guardian."""
+
+    job: str
+    answered: int
+    bytes_sent: int
+
+
+def label(client: Client, submit: Callable[[], Any], what: str, relay: LinkProxy) -> Labelled:
+    """Submit a labelling job and wait for it to end, counting the bytes through
+    ``relay`` meanwhile (from quiet before to quiet after)."""
+    before = settled(relay)
+    job = client.wait(submit().id, timeout=7200)
     if job.state != "done":
         raise RuntimeError(f"{what}: the job failed: {job.error}")
-    return job.id, int(job.answered)
+    return Labelled(job.id, int(job.answered), settled(relay) - before)
+
+
+def submit_diet(client: Client, cell: Cell, start: int, count: int) -> Any:
+    """The DIET student's job: ``count`` generated queries from index ``start``."""
+    generator = "gaussian" if cell.images else "beta"
+    params = {} if cell.images else {"a": 1.0, "b": 3.0}
+    return client.submit_recipe(
+        generator,
+        count,
+        params=params,
+        seed=cell.split.seed,
+        start=start,
+        batch_size=cell.config.batch,
+    )
+
+
+def submit_records(
+    client: Client, cell: Cell, x: NDArray[np.float32], name: str, own: bool = False
+) -> Any:
+    """A job on records ``x`` (N, ...): public ones, or (``own``) the querying
+    hospital's own, which go to the answering hospitals in the clear."""
+    part = _npz(cell.work / name, x)
+    return client.submit_file(part, batch_size=cell.config.batch, reveal_records_to_answerers=own)
 
 
 def _npz(path: Path, x: NDArray[np.float32]) -> Path:
@@ -227,8 +275,12 @@ class Cell:
         }
 
 
-def consortium(cell: Cell) -> tuple[LocalConsortium, dict[str, Any], int]:
-    """The cell's consortium (prepared, not started), its task and teachers per hospital."""
+def consortium(
+    cell: Cell, epsilon_cap: float | None = None
+) -> tuple[LocalConsortium, dict[str, Any], int]:
+    """The cell's consortium (prepared, not started), its task and teachers per hospital.
+
+    ``epsilon_cap``: each hospital's cap (default: 4x the largest eps, the grid's)."""
     split, n = cell.split, cell.split.size(cell.n)
     m = cell.config.teachers or teachers_per_hospital(split.dataset, n)
     directory = cell.work / "consortium"
@@ -243,7 +295,7 @@ def consortium(cell: Cell) -> tuple[LocalConsortium, dict[str, Any], int]:
     else:
         own = fit_table_teachers(split, n, m, cell.config.table_teacher_epochs, directory)
     # Each hospital's cap covers the three methods together; each row is priced alone.
-    cap = 4.0 * max(cell.config.epsilons)
+    cap = 4.0 * max(cell.config.epsilons) if epsilon_cap is None else epsilon_cap
     c = LocalConsortium(
         directory,
         parties=split.hospitals,
@@ -273,8 +325,13 @@ def _hyperparameters(config: CapcConfig, task_dict: dict[str, Any]) -> dict[str,
     return out
 
 
+def _bytes_fields(costs: list[int]) -> dict[str, Any]:
+    """A row's bytes: the sum of the jobs' that bought its queries."""
+    return {"bytes_sent": sum(costs), "job_bytes": list(costs), "bytes_measured": MEASURED}
+
+
 def student_methods(
-    cell: Cell, c: LocalConsortium, task_dict: dict[str, Any]
+    cell: Cell, c: LocalConsortium, task_dict: dict[str, Any], relay: LinkProxy
 ) -> list[dict[str, Any]]:
     """The DIET student and PATE with public data, at every eps, through the gateway."""
     cfg, split = cell.config, cell.split
@@ -283,26 +340,26 @@ def student_methods(
     rows: list[dict[str, Any]] = []
     for method, most in (("capc-diet-student", 10**9), ("capc-pate-public", len(split.public))):
         jobs: list[str] = []
+        costs: list[int] = []
         bought, done, start = 0, 0, time.perf_counter()
         for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, most), strict=True):
             if k > done:
-                if method == "capc-diet-student":
-                    generator = "gaussian" if cell.images else "beta"
-                    params = {} if cell.images else {"a": 1.0, "b": 3.0}
-                    submitted = analyst.submit_recipe(
-                        generator,
-                        k - done,
-                        params=params,
-                        seed=split.seed,
-                        start=done,
-                        batch_size=cfg.batch,
+                lo = done
+                submit: Callable[[], Any] = (
+                    partial(submit_diet, analyst, cell, lo, k - lo)
+                    if method == "capc-diet-student"
+                    else partial(
+                        submit_records,
+                        analyst,
+                        cell,
+                        split.x[split.public][lo:k],
+                        f"public-{lo}.npz",
                     )
-                else:
-                    part = _npz(cell.work / f"public-{done}.npz", split.x[split.public][done:k])
-                    submitted = analyst.submit_file(part, batch_size=cfg.batch)
-                job, answered = _label(analyst, submitted, f"{method} at eps {e:g}")
-                jobs.append(job)
-                bought, done = bought + answered, k
+                )
+                got = label(analyst, submit, f"{method} at eps {e:g}", relay)
+                jobs.append(got.job)
+                costs.append(got.bytes_sent)
+                bought, done = bought + got.answered, k
             accuracy = _train(analyst, jobs, architecture, epochs, split.seed) if jobs else None
             rows.append(
                 cell.row(
@@ -313,43 +370,59 @@ def student_methods(
                     labels=bought,
                     seconds=time.perf_counter() - start,
                     hyperparameters=_hyperparameters(cfg, task_dict),
+                    **_bytes_fields(costs),
                 )
             )
             cell.log(f"{method} n={cell.n} seed={split.seed} eps={e:g}: {done} queries, {accuracy}")
     return rows
 
 
-def loop_method(cell: Cell, c: LocalConsortium, task_dict: dict[str, Any]) -> list[dict[str, Any]]:
-    """Hospital 0's CaPC loop at every eps: labels for its own unlabelled records from
-    the other hospitals, and its model retrained on them, through its own gateway."""
-    cfg, split = cell.config, cell.split
+def start_loop(cell: Cell, c: LocalConsortium, relay: LinkProxy) -> tuple[Client, int]:
+    """Hospital 0's querier party (its model on its ``n`` records) and its own gateway:
+    a client of that gateway, and the bytes through ``relay`` while they started."""
+    split = cell.split
     own = split.labelled(0, cell.n)
-    unlabelled = split.x[split.unlabelled(0, cell.n)]
+    before = settled(relay)
     port = c.start_querier(
         0, (split.x[own], split.y[own]), (split.x[split.test], split.y[split.test])
     )
     db = str(cell.work / "loop-gateway.db")
     gateway = free_port()
     c.serve_gateway("loop-gateway", port, gateway, db)
+    setup = settled(relay) - before
     from services.gateway.tokens import TokenStore
 
     token = TokenStore(db).create("analyst", "side-by-side", 1.0)[0]
-    hospital = Client(f"https://127.0.0.1:{gateway}", token, ca=c.ca, timeout=600)
+    return Client(f"https://127.0.0.1:{gateway}", token, ca=c.ca, timeout=600), setup
+
+
+def loop_method(
+    cell: Cell, c: LocalConsortium, task_dict: dict[str, Any], relay: LinkProxy
+) -> list[dict[str, Any]]:
+    """Hospital 0's CaPC loop at every eps: labels for its own unlabelled records from
+    the other hospitals, and its model retrained on them, through its own gateway."""
+    cfg, split = cell.config, cell.split
+    unlabelled = split.x[split.unlabelled(0, cell.n)]
+    hospital, setup = start_loop(cell, c, relay)
     start = time.perf_counter()
     before = _train(hospital, [], None, cfg.epochs, split.seed)
     rows: list[dict[str, Any]] = []
     jobs: list[str] = []
+    costs: list[int] = []
     bought, done = 0, 0
     for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, len(unlabelled)), strict=True):
         if k > done:
-            part = _npz(cell.work / f"own-{done}.npz", unlabelled[done:k])
-            job, answered = _label(
+            got = label(
                 hospital,
-                hospital.submit_file(part, batch_size=cfg.batch, reveal_records_to_answerers=True),
+                partial(
+                    submit_records, hospital, cell, unlabelled[done:k], f"own-{done}.npz", own=True
+                ),
                 f"capc-loop at eps {e:g}",
+                relay,
             )
-            jobs.append(job)
-            bought, done = bought + answered, k
+            jobs.append(got.job)
+            costs.append(got.bytes_sent)
+            bought, done = bought + got.answered, k
         after = _train(hospital, jobs, None, cfg.epochs, split.seed) if jobs else before
         rows.append(
             cell.row(
@@ -363,6 +436,8 @@ def loop_method(cell: Cell, c: LocalConsortium, task_dict: dict[str, Any]) -> li
                 unlabelled=len(unlabelled),
                 seconds=time.perf_counter() - start,
                 hyperparameters=_hyperparameters(cfg, task_dict),
+                querier_setup_bytes=setup,
+                **_bytes_fields(costs),
             )
         )
         cell.log(f"capc-loop n={cell.n} seed={split.seed} eps={e:g}: {before:.3f} -> {after:.3f}")
@@ -373,24 +448,29 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
     """Every capc method's rows for one (dataset, n, seed)."""
     start = time.perf_counter()
     c, task_dict, m = consortium(cell)
+    relay = count_guardian(c)
     try:
         c.start()
         c.start_student()
         c.start_gateway()
-        rows = student_methods(cell, c, task_dict)
+        setup = settled(relay)
+        rows = student_methods(cell, c, task_dict, relay)
         # At n = all a hospital has no unlabelled records to label (a share's odd one
         # left over is not a loop).
         if cell.images and cell.n < cell.split.size(None):
-            rows += loop_method(cell, c, task_dict)
+            rows += loop_method(cell, c, task_dict, relay)
         admin = Client(c.gateway_url, c.token("admin", "side-by-side"), ca=c.ca, timeout=600)
         totals = {b.party: b.epsilon_spent for b in admin.budgets().budgets}
     finally:
         c.stop()
+        relay.stop()
     seconds = time.perf_counter() - start
     for r in rows:
         r["teachers_per_hospital"] = m
         r["consortium_epsilon_spent"] = totals
         r["consortium_seconds"] = seconds
+        r["consortium_setup_bytes"] = setup
+        r["consortium_setup_measured"] = SETUP
     if not all(math.isfinite(v) for v in totals.values()):
         raise RuntimeError(f"the guardian reports a non-finite spend: {totals}")
     return rows

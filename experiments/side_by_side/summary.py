@@ -164,9 +164,53 @@ def _cell(e: dict[str, Any] | None) -> str:
     return f"{e['accuracy']:.3f} ± {e['accuracy_std']:.3f}"
 
 
+def size(b: float) -> str:
+    """Bytes as a person reads them (decimal units)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def bytes_markdown(summary: Sequence[dict[str, Any]], dataset: str) -> list[str]:
+    """``dataset``'s table of bytes sent between organisations: a (method, n) a row, an
+    eps a column, for the methods that send any (the others send none)."""
+    ns, epsilons = _cells(summary, dataset)
+    sending = [
+        m
+        for m in METHODS
+        if any(
+            e.get("bytes_sent", 0) > 0
+            for e in summary
+            if (e["dataset"], e["method"]) == (dataset, m)
+        )
+    ]
+    if not sending:
+        return []
+    out = [
+        f"**{dataset}, bytes sent between organisations** (mean over seeds; capc: every "
+        "byte to and from the guardian, TLS included, in the labelling jobs that bought "
+        "the row's labels; DP-FedAvg: the parameter arrays down and up)",
+        "",
+        "| method | n | " + " | ".join(f"eps {e:g}" for e in epsilons) + " |",
+        "|---|---|" + "---|" * len(epsilons),
+    ]
+    for method in sending:
+        for n in ns:
+            found = [lookup(summary, dataset, method, n, e) for e in epsilons]
+            if not any(found):
+                continue
+            cells = [
+                "n/a" if e is None or e.get("bytes_sent") is None else size(e["bytes_sent"])
+                for e in found
+            ]
+            out.append(f"| {METHODS[method]} | {n} | " + " | ".join(cells) + " |")
+    return [*out, ""]
+
+
 def markdown(summary: Sequence[dict[str, Any]]) -> str:
     """One table per dataset and n: a method a row, an eps a column (non-private
-    methods in their own column)."""
+    methods in their own column); then the dataset's bytes sent."""
     out: list[str] = []
     for dataset in sorted({e["dataset"] for e in summary}):
         ns, epsilons = _cells(summary, dataset)
@@ -190,6 +234,7 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
                 cells.append(_cell(lookup(summary, dataset, method, n, None)))
                 out.append(f"| {name} | " + " | ".join(cells) + " |")
             out.append("")
+        out += bytes_markdown(summary, dataset)
     return "\n".join(out)
 
 

@@ -194,3 +194,30 @@ def test_labeldp_table_quick(tmp_path: Path) -> None:
     assert result["claims"]["no_audit_refutes_a_claim"]
     for r in rows:
         assert r["audit"]["canaries"] == 20 and r["epsilon"] <= r["budget"] + 1e-12
+
+
+@pytest.mark.slow
+def test_a_side_by_side_capc_cell_counts_its_bytes_through_the_services(tmp_path: Path) -> None:
+    """A tiny breast-cancer cell of the side-by-side grid through the networked
+    services: the relay in front of the guardian counts every row's bytes, job by job,
+    and more queries cost more bytes."""
+    from experiments.side_by_side.capc_runs import CapcConfig, Cell, run_cell
+    from experiments.side_by_side.data import split
+    from experiments.side_by_side.wire import MEASURED
+
+    # 2 teachers a hospital: eps 2 buys 4 queries, eps 5 buys 20 (a second job of 16).
+    config = CapcConfig(epsilons=(2.0, 5.0), teachers=2, table_epochs=1, table_teacher_epochs=5)
+    rows = run_cell(Cell(split("breast-cancer", 1), 24, config, tmp_path, lambda _: None))
+    assert {r["method"] for r in rows} == {"capc-diet-student", "capc-pate-public"}
+    setup = {r["consortium_setup_bytes"] for r in rows}
+    assert len(setup) == 1 and setup.pop() > 0
+    for method in ("capc-diet-student", "capc-pate-public"):
+        low, high = sorted((r for r in rows if r["method"] == method), key=lambda r: r["epsilon"])
+        assert (low["queries"], high["queries"]) == (4, 20)
+        assert low["bytes_measured"] == high["bytes_measured"] == MEASURED
+        assert len(low["job_bytes"]) == 1 and len(high["job_bytes"]) == 2
+        assert high["job_bytes"][0] == low["job_bytes"][0] == low["bytes_sent"] > 0
+        assert high["bytes_sent"] == sum(high["job_bytes"])
+        # 16 queries cost more than 4, and each query at least its shares' 2PC (kBs).
+        assert high["job_bytes"][1] > low["job_bytes"][0]
+        assert high["job_bytes"][1] > 16 * 1000

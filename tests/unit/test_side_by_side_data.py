@@ -100,6 +100,14 @@ def test_summary_and_goals_follow_the_rows() -> None:
     close = [r if r["method"] != "capc-loop" else {**r, "accuracy": 0.63} for r in rows]
     assert not summary.goals(summary.table(close), "d")["loop_beats_alone"]["met"]
     assert "| each hospital alone (non-private) |" in summary.markdown(table)
+    # Bytes: a table of the methods that send any, capc's beside DP-FedAvg's.
+    assert "bytes sent" not in summary.markdown(table)
+    sends = {"capc-diet-student": 2.5e7, "dp_fedavg": 5e5}
+    sent = [{**r, "bytes_sent": sends.get(str(r["method"]), 0.0)} for r in rows]
+    text = summary.markdown(summary.table(sent))
+    assert "| capc: DIET student (no data of its own) | 50 | 25 MB |" in text
+    assert "| DP-FedAvg (Flower + Opacus) | 50 | 500 kB |" in text
+    assert "| each hospital alone (non-private) | 50 |" not in text
 
 
 def test_a_new_row_replaces_the_old_one_of_its_cell() -> None:
@@ -140,17 +148,18 @@ def test_the_docs_side_by_side_commands_parse() -> None:
     from pathlib import Path
 
     from experiments.side_by_side import __main__ as grid
-    from experiments.side_by_side import baselines, capc_tuning, plots
+    from experiments.side_by_side import baselines, capc_bytes, capc_tuning, plots
 
     parsers = {
         "experiments.side_by_side": grid.build_parser(),
         "experiments.side_by_side.summary": summary.build_parser(),
         "experiments.side_by_side.plots": plots.build_parser(),
         "experiments.side_by_side.capc_tuning": capc_tuning.build_parser(),
+        "experiments.side_by_side.capc_bytes": capc_bytes.build_parser(),
     }
     root = Path(__file__).resolve().parents[2]
     texts = [(root / "docs/results.md").read_text(), grid.__doc__ or "", plots.__doc__ or ""]
-    texts += [baselines.__doc__ or "", capc_tuning.__doc__ or ""]
+    texts += [baselines.__doc__ or "", capc_tuning.__doc__ or "", capc_bytes.__doc__ or ""]
     seen = 0
     for text in texts:
         joined = text.replace("\\\n", " ")
