@@ -187,3 +187,23 @@ def test_own_ledger_benchmark_settles_every_round_and_reports_its_cpu() -> None:
     # Four entries at connection (party, guardian key, head, task), four a round (reserve,
     # release, the guardian's head, commit): every round was settled and audited.
     assert report["audit_entries"] == 4 + 4 * 20
+
+
+def test_round_core_scale_benchmark_settles_every_party_and_splits_its_time() -> None:
+    out = bench(
+        ["benchmarks/round_core_scale.py", "--parties", "2", "6", "--rounds", "2", "--batch", "8"],
+        timeout=300,
+    )
+    report = json.loads(out)
+    assert [r["parties"] for r in report["runs"]] == [2, 6]
+    for r in report["runs"]:
+        assert r["ledgers_agree"] is True
+        assert abs(sum(r["guardian_split"].values()) - 1) < 0.01
+        assert set(r["guardian_split"]) == {
+            "guardian_open",
+            "guardian_receive",
+            "guardian_close",
+            "guardian_check",
+            "guardian_release_charge",
+        }
+        assert r["party_ms_per_round"] > 0 and r["student_ms_per_round"] > 0
