@@ -429,11 +429,19 @@ def run_seed(
     classes = body.head.out_features
     test, parts, train = split_hospitals(y, config, seed)
     t0 = time.perf_counter()
-    ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
+    ensemble = fit_head_ensemble(
+        body,
+        x,
+        y,
+        parts,
+        architecture=config.body.architecture,
+        width=config.body.width,
+        l2=config.teacher_l2,
+    )
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
     voting = config.voting(classes)
     test_votes = voting.summed_votes(
-        ensemble.predictions(x[test], current_statistics=False, batch=config.batch)
+        ensemble.predict(x[test], current_statistics=False, batch=config.batch)
     )
     refs: dict[str, float] = {
         "teacher_ensemble_accuracy": float((test_votes.argmax(1) == y[test]).mean()),
@@ -464,9 +472,9 @@ def run_seed(
         for stats in config.statistics:
             t1 = time.perf_counter()
             preds = (
-                ensemble.classes_of(qf)
+                ensemble.predict_features(qf)
                 if stats == "current"
-                else ensemble.predictions(queries, current_statistics=False, batch=config.batch)
+                else ensemble.predict(queries, current_statistics=False, batch=config.batch)
             )
             hist = voting.summed_votes(preds)
             truth = hist.argmax(1).astype(np.int64)
