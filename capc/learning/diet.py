@@ -42,8 +42,9 @@ from numpy.typing import NDArray
 
 from capc.data.generators import GENERATORS, Recipe
 from capc.data.offline import animal_mnist, digits, partition, skewed_partition
-from capc.learning.last_layer import fit_batch_standardised, fit_linear, self_train_linear
+from capc.learning.last_layer import fit_batch_standardised, fit_linear
 from capc.learning.pate import ACCOUNTANTS, ConfidentParams, label_within_budgets
+from capc.learning.semi_supervised import self_train_linear
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble

@@ -32,9 +32,9 @@ from capc.learning.last_layer import (
     finetune_teacher,
     fit_batch_standardised,
     fit_linear,
-    self_train_linear,
 )
 from capc.learning.pate import ConfidentParams
+from capc.learning.semi_supervised import self_train_linear
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
 from capc.learning.supervised import accuracy
 from capc.learning.teachers import fit_head_ensemble
