@@ -22,8 +22,8 @@ from timing import best_time
 from capc.data.generators import GENERATORS, Recipe
 from capc.learning.diet import DietConfig
 from capc.learning.simclr import PRECISIONS, PretrainConfig, pretrain
-from capc.learning.teachers import HeadEnsemble
 from capc.models import Teacher, build
+from capc.models.ensemble import TeacherEnsemble
 from capc.models.inference import features
 
 
@@ -91,18 +91,24 @@ def main() -> None:
     teachers = 250
     dim = body.head.in_features
     gen = torch.Generator().manual_seed(0)
-    ensemble = HeadEnsemble(
+    # Current statistics never read a teacher's own: empty ones will do.
+    ensemble = TeacherEnsemble(
+        diet.architecture,
+        shape,
+        10,
         body,
         [{} for _ in range(teachers)],
         torch.randn((teachers, 10, dim), generator=gen),
         torch.zeros((teachers, 10)),
+        width=diet.width,
+        device="cpu",
     )
     batch = DietConfig().batch
     feats = features(body, x, current_statistics=True, batch=batch)
     through_body = best_time(
-        lambda: ensemble.predictions(x, current_statistics=True, batch=batch), args.repeat
+        lambda: ensemble.predict(x, current_statistics=True, batch=batch), args.repeat
     )
-    heads_only = best_time(lambda: ensemble.classes_of(feats), args.repeat)
+    heads_only = best_time(lambda: ensemble.predict_features(feats), args.repeat)
     print(
         json.dumps(
             {

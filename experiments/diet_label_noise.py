@@ -61,9 +61,17 @@ def seed_students(
     test accuracies (fractions), the answered counts and the teachers' majority."""
     test, parts, _ = split_hospitals(y, config, seed)
     classes = body.head.out_features
-    ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
+    ensemble = fit_head_ensemble(
+        body,
+        x,
+        y,
+        parts,
+        architecture=config.body.architecture,
+        width=config.body.width,
+        l2=config.teacher_l2,
+    )
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
-    test_votes = ensemble.classes_of(test_feats)
+    test_votes = ensemble.predict_features(test_feats)
     voting = config.voting(classes)
     majority = float((voting.summed_votes(test_votes).argmax(1) == y[test]).mean())
     (epsilon,) = config.epsilons
@@ -71,7 +79,7 @@ def seed_students(
     for q in range(query_draws):
         queries = query_recipe(config, seed, 0, draw=q).generate()
         qf = features(body, queries, current_statistics=True, batch=config.batch)
-        hist = voting.summed_votes(ensemble.classes_of(qf))
+        hist = voting.summed_votes(ensemble.predict_features(qf))
         truth = hist.argmax(1).astype(np.int64)
 
         student = partial(

@@ -37,8 +37,9 @@ from sklearn.metrics import average_precision_score
 
 from capc.data.multilabel import animal_attributes
 from capc.data.offline import partition
-from capc.learning.ensemble import ensemble_predictions, train_teachers
+from capc.learning.teachers import fit_scratch_teachers
 from capc.mechanisms import Mechanism, from_config
+from capc.models.ensemble import Voters
 from capc.privacy import planning
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.advisor import TAU_MARGIN, LabelStatistics, recommend
@@ -95,8 +96,10 @@ def main() -> None:
     order = np.random.default_rng(0).permutation(len(x))
     held, train = order[:2000], order[2000:]
     parts = [train[p] for p in partition(len(train), args.teachers, seed=0)]
-    models = train_teachers(x, y, parts, epochs=args.epochs)
-    votes = ensemble_predictions(models, x[held], multi_label=True).astype(np.float64)
+    teachers = fit_scratch_teachers(
+        x, y, parts, architecture="small-cnn", outputs=int(y.shape[1]), epochs=args.epochs
+    )
+    votes = Voters(teachers).predict(x[held]).astype(np.float64)
     truth = y[held].astype(np.int8)
     k, n = y.shape[1], args.teachers
     stats = LabelStatistics.from_labels(y[train])

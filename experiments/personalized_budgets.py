@@ -36,8 +36,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.data.offline import animal_mnist, partition
-from capc.learning.ensemble import ensemble_predictions, train_teachers
+from capc.learning.teachers import fit_scratch_teachers
 from capc.mechanisms import Mechanism, Personalization, from_config
+from capc.models.ensemble import Voters
 from capc.privacy import rdp
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
@@ -150,8 +151,16 @@ def main() -> None:
     order = np.random.default_rng(args.seed).permutation(len(x))
     held, train = order[:2000], order[2000:]
     parts = [train[p] for p in partition(len(train), args.teachers, seed=args.seed)]
-    models = train_teachers(x, y, parts, epochs=args.epochs, seed=args.seed)
-    pool = ensemble_predictions(models, x[held])
+    teachers = fit_scratch_teachers(
+        x,
+        y,
+        parts,
+        architecture="small-cnn",
+        outputs=int(y.max()) + 1,
+        epochs=args.epochs,
+        seed=args.seed,
+    )
+    pool = Voters(teachers).predict(x[held])
     teacher_accuracy = float((pool == y[held][:, None]).mean())
     rng = np.random.default_rng(args.seed + 1)
     idx = rng.integers(0, len(held), args.stream)

@@ -28,9 +28,8 @@ from capc.data.multilabel import animal_attributes
 from capc.data.offline import animal_mnist, breast_cancer, breast_cancer_records, digits, partition
 from capc.data.schema import TableSchema, parse_records
 from capc.learning.last_layer import finetune_teacher
-from capc.learning.supervised import fit
-from capc.learning.teachers import fit_head_ensemble
-from capc.models import Teacher, build, load_teacher, save_teacher
+from capc.learning.teachers import fit_head_ensemble, fit_scratch_teachers
+from capc.models import Teacher, load_teacher, save_teacher
 from capc.models.ensemble import save_ensemble
 from services import tasks
 from services.common import pki, tls
@@ -341,16 +340,22 @@ class LocalConsortium:
             f"fitting {name}'s {len(parts)} teachers' last layers on disjoint parts of its "
             f"{sum(len(p) for p in parts)} private images"
         )
-        ensemble = fit_head_ensemble(base.model, x, np.asarray(y), parts, l2=self.teacher_l2)
         card["method"] = (
             f"pretrained body; {len(parts)} teachers, each with the BatchNorm statistics and "
             "last layer of its own disjoint part of the data"
         )
         card["teachers"] = len(parts)
-        save_ensemble(
-            self.model_path(i),
-            ensemble.checkpoint(base.architecture, shape, base.width, card),
+        ensemble = fit_head_ensemble(
+            base.model,
+            x,
+            np.asarray(y),
+            parts,
+            architecture=base.architecture,
+            width=base.width,
+            l2=self.teacher_l2,
+            card=card,
         )
+        save_ensemble(self.model_path(i), ensemble)
 
     def _prepare_scratch(
         self,
@@ -367,27 +372,22 @@ class LocalConsortium:
         enc = self.task_config.encryption
         default = "mlp" if len(shape) == 1 else "small-cnn"  # table rows or images
         architecture, width = (default, None) if enc is None else (enc.architecture, enc.width)
-        for t, (path, idx) in enumerate(zip(self.model_paths(i), parts, strict=True)):
-            self._say(f"training {name}'s {architecture} teacher on {len(idx)} private records")
-            model = fit(
-                build(architecture, shape, outputs, width),
-                x[idx],
-                y[idx],
-                epochs=self.epochs,
-                seed=i if len(parts) == 1 else 1000 * i + t,
-            )
-            save_teacher(
-                path,
-                Teacher(
-                    architecture,
-                    shape,
-                    outputs,
-                    model,
-                    {**card, "method": "trained from scratch", "examples": len(idx)},
-                    multi_label=y.ndim == 2,
-                    width=width,
-                ),
-            )
+        teachers = fit_scratch_teachers(
+            x,
+            y,
+            parts,
+            architecture=architecture,
+            outputs=outputs,
+            width=width,
+            epochs=self.epochs,
+            seed=i if len(parts) == 1 else 1000 * i,
+            card={**card, "method": "trained from scratch"},
+            log=lambda _, idx: self._say(
+                f"training {name}'s {architecture} teacher on {len(idx)} private records"
+            ),
+        )
+        for path, teacher in zip(self.model_paths(i), teachers, strict=True):
+            save_teacher(path, teacher)
 
     def start(self) -> None:
         """Start the guardian and every answering party; returns once all are connected."""

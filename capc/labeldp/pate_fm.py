@@ -35,8 +35,9 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from capc.learning.fixmatch import FixMatchConfig, ViewBank, fit_heads, head_predictions
+from capc.learning.fixmatch import FixMatchConfig, ViewBank, fit_heads
 from capc.mechanisms import Mechanism, from_config
+from capc.models.ensemble import head_predictions
 from capc.privacy import accountants
 from capc.privacy.accountants import Accounting
 from capc.privacy.events import DpEvent

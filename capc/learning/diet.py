@@ -42,8 +42,9 @@ from numpy.typing import NDArray
 
 from capc.data.generators import GENERATORS, Recipe
 from capc.data.offline import animal_mnist, digits, partition, skewed_partition
-from capc.learning.last_layer import fit_batch_standardised, fit_linear, self_train_linear
+from capc.learning.last_layer import fit_batch_standardised, fit_linear
 from capc.learning.pate import ACCOUNTANTS, LABELS_BY, ConfidentParams, label_within_budgets
+from capc.learning.semi_supervised import self_train_linear
 from capc.learning.simclr import PretrainConfig, pretrain
 from capc.learning.supervised import fit
 from capc.learning.teachers import fit_head_ensemble
@@ -436,11 +437,19 @@ def run_seed(
     classes = body.head.out_features
     test, parts, train = split_hospitals(y, config, seed)
     t0 = time.perf_counter()
-    ensemble = fit_head_ensemble(body, x, y, parts, l2=config.teacher_l2)
+    ensemble = fit_head_ensemble(
+        body,
+        x,
+        y,
+        parts,
+        architecture=config.body.architecture,
+        width=config.body.width,
+        l2=config.teacher_l2,
+    )
     test_feats = features(body, x[test], current_statistics=True, batch=config.batch)
     voting = config.voting(classes)
     test_votes = voting.summed_votes(
-        ensemble.predictions(x[test], current_statistics=False, batch=config.batch)
+        ensemble.predict(x[test], current_statistics=False, batch=config.batch)
     )
     refs: dict[str, float] = {
         "teacher_ensemble_accuracy": float((test_votes.argmax(1) == y[test]).mean()),
@@ -471,9 +480,9 @@ def run_seed(
         for stats in config.statistics:
             t1 = time.perf_counter()
             preds = (
-                ensemble.classes_of(qf)
+                ensemble.predict_features(qf)
                 if stats == "current"
-                else ensemble.predictions(queries, current_statistics=False, batch=config.batch)
+                else ensemble.predict(queries, current_statistics=False, batch=config.batch)
             )
             hist = voting.summed_votes(preds)
             truth = hist.argmax(1).astype(np.int64)

@@ -13,7 +13,8 @@ Two trainers share that loss:
   semi-supervised option);
 - :func:`fit_heads` trains many linear heads at once over a frozen body,
   on the features of augmented views computed once (:class:`ViewBank`):
-  PATE-FM's hundreds of teachers fit a few CPU minutes that way.
+  PATE-FM's hundreds of teachers fit a few CPU minutes that way (their votes:
+  :func:`capc.models.ensemble.head_predictions`).
 
 Labels may be hard (N,) classes or soft (N, C) distributions (ALIBI's
 posteriors). Units: learning rates per step; ``threshold`` a probability.
@@ -350,14 +351,6 @@ def fit_heads(
         opt.step()
         schedule.step()
     return weights.detach(), biases.detach()
-
-
-def head_predictions(
-    features: torch.Tensor, weights: torch.Tensor, biases: torch.Tensor
-) -> NDArray[np.int64]:
-    """Every head's class for (N, D) features: (N, T)."""
-    out = torch.einsum("nd,tcd->ntc", features, weights) + biases[None]
-    return out.argmax(dim=2).numpy().astype(np.int64)
 
 
 def head_module(weights: torch.Tensor, biases: torch.Tensor, index: int = 0) -> nn.Linear:

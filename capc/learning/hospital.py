@@ -21,10 +21,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.data.readers import Records
-from capc.learning.supervised import fit
-from capc.learning.teachers import fit_head_ensemble
+from capc.learning.teachers import fit_head_ensemble, fit_scratch_teachers
 from capc.models.checkpoint import Teacher, load_teacher
-from capc.models.ensemble import TeacherEnsemble
+from capc.models.ensemble import TeacherEnsemble, Voters
 from capc.models.registry import Classifier, build
 
 #: Share of the records held out to measure the teachers.
@@ -125,20 +124,21 @@ def fit_diet(
 ) -> Fitted:
     """DIET teachers: the shared ``body`` (from :func:`body_for`; ``name``: its file, for the
     card) with each part's own statistics and last layer."""
-    shape = tuple(records.x.shape[1:])
     base, model = body
     classes = model.head.out_features
     model.to("cpu")
     log(f"fitting {len(plan.parts)} last layers on the shared body {name}")
-    heads = fit_head_ensemble(model, records.x, records.y, plan.parts)
+    ensemble = fit_head_ensemble(
+        model, records.x, records.y, plan.parts, architecture=base.architecture, width=base.width
+    )
     held = plan.held_out
     predictions = (
-        heads.predictions(records.x[held], current_statistics=False)
+        ensemble.predict(records.x[held], current_statistics=False)
         if len(held)
         else np.zeros((0, len(plan.parts)), dtype=np.int64)
     )
     each, vote = scores(predictions, records.y[held], classes)
-    card = {
+    ensemble.card = {
         **card,
         "method": (
             f"pretrained body {name}; {len(plan.parts)} teachers, each with the BatchNorm "
@@ -147,7 +147,6 @@ def fit_diet(
         "teachers": len(plan.parts),
         "held_out": {"records": len(held), "accuracy": each, "majority_vote": vote},
     }
-    ensemble = heads.checkpoint(base.architecture, shape, base.width, card)
     return Fitted(ensemble, [len(p) for p in plan.parts], len(held), each, vote)
 
 
@@ -163,27 +162,28 @@ def fit_scratch(
     seed: int = 0,
 ) -> Fitted:
     """``architecture`` teachers trained from scratch, one per part."""
-    shape = tuple(records.x.shape[1:])
     held = plan.held_out
-    teachers, columns = [], []
-    for t, idx in enumerate(plan.parts):
-        log(f"training {architecture} teacher {t + 1}/{len(plan.parts)} on {len(idx)} records")
-        model = fit(
-            build(architecture, shape, classes),
-            records.x[idx],
-            records.y[idx],
-            epochs=epochs,
-            seed=seed * 1000 + t,
-            device="cpu",
-        )
-        teacher = Teacher(
-            architecture, shape, classes, model, {**card, "examples": len(idx)}, device="cpu"
-        )
-        columns.append(
-            teacher.predict(records.x[held]) if len(held) else np.zeros(0, dtype=np.int64)
-        )
-        teachers.append(teacher)
-    each, vote = scores(np.stack(columns, axis=1), records.y[held], classes)
+    count = len(plan.parts)
+    teachers = fit_scratch_teachers(
+        records.x,
+        records.y,
+        plan.parts,
+        architecture=architecture,
+        outputs=classes,
+        epochs=epochs,
+        seed=seed * 1000,
+        device="cpu",
+        card=card,
+        log=lambda t, idx: log(
+            f"training {architecture} teacher {t + 1}/{count} on {len(idx)} records"
+        ),
+    )
+    predictions = (
+        Voters(teachers).predict(records.x[held])
+        if len(held)
+        else np.zeros((0, count), dtype=np.int64)
+    )
+    each, vote = scores(predictions, records.y[held], classes)
     for t, teacher in enumerate(teachers):
         teacher.card.update(
             method=f"{architecture} trained from scratch on its own disjoint part of the data",

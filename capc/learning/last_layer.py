@@ -138,39 +138,6 @@ def fit_batch_standardised(
     return nn.Sequential(norm, _fit_standardised(z, y, outputs, l2, max_iter, balanced))
 
 
-def self_train_linear(
-    feats: torch.Tensor,
-    labels: NDArray[np.integer],
-    outputs: int,
-    *,
-    l2: float = 1e-3,
-    confidence: float = 0.9,
-    rounds: int = 2,
-) -> nn.Sequential:
-    """A balanced :func:`fit_batch_standardised` head fitted to the answered rows of
-    ``labels`` (-1: not answered), then refitted ``rounds`` times with its own
-    confident predictions on the other rows.
-
-    ``feats``: (N, D) features of every query, answered or not; ``confidence``:
-    the smallest softmax probability a pseudo-label needs. Pseudo-labels are a
-    function of released labels and public queries only, so they cost no privacy.
-    """
-    y = np.asarray(labels)
-    answered = y >= 0
-    if answered.sum() == 0:
-        raise ValueError("no answered query to fit on")
-    f = torch.as_tensor(feats, dtype=torch.float32).cpu()
-    head = fit_batch_standardised(f[answered], y[answered], outputs, l2=l2, balanced=True)
-    for _ in range(rounds):
-        with torch.no_grad():
-            prob = torch.softmax(head(f), dim=1)
-        conf, pred = prob.max(dim=1)
-        use = answered | (conf.numpy() >= confidence)
-        target = np.where(answered, y, pred.numpy())
-        head = fit_batch_standardised(f[use], target[use], outputs, l2=l2, balanced=True)
-    return head
-
-
 def finetune_last_layer(
     model: Classifier,
     x: NDArray[np.float32],

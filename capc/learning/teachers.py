@@ -1,16 +1,18 @@
-"""DIET teachers: one shared pretrained body, each hospital's own statistics and head.
+"""Fitting teacher ensembles: one teacher per disjoint part of a hospital's records.
 
-Every hospital starts from the same body (pretrained on synthetic images, so
-sharing it costs no privacy), replaces its BatchNorm statistics by those of
-its own data and fits only the last layer on its labels. In central-mode
-experiments the body is stored once; a teacher is its statistics and head.
+- DIET (:func:`fit_head_ensemble`): every teacher starts from the same body
+  (pretrained on synthetic images, so sharing it costs no privacy), takes the
+  BatchNorm statistics of its own part and fits only the last layer on its
+  labels. The body is stored once: one :class:`capc.models.ensemble.TeacherEnsemble`.
+- From scratch (:func:`fit_scratch_teachers`): one whole model per part, one
+  :class:`capc.models.Teacher` each.
+
+What an ensemble is, how it is saved and how it predicts: :mod:`capc.models.ensemble`.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,89 +20,11 @@ import torch
 from numpy.typing import NDArray
 
 from capc.learning.last_layer import fit_linear
-from capc.models.ensemble import (
-    TeacherEnsemble,
-    ensemble_outputs,
-    hard,
-    head_outputs,
-    statistics_of,
-)
-from capc.models.inference import features, recalibrate
-from capc.models.registry import Classifier
-
-
-@dataclass
-class HeadEnsemble:
-    """Teachers that share ``body``'s weights.
-
-    ``statistics[i]``: teacher i's BatchNorm buffers; ``weights`` (T, K, D) and
-    ``biases`` (T, K): the teachers' linear heads.
-    """
-
-    body: Classifier
-    statistics: list[dict[str, torch.Tensor]]
-    weights: torch.Tensor
-    biases: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.statistics)
-
-    def teacher(self, i: int) -> Classifier:
-        """Teacher ``i`` as a stand-alone model (what a hospital's party loads)."""
-        model = copy.deepcopy(self.body)
-        model.load_state_dict(self.statistics[i], strict=False)
-        with torch.no_grad():
-            model.head = torch.nn.Linear(self.weights.shape[2], self.weights.shape[1])
-            model.head.weight.copy_(self.weights[i])
-            model.head.bias.copy_(self.biases[i])
-        return model.to(next(self.body.parameters()).device).eval()
-
-    def checkpoint(
-        self,
-        architecture: str,
-        input_shape: tuple[int, ...],
-        width: int | None,
-        card: dict[str, Any],
-    ) -> TeacherEnsemble:
-        """The teachers as one party's ensemble checkpoint (:mod:`capc.models.ensemble`)."""
-        return TeacherEnsemble(
-            architecture,
-            input_shape,
-            int(self.weights.shape[1]),
-            copy.deepcopy(self.body).cpu(),
-            self.statistics,
-            self.weights.detach().cpu(),
-            self.biases.detach().cpu(),
-            card,
-            width=width,
-            device="cpu",
-        )
-
-    def classes_of(self, feats: torch.Tensor) -> NDArray[np.int64]:
-        """Every teacher's class for (N, D) body features that do not depend on a
-        teacher's statistics (current statistics): (N, T). Callers that already hold
-        the features of a query batch save a pass through the body."""
-        return hard(head_outputs(feats, self.weights, self.biases), multi_label=False)
-
-    def predictions(
-        self, x: NDArray[np.float32], *, current_statistics: bool, batch: int = 512
-    ) -> NDArray[np.int64]:
-        """Every teacher's class for every input: (N, T).
-
-        With ``current_statistics`` the features do not depend on a teacher's
-        stored statistics, so they are computed once for all; otherwise once
-        per teacher with its own statistics. ``batch``: inputs per BatchNorm batch.
-        """
-        out = ensemble_outputs(
-            self.body,
-            self.statistics,
-            self.weights,
-            self.biases,
-            x,
-            current_statistics=current_statistics,
-            batch=batch,
-        )
-        return hard(out, multi_label=False)
+from capc.learning.supervised import fit
+from capc.models.checkpoint import Teacher
+from capc.models.ensemble import TeacherEnsemble, statistics_of
+from capc.models.inference import device_of, features, recalibrate
+from capc.models.registry import Classifier, build
 
 
 def fit_head_ensemble(
@@ -109,13 +33,18 @@ def fit_head_ensemble(
     y: NDArray[np.integer],
     partitions: Sequence[NDArray[np.int64]],
     *,
+    architecture: str,
+    width: int | None = None,
     l2: float = 1e-2,
-) -> HeadEnsemble:
-    """One teacher per index set of ``partitions`` over (N, *shape) ``x`` and (N,) ``y``.
+    card: dict[str, Any] | None = None,
+) -> TeacherEnsemble:
+    """One teacher per index set of ``partitions`` over (N, *shape) ``x`` and (N,) classes
+    or (N, k) 0/1 labels ``y``, on ``body`` (built as ``architecture`` at ``width``).
 
-    ``body`` is not changed (its statistics are restored afterwards). ``l2``:
-    penalty of each head (see :func:`capc.learning.last_layer.fit_linear`);
-    a larger one keeps small hospitals' heads from fitting noise.
+    ``body`` is not changed (its statistics are restored afterwards) and the ensemble holds
+    it, not a copy. ``l2``: penalty of each head (see
+    :func:`capc.learning.last_layer.fit_linear`); a larger one keeps small hospitals' heads
+    from fitting noise. ``card``: the ensemble's model card.
     """
     outputs = body.head.out_features
     saved = statistics_of(body)
@@ -131,4 +60,64 @@ def fit_head_ensemble(
             biases.append(head.bias.detach())
     finally:
         body.load_state_dict(saved, strict=False)
-    return HeadEnsemble(body, stats, torch.stack(weights), torch.stack(biases))
+    return TeacherEnsemble(
+        architecture,
+        tuple(x.shape[1:]),
+        outputs,
+        body,
+        stats,
+        torch.stack(weights),
+        torch.stack(biases),
+        dict(card or {}),
+        width=width,
+        multi_label=np.ndim(y) == 2,
+        device=str(device_of(body)),
+    )
+
+
+def fit_scratch_teachers(
+    x: NDArray[np.float32],
+    y: NDArray[np.integer],
+    partitions: Sequence[NDArray[np.int64]],
+    *,
+    architecture: str,
+    outputs: int,
+    width: int | None = None,
+    epochs: int = 10,
+    seed: int = 0,
+    device: str | None = None,
+    card: dict[str, Any] | None = None,
+    log: Callable[[int, NDArray[np.int64]], None] | None = None,
+) -> list[Teacher]:
+    """One ``architecture`` model (at ``width``, ``outputs`` classes or labels) trained from
+    scratch per index set of ``partitions`` over (N, *shape) ``x`` and (N,) classes or
+    (N, k) 0/1 labels ``y``;
+    teacher t is trained ``epochs`` epochs with seed ``seed + t`` on ``device`` (None:
+    CUDA when present). Each card is ``card`` with the teacher's ``examples``;
+    ``log(t, part)`` is called before teacher t is trained."""
+    shape = tuple(x.shape[1:])
+    teachers = []
+    for t, p in enumerate(partitions):
+        if log is not None:
+            log(t, p)
+        model = fit(
+            build(architecture, shape, outputs, width),
+            x[p],
+            y[p],
+            epochs=epochs,
+            seed=seed + t,
+            device=device,
+        )
+        teachers.append(
+            Teacher(
+                architecture,
+                shape,
+                outputs,
+                model,
+                {**(card or {}), "examples": len(p)},
+                device=str(device_of(model)),
+                multi_label=np.ndim(y) == 2,
+                width=width,
+            )
+        )
+    return teachers

@@ -478,11 +478,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument(
         "--semi-supervised",
-        choices=["none", "self-training", "pseudo-labels"],
+        choices=["none", "self-training", "pseudo-label-head", "fixmatch", "pseudo-labels"],
         default="none",
         help="also learn from the jobs' unanswered queries: a pretrained student's head by "
-        "self-training or pseudo-labels; a student trained from scratch by FixMatch "
-        "(pseudo-labels, image tasks)",
+        "self-training or pseudo-label-head; a student trained from scratch by fixmatch "
+        "(image tasks); pseudo-labels is deprecated (read as pseudo-label-head or fixmatch)",
     )
     train.set_defaults(run=cmd_models_train)
     predict = models.add_parser(

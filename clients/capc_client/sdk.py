@@ -284,8 +284,10 @@ class Client:
         semi_supervised: str = "none",
     ) -> StudentModel:
         """Train a student on finished jobs. A pretrained student's head takes ``l2`` (None:
-        the student's default) and ``semi_supervised``: "none", "self-training" or
-        "pseudo-labels" (also learning from the jobs' unanswered queries)."""
+        the student's default). ``semi_supervised``: also learn from the jobs' unanswered
+        queries: "none", "self-training" or "pseudo-label-head" (a pretrained student's
+        head), "fixmatch" (a student trained from scratch); "pseudo-labels" is deprecated
+        (the model's ``options["deprecated"]`` says what it was read as)."""
         body: dict[str, Any] = {
             "job_ids": job_ids,
             "architecture": architecture,

@@ -58,13 +58,11 @@ from capc_client import Client
 from numpy.typing import NDArray
 
 from capc.data.offline import partition
-from capc.learning.supervised import fit
-from capc.learning.teachers import HeadEnsemble, fit_head_ensemble
+from capc.learning.teachers import fit_head_ensemble, fit_scratch_teachers
 from capc.mechanisms import from_config
-from capc.models import build, load_teacher
+from capc.models import load_teacher
 from capc.models.checkpoint import Teacher
-from capc.models.ensemble import save_checkpoints, save_ensemble
-from capc.models.registry import Classifier
+from capc.models.ensemble import TeacherEnsemble, save_checkpoints, save_ensemble
 from experiments.side_by_side.data import Split, task
 from experiments.side_by_side.wire import MEASURED, SETUP, count_guardian, settled
 from services.demo import SHIPPED_BODY, demo_task
@@ -139,11 +137,19 @@ def _parts(idx: NDArray[np.int64], m: int, seed: int, i: int) -> list[NDArray[np
     return [idx[p] for p in partition(len(idx), m, seed=100 + 1000 * seed + i)]
 
 
-def image_ensemble(split: Split, n: int, m: int, i: int, body: Classifier) -> HeadEnsemble:
-    """Hospital ``i``'s ``m`` DIET teachers: heads on ``body`` fitted on disjoint parts
-    of its ``n`` labelled records (what its party votes with)."""
+def image_ensemble(split: Split, n: int, m: int, i: int, base: Teacher) -> TeacherEnsemble:
+    """Hospital ``i``'s ``m`` DIET teachers: heads on ``base``'s body (held, not copied)
+    fitted on disjoint parts of its ``n`` labelled records (what its party votes with)."""
     parts = _parts(split.labelled(i, n), m, split.seed, i)
-    return fit_head_ensemble(body, split.x, split.y, parts, l2=1e-2)
+    return fit_head_ensemble(
+        base.model,
+        split.x,
+        split.y,
+        parts,
+        architecture=base.architecture,
+        width=base.width,
+        l2=1e-2,
+    )
 
 
 def fit_image_teachers(split: Split, n: int, m: int, directory: Path) -> dict[int, Path]:
@@ -153,14 +159,14 @@ def fit_image_teachers(split: Split, n: int, m: int, directory: Path) -> dict[in
     out: dict[int, Path] = {}
     for i in range(split.hospitals):
         idx = split.labelled(i, n)
-        ensemble = image_ensemble(split, n, m, i, base.model)
-        card = {
+        ensemble = image_ensemble(split, n, m, i, base)
+        ensemble.card = {
             "data": f"{split.dataset}, hospital {i}'s first {len(idx)} records",
             "method": f"pretrained body; {m} teachers' own statistics and last layers",
             "teachers": m,
         }
         out[i] = directory / f"own-hospital-{i}.pt"
-        save_ensemble(out[i], ensemble.checkpoint(base.architecture, (1, 28, 28), base.width, card))
+        save_ensemble(out[i], ensemble)
     return out
 
 
@@ -169,20 +175,18 @@ def fit_table_teachers(
 ) -> dict[int, Path]:
     """Each hospital's ``m`` MLP teachers trained from scratch on disjoint parts of its
     ``n`` labelled rows; {hospital index: checkpoints file}."""
-    shape = (int(split.x.shape[1]),)
     out: dict[int, Path] = {}
     for i in range(split.hospitals):
-        members = []
-        for t, idx in enumerate(_parts(split.labelled(i, n), m, split.seed, i)):
-            model = fit(
-                build("mlp", shape, split.classes),
-                split.x[idx],
-                split.y[idx],
-                epochs=epochs,
-                seed=1000 * split.seed + 10 * i + t,
-            )
-            card = {"data": f"{split.dataset}, hospital {i}", "examples": len(idx)}
-            members.append(Teacher("mlp", shape, split.classes, model, card))
+        members = fit_scratch_teachers(
+            split.x,
+            split.y,
+            _parts(split.labelled(i, n), m, split.seed, i),
+            architecture="mlp",
+            outputs=split.classes,
+            epochs=epochs,
+            seed=1000 * split.seed + 10 * i,
+            card={"data": f"{split.dataset}, hospital {i}"},
+        )
         out[i] = directory / f"own-hospital-{i}.pt"
         save_checkpoints(out[i], members)
     return out

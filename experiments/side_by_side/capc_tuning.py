@@ -83,9 +83,9 @@ from numpy.typing import NDArray
 from capc.data.generators import Recipe
 from capc.learning.last_layer import fit_batch_standardised
 from capc.learning.supervised import accuracy
-from capc.learning.teachers import HeadEnsemble
 from capc.mechanisms import Mechanism, from_config
 from capc.models import load_teacher
+from capc.models.ensemble import TeacherEnsemble
 from capc.models.inference import features, logits, reference_statistics
 from capc.models.registry import Classifier
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
@@ -238,8 +238,9 @@ class Tuner:
     score_on: NDArray[np.int64] | None = None
 
     def __post_init__(self) -> None:
-        self.body = load_teacher(SHIPPED_BODY).model.eval()
-        self._ensembles: dict[tuple[int, int], list[HeadEnsemble]] = {}
+        self.base = load_teacher(SHIPPED_BODY)
+        self.body = self.base.model.eval()
+        self._ensembles: dict[tuple[int, int], list[TeacherEnsemble]] = {}
         self._queries: torch.Tensor | None = None
         idx = self.split.tuning if self.score_on is None else self.score_on
         self.score = (self.split.x[idx], self.split.y[idx])
@@ -254,11 +255,11 @@ class Tuner:
             self.log(f"{self.pool} queries' features in {time.perf_counter() - t:.0f} s")
         return self._queries
 
-    def ensembles(self, n: int, m: int) -> list[HeadEnsemble]:
+    def ensembles(self, n: int, m: int) -> list[TeacherEnsemble]:
         if (n, m) not in self._ensembles:
             t = time.perf_counter()
             self._ensembles[(n, m)] = [
-                image_ensemble(self.split, n, m, i, self.body) for i in range(self.split.hospitals)
+                image_ensemble(self.split, n, m, i, self.base) for i in range(self.split.hospitals)
             ]
             self.log(f"n={n}: {m} teachers a hospital in {time.perf_counter() - t:.0f} s")
         return self._ensembles[(n, m)]
@@ -270,7 +271,7 @@ class Tuner:
         votes = np.zeros((len(qf), mech.outputs))
         for ens in self.ensembles(n, c.teachers):
             for lo in range(0, len(qf), 8192):
-                votes[lo : lo + 8192] += mech.summed_votes(ens.classes_of(qf[lo : lo + 8192]))
+                votes[lo : lo + 8192] += mech.summed_votes(ens.predict_features(qf[lo : lo + 8192]))
         rng = SecureRandom.from_seed(f"side-by-side-capc-tuning-{n}-{c.name}")
         labels, answered = mech.oracle(votes, mech.draw_noise(len(votes), rng), CIRCUIT_FRAC_BITS)
         reference = self.split.x[self.split.reference]
@@ -313,7 +314,7 @@ class Tuner:
                 others = self.ensembles(n, c.teachers)[1:]
                 votes_by_m[c.teachers] = sum(
                     (
-                        mech.summed_votes(e.predictions(unlabelled, current_statistics=False))
+                        mech.summed_votes(e.predict(unlabelled, current_statistics=False))
                         for e in others
                     ),
                     np.zeros((len(unlabelled), mech.outputs)),

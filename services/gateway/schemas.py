@@ -118,9 +118,9 @@ class LabelsOut(BaseModel):
     )
 
 
-#: What a pretrained student's head may also learn from unanswered queries (the student
-#: party's ``SEMI_SUPERVISED``; a unit test keeps the two equal).
-SemiSupervised = Literal["none", "self-training", "pseudo-labels"]
+#: How a student also learns from unanswered queries (the student party's
+#: ``SEMI_SUPERVISED``; a unit test keeps the two equal). "pseudo-labels" is deprecated.
+SemiSupervised = Literal["none", "self-training", "pseudo-label-head", "fixmatch", "pseudo-labels"]
 
 
 class ModelCreate(Strict):
@@ -146,8 +146,9 @@ class ModelCreate(Strict):
         "none",
         description="also learn from the jobs' unanswered queries: a pretrained student's head "
         "by its own confident predictions (self-training) or by confident predictions taught "
-        "on strongly augmented views (pseudo-labels, FixMatch-style); a student trained from "
-        "scratch by FixMatch (pseudo-labels, image tasks); no privacy cost",
+        "on strongly augmented views (pseudo-label-head); a student trained from scratch by "
+        "FixMatch (fixmatch, image tasks); no privacy cost. Deprecated: pseudo-labels, read "
+        "as pseudo-label-head or fixmatch by the architecture (options.deprecated says so)",
     )
 
 
@@ -183,7 +184,9 @@ class ModelOut(BaseModel):
     error: str
     created_at: str
     options: dict[str, Any] = Field(
-        default_factory=dict, description="the training options the model was asked for"
+        default_factory=dict,
+        description="the training options the model was asked for (l2, semi_supervised), and "
+        "deprecated where the request named a deprecated method: what it was read as",
     )
 
 

@@ -323,7 +323,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         arch = request.architecture or self.trainer.default_architecture
         epochs = request.epochs or DEFAULT_EPOCHS
         try:
-            options = TrainingOptions.parse(request.l2, request.semi_supervised)
+            options = TrainingOptions.parse(request.l2, request.semi_supervised, arch)
             self.trainer.check(list(request.job_ids), arch, epochs, options)
         except TrainingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -14,9 +14,14 @@ Two ways to train:
   :func:`capc.models.inference.reference_statistics`): each of
   its predictions then depends on its own record only.
 - an architecture name (``small-cnn``, ``resnet10``, ...): trained from
-  scratch on the labelled queries; with ``semi_supervised="pseudo-labels"``, by FixMatch
+  scratch on the labelled queries; with ``semi_supervised="fixmatch"``, by FixMatch
   (:mod:`capc.learning.fixmatch`), the jobs' unanswered queries serving as
   unlabelled data beside the answered ones (image tasks with single labels).
+
+The semi-supervised methods and which student takes which:
+:mod:`capc.learning.semi_supervised`. ``"pseudo-labels"``, the one name the API had for
+two of them, is still read, as ``pseudo-label-head`` for a pretrained student and as
+``fixmatch`` for one trained from scratch, and the model's options say it is deprecated.
 
 The student keeps its own labelled test set (``--test-data``, an .npz with
 ``x`` and ``y``) to report test accuracy; without one only the training fit
@@ -44,8 +49,13 @@ from numpy.typing import NDArray
 
 from capc.learning import fixmatch
 from capc.learning.fixmatch import FixMatchConfig
-from capc.learning.last_layer import fit_batch_standardised, self_train_linear
-from capc.learning.semi_supervised import pseudo_label_head
+from capc.learning.semi_supervised import (
+    METHOD_NAMES,
+    Trains,
+    answered_rows,
+    check_method,
+    fit_student_head,
+)
 from capc.learning.supervised import accuracy, fit
 from capc.models import ARCHITECTURES, Teacher, build, save_teacher
 from capc.models.inference import features, reference_statistics
@@ -60,10 +70,13 @@ PRETRAINED = "pretrained"
 #: The pretrained student head's L2 penalty unless a request names one: the central-mode
 #: experiment's best student at 250 teachers (docs/diet.md) uses it.
 STUDENT_L2 = 1e-2
-#: What a pretrained student's head may also learn from the unanswered queries.
-SEMI_SUPERVISED = ("none", "self-training", "pseudo-labels")
-#: Those a student trained from scratch takes: "pseudo-labels" is FixMatch on the whole net.
-FROM_SCRATCH_SEMI = ("none", "pseudo-labels")
+#: The deprecated name of two semi-supervised methods, and the method it is read as for a
+#: student that trains its last layer (pretrained) or its whole model (from scratch).
+DEPRECATED_SEMI_SUPERVISED: dict[str, dict[Trains, str]] = {
+    "pseudo-labels": {"last layer": "pseudo-label-head", "whole model": "fixmatch"},
+}
+#: Every ``semi_supervised`` a training request may name (capc.learning.semi_supervised).
+SEMI_SUPERVISED = (*METHOD_NAMES, *DEPRECATED_SEMI_SUPERVISED)
 #: Smallest reference batch: the DIET paper's smallest current-statistics batch.
 MIN_REFERENCE_RECORDS = 16
 #: The querier's own records per BatchNorm batch when its student is fitted on them.
@@ -78,20 +91,33 @@ class TrainingError(ValueError):
     """A training request names no usable jobs or an unknown architecture."""
 
 
+def trains(architecture: str) -> Trains:
+    """What a student of ``architecture`` trains: the last layer of the pretrained body, or
+    a whole model from scratch."""
+    return "last layer" if architecture == PRETRAINED else "whole model"
+
+
 @dataclass(frozen=True)
 class TrainingOptions:
-    """How a pretrained student's head is fitted: its L2 penalty (per unit of mean loss)
-    and what it also learns from unanswered queries (:data:`SEMI_SUPERVISED`)."""
+    """How a student is fitted: a pretrained student's head's L2 penalty (per unit of mean
+    loss) and the semi-supervised method that also learns from unanswered queries
+    (:mod:`capc.learning.semi_supervised`). ``deprecated``: set when the request named a
+    deprecated method, saying what it was read as and what to name instead."""
 
     l2: float = STUDENT_L2
     semi_supervised: str = "none"
+    deprecated: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.deprecated:
+            del out["deprecated"]
+        return out
 
     @classmethod
-    def parse(cls, l2: float, semi_supervised: str) -> TrainingOptions:
-        """From a request: 0 and "" mean the defaults; TrainingError says what is wrong."""
+    def parse(cls, l2: float, semi_supervised: str, architecture: str) -> TrainingOptions:
+        """From a request for a student of ``architecture``: 0 and "" mean the defaults;
+        TrainingError says what is wrong."""
         mode = semi_supervised or "none"
         if mode not in SEMI_SUPERVISED:
             raise TrainingError(
@@ -99,11 +125,28 @@ class TrainingOptions:
             )
         if not (l2 == 0 or 1e-8 <= l2 <= 1e3):
             raise TrainingError(f"l2 must lie in [1e-8, 1000] (0: the default), got {l2}")
-        return cls(float(l2) or STUDENT_L2, mode)
+        return cls(float(l2) or STUDENT_L2, mode).resolved(architecture)
+
+    def resolved(self, architecture: str) -> TrainingOptions:
+        """These options with a deprecated method read as the method it means for a student
+        of ``architecture`` (and :attr:`deprecated` saying so); the same options otherwise."""
+        aliases = DEPRECATED_SEMI_SUPERVISED.get(self.semi_supervised)
+        if aliases is None:
+            return self
+        kind = trains(architecture)
+        method = aliases[kind]
+        meanings = " or ".join(f'"{m}" (a student that trains its {t})' for t, m in aliases.items())
+        note = (
+            f'semi_supervised "{self.semi_supervised}" is deprecated: it was read as '
+            f'"{method}", as this student trains its {kind}; name {meanings} instead'
+        )
+        return replace(self, semi_supervised=method, deprecated=note)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> TrainingOptions:
-        return cls(**d) if d else cls()
+    def from_dict(cls, d: dict[str, Any] | None, architecture: str) -> TrainingOptions:
+        """Options as stored with a model of ``architecture`` (a deprecated method stored
+        before it was renamed is read as :meth:`resolved` reads it)."""
+        return (cls(**d) if d else cls()).resolved(architecture)
 
 
 def load_reference(path: Path, task: TaskConfig) -> NDArray[np.float32]:
@@ -150,12 +193,6 @@ def load_test_set(path: Path, task: TaskConfig) -> tuple[NDArray[np.float32], ND
     return x, y
 
 
-def _answered(labels: NDArray[np.int64]) -> NDArray[np.bool_]:
-    if len(labels) == 0:
-        return np.zeros(0, dtype=bool)
-    return np.asarray((labels >= 0).reshape(len(labels), -1).all(axis=1), dtype=bool)
-
-
 def labelled_examples(
     store: JobStore, job_ids: list[str], task: TaskConfig
 ) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
@@ -164,7 +201,7 @@ def labelled_examples(
     for job_id in job_ids:
         labels = store.labels(job_id)
         queries = store.queries(job_id)[: len(labels)]
-        keep = _answered(labels)
+        keep = answered_rows(labels)
         xs.append(queries[keep])
         ys.append(labels[keep])
     x = np.concatenate(xs) if xs else np.zeros((0, *task.input_shape), dtype=np.float32)
@@ -183,7 +220,7 @@ class JobFeatures:
 
     @property
     def answered(self) -> NDArray[np.bool_]:
-        return _answered(self.labels)
+        return answered_rows(self.labels)
 
 
 def job_features(
@@ -213,7 +250,7 @@ def job_features(
         pad = np.full((len(queries) - len(labels), *labels.shape[1:]), -1, dtype=np.int64)
         labels = np.concatenate([labels, pad])
         f = features(body, queries, current_statistics=True, batch=job.batch_size)
-        keep = np.ones(len(labels), dtype=bool) if unanswered else _answered(labels)
+        keep = np.ones(len(labels), dtype=bool) if unanswered else answered_rows(labels)
         xs.append(queries[keep])
         fs.append(f[torch.from_numpy(keep)])
         ys.append(labels[keep])
@@ -294,17 +331,11 @@ class ModelTrainer:
             )
         if options.semi_supervised != "none" and self.task.multi_label:
             raise TrainingError("semi_supervised applies to single-label tasks only")
-        if architecture != PRETRAINED and options.semi_supervised not in FROM_SCRATCH_SEMI:
-            raise TrainingError(
-                "a student trained from scratch learns from unanswered queries by FixMatch: "
-                f"semi_supervised must be one of {', '.join(FROM_SCRATCH_SEMI)}, got "
-                f"{options.semi_supervised!r}"
-            )
-        if (
-            architecture != PRETRAINED
-            and options.semi_supervised != "none"
-            and len(self.task.input_shape) != 3
-        ):
+        try:
+            check_method(options.semi_supervised, trains(architecture))
+        except ValueError as err:
+            raise TrainingError(str(err)) from None
+        if options.semi_supervised == "fixmatch" and len(self.task.input_shape) != 3:
             raise TrainingError(
                 "FixMatch's augmentations are for images (C, H, W): choose semi_supervised "
                 "none for this task"
@@ -366,21 +397,21 @@ class ModelTrainer:
             raise TrainingError("the jobs have no fully answered queries")
         if not self.task.multi_label and len(np.unique(y)) < 2:
             raise TrainingError("every answered query has the same label; label more queries")
-        outputs, balanced = self.task.outputs, not self.task.multi_label
-        unused = int((~answered).sum())
-        if options.semi_supervised == "self-training":
-            return self_train_linear(jf.features, jf.labels, outputs, l2=options.l2), f, y, unused
-        if options.semi_supervised == "pseudo-labels":
-            sizes = [j.batch_size for j in map(self.store.get, job_ids) if j is not None]
-            batch = min(sizes, default=OWN_BATCH)
-            head = pseudo_label_head(
-                model, f, y, jf.queries[~answered], outputs, batch=batch, l2=options.l2, seed=seed
-            )
-            return head, f, y, unused
+        sizes = [j.batch_size for j in map(self.store.get, job_ids) if j is not None]
+        head = fit_student_head(
+            options.semi_supervised,
+            model,
+            jf.features,
+            jf.labels,
+            jf.queries,
+            self.task.outputs,
+            batch=min(sizes, default=OWN_BATCH),
+            l2=options.l2,
+            seed=seed,
+        )
         # The head standardises each batch by its own statistics under current statistics,
         # as the body does: it was fitted on synthetic queries, not real images.
-        head = fit_batch_standardised(f, y, outputs, l2=options.l2, balanced=balanced)
-        return head, f, y, 0
+        return head, f, y, int((~answered).sum())
 
     def _fit_pretrained(
         self, job_ids: list[str], options: TrainingOptions, seed: int
@@ -477,15 +508,13 @@ class ModelTrainer:
         self.store.update_model(model_id, state="training")
         start = time.perf_counter()
         jobs = list(spec.job_ids)
+        options = TrainingOptions.from_dict(self.store.model_options(model_id), spec.architecture)
         if spec.architecture == PRETRAINED:
             assert self.body is not None
-            options = TrainingOptions.from_dict(self.store.model_options(model_id))
             model, examples, metrics, extra = self._fit_pretrained(jobs, options, spec.seed)
             architecture, width = self.body.architecture, self.body.width
         else:
-            options = TrainingOptions.from_dict(self.store.model_options(model_id))
-            fixmatch_on = options.semi_supervised == "pseudo-labels"
-            fit = self._fit_fixmatch if fixmatch_on else self._fit_scratch
+            fit = self._fit_fixmatch if options.semi_supervised == "fixmatch" else self._fit_scratch
             model, examples, metrics, extra = fit(jobs, spec.architecture, spec.epochs, spec.seed)
             architecture, width = spec.architecture, None
         metrics["examples"] = examples

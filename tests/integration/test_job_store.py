@@ -71,13 +71,15 @@ def test_semi_supervised_student_learns_from_unanswered_queries(tmp_path: Path) 
     store.record_batch(job.id, 1, 2, labels[100:])
     store.finish(job.id)
     trainer = ModelTrainer(store, task, test_set=(x, y))
-    fixmatch_on = TrainingOptions.parse(0.0, "pseudo-labels")
-    with pytest.raises(TrainingError, match="FixMatch"):
-        trainer.check([job.id], "small-cnn", 2, TrainingOptions.parse(0.0, "self-training"))
+    fixmatch_on = TrainingOptions.parse(0.0, "fixmatch", "small-cnn")
+    with pytest.raises(TrainingError, match="takes none, fixmatch"):
+        trainer.check(
+            [job.id], "small-cnn", 2, TrainingOptions.parse(0.0, "self-training", "small-cnn")
+        )
     trainer.check([job.id], "small-cnn", 2, fixmatch_on)
     model = store.create_model([job.id], "small-cnn", 2, 0, fixmatch_on.to_dict())
     assert (
-        model.options["semi_supervised"] == "pseudo-labels"
+        model.options["semi_supervised"] == "fixmatch"
         and store.create_model([job.id], "small-cnn", 1, 0).options == {}
     )
     trainer.submit(model.id)
@@ -86,9 +88,9 @@ def test_semi_supervised_student_learns_from_unanswered_queries(tmp_path: Path) 
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert m is not None and m.state == "done", m.error if m else None
-    assert m.options["semi_supervised"] == "pseudo-labels" and m.examples == 30
+    assert m.options["semi_supervised"] == "fixmatch" and m.examples == 30
     assert m.metrics["unlabelled_examples"] == 170
     assert float(m.metrics["test_accuracy"]) > 0.8  # type: ignore[arg-type]
     _, card = store.model_file(model.id) or (b"", {})
-    assert card["options"]["semi_supervised"] == "pseudo-labels"  # type: ignore[index]
+    assert card["options"]["semi_supervised"] == "fixmatch"  # type: ignore[index]
     assert "FixMatch" in str(card["method"])

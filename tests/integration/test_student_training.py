@@ -95,7 +95,7 @@ def test_the_capc_loop_fits_own_records_with_or_without_jobs(
     alone = ModelTrainer(store, task, test, body)
     with pytest.raises(TrainingError, match="at least one finished job"):
         alone.check([], "pretrained", 10)
-    with pytest.raises(TrainingError, match="learns from unanswered queries by FixMatch"):
+    with pytest.raises(TrainingError, match="takes none, fixmatch"):
         alone.check(["x"], "small-cnn", 10, TrainingOptions(semi_supervised="self-training"))
     blind = ModelTrainer(store, task, None, body)
     with pytest.raises(TrainingError, match="--reference-data"):

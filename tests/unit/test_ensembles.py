@@ -31,8 +31,9 @@ def _ensemble(m: int = 4) -> TeacherEnsemble:
     body = build("resnet10", (1, 12, 12), 3, width=4, seed=0)
     x, y = _data(40 * m, 0)
     parts = [np.arange(40 * i, 40 * (i + 1)) for i in range(m)]
-    heads = fit_head_ensemble(body, x, y, parts)
-    return heads.checkpoint("resnet10", (1, 12, 12), 4, {"teachers": m})
+    return fit_head_ensemble(
+        body, x, y, parts, architecture="resnet10", width=4, card={"teachers": m}
+    )
 
 
 @pytest.mark.parametrize("current", [True, False])

@@ -9,6 +9,7 @@ import torch
 from capc.learning import fixmatch, randaugment
 from capc.learning.fixmatch import FixMatchConfig, ViewBank
 from capc.learning.randaugment import StrongAugmentation, WeakAugmentation
+from capc.models.ensemble import head_predictions
 
 
 def images(b: int = 16, c: int = 1, side: int = 12) -> torch.Tensor:
@@ -104,7 +105,7 @@ def test_heads_learn_from_few_labels_and_the_pool() -> None:
     config = FixMatchConfig(steps=150, batch=16, unlabelled_ratio=8, threshold=0.9, lr=0.05)
     w, b = fixmatch.fit_heads(bank, index, [y[i] for i in index], 3, config)
     assert w.shape == (20, 3, 6) and b.shape == (20, 3)
-    votes = fixmatch.head_predictions(bank.clean, w, b)
+    votes = head_predictions(bank.clean, w, b)
     plurality = np.array([np.bincount(v, minlength=3).argmax() for v in votes])
     assert (plurality == y).mean() > 0.9
     # A head is its own: one trained on flipped labels disagrees with the rest.

@@ -32,9 +32,9 @@ from capc.learning.last_layer import (
     finetune_teacher,
     fit_batch_standardised,
     fit_linear,
-    self_train_linear,
 )
 from capc.learning.pate import ConfidentParams
+from capc.learning.semi_supervised import self_train_linear
 from capc.learning.simclr import PretrainConfig, nt_xent, pretrain
 from capc.learning.supervised import accuracy
 from capc.learning.teachers import fit_head_ensemble
@@ -256,16 +256,16 @@ def test_head_ensemble_teachers_match_stand_alone_models() -> None:
     x, y = digit_like(240, 1)
     before = {k: v.clone() for k, v in body.state_dict().items()}
     parts = [np.arange(i, 240, 3) for i in range(3)]
-    ens = fit_head_ensemble(body, x, y, parts)
+    ens = fit_head_ensemble(body, x, y, parts, architecture="small-cnn", width=4)
     for k, v in body.state_dict().items():
         assert torch.equal(v, before[k]), f"{k} changed in the shared body"
     q, _ = digit_like(50, 2)
-    orig = ens.predictions(q, current_statistics=False, batch=50)
-    cur = ens.predictions(q, current_statistics=True, batch=50)
+    orig = ens.predict(q, current_statistics=False, batch=50)
+    cur = ens.predict(q, current_statistics=True, batch=50)
     assert orig.shape == cur.shape == (50, 3)
     # callers that hold a batch's features already get the same votes without a second pass
     f = features(body, q, current_statistics=True, batch=50)
-    np.testing.assert_array_equal(ens.classes_of(f), cur)
+    np.testing.assert_array_equal(ens.predict_features(f), cur)
     for i in range(3):
         t = ens.teacher(i)
         np.testing.assert_array_equal(logits(t, q).argmax(1).numpy(), orig[:, i])
@@ -277,7 +277,7 @@ def test_head_ensemble_teachers_match_stand_alone_models() -> None:
         ens.statistics[0]["features.1.running_mean"], ens.statistics[1]["features.1.running_mean"]
     )
     with pytest.raises(ValueError, match="two examples"):
-        fit_head_ensemble(body, x, y, [np.array([0])])
+        fit_head_ensemble(body, x, y, [np.array([0])], architecture="small-cnn", width=4)
 
 
 def test_query_sets_and_noise_draws_are_distinct_and_draw_zero_is_the_experiments() -> None:

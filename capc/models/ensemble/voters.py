@@ -1,0 +1,141 @@
+"""What an answering party votes with: one or more models on the same inputs and outputs
+(capc teachers, ensembles, a hospital's own models), and every teacher's prediction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.models.checkpoint import Teacher
+from capc.models.ensemble.files import Member, load_members
+from capc.models.ensemble.shared_body import TeacherEnsemble
+from capc.models.foreign import Interface, shape_text
+
+
+def _kind(m: Member) -> str:
+    return "labels" if m.multi_label else "classes"
+
+
+class Voters:
+    """The teachers an answering party votes with: one or more models (see
+    :func:`load_members`), all on the same inputs and outputs.
+
+    ``sources``: where each member came from (its ``--model``), for messages."""
+
+    def __init__(self, members: Sequence[Member], sources: Sequence[str] | None = None) -> None:
+        if not members:
+            raise ValueError("a party votes with at least one teacher")
+        self.sources = (
+            list(sources)
+            if sources is not None
+            else [f"teacher {i + 1}" for i in range(len(members))]
+        )
+        first = members[0]
+        for m, where in zip(members[1:], self.sources[1:], strict=True):
+            if (m.input_shape, m.num_classes, m.multi_label) != (
+                first.input_shape,
+                first.num_classes,
+                first.multi_label,
+            ):
+                raise ValueError(
+                    "every teacher of a party must take the same inputs and give the same "
+                    f"outputs: {self.sources[0]} maps {first.input_shape} to "
+                    f"{first.num_classes} {_kind(first)}, {where} {m.input_shape} to "
+                    f"{m.num_classes} {_kind(m)}"
+                )
+        self.members = list(members)
+        self.input_shape = first.input_shape
+        self.num_classes = first.num_classes
+        self.multi_label = first.multi_label
+
+    @classmethod
+    def load(cls, specs: Sequence[str | Path], want: Interface | None = None) -> Voters:
+        """Every ``--model`` of a party (:func:`load_members`; a file of several teachers
+        gives each); ``want``: the task's interface."""
+        members: list[Member] = []
+        sources: list[str] = []
+        for spec in specs:
+            loaded = load_members(spec, want)
+            if isinstance(loaded, list):
+                members += loaded
+                sources += [f"{spec} (teacher {i + 1})" for i in range(len(loaded))]
+            else:
+                members.append(loaded)
+                sources.append(str(spec))
+        return cls(members, sources)
+
+    def misfit(self, party: str, want: Interface) -> str | None:
+        """Why this party's teachers cannot answer ``want``'s task, or None when they can.
+
+        Names the first model that does not fit, what it takes and what the task has."""
+        for m, where in zip(self.members, self.sources, strict=True):
+            who = f"{party}'s model {where}"
+            if m.input_shape != want.input_shape:
+                return (
+                    f"{who} takes inputs {shape_text(m.input_shape)} but task {want.task} has "
+                    f"{shape_text(want.input_shape)}: export the model for the task's input "
+                    f"shape, or answer a task on {shape_text(m.input_shape)} inputs"
+                )
+            if m.multi_label != want.multi_label:
+                return (
+                    f"{who} votes {'independent labels' if m.multi_label else 'one class'} "
+                    f"per query but task {want.task} is "
+                    f"{'multi-label' if want.multi_label else 'single-label'}: answer it "
+                    f"with a {'multi' if want.multi_label else 'single'}-label model"
+                )
+            if m.num_classes != want.num_classes:
+                return (
+                    f"{who} gives {m.num_classes} {_kind(m)} but task {want.task} has "
+                    f"{want.num_classes}: train or export the model for the task's "
+                    f"{want.num_classes} {_kind(m)}"
+                )
+        return None
+
+    def check(self, party: str, want: Interface) -> None:
+        """ValueError (:meth:`misfit`'s reason) unless these teachers can answer ``want``."""
+        why = self.misfit(party, want)
+        if why is not None:
+            raise ValueError(why)
+
+    def __len__(self) -> int:
+        return sum(len(m) if isinstance(m, TeacherEnsemble) else 1 for m in self.members)
+
+    @property
+    def single(self) -> Teacher | None:
+        """The party's one capc teacher, when it has exactly one (encrypted rounds need that)."""
+        only = self.members[0]
+        return only if len(self.members) == 1 and isinstance(only, Teacher) else None
+
+    @property
+    def architecture(self) -> str:
+        return ", ".join(sorted({m.architecture for m in self.members}))
+
+    @property
+    def device(self) -> str:
+        return ", ".join(sorted({m.device for m in self.members}))
+
+    def infos(self) -> list[tuple[str, str]]:
+        """(architecture, model hash) of every teacher, in voting order."""
+        out: list[tuple[str, str]] = []
+        for m in self.members:
+            if isinstance(m, TeacherEnsemble):
+                out += [(m.architecture, h) for h in m.model_hashes]
+            else:
+                out.append((m.architecture, m.model_hash))
+        return out
+
+    def predict(
+        self, queries: NDArray[np.float32], current_statistics: bool = False
+    ) -> NDArray[np.int64]:
+        """Every teacher's prediction: (B, m) classes or (B, m, k) 0/1 labels.
+
+        ``current_statistics`` reaches capc's own bodies only; a foreign model runs as
+        exported (:class:`capc.models.foreign.ForeignTeacher`)."""
+        parts = []
+        for m in self.members:
+            p = m.predict(queries, current_statistics=current_statistics)
+            parts.append(p if isinstance(m, TeacherEnsemble) else p[:, None])
+        return np.concatenate(parts, axis=1)
