@@ -12,7 +12,9 @@ the consortium, not to inference). The student labels ``rounds`` batches of
 Prints one JSON object per party count: round latency percentiles and its
 split (``open``: reservation, work out, every party's shares in; ``mpc``:
 the student's share sum and the garbled circuit), the time for all N to
-connect, and the guardian's resident memory.
+connect, the guardian's resident memory, and the CPU the guardian and the
+answering parties (per party) use per round above what the idle consortium
+uses, which a loaded machine changes far less than the latencies.
 
 Usage: python benchmarks/scale.py [--parties 10,50,200] [--rounds 5] [--batch 64]
        [--per-process 50] [--dir DIR]
@@ -38,6 +40,16 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+#: Seconds the idle consortium's CPU is measured for, before the timed rounds.
+IDLE_S = 10.0
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -57,13 +69,21 @@ def run(
         student = c.student(timeout=600)
         student.label_batch(queries(batch, seed=10_000))  # warm-up: base OTs, caches
         results = []
-        t0 = time.perf_counter()
+        pids = {"guardian": [guardian.popen.pid], "parties": [p.popen.pid for p in procs]}
+        # What the consortium uses with no round running (heartbeats, reports, status
+        # files), subtracted below: a round's own CPU does not depend on how long the
+        # loaded machine makes it last.
+        idle0, i0 = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}, time.perf_counter()
+        time.sleep(IDLE_S)
+        cpu0, t0 = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}, time.perf_counter()
+        idle = {k: (cpu0[k] - idle0[k]) / (t0 - i0) for k in pids}
         for r in range(rounds):
             result = student.label_batch(queries(batch, seed=r))
             if len(result.parties) != parties:
                 raise RuntimeError(f"round {r} used {len(result.parties)} of {parties} parties")
             results.append(result)
         wall = time.perf_counter() - t0
+        cpu = {k: sum(cpu_s(p) for p in v) - cpu0[k] - idle[k] * wall for k, v in pids.items()}
         student.close()
         memory = rss_mib(guardian.popen.pid)
     latency = [r.open_s + r.mpc_s for r in results]
@@ -81,6 +101,11 @@ def run(
         "queries_per_s": round(rounds * batch / wall, 1),
         "connect_all_s": round(connect_s, 1),
         "guardian_rss_mib": memory,
+        # CPU, not wall time: it holds on a loaded machine, where the percentiles do not.
+        # Per round, above what the idle consortium uses (``idle_cores``, in cores).
+        "guardian_cpu_s_per_round": round(cpu["guardian"] / rounds, 3),
+        "party_cpu_ms_per_round": round(1000 * cpu["parties"] / rounds / parties, 2),
+        "idle_cores": {k: round(v, 3) for k, v in idle.items()},
     }
 
 

@@ -90,8 +90,11 @@ class OwnBudget:
         self.cap_reason = (cap_reason or "").strip()
         if guardian_key is not None:
             self._pin(guardian_key, "configured")
+        #: This ledger as the party's role takes it (it holds settlements until the next
+        #: round's reservation: one durable write a round).
+        self.port = SqlPartyLedger(ledger, name)
         #: The party's round rules, over this ledger.
-        self.core = PartyCore(name, SqlPartyLedger(ledger, name))
+        self.core = PartyCore(name, self.port)
 
     @property
     def refusing(self) -> str | None:
@@ -105,6 +108,7 @@ class OwnBudget:
     # -- the guardian ------------------------------------------------------------
     def register(self, teachers: list[guardian_pb2.TeacherInfo]) -> guardian_pb2.Register:
         """The first message of a stream: the cap, the accounting and the open rounds."""
+        self.flush()
         return guardian_pb2.Register(
             teachers=teachers,
             epsilon_cap=self.cap,
@@ -115,7 +119,11 @@ class OwnBudget:
 
     def open_rounds(self) -> list[int]:
         """Rounds reserved here and not yet settled, oldest first (at most MAX_ASKED)."""
-        return self.ledger.open_rounds()[:MAX_ASKED]
+        return self.port.open_rounds()[:MAX_ASKED]
+
+    def flush(self) -> None:
+        """Write the settlements this party holds (:mod:`services.answerer.ledger_port`)."""
+        self.port.flush()
 
     def _pin(self, key: str, how: str) -> None:
         try:
@@ -248,7 +256,9 @@ class OwnBudget:
 
     # -- reports ------------------------------------------------------------------
     def report(self) -> guardian_pb2.SpendReport:
-        """This party's ledger as the guardian's admin view compares it."""
+        """This party's ledger as the guardian's admin view compares it (the settlements
+        it holds written first)."""
+        self.flush()
         opened = self.ledger.open_rounds()
         through = opened[0] - 1 if opened else self.ledger.last_round()
         spent = self.ledger.budget(self.name)

@@ -1,15 +1,25 @@
 """A hospital's own SQL ledger behind the party role's ledger port
 (:class:`capc.round.ledger.PartyLedger`).
 
-Only calls the ledger's public methods; each is one transaction there. Its refusals
-come out as the core's (:class:`capc.round.QuorumError`, DuplicateRoundError,
-LedgerRefusedError), which :class:`capc.round.party.PartyCore` turns into its reasons.
+Only calls the ledger's public methods. Its refusals come out as the core's
+(:class:`capc.round.QuorumError`, DuplicateRoundError, LedgerRefusedError), which
+:class:`capc.round.party.PartyCore` turns into its reasons.
+
+One durable write a round: a settlement is held here, not written, and goes into
+the ledger in the transaction of the next round's reservation (or at :meth:`flush`,
+which the party calls before it reports its ledger and when it stops). Until then
+the round's worst case stays reserved in the database, so a crash in between
+over-counts, never under-counts: the restarted party names the round as open and
+the guardian settles it again. Reads here see a held settlement as written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 
 from capc.privacy.accountants import Accounting
 from capc.privacy.events import DpEvent
@@ -22,6 +32,8 @@ from services.common.task import config_hash
 
 #: Who settles a round in this ledger: the guardian's word, checked by the party.
 ACTOR = "guardian"
+
+log = logging.getLogger("capc.answerer.ledger")
 
 
 @contextmanager
@@ -47,6 +59,10 @@ class SqlPartyLedger:
         # Tasks this ledger holds, name -> config hash: a round of a known task writes
         # nothing for it (a task's configuration never changes under its name).
         self._tasks: dict[str, str] = {}
+        # Settlements not yet written, by round: the state each leaves its round in and
+        # the write. The lock orders them with the reservations they are written with.
+        self._held: dict[int, tuple[RoundState, Callable[[], None]]] = {}
+        self._lock = threading.RLock()
 
     @property
     def accounting(self) -> Accounting:
@@ -71,51 +87,93 @@ class SqlPartyLedger:
         mechanism: str,
         terms: Mapping[str, object],
     ) -> None:
-        with _as_core():
-            digest = self._tasks.get(task)
-            if digest is None or digest != config_hash(dict(config)):
-                self._tasks[task] = self.sql.create_task(task, config, actor=self.name)
-            self.sql.reserve(
-                f"guardian-round-{round_id}",
-                task,
-                "guardian",
-                queries,
-                {self.name: worst_case},
-                mechanism=mechanism,
-                quorum=1,
-                round_id=round_id,
-                terms=terms,
-            )
+        refused: sql.LedgerError | None = None
+        with self._lock, self.sql.batch():
+            self._write_held()
+            try:
+                digest = self._tasks.get(task)
+                if digest is None or digest != config_hash(dict(config)):
+                    self._tasks[task] = self.sql.create_task(task, config, actor=self.name)
+                self.sql.reserve(
+                    f"guardian-round-{round_id}",
+                    task,
+                    "guardian",
+                    queries,
+                    {self.name: worst_case},
+                    mechanism=mechanism,
+                    quorum=1,
+                    round_id=round_id,
+                    terms=terms,
+                )
+            except sql.LedgerError as err:
+                # Refused: nothing of it is written, and the settlements before it are.
+                self._tasks.pop(task, None)
+                refused = err
+        if refused is not None:
+            with _as_core():
+                raise refused
+
+    def flush(self) -> None:
+        """Write the settlements held here, in one transaction."""
+        with self._lock:
+            if self._held:
+                with self.sql.batch():
+                    self._write_held()
+
+    def _write_held(self) -> None:
+        """Inside a batch: each held settlement; a refused one is logged (its round stays
+        reserved: an over-count, and the party asks the guardian about it again)."""
+        held, self._held = self._held, {}
+        for round_id, (_, write) in sorted(held.items()):
+            try:
+                write()
+            except sql.LedgerError as err:
+                log.error("round %d could not be settled in this ledger: %s", round_id, err)
+
+    def _hold(self, round_id: int, state: RoundState, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._held[round_id] = (state, write)
 
     def round_record(self, round_id: int) -> RoundRecord | None:
-        record = self.sql.round_record(round_id)
+        record = self.sql.round_held(round_id)
         if record is None:
             return None
         held = {
-            p: Held(kind == ChargeKind.CHARGE, event is not None)
-            for p, (kind, event) in record.charges.items()
+            p: Held(kind == ChargeKind.CHARGE, event) for p, (kind, event) in record.held.items()
         }
-        return RoundRecord(
+        out = RoundRecord(
             record.round_id, RoundState(record.state.value), record.outcome, held, record.terms
         )
+        with self._lock:
+            settled = self._held.get(round_id)
+        return out if settled is None else replace(out, state=settled[0])
 
     def open_rounds(self) -> list[int]:
-        return self.sql.open_rounds()
+        with self._lock:
+            held = set(self._held)
+        return [r for r in self.sql.open_rounds() if r not in held]
 
     def abort(self, round_id: int, *, reason: str, keep: KeptSetting | None = None) -> None:
-        with _as_core():
+        def write() -> None:
             self.sql.abort(round_id, actor=ACTOR, reason=reason, keep=keep)
+
+        self._hold(round_id, RoundState.ABORTED, write)
 
     def commit(
         self, round_id: int, charge: DpEvent | None, *, keep: KeptSetting | None = None
     ) -> None:
         actual = {} if charge is None else {self.name: charge}
-        with _as_core():
+
+        def write() -> None:
             self.sql.commit(round_id, actual, actor=ACTOR, release=True, keep=keep)
 
+        self._hold(round_id, RoundState.COMMITTED, write)
+
     def commit_at_reservation(self, round_id: int, *, keep: KeptSetting | None = None) -> None:
-        with _as_core():
+        def write() -> None:
             self.sql.commit_at_reservation(round_id, actor=ACTOR, release=True, keep=keep)
+
+        self._hold(round_id, RoundState.COMMITTED, write)
 
 
 __all__ = ["SqlPartyLedger"]

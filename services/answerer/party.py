@@ -42,6 +42,7 @@ from services.answerer.budget import OwnBudget
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
+from services.common.ledger import LedgerError
 from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
@@ -51,6 +52,9 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 log = logging.getLogger("capc.answerer")
 
 HEARTBEAT_S = 10.0
+#: Seconds between spend reports while rounds settle: at most one a period, sent with
+#: the settlements it covers written just before (one ledger write a round, not two).
+REPORT_S = 5.0
 REFUSALS = (
     grpc.StatusCode.PERMISSION_DENIED,
     grpc.StatusCode.UNAUTHENTICATED,
@@ -144,8 +148,17 @@ class AnsweringParty:
                     return
                 yield item
 
+        report_due = threading.Event()
+
         def beat() -> None:
-            while not stop.wait(HEARTBEAT_S) and self.connected.is_set():
+            last = time.monotonic()
+            while not stop.wait(REPORT_S) and self.connected.is_set():
+                if report_due.is_set():
+                    report_due.clear()
+                    self._report(outgoing)
+                if time.monotonic() - last < HEARTBEAT_S:
+                    continue
+                last = time.monotonic()
                 outgoing.put(
                     guardian_pb2.PartyMessage(
                         header=self._header(),
@@ -194,7 +207,7 @@ class AnsweringParty:
                     self._pool.submit(self._answer, msg.work, msg.header, outgoing)
                 elif kind == "settled":
                     if self.budget.settle(msg.settled):
-                        self._report(outgoing)
+                        report_due.set()
                 elif kind == "relay":
                     relay = self._relays.get(msg.relay.round_id)
                     if relay is None:
@@ -217,6 +230,15 @@ class AnsweringParty:
             ended.set()
             outgoing.close()
             channel.close()
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the settlements this party holds; a ledger that fails is logged, and
+        their rounds stay reserved (an over-count the guardian settles again)."""
+        try:
+            self.budget.flush()
+        except LedgerError as err:
+            log.error("%s could not write its settlements: %s", self.name, err)
 
     def _report(self, outgoing: BoundedBuffer[guardian_pb2.PartyMessage]) -> None:
         outgoing.put(guardian_pb2.PartyMessage(header=self._header(), report=self.budget.report()))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import queue
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,18 +64,43 @@ def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
     )
 
 
+def settlements(
+    ledger: Ledger, round_id: int, names: Iterable[str], head: AuditHead | None = None
+) -> dict[str, guardian_pb2.RoundSettled]:
+    """How round ``round_id`` ended for each of ``names`` (:func:`capc.round.settlement.settlement`)
+    that it has ended for, shown with ``head`` (the ledger's current audit head unless
+    given): one read of the round for all of them."""
+    record = SqlRoundLedger(ledger).round_record(round_id)
+    if record is None:
+        return {}
+    shown = serde.audit_head_to_proto(ledger.audit_head() if head is None else head)
+    out: dict[str, guardian_pb2.RoundSettled] = {}
+    for name in names:
+        settled = rule(record, name)
+        if settled is not None:
+            out[name] = serde.settlement_to_proto(settled, shown)
+    return out
+
+
 def settlement(
     ledger: Ledger, name: str, round_id: int, head: AuditHead | None = None
 ) -> guardian_pb2.RoundSettled | None:
-    """How round ``round_id`` ended for ``name`` (:func:`capc.round.settlement.settlement`),
-    shown with ``head`` (the ledger's current audit head unless given); None while it is
-    open or unknown here."""
-    settled = rule(SqlRoundLedger(ledger).round_record(round_id), name)
-    if settled is None:
-        return None
-    return serde.settlement_to_proto(
-        settled, serde.audit_head_to_proto(ledger.audit_head() if head is None else head)
-    )
+    """How round ``round_id`` ended for ``name`` (see :func:`settlements`); None while it
+    is open or unknown here."""
+    return settlements(ledger, round_id, [name], head).get(name)
+
+
+def deliver(
+    outbox: BoundedBuffer[guardian_pb2.HubMessage], settled: guardian_pb2.RoundSettled
+) -> bool:
+    """Put ``settled`` in a party's ``outbox``; False when the outbox is full."""
+    try:
+        outbox.put_nowait(guardian_pb2.HubMessage(header=protocol.header(), settled=settled))
+    except queue.Full:
+        # A party that reads nothing is told later: its heartbeats name the rounds
+        # its ledger still holds open, and each is settled again then.
+        return False
+    return True
 
 
 def send_settlements(
@@ -91,11 +117,7 @@ def send_settlements(
         settled = settlement(ledger, name, round_id, head)
         if settled is None:
             continue
-        try:
-            outbox.put_nowait(guardian_pb2.HubMessage(header=protocol.header(), settled=settled))
-        except queue.Full:
-            # A party that reads nothing is told later: its heartbeats name the rounds
-            # its ledger still holds open, and each is settled again then.
+        if not deliver(outbox, settled):
             break
         sent += 1
     return sent

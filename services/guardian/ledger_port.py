@@ -115,12 +115,11 @@ class SqlRoundLedger:
             return RoundState(self.sql.round_state(round_id).value)
 
     def round_record(self, round_id: int) -> RoundRecord | None:
-        record = self.sql.round_record(round_id)
+        record = self.sql.round_held(round_id)
         if record is None:
             return None
         held = {
-            p: Held(kind == ChargeKind.CHARGE, event is not None)
-            for p, (kind, event) in record.charges.items()
+            p: Held(kind == ChargeKind.CHARGE, event) for p, (kind, event) in record.held.items()
         }
         return RoundRecord(record.round_id, RoundState(record.state.value), record.outcome, held)
 

@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from sqlalchemy import event
 
 from capc.mechanisms.registry import from_config
 from services.answerer.budget import GUARDIAN_HEAD, GUARDIAN_KEY, OwnBudget, VoteRefusedError
@@ -150,6 +151,8 @@ def test_each_round_is_charged_the_same_on_both_sides(
         answered = rng.random(shape) < 0.5
         assert pair.own.settle(pair.commit(task, rid, answered, weight, voting))
         assert not pair.own.settle(budgets.settlement(pair.guardian, NAME, rid))  # type: ignore[arg-type]
+    # The last settlement is held until the next reservation or a flush (one write a round).
+    pair.own.flush()
     mine, theirs = pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME)
     assert theirs[0] > 0
     np.testing.assert_allclose(mine, theirs, rtol=1e-9, atol=0)
@@ -243,6 +246,7 @@ def test_settlements_never_undercount(pair: Pair) -> None:
     assert not pair.own.settle(forged)
     assert pair.own.ledger.audit_entries(limit=1)[0].action == "guardian_head_invalid"
     assert pair.own.open_rounds() == [r3, r4]
+    pair.own.flush()
     np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), 3 * worst, rtol=1e-12)
     # A round this party never reserved is nothing to it.
     assert not pair.own.settle(
@@ -644,6 +648,7 @@ def test_its_own_spend_never_passes_its_cap_under_concurrent_rounds(tmp_path: Pa
     # Whatever the interleaving: the settled charges plus the worst cases of the rounds
     # admitted meanwhile, no more of them than fit once every settlement is in.
     expected = fit * actual + len(later) * worst
+    pair.own.flush()  # a settlement that came after the last admission is still held
     np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), expected, rtol=1e-9)
     assert pair.own.open_rounds() == later
     most = max(k for k in range(9) if acct.fits(fit * actual + k * worst, cap, delta))
@@ -662,3 +667,48 @@ def test_its_own_spend_never_passes_its_cap_under_concurrent_rounds(tmp_path: Pa
             pair.own.admit(last, header)
     np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), spent, rtol=1e-9)
     within_cap()
+
+
+def test_one_durable_write_a_round_and_never_an_under_count(tmp_path: Path) -> None:
+    """A settlement is written in the next round's reservation's transaction: one
+    commit a round. Until then the database holds the round's worst case (a crash
+    over-counts), while the party's own reads see it settled; a reservation refused
+    on the cap still writes the settlements held before it."""
+    pair = Pair(tmp_path)
+    mech = from_config(TASKS["single"]["mechanism"], 10)
+    acct = pair.own.ledger.accounting
+    worst = acct.cost(mech.worst_case(8))
+    actual = acct.cost(mech.event(np.zeros(8, dtype=bool), 1.0))
+    assert actual[0] < worst[0]
+    pair.own = OwnBudget(
+        NAME, pair.own.ledger, _cap_between(pair, 4 * actual + worst, 5 * actual + worst)
+    )
+    pair.welcome()
+    commits = 0
+
+    @event.listens_for(pair.own.ledger.engine, "commit")
+    def _count(conn: Any) -> None:
+        nonlocal commits
+        commits += 1
+
+    for k in range(5):
+        work, header, rid = pair.work("single", 8)
+        pair.own.admit(work, header)
+        assert commits == k + 1
+        settled = pair.commit("single", rid, np.zeros(8, dtype=bool), 1.0, None)
+        assert pair.own.settle(settled)
+        assert commits == k + 1  # held, not written
+        # The database still holds the worst case; the party's own reads see it settled.
+        np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), k * actual + worst, rtol=1e-9)
+        assert pair.own.ledger.open_rounds() == [rid] and pair.own.open_rounds() == []
+        assert not pair.own.settle(settled)  # told twice: nothing more to do
+    # Four settled charges and a worst case fit; five and a worst case do not: refused,
+    # and the fifth settlement, held before it, is written all the same.
+    work, header, _ = pair.work("single", 8)
+    with pytest.raises(VoteRefusedError, match="past its cap"):
+        pair.own.admit(work, header)
+    assert commits == 6
+    np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), 5 * actual, rtol=1e-9)
+    assert pair.own.ledger.open_rounds() == []
+    pair.own.flush()  # nothing held: nothing written
+    assert commits == 6

@@ -60,7 +60,10 @@ class Party:
     sql: Ledger | None = None
 
     def loss(self) -> NDArray[np.float64]:
+        """What the ledger holds once the settlements the port holds are written."""
         if self.sql is not None:
+            assert isinstance(self.ledger, SqlPartyLedger)
+            self.ledger.flush()
             return self.sql.spent_loss(NAME)
         assert isinstance(self.ledger, MemoryPartyLedger)
         return self.ledger.ledger.spent_loss(NAME)

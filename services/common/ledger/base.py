@@ -11,6 +11,7 @@ and :class:`services.common.ledger.store.Ledger` combines them.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -43,19 +44,53 @@ class LedgerBase:
     accounting: Accounting
     delta: float
     _signer: Ed25519PrivateKey | None
+    #: This thread's open :meth:`batch` (``conn``), if any.
+    _batching: threading.local
 
     # -- transactions -----------------------------------------------------------
     @contextmanager
     def _tx(self) -> Iterator[Session]:
-        """An ORM session in one transaction (the registry and other cold paths)."""
+        """An ORM session in one transaction (the registry and other cold paths); inside
+        :meth:`batch` (this thread), a savepoint of the batch's transaction."""
+        outer: Connection | None = getattr(self._batching, "conn", None)
+        if outer is not None:
+            with Session(
+                bind=outer, expire_on_commit=False, join_transaction_mode="create_savepoint"
+            ) as s:
+                yield s
+                s.commit()
+            return
         with Session(self.engine, expire_on_commit=False) as s, s.begin():
             yield s
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        """A Core connection in one transaction (the round write path)."""
+        """A Core connection in one transaction (the round write path); inside
+        :meth:`batch` (this thread), a savepoint of the batch's transaction."""
+        outer: Connection | None = getattr(self._batching, "conn", None)
+        if outer is not None:
+            with outer.begin_nested():
+                yield outer
+            return
         with self.engine.begin() as conn:
             yield conn
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every write this thread makes inside, in one transaction: one durable commit
+        for all of them. Each write is a savepoint of it, so one that is refused (its
+        error raised to its caller) leaves the others; an error leaving the block rolls
+        all of them back. Reads inside open their own connections and do not see the
+        batch's writes until it commits. Nested batches are one."""
+        if getattr(self._batching, "conn", None) is not None:
+            yield
+            return
+        with self.engine.begin() as conn:
+            self._batching.conn = conn
+            try:
+                yield
+            finally:
+                self._batching.conn = None
 
     def _audit(
         self,

@@ -17,9 +17,10 @@ from services.common.db import iso_utc
 from services.common.ledger.base import FloatArray, LedgerBase, registered_cap
 from services.common.ledger.errors import RoundStateError, UnknownPartyError
 from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState
-from services.common.ledger.records import LedgerEntry, PartyBudget, RoundRecord
+from services.common.ledger.records import LedgerEntry, PartyBudget, RoundHeld, RoundRecord
 from services.common.ledger.tables import (
     CHARGES,
+    HELD,
     LAST_ROUND,
     OPEN_ROUNDS,
     ROUND,
@@ -134,6 +135,17 @@ class Reads(LedgerBase):
             rows = conn.execute(CHARGES, {"rid": round_id})
             held = {p: (ChargeKind(kind), event) for p, kind, _, event in rows}
         return RoundRecord(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
+
+    def round_held(self, round_id: int) -> RoundHeld | None:
+        """What a settlement reads of a round (:meth:`round_record` without decoding its
+        events); None if there is none."""
+        with self.engine.connect() as conn:
+            rnd = conn.execute(ROUND, {"rid": round_id}).first()
+            if rnd is None:
+                return None
+            rows = conn.execute(HELD, {"rid": round_id})
+            held = {p: (ChargeKind(kind), bool(event)) for p, kind, event in rows}
+        return RoundHeld(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
     def open_rounds(self) -> list[int]:
         """Ids of rounds reserved or released but not yet committed or aborted, oldest first."""

@@ -99,6 +99,18 @@ class RoundRecord:
 
 
 @dataclass(frozen=True)
+class RoundHeld:
+    """A round as a settlement reads it (:class:`RoundRecord` without the events): per
+    party the kind of row held and whether it holds an event (False: charged nothing)."""
+
+    round_id: int
+    state: RoundState
+    terms: Mapping[str, object] | None
+    outcome: Mapping[str, object] | None
+    held: Mapping[str, tuple[ChargeKind, bool]]
+
+
+@dataclass(frozen=True)
 class PrivacyAudit:
     """An empirical privacy audit of ``party``: a canary attack's ``correct`` right guesses
     out of ``guesses`` on ``canaries`` canaries, the empirical epsilon the ledger computed

@@ -29,6 +29,8 @@ The names other code imports from here stay here (re-exported).
 
 from __future__ import annotations
 
+import threading
+
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import ArrayLike
 
@@ -110,6 +112,7 @@ class Ledger(Reservations, Reads, Registry, EmpiricalAudits, AuditLog, Schema):
     ) -> None:
         self.url = normalise_url(url)
         self.engine = make_engine(self.url)
+        self._batching = threading.local()
         if migrate:
             self.migrate()
         self._check_revision()

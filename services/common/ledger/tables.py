@@ -77,6 +77,11 @@ SET_ROUND_OUTCOME = SET_ROUND_STATE.values(
 CHARGES = select(charges.c.party, charges.c.kind, charges.c.loss, charges.c.event).where(
     charges.c.round_id == bindparam("rid")
 )
+#: Per party of a round: the kind of row held and whether it holds an event, without
+#: decoding the events (a settlement needs no more, and a round of 200 parties is 200).
+HELD = select(charges.c.party, charges.c.kind, charges.c.event.is_not(None)).where(
+    charges.c.round_id == bindparam("rid")
+)
 INSERT_CHARGES = insert(charges)
 UPDATE_CHARGES = (
     update(charges)
