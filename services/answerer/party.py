@@ -44,7 +44,6 @@ from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
 from services.common.ledger import LedgerError
 from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
-from services.common.recipes import regenerate
 from services.common.relay import RelayChannel
 from services.common.task import TaskConfig, config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
@@ -295,7 +294,7 @@ class AnsweringParty:
             # Synthetic queries: regenerate, check the hash. Images are normalised with
             # their own statistics (DIET); table rows are encoded like real records, so
             # the teachers read them with the statistics of their own data.
-            x = regenerate(msg.queries.recipe, task_records(work, task))
+            x = serde.regenerate(msg.queries.recipe, task_records(work, task))
             self._check_fits(work, task, tuple(x.shape[1:]))
             table = len(x.shape) == 2
             return self.voters.predict(x, current_statistics=not table)

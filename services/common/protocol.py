@@ -1,16 +1,12 @@
 """The wire protocol's version and the checks every service applies to requests.
 
 The protocol version lives here once; every message header carries it. Query
-recipes are validated the same way wherever they arrive (guardian rounds,
-student jobs); uploaded query tensors are read and checked by
-:mod:`services.common.serde`.
+recipes and uploaded query tensors are read and checked by
+:mod:`services.common.serde`, the same way wherever they arrive.
 """
 
 from __future__ import annotations
 
-from capc.data.generators import Recipe
-from services.common.limits import count_refusal
-from services.common.recipes import RecipeError, recipe_from_proto
 from services.proto.capc.v1 import common_pb2
 
 PROTOCOL_VERSION = 1
@@ -57,24 +53,3 @@ def check_version(h: common_pb2.Header, who: str) -> None:
         raise RequestError(
             f"protocol version {h.protocol_version} is not supported; this {who} speaks {PROTOCOL_VERSION}"
         )
-
-
-def query_recipe(
-    msg: common_pb2.Recipe, input_shape: tuple[int, ...], max_count: int, what: str = "a batch"
-) -> Recipe:
-    """A recipe for the task's input shape and at most ``max_count`` queries.
-
-    ``what`` names the request in the count refusal ("a batch", "a job").
-    """
-    try:
-        recipe = recipe_from_proto(msg)
-    except RecipeError as err:
-        raise RequestError(str(err)) from err
-    if recipe.shape != input_shape:
-        raise RequestError(
-            f"recipe shape {recipe.shape} is not the task's input shape {input_shape}"
-        )
-    refusal = count_refusal(recipe.count, max_count, what)
-    if refusal is not None:
-        raise RequestError(refusal)
-    return recipe

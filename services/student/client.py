@@ -28,7 +28,6 @@ from capc.round.student import StudentCore, StudentRound
 from services.common import protocol, serde, tls
 from services.common.limits import DEFAULT_BATCH
 from services.common.mpc_stream import StreamChannel
-from services.common.recipes import recipe_to_proto
 from services.common.serde import overrides_to_proto
 from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, guardian_pb2_grpc
@@ -186,7 +185,7 @@ class StudentClient:
 
         ``images``: the recipe's batch when the caller has generated it already (hashed, not
         generated again)."""
-        msg = recipe_to_proto(recipe, images=images, records=self.task.records)
+        msg = serde.recipe_to_proto(recipe, images=images, records=self.task.records)
         return self._round(
             common_pb2.QueryBatch(recipe=msg),
             QueryBatch("recipe", recipe.count, bytes(msg.batch_hash)),

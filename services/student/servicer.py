@@ -30,7 +30,7 @@ from services.common.limits import (
     RESULTS_PAGE,
     batch_refusal,
 )
-from services.common.protocol import RequestError, check_version, query_recipe
+from services.common.protocol import RequestError, check_version
 from services.common.serde import overrides_from_proto
 from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
@@ -219,7 +219,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
                     request.queries.recipe.shape.extend(self.task.input_shape)
                 if not request.queries.recipe.generator:  # so is the default generator
                     request.queries.recipe.generator = default_generator(self.task.records)
-                recipe = query_recipe(
+                recipe = serde.query_recipe(
                     request.queries.recipe, self.task.input_shape, MAX_JOB_QUERIES, "a job"
                 )
                 try:

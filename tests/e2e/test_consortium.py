@@ -24,7 +24,7 @@ from capc.round.messages import QueryBatch
 from services.common import tls
 from services.common.ledger import Ledger
 from services.common.ledger.models import RoundState
-from services.common.recipes import recipe_to_proto
+from services.common.serde import recipe_to_proto
 from services.common.task import TaskConfig
 from services.local import LocalConsortium
 from services.proto.capc.v1 import common_pb2, student_pb2

@@ -19,7 +19,7 @@ from services.common import serde
 from services.common.ledger import Ledger, QuorumError
 from services.common.limits import MAX_BATCH, batch_refusal
 from services.common.protocol import RequestError
-from services.common.recipes import recipe_to_proto
+from services.common.serde import recipe_to_proto
 from services.common.task import TaskConfig, config_hash
 from services.gateway.app import create_app
 from services.gateway.backends import BackendError, Backends

@@ -8,8 +8,8 @@ votes on every query. Whatever arrives is checked against its shape before it
 is read, and refused with :class:`~services.common.protocol.RequestError`
 saying what was wrong.
 
-One module per message family (:mod:`.tensors`, :mod:`.shares`, :mod:`.mechanisms`,
-:mod:`.rounds`, :mod:`.ledger`, :mod:`.jobs`); services import them from here, and no
+One module per message family (:mod:`.tensors`, :mod:`.recipes`, :mod:`.shares`,
+:mod:`.mechanisms`, :mod:`.rounds`, :mod:`.ledger`, :mod:`.jobs`); services import them from here, and no
 service copies fields between a message and a domain object itself.
 """
 
@@ -31,6 +31,13 @@ from services.common.serde.mechanisms import (
     mechanism_to_proto,
     overrides_from_proto,
     overrides_to_proto,
+)
+from services.common.serde.recipes import (
+    RecipeError,
+    query_recipe,
+    recipe_from_proto,
+    recipe_to_proto,
+    regenerate,
 )
 from services.common.serde.rounds import (
     LAYOUTS,
@@ -80,6 +87,7 @@ __all__ = [
     "NO_PROJECTION",
     "SHARE_DTYPE",
     "WIRE_DTYPES",
+    "RecipeError",
     "TensorDtype",
     "audit_head_from_proto",
     "audit_head_to_proto",
@@ -105,6 +113,10 @@ __all__ = [
     "queries_from_proto",
     "queries_to_proto",
     "query_batch_from_proto",
+    "query_recipe",
+    "recipe_from_proto",
+    "recipe_to_proto",
+    "regenerate",
     "round_request_from_proto",
     "round_request_to_proto",
     "round_work_from_proto",

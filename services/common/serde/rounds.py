@@ -18,8 +18,9 @@ from capc.round.messages import (
     VoteVerdict,
 )
 from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
-from services.common.protocol import RequestError, query_recipe
+from services.common.protocol import RequestError
 from services.common.serde.mechanisms import mechanism_from_proto, mechanism_to_proto
+from services.common.serde.recipes import query_recipe
 from services.common.serde.shares import (
     participation_from_bytes,
     participation_to_bytes,

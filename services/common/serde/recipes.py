@@ -1,4 +1,5 @@
-"""Programmatic-query recipes on the wire (common.proto Recipe <-> capc.data Recipe)."""
+"""Programmatic-query recipes on the wire (common.proto Recipe <-> capc.data Recipe),
+checked the same way wherever they arrive (guardian rounds, student jobs)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 
 from capc.data.generators import FloatImages, Recipe, batch_hash
 from capc.data.schema import RecordSchema
+from services.common.limits import count_refusal
+from services.common.protocol import RequestError
 from services.proto.capc.v1 import common_pb2
 
 
@@ -58,3 +61,24 @@ def regenerate(msg: common_pb2.Recipe, records: RecordSchema | None = None) -> F
             "regenerated batch does not match the recipe's hash: this party's generator differs from the student's"
         )
     return images
+
+
+def query_recipe(
+    msg: common_pb2.Recipe, input_shape: tuple[int, ...], max_count: int, what: str = "a batch"
+) -> Recipe:
+    """A recipe for the task's input shape and at most ``max_count`` queries.
+
+    ``what`` names the request in the count refusal ("a batch", "a job").
+    """
+    try:
+        recipe = recipe_from_proto(msg)
+    except RecipeError as err:
+        raise RequestError(str(err)) from err
+    if recipe.shape != input_shape:
+        raise RequestError(
+            f"recipe shape {recipe.shape} is not the task's input shape {input_shape}"
+        )
+    refusal = count_refusal(recipe.count, max_count, what)
+    if refusal is not None:
+        raise RequestError(refusal)
+    return recipe
