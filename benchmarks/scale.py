@@ -17,7 +17,7 @@ answering parties (per party) use per round above what the idle consortium
 uses, which a loaded machine changes far less than the latencies.
 
 Usage: python benchmarks/scale.py [--parties 10,50,200] [--rounds 5] [--batch 64]
-       [--per-process 50] [--dir DIR]
+       [--per-process 50] [--idle-s 10] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -40,10 +40,6 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-#: Seconds the idle consortium's CPU is measured for, before the timed rounds.
-IDLE_S = 10.0
-
-
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -56,7 +52,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(
-    directory: Path, parties: int, rounds: int, batch: int, per_process: int
+    directory: Path, parties: int, rounds: int, batch: int, per_process: int, idle_s: float = 10.0
 ) -> dict[str, object]:
     with light_consortium(directory, parties=parties, cap=1e9) as c:
         guardian = c.start_guardian("--share-timeout", "120")
@@ -74,7 +70,7 @@ def run(
         # files), subtracted below: a round's own CPU does not depend on how long the
         # loaded machine makes it last.
         idle0, i0 = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}, time.perf_counter()
-        time.sleep(IDLE_S)
+        time.sleep(idle_s)
         cpu0, t0 = {k: sum(cpu_s(p) for p in v) for k, v in pids.items()}, time.perf_counter()
         idle = {k: (cpu0[k] - idle0[k]) / (t0 - i0) for k in pids}
         for r in range(rounds):
@@ -115,13 +111,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--per-process", type=int, default=50, help="answering parties per process")
+    ap.add_argument(
+        "--idle-s", type=float, default=10.0, help="seconds the idle consortium's CPU is read"
+    )
     ap.add_argument("--dir", type=Path, default=None, help="keep PKI and ledgers here")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     base = args.dir or Path(tmp.name)
     for n in (int(p) for p in args.parties.split(",")):
         print(
-            json.dumps(run(base / f"p{n}", n, args.rounds, args.batch, args.per_process)),
+            json.dumps(
+                run(base / f"p{n}", n, args.rounds, args.batch, args.per_process, args.idle_s)
+            ),
             flush=True,
         )
     tmp.cleanup()

@@ -109,12 +109,12 @@ class OwnBudget:
     def register(self, teachers: list[guardian_pb2.TeacherInfo]) -> guardian_pb2.Register:
         """The first message of a stream: the cap, the accounting and the open rounds."""
         self.flush()
-        return guardian_pb2.Register(
-            teachers=teachers,
-            epsilon_cap=self.cap,
-            accounting_json=self.ledger.accounting_json(),
-            open_rounds=self.ledger.open_rounds()[:MAX_ASKED],
-            cap_reason=self.cap_reason,
+        return serde.register_to_proto(
+            teachers,
+            self.cap,
+            self.ledger.accounting_json(),
+            self.ledger.open_rounds()[:MAX_ASKED],
+            self.cap_reason,
         )
 
     def open_rounds(self) -> list[int]:
@@ -262,11 +262,11 @@ class OwnBudget:
         opened = self.ledger.open_rounds()
         through = opened[0] - 1 if opened else self.ledger.last_round()
         spent = self.ledger.budget(self.name)
-        return guardian_pb2.SpendReport(
-            through_round=max(0, through),
-            settled_loss=self.ledger.settled_loss(self.name, max(0, through)).tolist(),
-            epsilon_spent=spent.spent,
-            epsilon_cap=spent.cap,
-            open_rounds=len(opened),
-            accounting_json=self.ledger.accounting_json(),
+        return serde.spend_report_to_proto(
+            max(0, through),
+            self.ledger.settled_loss(self.name, max(0, through)).tolist(),
+            spent.spent,
+            spent.cap,
+            len(opened),
+            self.ledger.accounting_json(),
         )

@@ -50,7 +50,7 @@ from capc.cli_output import stdout_to_stderr
 from capc.models import load_teacher
 from capc.models.inference import logits
 from services.audit.record import RecordError, record
-from services.common import protocol, tls
+from services.common import protocol, serde, tls
 from services.gateway.backends import Backends
 from services.local import TASK_NAME, CanarySpec, LocalConsortium
 from services.proto.capc.v1 import common_pb2, guardian_pb2_grpc, student_pb2
@@ -79,10 +79,7 @@ def _backends(c: LocalConsortium) -> Backends:
 
 
 def _tensor(x: np.ndarray) -> common_pb2.QueryBatch:
-    x = np.ascontiguousarray(x, dtype="<f4")
-    return common_pb2.QueryBatch(
-        tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-    )
+    return common_pb2.QueryBatch(tensor=serde.queries_to_proto(x))
 
 
 def label(b: Backends, queries: np.ndarray, batch: int, timeout: float) -> tuple[str, np.ndarray]:

@@ -35,8 +35,6 @@ from services.proto.capc.v1 import guardian_pb2
 
 #: Relative tolerance within which two ledgers agree (float rounding is ~1e-15).
 AGREE_RTOL = 1e-9
-#: Loss vectors longer than this are refused in a report (an RDP grid has a few hundred).
-MAX_LOSS_ENTRIES = 10_000
 
 
 def declare(ledger: Ledger, name: str, register: guardian_pb2.Register) -> float:
@@ -55,12 +53,12 @@ def declare(ledger: Ledger, name: str, register: guardian_pb2.Register) -> float
 def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
     """The reply to a party's Register."""
     key = ledger.audit_key()
-    return guardian_pb2.Registered(
-        party=name,
-        epsilon_cap=ledger.budget(name).cap,
-        accounting_json=ledger.accounting_json(),
-        audit_public_key=b"" if key is None else bytes.fromhex(key[0]),
-        head=serde.audit_head_to_proto(ledger.audit_head()),
+    return serde.registered_to_proto(
+        name,
+        ledger.budget(name).cap,
+        ledger.accounting_json(),
+        None if key is None else key[0],
+        ledger.audit_head(),
     )
 
 
@@ -125,30 +123,7 @@ def send_settlements(
 
 def store_report(ledger: Ledger, name: str, report: guardian_pb2.SpendReport) -> None:
     """Keep a party's report of its own ledger; RequestError if it is malformed."""
-    loss = list(report.settled_loss)
-    if len(loss) > MAX_LOSS_ENTRIES or not all(math.isfinite(x) and x >= 0 for x in loss):
-        raise RequestError(
-            f"a spend report carries at most {MAX_LOSS_ENTRIES} finite, non-negative losses"
-        )
-    # Every number a party sends is checked: a NaN would reach the stored JSON, which
-    # PostgreSQL refuses, and the stream would end on an error nobody reads.
-    for field, value in (
-        ("epsilon_spent", report.epsilon_spent),
-        ("epsilon_cap", report.epsilon_cap),
-    ):
-        if not (math.isfinite(value) and value >= 0):
-            raise RequestError(f"a spend report's {field} must be finite and >= 0, got {value}")
-    ledger.store_report(
-        name,
-        {
-            "through": int(report.through_round),
-            "settled": loss,
-            "epsilon_spent": float(report.epsilon_spent),
-            "epsilon_cap": float(report.epsilon_cap),
-            "open_rounds": int(report.open_rounds),
-            "accounting": report.accounting_json[:4096],
-        },
-    )
+    ledger.store_report(name, serde.spend_report_from_proto(report))
 
 
 def _number(value: object) -> float:

@@ -28,7 +28,7 @@ import numpy as np
 
 from capc.models import Teacher, build, save_teacher
 from services import tasks
-from services.common import pki, protocol, tls
+from services.common import pki, protocol, serde, tls
 from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
 from services.harness import (
@@ -53,10 +53,7 @@ def queries(n: int, seed: int = 0) -> np.ndarray:
 
 
 def tensor_batch(x: np.ndarray) -> common_pb2.QueryBatch:
-    x = np.ascontiguousarray(x, dtype="<f4")
-    return common_pb2.QueryBatch(
-        tensor=common_pb2.Tensor(shape=list(x.shape), dtype="float32", data=x.tobytes())
-    )
+    return common_pb2.QueryBatch(tensor=serde.queries_to_proto(x))
 
 
 @dataclass

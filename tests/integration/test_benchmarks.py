@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,8 @@ def test_scale_benchmark_reports_round_latency_per_party_count(tmp_path: Path) -
             "8",
             "--per-process",
             "2",
+            "--idle-s",
+            "1",
             "--dir",
             str(tmp_path),
         ],
@@ -158,6 +161,10 @@ def test_scale_benchmark_reports_round_latency_per_party_count(tmp_path: Path) -
     assert [r["parties"] for r in rows] == [2, 4] and [r["processes"] for r in rows] == [1, 2]
     for r in rows:
         assert r["round_p50_s"] > 0 and r["queries_per_s"] > 0 and r["guardian_rss_mib"] > 0
+        # CPU above the idle consortium's: a difference of two readings, so only finite.
+        assert math.isfinite(r["guardian_cpu_s_per_round"])
+        assert math.isfinite(r["party_cpu_ms_per_round"])
+        assert set(r["idle_cores"]) == {"guardian", "parties"}
 
 
 def test_vote_statements_benchmark_reports_costs_beside_correct_outputs() -> None:

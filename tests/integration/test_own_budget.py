@@ -450,7 +450,7 @@ def test_the_guardian_holds_no_larger_cap_and_settles_what_the_party_holds_open(
     [
         guardian_pb2.SpendReport(settled_loss=[float("nan")]),
         guardian_pb2.SpendReport(settled_loss=[-1.0]),
-        guardian_pb2.SpendReport(settled_loss=[0.0] * (budgets.MAX_LOSS_ENTRIES + 1)),
+        guardian_pb2.SpendReport(settled_loss=[0.0] * (serde.MAX_LOSS_ENTRIES + 1)),
         guardian_pb2.SpendReport(epsilon_spent=float("nan")),
         guardian_pb2.SpendReport(epsilon_cap=float("inf")),
         guardian_pb2.SpendReport(epsilon_spent=-3.0),

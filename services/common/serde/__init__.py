@@ -20,11 +20,16 @@ from services.common.serde.jobs import (
     model_to_proto,
 )
 from services.common.serde.ledger import (
+    MAX_LOSS_ENTRIES,
     NO_PROJECTION,
     audit_head_from_proto,
     audit_head_to_proto,
     party_status_to_proto,
     privacy_audit_to_proto,
+    register_to_proto,
+    registered_to_proto,
+    spend_report_from_proto,
+    spend_report_to_proto,
 )
 from services.common.serde.mechanisms import (
     mechanism_from_proto,
@@ -84,6 +89,7 @@ from services.common.serde.wire import (
 
 __all__ = [
     "LAYOUTS",
+    "MAX_LOSS_ENTRIES",
     "NO_PROJECTION",
     "SHARE_DTYPE",
     "WIRE_DTYPES",
@@ -117,6 +123,8 @@ __all__ = [
     "recipe_from_proto",
     "recipe_to_proto",
     "regenerate",
+    "register_to_proto",
+    "registered_to_proto",
     "round_request_from_proto",
     "round_request_to_proto",
     "round_work_from_proto",
@@ -127,6 +135,8 @@ __all__ = [
     "share_to_bytes",
     "shares_from_proto",
     "shares_to_proto",
+    "spend_report_from_proto",
+    "spend_report_to_proto",
     "tensor_from_proto",
     "tensor_to_proto",
     "vote_check_from_proto",

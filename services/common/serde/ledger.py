@@ -1,16 +1,26 @@
-"""The guardian's ledger views on the wire: a party's status, a privacy audit, the audit
-log's head. Plain field copies: what the ledger says is computed there, not here."""
+"""The ledgers on the wire: a party's status, a privacy audit, the audit log's head, and
+what a party and the guardian tell each other of their ledgers on connecting and
+after rounds (Register, Registered, SpendReport). Plain field copies, and the checks
+on a report that arrives: what a ledger says is computed there, not here."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from services.common.ledger import PartyBudget, PrivacyAudit
 from services.common.ledger.audit import AuditHead
+from services.common.protocol import RequestError
 from services.proto.capc.v1 import guardian_pb2
 
 if TYPE_CHECKING:  # the guardian's own comparison; serde needs only its fields
     from services.guardian.budgets import Comparison
+
+#: Loss vectors longer than this are refused in a report (an RDP grid has a few hundred).
+MAX_LOSS_ENTRIES = 10_000
+#: Characters of a report's accounting description kept.
+MAX_REPORTED_ACCOUNTING = 4096
 
 #: A party nobody has projected a round for: weight 1, always asked, queries left unknown.
 NO_PROJECTION: tuple[float, float, int] = (1.0, 1.0, -1)
@@ -88,3 +98,82 @@ def audit_head_to_proto(head: AuditHead) -> guardian_pb2.AuditHead:
 
 def audit_head_from_proto(msg: guardian_pb2.AuditHead) -> AuditHead:
     return AuditHead(int(msg.seq), msg.hash, msg.signature)
+
+
+def register_to_proto(
+    teachers: Sequence[guardian_pb2.TeacherInfo],
+    cap: float,
+    accounting_json: str,
+    open_rounds: Sequence[int],
+    cap_reason: str,
+) -> guardian_pb2.Register:
+    """A party's first message on its stream: its teachers, its own ``cap`` (epsilon), its
+    ledger's accounting, the rounds it holds open and why its cap rose (if it did)."""
+    return guardian_pb2.Register(
+        teachers=list(teachers),
+        epsilon_cap=cap,
+        accounting_json=accounting_json,
+        open_rounds=list(open_rounds),
+        cap_reason=cap_reason,
+    )
+
+
+def registered_to_proto(
+    party: str, cap: float, accounting_json: str, key_hex: str | None, head: AuditHead
+) -> guardian_pb2.Registered:
+    """The guardian's reply to a Register: the cap it enforces for ``party``, its
+    ledger's accounting, its audit key (hex; None: it signs nothing) and head."""
+    return guardian_pb2.Registered(
+        party=party,
+        epsilon_cap=cap,
+        accounting_json=accounting_json,
+        audit_public_key=b"" if key_hex is None else bytes.fromhex(key_hex),
+        head=audit_head_to_proto(head),
+    )
+
+
+def spend_report_to_proto(
+    through: int,
+    settled_loss: Sequence[float],
+    spent: float,
+    cap: float,
+    open_rounds: int,
+    accounting_json: str,
+) -> guardian_pb2.SpendReport:
+    """A party's own ledger as the guardian's admin view compares it: the loss of the
+    rounds it settled through round ``through``, its spend and cap (epsilon), how many
+    rounds it holds open and its accounting."""
+    return guardian_pb2.SpendReport(
+        through_round=through,
+        settled_loss=list(settled_loss),
+        epsilon_spent=spent,
+        epsilon_cap=cap,
+        open_rounds=open_rounds,
+        accounting_json=accounting_json,
+    )
+
+
+def spend_report_from_proto(report: guardian_pb2.SpendReport) -> dict[str, object]:
+    """A party's report as its ledger row keeps it; RequestError when a number in it is
+    not finite and non-negative, or its loss vector is too long."""
+    loss = list(report.settled_loss)
+    if len(loss) > MAX_LOSS_ENTRIES or not all(math.isfinite(x) and x >= 0 for x in loss):
+        raise RequestError(
+            f"a spend report carries at most {MAX_LOSS_ENTRIES} finite, non-negative losses"
+        )
+    # Every number a party sends is checked: a NaN would reach the stored JSON, which
+    # PostgreSQL refuses, and the stream would end on an error nobody reads.
+    for field, value in (
+        ("epsilon_spent", report.epsilon_spent),
+        ("epsilon_cap", report.epsilon_cap),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise RequestError(f"a spend report's {field} must be finite and >= 0, got {value}")
+    return {
+        "through": int(report.through_round),
+        "settled": loss,
+        "epsilon_spent": float(report.epsilon_spent),
+        "epsilon_cap": float(report.epsilon_cap),
+        "open_rounds": int(report.open_rounds),
+        "accounting": report.accounting_json[:MAX_REPORTED_ACCOUNTING],
+    }
