@@ -59,8 +59,10 @@ class SqlPartyLedger:
         # Tasks this ledger holds, name -> config hash: a round of a known task writes
         # nothing for it (a task's configuration never changes under its name).
         self._tasks: dict[str, str] = {}
-        # Settlements not yet written, by round: the state each leaves its round in and
-        # the write. The lock orders them with the reservations they are written with.
+        # Settlements not yet written, by round, in the order they were decided: the
+        # state each leaves its round in and the write. Written in that order, so the
+        # guardian head kept last is the newest (each is checked not to go back). The
+        # lock orders them with the reservations they are written with.
         self._held: dict[int, tuple[RoundState, Callable[[], None]]] = {}
         self._lock = threading.RLock()
 
@@ -124,7 +126,7 @@ class SqlPartyLedger:
         """Inside a batch: each held settlement; a refused one is logged (its round stays
         reserved: an over-count, and the party asks the guardian about it again)."""
         held, self._held = self._held, {}
-        for round_id, (_, write) in sorted(held.items()):
+        for round_id, (_, write) in held.items():
             try:
                 write()
             except sql.LedgerError as err:
@@ -132,6 +134,7 @@ class SqlPartyLedger:
 
     def _hold(self, round_id: int, state: RoundState, write: Callable[[], None]) -> None:
         with self._lock:
+            self._held.pop(round_id, None)  # a round decided again goes last
             self._held[round_id] = (state, write)
 
     def round_record(self, round_id: int) -> RoundRecord | None:
