@@ -71,13 +71,16 @@ class World:
         self.own = OwnBudget(NAME, self.own.ledger, cap, cap_reason="a test sets it")
         self.own.welcome(budgets.registered(self.guardian, NAME))
 
-    def open(self) -> tuple[int, guardian_pb2.RoundWork, common_pb2.Header]:
-        """A round reserved at the guardian; its id and the work the hospital gets."""
+    def open(
+        self, others: tuple[str, ...] = ()
+    ) -> tuple[int, guardian_pb2.RoundWork, common_pb2.Header]:
+        """A round reserved at the guardian (for the hospital and ``others``); its id and
+        the work the hospital gets."""
         key = f"k{self.guardian.last_round() + 1}"
+        worst = {p: MECH.worst_case(BATCH) for p in (NAME, *others)}
         res = self.guardian.reserve(
-            key, TASK, "student", BATCH, {NAME: MECH.worst_case(BATCH)},
-            mechanism=MECH.name, quorum=1,
-        )  # fmt: skip
+            key, TASK, "student", BATCH, worst, mechanism=MECH.name, quorum=1
+        )
         work = guardian_pb2.RoundWork(
             round_id=res.round_id,
             queries=common_pb2.QueryBatch(
@@ -169,6 +172,38 @@ def test_a_party_that_dropped_out_is_told_it_was_not_charged(ledger_url: str) ->
         assert alone is not None and alone.settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED
     finally:
         ledger.close()
+
+
+def test_a_party_that_dropped_out_reports_what_the_guardian_holds(world: World) -> None:
+    """The admin view compares the hospital's report with the guardian's ledger: a round
+    in which its vote was not used (another party's was) must leave them agreeing."""
+    world.guardian.register_party("hospital-b", 1e6, actor="guardian-cli")
+    rid, work, header = world.open(("hospital-b",))
+    world.own.admit(work, header)
+    world.guardian.release(rid)
+    world.guardian.commit(rid, {"hospital-b": MECH.event(NONE_ANSWERED)})
+    settled = budgets.settlement(world.guardian, NAME, rid)
+    assert settled is not None and world.own.settle(settled)
+    budgets.store_report(world.guardian, NAME, world.own.report())
+    seen = budgets.compare(world.guardian, world.guardian.budget(NAME))
+    assert (seen.state, seen.through, seen.open_rounds) == ("agree", rid, 0)
+    np.testing.assert_allclose(world.own.ledger.spent_loss(NAME), 0.0, atol=0)
+
+
+def test_a_report_shows_the_settlements_held(world: World) -> None:
+    """A report is sent a while after the settlements it covers (services/answerer/party.py):
+    it shows them as settled, agrees with the guardian, and names the rounds still open."""
+    r1, r2, r3 = world.admitted(), world.admitted(), world.admitted()
+    assert world.own.settle(world.commit(r1))
+    assert world.own.settle(world.commit(r2))
+    assert world.own.open_rounds() == [r3]
+    report = world.own.report()
+    assert (report.through_round, report.open_rounds) == (r2, 1)
+    budgets.store_report(world.guardian, NAME, report)
+    seen = budgets.compare(world.guardian, world.guardian.budget(NAME))
+    assert (seen.state, seen.through) == ("agree", r2)
+    expected = 2 * world.loss(NONE_ANSWERED) + world.loss(None)
+    np.testing.assert_allclose(world.own.ledger.spent_loss(NAME), expected, rtol=1e-9)
 
 
 # -- 2. held settlements and the reservation they are written with ---------------------
