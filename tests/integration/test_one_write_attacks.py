@@ -324,6 +324,27 @@ def test_a_refused_write_inside_a_batch_leaves_nothing_and_keeps_the_rest(
     np.testing.assert_allclose(db.spent_loss(NAME), world.loss(None), rtol=1e-9)
 
 
+def test_a_batch_that_fails_forgets_the_task_it_wrote(world: World) -> None:
+    """The first round of a task writes the task in its batch; a database error there
+    (a lock waited out, a dropped connection) rolls the task back with the round, and
+    the next round of the task must write it again, not be refused as unknown."""
+    db = world.own.ledger
+    fail = [True]
+
+    @event.listens_for(db.engine, "before_cursor_execute")
+    def _once(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if fail[0] and statement.lstrip().upper().startswith("INSERT INTO ROUNDS"):
+            fail[0] = False
+            raise RuntimeError("the database went away")
+
+    _, work, header = world.open()
+    with pytest.raises(RuntimeError):
+        world.own.admit(work, header)
+    assert db.open_rounds() == []
+    rid = world.admitted()
+    assert db.open_rounds() == [rid]
+
+
 # -- 3. the guardian's audit head, checked while heads are held --------------------------
 
 
