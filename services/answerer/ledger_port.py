@@ -90,12 +90,14 @@ class SqlPartyLedger:
         terms: Mapping[str, object],
     ) -> None:
         refused: sql.LedgerError | None = None
+        created: str | None = None
         with self._lock, self.sql.batch():
             self._write_held()
             try:
                 digest = self._tasks.get(task)
                 if digest is None or digest != config_hash(dict(config)):
-                    self._tasks[task] = self.sql.create_task(task, config, actor=self.name)
+                    self._tasks.pop(task, None)
+                    created = self.sql.create_task(task, config, actor=self.name)
                 self.sql.reserve(
                     f"guardian-round-{round_id}",
                     task,
@@ -109,8 +111,11 @@ class SqlPartyLedger:
                 )
             except sql.LedgerError as err:
                 # Refused: nothing of it is written, and the settlements before it are.
-                self._tasks.pop(task, None)
                 refused = err
+        # Known only once its batch committed: an error that rolls the batch back rolls
+        # the task back too, and the next round of it writes it again.
+        if created is not None and refused is None:
+            self._tasks[task] = created
         if refused is not None:
             with _as_core():
                 raise refused
