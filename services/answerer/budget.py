@@ -93,6 +93,10 @@ class OwnBudget:
         #: This ledger as the party's role takes it (it holds settlements until the next
         #: round's reservation: one durable write a round).
         self.port = SqlPartyLedger(ledger, name)
+        # The newest guardian head this party accepted (the stored one lags
+        # behind the heads kept with held settlements): a later head is checked against
+        # it, so a history that went back or was rewritten is caught while heads are held.
+        self._seen: AuditHead | None = None
         #: The party's round rules, over this ledger.
         self.core = PartyCore(name, self.port)
 
@@ -228,24 +232,23 @@ class OwnBudget:
                 self.name, "guardian_head_invalid", {"round": round_id, **head.to_dict()}
             )
             return None
-        last = self.ledger.setting(GUARDIAN_HEAD)
-        if last is not None:
-            before = json.loads(last)
-            if head.seq < before["seq"] or (
-                head.seq == before["seq"] and head.hash != before["hash"]
-            ):
-                log.error(
-                    "the guardian's audit log went back from entry %d to %d, or was rewritten: "
-                    "run `capc audit verify`",
-                    before["seq"],
-                    head.seq,
-                )
-                self.ledger.record(
-                    self.name,
-                    "guardian_head_conflict",
-                    {"round": round_id, "before": before, "now": head.to_dict()},
-                )
-                return None
+        before = self._newest_head()
+        if before is not None and (
+            head.seq < before.seq or (head.seq == before.seq and head.hash != before.hash)
+        ):
+            log.error(
+                "the guardian's audit log went back from entry %d to %d, or was rewritten: "
+                "run `capc audit verify`",
+                before.seq,
+                head.seq,
+            )
+            self.ledger.record(
+                self.name,
+                "guardian_head_conflict",
+                {"round": round_id, "before": before.to_dict(), "now": head.to_dict()},
+            )
+            return None
+        self._seen = head
         return KeptSetting(
             GUARDIAN_HEAD,
             json.dumps(head.to_dict(), sort_keys=True),
@@ -253,6 +256,15 @@ class OwnBudget:
             action="guardian_head",
             detail={"round": round_id, **head.to_dict()},
         )
+
+    def _newest_head(self) -> AuditHead | None:
+        """The newer of the stored guardian head and the newest accepted since (kept with
+        a settlement still held)."""
+        stored = self.ledger.setting(GUARDIAN_HEAD)
+        before = None if stored is None else AuditHead(**json.loads(stored))
+        if self._seen is not None and (before is None or self._seen.seq > before.seq):
+            return self._seen
+        return before
 
     # -- reports ------------------------------------------------------------------
     def report(self) -> guardian_pb2.SpendReport:

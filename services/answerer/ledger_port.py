@@ -59,8 +59,10 @@ class SqlPartyLedger:
         # Tasks this ledger holds, name -> config hash: a round of a known task writes
         # nothing for it (a task's configuration never changes under its name).
         self._tasks: dict[str, str] = {}
-        # Settlements not yet written, by round: the state each leaves its round in and
-        # the write. The lock orders them with the reservations they are written with.
+        # Settlements not yet written, by round, in the order they were decided: the
+        # state each leaves its round in and the write. Written in that order, so the
+        # guardian head kept last is the newest (each is checked not to go back). The
+        # lock orders them with the reservations they are written with.
         self._held: dict[int, tuple[RoundState, Callable[[], None]]] = {}
         self._lock = threading.RLock()
 
@@ -88,12 +90,14 @@ class SqlPartyLedger:
         terms: Mapping[str, object],
     ) -> None:
         refused: sql.LedgerError | None = None
+        created: str | None = None
         with self._lock, self.sql.batch():
             self._write_held()
             try:
                 digest = self._tasks.get(task)
                 if digest is None or digest != config_hash(dict(config)):
-                    self._tasks[task] = self.sql.create_task(task, config, actor=self.name)
+                    self._tasks.pop(task, None)
+                    created = self.sql.create_task(task, config, actor=self.name)
                 self.sql.reserve(
                     f"guardian-round-{round_id}",
                     task,
@@ -107,8 +111,11 @@ class SqlPartyLedger:
                 )
             except sql.LedgerError as err:
                 # Refused: nothing of it is written, and the settlements before it are.
-                self._tasks.pop(task, None)
                 refused = err
+        # Known only once its batch committed: an error that rolls the batch back rolls
+        # the task back too, and the next round of it writes it again.
+        if created is not None and refused is None:
+            self._tasks[task] = created
         if refused is not None:
             with _as_core():
                 raise refused
@@ -124,7 +131,7 @@ class SqlPartyLedger:
         """Inside a batch: each held settlement; a refused one is logged (its round stays
         reserved: an over-count, and the party asks the guardian about it again)."""
         held, self._held = self._held, {}
-        for round_id, (_, write) in sorted(held.items()):
+        for round_id, (_, write) in held.items():
             try:
                 write()
             except sql.LedgerError as err:
@@ -132,6 +139,7 @@ class SqlPartyLedger:
 
     def _hold(self, round_id: int, state: RoundState, write: Callable[[], None]) -> None:
         with self._lock:
+            self._held.pop(round_id, None)  # a round decided again goes last
             self._held[round_id] = (state, write)
 
     def round_record(self, round_id: int) -> RoundRecord | None:

@@ -16,7 +16,20 @@ from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import Connection, Table, bindparam, exists, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    exists,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
 
 from services.common.ledger import models
 
@@ -79,9 +92,13 @@ CHARGES = select(charges.c.party, charges.c.kind, charges.c.loss, charges.c.even
 )
 #: Per party of a round: the kind of row held and whether it holds an event, without
 #: decoding the events (a settlement needs no more, and a round of 200 parties is 200).
-HELD = select(charges.c.party, charges.c.kind, charges.c.event.is_not(None)).where(
-    charges.c.round_id == bindparam("rid")
-)
+#: A charge of nothing (a party that dropped out) is stored as JSON null, not SQL NULL
+#: (the JSON type's default): both mean no event.
+HELD = select(
+    charges.c.party,
+    charges.c.kind,
+    and_(charges.c.event.is_not(None), sql_cast(charges.c.event, Text) != "null"),
+).where(charges.c.round_id == bindparam("rid"))
 INSERT_CHARGES = insert(charges)
 UPDATE_CHARGES = (
     update(charges)
