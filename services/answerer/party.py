@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
 
 from capc.data.schema import RecordSchema
 from capc.models import Teacher
@@ -151,23 +152,30 @@ class AnsweringParty:
 
         def beat() -> None:
             last = time.monotonic()
-            while not stop.wait(REPORT_S) and self.connected.is_set():
-                if report_due.is_set():
-                    report_due.clear()
-                    self._report(outgoing)
-                if time.monotonic() - last < HEARTBEAT_S:
-                    continue
-                last = time.monotonic()
-                outgoing.put(
-                    guardian_pb2.PartyMessage(
-                        header=self._header(),
-                        heartbeat=guardian_pb2.Heartbeat(
-                            sent_unix_ms=int(time.time() * 1000),
-                            # Rounds whose settlement went missing are asked for again.
-                            open_rounds=self.budget.open_rounds(),
-                        ),
+            # This session's beat only: a reconnected stream starts its own.
+            while not stop.wait(REPORT_S) and self.connected.is_set() and not ended.is_set():
+                try:
+                    if report_due.is_set():
+                        report_due.clear()
+                        self._report(outgoing)
+                    if time.monotonic() - last < HEARTBEAT_S:
+                        continue
+                    last = time.monotonic()
+                    outgoing.put(
+                        guardian_pb2.PartyMessage(
+                            header=self._header(),
+                            heartbeat=guardian_pb2.Heartbeat(
+                                sent_unix_ms=int(time.time() * 1000),
+                                # Rounds whose settlement went missing are asked for again.
+                                open_rounds=self.budget.open_rounds(),
+                            ),
+                        )
                     )
-                )
+                except (LedgerError, SQLAlchemyError) as err:
+                    # The ledger failed a read or a write: its rounds stay reserved (an
+                    # over-count); the beat goes on, and the report is tried again.
+                    report_due.set()
+                    log.error("%s could not read or write its own ledger: %s", self.name, err)
 
         metadata = None if self.files is not None else [("capc-party", self.name)]
         responses = guardian_pb2_grpc.GuardianHubStub(channel).Connect(
@@ -236,7 +244,7 @@ class AnsweringParty:
         their rounds stay reserved (an over-count the guardian settles again)."""
         try:
             self.budget.flush()
-        except LedgerError as err:
+        except (LedgerError, SQLAlchemyError) as err:
             log.error("%s could not write its settlements: %s", self.name, err)
 
     def _report(self, outgoing: BoundedBuffer[guardian_pb2.PartyMessage]) -> None:
