@@ -20,7 +20,6 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import torch
 from capc_client import Client
 
 from services import tasks
@@ -54,22 +53,11 @@ def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsor
         noise_seed="e2e-tabular",
         held_out=HELD_OUT,
     )
-    # Tiny MLPs on a shared machine: one thread each, here (the teachers train in this
-    # process) and in every service process, or oversubscribed cores slow them many times.
-    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        with c:
-            c.start_student()
-            c.start_gateway()
-            yield c
-    finally:
-        torch.set_num_threads(threads)
-        if omp is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = omp
+    # One thread each, here and in every service process: tests/conftest.py.
+    with c:
+        c.start_student()
+        c.start_gateway()
+        yield c
 
 
 @pytest.fixture(scope="module")

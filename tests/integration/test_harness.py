@@ -19,6 +19,8 @@ from services.harness import (
     Probe,
     Process,
     StatusFiles,
+    child_environment,
+    child_threads,
     free_port,
     gateway_ready,
     guardian_ready,
@@ -193,3 +195,15 @@ def test_several_parties_in_one_process_need_a_status_file_each(
     argv += ["--name", "a", "--name", "b", "--status-file", str(tmp_path / "connected")]
     assert main(argv) == 2
     assert "put {name} in it" in capsys.readouterr().err
+
+
+def test_children_get_a_share_of_the_cores_unless_the_operator_set_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A quarter of the cores, at least one: several children share one machine.
+    assert [child_threads(c) for c in (1, 2, 4, 8, 16)] == [1, 1, 1, 2, 4]
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert child_environment()["OMP_NUM_THREADS"] == str(child_threads())
+    # The operator's own setting is kept.
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert child_environment()["OMP_NUM_THREADS"] == "3"

@@ -12,7 +12,6 @@ from typing import Any
 import dp_accounting
 import numpy as np
 import pytest
-import torch
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -38,15 +37,6 @@ TINY: dict[str, tuple[Config, ...]] = {
         Config("mlp", lr=3e-3, epochs=3, batch=64, clip=1.0),
     ),
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Any:
-    # Small models run many times faster on one thread than on a loaded machine's all.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture
