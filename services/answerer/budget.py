@@ -88,6 +88,8 @@ class OwnBudget:
         self.cap = ledger.budget(name).cap
         #: Sent with every Register; the guardian audits it when the declared cap rises.
         self.cap_reason = (cap_reason or "").strip()
+        # The guardian's pinned audit key (read once: only _pin changes it).
+        self._key: str | None = None
         if guardian_key is not None:
             self._pin(guardian_key, "configured")
         #: This ledger as the party's role takes it (it holds settlements until the next
@@ -140,6 +142,7 @@ class OwnBudget:
         self.ledger.keep_setting(
             GUARDIAN_KEY, key, actor=self.name, detail={"public_key": key, "how": how}
         )
+        self._key = key
 
     def welcome(self, registered: guardian_pb2.Registered) -> None:
         """Check the guardian's Registered: the same accounting, the same audit key as
@@ -221,7 +224,9 @@ class OwnBudget:
         its signature and growth check; None (recorded in this party's audit log) when
         they fail."""
         head = AuditHead(int(msg.seq), msg.hash, msg.signature)
-        key = self.ledger.setting(GUARDIAN_KEY)
+        if self._key is None:
+            self._key = self.ledger.setting(GUARDIAN_KEY)
+        key = self._key
         if key is None or not head_signed(key, head):
             log.error(
                 "round %d: the guardian's audit head %d is not signed by its key",
@@ -259,7 +264,10 @@ class OwnBudget:
 
     def _newest_head(self) -> AuditHead | None:
         """The newer of the stored guardian head and the newest accepted since (kept with
-        a settlement still held)."""
+        a settlement still held). Only this party writes its ledger, and every head it
+        stores it accepted here first: once one is accepted, it is the newest."""
+        if self._seen is not None:
+            return self._seen
         stored = self.ledger.setting(GUARDIAN_HEAD)
         before = None if stored is None else AuditHead(**json.loads(stored))
         if self._seen is not None and (before is None or self._seen.seq > before.seq):

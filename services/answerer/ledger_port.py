@@ -15,6 +15,7 @@ the guardian settles it again. Reads here see a held settlement as written.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -64,6 +65,10 @@ class SqlPartyLedger:
         # guardian head kept last is the newest (each is checked not to go back). The
         # lock orders them with the reservations they are written with.
         self._held: dict[int, tuple[RoundState, Callable[[], None]]] = {}
+        # Rounds this port reserved whose settlement is not written yet, as a read of the
+        # ledger would show them: a settlement reads its round here, not in the database
+        # (only this party writes its ledger).
+        self._reserved: dict[int, RoundRecord] = {}
         self._lock = threading.RLock()
 
     @property
@@ -116,6 +121,16 @@ class SqlPartyLedger:
         # the task back too, and the next round of it writes it again.
         if created is not None and refused is None:
             self._tasks[task] = created
+        if refused is None:
+            with self._lock:
+                # As the ledger stores the terms: JSON.
+                self._reserved[round_id] = RoundRecord(
+                    round_id,
+                    RoundState.RESERVED,
+                    None,
+                    {self.name: Held(False, True)},
+                    json.loads(json.dumps(dict(terms))),
+                )
         if refused is not None:
             with _as_core():
                 raise refused
@@ -132,6 +147,8 @@ class SqlPartyLedger:
         reserved: an over-count, and the party asks the guardian about it again)."""
         held, self._held = self._held, {}
         for round_id, (_, write) in held.items():
+            # From now on the database says how the round stands.
+            self._reserved.pop(round_id, None)
             try:
                 write()
             except sql.LedgerError as err:
@@ -143,18 +160,24 @@ class SqlPartyLedger:
             self._held[round_id] = (state, write)
 
     def round_record(self, round_id: int) -> RoundRecord | None:
+        with self._lock:
+            mine = self._reserved.get(round_id)
+            settled = self._held.get(round_id)
+        out = self._stored(round_id) if mine is None else mine
+        if out is None:
+            return None
+        return out if settled is None else replace(out, state=settled[0])
+
+    def _stored(self, round_id: int) -> RoundRecord | None:
         record = self.sql.round_held(round_id)
         if record is None:
             return None
         held = {
             p: Held(kind == ChargeKind.CHARGE, event) for p, (kind, event) in record.held.items()
         }
-        out = RoundRecord(
+        return RoundRecord(
             record.round_id, RoundState(record.state.value), record.outcome, held, record.terms
         )
-        with self._lock:
-            settled = self._held.get(round_id)
-        return out if settled is None else replace(out, state=settled[0])
 
     def open_rounds(self) -> list[int]:
         with self._lock:
