@@ -251,19 +251,39 @@ def _npz(path: Path, x: NDArray[np.float32]) -> Path:
     return path
 
 
+#: capc's methods, in the order a cell runs them.
+METHODS = ("capc-diet-student", "capc-pate-public", "capc-loop")
+
+
 @dataclass
 class Cell:
-    """One (dataset, n, seed) consortium's inputs."""
+    """One (dataset, n, seed) consortium's inputs.
+
+    ``methods``: which methods run and at which eps each ({method: eps}); ``None``:
+    every method at ``config.epsilons`` (the grid). A tuned configuration runs only
+    the methods that chose it, each priced only up to the eps it was chosen for."""
 
     split: Split
     n: int
     config: CapcConfig
     work: Path
     log: Log
+    methods: dict[str, tuple[float, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.methods or {}) - set(METHODS)
+        if unknown:
+            raise ValueError(f"unknown capc methods {sorted(unknown)}; known: {METHODS}")
 
     @property
     def images(self) -> bool:
         return self.split.dataset != "breast-cancer"
+
+    def epsilons(self, method: str) -> tuple[float, ...]:
+        """The eps ``method`` is priced at in this cell (none: it does not run)."""
+        if self.methods is None:
+            return self.config.epsilons
+        return tuple(sorted(self.methods.get(method, ())))
 
     def row(self, method: str, epsilon: float, **fields: Any) -> dict[str, Any]:
         return {
@@ -343,10 +363,11 @@ def student_methods(
     architecture, epochs = (None, cfg.epochs) if cell.images else ("mlp", cfg.table_epochs)
     rows: list[dict[str, Any]] = []
     for method, most in (("capc-diet-student", 10**9), ("capc-pate-public", len(split.public))):
+        epsilons = cell.epsilons(method)
         jobs: list[str] = []
         costs: list[int] = []
         bought, done, start = 0, 0, time.perf_counter()
-        for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, most), strict=True):
+        for e, k in zip(epsilons, counts(task_dict, epsilons, most), strict=True):
             if k > done:
                 lo = done
                 submit: Callable[[], Any] = (
@@ -414,7 +435,8 @@ def loop_method(
     jobs: list[str] = []
     costs: list[int] = []
     bought, done = 0, 0
-    for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, len(unlabelled)), strict=True):
+    epsilons = cell.epsilons("capc-loop")
+    for e, k in zip(epsilons, counts(task_dict, epsilons, len(unlabelled)), strict=True):
         if k > done:
             got = label(
                 hospital,
@@ -461,7 +483,7 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
         rows = student_methods(cell, c, task_dict, relay)
         # At n = all a hospital has no unlabelled records to label (a share's odd one
         # left over is not a loop).
-        if cell.images and cell.n < cell.split.size(None):
+        if cell.images and cell.n < cell.split.size(None) and cell.epsilons("capc-loop"):
             rows += loop_method(cell, c, task_dict, relay)
         admin = Client(c.gateway_url, c.token("admin", "side-by-side"), ca=c.ca, timeout=600)
         totals = {b.party: b.epsilon_spent for b in admin.budgets().budgets}
@@ -481,13 +503,18 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
 
 
 def run_capc(
-    split: Split, sizes: Sequence[int | None], config: CapcConfig, work: Path, log: Log
+    split: Split,
+    sizes: Sequence[int | None],
+    config: CapcConfig,
+    work: Path,
+    log: Log,
+    methods: dict[str, tuple[float, ...]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every capc row of ``split`` (one dataset, one seed) for the grid's sizes."""
+    """Every capc row of ``split`` (one dataset, one seed) for the grid's sizes
+    (``methods``: only these, at these eps; :class:`Cell`)."""
     rows: list[dict[str, Any]] = []
     for n in sizes:
         size = split.size(n)
-        rows += run_cell(
-            Cell(split, size, config, work / f"{split.dataset}-n{size}-s{split.seed}", log)
-        )
+        where = work / f"{split.dataset}-n{size}-s{split.seed}"
+        rows += run_cell(Cell(split, size, config, where, log, methods))
     return rows

@@ -242,6 +242,7 @@ class Tuner:
         self.body = self.base.model.eval()
         self._ensembles: dict[tuple[int, int], list[TeacherEnsemble]] = {}
         self._queries: torch.Tensor | None = None
+        self._public: torch.Tensor | None = None
         idx = self.split.tuning if self.score_on is None else self.score_on
         self.score = (self.split.x[idx], self.split.y[idx])
 
@@ -264,26 +265,46 @@ class Tuner:
             self.log(f"n={n}: {m} teachers a hospital in {time.perf_counter() - t:.0f} s")
         return self._ensembles[(n, m)]
 
+    def public_features(self) -> torch.Tensor:
+        """(public, D) features of the split's public records in their order, batches of
+        :data:`BATCH` read with their own statistics (as the answering parties and the
+        student service read a submitted file's rounds)."""
+        if self._public is None:
+            self._public = features(
+                self.body, self.split.x[self.split.public], current_statistics=True, batch=BATCH
+            )
+        return self._public
+
     def student(self, n: int, c: Candidate) -> list[dict[str, Any]]:
         """The DIET student of ``c`` at every eps (rows scored on the tuning records)."""
+        return self._student("capc-diet-student", self.query_features(), n, c)
+
+    def pate_public(self, n: int, c: Candidate) -> list[dict[str, Any]]:
+        """PATE with public records for ``c`` at every eps: the student labels the split's
+        public records (at most all of them) and trains on them, as the DIET student."""
+        return self._student("capc-pate-public", self.public_features(), n, c)
+
+    def _student(self, method: str, qf: torch.Tensor, n: int, c: Candidate) -> list[dict[str, Any]]:
         mech = c.build()
-        qf = self.query_features()
         votes = np.zeros((len(qf), mech.outputs))
         for ens in self.ensembles(n, c.teachers):
             for lo in range(0, len(qf), 8192):
                 votes[lo : lo + 8192] += mech.summed_votes(ens.predict_features(qf[lo : lo + 8192]))
-        rng = SecureRandom.from_seed(f"side-by-side-capc-tuning-{n}-{c.name}")
+        seed = f"side-by-side-capc-tuning-{n}-{c.name}"
+        if method != "capc-diet-student":
+            seed = f"{seed}-{method}"  # the DIET student's seed stays what it was
+        rng = SecureRandom.from_seed(seed)
         labels, answered = mech.oracle(votes, mech.draw_noise(len(votes), rng), CIRCUIT_FRAC_BITS)
         reference = self.split.x[self.split.reference]
         rows = []
         for e in EPSILONS:
             done = admitted(answered, mech, e)
-            if not mech.confident and done != min(self.pool, queries_fit(c.task(), e)):
+            if not mech.confident and done != min(len(qf), queries_fit(c.task(), e)):
                 raise RuntimeError(f"{c.name}: {done} queries at eps {e:g}, not queries_fit's")
             use = np.flatnonzero(answered[:done])
             acc = _student_accuracy(self.body, qf[use], labels[use], reference, self.score)
-            rows.append(self._row("capc-diet-student", n, c, e, acc, done, len(use)))
-            rows[-1]["pool_exhausted"] = done == self.pool
+            rows.append(self._row(method, n, c, e, acc, done, len(use)))
+            rows[-1]["pool_exhausted"] = done == len(qf)
             rows[-1]["label_agreement"] = _agreement(votes[use], labels[use])
         return rows
 
@@ -421,20 +442,25 @@ def run(
     grid: Callable[[int, int], list[Candidate]] = student_grid,
     loops: Callable[[int, int], list[Candidate]] = loop_grid,
     tuner: Tuner | None = None,
+    pate_sizes: Sequence[int | None] = (),
 ) -> list[dict[str, Any]]:
-    """Every tuning row of ``s`` (only its hospitals' shares and ``score_on``, by default
-    the tuning records, are read). ``tuner``: one whose features and teachers to reuse."""
+    """Every tuning row of ``s`` (only its hospitals' shares, its public records and
+    ``score_on``, by default the tuning records, are read). ``tuner``: one whose features
+    and teachers to reuse. ``pate_sizes``: n for PATE with public records, tried on the
+    student's grid."""
     tuner = tuner or Tuner(s, pool, log, score_on)
     rows: list[dict[str, Any]] = []
-    for size in sizes:
+    students = [("student", size, tuner.student) for size in sizes]
+    students += [("pate-public", size, tuner.pate_public) for size in pate_sizes]
+    for what, size, method in students:
         n = s.size(size)
         candidates = grid(n, s.hospitals)
         if len(candidates) > MAX_GRID:
             raise ValueError(f"{len(candidates)} configurations for n={n}; at most {MAX_GRID}")
         for c in candidates:
-            rows += tuner.student(n, c)
+            rows += method(n, c)
             log(
-                f"student n={n} {c.name}: "
+                f"{what} n={n} {c.name}: "
                 + ", ".join(
                     f"eps {r['epsilon']:g} {r['labels']} labels {r['tuning_accuracy']}"
                     for r in rows[-len(EPSILONS) :]
@@ -454,9 +480,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="the JSON file of rows")
     parser.add_argument(
         "--sizes",
-        nargs="+",
+        nargs="*",
         default=["all", "1000", "200", "50"],
         help="labelled records per hospital for the student ('all': a whole share)",
+    )
+    parser.add_argument(
+        "--pate-sizes",
+        nargs="*",
+        default=[],
+        help="labelled records per hospital for PATE with public records ('all': a share)",
     )
     parser.add_argument(
         "--loop-sizes", nargs="*", type=int, default=[200, 1000], help="n for the loop"
@@ -491,16 +523,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.perf_counter() - start:6.0f} s] {text}", file=sys.stderr, flush=True)
 
     sizes = [None if v == "all" else int(v) for v in args.sizes]
+    pate_sizes = [None if v == "all" else int(v) for v in args.pate_sizes]
     s = split(DATASET, TUNING_SEED)
     saved = json.loads(args.out.read_text()) if args.add_to and args.out.exists() else {}
     rows: list[dict[str, Any]] = list(saved.get("rows", []))
     commands = [*saved.get("commands", []), command]
     tuner = Tuner(s, args.pool, log)
     # Each cell is saved as it ends, so a run that is stopped keeps what it finished.
-    cells: list[tuple[list[int | None], list[int]]] = [([v], []) for v in sizes]
-    cells += [([], [n]) for n in args.loop_sizes]
-    for cell_sizes, cell_loops in cells:
-        new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner)
+    cells: list[tuple[list[int | None], list[int], list[int | None]]]
+    cells = [([v], [], []) for v in sizes]
+    cells += [([], [n], []) for n in args.loop_sizes]
+    cells += [([], [], [v]) for v in pate_sizes]
+    for cell_sizes, cell_loops, cell_pate in cells:
+        new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner, pate_sizes=cell_pate)
         fresh = {_key(r) for r in new}
         rows = [r for r in rows if _key(r) not in fresh] + new
         result = {
