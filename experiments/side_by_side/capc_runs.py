@@ -39,7 +39,10 @@ by :func:`teachers_per_hospital`, and GNMax's sigma the same share of the vote a
 the shipped task's (the demo's 40 for 250 teachers; breast-cancer's 23 for 24), as
 ``services.demo.demo_task`` scales it. (``capc up``'s planner also raises sigma
 until 1,000 queries fit eps 10; with few teachers that drowns every vote, so it is
-not used here.) The baselines were tuned on the tuning records; capc was not.
+not used here.) That is the grid's rule; ``capc_tuning`` tunes capc on the tuning
+records as the baselines are tuned, and :mod:`.tuned` reruns the cells where it
+picked another configuration (``CapcConfig.teachers`` and ``mechanism``, only the
+methods that picked it, :class:`Cell`'s ``methods``).
 """
 
 from __future__ import annotations

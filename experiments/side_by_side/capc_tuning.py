@@ -8,6 +8,12 @@ Run (animal-mnist; about 40 minutes on 2 shared cores; every finished cell is sa
     python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
         --sizes 200 50 --loop-sizes --pool 32768 --add-to
 
+PATE with public records, on the student's grid (the queries are the split's public
+records, at most all of them; every cell about a minute)::
+
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes --loop-sizes --pate-sizes all 1000 200 50 --add-to
+
 No services run: this is central mode on the library pieces the services use.
 
 * Teachers: each hospital's ``m`` heads on the shipped body
@@ -19,6 +25,9 @@ No services run: this is central mode on the library pieces the services use.
   ensemble does) and by the student. The services' rounds start at each job's first
   query, so where a job's length is not a multiple of :data:`BATCH` their batches
   are cut elsewhere; nothing else differs.
+  PATE with public records reads the split's public records in their order the same
+  way (batches of :data:`BATCH` with their own statistics, as the answering parties
+  read a submitted file's images and the student service reads its jobs).
 * Labels: the mechanism object's noise draw and plaintext oracle on the summed
   votes (``mechanism.draw_noise``, ``mechanism.oracle``: the two calls of
   :func:`capc.learning.pate.label_within_budgets`, whose labels are bit for bit a

@@ -169,3 +169,32 @@ def test_the_tuned_command_parses() -> None:
         ]
     )
     assert args.tuned_from == Path("t.json") and args.capc_methods == ["capc-diet-student"]
+
+
+def test_the_tables_say_which_configuration_each_capc_cell_is_at() -> None:
+    from experiments.side_by_side import summary
+
+    base = {"hyperparameters": {"sigma": 40.0}, "teachers_per_hospital": 50}
+    rows = [{**_row("capc-diet-student", 1000, 5.0, s, 0.7), **base} for s in (1, 2)]
+    rows += [{**_row("dp_fedavg", 1000, e, 1, 0.8)} for e in (1.0, 5.0)]
+    two = {"hyperparameters": {"sigma": 80.0}, "teachers_per_hospital": 100}
+    rows += [
+        {**_row("capc-diet-student", 1000, 1.0, 1, 0.6), **two, "configuration": "2 m0"},
+        {**_row("capc-diet-student", 1000, 1.0, 2, 0.5), **base},
+    ]
+    rows = tuned.mark(
+        rows, [_pick("capc-diet-student", 1000, 1.0, {**TWO_M0, "name": "2 m0"})], "animal-mnist"
+    )
+    rows += [{**r, "method": "capc-pate-public"} for r in rows[:2]]
+    text = summary.markdown(summary.table(rows))
+    assert (
+        "- capc: DIET student (no data of its own): eps 1: seed 1: 2 m0 (100 teachers a "
+        "hospital, sigma 80, tuned pick); seed 2: shipped rule (50 teachers a hospital, "
+        "sigma 40, not the tuned pick); eps 5: shipped rule (50 teachers a hospital, "
+        "sigma 40, not tuned)."
+    ) in text
+    assert (
+        "- capc: PATE with public records: eps 5: shipped rule (50 teachers a hospital, sigma 40, not tuned)."
+        in text
+    )
+    assert "DP-FedAvg (Flower + Opacus):" not in text
