@@ -25,9 +25,10 @@ No services run: this is central mode on the library pieces the services use.
   ensemble does) and by the student. The services' rounds start at each job's first
   query, so where a job's length is not a multiple of :data:`BATCH` their batches
   are cut elsewhere; nothing else differs.
-  PATE with public records reads the split's public records in their order the same
-  way (batches of :data:`BATCH` with their own statistics, as the answering parties
-  read a submitted file's images and the student service reads its jobs).
+  PATE with public records asks about the split's public records in their order:
+  the teachers read them with their own stored statistics (a party reads a
+  submitted file's records so), the student in batches of :data:`BATCH` with their
+  own statistics (the student service reads every job's queries so).
 * Labels: the mechanism object's noise draw and plaintext oracle on the summed
   votes (``mechanism.draw_noise``, ``mechanism.oracle``: the two calls of
   :func:`capc.learning.pate.label_within_budgets`, whose labels are bit for bit a
@@ -252,6 +253,7 @@ class Tuner:
         self._ensembles: dict[tuple[int, int], list[TeacherEnsemble]] = {}
         self._queries: torch.Tensor | None = None
         self._public: torch.Tensor | None = None
+        self._public_votes: dict[tuple[int, int], list[NDArray[np.int64]]] = {}
         idx = self.split.tuning if self.score_on is None else self.score_on
         self.score = (self.split.x[idx], self.split.y[idx])
 
@@ -276,29 +278,59 @@ class Tuner:
 
     def public_features(self) -> torch.Tensor:
         """(public, D) features of the split's public records in their order, batches of
-        :data:`BATCH` read with their own statistics (as the answering parties and the
-        student service read a submitted file's rounds)."""
+        :data:`BATCH` read with their own statistics (as the student service reads a
+        job's queries to train on)."""
         if self._public is None:
             self._public = features(
                 self.body, self.split.x[self.split.public], current_statistics=True, batch=BATCH
             )
         return self._public
 
+    def public_predictions(self, n: int, m: int) -> list[NDArray[np.int64]]:
+        """Each hospital's teachers' predictions (public, m) on the public records, each
+        teacher reading them with its own statistics, as a party reads a submitted file's
+        records (``services.answerer.party``: tensors under stored statistics)."""
+        if (n, m) not in self._public_votes:
+            x = self.split.x[self.split.public]
+            self._public_votes[(n, m)] = [
+                e.predict(x, current_statistics=False) for e in self.ensembles(n, m)
+            ]
+        return self._public_votes[(n, m)]
+
     def student(self, n: int, c: Candidate) -> list[dict[str, Any]]:
         """The DIET student of ``c`` at every eps (rows scored on the tuning records)."""
-        return self._student("capc-diet-student", self.query_features(), n, c)
+        qf = self.query_features()
+        # Synthetic queries: the teachers read them with the batch's own statistics,
+        # as the student does, so one pass of the body serves both.
+        predictions = [
+            np.concatenate(
+                [e.predict_features(qf[lo : lo + 8192]) for lo in range(0, len(qf), 8192)]
+            )
+            for e in self.ensembles(n, c.teachers)
+        ]
+        return self._student("capc-diet-student", qf, predictions, n, c)
 
     def pate_public(self, n: int, c: Candidate) -> list[dict[str, Any]]:
         """PATE with public records for ``c`` at every eps: the student labels the split's
         public records (at most all of them) and trains on them, as the DIET student."""
-        return self._student("capc-pate-public", self.public_features(), n, c)
+        predictions = self.public_predictions(n, c.teachers)
+        return self._student("capc-pate-public", self.public_features(), predictions, n, c)
 
-    def _student(self, method: str, qf: torch.Tensor, n: int, c: Candidate) -> list[dict[str, Any]]:
+    def _student(
+        self,
+        method: str,
+        qf: torch.Tensor,
+        predictions: Sequence[NDArray[np.int64]],
+        n: int,
+        c: Candidate,
+    ) -> list[dict[str, Any]]:
+        """``method``'s rows for ``c``: the student's query features ``qf`` (N, D) and
+        each hospital's teachers' predictions on those queries (N, m)."""
         mech = c.build()
         votes = np.zeros((len(qf), mech.outputs))
-        for ens in self.ensembles(n, c.teachers):
+        for p in predictions:
             for lo in range(0, len(qf), 8192):
-                votes[lo : lo + 8192] += mech.summed_votes(ens.predict_features(qf[lo : lo + 8192]))
+                votes[lo : lo + 8192] += mech.summed_votes(p[lo : lo + 8192])
         seed = f"side-by-side-capc-tuning-{n}-{c.name}"
         if method != "capc-diet-student":
             seed = f"{seed}-{method}"  # the DIET student's seed stays what it was
