@@ -34,7 +34,7 @@ connection and base OTs) in its first job, so the DIET student's and the loop's
 first job carry it. Rows made before the relay get fitted bytes
 (:mod:`experiments.side_by_side.capc_bytes`).
 
-Hyperparameters follow the shipped tasks, not a tuning run: teachers per hospital
+The grid's hyperparameters follow the shipped tasks: teachers per hospital
 by :func:`teachers_per_hospital`, and GNMax's sigma the same share of the vote as
 the shipped task's (the demo's 40 for 250 teachers; breast-cancer's 23 for 24), as
 ``services.demo.demo_task`` scales it. (``capc up``'s planner also raises sigma
