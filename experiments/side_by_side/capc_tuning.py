@@ -542,6 +542,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="merge into the saved rows (a row of the same method, n, eps and config replaced)",
     )
+    parser.add_argument(
+        "--rows-from",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="saved tuning files whose rows to merge in (with --add-to); nothing is run",
+    )
     return parser
 
 
@@ -565,10 +572,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sizes = [None if v == "all" else int(v) for v in args.sizes]
     pate_sizes = [None if v == "all" else int(v) for v in args.pate_sizes]
-    s = split(DATASET, TUNING_SEED)
     saved = json.loads(args.out.read_text()) if args.add_to and args.out.exists() else {}
     rows: list[dict[str, Any]] = list(saved.get("rows", []))
     commands = [*saved.get("commands", []), command]
+    seconds = saved.get("seconds", 0.0)
+    if args.rows_from:
+        # Cells run apart (in parallel, into their own files) merged without running.
+        for path in args.rows_from:
+            other = json.loads(path.read_text())
+            rows = _merged(rows, other["rows"])
+            commands += [c for c in other["commands"] if c not in commands]
+            seconds += other.get("seconds", 0.0)
+        _write(args.out, rows, commands, seconds)
+        return 0
+    s = split(DATASET, TUNING_SEED)
     tuner = Tuner(s, args.pool, log)
     # Each cell is saved as it ends, so a run that is stopped keeps what it finished.
     cells: list[tuple[list[int | None], list[int], list[int | None]]]
@@ -577,24 +594,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells += [([], [], [v]) for v in pate_sizes]
     for cell_sizes, cell_loops, cell_pate in cells:
         new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner, pate_sizes=cell_pate)
-        fresh = {_key(r) for r in new}
-        rows = [r for r in rows if _key(r) not in fresh] + new
-        result = {
-            "experiment": "side_by_side_capc_tuning",
-            "commands": commands,
-            "dataset": DATASET,
-            "seed": TUNING_SEED,
-            "scored_on": "split.tuning",
-            "accountant": "gdp (services.up.accountant), delta 1e-5, rounds admitted by worst case",
-            "rows": rows,
-            "chosen": chosen(rows),
-            "seconds": saved.get("seconds", 0.0) + time.perf_counter() - start,
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        tmp.replace(args.out)
+        rows = _merged(rows, new)
+        _write(args.out, rows, commands, seconds + time.perf_counter() - start)
     return 0
+
+
+def _merged(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` with ``new`` added, a new row replacing an old one of its key."""
+    fresh = {_key(r) for r in new}
+    return [r for r in old if _key(r) not in fresh] + list(new)
+
+
+def _write(path: Path, rows: list[dict[str, Any]], commands: list[str], seconds: float) -> None:
+    result = {
+        "experiment": "side_by_side_capc_tuning",
+        "commands": commands,
+        "dataset": DATASET,
+        "seed": TUNING_SEED,
+        "scored_on": "split.tuning",
+        "accountant": "gdp (services.up.accountant), delta 1e-5, rounds admitted by worst case",
+        "rows": rows,
+        "chosen": chosen(rows),
+        "seconds": seconds,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":
