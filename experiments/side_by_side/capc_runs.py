@@ -385,7 +385,8 @@ def student_methods(
                     )
                 )
                 got = label(analyst, submit, f"{method} at eps {e:g}", relay)
-                jobs.append(got.job)
+                if got.answered:  # the trainer refuses a job with no answered query
+                    jobs.append(got.job)
                 costs.append(got.bytes_sent)
                 bought, done = bought + got.answered, k
             accuracy = _train(analyst, jobs, architecture, epochs, split.seed) if jobs else None
@@ -449,7 +450,8 @@ def loop_method(
                 f"capc-loop at eps {e:g}",
                 relay,
             )
-            jobs.append(got.job)
+            if got.answered:  # the trainer refuses a job with no answered query
+                jobs.append(got.job)
             costs.append(got.bytes_sent)
             bought, done = bought + got.answered, k
         after = _train(hospital, jobs, None, cfg.epochs, split.seed) if jobs else before
