@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="capc: run the tuned picks of this capc_tuning file instead of the grid",
     )
+    parser.add_argument(
+        "--mark-only",
+        action="store_true",
+        help="with --tuned-from: mark the saved rows by its picks; run nothing",
+    )
     parser.add_argument("--add-to", action="store_true", help="merge into the saved rows")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: temp)")
     parser.add_argument(
@@ -144,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if 0 in args.seeds:
         parser.error("seed 0 is the tuning seed; report seeds 1 and up")
+    if args.mark_only and args.tuned_from is None:
+        parser.error("--mark-only marks rows by --tuned-from's picks")
     import torch
 
     # The driver fits many tiny heads; one thread each op avoids thread hand-offs that
@@ -203,6 +210,8 @@ def _tuned(
     untuned: list[dict[str, Any]] = list(others.get(UNTUNED, []))
     rows = tuned.mark(rows, picks, dataset)
     write(args.out, rows, commands, others)
+    if args.mark_only:
+        return rows
     if args.sizes is None:
         order = sorted({int(p["n"]) for p in picks}, reverse=True)
     else:

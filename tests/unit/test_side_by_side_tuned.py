@@ -198,3 +198,22 @@ def test_the_tables_say_which_configuration_each_capc_cell_is_at() -> None:
         in text
     )
     assert "DP-FedAvg (Flower + Opacus):" not in text
+
+
+def test_mark_only_marks_the_saved_rows_and_runs_nothing(tmp_path: Path) -> None:
+    import json
+
+    from experiments.side_by_side.__main__ import main
+
+    rows = [_row("capc-diet-student", 1000, e, 1, 0.5) for e in (1.0, 5.0)]
+    out = tmp_path / "rows.json"
+    out.write_text(json.dumps({"rows": rows, "commands": ["python -m experiments.side_by_side x"]}))
+    picks = tmp_path / "tuning.json"
+    picks.write_text(json.dumps({"dataset": "animal-mnist", "chosen": PICKS}))
+    argv = ["--out", str(out), "--datasets", "animal-mnist", "--methods", "capc", "--add-to"]
+    assert main([*argv, "--tuned-from", str(picks), "--mark-only"]) == 0
+    saved = json.loads(out.read_text())
+    by = {r["epsilon"]: r for r in saved["rows"]}
+    assert len(saved["rows"]) == 2 and by[5.0]["tuned"] and by[1.0]["tuned"] is False
+    with pytest.raises(SystemExit):
+        main([*argv, "--mark-only"])
