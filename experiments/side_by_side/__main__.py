@@ -21,6 +21,12 @@ was chosen are marked ``tuned``:
         --datasets animal-mnist --methods capc --capc-methods capc-diet-student \
         --tuned-from experiments/results/side-by-side-capc-tuning.json --add-to
 
+After the tuning file changes, ``--mark-only`` re-marks the saved rows by its picks
+(a row stays ``tuned`` only while its configuration is still the pick):
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --datasets animal-mnist --methods capc --add-to --mark-only \
+        --tuned-from experiments/results/side-by-side-capc-tuning.json
+
 Progress goes to stderr; every finished cell is saved at once, so a run that is
 stopped keeps what it finished. The summary (means and spreads over seeds), the
 goals and the plots are recomputed from the rows (``summary``, ``plots``).
