@@ -12,6 +12,21 @@ Rows saved elsewhere (a part run on another machine) are merged without running:
     python -m experiments.side_by_side --out experiments/results/side-by-side.json \
         --add-to --rows-from part.json
 
+capc's methods at their tuned picks (``capc_tuning``'s ``chosen``; :mod:`.tuned`):
+a consortium per (n, configuration) not the shipped rule, running only the methods
+that chose it; its rows replace the grid's at the eps it was chosen for (the grid's
+are kept under ``untuned_capc_rows``), and the grid's rows where the shipped rule
+was chosen are marked ``tuned``:
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --datasets animal-mnist --methods capc --capc-methods capc-diet-student \
+        --tuned-from experiments/results/side-by-side-capc-tuning.json --add-to
+
+After the tuning file changes, ``--mark-only`` re-marks the saved rows by its picks
+(a row stays ``tuned`` only while its configuration is still the pick):
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --datasets animal-mnist --methods capc --add-to --mark-only \
+        --tuned-from experiments/results/side-by-side-capc-tuning.json
+
 Progress goes to stderr; every finished cell is saved at once, so a run that is
 stopped keeps what it finished. The summary (means and spreads over seeds), the
 goals and the plots are recomputed from the rows (``summary``, ``plots``).
@@ -28,8 +43,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.side_by_side import summary
-from experiments.side_by_side.capc_runs import CapcConfig, run_capc
+from experiments.side_by_side import summary, tuned
+from experiments.side_by_side.capc_runs import METHODS, CapcConfig, run_capc
 from experiments.side_by_side.data import DATASETS, LAYOUTS, split
 
 METHOD_GROUPS = ("capc", "baselines")
@@ -105,6 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="capc: the task's mechanism as JSON (default: the shipped share of the vote)",
     )
+    parser.add_argument(
+        "--capc-methods",
+        nargs="+",
+        choices=METHODS,
+        default=list(METHODS),
+        help="with --tuned-from: the capc methods whose tuned picks to run",
+    )
+    parser.add_argument(
+        "--tuned-from",
+        type=Path,
+        default=None,
+        help="capc: run the tuned picks of this capc_tuning file instead of the grid",
+    )
+    parser.add_argument(
+        "--mark-only",
+        action="store_true",
+        help="with --tuned-from: mark the saved rows by its picks; run nothing",
+    )
     parser.add_argument("--add-to", action="store_true", help="merge into the saved rows")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: temp)")
     parser.add_argument(
@@ -122,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if 0 in args.seeds:
         parser.error("seed 0 is the tuning seed; report seeds 1 and up")
+    if args.mark_only and args.tuned_from is None:
+        parser.error("--mark-only marks rows by --tuned-from's picks")
     import torch
 
     # The driver fits many tiny heads; one thread each op avoids thread hand-offs that
@@ -150,7 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 new = run_baselines(dataset, sizes, capc.epsilons, args.seeds, work)
                 rows = merged(rows, new)
                 write(args.out, rows, commands, kept(saved))
-            if "capc" in args.methods:
+            if "capc" in args.methods and args.tuned_from is not None:
+                rows = _tuned(args, dataset, capc, work, rows, commands, saved)
+            elif "capc" in args.methods:
                 for seed in args.seeds:
                     for n in sizes:
                         new = run_capc(split(dataset, seed), [n], capc, work, log)
@@ -158,6 +195,48 @@ def main(argv: Sequence[str] | None = None) -> int:
                         write(args.out, rows, commands, kept(saved))
     log(summary.markdown(summary.table(rows)))
     return 0
+
+
+UNTUNED = "untuned_capc_rows"
+
+
+def _tuned(
+    args: argparse.Namespace,
+    dataset: str,
+    capc: CapcConfig,
+    work: Path,
+    rows: list[dict[str, Any]],
+    commands: list[str],
+    saved: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """``rows`` with capc's tuned picks of ``dataset`` run and marked (:mod:`.tuned`),
+    saved after every consortium; the grid rows they replace go to :data:`UNTUNED`."""
+    picks = tuned.load(args.tuned_from, dataset)
+    others = kept(saved)
+    untuned: list[dict[str, Any]] = list(others.get(UNTUNED, []))
+    rows = tuned.mark(rows, picks, dataset)
+    write(args.out, rows, commands, others)
+    if args.mark_only:
+        return rows
+    if args.sizes is None:
+        order = sorted({int(p["n"]) for p in picks}, reverse=True)
+    else:
+        whole = split(dataset, args.seeds[0]).size(None)
+        order = [whole if n is None else n for n in _sizes(args.sizes)]
+    for n in order:
+        for seed in args.seeds:
+            for run in tuned.runs(picks, [n], args.capc_methods):
+                log(f"tuned: n={n} seed={seed} {run.configuration} {run.methods}")
+                made = run_capc(split(dataset, seed), [n], run.config(capc), work, log, run.methods)
+                new = tuned.kept(made, run)
+                fresh = {key(r) for r in new}
+                replaced = [r for r in rows if key(r) in fresh and not r.get("tuned")]
+                untuned = merged(untuned, replaced)
+                rows = tuned.mark(merged(rows, new), picks, dataset)
+                others = {**others, UNTUNED: untuned}
+                write(args.out, rows, commands, others)
+    saved.update(others)
+    return rows
 
 
 def _sizes(items: Sequence[str]) -> list[int | None]:

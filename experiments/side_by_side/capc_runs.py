@@ -34,12 +34,15 @@ connection and base OTs) in its first job, so the DIET student's and the loop's
 first job carry it. Rows made before the relay get fitted bytes
 (:mod:`experiments.side_by_side.capc_bytes`).
 
-Hyperparameters follow the shipped tasks, not a tuning run: teachers per hospital
+The grid's hyperparameters follow the shipped tasks: teachers per hospital
 by :func:`teachers_per_hospital`, and GNMax's sigma the same share of the vote as
 the shipped task's (the demo's 40 for 250 teachers; breast-cancer's 23 for 24), as
 ``services.demo.demo_task`` scales it. (``capc up``'s planner also raises sigma
 until 1,000 queries fit eps 10; with few teachers that drowns every vote, so it is
-not used here.) The baselines were tuned on the tuning records; capc was not.
+not used here.) That is the grid's rule; ``capc_tuning`` tunes capc on the tuning
+records as the baselines are tuned, and :mod:`.tuned` reruns the cells where it
+picked another configuration (``CapcConfig.teachers`` and ``mechanism``, only the
+methods that picked it, :class:`Cell`'s ``methods``).
 """
 
 from __future__ import annotations
@@ -251,19 +254,39 @@ def _npz(path: Path, x: NDArray[np.float32]) -> Path:
     return path
 
 
+#: capc's methods, in the order a cell runs them.
+METHODS = ("capc-diet-student", "capc-pate-public", "capc-loop")
+
+
 @dataclass
 class Cell:
-    """One (dataset, n, seed) consortium's inputs."""
+    """One (dataset, n, seed) consortium's inputs.
+
+    ``methods``: which methods run and at which eps each ({method: eps}); ``None``:
+    every method at ``config.epsilons`` (the grid). A tuned configuration runs only
+    the methods that chose it, each priced only up to the eps it was chosen for."""
 
     split: Split
     n: int
     config: CapcConfig
     work: Path
     log: Log
+    methods: dict[str, tuple[float, ...]] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.methods or {}) - set(METHODS)
+        if unknown:
+            raise ValueError(f"unknown capc methods {sorted(unknown)}; known: {METHODS}")
 
     @property
     def images(self) -> bool:
         return self.split.dataset != "breast-cancer"
+
+    def epsilons(self, method: str) -> tuple[float, ...]:
+        """The eps ``method`` is priced at in this cell (none: it does not run)."""
+        if self.methods is None:
+            return self.config.epsilons
+        return tuple(sorted(self.methods.get(method, ())))
 
     def row(self, method: str, epsilon: float, **fields: Any) -> dict[str, Any]:
         return {
@@ -343,10 +366,11 @@ def student_methods(
     architecture, epochs = (None, cfg.epochs) if cell.images else ("mlp", cfg.table_epochs)
     rows: list[dict[str, Any]] = []
     for method, most in (("capc-diet-student", 10**9), ("capc-pate-public", len(split.public))):
+        epsilons = cell.epsilons(method)
         jobs: list[str] = []
         costs: list[int] = []
         bought, done, start = 0, 0, time.perf_counter()
-        for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, most), strict=True):
+        for e, k in zip(epsilons, counts(task_dict, epsilons, most), strict=True):
             if k > done:
                 lo = done
                 submit: Callable[[], Any] = (
@@ -361,7 +385,8 @@ def student_methods(
                     )
                 )
                 got = label(analyst, submit, f"{method} at eps {e:g}", relay)
-                jobs.append(got.job)
+                if got.answered:  # the trainer refuses a job with no answered query
+                    jobs.append(got.job)
                 costs.append(got.bytes_sent)
                 bought, done = bought + got.answered, k
             accuracy = _train(analyst, jobs, architecture, epochs, split.seed) if jobs else None
@@ -414,7 +439,8 @@ def loop_method(
     jobs: list[str] = []
     costs: list[int] = []
     bought, done = 0, 0
-    for e, k in zip(cfg.epsilons, counts(task_dict, cfg.epsilons, len(unlabelled)), strict=True):
+    epsilons = cell.epsilons("capc-loop")
+    for e, k in zip(epsilons, counts(task_dict, epsilons, len(unlabelled)), strict=True):
         if k > done:
             got = label(
                 hospital,
@@ -424,7 +450,8 @@ def loop_method(
                 f"capc-loop at eps {e:g}",
                 relay,
             )
-            jobs.append(got.job)
+            if got.answered:  # the trainer refuses a job with no answered query
+                jobs.append(got.job)
             costs.append(got.bytes_sent)
             bought, done = bought + got.answered, k
         after = _train(hospital, jobs, None, cfg.epochs, split.seed) if jobs else before
@@ -461,7 +488,7 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
         rows = student_methods(cell, c, task_dict, relay)
         # At n = all a hospital has no unlabelled records to label (a share's odd one
         # left over is not a loop).
-        if cell.images and cell.n < cell.split.size(None):
+        if cell.images and cell.n < cell.split.size(None) and cell.epsilons("capc-loop"):
             rows += loop_method(cell, c, task_dict, relay)
         admin = Client(c.gateway_url, c.token("admin", "side-by-side"), ca=c.ca, timeout=600)
         totals = {b.party: b.epsilon_spent for b in admin.budgets().budgets}
@@ -481,13 +508,18 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
 
 
 def run_capc(
-    split: Split, sizes: Sequence[int | None], config: CapcConfig, work: Path, log: Log
+    split: Split,
+    sizes: Sequence[int | None],
+    config: CapcConfig,
+    work: Path,
+    log: Log,
+    methods: dict[str, tuple[float, ...]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every capc row of ``split`` (one dataset, one seed) for the grid's sizes."""
+    """Every capc row of ``split`` (one dataset, one seed) for the grid's sizes
+    (``methods``: only these, at these eps; :class:`Cell`)."""
     rows: list[dict[str, Any]] = []
     for n in sizes:
         size = split.size(n)
-        rows += run_cell(
-            Cell(split, size, config, work / f"{split.dataset}-n{size}-s{split.seed}", log)
-        )
+        where = work / f"{split.dataset}-n{size}-s{split.seed}"
+        rows += run_cell(Cell(split, size, config, where, log, methods))
     return rows

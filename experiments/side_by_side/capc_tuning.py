@@ -8,6 +8,12 @@ Run (animal-mnist; about 40 minutes on 2 shared cores; every finished cell is sa
     python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
         --sizes 200 50 --loop-sizes --pool 32768 --add-to
 
+PATE with public records, on the student's grid (the queries are the split's public
+records, at most all of them; every cell about a minute)::
+
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes --loop-sizes --pate-sizes all 1000 200 50 --add-to
+
 No services run: this is central mode on the library pieces the services use.
 
 * Teachers: each hospital's ``m`` heads on the shipped body
@@ -19,6 +25,10 @@ No services run: this is central mode on the library pieces the services use.
   ensemble does) and by the student. The services' rounds start at each job's first
   query, so where a job's length is not a multiple of :data:`BATCH` their batches
   are cut elsewhere; nothing else differs.
+  PATE with public records asks about the split's public records in their order:
+  the teachers read them with their own stored statistics (a party reads a
+  submitted file's records so), the student in batches of :data:`BATCH` with their
+  own statistics (the student service reads every job's queries so).
 * Labels: the mechanism object's noise draw and plaintext oracle on the summed
   votes (``mechanism.draw_noise``, ``mechanism.oracle``: the two calls of
   :func:`capc.learning.pate.label_within_budgets`, whose labels are bit for bit a
@@ -242,6 +252,8 @@ class Tuner:
         self.body = self.base.model.eval()
         self._ensembles: dict[tuple[int, int], list[TeacherEnsemble]] = {}
         self._queries: torch.Tensor | None = None
+        self._public: torch.Tensor | None = None
+        self._public_votes: dict[tuple[int, int], list[NDArray[np.int64]]] = {}
         idx = self.split.tuning if self.score_on is None else self.score_on
         self.score = (self.split.x[idx], self.split.y[idx])
 
@@ -264,26 +276,76 @@ class Tuner:
             self.log(f"n={n}: {m} teachers a hospital in {time.perf_counter() - t:.0f} s")
         return self._ensembles[(n, m)]
 
+    def public_features(self) -> torch.Tensor:
+        """(public, D) features of the split's public records in their order, batches of
+        :data:`BATCH` read with their own statistics (as the student service reads a
+        job's queries to train on)."""
+        if self._public is None:
+            self._public = features(
+                self.body, self.split.x[self.split.public], current_statistics=True, batch=BATCH
+            )
+        return self._public
+
+    def public_predictions(self, n: int, m: int) -> list[NDArray[np.int64]]:
+        """Each hospital's teachers' predictions (public, m) on the public records, each
+        teacher reading them with its own statistics, as a party reads a submitted file's
+        records (``services.answerer.party``: tensors under stored statistics)."""
+        if (n, m) not in self._public_votes:
+            x = self.split.x[self.split.public]
+            self._public_votes[(n, m)] = [
+                e.predict(x, current_statistics=False) for e in self.ensembles(n, m)
+            ]
+        return self._public_votes[(n, m)]
+
     def student(self, n: int, c: Candidate) -> list[dict[str, Any]]:
         """The DIET student of ``c`` at every eps (rows scored on the tuning records)."""
-        mech = c.build()
         qf = self.query_features()
+        # Synthetic queries: the teachers read them with the batch's own statistics,
+        # as the student does, so one pass of the body serves both.
+        predictions = [
+            np.concatenate(
+                [e.predict_features(qf[lo : lo + 8192]) for lo in range(0, len(qf), 8192)]
+            )
+            for e in self.ensembles(n, c.teachers)
+        ]
+        return self._student("capc-diet-student", qf, predictions, n, c)
+
+    def pate_public(self, n: int, c: Candidate) -> list[dict[str, Any]]:
+        """PATE with public records for ``c`` at every eps: the student labels the split's
+        public records (at most all of them) and trains on them, as the DIET student."""
+        predictions = self.public_predictions(n, c.teachers)
+        return self._student("capc-pate-public", self.public_features(), predictions, n, c)
+
+    def _student(
+        self,
+        method: str,
+        qf: torch.Tensor,
+        predictions: Sequence[NDArray[np.int64]],
+        n: int,
+        c: Candidate,
+    ) -> list[dict[str, Any]]:
+        """``method``'s rows for ``c``: the student's query features ``qf`` (N, D) and
+        each hospital's teachers' predictions on those queries (N, m)."""
+        mech = c.build()
         votes = np.zeros((len(qf), mech.outputs))
-        for ens in self.ensembles(n, c.teachers):
+        for p in predictions:
             for lo in range(0, len(qf), 8192):
-                votes[lo : lo + 8192] += mech.summed_votes(ens.predict_features(qf[lo : lo + 8192]))
-        rng = SecureRandom.from_seed(f"side-by-side-capc-tuning-{n}-{c.name}")
+                votes[lo : lo + 8192] += mech.summed_votes(p[lo : lo + 8192])
+        seed = f"side-by-side-capc-tuning-{n}-{c.name}"
+        if method != "capc-diet-student":
+            seed = f"{seed}-{method}"  # the DIET student's seed stays what it was
+        rng = SecureRandom.from_seed(seed)
         labels, answered = mech.oracle(votes, mech.draw_noise(len(votes), rng), CIRCUIT_FRAC_BITS)
         reference = self.split.x[self.split.reference]
         rows = []
         for e in EPSILONS:
             done = admitted(answered, mech, e)
-            if not mech.confident and done != min(self.pool, queries_fit(c.task(), e)):
+            if not mech.confident and done != min(len(qf), queries_fit(c.task(), e)):
                 raise RuntimeError(f"{c.name}: {done} queries at eps {e:g}, not queries_fit's")
             use = np.flatnonzero(answered[:done])
             acc = _student_accuracy(self.body, qf[use], labels[use], reference, self.score)
-            rows.append(self._row("capc-diet-student", n, c, e, acc, done, len(use)))
-            rows[-1]["pool_exhausted"] = done == self.pool
+            rows.append(self._row(method, n, c, e, acc, done, len(use)))
+            rows[-1]["pool_exhausted"] = done == len(qf)
             rows[-1]["label_agreement"] = _agreement(votes[use], labels[use])
         return rows
 
@@ -421,20 +483,25 @@ def run(
     grid: Callable[[int, int], list[Candidate]] = student_grid,
     loops: Callable[[int, int], list[Candidate]] = loop_grid,
     tuner: Tuner | None = None,
+    pate_sizes: Sequence[int | None] = (),
 ) -> list[dict[str, Any]]:
-    """Every tuning row of ``s`` (only its hospitals' shares and ``score_on``, by default
-    the tuning records, are read). ``tuner``: one whose features and teachers to reuse."""
+    """Every tuning row of ``s`` (only its hospitals' shares, its public records and
+    ``score_on``, by default the tuning records, are read). ``tuner``: one whose features
+    and teachers to reuse. ``pate_sizes``: n for PATE with public records, tried on the
+    student's grid."""
     tuner = tuner or Tuner(s, pool, log, score_on)
     rows: list[dict[str, Any]] = []
-    for size in sizes:
+    students = [("student", size, tuner.student) for size in sizes]
+    students += [("pate-public", size, tuner.pate_public) for size in pate_sizes]
+    for what, size, method in students:
         n = s.size(size)
         candidates = grid(n, s.hospitals)
         if len(candidates) > MAX_GRID:
             raise ValueError(f"{len(candidates)} configurations for n={n}; at most {MAX_GRID}")
         for c in candidates:
-            rows += tuner.student(n, c)
+            rows += method(n, c)
             log(
-                f"student n={n} {c.name}: "
+                f"{what} n={n} {c.name}: "
                 + ", ".join(
                     f"eps {r['epsilon']:g} {r['labels']} labels {r['tuning_accuracy']}"
                     for r in rows[-len(EPSILONS) :]
@@ -454,9 +521,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="the JSON file of rows")
     parser.add_argument(
         "--sizes",
-        nargs="+",
+        nargs="*",
         default=["all", "1000", "200", "50"],
         help="labelled records per hospital for the student ('all': a whole share)",
+    )
+    parser.add_argument(
+        "--pate-sizes",
+        nargs="*",
+        default=[],
+        help="labelled records per hospital for PATE with public records ('all': a share)",
     )
     parser.add_argument(
         "--loop-sizes", nargs="*", type=int, default=[200, 1000], help="n for the loop"
@@ -468,6 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--add-to",
         action="store_true",
         help="merge into the saved rows (a row of the same method, n, eps and config replaced)",
+    )
+    parser.add_argument(
+        "--rows-from",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="saved tuning files whose rows to merge in (with --add-to); nothing is run",
     )
     return parser
 
@@ -491,34 +571,56 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.perf_counter() - start:6.0f} s] {text}", file=sys.stderr, flush=True)
 
     sizes = [None if v == "all" else int(v) for v in args.sizes]
-    s = split(DATASET, TUNING_SEED)
+    pate_sizes = [None if v == "all" else int(v) for v in args.pate_sizes]
     saved = json.loads(args.out.read_text()) if args.add_to and args.out.exists() else {}
     rows: list[dict[str, Any]] = list(saved.get("rows", []))
     commands = [*saved.get("commands", []), command]
+    seconds = saved.get("seconds", 0.0)
+    if args.rows_from:
+        # Cells run apart (in parallel, into their own files) merged without running.
+        for path in args.rows_from:
+            other = json.loads(path.read_text())
+            rows = _merged(rows, other["rows"])
+            commands += [c for c in other["commands"] if c not in commands]
+            seconds += other.get("seconds", 0.0)
+        _write(args.out, rows, commands, seconds)
+        return 0
+    s = split(DATASET, TUNING_SEED)
     tuner = Tuner(s, args.pool, log)
     # Each cell is saved as it ends, so a run that is stopped keeps what it finished.
-    cells: list[tuple[list[int | None], list[int]]] = [([v], []) for v in sizes]
-    cells += [([], [n]) for n in args.loop_sizes]
-    for cell_sizes, cell_loops in cells:
-        new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner)
-        fresh = {_key(r) for r in new}
-        rows = [r for r in rows if _key(r) not in fresh] + new
-        result = {
-            "experiment": "side_by_side_capc_tuning",
-            "commands": commands,
-            "dataset": DATASET,
-            "seed": TUNING_SEED,
-            "scored_on": "split.tuning",
-            "accountant": "gdp (services.up.accountant), delta 1e-5, rounds admitted by worst case",
-            "rows": rows,
-            "chosen": chosen(rows),
-            "seconds": saved.get("seconds", 0.0) + time.perf_counter() - start,
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        tmp.replace(args.out)
+    cells: list[tuple[list[int | None], list[int], list[int | None]]]
+    cells = [([v], [], []) for v in sizes]
+    cells += [([], [n], []) for n in args.loop_sizes]
+    cells += [([], [], [v]) for v in pate_sizes]
+    for cell_sizes, cell_loops, cell_pate in cells:
+        new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner, pate_sizes=cell_pate)
+        rows = _merged(rows, new)
+        _write(args.out, rows, commands, seconds + time.perf_counter() - start)
     return 0
+
+
+def _merged(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` with ``new`` added, a new row replacing an old one of its key."""
+    fresh = {_key(r) for r in new}
+    return [r for r in old if _key(r) not in fresh] + list(new)
+
+
+def _write(path: Path, rows: list[dict[str, Any]], commands: list[str], seconds: float) -> None:
+    result = {
+        "experiment": "side_by_side_capc_tuning",
+        "commands": commands,
+        "dataset": DATASET,
+        "seed": TUNING_SEED,
+        "scored_on": "split.tuning",
+        "accountant": "gdp (services.up.accountant), delta 1e-5, rounds admitted by worst case",
+        "rows": rows,
+        "chosen": chosen(rows),
+        "seconds": seconds,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

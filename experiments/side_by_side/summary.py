@@ -2,6 +2,9 @@
 seeds per (dataset, method, n, eps), the issue's goals, and markdown tables.
 
 A row's ``epsilon`` is ``None`` for a non-private method (training alone, pooled).
+A capc row run at a tuned configuration (``experiments.side_by_side.tuned``) records
+its ``configuration`` and ``tuned``; the tables say which configuration each capc
+cell is at, and whether that is the configuration tuning picked for it.
 """
 
 from __future__ import annotations
@@ -72,8 +75,28 @@ def table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             entry["gain"], entry["gain_std"] = _stats([r["gain"] for r in group])
         if "queries" in group[0]:
             entry["queries"] = float(np.mean([r["queries"] for r in group]))
+        if method.startswith("capc"):
+            entry["configurations"] = _configurations(group)
         out.append(entry)
     return out
+
+
+#: What a capc row without a ``configuration`` ran at: the grid's rule (``capc_runs``).
+SHIPPED_RULE = "shipped rule"
+
+
+def _configurations(group: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A capc cell's configurations: each with its seeds, teachers a hospital, sigma and
+    whether it is the cell's tuned pick (``None``: the cell was never tuned)."""
+    found: dict[tuple[Any, ...], list[int]] = defaultdict(list)
+    for r in group:
+        sigma = (r.get("hyperparameters") or {}).get("sigma")
+        k = (r.get("configuration") or SHIPPED_RULE, r.get("teachers_per_hospital"), sigma)
+        found[(*k, r.get("tuned"))].append(r["seed"])
+    return [
+        {"name": name, "teachers": m, "sigma": sigma, "tuned": tuned, "seeds": sorted(seeds)}
+        for (name, m, sigma, tuned), seeds in sorted(found.items(), key=lambda kv: kv[1])
+    ]
 
 
 def lookup(
@@ -208,16 +231,54 @@ def bytes_markdown(summary: Sequence[dict[str, Any]], dataset: str) -> list[str]
     return [*out, ""]
 
 
+def _configuration(c: dict[str, Any], every_seed: bool) -> str:
+    word = "seed" if len(c["seeds"]) == 1 else "seeds"
+    seeds = "" if every_seed else f"{word} {', '.join(map(str, c['seeds']))}: "
+    shape = f"{c['teachers']} teachers a hospital, sigma {c['sigma']:g}" if c["sigma"] else ""
+    pick = {True: "tuned pick", False: "not the tuned pick", None: "not tuned"}[c["tuned"]]
+    return f"{seeds}{c['name']} ({', '.join(p for p in (shape, pick) if p)})"
+
+
+def configurations_markdown(
+    summary: Sequence[dict[str, Any]], dataset: str, n: int, epsilons: Sequence[float]
+) -> list[str]:
+    """Below a (dataset, n) table: each capc method's configuration at each eps, and
+    whether it is what tuning picked there (eps with the same configurations joined)."""
+    out = []
+    for method, name in METHODS.items():
+        if not method.startswith("capc"):
+            continue
+        spans: list[tuple[list[float], str]] = []
+        for e in epsilons:
+            entry = lookup(summary, dataset, method, n, e)
+            if entry is None:
+                continue
+            seeds = entry["seeds"]
+            text = "; ".join(
+                _configuration(c, c["seeds"] == seeds) for c in entry["configurations"]
+            )
+            if spans and spans[-1][1] == text:
+                spans[-1][0].append(e)
+            else:
+                spans.append(([e], text))
+        if spans:
+            parts = [f"eps {', '.join(f'{e:g}' for e in es)}: {t}" for es, t in spans]
+            out.append(f"- {name}: " + "; ".join(parts) + ".")
+    return [*out, ""] if out else []
+
+
 def markdown(summary: Sequence[dict[str, Any]]) -> str:
     """One table per dataset and n: a method a row, an eps a column (non-private
-    methods in their own column); then the dataset's bytes sent."""
+    methods in their own column), with capc's configurations below it; then the
+    dataset's bytes sent."""
     out: list[str] = []
     for dataset in sorted({e["dataset"] for e in summary}):
         ns, epsilons = _cells(summary, dataset)
         for n in ns:
             out += [
                 f"**{dataset}, n = {n} labelled records per hospital** (test accuracy, "
-                "mean ± std over seeds)",
+                "mean ± std over seeds; each capc cell at the configuration listed below "
+                "the table)",
                 "",
                 "| method | " + " | ".join(f"eps {e:g}" for e in epsilons) + " | non-private |",
                 "|---|" + "---|" * (len(epsilons) + 1),
@@ -234,6 +295,7 @@ def markdown(summary: Sequence[dict[str, Any]]) -> str:
                 cells.append(_cell(lookup(summary, dataset, method, n, None)))
                 out.append(f"| {name} | " + " | ".join(cells) + " |")
             out.append("")
+            out += configurations_markdown(summary, dataset, n, epsilons)
         out += bytes_markdown(summary, dataset)
     return "\n".join(out)
 

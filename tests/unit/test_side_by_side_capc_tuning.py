@@ -95,3 +95,19 @@ def test_tuning_never_reads_the_test_records() -> None:
     good = tuning.run(s, loop_sizes=[], score_on=s.test, **kw)
     worse = tuning.run(bad, loop_sizes=[], score_on=bad.test, **kw)
     assert [r["tuning_accuracy"] for r in good] != [r["tuning_accuracy"] for r in worse]
+
+
+def test_pate_public_buys_labels_for_the_public_records_at_most_all_of_them() -> None:
+    s = split("animal-mnist", TUNING_SEED)
+    tuner = tuning.Tuner(s, 256, lambda _: None)
+    c = _tiny(50, s.hospitals)[0]
+    rows = tuner.pate_public(50, c)
+    assert [r["epsilon"] for r in rows] == list(tuning.EPSILONS)
+    for r in rows:
+        assert r["method"] == "capc-pate-public" and r["config"]["name"] == c.name
+        # GNMax answers every query: the count the services' rows are priced at.
+        assert (
+            r["queries"] == r["labels"] == min(len(s.public), queries_fit(c.task(), r["epsilon"]))
+        )
+    assert rows[-1]["pool_exhausted"] == (rows[-1]["queries"] == len(s.public))
+    assert {p["method"] for p in tuning.chosen(rows)} == {"capc-pate-public"}
