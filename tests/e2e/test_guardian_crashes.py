@@ -19,6 +19,8 @@ from services.student.client import RoundResult
 from tests.e2e.jobs import assert_ledgers_agree
 
 ROUNDS = 50
+#: Guardian kills the rounds go on through, at least (the killer stops at 6).
+MIN_KILLS = 3
 BATCH = 32
 
 
@@ -58,7 +60,13 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
     deadline = time.monotonic() + 400
     i = 0
     try:
-        while len(delivered) < ROUNDS and time.monotonic() < deadline and not problems:
+        # Rounds go on until the killer struck MIN_KILLS times, however fast they run: the
+        # kills come every 1.5 to 5 s, and fifty rounds may take less than that.
+        while (
+            (len(delivered) < ROUNDS or kills < MIN_KILLS)
+            and time.monotonic() < deadline
+            and not problems
+        ):
             batch = consortium.queries[(i * BATCH) % 384 :][:BATCH]
             i += 1
             try:
@@ -72,8 +80,8 @@ def test_random_guardian_kills_never_undercount(consortium: LocalConsortium) -> 
         thread.join()
         student.close(timeout=5)
     assert not problems, problems
-    assert len(delivered) == ROUNDS
-    assert kills >= 3
+    assert len(delivered) >= ROUNDS
+    assert kills >= MIN_KILLS
 
     # One last crash and restart: recovery settles every round still open.
     consortium.kill_guardian()
