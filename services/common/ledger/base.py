@@ -81,7 +81,9 @@ class LedgerBase:
         for all of them. Each write is a savepoint of it, so one that is refused (its
         error raised to its caller) leaves the others; an error leaving the block rolls
         all of them back. Reads inside open their own connections and do not see the
-        batch's writes until it commits. Nested batches are one."""
+        batch's writes until it commits; on SQLite a read on the batching thread waits
+        for the batch's write lock (every transaction begins IMMEDIATE), so none is
+        made there. Nested batches are one."""
         if getattr(self._batching, "conn", None) is not None:
             yield
             return
