@@ -410,10 +410,10 @@ def test_a_batch_opens_no_second_connection_on_its_thread(world: World) -> None:
 
     @event.listens_for(db.engine, "before_cursor_execute")
     def _check(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        outer = getattr(db._batching, "conn", None)
-        if outer is None:
+        batch = getattr(db._batching, "batch", None)
+        if batch is None:
             return
-        if conn.connection.driver_connection is not outer.connection.driver_connection:
+        if conn.connection.driver_connection is not batch.conn.connection.driver_connection:
             strays.append(statement.split("\n")[0])
 
     worst, actual = world.loss(None), world.loss(NONE_ANSWERED)
