@@ -117,14 +117,20 @@ class Reads(LedgerBase):
         round. Two ledgers that saw the same rounds agree on it to float rounding, and a
         running total altered in the database shows up here."""
         with self.engine.connect() as conn:
-            loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
-            if loss is None:
+            return _settled_loss(conn, name, through)
+
+    def spend_report(self, name: str) -> tuple[list[int], int, FloatArray, PartyBudget]:
+        """What party ``name`` reports of its own ledger, read on one connection: the open
+        rounds (oldest first), the round ``through`` which every round is settled (the one
+        before the oldest open round, else the last; 0 for none), its settled loss through
+        it (:meth:`settled_loss`) and its budget (:meth:`budget`)."""
+        with self.engine.connect() as conn:
+            opened = [int(i) for i in conn.scalars(OPEN_ROUNDS)]
+            through = max(0, opened[0] - 1 if opened else int(conn.scalar(LAST_ROUND) or 0))
+            found = self._budgets(conn, name)
+            if not found:
                 raise UnknownPartyError(f"no party named {name!r}")
-            total = np.asarray(loss, dtype=np.float64)
-            rows = conn.scalars(UNSETTLED, {"party": name, "through": through})
-            for held in rows:
-                total = total - np.asarray(held, dtype=np.float64)
-        return np.maximum(total, 0.0)
+            return opened, through, _settled_loss(conn, name, through), found[0]
 
     def round_record(self, round_id: int) -> RoundRecord | None:
         """A round with its terms, outcome and per-party rows; None if there is none."""
@@ -233,3 +239,14 @@ class Reads(LedgerBase):
         return out
 
     # -- empirical audits -----------------------------------------------------
+
+
+def _settled_loss(conn: Connection, name: str, through: int) -> FloatArray:
+    """:meth:`Reads.settled_loss` on ``conn``."""
+    loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
+    if loss is None:
+        raise UnknownPartyError(f"no party named {name!r}")
+    total = np.asarray(loss, dtype=np.float64)
+    for held in conn.scalars(UNSETTLED, {"party": name, "through": through}):
+        total = total - np.asarray(held, dtype=np.float64)
+    return np.maximum(total, 0.0)

@@ -57,6 +57,18 @@ UPDATE_SETTING = (
 #: A setting's new value where it has another one (its row count says whether it did).
 UPDATE_SETTING_CHANGED = UPDATE_SETTING.where(settings.c.value != bindparam("b_value"))
 
+# -- parties -------------------------------------------------------------------
+#: A party seen now (a heartbeat, a connection): one statement, no unit of work.
+TOUCH_PARTY = (
+    update(parties).where(parties.c.name == bindparam("b_name")).values(last_seen=bindparam("b_at"))
+)
+#: A party's latest report of its own ledger (JSON).
+SET_PARTY_REPORT = (
+    update(parties)
+    .where(parties.c.name == bindparam("b_name"))
+    .values(report=bindparam("b_report", type_=parties.c.report.type))
+)
+
 # -- rounds ----------------------------------------------------------------------
 #: (round key or id used before, task known, the querier's allowance or None) for a
 #: new round: one statement.
