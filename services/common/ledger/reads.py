@@ -19,8 +19,10 @@ from services.common.ledger.errors import RoundStateError, UnknownPartyError
 from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState
 from services.common.ledger.records import LedgerEntry, PartyBudget, RoundHeld, RoundRecord
 from services.common.ledger.tables import (
+    CAPS,
     CHARGES,
     HELD,
+    HELD_OF,
     LAST_ROUND,
     OPEN_ROUNDS,
     ROUND,
@@ -88,6 +90,12 @@ class Reads(LedgerBase):
         with self.engine.connect() as conn:
             return self._budgets(conn, None)
 
+    def caps(self, role: str = "answerer") -> dict[str, float]:
+        """Every ``role`` party's enforced cap (epsilon at the ledger's delta), by name: what
+        :meth:`budgets` shows of them without working out each one's spend."""
+        with self.engine.connect() as conn:
+            return {str(n): float(c) for n, c in conn.execute(CAPS, {"role": role})}
+
     def budget(self, name: str) -> PartyBudget:
         """Party ``name``'s cap, spend and remaining epsilon."""
         with self.engine.connect() as conn:
@@ -142,14 +150,18 @@ class Reads(LedgerBase):
             held = {p: (ChargeKind(kind), event) for p, kind, _, event in rows}
         return RoundRecord(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
-    def round_held(self, round_id: int) -> RoundHeld | None:
+    def round_held(self, round_id: int, party: str | None = None) -> RoundHeld | None:
         """What a settlement reads of a round (:meth:`round_record` without decoding its
-        events); None if there is none."""
+        events), with ``party``'s row only when given (one party's settlement of a round
+        of hundreds); None if there is none."""
         with self.engine.connect() as conn:
             rnd = conn.execute(ROUND, {"rid": round_id}).first()
             if rnd is None:
                 return None
-            rows = conn.execute(HELD, {"rid": round_id})
+            if party is None:
+                rows = conn.execute(HELD, {"rid": round_id})
+            else:
+                rows = conn.execute(HELD_OF, {"rid": round_id, "party": party})
             held = {p: (ChargeKind(kind), bool(event)) for p, kind, event in rows}
         return RoundHeld(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 

@@ -58,6 +58,12 @@ UPDATE_SETTING = (
 UPDATE_SETTING_CHANGED = UPDATE_SETTING.where(settings.c.value != bindparam("b_value"))
 
 # -- parties -------------------------------------------------------------------
+#: (name, enforced cap) of every party of a role, in name order (as budgets list them).
+CAPS = (
+    select(parties.c.name, parties.c.epsilon_cap)
+    .where(parties.c.role == bindparam("role"))
+    .order_by(parties.c.name)
+)
 #: A party seen now (a heartbeat, a connection): one statement, no unit of work.
 TOUCH_PARTY = (
     update(parties).where(parties.c.name == bindparam("b_name")).values(last_seen=bindparam("b_at"))
@@ -130,6 +136,8 @@ HELD = select(
     charges.c.kind,
     and_(charges.c.event.is_not(None), sql_cast(charges.c.event, Text) != "null"),
 ).where(charges.c.round_id == bindparam("rid"))
+#: :data:`HELD` of one party.
+HELD_OF = HELD.where(charges.c.party == bindparam("party"))
 INSERT_CHARGES = insert(charges)
 DELETE_CHARGES = delete(charges).where(charges.c.round_id == bindparam("rid"))
 UPDATE_CHARGES = (
