@@ -23,7 +23,10 @@ Round life cycle (docs/architecture.md, "One labelling round", steps 3 and 11-13
 Each step is one transaction of SQLAlchemy Core statements (a few per round,
 one per table, whatever the number of parties), with its audit entries
 appended together at its end (:mod:`services.common.ledger.chain`). A step
-that fails part-way writes nothing.
+that fails part-way writes nothing. Inside :meth:`Ledger.batch` (a hospital's
+settlement and next reservation, one commit a round) a step runs with no
+savepoint: each raises its refusals before its first write, and any other
+failure rolls the whole batch back.
 """
 
 from __future__ import annotations
