@@ -279,12 +279,10 @@ class OwnBudget:
         """This party's ledger as the guardian's admin view compares it (the settlements
         it holds written first)."""
         self.flush()
-        opened = self.ledger.open_rounds()
-        through = opened[0] - 1 if opened else self.ledger.last_round()
-        spent = self.ledger.budget(self.name)
+        opened, through, settled, spent = self.ledger.spend_report(self.name)
         return serde.spend_report_to_proto(
-            max(0, through),
-            self.ledger.settled_loss(self.name, max(0, through)).tolist(),
+            through,
+            settled.tolist(),
             spent.spent,
             spent.cap,
             len(opened),

@@ -96,27 +96,33 @@ class SqlPartyLedger:
     ) -> None:
         refused: sql.LedgerError | None = None
         created: str | None = None
-        with self._lock, self.sql.batch():
-            self._write_held()
-            try:
-                digest = self._tasks.get(task)
-                if digest is None or digest != config_hash(dict(config)):
-                    self._tasks.pop(task, None)
-                    created = self.sql.create_task(task, config, actor=self.name)
-                self.sql.reserve(
-                    f"guardian-round-{round_id}",
-                    task,
-                    "guardian",
-                    queries,
-                    {self.name: worst_case},
-                    mechanism=mechanism,
-                    quorum=1,
-                    round_id=round_id,
-                    terms=terms,
-                )
-            except sql.LedgerError as err:
-                # Refused: nothing of it is written, and the settlements before it are.
-                refused = err
+        try:
+            with self._lock, self.sql.batch():
+                self._write_held()
+                try:
+                    digest = self._tasks.get(task)
+                    if digest is None or digest != config_hash(dict(config)):
+                        self._tasks.pop(task, None)
+                        created = self.sql.create_task(task, config, actor=self.name)
+                    self.sql.reserve(
+                        f"guardian-round-{round_id}",
+                        task,
+                        "guardian",
+                        queries,
+                        {self.name: worst_case},
+                        mechanism=mechanism,
+                        quorum=1,
+                        round_id=round_id,
+                        terms=terms,
+                    )
+                except sql.LedgerError as err:
+                    # Refused: nothing of it is written, and the settlements before it are.
+                    refused = err
+        except sql.BatchBrokenError as err:
+            # A write that failed part-way (a round id the database took as used):
+            # nothing of the batch is written. Its settlements' rounds stay reserved (an
+            # over-count the guardian settles again when the party names them open).
+            refused = err
         # Known only once its batch committed: an error that rolls the batch back rolls
         # the task back too, and the next round of it writes it again.
         if created is not None and refused is None:

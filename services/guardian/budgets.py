@@ -67,17 +67,18 @@ def settlements(
 ) -> dict[str, guardian_pb2.RoundSettled]:
     """How round ``round_id`` ended for each of ``names`` (:func:`capc.round.settlement.settlement`)
     that it has ended for, shown with ``head`` (the ledger's current audit head unless
-    given): one read of the round for all of them."""
-    record = SqlRoundLedger(ledger).round_record(round_id)
+    given, read only when one has ended): one read of the round for all of them, of one
+    party's row when there is one name (a heartbeat asking about a round of hundreds)."""
+    names = list(names)
+    only = names[0] if len(names) == 1 else None
+    record = SqlRoundLedger(ledger).round_record(round_id, only)
     if record is None:
         return {}
+    ended = [(name, s) for name in names if (s := rule(record, name)) is not None]
+    if not ended:
+        return {}
     shown = serde.audit_head_to_proto(ledger.audit_head() if head is None else head)
-    out: dict[str, guardian_pb2.RoundSettled] = {}
-    for name in names:
-        settled = rule(record, name)
-        if settled is not None:
-            out[name] = serde.settlement_to_proto(settled, shown)
-    return out
+    return {name: serde.settlement_to_proto(s, shown) for name, s in ended}
 
 
 def settlement(
@@ -110,11 +111,14 @@ def send_settlements(
     """Put in party ``name``'s ``outbox`` the settlement of each of ``round_ids`` that has ended
     for it (rounds still open, or unknown here, get none); returns how many were sent."""
     sent = 0
-    head = ledger.audit_head()  # one read for every round a heartbeat names
+    head: AuditHead | None = None  # one read for every round a heartbeat names, if any ended
     for round_id in round_ids:
-        settled = settlement(ledger, name, round_id, head)
-        if settled is None:
+        record = SqlRoundLedger(ledger).round_record(round_id, name)
+        ended = rule(record, name)
+        if ended is None:
             continue
+        head = ledger.audit_head() if head is None else head
+        settled = serde.settlement_to_proto(ended, serde.audit_head_to_proto(head))
         if not deliver(outbox, settled):
             break
         sent += 1

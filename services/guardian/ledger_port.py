@@ -58,7 +58,8 @@ class SqlRoundLedger:
         return self.sql.delta
 
     def caps(self) -> Mapping[str, float]:
-        return {b.name: b.cap for b in self.sql.budgets() if b.role == "answerer"}
+        # Read per round: the caps alone, not every party's spend worked out to epsilon.
+        return self.sql.caps("answerer")
 
     def remaining(self, party: str) -> float:
         return self.sql.budget(party).remaining
@@ -114,8 +115,9 @@ class SqlRoundLedger:
         with _as_core():
             return RoundState(self.sql.round_state(round_id).value)
 
-    def round_record(self, round_id: int) -> RoundRecord | None:
-        record = self.sql.round_held(round_id)
+    def round_record(self, round_id: int, party: str | None = None) -> RoundRecord | None:
+        """The round; with ``party``'s row only when given."""
+        record = self.sql.round_held(round_id, party)
         if record is None:
             return None
         held = {

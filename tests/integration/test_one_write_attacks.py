@@ -24,16 +24,18 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import event
+from sqlalchemy.exc import IntegrityError
 
 from capc.mechanisms.registry import from_config
 from capc.round.messages import Settlement, SettlementKind
 from capc.round.party import pack_mask
 from services.answerer.budget import GUARDIAN_HEAD, OwnBudget, VoteRefusedError
 from services.common import serde
-from services.common.ledger import Ledger, LedgerError
+from services.common.ledger import BatchBrokenError, Ledger, LedgerError
 from services.common.ledger.audit import AuditHead, sign_head
 from services.common.ledger.models import RoundState
 from services.common.ledger.records import KeptSetting
+from services.common.ledger.tables import INSERT_SETTING
 from services.common.protocol import PROTOCOL_VERSION
 from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
@@ -345,6 +347,57 @@ def test_a_batch_that_fails_forgets_the_task_it_wrote(world: World) -> None:
     assert db.open_rounds() == [rid]
 
 
+def test_a_write_that_fails_part_way_breaks_its_batch(world: World) -> None:
+    """A batch's steps run with no savepoint of their own, so a step that fails in the
+    database (here the new round's row, refused as a duplicate: the ledger reports that
+    as a refusal) must take the whole batch with it: the held settlement written before
+    it is rolled back, its round stays reserved at its worst case (an over-count, asked
+    about again), and the party refuses the round. Committing the rest would keep a
+    settlement whose round the party then reserved twice, or half a round."""
+    db = world.own.ledger
+    r1 = world.admitted()
+    assert world.own.settle(world.shown(r1, "not_charged"))  # held: returns the worst case
+    fail = [True]
+
+    @event.listens_for(db.engine, "before_cursor_execute")
+    def _taken(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if fail[0] and statement.lstrip().upper().startswith("INSERT INTO ROUNDS"):
+            fail[0] = False
+            raise IntegrityError(statement, None, Exception("the round's id is taken"))
+
+    r2, work, header = world.open()
+    with pytest.raises(VoteRefusedError, match="cannot be accounted"):
+        world.own.admit(work, header)
+    assert db.round_state(r1) == RoundState.RESERVED
+    assert db.round_record(r2) is None
+    np.testing.assert_allclose(db.spent_loss(NAME), world.loss(None), rtol=1e-9)
+    assert world.own.open_rounds() == [r1]
+    db.verify_audit()
+    # Settled again when it is asked about, and written with the next round.
+    assert world.own.settle(world.shown(r1, "not_charged"))
+    world.admitted()
+    assert db.round_state(r1) == RoundState.ABORTED
+    np.testing.assert_allclose(db.spent_loss(NAME), world.loss(None), rtol=1e-9)
+    db.verify_audit()
+
+
+def test_a_refusal_after_a_write_breaks_its_batch(tmp_path: Path) -> None:
+    """Every step raises its refusals before it writes, which is what lets a batch run
+    its steps with no savepoints. On SQLite, which counts changed rows, a step that
+    breaks the rule anyway breaks its batch instead of committing half its writes."""
+    db = Ledger(str(tmp_path / "own.db"))
+    db.register_party(NAME, 10.0, actor=NAME)
+    with pytest.raises(BatchBrokenError), db.batch():
+        db.keep_setting("kept-first", "1", actor=NAME)
+        with pytest.raises(LedgerError), db._write() as conn:
+            conn.execute(INSERT_SETTING, {"key": "half-written", "value": "1"})
+            raise LedgerError("refused after it wrote")
+    assert db.setting("kept-first") is None
+    assert db.setting("half-written") is None
+    db.verify_audit()
+    db.close()
+
+
 # -- 3. the guardian's audit head, checked while heads are held --------------------------
 
 
@@ -410,10 +463,10 @@ def test_a_batch_opens_no_second_connection_on_its_thread(world: World) -> None:
 
     @event.listens_for(db.engine, "before_cursor_execute")
     def _check(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        outer = getattr(db._batching, "conn", None)
-        if outer is None:
+        batch = getattr(db._batching, "batch", None)
+        if batch is None:
             return
-        if conn.connection.driver_connection is not outer.connection.driver_connection:
+        if conn.connection.driver_connection is not batch.conn.connection.driver_connection:
             strays.append(statement.split("\n")[0])
 
     worst, actual = world.loss(None), world.loss(NONE_ANSWERED)

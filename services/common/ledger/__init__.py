@@ -1,6 +1,7 @@
 """The guardian's persistent privacy ledger (SQLAlchemy 2 + Alembic; SQLite or PostgreSQL)."""
 
 from services.common.ledger.store import (
+    BatchBrokenError,
     DuplicateRoundError,
     KeptSetting,
     Ledger,
@@ -16,6 +17,7 @@ from services.common.ledger.store import (
 )
 
 __all__ = [
+    "BatchBrokenError",
     "DuplicateRoundError",
     "KeptSetting",
     "Ledger",

@@ -15,6 +15,7 @@ A signature covers ``HEAD_DOMAIN || seq (8 bytes, big-endian) || hash (32 bytes)
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -98,10 +99,16 @@ def public_hex(key: Ed25519PrivateKey) -> str:
     return key.public_key().public_bytes_raw().hex()
 
 
+@functools.lru_cache(maxsize=16)
+def _public_key(public_key: str) -> Ed25519PublicKey:
+    """The key of ``public_key`` (hex), parsed once: a party checks a head every round."""
+    return Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key))
+
+
 def head_signed(public_key: str, head: AuditHead) -> bool:
     """True when ``head.signature`` is a valid signature of the head by ``public_key`` (hex)."""
     try:
-        pub = Ed25519PublicKey.from_public_bytes(bytes.fromhex(public_key))
+        pub = _public_key(public_key)
         pub.verify(bytes.fromhex(head.signature), head_message(head.seq, head.hash))
     except (InvalidSignature, ValueError):
         return False

@@ -24,9 +24,14 @@ from sqlalchemy.orm import Session
 from capc.privacy.accountants import Accounting, UnsupportedEventError
 from capc.privacy.events import DpEvent
 from services.common.ledger import chain
-from services.common.ledger.errors import LedgerError, UnknownTaskError
+from services.common.ledger.errors import BatchBrokenError, LedgerError, UnknownTaskError
 from services.common.ledger.records import KeptSetting
-from services.common.ledger.tables import INSERT_SETTING, SETTING_LOCKED, UPDATE_SETTING, tasks
+from services.common.ledger.tables import (
+    INSERT_SETTING,
+    SETTING_LOCKED,
+    UPDATE_SETTING_CHANGED,
+    tasks,
+)
 from services.common.limits import MAX_TEACHERS_PER_PARTY
 
 FloatArray = NDArray[np.float64]
@@ -34,6 +39,24 @@ FloatArray = NDArray[np.float64]
 OWN_SETTINGS = frozenset({"accountant", "delta", "audit_head", "audit_key"})
 #: Characters of a cap change's reason kept in the audit log.
 MAX_CAP_REASON = 512
+
+
+class Batch:
+    """An open :meth:`LedgerBase.batch`: its connection, the audit entries its steps made
+    (appended at its end, in order), and the error that broke it, if one did."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.entries: list[chain.Entry] = []
+        self.broken: BaseException | None = None
+        # SQLite counts the rows every statement changed; a refusal that comes after a
+        # change breaks the batch (see LedgerBase._write). None where the driver keeps
+        # no such count (psycopg): there the rule holds by the order of each step.
+        driver = conn.connection.driver_connection
+        self._changes = driver if hasattr(driver, "total_changes") else None
+
+    def changes(self) -> int:
+        return -1 if self._changes is None else int(self._changes.total_changes)
 
 
 class LedgerBase:
@@ -44,55 +67,100 @@ class LedgerBase:
     accounting: Accounting
     delta: float
     _signer: Ed25519PrivateKey | None
-    #: This thread's open :meth:`batch` (``conn``), if any.
+    #: This thread's open :meth:`batch` (``batch``: a :class:`Batch`), if any.
     _batching: threading.local
 
     # -- transactions -----------------------------------------------------------
+    def _open_batch(self) -> Batch | None:
+        return getattr(self._batching, "batch", None)
+
     @contextmanager
     def _tx(self) -> Iterator[Session]:
         """An ORM session in one transaction (the registry and other cold paths); inside
         :meth:`batch` (this thread), a savepoint of the batch's transaction."""
-        outer: Connection | None = getattr(self._batching, "conn", None)
-        if outer is not None:
-            with Session(
-                bind=outer, expire_on_commit=False, join_transaction_mode="create_savepoint"
-            ) as s:
-                yield s
-                s.commit()
+        batch = self._open_batch()
+        if batch is not None:
+            made = len(batch.entries)
+            try:
+                with Session(
+                    bind=batch.conn,
+                    expire_on_commit=False,
+                    join_transaction_mode="create_savepoint",
+                ) as s:
+                    yield s
+                    s.commit()
+            except BaseException:
+                # Rolled back to its savepoint: so are the audit entries it made.
+                del batch.entries[made:]
+                raise
             return
         with Session(self.engine, expire_on_commit=False) as s, s.begin():
             yield s
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        """A Core connection in one transaction (the round write path); inside
-        :meth:`batch` (this thread), a savepoint of the batch's transaction."""
-        outer: Connection | None = getattr(self._batching, "conn", None)
-        if outer is not None:
-            with outer.begin_nested():
-                yield outer
+        """A Core connection in one transaction (the round write path).
+
+        Inside :meth:`batch` (this thread): the batch's own connection, with no savepoint
+        (a savepoint costs two statements and a compile). Every step run this way raises
+        its refusals (LedgerError) before its first write, so a refused step has written
+        nothing and the batch goes on; any other error, or a refusal after a write (caught
+        on SQLite, which counts changed rows), breaks the batch: it is rolled back when it
+        ends. Its audit entries go in at the batch's end (:meth:`_append`)."""
+        batch = self._open_batch()
+        if batch is None:
+            with self.engine.begin() as conn:
+                yield conn
             return
-        with self.engine.begin() as conn:
-            yield conn
+        made, changed = len(batch.entries), batch.changes()
+        try:
+            yield batch.conn
+        except LedgerError as err:
+            del batch.entries[made:]
+            if batch.changes() != changed:
+                batch.broken = batch.broken or err
+            raise
+        except BaseException as err:
+            batch.broken = batch.broken or err
+            raise
 
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Every write this thread makes inside, in one transaction: one durable commit
-        for all of them. Each write is a savepoint of it, so one that is refused (its
-        error raised to its caller) leaves the others; an error leaving the block rolls
-        all of them back. Reads inside open their own connections and do not see the
-        batch's writes until it commits; on SQLite a read on the batching thread waits
-        for the batch's write lock (every transaction begins IMMEDIATE), so none is
-        made there. Nested batches are one."""
-        if getattr(self._batching, "conn", None) is not None:
+        for all of them, with their audit entries appended at its end in one go.
+
+        A write that is refused (its LedgerError raised to its caller) has written
+        nothing, and the others stand; a write that fails otherwise breaks the batch:
+        when the block ends it is rolled back and BatchBrokenError raised (unless another
+        error leaves the block, which rolls it back too). Reads inside open their own
+        connections and do not see the batch's writes until it commits; on SQLite a read
+        on the batching thread waits for the batch's write lock (every transaction begins
+        IMMEDIATE), so none is made there. Nested batches are one."""
+        if self._open_batch() is not None:
             yield
             return
         with self.engine.begin() as conn:
-            self._batching.conn = conn
+            batch = Batch(conn)
+            self._batching.batch = batch
             try:
                 yield
+                if batch.broken is not None:
+                    raise BatchBrokenError(
+                        f"a write failed part-way ({batch.broken!r}); nothing of its batch "
+                        "was written"
+                    ) from batch.broken
+                chain.append(conn, batch.entries, self._signer)
             finally:
-                self._batching.conn = None
+                self._batching.batch = None
+
+    def _append(self, conn: Connection, entries: Sequence[chain.Entry]) -> None:
+        """Append audit ``entries`` in ``conn``'s transaction; inside a batch, at its end
+        (one read and one write of the chain's head for all of its steps)."""
+        batch = self._open_batch()
+        if batch is not None and batch.conn is conn:
+            batch.entries.extend(entries)
+        else:
+            chain.append(conn, entries, self._signer)
 
     def _audit(
         self,
@@ -104,17 +172,18 @@ class LedgerBase:
     ) -> None:
         """Append one audit entry in the transaction of ``s``."""
         conn = s.connection() if isinstance(s, Session) else s
-        chain.append(conn, [chain.Entry(actor, action, detail, note)], self._signer)
+        self._append(conn, [chain.Entry(actor, action, detail, note)])
 
     def _keep(self, conn: Connection, kept: KeptSetting) -> chain.Entry | None:
-        """Write ``kept`` in ``conn``'s transaction; its audit entry, None when unchanged."""
-        have = conn.execute(SETTING_LOCKED, {"key": kept.key}).first()
-        if have is None:
+        """Write ``kept`` in ``conn``'s transaction; its audit entry, None when unchanged.
+        A value that changes (a party's guardian head, every round) is one statement."""
+        changed = conn.execute(
+            UPDATE_SETTING_CHANGED, {"b_key": kept.key, "b_value": kept.value}
+        ).rowcount
+        if not changed:
+            if conn.execute(SETTING_LOCKED, {"key": kept.key}).first() is not None:
+                return None  # there, with this value
             conn.execute(INSERT_SETTING, {"key": kept.key, "value": kept.value})
-        elif have[0] == kept.value:
-            return None
-        else:
-            conn.execute(UPDATE_SETTING, {"b_key": kept.key, "b_value": kept.value})
         return chain.Entry(kept.actor, kept.action, {"key": kept.key, **(kept.detail or {})})
 
     # -- accounting ---------------------------------------------------------------

@@ -9,6 +9,11 @@ class LedgerError(Exception):
     """A ledger operation was refused; the message says why and what to do."""
 
 
+class BatchBrokenError(LedgerError):
+    """A write inside a batch failed other than by a refusal: nothing of the batch was
+    written (:meth:`services.common.ledger.store.Ledger.batch`)."""
+
+
 class UnknownPartyError(LedgerError):
     pass
 

@@ -19,8 +19,10 @@ from services.common.ledger.errors import RoundStateError, UnknownPartyError
 from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState
 from services.common.ledger.records import LedgerEntry, PartyBudget, RoundHeld, RoundRecord
 from services.common.ledger.tables import (
+    CAPS,
     CHARGES,
     HELD,
+    HELD_OF,
     LAST_ROUND,
     OPEN_ROUNDS,
     ROUND,
@@ -88,6 +90,12 @@ class Reads(LedgerBase):
         with self.engine.connect() as conn:
             return self._budgets(conn, None)
 
+    def caps(self, role: str = "answerer") -> dict[str, float]:
+        """Every ``role`` party's enforced cap (epsilon at the ledger's delta), by name: what
+        :meth:`budgets` shows of them without working out each one's spend."""
+        with self.engine.connect() as conn:
+            return {str(n): float(c) for n, c in conn.execute(CAPS, {"role": role})}
+
     def budget(self, name: str) -> PartyBudget:
         """Party ``name``'s cap, spend and remaining epsilon."""
         with self.engine.connect() as conn:
@@ -117,14 +125,20 @@ class Reads(LedgerBase):
         round. Two ledgers that saw the same rounds agree on it to float rounding, and a
         running total altered in the database shows up here."""
         with self.engine.connect() as conn:
-            loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
-            if loss is None:
+            return _settled_loss(conn, name, through)
+
+    def spend_report(self, name: str) -> tuple[list[int], int, FloatArray, PartyBudget]:
+        """What party ``name`` reports of its own ledger, read on one connection: the open
+        rounds (oldest first), the round ``through`` which every round is settled (the one
+        before the oldest open round, else the last; 0 for none), its settled loss through
+        it (:meth:`settled_loss`) and its budget (:meth:`budget`)."""
+        with self.engine.connect() as conn:
+            opened = [int(i) for i in conn.scalars(OPEN_ROUNDS)]
+            through = max(0, opened[0] - 1 if opened else int(conn.scalar(LAST_ROUND) or 0))
+            found = self._budgets(conn, name)
+            if not found:
                 raise UnknownPartyError(f"no party named {name!r}")
-            total = np.asarray(loss, dtype=np.float64)
-            rows = conn.scalars(UNSETTLED, {"party": name, "through": through})
-            for held in rows:
-                total = total - np.asarray(held, dtype=np.float64)
-        return np.maximum(total, 0.0)
+            return opened, through, _settled_loss(conn, name, through), found[0]
 
     def round_record(self, round_id: int) -> RoundRecord | None:
         """A round with its terms, outcome and per-party rows; None if there is none."""
@@ -136,14 +150,18 @@ class Reads(LedgerBase):
             held = {p: (ChargeKind(kind), event) for p, kind, _, event in rows}
         return RoundRecord(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
-    def round_held(self, round_id: int) -> RoundHeld | None:
+    def round_held(self, round_id: int, party: str | None = None) -> RoundHeld | None:
         """What a settlement reads of a round (:meth:`round_record` without decoding its
-        events); None if there is none."""
+        events), with ``party``'s row only when given (one party's settlement of a round
+        of hundreds); None if there is none."""
         with self.engine.connect() as conn:
             rnd = conn.execute(ROUND, {"rid": round_id}).first()
             if rnd is None:
                 return None
-            rows = conn.execute(HELD, {"rid": round_id})
+            if party is None:
+                rows = conn.execute(HELD, {"rid": round_id})
+            else:
+                rows = conn.execute(HELD_OF, {"rid": round_id, "party": party})
             held = {p: (ChargeKind(kind), bool(event)) for p, kind, event in rows}
         return RoundHeld(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
@@ -233,3 +251,14 @@ class Reads(LedgerBase):
         return out
 
     # -- empirical audits -----------------------------------------------------
+
+
+def _settled_loss(conn: Connection, name: str, through: int) -> FloatArray:
+    """:meth:`Reads.settled_loss` on ``conn``."""
+    loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
+    if loss is None:
+        raise UnknownPartyError(f"no party named {name!r}")
+    total = np.asarray(loss, dtype=np.float64)
+    for held in conn.scalars(UNSETTLED, {"party": name, "through": through}):
+        total = total - np.asarray(held, dtype=np.float64)
+    return np.maximum(total, 0.0)

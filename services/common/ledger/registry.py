@@ -36,7 +36,7 @@ from services.common.ledger.models import (
     utcnow,
 )
 from services.common.ledger.records import KeptSetting
-from services.common.ledger.tables import SETTING
+from services.common.ledger.tables import SET_PARTY_REPORT, SETTING, TOUCH_PARTY
 from services.common.task import config_hash
 
 
@@ -252,12 +252,11 @@ class Registry(LedgerBase):
             return 0.0 if row is None else self._eps(row.loss)[0]
 
     def touch(self, name: str) -> None:
-        """Record that a party was seen now."""
-        with self._tx() as s:
-            row = s.get(PartyRow, name)
-            if row is None:
-                raise UnknownPartyError(f"no party named {name!r}")
-            row.last_seen = utcnow()
+        """Record that a party was seen now (every heartbeat of every party: one statement)."""
+        with self._write() as conn:
+            seen = conn.execute(TOUCH_PARTY, {"b_name": name, "b_at": utcnow()}).rowcount
+        if not seen:
+            raise UnknownPartyError(f"no party named {name!r}")
 
     def create_task(self, name: str, config: Mapping[str, object], *, actor: str = "admin") -> str:
         """Register a task's configuration; returns its hash. Re-registering must not change it."""
@@ -286,8 +285,9 @@ class Registry(LedgerBase):
         """Keep a party's latest report of its own ledger (JSON: at least ``through``, the
         round id up to which it has settled everything, and ``settled``, its loss vector
         through that round; see :meth:`settled_loss`). Not a ledger change: not audited."""
-        with self._tx() as s:
-            row = s.get(PartyRow, name, with_for_update=True)
-            if row is None:
-                raise UnknownPartyError(f"no party named {name!r}")
-            row.report = {**dict(report), "received_at": iso_utc(utcnow())}
+        kept = {**dict(report), "received_at": iso_utc(utcnow())}
+        # One statement (every party reports every few seconds while rounds run).
+        with self._write() as conn:
+            found = conn.execute(SET_PARTY_REPORT, {"b_name": name, "b_report": kept}).rowcount
+        if not found:
+            raise UnknownPartyError(f"no party named {name!r}")

@@ -23,7 +23,10 @@ Round life cycle (docs/architecture.md, "One labelling round", steps 3 and 11-13
 Each step is one transaction of SQLAlchemy Core statements (a few per round,
 one per table, whatever the number of parties), with its audit entries
 appended together at its end (:mod:`services.common.ledger.chain`). A step
-that fails part-way writes nothing.
+that fails part-way writes nothing. Inside :meth:`Ledger.batch` (a hospital's
+settlement and next reservation, one commit a round) a step runs with no
+savepoint: each raises its refusals before its first write, and any other
+failure rolls the whole batch back.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, select
 from sqlalchemy.exc import IntegrityError
 
 from capc.privacy.events import DpEvent
@@ -53,20 +56,16 @@ from services.common.ledger.errors import (
 from services.common.ledger.models import ChargeKind, RoundState, utcnow
 from services.common.ledger.records import KeptSetting, Reservation
 from services.common.ledger.tables import (
-    ALLOWANCE,
-    CHARGES,
+    DELETE_CHARGES,
     INSERT_CHARGES,
     INSERT_QUERIER_SPENDS,
     INSERT_ROUND,
     OPENABLE,
+    ROUND_CHARGES_LOCKED,
     ROUND_LOCKED,
     SET_ROUND_OUTCOME,
     SET_ROUND_STATE,
-    SPENDS_CAPS_LOCKED,
     UPDATE_CHARGES,
-    Spend,
-    charges,
-    lock_querier_spends,
     lock_spends,
     rounds,
     write_querier_spends,
@@ -80,6 +79,22 @@ def _locked_round(conn: Connection, round_id: int) -> tuple[RoundState, str]:
     if row is None:
         raise RoundStateError(f"no round {round_id}")
     return RoundState(row[0]), str(row[1])
+
+
+def _locked_round_rows(
+    conn: Connection, round_id: int
+) -> tuple[RoundState, str, dict[str, tuple[FloatArray, dict[str, object] | None]]]:
+    """(state, querier, party -> (loss, event) of each of its rows) of a round, its row
+    locked for this transaction: one statement."""
+    found = list(conn.execute(ROUND_CHARGES_LOCKED, {"rid": round_id}))
+    if not found:
+        raise RoundStateError(f"no round {round_id}")
+    held = {
+        p: (np.asarray(loss, dtype=np.float64), event)
+        for _, _, p, loss, event in found
+        if p is not None
+    }
+    return RoundState(found[0][0]), str(found[0][1]), held
 
 
 class Reservations(LedgerBase):
@@ -117,9 +132,10 @@ class Reservations(LedgerBase):
         names = sorted(costs)
         try:
             with self._write() as conn:
-                # A round id of None matches no row (id = NULL is never true).
-                used, known_task = conn.execute(
-                    OPENABLE, {"key": round_key, "rid": round_id, "task": task}
+                # Every refusal comes before the first write (Ledger.batch runs this
+                # step with no savepoint of its own). A round id of None matches no row.
+                used, known_task, allowance = conn.execute(
+                    OPENABLE, {"key": round_key, "rid": round_id, "task": task, "querier": querier}
                 ).one()
                 if used:
                     raise DuplicateRoundError(
@@ -127,25 +143,17 @@ class Reservations(LedgerBase):
                     )
                 if not known_task:
                     raise unknown_task(conn, task)
-                spends: dict[str, Spend] = {}
-                known: dict[str, tuple[float, str]] = {}
-                for p, loss, n, asked, cap, status in conn.execute(
-                    SPENDS_CAPS_LOCKED, {"names": names}
-                ):
-                    spends[p] = Spend(np.asarray(loss, dtype=np.float64), int(n), int(asked))
-                    known[p] = (float(cap), str(status))
-                unknown = [p for p in names if p not in known]
+                spends, shares = lock_spends(conn, querier, names)
+                unknown = [p for p in names if p not in spends]
                 if unknown:
                     raise UnknownPartyError(f"unknown parties {unknown}; register them first")
-                allowance = conn.execute(ALLOWANCE, {"querier": querier}).scalar()
-                shares = lock_querier_spends(conn, querier, names)
                 included: list[str] = []
                 excluded: dict[str, float] = {}
                 # Each excluded party's (cap, loss so far): what the refusal reports.
                 room: dict[str, tuple[float, FloatArray]] = {}
                 for p in names:
                     current = spends[p].loss
-                    cap, status = known[p]
+                    cap, status = spends[p].cap, spends[p].status
                     if status != "active":
                         excluded[p] = 0.0
                         continue
@@ -243,7 +251,7 @@ class Reservations(LedgerBase):
                     entries.append(
                         chain.Entry(querier, "clear_records", {"round": rid, **disclosure})
                     )
-                chain.append(conn, entries, self._signer)
+                self._append(conn, entries)
                 return Reservation(rid, tuple(included), excluded)
         except IntegrityError as err:
             raise DuplicateRoundError(
@@ -307,7 +315,7 @@ class Reservations(LedgerBase):
                 SET_ROUND_STATE,
                 {"b_rid": round_id, "b_state": RoundState.RELEASED, "b_at": utcnow()},
             )
-            chain.append(conn, [chain.Entry(actor, "release", {"round": round_id})], self._signer)
+            self._append(conn, [chain.Entry(actor, "release", {"round": round_id})])
 
     def commit(
         self,
@@ -357,10 +365,11 @@ class Reservations(LedgerBase):
         release: bool = False,
         keep: KeptSetting | None = None,
     ) -> None:
-        """``costs`` None: every party is charged its reservation, with its event."""
+        """``costs`` None: every party is charged its reservation, with its event. Every
+        refusal comes before the first write (:meth:`Ledger.batch`)."""
         check_setting(keep)
         with self._write() as conn:
-            state, querier = _locked_round(conn, round_id)
+            state, querier, held = _locked_round_rows(conn, round_id)
             entries: list[chain.Entry] = []
             if release and state == RoundState.RESERVED:
                 state = RoundState.RELEASED
@@ -369,14 +378,6 @@ class Reservations(LedgerBase):
                 raise RoundStateError(
                     f"round {round_id} is {state.value}; only a released round can be committed"
                 )
-            if keep is not None:
-                kept = self._keep(conn, keep)
-                if kept is not None:
-                    entries.append(kept)
-            held = {
-                p: (np.asarray(loss, dtype=np.float64), event)
-                for p, _, loss, event in conn.execute(CHARGES, {"rid": round_id})
-            }
             if costs is None:
                 costs = {p: loss for p, (loss, _) in held.items()}
                 charged = {p: event for p, (_, event) in held.items()}
@@ -385,9 +386,12 @@ class Reservations(LedgerBase):
                 raise LedgerError(
                     f"round {round_id} reserved nothing for {extra}; they cannot be charged in it"
                 )
+            if keep is not None:
+                kept = self._keep(conn, keep)
+                if kept is not None:
+                    entries.append(kept)
             names = sorted(held)
-            spends = lock_spends(conn, names)
-            shares = lock_querier_spends(conn, querier, names)
+            spends, shares = lock_spends(conn, querier, names)
             over = []
             updates = []
             for p in names:
@@ -427,7 +431,7 @@ class Reservations(LedgerBase):
                     {"round": round_id, "charged": sorted(costs), "above_reservation": over},
                 )
             )
-            chain.append(conn, entries, self._signer)
+            self._append(conn, entries)
 
     def abort(
         self,
@@ -438,10 +442,11 @@ class Reservations(LedgerBase):
         keep: KeptSetting | None = None,
     ) -> None:
         """Cancel a reserved (never released) round and return its reservations; ``keep``:
-        a setting kept in the same transaction."""
+        a setting kept in the same transaction. Every refusal comes before the first write
+        (:meth:`Ledger.batch`)."""
         check_setting(keep)
         with self._write() as conn:
-            state, querier = _locked_round(conn, round_id)
+            state, querier, rows = _locked_round_rows(conn, round_id)
             if state != RoundState.RESERVED:
                 raise RoundStateError(
                     f"round {round_id} is {state.value}; only a round that was never released can be aborted"
@@ -451,13 +456,9 @@ class Reservations(LedgerBase):
                 kept = self._keep(conn, keep)
                 if kept is not None:
                     entries.append(kept)
-            held = {
-                p: np.asarray(loss, dtype=np.float64)
-                for p, _, loss, _ in conn.execute(CHARGES, {"rid": round_id})
-            }
+            held = {p: loss for p, (loss, _) in rows.items()}
             names = sorted(held)
-            spends: dict[str, Spend] = lock_spends(conn, names)
-            shares = lock_querier_spends(conn, querier, names)
+            spends, shares = lock_spends(conn, querier, names)
             for p in names:
                 total, reserved = spends[p].loss, held[p]
                 spends[p].loss = round_up(total - reserved, total, reserved)
@@ -467,13 +468,13 @@ class Reservations(LedgerBase):
                     shares[p] = round_up(mine - reserved, mine, reserved)
             write_spends(conn, spends, names)
             write_querier_spends(conn, querier, shares, [p for p in names if p in shares])
-            conn.execute(delete(charges).where(charges.c.round_id == round_id))
+            conn.execute(DELETE_CHARGES, {"rid": round_id})
             conn.execute(
                 SET_ROUND_STATE,
                 {"b_rid": round_id, "b_state": RoundState.ABORTED, "b_at": utcnow()},
             )
             entries.append(chain.Entry(actor, "abort", {"round": round_id, "reason": reason}))
-            chain.append(conn, entries, self._signer)
+            self._append(conn, entries)
 
     def recover(self) -> tuple[int, int]:
         """After a restart: abort never-released rounds, commit released ones at their reservation.

@@ -39,6 +39,7 @@ from services.common.ledger.auditlog import AuditLog
 from services.common.ledger.base import MAX_CAP_REASON, OWN_SETTINGS, FloatArray
 from services.common.ledger.empirical import MAX_CANARIES, EmpiricalAudits
 from services.common.ledger.errors import (
+    BatchBrokenError,
     DuplicateRoundError,
     LedgerError,
     QuorumError,
@@ -70,6 +71,7 @@ __all__ = [
     "MAX_CANARIES",
     "MAX_CAP_REASON",
     "AuditEntry",
+    "BatchBrokenError",
     "DuplicateRoundError",
     "FloatArray",
     "KeptSetting",

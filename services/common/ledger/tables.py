@@ -22,6 +22,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    delete,
     exists,
     func,
     insert,
@@ -53,9 +54,30 @@ INSERT_SETTING = insert(settings)
 UPDATE_SETTING = (
     update(settings).where(settings.c.key == bindparam("b_key")).values(value=bindparam("b_value"))
 )
+#: A setting's new value where it has another one (its row count says whether it did).
+UPDATE_SETTING_CHANGED = UPDATE_SETTING.where(settings.c.value != bindparam("b_value"))
+
+# -- parties -------------------------------------------------------------------
+#: (name, enforced cap) of every party of a role, in name order (as budgets list them).
+CAPS = (
+    select(parties.c.name, parties.c.epsilon_cap)
+    .where(parties.c.role == bindparam("role"))
+    .order_by(parties.c.name)
+)
+#: A party seen now (a heartbeat, a connection): one statement, no unit of work.
+TOUCH_PARTY = (
+    update(parties).where(parties.c.name == bindparam("b_name")).values(last_seen=bindparam("b_at"))
+)
+#: A party's latest report of its own ledger (JSON).
+SET_PARTY_REPORT = (
+    update(parties)
+    .where(parties.c.name == bindparam("b_name"))
+    .values(report=bindparam("b_report", type_=parties.c.report.type))
+)
 
 # -- rounds ----------------------------------------------------------------------
-#: (round key or id used before, task known) for a new round.
+#: (round key or id used before, task known, the querier's allowance or None) for a
+#: new round: one statement.
 OPENABLE = select(
     exists(
         select(rounds.c.id).where(
@@ -63,11 +85,26 @@ OPENABLE = select(
         )
     ),
     exists(select(tasks.c.name).where(tasks.c.name == bindparam("task"))),
+    select(allowances.c.epsilon_cap)
+    .where(allowances.c.querier == bindparam("querier"))
+    .scalar_subquery(),
 )
 ROUND_LOCKED = (
     select(rounds.c.state, rounds.c.querier)
     .where(rounds.c.id == bindparam("rid"))
     .with_for_update()
+)
+#: A round's (state, querier) with each of its rows (party, loss, event; None, None, None
+#: for a round with none), in party order: only the round's row is locked (``FOR UPDATE
+#: OF``). Its charge rows are read as the statement began, which is how they stand: every
+#: transaction that changes them locks the round's row first, and the changes of one that
+#: this lock waited for leave the round committed or aborted, which a settlement refuses.
+ROUND_CHARGES_LOCKED = (
+    select(rounds.c.state, rounds.c.querier, charges.c.party, charges.c.loss, charges.c.event)
+    .select_from(rounds.outerjoin(charges, charges.c.round_id == rounds.c.id))
+    .where(rounds.c.id == bindparam("rid"))
+    .order_by(charges.c.party)
+    .with_for_update(of=rounds)
 )
 ROUND = select(rounds.c.state, rounds.c.terms, rounds.c.outcome).where(
     rounds.c.id == bindparam("rid")
@@ -99,7 +136,10 @@ HELD = select(
     charges.c.kind,
     and_(charges.c.event.is_not(None), sql_cast(charges.c.event, Text) != "null"),
 ).where(charges.c.round_id == bindparam("rid"))
+#: :data:`HELD` of one party.
+HELD_OF = HELD.where(charges.c.party == bindparam("party"))
 INSERT_CHARGES = insert(charges)
+DELETE_CHARGES = delete(charges).where(charges.c.round_id == bindparam("rid"))
 UPDATE_CHARGES = (
     update(charges)
     .where(charges.c.round_id == bindparam("b_rid"), charges.c.party == bindparam("b_party"))
@@ -118,11 +158,6 @@ UNSETTLED = select(charges.c.loss).where(
 # -- spends ----------------------------------------------------------------------
 SPEND_LOSS = select(spend.c.loss).where(spend.c.party == bindparam("party"))
 _SPENDS = select(spend.c.party, spend.c.loss, spend.c.rounds, spend.c.rounds_asked)
-SPENDS_LOCKED = (
-    _SPENDS.where(spend.c.party.in_(bindparam("names", expanding=True)))
-    .order_by(spend.c.party)
-    .with_for_update()
-)
 #: Spend rows locked (only those: ``FOR UPDATE OF``) with their parties' cap and status.
 SPENDS_CAPS_LOCKED = (
     _SPENDS.add_columns(parties.c.epsilon_cap, parties.c.status)
@@ -130,6 +165,22 @@ SPENDS_CAPS_LOCKED = (
     .where(spend.c.party.in_(bindparam("names", expanding=True)))
     .order_by(spend.c.party)
     .with_for_update(of=spend)
+)
+#: What a reservation or settlement reads of its parties in one statement where the
+#: whole database is locked (SQLite): spend rows (with caps and status) and the querier's
+#: loss on each (None where it has none).
+_SPENDS_SHARES = (
+    _SPENDS.add_columns(parties.c.epsilon_cap, parties.c.status, querier_spend.c.loss)
+    .join(parties, parties.c.name == spend.c.party)
+    .outerjoin(
+        querier_spend,
+        and_(
+            querier_spend.c.party == spend.c.party,
+            querier_spend.c.querier == bindparam("querier"),
+        ),
+    )
+    .where(spend.c.party.in_(bindparam("names", expanding=True)))
+    .order_by(spend.c.party)
 )
 UPDATE_SPENDS = (
     update(spend)
@@ -140,7 +191,6 @@ UPDATE_SPENDS = (
         rounds_asked=bindparam("b_asked"),
     )
 )
-ALLOWANCE = select(allowances.c.epsilon_cap).where(allowances.c.querier == bindparam("querier"))
 QUERIER_SPENDS_LOCKED = (
     select(querier_spend.c.party, querier_spend.c.loss)
     .where(
@@ -166,28 +216,44 @@ INSERT_AUDIT = insert(audit_log)
 
 @dataclass
 class Spend:
-    """A party's running totals, read under its row lock and written back once."""
+    """A party's running totals, read under its row lock and written back once, with its
+    enforced cap (epsilon) and status as read with them."""
 
     loss: FloatArray
     rounds: int
     rounds_asked: int
+    cap: float
+    status: str
 
 
-def lock_spends(conn: Connection, names: Sequence[str]) -> dict[str, Spend]:
-    """Spend rows of ``names``, locked for this transaction in a fixed order (no deadlocks)."""
-    rows = conn.execute(SPENDS_LOCKED, {"names": list(names)})
-    return {
-        p: Spend(np.asarray(loss, dtype=np.float64), int(n), int(asked))
-        for p, loss, n, asked in rows
-    }
-
-
-def lock_querier_spends(
+def lock_spends(
     conn: Connection, querier: str, names: Sequence[str]
-) -> dict[str, FloatArray]:
-    """A querier's per-party loss vectors, locked in a fixed order."""
-    rows = conn.execute(QUERIER_SPENDS_LOCKED, {"querier": querier, "names": list(names)})
-    return {p: np.asarray(loss, dtype=np.float64) for p, loss in rows}
+) -> tuple[dict[str, Spend], dict[str, FloatArray]]:
+    """The spend rows of ``names`` (parties known to the ledger only), locked for this
+    transaction in a fixed order (no deadlocks), and ``querier``'s loss vector on each
+    of them that has one.
+
+    On SQLite one statement: every transaction there holds the database's write lock
+    from its BEGIN (IMMEDIATE), so what it reads is current. Elsewhere (PostgreSQL, READ
+    COMMITTED) two: a row joined to a locked row is read as the statement's snapshot had
+    it, which a writer the lock waited for may have changed since, so the querier's rows
+    are locked and read by a statement of their own once the spend rows are locked
+    (every writer of a querier's row on a party locks the party's spend row first)."""
+    names = list(names)
+    if conn.dialect.name == "sqlite":
+        rows = list(conn.execute(_SPENDS_SHARES, {"names": names, "querier": querier}))
+        shares = {r[0]: np.asarray(r[6], dtype=np.float64) for r in rows if r[6] is not None}
+    else:
+        rows = list(conn.execute(SPENDS_CAPS_LOCKED, {"names": names}))
+        found = conn.execute(QUERIER_SPENDS_LOCKED, {"querier": querier, "names": names})
+        shares = {p: np.asarray(loss, dtype=np.float64) for p, loss in found}
+    spends = {
+        r[0]: Spend(
+            np.asarray(r[1], dtype=np.float64), int(r[2]), int(r[3]), float(r[4]), str(r[5])
+        )
+        for r in rows
+    }
+    return spends, shares
 
 
 def write_spends(conn: Connection, spends: dict[str, Spend], names: Sequence[str]) -> None:
