@@ -134,6 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="capc: run the tuned picks of this capc_tuning file instead of the grid",
     )
     parser.add_argument(
+        "--configurations",
+        nargs="+",
+        default=None,
+        help="with --tuned-from: run only the picks of these configuration names (the "
+        "others' rows stay as saved)",
+    )
+    parser.add_argument(
         "--mark-only",
         action="store_true",
         help="with --tuned-from: mark the saved rows by its picks; run nothing",
@@ -226,6 +233,8 @@ def _tuned(
     for n in order:
         for seed in args.seeds:
             for run in tuned.runs(picks, [n], args.capc_methods):
+                if args.configurations and run.configuration not in args.configurations:
+                    continue
                 log(f"tuned: n={n} seed={seed} {run.configuration} {run.methods}")
                 made = run_capc(split(dataset, seed), [n], run.config(capc), work, log, run.methods)
                 new = tuned.kept(made, run)
