@@ -14,6 +14,14 @@ records, at most all of them; every cell about a minute)::
     python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
         --sizes --loop-sizes --pate-sizes all 1000 200 50 --add-to
 
+The CaPC loop at n = 50, and breast-cancer (:mod:`.table_tuning`: the same grid at its
+task's share of the vote; minutes)::
+
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes --loop-sizes 50 --add-to
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --dataset breast-cancer --sizes all 50 --pate-sizes all 50 --pool 32768 --add-to
+
 No services run: this is central mode on the library pieces the services use.
 
 * Teachers: each hospital's ``m`` heads on the shipped body
