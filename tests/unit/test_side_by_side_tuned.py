@@ -230,3 +230,28 @@ def test_mark_only_marks_the_saved_rows_and_runs_nothing(tmp_path: Path) -> None
     assert len(saved["rows"]) == 2 and by[5.0]["tuned"] and by[1.0]["tuned"] is False
     with pytest.raises(SystemExit):
         main([*argv, "--mark-only"])
+
+
+def test_each_run_maps_its_command_to_its_reproducible_form(tmp_path: Path) -> None:
+    import json
+
+    from experiments.side_by_side.__main__ import main, reproducible
+
+    assert reproducible("python -m m --out o.json --work /tmp/w --add-to") == (
+        "python -m m --out o.json --add-to"
+    )
+    assert reproducible("python -m m --work=/tmp/w --sizes 50") == "python -m m --sizes 50"
+    out = tmp_path / "rows.json"
+    old = "python -m experiments.side_by_side --out /tmp/part.json"
+    out.write_text(
+        json.dumps({"rows": [], "commands": [old], "documented_as": {old: ["python -m x"]}})
+    )
+    picks = tmp_path / "tuning.json"
+    picks.write_text(json.dumps({"dataset": "animal-mnist", "chosen": PICKS}))
+    argv = ["--out", str(out), "--datasets", "animal-mnist", "--methods", "capc", "--add-to"]
+    argv += ["--tuned-from", str(picks), "--mark-only", "--work", str(tmp_path / "w")]
+    assert main(argv) == 0
+    saved = json.loads(out.read_text())
+    ran = saved["commands"][-1]
+    assert "--work" in ran and saved["documented_as"][old] == ["python -m x"]
+    assert saved["documented_as"][ran] == [reproducible(ran)] and "--work" not in reproducible(ran)
