@@ -135,6 +135,7 @@ def cmd_models_train(client: Client, args: argparse.Namespace) -> int:
         args.seed,
         l2=args.l2,
         semi_supervised=args.semi_supervised,
+        own_weight=args.own_weight,
     )
     if args.wait:
         model = client.wait_model(model.id)
@@ -306,8 +307,11 @@ def _loop_lines(loop: Loop) -> list[str]:
 
 
 def _trained(client: Client, args: argparse.Namespace, job_ids: list[str]) -> StudentModel:
-    """Train the hospital's model on its own records plus ``job_ids``' labels, waited for."""
-    model = client.train(job_ids, None, args.epochs, args.seed)
+    """Train the hospital's model on its own records plus ``job_ids``' labels, waited for
+    (with labels, its own records ``--own-weight`` times; the model before has no labels
+    to weigh them against, so it is trained as it always was)."""
+    weight = args.own_weight if job_ids else None
+    model = client.train(job_ids, None, args.epochs, args.seed, own_weight=weight)
     return client.wait_model(model.id)
 
 
@@ -364,6 +368,13 @@ def _add_loop(sub: Any, common: argparse.ArgumentParser) -> None:
         "--epochs", type=int, default=10, help="training epochs of the before and after models"
     )
     run.add_argument("--seed", type=int, default=0, help="training seed of both models")
+    run.add_argument(
+        "--own-weight",
+        type=int,
+        default=None,
+        help="the retrained model takes the hospital's own labelled records this many times "
+        "beside the bought labels (1 to 16; default 1)",
+    )
     run.add_argument("--wait", action="store_true", help="accepted for clarity: run always waits")
     run.set_defaults(run=cmd_loop_run)
     loop.add_parser("show", parents=[common], help="before/after accuracy and spend").set_defaults(
@@ -483,6 +494,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also learn from the jobs' unanswered queries: a pretrained student's head by "
         "self-training or pseudo-label-head; a student trained from scratch by fixmatch "
         "(image tasks); pseudo-labels is deprecated (read as pseudo-label-head or fixmatch)",
+    )
+    train.add_argument(
+        "--own-weight",
+        type=int,
+        default=None,
+        help="a hospital's own model in the CaPC loop: how many times its own labelled "
+        "records enter the fit beside the bought labels (1 to 16; default 1)",
     )
     train.set_defaults(run=cmd_models_train)
     predict = models.add_parser(

@@ -282,12 +282,15 @@ class Client:
         *,
         l2: float | None = None,
         semi_supervised: str = "none",
+        own_weight: int | None = None,
     ) -> StudentModel:
         """Train a student on finished jobs. A pretrained student's head takes ``l2`` (None:
         the student's default). ``semi_supervised``: also learn from the jobs' unanswered
         queries: "none", "self-training" or "pseudo-label-head" (a pretrained student's
         head), "fixmatch" (a student trained from scratch); "pseudo-labels" is deprecated
-        (the model's ``options["deprecated"]`` says what it was read as)."""
+        (the model's ``options["deprecated"]`` says what it was read as). ``own_weight``: a
+        hospital's own model in the CaPC loop (the querier's gateway) takes its own labelled
+        records this many times beside the bought labels (1 to 16; None: once)."""
         body: dict[str, Any] = {
             "job_ids": job_ids,
             "architecture": architecture,
@@ -297,6 +300,8 @@ class Client:
         }
         if l2 is not None:
             body["l2"] = l2
+        if own_weight is not None:
+            body["own_weight"] = own_weight
         return StudentModel.model_validate(self._request("POST", "/v1/models", json=body).json())
 
     def predict(self, model_id: str, records: Any) -> Prediction:

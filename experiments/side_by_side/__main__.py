@@ -21,11 +21,18 @@ was chosen are marked ``tuned``:
         --datasets animal-mnist --methods capc --capc-methods capc-diet-student \
         --tuned-from experiments/results/side-by-side-capc-tuning.json --add-to
 
+``--configurations NAME ...`` runs only the named picks (each for every seed).
+
 After the tuning file changes, ``--mark-only`` re-marks the saved rows by its picks
 (a row stays ``tuned`` only while its configuration is still the pick):
     python -m experiments.side_by_side --out experiments/results/side-by-side.json \
         --datasets animal-mnist --methods capc --add-to --mark-only \
         --tuned-from experiments/results/side-by-side-capc-tuning.json
+
+Every command is recorded as it ran (``commands``) and mapped, in ``documented_as``,
+to the docs/results.md commands that make its rows: itself without ``--work`` (a
+scratch folder) where it ran so; a part run into a scratch file is mapped by hand
+(a unit test holds every recorded command to a docs command).
 
 Progress goes to stderr; every finished cell is saved at once, so a run that is
 stopped keeps what it finished. The summary (means and spreads over seeds), the
@@ -92,6 +99,21 @@ def write(
     tmp.replace(path)
 
 
+def reproducible(command: str) -> str:
+    """``command`` without ``--work DIR``, which only places scratch files."""
+    words = shlex.split(command)
+    out: list[str] = []
+    skip = False
+    for w in words:
+        if skip:
+            skip = False
+        elif w == "--work":
+            skip = True
+        elif not w.startswith("--work="):
+            out.append(w)
+    return shlex.join(out)
+
+
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -134,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="capc: run the tuned picks of this capc_tuning file instead of the grid",
     )
     parser.add_argument(
+        "--configurations",
+        nargs="+",
+        default=None,
+        help="with --tuned-from: run only the picks of these configuration names (the "
+        "others' rows stay as saved)",
+    )
+    parser.add_argument(
         "--mark-only",
         action="store_true",
         help="with --tuned-from: mark the saved rows by its picks; run nothing",
@@ -166,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = json.loads(args.out.read_text()) if args.add_to and args.out.exists() else {}
     rows: list[dict[str, Any]] = list(saved.get("rows", []))
     commands = [*saved.get("commands", []), command]
+    # Kept (not made) by write(): each run adds its own reproducible form.
+    saved["documented_as"] = {**saved.get("documented_as", {}), command: [reproducible(command)]}
     if args.rows_from:
         for path in args.rows_from:
             other = json.loads(path.read_text())
@@ -226,6 +257,8 @@ def _tuned(
     for n in order:
         for seed in args.seeds:
             for run in tuned.runs(picks, [n], args.capc_methods):
+                if args.configurations and run.configuration not in args.configurations:
+                    continue
                 log(f"tuned: n={n} seed={seed} {run.configuration} {run.methods}")
                 made = run_capc(split(dataset, seed), [n], run.config(capc), work, log, run.methods)
                 new = tuned.kept(made, run)

@@ -68,6 +68,7 @@ from capc.models.checkpoint import Teacher
 from capc.models.ensemble import TeacherEnsemble, save_checkpoints, save_ensemble
 from experiments.side_by_side.data import Split, task
 from experiments.side_by_side.wire import MEASURED, SETUP, count_guardian, settled
+from services.common.limits import MAX_OWN_WEIGHT
 from services.demo import SHIPPED_BODY, demo_task
 from services.local import LocalConsortium, free_port
 from services.testbed.proxy import LinkProxy
@@ -100,10 +101,15 @@ class CapcConfig:
     #: (:func:`counts`), every query answered, which for a confident mechanism buys
     #: fewer queries than a filter on what was actually answered would.
     mechanism: dict[str, Any] | None = None
+    #: The loop's retrained model takes hospital 0's own records this many times beside
+    #: the bought labels (the student service's ``own_weight``; 1: once, the grid's).
+    own_weight: int = 1
 
     def __post_init__(self) -> None:
         if self.teachers is not None and self.teachers < 1:
             raise ValueError(f"teachers per hospital must be >= 1, got {self.teachers}")
+        if not 1 <= self.own_weight <= MAX_OWN_WEIGHT:
+            raise ValueError(f"own_weight must lie in [1, {MAX_OWN_WEIGHT}], got {self.own_weight}")
 
 
 def teachers_per_hospital(dataset: str, n: int) -> int:
@@ -173,33 +179,43 @@ def fit_image_teachers(split: Split, n: int, m: int, directory: Path) -> dict[in
     return out
 
 
+def table_teachers(split: Split, n: int, m: int, i: int, epochs: int) -> list[Teacher]:
+    """Hospital ``i``'s ``m`` MLP teachers trained from scratch for ``epochs`` epochs on
+    disjoint parts of its ``n`` labelled rows (what its party votes with)."""
+    return fit_scratch_teachers(
+        split.x,
+        split.y,
+        _parts(split.labelled(i, n), m, split.seed, i),
+        architecture="mlp",
+        outputs=split.classes,
+        epochs=epochs,
+        seed=1000 * split.seed + 10 * i,
+        card={"data": f"{split.dataset}, hospital {i}"},
+    )
+
+
 def fit_table_teachers(
     split: Split, n: int, m: int, epochs: int, directory: Path
 ) -> dict[int, Path]:
-    """Each hospital's ``m`` MLP teachers trained from scratch on disjoint parts of its
-    ``n`` labelled rows; {hospital index: checkpoints file}."""
+    """Each hospital's :func:`table_teachers`; {hospital index: checkpoints file}."""
     out: dict[int, Path] = {}
     for i in range(split.hospitals):
-        members = fit_scratch_teachers(
-            split.x,
-            split.y,
-            _parts(split.labelled(i, n), m, split.seed, i),
-            architecture="mlp",
-            outputs=split.classes,
-            epochs=epochs,
-            seed=1000 * split.seed + 10 * i,
-            card={"data": f"{split.dataset}, hospital {i}"},
-        )
         out[i] = directory / f"own-hospital-{i}.pt"
-        save_checkpoints(out[i], members)
+        save_checkpoints(out[i], table_teachers(split, n, m, i, epochs))
     return out
 
 
 # -- one consortium ----------------------------------------------------------------------
 def _train(
-    client: Client, jobs: list[str], architecture: str | None, epochs: int, seed: int
+    client: Client,
+    jobs: list[str],
+    architecture: str | None,
+    epochs: int,
+    seed: int,
+    own_weight: int = 1,
 ) -> float:
-    model = client.train(jobs, architecture, epochs=epochs, seed=seed)
+    weight = None if own_weight == 1 else own_weight  # the request a grid row made
+    model = client.train(jobs, architecture, epochs=epochs, seed=seed, own_weight=weight)
     model = client.wait_model(model.id, timeout=3600)
     if model.state != "done":
         raise RuntimeError(f"training on jobs {jobs} failed: {model.error}")
@@ -352,6 +368,14 @@ def _hyperparameters(config: CapcConfig, task_dict: dict[str, Any]) -> dict[str,
     return out
 
 
+def _loop_hyperparameters(config: CapcConfig, task_dict: dict[str, Any]) -> dict[str, Any]:
+    """A loop row's: :func:`_hyperparameters`, and its own records' weight where not 1."""
+    out = _hyperparameters(config, task_dict)
+    if config.own_weight != 1:
+        out["own_weight"] = config.own_weight
+    return out
+
+
 def _bytes_fields(costs: list[int]) -> dict[str, Any]:
     """A row's bytes: the sum of the jobs' that bought its queries."""
     return {"bytes_sent": sum(costs), "job_bytes": list(costs), "bytes_measured": MEASURED}
@@ -454,7 +478,9 @@ def loop_method(
                 jobs.append(got.job)
             costs.append(got.bytes_sent)
             bought, done = bought + got.answered, k
-        after = _train(hospital, jobs, None, cfg.epochs, split.seed) if jobs else before
+        after = (
+            _train(hospital, jobs, None, cfg.epochs, split.seed, cfg.own_weight) if jobs else before
+        )
         rows.append(
             cell.row(
                 "capc-loop",
@@ -466,7 +492,7 @@ def loop_method(
                 labels=bought,
                 unlabelled=len(unlabelled),
                 seconds=time.perf_counter() - start,
-                hyperparameters=_hyperparameters(cfg, task_dict),
+                hyperparameters=_loop_hyperparameters(cfg, task_dict),
                 querier_setup_bytes=setup,
                 **_bytes_fields(costs),
             )

@@ -14,6 +14,14 @@ records, at most all of them; every cell about a minute)::
     python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
         --sizes --loop-sizes --pate-sizes all 1000 200 50 --add-to
 
+The CaPC loop at n = 50, and breast-cancer (:mod:`.table_tuning`: the same grid at its
+task's share of the vote; minutes)::
+
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --sizes --loop-sizes 50 --add-to
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --dataset breast-cancer --sizes all 50 --pate-sizes all 50 --pool 32768 --add-to
+
 No services run: this is central mode on the library pieces the services use.
 
 * Teachers: each hospital's ``m`` heads on the shipped body
@@ -82,7 +90,8 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,17 +111,22 @@ from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
 from capc.privacy.randomness import SecureRandom
 from experiments.side_by_side.capc_runs import (
     DELTA,
+    TABLE_VOTERS,
     CapcConfig,
     image_ensemble,
+    scaled_task,
     teachers_per_hospital,
 )
-from experiments.side_by_side.data import TUNING_SEED, Split, split
+from experiments.side_by_side.data import DATASETS, TUNING_SEED, Split, split
+from experiments.side_by_side.tuned import OWN_WEIGHT
 from services.common.limits import MAX_REFERENCE_RECORDS
 from services.demo import DEMO_TASK, DEMO_VOTERS, SHIPPED_BODY
 from services.student.training import OWN_BATCH, STUDENT_L2
 from services.up import accountant, queries_fit
 
 DATASET = "animal-mnist"
+#: Datasets of table rows (no body, MLP teachers and students, no loop).
+TABLES = ("breast-cancer",)
 EPSILONS = CapcConfig().epsilons
 #: Queries a round holds (capc_runs' batch size): the BatchNorm batch of synthetic queries.
 BATCH = CapcConfig().batch
@@ -122,6 +136,13 @@ MAX_GRID = 8
 MAX_POOL = 65_536
 #: The shipped GNMax sigma per voter (the demo's 40 of 250).
 SIGMA_SHARE = float(DEMO_TASK["mechanism"]["sigma"]) / DEMO_VOTERS
+#: Each dataset's shipped sigma per voter: images the demo's; breast-cancer its task's
+#: 23 for 3 hospitals x 8 teachers (``capc_runs.scaled_task``).
+SIGMA_SHARES = {
+    DATASET: SIGMA_SHARE,
+    "breast-cancer": float(scaled_task("breast-cancer", TABLE_VOTERS)["mechanism"]["sigma"])
+    / TABLE_VOTERS,
+}
 Log = Callable[[str], None]
 
 
@@ -137,44 +158,49 @@ class Candidate:
     mechanism: dict[str, Any]
     labels: str = "retrain"
 
-    def build(self) -> Mechanism:
-        return from_config(self.mechanism, int(DEMO_TASK["num_classes"]))
+    def build(self, classes: int = int(DEMO_TASK["num_classes"])) -> Mechanism:
+        """The mechanism for a task of ``classes`` classes (default: the demo's)."""
+        return from_config(self.mechanism, classes)
 
-    def task(self) -> dict[str, Any]:
-        return {**DEMO_TASK, "mechanism": dict(self.mechanism)}
-
-
-def gnmax(voters: int, factor: float = 1.0) -> dict[str, Any]:
-    """GNMax with sigma ``factor`` times the shipped share of ``voters``."""
-    return {"name": "gnmax", "sigma": round(SIGMA_SHARE * voters * factor, 4)}
+    def task(self, base: dict[str, Any] = DEMO_TASK) -> dict[str, Any]:
+        """``base`` (default: the demo's task) with this mechanism."""
+        return {**base, "mechanism": dict(self.mechanism)}
 
 
-def robust(voters: int, threshold: float, sigma1: float, factor: float = 1.0) -> dict[str, Any]:
+def gnmax(voters: int, factor: float = 1.0, share: float = SIGMA_SHARE) -> dict[str, Any]:
+    """GNMax with sigma ``factor`` times the shipped ``share`` (per voter) of ``voters``."""
+    return {"name": "gnmax", "sigma": round(share * voters * factor, 4)}
+
+
+def robust(
+    voters: int, threshold: float, sigma1: float, factor: float = 1.0, share: float = SIGMA_SHARE
+) -> dict[str, Any]:
     """robust-confident-gnmax: threshold and test noise as fractions of ``voters``, the
-    answer's sigma ``factor`` times the shipped share."""
+    answer's sigma ``factor`` times the shipped ``share``."""
     return {
         "name": "robust-confident-gnmax",
-        "sigma": round(SIGMA_SHARE * voters * factor, 4),
+        "sigma": round(share * voters * factor, 4),
         "threshold": round(threshold * voters, 4),
         "sigma1": round(sigma1 * voters, 4),
     }
 
 
-def student_grid(n: int, hospitals: int) -> list[Candidate]:
-    """The DIET student's configurations for ``n`` labelled records a hospital; the first
-    is the shipped rule (``capc_runs``)."""
-    m0 = teachers_per_hospital(DATASET, n)
+def student_grid(n: int, hospitals: int, dataset: str = DATASET) -> list[Candidate]:
+    """The DIET student's (and PATE's) configurations for ``n`` labelled records a
+    hospital of ``dataset``; the first is the shipped rule (``capc_runs``)."""
+    m0 = teachers_per_hospital(dataset, n)
     few, many = max(1, m0 // 5), 2 * m0
     v0, vf, vm = hospitals * m0, hospitals * few, hospitals * many
+    share = SIGMA_SHARES[dataset]
     return [
-        Candidate("shipped: m0, gnmax at the share", m0, gnmax(v0)),
-        Candidate("m0, gnmax at 2x the share", m0, gnmax(v0, 2.0)),
-        Candidate("m0, gnmax at 4x the share", m0, gnmax(v0, 4.0)),
-        Candidate("2 m0, gnmax at the share", many, gnmax(vm)),
-        Candidate("m0/5, gnmax at the share", few, gnmax(vf)),
-        Candidate("m0/5, gnmax at m0's sigma", few, gnmax(v0)),
-        Candidate("m0, confident T .5 s1 .2", m0, robust(v0, 0.5, 0.2)),
-        Candidate("m0, confident T .6 s1 .3 at 2x", m0, robust(v0, 0.6, 0.3, 2.0)),
+        Candidate("shipped: m0, gnmax at the share", m0, gnmax(v0, share=share)),
+        Candidate("m0, gnmax at 2x the share", m0, gnmax(v0, 2.0, share)),
+        Candidate("m0, gnmax at 4x the share", m0, gnmax(v0, 4.0, share)),
+        Candidate("2 m0, gnmax at the share", many, gnmax(vm, share=share)),
+        Candidate("m0/5, gnmax at the share", few, gnmax(vf, share=share)),
+        Candidate("m0/5, gnmax at m0's sigma", few, gnmax(v0, share=share)),
+        Candidate("m0, confident T .5 s1 .2", m0, robust(v0, 0.5, 0.2, share=share)),
+        Candidate("m0, confident T .6 s1 .3 at 2x", m0, robust(v0, 0.6, 0.3, 2.0, share)),
     ]
 
 
@@ -246,8 +272,11 @@ class Tuner:
     log: Log
     #: Records every score is taken on: the tuning records (a test passes others).
     score_on: NDArray[np.int64] | None = None
+    #: The task the candidates' mechanisms are set in (its classes; ``queries_fit``'s).
+    base_task: dict[str, Any] = field(default_factory=lambda: dict(DEMO_TASK))
 
     def __post_init__(self) -> None:
+        self.classes = int(self.base_task["num_classes"])
         self.base = load_teacher(SHIPPED_BODY)
         self.body = self.base.model.eval()
         self._ensembles: dict[tuple[int, int], list[TeacherEnsemble]] = {}
@@ -326,7 +355,7 @@ class Tuner:
     ) -> list[dict[str, Any]]:
         """``method``'s rows for ``c``: the student's query features ``qf`` (N, D) and
         each hospital's teachers' predictions on those queries (N, m)."""
-        mech = c.build()
+        mech = c.build(self.classes)
         votes = np.zeros((len(qf), mech.outputs))
         for p in predictions:
             for lo in range(0, len(qf), 8192):
@@ -334,20 +363,27 @@ class Tuner:
         seed = f"side-by-side-capc-tuning-{n}-{c.name}"
         if method != "capc-diet-student":
             seed = f"{seed}-{method}"  # the DIET student's seed stays what it was
+        if self.split.dataset != DATASET:
+            seed = f"{seed}-{self.split.dataset}"  # and so do animal-mnist's
         rng = SecureRandom.from_seed(seed)
         labels, answered = mech.oracle(votes, mech.draw_noise(len(votes), rng), CIRCUIT_FRAC_BITS)
-        reference = self.split.x[self.split.reference]
         rows = []
         for e in EPSILONS:
             done = admitted(answered, mech, e)
-            if not mech.confident and done != min(len(qf), queries_fit(c.task(), e)):
+            if not mech.confident and done != min(len(qf), queries_fit(c.task(self.base_task), e)):
                 raise RuntimeError(f"{c.name}: {done} queries at eps {e:g}, not queries_fit's")
             use = np.flatnonzero(answered[:done])
-            acc = _student_accuracy(self.body, qf[use], labels[use], reference, self.score)
+            acc = self._accuracy(qf[use], labels[use])
             rows.append(self._row(method, n, c, e, acc, done, len(use)))
             rows[-1]["pool_exhausted"] = done == len(qf)
             rows[-1]["label_agreement"] = _agreement(votes[use], labels[use])
         return rows
+
+    def _accuracy(self, qf: torch.Tensor, labels: NDArray[np.int64]) -> float | None:
+        """The student trained on the answered queries' (N, D) features ``qf`` and their
+        labels, scored (None: the student service would refuse to train)."""
+        reference = self.split.x[self.split.reference]
+        return _student_accuracy(self.body, qf, labels, reference, self.score)
 
     def loop(self, n: int, grid: Sequence[Candidate]) -> list[dict[str, Any]]:
         """Hospital 0's CaPC loop for every candidate, and its model alone."""
@@ -392,7 +428,7 @@ class Tuner:
                 use = np.flatnonzero(answered[:done])
                 if c.labels == "agree":
                     use = use[own_view[use] == labels[use]]
-                copies = 4 if c.labels == "own-x4" else 1
+                copies = OWN_WEIGHT.get(c.labels, 1)  # the services' own_weight
                 f = torch.cat([own_f.repeat(copies, 1), uf[use]])
                 y = np.concatenate([np.tile(own_y[order], copies), labels[use]])
                 acc = float(accuracy(self._fitted(f, y, reference), *self.score))
@@ -448,19 +484,26 @@ def _agreement(votes: NDArray[np.float64], labels: NDArray[np.int64]) -> float |
 
 
 def chosen(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (method, n, eps): the configuration with the best tuning accuracy (the first
-    on a tie, as the baselines), and the shipped rule's for comparison."""
+    """Per (dataset, method, n, eps): the configuration with the best tuning accuracy, and the
+    shipped rule's for comparison. On a tie the first that the services can run (a loop
+    that does not filter its labels, :data:`.tuned.OWN_WEIGHT`), else the first, as
+    the baselines: tied configurations score the same, so which of them is reported
+    reads nothing more of the data."""
     out = []
-    cells: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
+    cells: dict[tuple[str, str, int, float], list[dict[str, Any]]] = {}
     for r in rows:
         if r["epsilon"] is not None:
-            cells.setdefault((r["method"], r["n"], r["epsilon"]), []).append(r)
-    for (method, n, e), rs in cells.items():
+            cells.setdefault((r["dataset"], r["method"], r["n"], r["epsilon"]), []).append(r)
+    for (dataset, method, n, e), rs in cells.items():
         scored = [r for r in rs if r["tuning_accuracy"] is not None]
-        best = max(scored, key=lambda r: r["tuning_accuracy"], default=None)
+        top = max((r["tuning_accuracy"] for r in scored), default=None)
+        tied = [r for r in scored if r["tuning_accuracy"] == top]
+        runnable = [r for r in tied if r["config"].get("labels", "retrain") in OWN_WEIGHT]
+        best = (runnable or tied)[0] if tied else None
         shipped = next(r for r in rs if r["config"]["name"].startswith("shipped"))
         out.append(
             {
+                "dataset": dataset,
                 "method": method,
                 "n": n,
                 "epsilon": e,
@@ -480,16 +523,20 @@ def run(
     pool: int,
     log: Log,
     score_on: NDArray[np.int64] | None = None,
-    grid: Callable[[int, int], list[Candidate]] = student_grid,
+    grid: Callable[[int, int], list[Candidate]] | None = None,
     loops: Callable[[int, int], list[Candidate]] = loop_grid,
     tuner: Tuner | None = None,
     pate_sizes: Sequence[int | None] = (),
 ) -> list[dict[str, Any]]:
     """Every tuning row of ``s`` (only its hospitals' shares, its public records and
-    ``score_on``, by default the tuning records, are read). ``tuner``: one whose features
-    and teachers to reuse. ``pate_sizes``: n for PATE with public records, tried on the
-    student's grid."""
-    tuner = tuner or Tuner(s, pool, log, score_on)
+    ``score_on``, by default the tuning records, are read). ``grid``: the student's
+    configurations (default: :func:`student_grid` of ``s``'s dataset). ``tuner``: one
+    whose features and teachers to reuse. ``pate_sizes``: n for PATE with public records,
+    tried on the student's grid. A table dataset has no loop."""
+    if s.dataset in TABLES and loop_sizes:
+        raise ValueError(f"{s.dataset} is a table: its hospitals' models have no CaPC loop")
+    grid = grid or partial(student_grid, dataset=s.dataset)
+    tuner = tuner or tuner_for(s, pool, log, score_on)
     rows: list[dict[str, Any]] = []
     students = [("student", size, tuner.student) for size in sizes]
     students += [("pate-public", size, tuner.pate_public) for size in pate_sizes]
@@ -516,9 +563,25 @@ def run(
     return rows
 
 
+def tuner_for(s: Split, pool: int, log: Log, score_on: NDArray[np.int64] | None = None) -> Tuner:
+    """The tuner of ``s``'s kind: images' (:class:`Tuner`) or a table's
+    (:class:`.table_tuning.TableTuner`)."""
+    if s.dataset not in TABLES:
+        return Tuner(s, pool, log, score_on)
+    from experiments.side_by_side.table_tuning import TableTuner  # it builds on this module
+
+    return TableTuner(s, pool, log, score_on)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m experiments.side_by_side.capc_tuning")
     parser.add_argument("--out", type=Path, required=True, help="the JSON file of rows")
+    parser.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default=DATASET,
+        help="the dataset whose capc to tune (its rows join the file's others)",
+    )
     parser.add_argument(
         "--sizes",
         nargs="*",
@@ -532,7 +595,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="labelled records per hospital for PATE with public records ('all': a share)",
     )
     parser.add_argument(
-        "--loop-sizes", nargs="*", type=int, default=[200, 1000], help="n for the loop"
+        "--loop-sizes",
+        nargs="*",
+        type=int,
+        default=None,
+        help="n for the loop (default: 200 1000 on images; tables have none)",
     )
     parser.add_argument(
         "--pool", type=int, default=MAX_POOL, help="synthetic queries at most (<= 65,536)"
@@ -554,7 +621,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     config = row["config"]
-    return (row["method"], row["n"], row["epsilon"], None if config is None else config["name"])
+    name = None if config is None else config["name"]
+    return (row["dataset"], row["method"], row["n"], row["epsilon"], name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -585,12 +653,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             seconds += other.get("seconds", 0.0)
         _write(args.out, rows, commands, seconds)
         return 0
-    s = split(DATASET, TUNING_SEED)
-    tuner = Tuner(s, args.pool, log)
+    s = split(args.dataset, TUNING_SEED)
+    tuner = tuner_for(s, args.pool, log)
+    loop_sizes = args.loop_sizes
+    if loop_sizes is None:
+        loop_sizes = [] if s.dataset in TABLES else [200, 1000]
     # Each cell is saved as it ends, so a run that is stopped keeps what it finished.
     cells: list[tuple[list[int | None], list[int], list[int | None]]]
     cells = [([v], [], []) for v in sizes]
-    cells += [([], [n], []) for n in args.loop_sizes]
+    cells += [([], [n], []) for n in loop_sizes]
     cells += [([], [], [v]) for v in pate_sizes]
     for cell_sizes, cell_loops, cell_pate in cells:
         new = run(s, cell_sizes, cell_loops, args.pool, log, tuner=tuner, pate_sizes=cell_pate)
@@ -609,7 +680,7 @@ def _write(path: Path, rows: list[dict[str, Any]], commands: list[str], seconds:
     result = {
         "experiment": "side_by_side_capc_tuning",
         "commands": commands,
-        "dataset": DATASET,
+        "datasets": sorted({r["dataset"] for r in rows}),
         "seed": TUNING_SEED,
         "scored_on": "split.tuning",
         "accountant": "gdp (services.up.accountant), delta 1e-5, rounds admitted by worst case",

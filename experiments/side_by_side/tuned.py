@@ -10,9 +10,10 @@ consortium runs through the services and says which of their rows stand:
   teachers and mechanism, running only the methods that chose it, each priced only
   up to the largest eps it was chosen for (:func:`runs`); its rows are kept only at
   the eps where it was chosen, where they replace the grid's (:func:`kept`);
-* a loop pick that post-processes its labels (``agree``, ``own-x4``) is not what the
-  services' loop does, so it cannot run there (:func:`unrunnable`); those rows stay
-  the shipped rule's, not marked tuned.
+* a loop pick that weights hospital 0's own records (``own-x4``) runs as the student
+  service's ``own_weight`` (:data:`OWN_WEIGHT`); one that filters its labels (``agree``)
+  is not what the services' loop does, so it cannot run there (:func:`unrunnable`);
+  those rows stay the shipped rule's, not marked tuned.
 
 Rows record ``configuration`` (the pick's name) and ``tuned`` (True: the row is its
 (method, n, eps)'s tuned pick).
@@ -32,6 +33,9 @@ from experiments.side_by_side.capc_runs import METHODS, CapcConfig
 SHIPPED = "shipped"
 #: What the services' loop does with its labels (``capc_tuning.Candidate.labels``).
 SERVICE_LABELS = "retrain"
+#: The loop's label handlings the services run: {``Candidate.labels``: the student
+#: service's ``own_weight``, how many times hospital 0's own records enter its fit}.
+OWN_WEIGHT = {SERVICE_LABELS: 1, "own-x4": 4}
 
 
 @dataclass(frozen=True)
@@ -44,23 +48,27 @@ class TunedRun:
     teachers: int
     mechanism: dict[str, Any]
     methods: dict[str, tuple[float, ...]]
+    #: The loop's own records' weight (:data:`OWN_WEIGHT`).
+    own_weight: int = 1
 
     def config(self, base: CapcConfig) -> CapcConfig:
-        """``base`` with this configuration's teachers and mechanism, its eps the union
-        of the methods' (what the consortium's cap is set from)."""
+        """``base`` with this configuration's teachers, mechanism and own records' weight,
+        its eps the union of the methods' (what the consortium's cap is set from)."""
         epsilons = tuple(sorted({e for es in self.methods.values() for e in es}))
         return replace(
-            base, epsilons=epsilons, teachers=self.teachers, mechanism=dict(self.mechanism)
+            base,
+            epsilons=epsilons,
+            teachers=self.teachers,
+            mechanism=dict(self.mechanism),
+            own_weight=self.own_weight,
         )
 
 
 def load(path: Path, dataset: str) -> list[dict[str, Any]]:
-    """The ``chosen`` picks of a ``capc_tuning`` file, if it tuned ``dataset``."""
+    """The ``chosen`` picks of ``dataset`` in a ``capc_tuning`` file (a pick names its
+    dataset; a file of one dataset may say it once, as ``dataset``)."""
     saved = json.loads(path.read_text())
-    if saved.get("dataset") != dataset:
-        return []
-    picks: list[dict[str, Any]] = saved["chosen"]
-    return picks
+    return [p for p in saved["chosen"] if p.get("dataset", saved.get("dataset")) == dataset]
 
 
 def _shipped(pick: dict[str, Any]) -> bool:
@@ -69,9 +77,9 @@ def _shipped(pick: dict[str, Any]) -> bool:
 
 def unrunnable(pick: dict[str, Any]) -> bool:
     """A pick the services cannot run: none (no configuration scored), or a loop that
-    post-processes its labels."""
+    filters its labels (any handling not in :data:`OWN_WEIGHT`)."""
     config = pick["chosen_config"]
-    return config is None or config.get("labels", SERVICE_LABELS) != SERVICE_LABELS
+    return config is None or config.get("labels", SERVICE_LABELS) not in OWN_WEIGHT
 
 
 def runs(
@@ -104,6 +112,7 @@ def runs(
                 teachers=int(c["teachers"]),
                 mechanism=dict(c["mechanism"]),
                 methods={m: tuple(sorted(es)) for m, es in sorted(grouped[(n, name)].items())},
+                own_weight=OWN_WEIGHT[c.get("labels", SERVICE_LABELS)],
             )
         )
     return out

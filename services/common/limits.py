@@ -68,6 +68,11 @@ PREDICT_CACHE_MODELS = 4
 MAX_EPOCHS = 200
 DEFAULT_EPOCHS = 10
 
+#: Times a querier's own labelled records may enter its student's fit (the CaPC loop's
+#: ``own_weight``): the fit holds k copies of their features, and past 16 the bought
+#: labels barely count against them.
+MAX_OWN_WEIGHT = 16
+
 #: Largest gRPC message either way. Garbled rounds travel in frames of at most
 #: 4 MiB (capc.mpc); vote shares of a MAX_BATCH round of 1,024 classes are
 #: 32 MiB; CKKS contexts with rotation keys reach about 100 MB.

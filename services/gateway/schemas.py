@@ -13,6 +13,7 @@ from services.common.limits import (
     DEFAULT_EPOCHS,
     MAX_BATCH,
     MAX_EPOCHS,
+    MAX_OWN_WEIGHT,
     MAX_PREDICT_RECORDS,
     MAX_RECIPE_COUNT,
     batch_refusal,
@@ -150,6 +151,14 @@ class ModelCreate(Strict):
         "FixMatch (fixmatch, image tasks); no privacy cost. Deprecated: pseudo-labels, read "
         "as pseudo-label-head or fixmatch by the architecture (options.deprecated says so)",
     )
+    own_weight: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_OWN_WEIGHT,
+        strict=True,
+        description="a querier's pretrained student (the CaPC loop): how many times its own "
+        "labelled records enter the fit beside the bought labels (default 1); no privacy cost",
+    )
 
 
 class PredictIn(Strict):
@@ -185,7 +194,8 @@ class ModelOut(BaseModel):
     created_at: str
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="the training options the model was asked for (l2, semi_supervised), and "
+        description="the training options the model was asked for (l2, semi_supervised, "
+        "own_weight where not 1), and "
         "deprecated where the request named a deprecated method: what it was read as",
     )
 

@@ -323,7 +323,9 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         arch = request.architecture or self.trainer.default_architecture
         epochs = request.epochs or DEFAULT_EPOCHS
         try:
-            options = TrainingOptions.parse(request.l2, request.semi_supervised, arch)
+            options = TrainingOptions.parse(
+                request.l2, request.semi_supervised, arch, request.own_weight
+            )
             self.trainer.check(list(request.job_ids), arch, epochs, options)
         except TrainingError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

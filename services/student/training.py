@@ -60,7 +60,7 @@ from capc.learning.supervised import accuracy, fit
 from capc.models import ARCHITECTURES, Teacher, build, save_teacher
 from capc.models.inference import features, reference_statistics
 from capc.models.registry import Classifier
-from services.common.limits import MAX_EPOCHS, MAX_REFERENCE_RECORDS
+from services.common.limits import MAX_EPOCHS, MAX_OWN_WEIGHT, MAX_REFERENCE_RECORDS
 from services.common.task import TaskConfig
 from services.student.store import TERMINAL, JobStore
 
@@ -102,20 +102,28 @@ class TrainingOptions:
     """How a student is fitted: a pretrained student's head's L2 penalty (per unit of mean
     loss) and the semi-supervised method that also learns from unanswered queries
     (:mod:`capc.learning.semi_supervised`). ``deprecated``: set when the request named a
-    deprecated method, saying what it was read as and what to name instead."""
+    deprecated method, saying what it was read as and what to name instead.
+    ``own_weight``: how many times a querier's own labelled records enter a pretrained
+    student's fit beside the bought labels (the CaPC loop; an integer in
+    [1, :data:`MAX_OWN_WEIGHT`], 1: once each, as every bought label)."""
 
     l2: float = STUDENT_L2
     semi_supervised: str = "none"
     deprecated: str = ""
+    own_weight: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         if not self.deprecated:
             del out["deprecated"]
+        if self.own_weight == 1:  # the default is left out, as models stored before it
+            del out["own_weight"]
         return out
 
     @classmethod
-    def parse(cls, l2: float, semi_supervised: str, architecture: str) -> TrainingOptions:
+    def parse(
+        cls, l2: float, semi_supervised: str, architecture: str, own_weight: int = 0
+    ) -> TrainingOptions:
         """From a request for a student of ``architecture``: 0 and "" mean the defaults;
         TrainingError says what is wrong."""
         mode = semi_supervised or "none"
@@ -125,7 +133,9 @@ class TrainingOptions:
             )
         if not (l2 == 0 or 1e-8 <= l2 <= 1e3):
             raise TrainingError(f"l2 must lie in [1e-8, 1000] (0: the default), got {l2}")
-        return cls(float(l2) or STUDENT_L2, mode).resolved(architecture)
+        return cls(
+            float(l2) or STUDENT_L2, mode, own_weight=checked_own_weight(own_weight)
+        ).resolved(architecture)
 
     def resolved(self, architecture: str) -> TrainingOptions:
         """These options with a deprecated method read as the method it means for a student
@@ -147,6 +157,18 @@ class TrainingOptions:
         """Options as stored with a model of ``architecture`` (a deprecated method stored
         before it was renamed is read as :meth:`resolved` reads it)."""
         return (cls(**d) if d else cls()).resolved(architecture)
+
+
+def checked_own_weight(k: object) -> int:
+    """``k`` as an own-records weight: an integer in [1, :data:`MAX_OWN_WEIGHT`], or 0 for
+    the default, 1. TrainingError says what is wrong (a float, a bool, out of range)."""
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise TrainingError(f"own_weight must be an integer, got {k!r}")
+    if not 0 <= k <= MAX_OWN_WEIGHT:
+        raise TrainingError(
+            f"own_weight must lie in [1, {MAX_OWN_WEIGHT}] (0: the default, 1), got {k}"
+        )
+    return int(k) or 1
 
 
 def load_reference(path: Path, task: TaskConfig) -> NDArray[np.float32]:
@@ -329,6 +351,17 @@ class ModelTrainer:
                 "the student party with --reference-data FILE (256 real unlabelled records drawn "
                 "as deployed inputs are, .npz with x)"
             )
+        if options.own_weight != 1 and (self.own is None or architecture != PRETRAINED):
+            raise TrainingError(
+                f"own_weight {options.own_weight} weights a querier's own labelled records in "
+                "a pretrained student's fit (the CaPC loop); "
+                + (
+                    "this student party has none (start it with --own-data)"
+                    if self.own is None
+                    else f"a {architecture} student is trained on the bought labels alone"
+                )
+                + ": leave own_weight out or at 1"
+            )
         if options.semi_supervised != "none" and self.task.multi_label:
             raise TrainingError("semi_supervised applies to single-label tasks only")
         try:
@@ -387,10 +420,13 @@ class ModelTrainer:
             order = np.random.default_rng(1).permutation(len(own_x))
             own_f = features(model, own_x[order], current_statistics=True, batch=OWN_BATCH)
             f, y = torch.cat([own_f, f]), np.concatenate([own_y[order], y])
+            # own_weight k: each own record enters the fit k times (its features taken
+            # once, so the copies are identical), weighing k bought labels' worth.
+            k = options.own_weight
             jf = JobFeatures(
-                np.concatenate([own_x[order], jf.queries]),
-                torch.cat([own_f, jf.features]),
-                np.concatenate([own_y[order], jf.labels]),
+                np.concatenate([*[own_x[order]] * k, jf.queries]),
+                torch.cat([*[own_f] * k, jf.features]),
+                np.concatenate([*[own_y[order]] * k, jf.labels]),
             )
             answered = jf.answered
         if len(y) == 0:

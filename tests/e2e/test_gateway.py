@@ -312,6 +312,14 @@ def test_bad_job_requests_are_4xx(
     assert r.status_code == 404 and missing in r.json()["detail"]
     r = http.post(url + "/v1/models", headers=h, json={"job_ids": [missing]})
     assert r.status_code == 422 and "no job" in r.json()["detail"]
+    # own_weight: the gateway's range, then the student party's own refusal (it holds no
+    # records of its own to weigh), each saying what is wrong.
+    r = http.post(url + "/v1/models", headers=h, json={"job_ids": [missing], "own_weight": 17})
+    assert r.status_code == 422 and "own_weight" in r.text and "16" in r.text
+    weighted = {"job_ids": [missing], "architecture": "small-cnn", "own_weight": 4}
+    r = http.post(url + "/v1/models", headers=h, json=weighted)
+    assert r.status_code == 422 and "own_weight 4" in r.json()["detail"], r.text
+    assert "has none (start it with --own-data)" in r.json()["detail"]
 
 
 def test_mechanism_override_adds_noise_and_costs_less(

@@ -105,3 +105,59 @@ def test_the_capc_loop_fits_own_records_with_or_without_jobs(
     with pytest.raises(TrainingError, match="--reference-data FILE \\(256 real unlabelled"):
         alone.check(["x"], "pretrained", 10)
     assert trainer.reference is not None and len(trainer.reference) == 60
+
+
+def test_own_weight_enters_the_querys_own_records_k_times(
+    parts: tuple[JobStore, TaskConfig, Teacher],
+) -> None:
+    """The CaPC loop's ``own_weight``: the head is the experiment's head on the own
+    records' features k times beside the bought labels', so the fit moves with k."""
+    store, task, body = parts
+    own, test = images(60, 2), images(90, 3)
+    x, y = images(80, 5)
+    y = (y + 1) % 3  # bought labels that disagree with the own records' classes
+    job = store.create("t", x, batch_size=40)
+    for i in range(2):
+        store.record_batch(job.id, i, i + 1, y[40 * i : 40 * (i + 1)])
+    store.finish(job.id)
+    trainer = ModelTrainer(store, task, test, body, own=own)
+
+    def head(k: int) -> torch.nn.Linear:
+        options = TrainingOptions.parse(0.0, "none", "pretrained", k)
+        trainer.check([job.id], "pretrained", 10, options)
+        spec = store.create_model([job.id], "pretrained", 10, 0, options.to_dict())
+        trainer.submit(spec.id)
+        wait(store, spec.id)
+        done = store.model(spec.id)
+        assert done is not None and done.state == "done", done
+        # Examples and the options record the distinct records and the weight asked for.
+        assert done.examples == 60 + 80
+        assert store.model_options(spec.id) == options.to_dict()
+        found = store.model_file(spec.id)
+        assert found is not None
+        linear = load_teacher_bytes(found[0]).model.head[1]  # type: ignore[index]
+        assert isinstance(linear, torch.nn.Linear)
+        return linear
+
+    once, four = head(1), head(4)
+    assert not torch.allclose(once.weight, four.weight, atol=1e-3)
+    # What the trainer fits: own features (in its order, its batches) four times, then the job's.
+    order = np.random.default_rng(1).permutation(60)
+    own_f = features(body.model, own[0][order], current_statistics=True, batch=512)
+    job_f = features(body.model, x, current_statistics=True, batch=40)
+    expected = fit_batch_standardised(
+        torch.cat([own_f] * 4 + [job_f]),
+        np.concatenate([own[1][order]] * 4 + [y]),
+        3,
+        l2=0.01,
+        balanced=True,
+    )[1]
+    assert isinstance(expected, torch.nn.Linear)
+    assert torch.allclose(four.weight, expected.weight, atol=1e-5)
+    # Weighting own records that are not there, or a student that never reads them, is refused.
+    heavy = TrainingOptions.parse(0.0, "none", "pretrained", 4)
+    alone = ModelTrainer(store, task, test, body, reference=images(90, 4)[0])
+    with pytest.raises(TrainingError, match=r"own_weight 4 .* has none \(start it with --own-data"):
+        alone.check([job.id], "pretrained", 10, heavy)
+    with pytest.raises(TrainingError, match="a small-cnn student is trained on the bought labels"):
+        trainer.check([job.id], "small-cnn", 10, TrainingOptions(own_weight=4))

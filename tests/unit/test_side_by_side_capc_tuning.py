@@ -111,3 +111,78 @@ def test_pate_public_buys_labels_for_the_public_records_at_most_all_of_them() ->
         )
     assert rows[-1]["pool_exhausted"] == (rows[-1]["queries"] == len(s.public))
     assert {p["method"] for p in tuning.chosen(rows)} == {"capc-pate-public"}
+
+
+def test_breast_cancers_grid_is_the_same_grid_at_its_own_shipped_share() -> None:
+    hospitals = LAYOUTS["breast-cancer"].hospitals
+    for n in (50, 100):
+        grid = tuning.student_grid(n, hospitals, "breast-cancer")
+        assert 1 <= len(grid) <= MAX_GRID
+        assert [c.name for c in grid] == [c.name for c in tuning.student_grid(n, 5)]
+        m0 = teachers_per_hospital("breast-cancer", n)
+        shipped = scaled_task("breast-cancer", hospitals * m0)["mechanism"]
+        assert (grid[0].teachers, grid[0].mechanism) == (m0, shipped)
+        for c in grid:
+            assert c.build(2).offset_robust
+    # sigma 23 for 3 x 8 teachers, as the shipped task
+    assert tuning.student_grid(100, hospitals, "breast-cancer")[0].mechanism["sigma"] == 23.0
+
+
+def _tiny_table(n: int, hospitals: int) -> list[tuning.Candidate]:
+    share = tuning.SIGMA_SHARES["breast-cancer"]
+    return [tuning.Candidate("shipped: tiny", 2, tuning.gnmax(hospitals * 2, 1.0, share))]
+
+
+def test_breast_cancer_tuning_never_reads_the_test_records_and_has_no_loop() -> None:
+    s = split("breast-cancer", TUNING_SEED)
+    bad = _poisoned(s)
+    kw: dict[str, Any] = {
+        "sizes": [50],
+        "pate_sizes": [50],
+        "pool": 512,
+        "log": lambda _: None,
+        "grid": _tiny_table,
+    }
+    rows = tuning.run(s, loop_sizes=[], **kw)
+    assert rows == tuning.run(bad, loop_sizes=[], **kw)
+    assert {r["method"] for r in rows} == {"capc-diet-student", "capc-pate-public"}
+    assert {r["dataset"] for r in rows} == {"breast-cancer"}
+    for r in rows:
+        assert r["tuning_accuracy"] is not None
+        task = {**scaled_task("breast-cancer", 6), "mechanism": r["config"]["mechanism"]}
+        most = len(s.public) if r["method"] == "capc-pate-public" else 512
+        assert r["queries"] == r["labels"] == min(most, queries_fit(task, r["epsilon"]))
+    good = tuning.run(s, loop_sizes=[], score_on=s.test, **kw)
+    worse = tuning.run(bad, loop_sizes=[], score_on=bad.test, **kw)
+    assert [r["tuning_accuracy"] for r in good] != [r["tuning_accuracy"] for r in worse]
+    with pytest.raises(ValueError, match="no CaPC loop"):
+        tuning.run(s, loop_sizes=[50], **kw)
+
+
+def test_picks_are_per_dataset_and_ties_go_to_what_the_services_run() -> None:
+    def row(dataset: str, name: str, acc: float, labels: str = "retrain") -> dict[str, Any]:
+        config = {"name": name, "teachers": 4, "mechanism": {}, "labels": labels}
+        return {
+            "dataset": dataset,
+            "method": "capc-loop",
+            "n": 50,
+            "epsilon": 1.0,
+            "config": config,
+            "tuning_accuracy": acc,
+        }
+
+    rows = [row("a", "shipped", 0.5), row("a", "other", 0.6)]
+    rows += [row("b", "shipped", 0.7), row("b", "other", 0.6)]
+    picks = {p["dataset"]: p["chosen"] for p in tuning.chosen(rows)}
+    assert picks == {"a": "other", "b": "shipped"}
+    # A row of another dataset at the same (method, n, eps, name) is not replaced.
+    assert len(tuning._merged(rows[:2], rows[2:])) == 4
+    # Tied: the first configuration the services can run, not the first in the grid.
+    loop = [
+        row("a", "shipped loop", 0.5),
+        row("a", "agree", 0.7, "agree"),
+        row("a", "own x4", 0.7, "own-x4"),
+    ]
+    assert [p["chosen"] for p in tuning.chosen(loop)] == ["own x4"]
+    alone = [row("a", "shipped loop", 0.5), row("a", "agree", 0.7, "agree")]
+    assert [p["chosen"] for p in tuning.chosen(alone)] == ["agree"]

@@ -132,6 +132,14 @@ def test_the_saved_results_and_the_docs_follow_the_saved_rows() -> None:
         c.startswith("python -m experiments.side_by_side") for c in saved["commands"]
     )
     text = (root / "docs/results.md").read_text()
+    # Provenance: every command as it ran is kept, and each is mapped to the documented
+    # command that makes its rows without the scratch files it may name.
+    lines = set(text.splitlines())
+    for command in saved["commands"]:
+        documented = saved["documented_as"].get(command)
+        assert documented, f"{command!r}: no docs/results.md command in documented_as"
+        for line in documented:  # a merge of parts maps to each part's command
+            assert line in lines and "/tmp" not in line, (command, line)
     begin, end = "<!-- side-by-side: generated -->\n", "<!-- side-by-side: end -->"
     block = text[text.index(begin) + len(begin) : text.index(end)]
     expected = summary.markdown(table) + "\n" + summary.goals_markdown(table) + "\n"
@@ -156,6 +164,7 @@ def test_the_docs_side_by_side_commands_parse() -> None:
         "experiments.side_by_side.plots": plots.build_parser(),
         "experiments.side_by_side.capc_tuning": capc_tuning.build_parser(),
         "experiments.side_by_side.capc_bytes": capc_bytes.build_parser(),
+        "experiments.side_by_side.baselines": baselines._parser(),
     }
     root = Path(__file__).resolve().parents[2]
     texts = [(root / "docs/results.md").read_text(), grid.__doc__ or "", plots.__doc__ or ""]

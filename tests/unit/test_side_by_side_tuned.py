@@ -19,6 +19,7 @@ TWO_M0["mechanism"] = {"name": "gnmax", "sigma": 80.0}
 SHIPPED = {"name": "shipped: m0, gnmax at the share", "teachers": 50, "labels": "retrain"}
 SHIPPED["mechanism"] = {"name": "gnmax", "sigma": 40.0}
 OWN_X4 = {**SHIPPED, "name": "gnmax, own x4", "labels": "own-x4"}
+AGREE = {**SHIPPED, "name": "gnmax, agree", "labels": "agree"}
 
 
 def _pick(method: str, n: int, e: float, config: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +40,7 @@ PICKS = [
     _pick("capc-pate-public", 1000, 10.0, TWO_M0),
     _pick("capc-loop", 1000, 1.0, OWN_X4),
     _pick("capc-diet-student", 50, 10.0, {**TWO_M0, "teachers": 10}),
+    _pick("capc-loop", 1000, 2.0, AGREE),
 ]
 
 
@@ -55,11 +57,19 @@ def _row(method: str, n: int, e: float | None, seed: int, acc: float) -> dict[st
 
 def test_one_consortium_per_configuration_running_only_whom_chose_it() -> None:
     runs = tuned.runs(PICKS)
-    assert [(r.n, r.configuration) for r in runs] == [(1000, TWO_M0["name"]), (50, TWO_M0["name"])]
-    big = runs[0]
+    assert [(r.n, r.configuration) for r in runs] == [
+        (1000, TWO_M0["name"]),
+        (1000, OWN_X4["name"]),
+        (50, TWO_M0["name"]),
+    ]
+    big, own = runs[0], runs[1]
     # The student and PATE both chose 2 m0 at n = 1000: one consortium, each method
-    # priced only up to the eps it chose it for; the loop's own-x4 pick is not run.
+    # priced only up to the eps it chose it for; the loop's agree pick is not run.
     assert big.methods == {"capc-diet-student": (1.0, 2.0), "capc-pate-public": (10.0,)}
+    assert big.own_weight == 1 and big.config(CapcConfig()).own_weight == 1
+    # own-x4 runs as the student service's own_weight 4, the loop alone.
+    assert own.methods == {"capc-loop": (1.0,)} and own.own_weight == 4
+    assert own.config(CapcConfig()).own_weight == 4
     assert (big.teachers, big.mechanism) == (100, {"name": "gnmax", "sigma": 80.0})
     config = big.config(CapcConfig())
     assert (config.epsilons, config.teachers, config.mechanism) == (
@@ -67,13 +77,16 @@ def test_one_consortium_per_configuration_running_only_whom_chose_it() -> None:
         100,
         {"name": "gnmax", "sigma": 80.0},
     )
-    assert runs[1].teachers == 10
+    assert runs[2].teachers == 10
     # Sizes and methods narrow and order the runs.
-    assert [r.n for r in tuned.runs(PICKS, sizes=[50, 1000])] == [50, 1000]
+    assert [r.n for r in tuned.runs(PICKS, sizes=[50, 1000])] == [50, 1000, 1000]
     only = tuned.runs(PICKS, sizes=[1000], methods=["capc-diet-student"])
     assert [r.methods for r in only] == [{"capc-diet-student": (1.0, 2.0)}]
-    assert tuned.runs(PICKS, methods=["capc-loop"]) == []
-    assert tuned.unrunnable(PICKS[5]) and not tuned.unrunnable(PICKS[0])
+    assert [r.configuration for r in tuned.runs(PICKS, methods=["capc-loop"])] == [OWN_X4["name"]]
+    assert tuned.unrunnable(PICKS[-1]) and not tuned.unrunnable(PICKS[5])
+    assert not tuned.unrunnable(PICKS[0])
+    with pytest.raises(ValueError, match="own_weight must lie in"):
+        CapcConfig(own_weight=0)
 
 
 def test_a_cell_prices_each_method_only_at_its_own_eps() -> None:
@@ -117,7 +130,7 @@ def test_tuned_rows_replace_the_grids_only_where_chosen() -> None:
     assert by[("capc-diet-student", 5.0)]["tuned"]
     assert by[("capc-diet-student", 5.0)]["configuration"] == SHIPPED["name"]
     assert by[("capc-diet-student", 1.0)]["configuration"] == TWO_M0["name"]
-    # A pick the services cannot run leaves the grid's row, not tuned.
+    # A pick not run here leaves the grid's row, not tuned.
     assert by[("capc-loop", 1.0)]["tuned"] is False
     # No pick: untouched (PATE at eps 1 was not tuned here; baselines never are).
     assert "tuned" not in by[("capc-pate-public", 1.0)] and "tuned" not in by[("alone", None)]
@@ -217,3 +230,28 @@ def test_mark_only_marks_the_saved_rows_and_runs_nothing(tmp_path: Path) -> None
     assert len(saved["rows"]) == 2 and by[5.0]["tuned"] and by[1.0]["tuned"] is False
     with pytest.raises(SystemExit):
         main([*argv, "--mark-only"])
+
+
+def test_each_run_maps_its_command_to_its_reproducible_form(tmp_path: Path) -> None:
+    import json
+
+    from experiments.side_by_side.__main__ import main, reproducible
+
+    assert reproducible("python -m m --out o.json --work /tmp/w --add-to") == (
+        "python -m m --out o.json --add-to"
+    )
+    assert reproducible("python -m m --work=/tmp/w --sizes 50") == "python -m m --sizes 50"
+    out = tmp_path / "rows.json"
+    old = "python -m experiments.side_by_side --out /tmp/part.json"
+    out.write_text(
+        json.dumps({"rows": [], "commands": [old], "documented_as": {old: ["python -m x"]}})
+    )
+    picks = tmp_path / "tuning.json"
+    picks.write_text(json.dumps({"dataset": "animal-mnist", "chosen": PICKS}))
+    argv = ["--out", str(out), "--datasets", "animal-mnist", "--methods", "capc", "--add-to"]
+    argv += ["--tuned-from", str(picks), "--mark-only", "--work", str(tmp_path / "w")]
+    assert main(argv) == 0
+    saved = json.loads(out.read_text())
+    ran = saved["commands"][-1]
+    assert "--work" in ran and saved["documented_as"][old] == ["python -m x"]
+    assert saved["documented_as"][ran] == [reproducible(ran)] and "--work" not in reproducible(ran)

@@ -143,3 +143,45 @@ def test_one_head_trainer_runs_the_method_each_name_says() -> None:
         fit_student_head(
             "self-training", body, f, np.zeros((240, 3), dtype=np.int64), x, 3, batch=80
         )
+
+
+def test_own_weight_is_an_integer_in_range_everywhere_it_is_read() -> None:
+    """The CaPC loop's own_weight: the student party's parse, the gateway's schema and
+    capcctl each take an integer 1..16 (0 on the wire: the default) and refuse the rest
+    saying what is allowed."""
+    from pydantic import ValidationError
+
+    from services.common.limits import MAX_OWN_WEIGHT
+
+    assert MAX_OWN_WEIGHT == 16
+    assert TrainingOptions.parse(0.0, "", PRETRAINED, 0) == TrainingOptions()
+    four = TrainingOptions.parse(0.0, "", PRETRAINED, 4)
+    assert four.own_weight == 4 and four.to_dict() == {
+        "l2": STUDENT_L2,
+        "semi_supervised": "none",
+        "own_weight": 4,
+    }
+    assert TrainingOptions.from_dict(four.to_dict(), PRETRAINED) == four
+    # A model stored before the option existed reads as weight 1, and 1 is not stored.
+    assert TrainingOptions.from_dict({"l2": STUDENT_L2, "semi_supervised": "none"}, PRETRAINED) == (
+        TrainingOptions()
+    )
+    assert "own_weight" not in TrainingOptions.parse(0.0, "", PRETRAINED, 1).to_dict()
+    for bad in (17, -1, 1000):
+        with pytest.raises(TrainingError, match=r"own_weight must lie in \[1, 16\].*got"):
+            TrainingOptions.parse(0.0, "", PRETRAINED, bad)
+    for bad_type in (2.5, True, "4"):
+        with pytest.raises(TrainingError, match="own_weight must be an integer"):
+            TrainingOptions.parse(0.0, "", PRETRAINED, bad_type)  # type: ignore[arg-type]
+    assert schemas.ModelCreate.model_validate({"job_ids": [], "own_weight": 16}).own_weight == 16
+    for bad_json in (0, 17, 2.5, "4", True):
+        with pytest.raises(ValidationError, match="own_weight"):
+            schemas.ModelCreate.model_validate({"job_ids": [], "own_weight": bad_json})
+    parser = capcctl_parser()
+    assert parser.parse_args(["models", "train", "J", "--own-weight", "4"]).own_weight == 4
+    assert (
+        parser.parse_args(["loop", "run", "--records", "r.npz", "--own-weight", "4"]).own_weight
+        == 4
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["models", "train", "J", "--own-weight", "2.5"])

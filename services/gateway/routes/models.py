@@ -40,6 +40,7 @@ def train_model(body: schemas.ModelCreate, _: Analyst, backends: Backend) -> sch
             seed=body.seed,
             l2=body.l2 or 0.0,
             semi_supervised=body.semi_supervised,
+            own_weight=body.own_weight or 0,
         ),
     )
     return model_out(model)

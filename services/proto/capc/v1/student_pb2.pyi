@@ -126,7 +126,7 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
 class TrainModelRequest(_message.Message):
-    __slots__ = ("header", "job_ids", "architecture", "epochs", "seed", "l2", "semi_supervised")
+    __slots__ = ("header", "job_ids", "architecture", "epochs", "seed", "l2", "semi_supervised", "own_weight")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,7 @@ class TrainModelRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     L2_FIELD_NUMBER: _ClassVar[int]
     SEMI_SUPERVISED_FIELD_NUMBER: _ClassVar[int]
+    OWN_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     job_ids: _containers.RepeatedScalarFieldContainer[str]
     architecture: str
@@ -141,7 +142,8 @@ class TrainModelRequest(_message.Message):
     seed: int
     l2: float
     semi_supervised: str
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ..., l2: _Optional[float] = ..., semi_supervised: _Optional[str] = ...) -> None: ...
+    own_weight: int
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ..., l2: _Optional[float] = ..., semi_supervised: _Optional[str] = ..., own_weight: _Optional[int] = ...) -> None: ...
 
 class StudentModel(_message.Message):
     __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at", "options_json")
