@@ -62,7 +62,7 @@ def pg(postgres_url: str) -> Iterator[Ledger]:
 # -- 1. limits lowered while a reservation waits for its locks (PostgreSQL) -------------
 
 
-def _while_spend_row_locked(db: Ledger, lower: Callable[[], None]) -> BaseException | int:
+def _while_spend_row_locked(db: Ledger, lower: Callable[[], object]) -> BaseException | int:
     """Reserve a round on another thread while this one holds ``PARTY``'s spend row
     locked; once that reservation waits for the lock (seen in pg_stat_activity, not by
     timing), ``lower`` runs and commits, then the lock is let go. Returns what the
