@@ -60,6 +60,7 @@ from services.common.ledger.tables import (
     INSERT_CHARGES,
     INSERT_QUERIER_SPENDS,
     INSERT_ROUND,
+    LIMITS,
     OPENABLE,
     ROUND_CHARGES_LOCKED,
     ROUND_LOCKED,
@@ -144,6 +145,15 @@ class Reservations(LedgerBase):
                 if not known_task:
                     raise unknown_task(conn, task)
                 spends, shares = lock_spends(conn, querier, names)
+                if conn.dialect.name != "sqlite":
+                    # READ COMMITTED: caps and allowance as they stand now that the spend
+                    # rows are locked (a cut committed while the lock waited holds).
+                    limits = list(conn.execute(LIMITS, {"names": names, "querier": querier}))
+                    for p, cap, status, _ in limits:
+                        if p in spends:
+                            spends[p].cap, spends[p].status = float(cap), str(status)
+                    if limits:
+                        allowance = limits[0][3]
                 unknown = [p for p in names if p not in spends]
                 if unknown:
                     raise UnknownPartyError(f"unknown parties {unknown}; register them first")

@@ -166,6 +166,18 @@ SPENDS_CAPS_LOCKED = (
     .order_by(spend.c.party)
     .with_for_update(of=spend)
 )
+#: Each party's (name, enforced cap, status) with the querier's allowance (None for
+#: none), read by a reservation once its spend rows are locked (PostgreSQL): the caps
+#: that :data:`SPENDS_CAPS_LOCKED` joins are its statement's snapshot, which a cap or
+#: allowance cut committed while the lock waited leaves stale.
+LIMITS = select(
+    parties.c.name,
+    parties.c.epsilon_cap,
+    parties.c.status,
+    select(allowances.c.epsilon_cap)
+    .where(allowances.c.querier == bindparam("querier"))
+    .scalar_subquery(),
+).where(parties.c.name.in_(bindparam("names", expanding=True)))
 #: What a reservation or settlement reads of its parties in one statement where the
 #: whole database is locked (SQLite): spend rows (with caps and status) and the querier's
 #: loss on each (None where it has none).
