@@ -77,5 +77,5 @@ def test_a_case_of_no_file_is_refused(tmp_path: Path) -> None:
         '<testsuites><testsuite><testcase classname="tests.gone" name="a" time="1"/>'
         "</testsuite></testsuites>"
     )
-    with pytest.raises(ValueError, match="tests.gone"):
+    with pytest.raises(ValueError, match=r"tests\.gone"):
         from_junit(report)
