@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-body test test-fast lint typecheck venv clean bench fuzz browser
+.PHONY: demo demo-body test test-fast lint typecheck venv clean bench fuzz browser durations
 
 venv: $(STAMP)
 
@@ -51,12 +51,18 @@ browser:
 	    $$SUDO apt-get install -y -q chromium >/dev/null 2>&1 || \
 	    { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
 
+# Whole files to each of two workers, longest first (tests/file_seconds.py).
 test: $(STAMP) browser lint
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # The lane to run while working: unit tests only (no processes, no network), lint first.
 test-fast: $(STAMP) lint
-	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not slow" tests/unit
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" tests/unit
+
+# Measure every test file again for the order `make test` deals them in.
+durations: $(STAMP) browser
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --no-loadscope-reorder --junitxml=.durations.xml
+	$(PY) -m tests.file_seconds .durations.xml
 
 fuzz: $(STAMP)
 	CAPC_FUZZ_SECONDS=600 $(VENV)/bin/pytest -q -m fuzz tests/e2e/test_gateway.py

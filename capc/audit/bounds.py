@@ -35,7 +35,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from scipy.stats import beta
+from scipy.special import betaincinv
 
 #: Two-sided confidence of the interval whose lower end must exceed a claim to refute it.
 REFUTE_CONFIDENCE = 0.999
@@ -51,9 +51,11 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     if trials == 0:
         return 0.0, 1.0
     tail = (1.0 - confidence) / 2.0
-    lo = 0.0 if successes == 0 else float(beta.ppf(tail, successes, trials - successes + 1))
+    # The beta quantiles, from scipy.special: scipy.stats costs every service a second
+    # of start-up.
+    lo = 0.0 if successes == 0 else float(betaincinv(successes, trials - successes + 1, tail))
     hi = (
-        1.0 if successes == trials else float(beta.ppf(1 - tail, successes + 1, trials - successes))
+        1.0 if successes == trials else float(betaincinv(successes + 1, trials - successes, 1 - tail))
     )
     return lo, hi
 

@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 import scipy.special
-import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
 from capc.privacy import validation as check
@@ -80,7 +79,7 @@ def log_q_gnmax(votes: ArrayLike, sigma: float) -> float:
     sd = check.positive(sigma, "sigma")
     top = int(np.argmax(v))
     gaps = v[top] - np.delete(v, top)
-    logq = float(scipy.special.logsumexp(scipy.stats.norm.logsf(gaps, scale=math.sqrt(2.0) * sd)))
+    logq = float(scipy.special.logsumexp(scipy.special.log_ndtr(-gaps / (math.sqrt(2.0) * sd))))
     return min(logq, math.log(1.0 - 1.0 / v.size))
 
 

@@ -53,7 +53,6 @@ from fractions import Fraction
 
 import numpy as np
 import scipy.special
-import scipy.stats
 from numpy.typing import ArrayLike, NDArray
 
 from capc.privacy import rdp, rounded_gaussian
@@ -121,7 +120,7 @@ def gnmax_gap_table(num_teachers: int, num_classes: int, sigma: float, order: fl
     gaps = np.arange(num_teachers + 1, dtype=np.float64)
     cap = math.log(1.0 - 1.0 / num_classes)
     logq = np.minimum(
-        math.log(num_classes - 1) + scipy.stats.norm.logsf(gaps, scale=math.sqrt(2.0) * sigma), cap
+        math.log(num_classes - 1) + scipy.special.log_ndtr(-gaps / (math.sqrt(2.0) * sigma)), cap
     )
     o = np.array([order])
     return np.array([rdp.rdp_from_log_q(float(x), sigma, o)[0] for x in logq])
