@@ -29,7 +29,6 @@ def pytest_configure() -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest files first (:func:`tests.file_seconds.longest_first`)."""
     items[:] = longest_first(items, measured())
