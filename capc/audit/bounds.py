@@ -55,7 +55,9 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     # of start-up.
     lo = 0.0 if successes == 0 else float(betaincinv(successes, trials - successes + 1, tail))
     hi = (
-        1.0 if successes == trials else float(betaincinv(successes + 1, trials - successes, 1 - tail))
+        1.0
+        if successes == trials
+        else float(betaincinv(successes + 1, trials - successes, 1 - tail))
     )
     return lo, hi
 
