@@ -151,8 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=METHODS,
         default=list(METHODS),
-        help="the capc methods to run (with --tuned-from: whose tuned picks to run); "
-        "default all",
+        help="the capc methods to run (with --tuned-from: whose tuned picks to run); default all",
     )
     parser.add_argument(
         "--tuned-from",

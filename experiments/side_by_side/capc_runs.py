@@ -2,8 +2,8 @@
 
 One consortium of separate processes over mutual TLS per (dataset, n, seed): the
 guardian, every hospital with teachers fitted on its first ``n`` labelled records,
-the student party and the gateway (and, for images, hospital 0's querier party
-with its own gateway). Three methods run in it, each through the REST API:
+the student party and the gateway (and, where hospital 0 has unlabelled records,
+its querier party with its own gateway). Three methods run in it, each through the REST API:
 
 * ``capc-diet-student``: the student party with no data of its own labels
   programmatically generated queries (DIET-CaPC; table rows drawn from the task's
