@@ -485,13 +485,12 @@ class LocalConsortium:
     ) -> int:
         """Hospital ``i`` querying the consortium (the CaPC loop): a student party of its own,
         under its own student certificate, whose rounds leave hospital ``i`` out and whose
-        pretrained student learns from ``own`` (x, y) plus what its jobs bring back; tested
+        student (pretrained with a body, else from scratch) learns from ``own`` (x, y) plus
+        what its jobs bring back; tested
         on ``test``. Returns the port of its jobs API, once it serves.
 
         A querier bound in ``queriers`` runs with ``--hospital``; ``exclude_self=False``
         drops its own ``--exclude`` (the guardian's binding must leave it out anyway)."""
-        if self.body is None:
-            raise ValueError("the CaPC loop's querier fits the pretrained body's last layer")
         name = f"hospital-{i}-querier"
         if not (self.pki_dir / f"{name}.pem").exists():
             pki.issue(self.pki_dir, "student", name, dev=True)
@@ -527,8 +526,8 @@ class LocalConsortium:
             str(test_file),
             *(["--exclude", f"hospital-{i}"] if exclude_self else []),
             *(["--hospital", self.queriers[name]] if name in self.queriers else []),
-            "--body",
-            str(self.body),
+            # Without a body (a table task) the querier's student is trained from scratch.
+            *(["--body", str(self.body)] if self.body is not None else []),
             ready=student_ready(f"127.0.0.1:{port}", self.pki_dir),
         )
         self.procs.append(proc)

@@ -22,6 +22,10 @@ was chosen are marked ``tuned``:
         --tuned-from experiments/results/side-by-side-capc-tuning.json --add-to
 
 ``--configurations NAME ...`` runs only the named picks (each for every seed).
+``--capc-methods`` names capc's methods to run, with or without ``--tuned-from``: the
+grid's CaPC loop alone on breast-cancer (its rows at the shipped rule), then its picks:
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --datasets breast-cancer --methods capc --capc-methods capc-loop --add-to --sizes 50
 
 After the tuning file changes, ``--mark-only`` re-marks the saved rows by its picks
 (a row stays ``tuned`` only while its configuration is still the pick):
@@ -147,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=METHODS,
         default=list(METHODS),
-        help="with --tuned-from: the capc methods whose tuned picks to run",
+        help="the capc methods to run (with --tuned-from: whose tuned picks to run); default all",
     )
     parser.add_argument(
         "--tuned-from",
@@ -219,9 +223,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "capc" in args.methods and args.tuned_from is not None:
                 rows = _tuned(args, dataset, capc, work, rows, commands, saved)
             elif "capc" in args.methods:
+                # Only the named methods, each at every eps (None: all, as the grid ran).
+                methods = (
+                    None
+                    if set(args.capc_methods) == set(METHODS)
+                    else {m: capc.epsilons for m in args.capc_methods}
+                )
                 for seed in args.seeds:
                     for n in sizes:
-                        new = run_capc(split(dataset, seed), [n], capc, work, log)
+                        new = run_capc(split(dataset, seed), [n], capc, work, log, methods)
                         rows = merged(rows, new)
                         write(args.out, rows, commands, kept(saved))
     log(summary.markdown(summary.table(rows)))

@@ -2,18 +2,19 @@
 
 One consortium of separate processes over mutual TLS per (dataset, n, seed): the
 guardian, every hospital with teachers fitted on its first ``n`` labelled records,
-the student party and the gateway (and, for images, hospital 0's querier party
-with its own gateway). Three methods run in it, each through the REST API:
+the student party and the gateway (and, where hospital 0 has unlabelled records,
+its querier party with its own gateway). Three methods run in it, each through the REST API:
 
 * ``capc-diet-student``: the student party with no data of its own labels
   programmatically generated queries (DIET-CaPC; table rows drawn from the task's
   public ranges) and trains on them;
 * ``capc-pate-public``: the same student party labels the public records (real,
   in-distribution, unlabelled) and trains on them (CaPC with public data);
-* ``capc-loop`` (images): hospital 0 labels its own unlabelled records (its share
-  past its first ``n``) through the others' teachers and retrains its own model
-  on its ``n`` records plus the labels (``accuracy_before`` is that model on its
-  records alone).
+* ``capc-loop``: hospital 0 labels its own unlabelled records (its share past its
+  first ``n``) through the others' teachers and retrains its own model on its ``n``
+  records plus the labels (``accuracy_before`` is that model on its records alone):
+  for images the pretrained body's last layer, for tables an MLP from scratch for
+  ``CapcConfig.table_loop_epochs`` epochs (the student service without a body).
 
 Budgets. Every round is the same GNMax mechanism, so a method's labels cost what
 their count costs: the labels a row reports at eps ``e`` are the first
@@ -90,6 +91,9 @@ class CapcConfig:
     #: Table students: few epochs learn the noisy labels' trend (experiments/tabular.py).
     table_epochs: int = 5
     table_teacher_epochs: int = 100
+    #: Tables: the loop's model (hospital 0's MLP on its own rows and the bought labels)
+    #: is trained as its teachers are, for as many epochs.
+    table_loop_epochs: int = 100
     #: Seconds the guardian waits for a hospital's shares on 2 loaded cores.
     share_timeout: float = 300.0
     #: Teachers per hospital; ``None``: :func:`teachers_per_hospital` (the grid's rule).
@@ -350,7 +354,7 @@ def consortium(
         split_seed=0,
         epsilon_cap=cap,
         own_models=own,
-        queriers={QUERIER: HOSPITAL} if cell.images else {},
+        queriers={QUERIER: HOSPITAL},
         share_timeout=cell.config.share_timeout,
         log=cell.log,
     )
@@ -458,7 +462,8 @@ def loop_method(
     unlabelled = split.x[split.unlabelled(0, cell.n)]
     hospital, setup = start_loop(cell, c, relay)
     start = time.perf_counter()
-    before = _train(hospital, [], None, cfg.epochs, split.seed)
+    architecture, epochs = (None, cfg.epochs) if cell.images else ("mlp", cfg.table_loop_epochs)
+    before = _train(hospital, [], architecture, epochs, split.seed)
     rows: list[dict[str, Any]] = []
     jobs: list[str] = []
     costs: list[int] = []
@@ -479,7 +484,9 @@ def loop_method(
             costs.append(got.bytes_sent)
             bought, done = bought + got.answered, k
         after = (
-            _train(hospital, jobs, None, cfg.epochs, split.seed, cfg.own_weight) if jobs else before
+            _train(hospital, jobs, architecture, epochs, split.seed, cfg.own_weight)
+            if jobs
+            else before
         )
         rows.append(
             cell.row(
@@ -514,7 +521,7 @@ def run_cell(cell: Cell) -> list[dict[str, Any]]:
         rows = student_methods(cell, c, task_dict, relay)
         # At n = all a hospital has no unlabelled records to label (a share's odd one
         # left over is not a loop).
-        if cell.images and cell.n < cell.split.size(None) and cell.epsilons("capc-loop"):
+        if cell.n < cell.split.size(None) and cell.epsilons("capc-loop"):
             rows += loop_method(cell, c, task_dict, relay)
         admin = Client(c.gateway_url, c.token("admin", "side-by-side"), ca=c.ca, timeout=600)
         totals = {b.party: b.epsilon_spent for b in admin.budgets().budgets}

@@ -22,6 +22,11 @@ task's share of the vote; minutes)::
     python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
         --dataset breast-cancer --sizes all 50 --pate-sizes all 50 --pool 32768 --add-to
 
+The loop on breast-cancer (n = 50: at n = all a hospital has no unlabelled rows)::
+
+    python -m experiments.side_by_side.capc_tuning --out experiments/results/side-by-side-capc-tuning.json \
+        --dataset breast-cancer --sizes --loop-sizes 50 --add-to
+
 No services run: this is central mode on the library pieces the services use.
 
 * Teachers: each hospital's ``m`` heads on the shipped body
@@ -125,7 +130,7 @@ from services.student.training import OWN_BATCH, STUDENT_L2
 from services.up import accountant, queries_fit
 
 DATASET = "animal-mnist"
-#: Datasets of table rows (no body, MLP teachers and students, no loop).
+#: Datasets of table rows (no body: MLP teachers, students and loop models).
 TABLES = ("breast-cancer",)
 EPSILONS = CapcConfig().epsilons
 #: Queries a round holds (capc_runs' batch size): the BatchNorm batch of synthetic queries.
@@ -204,17 +209,20 @@ def student_grid(n: int, hospitals: int, dataset: str = DATASET) -> list[Candida
     ]
 
 
-def loop_grid(n: int, hospitals: int) -> list[Candidate]:
-    """The CaPC loop's configurations (sigma for every hospital's teachers, as the
-    consortium's task sets it; hospital 0's own never vote)."""
-    m0 = teachers_per_hospital(DATASET, n)
+def loop_grid(n: int, hospitals: int, dataset: str = DATASET) -> list[Candidate]:
+    """The CaPC loop's configurations for ``n`` labelled records a hospital of ``dataset``
+    (sigma for every hospital's teachers, as the consortium's task sets it; hospital 0's
+    own never vote)."""
+    m0 = teachers_per_hospital(dataset, n)
     v0, voting = hospitals * m0, (hospitals - 1) * m0
+    share = SIGMA_SHARES[dataset]
     confident = robust(voting, 0.7, 0.15)
-    confident["sigma"] = gnmax(v0)["sigma"]
+    confident["sigma"] = gnmax(v0, share=share)["sigma"]
+    shipped = gnmax(v0, share=share)
     return [
-        Candidate("shipped: gnmax, retrain", m0, gnmax(v0)),
-        Candidate("gnmax, agree", m0, gnmax(v0), "agree"),
-        Candidate("gnmax, own x4", m0, gnmax(v0), "own-x4"),
+        Candidate("shipped: gnmax, retrain", m0, shipped),
+        Candidate("gnmax, agree", m0, shipped, "agree"),
+        Candidate("gnmax, own x4", m0, shipped, "own-x4"),
         Candidate("confident T .7 s1 .15, retrain", m0, confident),
         Candidate("confident T .7 s1 .15, agree", m0, confident, "agree"),
         Candidate("confident T .7 s1 .15, own x4", m0, confident, "own-x4"),
@@ -524,7 +532,7 @@ def run(
     log: Log,
     score_on: NDArray[np.int64] | None = None,
     grid: Callable[[int, int], list[Candidate]] | None = None,
-    loops: Callable[[int, int], list[Candidate]] = loop_grid,
+    loops: Callable[[int, int], list[Candidate]] | None = None,
     tuner: Tuner | None = None,
     pate_sizes: Sequence[int | None] = (),
 ) -> list[dict[str, Any]]:
@@ -532,10 +540,10 @@ def run(
     ``score_on``, by default the tuning records, are read). ``grid``: the student's
     configurations (default: :func:`student_grid` of ``s``'s dataset). ``tuner``: one
     whose features and teachers to reuse. ``pate_sizes``: n for PATE with public records,
-    tried on the student's grid. A table dataset has no loop."""
-    if s.dataset in TABLES and loop_sizes:
-        raise ValueError(f"{s.dataset} is a table: its hospitals' models have no CaPC loop")
+    tried on the student's grid. ``loops``: the loop's configurations (default:
+    :func:`loop_grid` of ``s``'s dataset)."""
     grid = grid or partial(student_grid, dataset=s.dataset)
+    loops = loops or partial(loop_grid, dataset=s.dataset)
     tuner = tuner or tuner_for(s, pool, log, score_on)
     rows: list[dict[str, Any]] = []
     students = [("student", size, tuner.student) for size in sizes]
@@ -599,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="*",
         type=int,
         default=None,
-        help="n for the loop (default: 200 1000 on images; tables have none)",
+        help="n for the loop (default: 200 1000 on images; none on tables, as before they had one)",
     )
     parser.add_argument(
         "--pool", type=int, default=MAX_POOL, help="synthetic queries at most (<= 65,536)"

@@ -12,11 +12,17 @@ same grid of at most 8 configurations a cell, the same pricing, scored on
 * The student: what the student service trains for a table task, an MLP from scratch
   on the answered queries (``services.student.training.ModelTrainer._fit_scratch``,
   ``CapcConfig.table_epochs`` epochs, seed the split's), scored with its stored
-  statistics. Tables have no loop.
+  statistics.
+* The loop: hospital 0's model is what the student service trains for a querier
+  without a body (``ModelTrainer._fit_scratch`` with ``--own-data``): an MLP from
+  scratch for ``CapcConfig.table_loop_epochs`` epochs, seed the split's, on its own
+  rows (in the trainer's order, ``own_weight`` times) and then the bought labels;
+  hospitals 1 and 2's teachers vote on its unlabelled rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +35,18 @@ from capc.data.schema import parse_records
 from capc.learning.supervised import accuracy, fit
 from capc.models import build
 from capc.models.ensemble.voters import Voters
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
+from capc.privacy.randomness import SecureRandom
 from experiments.side_by_side.capc_runs import CapcConfig, table_teachers
-from experiments.side_by_side.capc_tuning import Candidate, Tuner
+from experiments.side_by_side.capc_tuning import (
+    EPSILONS,
+    Candidate,
+    Tuner,
+    _agreement,
+    admitted,
+)
 from experiments.side_by_side.data import task
+from experiments.side_by_side.tuned import OWN_WEIGHT
 
 #: The DIET student's generated rows (``capc_runs.submit_diet`` for a table task).
 GENERATOR, PARAMS = "beta", {"a": 1.0, "b": 3.0}
@@ -107,3 +122,62 @@ class TableTuner(Tuner):
             seed=self.split.seed,
         )
         return float(accuracy(model, *self.score))
+
+    def _mlp(self, x: NDArray[np.float32], y: NDArray[np.int64], epochs: int) -> torch.nn.Module:
+        """An MLP from scratch on rows ``x`` (N, F) and labels ``y`` (N,), seeded as the
+        student service seeds it (initial weights and batches: the split's seed)."""
+        torch.manual_seed(self.split.seed)
+        return fit(
+            build("mlp", tuple(x.shape[1:]), self.classes),
+            x,
+            y,
+            epochs=epochs,
+            seed=self.split.seed,
+        )
+
+    def loop(self, n: int, grid: Sequence[Candidate]) -> list[dict[str, Any]]:
+        """Hospital 0's CaPC loop for every candidate, and its model alone (rows scored on
+        the tuning records; the loop's labels bought for its unlabelled rows in order)."""
+        s, epochs = self.split, self.config.table_loop_epochs
+        own = s.labelled(0, n)
+        order = np.random.default_rng(1).permutation(len(own))  # the trainer's order
+        own_x, own_y = s.x[own][order], s.y[own][order].astype(np.int64)
+        unlabelled = s.x[s.unlabelled(0, n)]
+        truth = s.y[s.unlabelled(0, n)]
+        alone_model = self._mlp(own_x, own_y, epochs)
+        alone = float(accuracy(alone_model, *self.score))
+        with torch.no_grad():
+            own_view = alone_model.eval()(torch.from_numpy(unlabelled)).argmax(1).numpy()
+        rows = [self._row("alone (hospital 0)", n, None, None, alone, 0, 0)]
+        for c in grid:
+            mech = c.build(self.classes)
+            # Hospital 0's teachers never vote on its own records.
+            votes = sum(
+                (mech.summed_votes(v.predict(unlabelled)) for v in self.voters(n, c.teachers)[1:]),
+                np.zeros((len(unlabelled), mech.outputs)),
+            )
+            seed = f"side-by-side-capc-tuning-loop-{n}-{c.mechanism}-{s.dataset}"
+            labels, answered = mech.oracle(
+                votes, mech.draw_noise(len(votes), SecureRandom.from_seed(seed)), CIRCUIT_FRAC_BITS
+            )
+            for e in EPSILONS:
+                done = admitted(answered, mech, e)
+                use = np.flatnonzero(answered[:done])
+                if c.labels == "agree":
+                    use = use[own_view[use] == labels[use]]
+                copies = OWN_WEIGHT.get(c.labels, 1)  # the services' own_weight
+                x = np.concatenate([*[own_x] * copies, unlabelled[use]])
+                y = np.concatenate([*[own_y] * copies, labels[use].astype(np.int64)])
+                acc = float(accuracy(self._mlp(x, y, epochs), *self.score))
+                row = self._row("capc-loop", n, c, e, acc, done, len(use))
+                row["accuracy_alone"], row["gain"] = alone, acc - alone
+                row["label_agreement"] = _agreement(votes[use], labels[use])
+                row["label_accuracy"] = (
+                    float((labels[use] == truth[use]).mean()) if len(use) else None
+                )
+                rows.append(row)
+            self.log(
+                f"loop n={n} {c.name}: "
+                + ", ".join(f"{r['tuning_accuracy']:.3f}" for r in rows[-len(EPSILONS) :])
+            )
+        return rows

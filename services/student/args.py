@@ -42,9 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--own-data",
         type=Path,
         default=None,
-        help="the querier's own labelled records (.npz with x and y; needs --body): a hospital "
-        "that queries the consortium (the CaPC loop) fits its pretrained student on them plus "
-        "the labels its jobs bring back; a model of no jobs is fitted on them alone",
+        help="the querier's own labelled records (.npz with x and y): a hospital that queries "
+        "the consortium (the CaPC loop) fits its student on them plus the labels its jobs "
+        "bring back (with --body its pretrained student's last layer, else a model from "
+        "scratch, e.g. a table task's MLP); a model of no jobs is fitted on them alone",
     )
     p.add_argument(
         "--exclude",

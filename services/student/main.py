@@ -53,14 +53,10 @@ def serve_jobs(
 
 
 def data_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the data options (a missing reference batch, --own-data without
-    --body), or None: checked before anything is loaded or started."""
-    if args.own_data is not None and args.body is None:
-        return (
-            "--own-data needs --body FILE: the querier's own records fit the last layer of a "
-            "pretrained student (capc diet pretrain makes the body); a student trained from "
-            "scratch learns from its jobs' labels alone"
-        )
+    """What is wrong with the data options (a missing reference batch), or None: checked
+    before anything is loaded or started. ``--own-data`` goes with or without ``--body``:
+    a pretrained student fits its last layer on the querier's own records and its labels,
+    one trained from scratch (a table task's MLP) its whole model on them."""
     if args.body is not None and args.reference_data is None and args.own_data is None:
         return (
             "--body needs --reference-data FILE: a pretrained student reads each record "

@@ -13,8 +13,9 @@ Two ways to train:
   querier's own records, ``--own-data``; never the test set;
   :func:`capc.models.inference.reference_statistics`): each of
   its predictions then depends on its own record only.
-- an architecture name (``small-cnn``, ``resnet10``, ...): trained from
-  scratch on the labelled queries; with ``semi_supervised="fixmatch"``, by FixMatch
+- an architecture name (``small-cnn``, ``resnet10``, ``mlp``, ...): trained from
+  scratch on the labelled queries (a querier in the CaPC loop: its own records,
+  ``own_weight`` times, beside them; how a table task's hospital loops); with ``semi_supervised="fixmatch"``, by FixMatch
   (:mod:`capc.learning.fixmatch`), the jobs' unanswered queries serving as
   unlabelled data beside the answered ones (image tasks with single labels).
 
@@ -337,7 +338,7 @@ class ModelTrainer:
     ) -> None:
         """Refuse a request that cannot train: raises TrainingError with the reason."""
         options = options or TrainingOptions()
-        if not job_ids and (architecture != PRETRAINED or self.own is None):
+        if not job_ids and self.own is None:
             raise TrainingError("name at least one finished job to train on")
         if architecture == PRETRAINED and self.body is None:
             raise TrainingError(
@@ -351,16 +352,16 @@ class ModelTrainer:
                 "the student party with --reference-data FILE (256 real unlabelled records drawn "
                 "as deployed inputs are, .npz with x)"
             )
-        if options.own_weight != 1 and (self.own is None or architecture != PRETRAINED):
+        if self.own is not None and options.semi_supervised == "fixmatch":
+            raise TrainingError(
+                "a querier's own labelled records (--own-data) enter a pretrained student's or "
+                "a supervised student's fit, not FixMatch's: choose semi_supervised none"
+            )
+        if options.own_weight != 1 and self.own is None:
             raise TrainingError(
                 f"own_weight {options.own_weight} weights a querier's own labelled records in "
-                "a pretrained student's fit (the CaPC loop); "
-                + (
-                    "this student party has none (start it with --own-data)"
-                    if self.own is None
-                    else f"a {architecture} student is trained on the bought labels alone"
-                )
-                + ": leave own_weight out or at 1"
+                "its student's fit (the CaPC loop); this student party has none (start it "
+                "with --own-data): leave own_weight out or at 1"
             )
         if options.semi_supervised != "none" and self.task.multi_label:
             raise TrainingError("semi_supervised applies to single-label tasks only")
@@ -484,11 +485,27 @@ class ModelTrainer:
         return model, len(y), metrics, card
 
     def _fit_scratch(
-        self, job_ids: list[str], architecture: str, epochs: int, seed: int
+        self,
+        job_ids: list[str],
+        architecture: str,
+        epochs: int,
+        seed: int,
+        options: TrainingOptions | None = None,
     ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
         x, y = labelled_examples(self.store, job_ids, self.task)
+        if self.own is not None:
+            # The CaPC loop without a body (a table task): the querier's own records, each
+            # ``own_weight`` times, then the labels the consortium gave, in one fit.
+            k = (options or TrainingOptions()).own_weight
+            own_x, own_y = self.own
+            order = np.random.default_rng(1).permutation(len(own_x))
+            x = np.concatenate([*[own_x[order]] * k, x])
+            y = np.concatenate([*[own_y[order].astype(np.int64)] * k, y])
         if len(x) == 0:
             raise TrainingError("the jobs have no fully answered queries")
+        # A model's initial weights come from torch's global generator (``fit`` seeds only
+        # its batches): seeded, so the same request makes the same model.
+        torch.manual_seed(seed)
         model = fit(
             build(architecture, self.task.input_shape, self.task.outputs),
             x,
@@ -505,6 +522,9 @@ class ModelTrainer:
             "seed": seed,
             "inference": "stored BatchNorm statistics",
         }
+        if self.own is not None:
+            card["training"] = (options or TrainingOptions()).to_dict()
+            card["own_records"] = len(self.own[0])
         return model, len(x), metrics, card
 
     def _fit_fixmatch(
@@ -550,8 +570,11 @@ class ModelTrainer:
             model, examples, metrics, extra = self._fit_pretrained(jobs, options, spec.seed)
             architecture, width = self.body.architecture, self.body.width
         else:
-            fit = self._fit_fixmatch if options.semi_supervised == "fixmatch" else self._fit_scratch
-            model, examples, metrics, extra = fit(jobs, spec.architecture, spec.epochs, spec.seed)
+            if options.semi_supervised == "fixmatch":
+                fitted = self._fit_fixmatch(jobs, spec.architecture, spec.epochs, spec.seed)
+            else:
+                fitted = self._fit_scratch(jobs, spec.architecture, spec.epochs, spec.seed, options)
+            model, examples, metrics, extra = fitted
             architecture, width = spec.architecture, None
         metrics["examples"] = examples
         if self.test_set is not None:

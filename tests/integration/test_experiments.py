@@ -206,12 +206,22 @@ def test_a_side_by_side_capc_cell_counts_its_bytes_through_the_services(tmp_path
     from experiments.side_by_side.wire import MEASURED
 
     # 2 teachers a hospital: eps 2 buys 4 queries, eps 5 buys 20 (a second job of 16).
-    config = CapcConfig(epsilons=(2.0, 5.0), teachers=2, table_epochs=1, table_teacher_epochs=5)
+    config = CapcConfig(
+        epsilons=(2.0, 5.0),
+        teachers=2,
+        table_epochs=1,
+        table_teacher_epochs=5,
+        table_loop_epochs=5,
+    )
     rows = run_cell(Cell(split("breast-cancer", 1), 24, config, tmp_path, lambda _: None))
-    assert {r["method"] for r in rows} == {"capc-diet-student", "capc-pate-public"}
+    # The CaPC loop runs on a table too: hospital 0's MLP, no pretrained body.
+    assert {r["method"] for r in rows} == {"capc-diet-student", "capc-pate-public", "capc-loop"}
+    loop = [r for r in rows if r["method"] == "capc-loop"]
+    assert {r["unlabelled"] for r in loop} == {76} and loop[0]["querier_setup_bytes"] > 0
+    assert all(0.0 <= r["accuracy_before"] <= 1.0 for r in loop)
     setup = {r["consortium_setup_bytes"] for r in rows}
     assert len(setup) == 1 and setup.pop() > 0
-    for method in ("capc-diet-student", "capc-pate-public"):
+    for method in ("capc-diet-student", "capc-pate-public", "capc-loop"):
         low, high = sorted((r for r in rows if r["method"] == method), key=lambda r: r["epsilon"])
         assert (low["queries"], high["queries"]) == (4, 20)
         assert low["bytes_measured"] == high["bytes_measured"] == MEASURED

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from capc.learning.last_layer import fit_batch_standardised
+from capc.learning.supervised import fit
 from capc.models import Teacher, build
 from capc.models.inference import features
 from services.common.task import TaskConfig, config_hash
@@ -159,5 +160,71 @@ def test_own_weight_enters_the_querys_own_records_k_times(
     alone = ModelTrainer(store, task, test, body, reference=images(90, 4)[0])
     with pytest.raises(TrainingError, match=r"own_weight 4 .* has none \(start it with --own-data"):
         alone.check([job.id], "pretrained", 10, heavy)
-    with pytest.raises(TrainingError, match="a small-cnn student is trained on the bought labels"):
-        trainer.check([job.id], "small-cnn", 10, TrainingOptions(own_weight=4))
+    # A student trained from scratch reads them too (how a table task's hospital loops),
+    # but not FixMatch, which has no place for labelled records that are not queries.
+    trainer.check([job.id], "small-cnn", 10, TrainingOptions(own_weight=4))
+    with pytest.raises(TrainingError, match="not FixMatch's"):
+        trainer.check([job.id], "small-cnn", 10, TrainingOptions(semi_supervised="fixmatch"))
+
+
+TABLE = {"num_classes": 2, "input_shape": [6], "mechanism": {"name": "gnmax", "sigma": 1.0}}
+
+
+def rows(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n, 6) table rows whose class is the sign of their first feature's offset."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    x[:, 0] += 2.0 * y - 1.0
+    return x, y
+
+
+def test_a_table_querier_without_a_body_loops_on_its_own_rows(tmp_path: Path) -> None:
+    """The CaPC loop on a table task: no pretrained body, so the querier's MLP is trained
+    from scratch on its own rows (``own_weight`` times, in the trainer's order) and the
+    bought labels; a model of no jobs is its model alone."""
+    store = JobStore(str(tmp_path / "student.db"))
+    task = TaskConfig.parse("t", TABLE, config_hash(TABLE))
+    own, test = rows(40, 2), rows(100, 3)
+    x, y = rows(30, 5)
+    y = 1 - y  # bought labels that disagree with the own rows' classes
+    job = store.create("t", x, batch_size=30)
+    store.record_batch(job.id, 0, 1, y)
+    store.finish(job.id)
+    trainer = ModelTrainer(store, task, test, None, own=own)
+    assert trainer.default_architecture == "mlp"
+
+    def trained(jobs: list[str], k: int) -> tuple[dict[str, torch.Tensor], int]:
+        options = TrainingOptions.parse(0.0, "none", "mlp", k)
+        trainer.check(jobs, "mlp", 20, options)
+        spec = store.create_model(jobs, "mlp", 20, 7, options.to_dict())
+        trainer.submit(spec.id)
+        wait(store, spec.id)
+        done = store.model(spec.id)
+        assert done is not None and done.state == "done", done
+        found = store.model_file(spec.id)
+        assert found is not None
+        return load_teacher_bytes(found[0]).model.state_dict(), done.examples
+
+    def expected(x: np.ndarray, y: np.ndarray) -> dict[str, torch.Tensor]:
+        torch.manual_seed(7)
+        return fit(build("mlp", (6,), 2), x, y, epochs=20, seed=7).state_dict()
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return a.keys() == b.keys() and all(torch.allclose(a[n], b[n]) for n in a)
+
+    order = np.random.default_rng(1).permutation(40)
+    ox, oy = own[0][order], own[1][order]
+    before, examples = trained([], 1)
+    assert examples == 40 and same(before, expected(ox, oy))
+    once, examples = trained([job.id], 1)
+    assert examples == 40 + 30 and same(once, expected(np.concatenate([ox, x]), np.r_[oy, y]))
+    four, _ = trained([job.id], 4)
+    assert same(four, expected(np.concatenate([ox] * 4 + [x]), np.r_[oy, oy, oy, oy, y]))
+    assert not same(once, four) and not same(before, once)
+    # Without own rows the same party type still needs a job, and weights nothing.
+    alone = ModelTrainer(store, task, test, None)
+    with pytest.raises(TrainingError, match="at least one finished job"):
+        alone.check([], "mlp", 20)
+    with pytest.raises(TrainingError, match=r"own_weight 4 .* has none"):
+        alone.check([job.id], "mlp", 20, TrainingOptions(own_weight=4))

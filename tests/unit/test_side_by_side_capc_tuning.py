@@ -133,7 +133,7 @@ def _tiny_table(n: int, hospitals: int) -> list[tuning.Candidate]:
     return [tuning.Candidate("shipped: tiny", 2, tuning.gnmax(hospitals * 2, 1.0, share))]
 
 
-def test_breast_cancer_tuning_never_reads_the_test_records_and_has_no_loop() -> None:
+def test_breast_cancer_tuning_never_reads_the_test_records() -> None:
     s = split("breast-cancer", TUNING_SEED)
     bad = _poisoned(s)
     kw: dict[str, Any] = {
@@ -155,8 +155,26 @@ def test_breast_cancer_tuning_never_reads_the_test_records_and_has_no_loop() -> 
     good = tuning.run(s, loop_sizes=[], score_on=s.test, **kw)
     worse = tuning.run(bad, loop_sizes=[], score_on=bad.test, **kw)
     assert [r["tuning_accuracy"] for r in good] != [r["tuning_accuracy"] for r in worse]
-    with pytest.raises(ValueError, match="no CaPC loop"):
-        tuning.run(s, loop_sizes=[50], **kw)
+    # The loop (hospital 0's MLP on its rows and the bought labels) reads no test row
+    # either, and is scored on whatever it is told to be scored on.
+    loop_kw = {**kw, "sizes": [], "pate_sizes": [], "loops": _tiny_table}
+    loop = tuning.run(s, loop_sizes=[50], **loop_kw)
+    assert loop == tuning.run(bad, loop_sizes=[50], **loop_kw)
+    assert [r["method"] for r in loop] == ["alone (hospital 0)"] + ["capc-loop"] * 4
+    own = s.labelled(0, 50)
+    for r in loop[1:]:
+        task = {**scaled_task("breast-cancer", 6), "mechanism": r["config"]["mechanism"]}
+        assert r["queries"] == r["labels"] == min(50, queries_fit(task, r["epsilon"]))
+        assert r["accuracy_alone"] == loop[0]["tuning_accuracy"] and len(own) == 50
+    on_test = tuning.run(s, loop_sizes=[50], score_on=s.test, **loop_kw)
+    on_bad = tuning.run(bad, loop_sizes=[50], score_on=bad.test, **loop_kw)
+    assert [r["tuning_accuracy"] for r in on_test] != [r["tuning_accuracy"] for r in on_bad]
+    # Its grid is the images' at the table's share of the vote: 4 teachers a hospital at
+    # n = 50, sigma 11.5 for 3 x 4 voters, as the consortium's task sets it.
+    grid = tuning.loop_grid(50, 3, "breast-cancer")
+    assert [c.name for c in grid] == [c.name for c in tuning.loop_grid(50, 3)]
+    assert {c.teachers for c in grid} == {4}
+    assert grid[0].mechanism == scaled_task("breast-cancer", 12)["mechanism"]
 
 
 def test_picks_are_per_dataset_and_ties_go_to_what_the_services_run() -> None:
