@@ -22,21 +22,14 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 
-from capc.mechanisms.registry import from_config
 from services.common.ledger import BatchBrokenError, Ledger, LedgerError, QuorumError
 from services.common.ledger.models import RoundState
 
+# The task and round of the one-write attacks.
+from tests.integration.test_one_write_attacks import BATCH, CONFIG, MECH, TASK
+
 PARTY = "hospital-a"
 QUERIER = "student"
-TASK = "t"
-CONFIG: dict[str, Any] = {
-    "num_classes": 10,
-    "input_shape": [4],
-    "mechanism": {"name": "robust-confident-gnmax", "sigma": 1.5, "threshold": 3.5, "sigma1": 2.0},
-    "quorum": 1,
-}
-BATCH = 8
-MECH = from_config(CONFIG["mechanism"], CONFIG["num_classes"])
 
 
 def _ledger(url: str) -> Ledger:
