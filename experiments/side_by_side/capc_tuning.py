@@ -251,6 +251,25 @@ def admitted(answered: NDArray[np.bool_], mechanism: Mechanism, epsilon: float) 
     return done
 
 
+def bought(
+    c: Candidate,
+    mechanism: Mechanism,
+    answered: NDArray[np.bool_],
+    labels: NDArray[np.int64],
+    own_view: NDArray[np.int64],
+    epsilon: float,
+) -> tuple[int, NDArray[np.int64], int]:
+    """What the loop's configuration ``c`` gets at a fresh cap of ``epsilon``: the
+    queries asked (:func:`admitted`), the indices (K,) of the labels it trains on
+    (answered ones; with "agree" only those ``own_view`` (N,) agrees with) and the
+    copies of its own records in the fit (the services' ``own_weight``)."""
+    done = admitted(answered, mechanism, epsilon)
+    use = np.flatnonzero(answered[:done])
+    if c.labels == "agree":
+        use = use[own_view[use] == labels[use]]
+    return done, use, OWN_WEIGHT.get(c.labels, 1)
+
+
 # -- scoring ----------------------------------------------------------------------------
 def _student_accuracy(
     body: Classifier,
@@ -432,11 +451,7 @@ class Tuner:
                 votes, mech.draw_noise(len(votes), rng), CIRCUIT_FRAC_BITS
             )
             for e in EPSILONS:
-                done = admitted(answered, mech, e)
-                use = np.flatnonzero(answered[:done])
-                if c.labels == "agree":
-                    use = use[own_view[use] == labels[use]]
-                copies = OWN_WEIGHT.get(c.labels, 1)  # the services' own_weight
+                done, use, copies = bought(c, mech, answered, labels, own_view, e)
                 f = torch.cat([own_f.repeat(copies, 1), uf[use]])
                 y = np.concatenate([np.tile(own_y[order], copies), labels[use]])
                 acc = float(accuracy(self._fitted(f, y, reference), *self.score))

@@ -43,10 +43,9 @@ from experiments.side_by_side.capc_tuning import (
     Candidate,
     Tuner,
     _agreement,
-    admitted,
+    bought,
 )
 from experiments.side_by_side.data import task
-from experiments.side_by_side.tuned import OWN_WEIGHT
 
 #: The DIET student's generated rows (``capc_runs.submit_diet`` for a table task).
 GENERATOR, PARAMS = "beta", {"a": 1.0, "b": 3.0}
@@ -161,11 +160,7 @@ class TableTuner(Tuner):
                 votes, mech.draw_noise(len(votes), SecureRandom.from_seed(seed)), CIRCUIT_FRAC_BITS
             )
             for e in EPSILONS:
-                done = admitted(answered, mech, e)
-                use = np.flatnonzero(answered[:done])
-                if c.labels == "agree":
-                    use = use[own_view[use] == labels[use]]
-                copies = OWN_WEIGHT.get(c.labels, 1)  # the services' own_weight
+                done, use, copies = bought(c, mech, answered, labels, own_view, e)
                 x = np.concatenate([*[own_x] * copies, unlabelled[use]])
                 y = np.concatenate([*[own_y] * copies, labels[use].astype(np.int64)])
                 acc = float(accuracy(self._mlp(x, y, epochs), *self.score))
