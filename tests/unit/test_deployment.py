@@ -256,6 +256,9 @@ def test_every_hospital_sets_its_own_cap_and_keeps_its_own_ledger() -> None:
     for h in HOSPITALS:
         args = services[h]["command"]
         assert float(_flag(args, "--epsilon-cap").split(":-")[-1].rstrip("}")) > 0
+        # A raise is refused without a reason: each hospital's comes from its own variable.
+        letter = h.rsplit("-", 1)[1].upper()
+        assert _flag(args, "--cap-reason") == f"${{CAPC_CAP_REASON_{letter}:-}}"
         ledger = _flag(args, "--ledger")
         # In the hospital's own named volume, not in the read-only image.
         volume = next(v for v in services[h]["volumes"] if v.endswith(":/var/lib/capc"))
