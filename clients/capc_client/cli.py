@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -567,6 +568,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the command against the gateway; with --json, stdout holds
     exactly one JSON value, an ``{"error": ..., "status": ...}`` object on failure."""
     args = build_parser().parse_args(argv)
+    # The SDK's DeprecationWarnings (the gateway's Deprecation header) are for this
+    # command's user: shown on stderr, which --json leaves out of stdout.
+    warnings.simplefilter("default", DeprecationWarning)
     if not args.token:
         return _fail(args, "no token; pass --token or set CAPC_TOKEN", None, 2)
     try:

@@ -7,6 +7,7 @@ import json
 import os
 import ssl
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -185,6 +186,14 @@ class Client:
         response = self._send(method, path, **kwargs)
         if response.status_code >= 400:
             raise ApiError(response.status_code, _detail(response))
+        if "Deprecation" in response.headers:
+            # RFC 9745: the request worked but used something the gateway will drop.
+            warnings.warn(
+                f"{method} {path} used a deprecated option (Deprecation: "
+                f"{response.headers['Deprecation']}); see the reply's options",
+                DeprecationWarning,
+                stacklevel=3,
+            )
         return response
 
     def _get(self, model: type[M], path: str, **params: Any) -> M:

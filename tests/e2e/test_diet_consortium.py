@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,9 +214,12 @@ def test_semi_supervised_students_learn_from_unanswered_queries(
         ("pseudo-label-head", "pseudo-label-head"),
         ("pseudo-labels", "pseudo-label-head"),
     ):
-        model = analyst.wait_model(
-            analyst.train([labelled, job.id], semi_supervised=mode).id, timeout=600
-        )
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            started = analyst.train([labelled, job.id], semi_supervised=mode)
+        # The gateway's Deprecation header (RFC 9745) reaches the SDK's user as a warning.
+        assert [w.category for w in said] == ([DeprecationWarning] if mode != method else [])
+        model = analyst.wait_model(started.id, timeout=600)
         assert model.state == "done", model.error
         assert model.options["semi_supervised"] == method
         assert ("deprecated" in model.options) == (mode != method)

@@ -4,6 +4,7 @@ CaPC loop's report."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import numpy as np
@@ -20,6 +21,10 @@ from services.proto.capc.v1 import student_pb2
 
 router = APIRouter()
 
+#: RFC 9745's ``Deprecation`` value (a structured-field date: when it was deprecated) for
+#: a model asked for with "pseudo-labels", the one name the API had for two methods.
+PSEUDO_LABELS_DEPRECATED = f"@{int(datetime(2026, 11, 27, tzinfo=UTC).timestamp())}"
+
 
 @router.post(
     "/v1/models",
@@ -29,7 +34,9 @@ router = APIRouter()
     tags=["models"],
     summary="Train a student model on the labels of finished jobs",
 )
-def train_model(body: schemas.ModelCreate, _: Analyst, backends: Backend) -> schemas.ModelOut:
+def train_model(
+    body: schemas.ModelCreate, _: Analyst, backends: Backend, response: Response
+) -> schemas.ModelOut:
     model = backends.student_call(
         backends.jobs.TrainModel,
         student_pb2.TrainModelRequest(
@@ -43,6 +50,9 @@ def train_model(body: schemas.ModelCreate, _: Analyst, backends: Backend) -> sch
             own_weight=body.own_weight or 0,
         ),
     )
+    if body.semi_supervised == "pseudo-labels":
+        # Clients learn it from the header; the model's options say what it was read as.
+        response.headers["Deprecation"] = PSEUDO_LABELS_DEPRECATED
     return model_out(model)
 
 
