@@ -50,6 +50,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -182,6 +183,7 @@ class ForkServer:
 
     def __init__(self, cwd: Path, env: Mapping[str, str], timeout: float = 300.0) -> None:
         self.timeout = timeout
+        self._owner = os.getpid()
         self._lock = threading.Lock()
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -205,7 +207,11 @@ class ForkServer:
             raise
 
     def running(self) -> bool:
-        return self._sock.fileno() >= 0 and self._popen.poll() is None
+        """Whether the server runs and is this process's (a fork of the process that
+        started it must start its own: two askers on one socket would mix replies)."""
+        return (
+            os.getpid() == self._owner and self._sock.fileno() >= 0 and self._popen.poll() is None
+        )
 
     def spawn(
         self,
@@ -261,6 +267,8 @@ class ForkServer:
     def close(self, timeout: float = STOP_GRACE_S + 15.0) -> None:
         """End the server (it stops the children still running first) and wait for it."""
         self._sock.close()
+        if os.getpid() != self._owner:
+            return  # a fork of its starter: only the starter waits for it
         try:
             self._popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -390,11 +398,21 @@ def _start(
             os.close(fd)
         return {"error": f"a request carries 2 descriptors, not {len(fds)}"}, None
     out, status = fds
+    imported = False
     for name in request["preload"]:
+        if name in sys.modules:
+            continue
+        imported = True
         # A module that fails to import is imported again by the child, which then says
         # why in its output, as a fresh process would.
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    if imported:
+        # What the imports left for the collector goes now, once, not in every child;
+        # frozen, the rest is never traversed by a child's collector, which would copy
+        # the pages it touches (and spend the CPU) in every child.
+        gc.collect()
+        gc.freeze()
     threads = _threads()
     if threads != 1:
         os.close(out)

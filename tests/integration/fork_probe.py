@@ -78,6 +78,7 @@ def found() -> list[str]:
         grpc.Channel,
         grpc.Server,
     )
+    gc.unfreeze()  # what the server froze before forking, which get_objects() leaves out
     legacy = np.random.mtrand._rand  # re-seeded in the child, with its bit generator
     allowed = {
         id(random._inst),  # re-seeded in the child
