@@ -26,11 +26,12 @@ that the child does not have; it refuses to fork if an import started one, and
 thread pools that start when their library is imported (OpenBLAS) are held to one
 thread in the server, the child setting its own count.
 
-Not copied per child: Python's string hash seed, chosen when the server's interpreter
-started (it is no secret: hash randomisation hardens dicts against crafted keys), and
-environment variables that a library reads only when it is imported (the server's,
-which are those of the process that started it). ``CAPC_SPAWN=exec``
-(services.harness) starts every process from a fresh interpreter instead.
+Still the same in every child, unlike fresh processes: Python's string hash seed,
+chosen when the server's interpreter started (it guards dicts against crafted keys; no
+noise, key or share derives from it), and environment variables that a library reads
+only when it is imported (the server's, which are those of the process that started
+it). ``CAPC_SPAWN=exec`` (services.harness) starts every process from a fresh
+interpreter instead.
 
 Lifetime: the server ends when the process that started it closes its end of the
 socket (or exits, however it exits), or on SIGTERM; it first stops the children still
@@ -327,14 +328,23 @@ def serve(sock: socket.socket) -> None:
                     pass
         _reap(children)
         if sock.fileno() in readable:
-            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 2)
+            except OSError:
+                break
             if not data:
                 break  # the asker is gone
             server = _Server(sock, (wake_r, wake_w), children, die_with_parent)
             reply, pidfd = _start(json.loads(data), fds, server)
-            socket.send_fds(sock, [json.dumps(reply).encode()], [] if pidfd is None else [pidfd])
-            if pidfd is not None:
-                os.close(pidfd)
+            try:
+                socket.send_fds(
+                    sock, [json.dumps(reply).encode()], [] if pidfd is None else [pidfd]
+                )
+            except OSError:
+                break  # the asker went while its child was started: it is stopped below
+            finally:
+                if pidfd is not None:
+                    os.close(pidfd)
     _stop_children(children)
 
 
