@@ -38,11 +38,12 @@ socket (or exits, however it exits), or on SIGTERM; it first stops the children 
 running (SIGTERM, then SIGKILL after a grace period). A child is killed if the server
 dies without doing so (SIGKILL to the server): no service outlives the server.
 
-Protocol, over an AF_UNIX SOCK_SEQPACKET socket pair (one JSON object a message):
-server to asker once, when ready: ``{"pid": N}``; asker to server: ``{"argv", "env",
-"cwd", "preload", "main"}`` with two descriptors, the child's stdout and exit-status
-pipes (write ends); server to asker: ``{"pid": N}`` with the child's pidfd, or
-``{"error": "..."}``. The server writes ``"CODE\\n"`` to the status pipe when it reaps
+Protocol, over an AF_UNIX SOCK_SEQPACKET socket pair (one JSON object a message; every
+request is answered, ``{"error": "..."}`` when refused): server to asker once, when
+ready: ``{"pid": N}``. ``{"preload": [modules]}``: the server imports them, answers
+``{"threads": 1}``. ``{"argv", "env", "cwd", "main"}`` with two descriptors, the write
+ends of the child's stdout and exit-status pipes: the server forks, answers ``{"pid":
+N}`` with the child's pidfd, and writes ``"CODE\\n"`` to the status pipe when it reaps
 the child.
 """
 
@@ -185,7 +186,9 @@ class ForkServer:
     def __init__(self, cwd: Path, env: Mapping[str, str], timeout: float = 300.0) -> None:
         self.timeout = timeout
         self._owner = os.getpid()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one request and its reply at a time
+        self._preloaded: set[str] = set()
+        self._broken = False
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._popen = subprocess.Popen(
@@ -208,11 +211,23 @@ class ForkServer:
             raise
 
     def running(self) -> bool:
-        """Whether the server runs and is this process's (a fork of the process that
+        """Whether the server runs and answers this process (a fork of the process that
         started it must start its own: two askers on one socket would mix replies)."""
         return (
-            os.getpid() == self._owner and self._sock.fileno() >= 0 and self._popen.poll() is None
+            not self._broken
+            and os.getpid() == self._owner
+            and self._sock.fileno() >= 0
+            and self._popen.poll() is None
         )
+
+    def preload(self, modules: Sequence[str]) -> None:
+        """Have the server import ``modules`` (those it has not yet). Apart from
+        :meth:`spawn`, so that an import that outlasts ``timeout`` leaves no child
+        behind whose pid nobody was told."""
+        wanted = [m for m in modules if m not in self._preloaded]
+        if wanted:
+            self._ask({"preload": wanted})
+            self._preloaded.update(wanted)
 
     def spawn(
         self,
@@ -225,17 +240,12 @@ class ForkServer:
         """Fork a child that runs ``main`` (``module:function``, called with ``argv`` and
         returning the exit code) with ``env`` as its environment and ``cwd`` as its
         directory, once the server has imported the modules in ``preload``."""
-        request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd)}
-        request |= {"preload": list(preload), "main": main}
+        self.preload(preload)
+        request = {"argv": list(argv), "env": dict(env), "cwd": str(cwd), "main": main}
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
         try:
-            with self._lock:
-                try:
-                    socket.send_fds(self._sock, [json.dumps(request).encode()], [out_w, status_w])
-                except OSError as err:
-                    raise ForkServerError(f"the fork server is gone: {err}") from err
-                reply, fds = self._receive()
+            reply, fds = self._ask(request, [out_w, status_w])
         except BaseException:
             os.close(out_r)
             os.close(status_r)
@@ -243,15 +253,31 @@ class ForkServer:
         finally:
             os.close(out_w)
             os.close(status_w)
-        if "error" in reply:
-            os.close(out_r)
-            os.close(status_r)
-            for fd in fds:
-                os.close(fd)
-            raise ForkServerError(str(reply["error"]))
         # Text, as subprocess.Popen(text=True) reads it: the locale's encoding, any newline.
         stdout = open(out_r, encoding=None)  # noqa: SIM115 - the harness reads it to EOF
         return ForkedChild(argv, int(reply["pid"]), fds[0] if fds else None, stdout, status_r)
+
+    def _ask(
+        self, request: dict[str, Any], fds: Sequence[int] = ()
+    ) -> tuple[dict[str, Any], list[int]]:
+        """Send ``request`` with ``fds``; the reply and the descriptors that came with
+        it. :class:`ForkServerError` if the server refused (it says why), or is gone or
+        did not answer: then it is not asked again (a late reply would answer the next
+        request)."""
+        with self._lock:
+            if not self.running():
+                raise ForkServerError("the fork server is not running")
+            try:
+                socket.send_fds(self._sock, [json.dumps(request).encode()], list(fds))
+                reply, got = self._receive()
+            except (OSError, ForkServerError) as err:
+                self._broken = True
+                raise ForkServerError(f"the fork server did not answer: {err}") from err
+        if "error" in reply:
+            for fd in got:
+                os.close(fd)
+            raise ForkServerError(str(reply["error"]))
+        return reply, got
 
     def _receive(self) -> tuple[dict[str, Any], list[int]]:
         """The server's next message and the descriptors that came with it."""
@@ -334,8 +360,12 @@ def serve(sock: socket.socket) -> None:
                 break
             if not data:
                 break  # the asker is gone
-            server = _Server(sock, (wake_r, wake_w), children, die_with_parent)
-            reply, pidfd = _start(json.loads(data), fds, server)
+            request = json.loads(data)
+            if "argv" in request:
+                server = _Server(sock, (wake_r, wake_w), children, die_with_parent)
+                reply, pidfd = _start(request, fds, server)
+            else:
+                reply, pidfd = _preload(request["preload"]), None
             try:
                 socket.send_fds(
                     sock, [json.dumps(reply).encode()], [] if pidfd is None else [pidfd]
@@ -399,6 +429,27 @@ class _Server(NamedTuple):
             os.close(fd)
 
 
+def _preload(modules: list[str]) -> dict[str, Any]:
+    """Import ``modules``; the reply says whether the server may still fork."""
+    for name in modules:
+        # A module that fails to import is imported again by the child, which then says
+        # why in its output, as a fresh process would.
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+    # What the imports left for the collector goes now, once, not in every child;
+    # frozen, the rest is never traversed by a child's collector, which would copy the
+    # pages it touches (and spend the CPU) in every child.
+    gc.collect()
+    gc.freeze()
+    threads = _threads()
+    if threads != 1:
+        return {
+            "error": f"the fork server runs {threads} threads after importing "
+            f"{', '.join(modules)}; forking it is unsafe"
+        }
+    return {"threads": threads}
+
+
 def _start(
     request: dict[str, Any], fds: list[int], server: _Server
 ) -> tuple[dict[str, Any], int | None]:
@@ -408,29 +459,11 @@ def _start(
             os.close(fd)
         return {"error": f"a request carries 2 descriptors, not {len(fds)}"}, None
     out, status = fds
-    imported = False
-    for name in request["preload"]:
-        if name in sys.modules:
-            continue
-        imported = True
-        # A module that fails to import is imported again by the child, which then says
-        # why in its output, as a fresh process would.
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
-    if imported:
-        # What the imports left for the collector goes now, once, not in every child;
-        # frozen, the rest is never traversed by a child's collector, which would copy
-        # the pages it touches (and spend the CPU) in every child.
-        gc.collect()
-        gc.freeze()
     threads = _threads()
     if threads != 1:
         os.close(out)
         os.close(status)
-        return {
-            "error": f"the fork server runs {threads} threads after importing "
-            f"{', '.join(request['preload']) or 'nothing'}; forking it is unsafe"
-        }, None
+        return {"error": f"the fork server runs {threads} threads; forking it is unsafe"}, None
     parent = os.getpid()
     try:
         pid = os.fork()

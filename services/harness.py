@@ -202,7 +202,7 @@ def fork_server() -> ForkServer | None:
             return None
         if _server is None or not _server.running():
             try:
-                _server = ForkServer(ROOT, child_environment())
+                _server = ForkServer(ROOT, child_environment(), timeout=READY_TIMEOUT_S)
             except ForkServerError as err:
                 _server_failed = True
                 _log.warning("services start from fresh interpreters: %s", err)

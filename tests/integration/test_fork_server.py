@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from services import harness
-from services.forkserver import ForkedChild, ForkServer
+from services.forkserver import ForkedChild, ForkServer, ForkServerError
 from services.harness import PRELOAD, ROOT, Process, child_environment, fork_server, spawn
 
 PROBE = "tests.integration.fork_probe:main"
@@ -80,6 +80,17 @@ def test_the_server_runs_one_thread_and_children_get_their_own_thread_counts(
     assert state["torch_threads"] == 4 and state["blas_threads"] == [4]
     assert (state["omp"], state["probe"]) == ("4", "mine")  # the child's own environment
     assert Path(state["cwd"]) == ROOT
+
+
+def test_the_server_refuses_to_fork_once_an_import_started_a_thread() -> None:
+    own = ForkServer(ROOT, child_environment())
+    try:
+        with pytest.raises(ForkServerError, match="runs 2 threads after importing"):
+            own.preload(["tests.integration.fork_threads"])
+        with pytest.raises(ForkServerError, match="runs 2 threads"):
+            own.spawn(["exit", "0"], child_environment(), ROOT, (), PROBE)
+    finally:
+        own.close()
 
 
 def test_exit_codes_and_signals_are_the_childs_own(server: ForkServer) -> None:
