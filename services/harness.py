@@ -9,11 +9,25 @@ while it is connected to the guardian (``capc answerer --status-file``). Nothing
 on a log line: what a process prints is kept for people, and for the error raised when
 it exits before it is ready. services.local (LocalConsortium) and
 services.testbed.light (LightConsortium) start every process through here.
+
+How a process starts (``CAPC_SPAWN``): by default (``fork``) it is forked from a fork
+server (services.forkserver) that has already imported its role's modules, so that it
+costs a fork instead of an interpreter start (importing the answering party's modules
+takes about 5 s of CPU). It is still a process of its own, with its own pid, output,
+exit code and signals; it re-seeds every random generator that the server's imports
+seeded, and takes its thread counts from its own environment. The server is started
+on the first spawn, ends when this process does, and stops any of its children still
+running then. ``CAPC_SPAWN=exec`` starts each process from a fresh interpreter
+(``python -m services.cli``), as does a spawn with a ``prefix`` (it runs a command),
+and so does any spawn once the fork server could not start or fork (said once, as a
+warning on the ``services.harness`` logger).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -24,8 +38,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Literal, Protocol
 
 from services.common import health, tls
+from services.forkserver import ForkedChild, ForkServer, ForkServerError
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds a process may take to become ready: generous, for a loaded machine. The
@@ -44,8 +60,39 @@ TAIL_CHARS = 3000
 GUARDIAN_SERVICE = "capc.v1.GuardianHub"
 STUDENT_SERVICE = "capc.v1.StudentParty"
 
+#: How processes start: the environment variable, and its values (see the module's doc).
+SPAWN_ENV = "CAPC_SPAWN"
+SpawnMode = Literal["fork", "exec"]
+#: The module a role's process runs, which the fork server imports before it forks the
+#: first process of that role (the ``capc`` subcommand's handler module).
+PRELOAD = {
+    "guardian": "services.guardian.main",
+    "answerer": "services.answerer.main",
+    "student": "services.student.main",
+    "gateway": "services.gateway.main",
+}
+
 #: Returns when the service is ready; raises one of health.UNHEALTHY, saying why, when not.
 Probe = Callable[[], None]
+
+_log = logging.getLogger(__name__)
+
+
+class Child(Protocol):
+    """What the harness uses of a child process: a :class:`subprocess.Popen` (text
+    output) or a :class:`services.forkserver.ForkedChild`."""
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def stdout(self) -> IO[str] | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
 
 
 class NotReadyError(RuntimeError):
@@ -66,7 +113,7 @@ class Process:
     it serves (None: nothing to wait for)."""
 
     name: str
-    popen: subprocess.Popen[str]
+    popen: Child
     ready: Probe | None = None
     lines: list[str] = field(default_factory=list)
 
@@ -130,21 +177,78 @@ def child_environment() -> dict[str, str]:
     return env
 
 
+def spawn_mode() -> SpawnMode:
+    """How :func:`spawn` starts processes: ``CAPC_SPAWN``, ``fork`` unless set."""
+    mode = os.environ.get(SPAWN_ENV, "fork")
+    if mode not in ("fork", "exec"):
+        raise ValueError(f"{SPAWN_ENV} must be fork or exec, not {mode!r}")
+    return "fork" if mode == "fork" else "exec"
+
+
+_server: ForkServer | None = None
+#: Set once the fork server could not start or fork: every later spawn execs.
+_server_failed = False
+_server_lock = threading.Lock()
+
+
+def fork_server() -> ForkServer | None:
+    """This process's fork server, started on first use; None where processes are
+    exec'd (``CAPC_SPAWN=exec``, not Linux, or the server could not start)."""
+    global _server, _server_failed
+    if spawn_mode() == "exec" or sys.platform != "linux":
+        return None
+    with _server_lock:
+        if _server_failed:
+            return None
+        if _server is None or not _server.running():
+            try:
+                _server = ForkServer(ROOT, child_environment(), timeout=READY_TIMEOUT_S)
+            except ForkServerError as err:
+                _server_failed = True
+                _log.warning("services start from fresh interpreters: %s", err)
+                return None
+            # Ends it (and any child of it still running) when this process exits;
+            # waited for, so that its CPU time is counted as this process's children's.
+            atexit.register(_server.close)
+        return _server
+
+
+def _fork(args: Sequence[str]) -> ForkedChild | None:
+    """``capc ARGS...`` forked from the fork server; None where it is not used."""
+    global _server_failed
+    server = fork_server()
+    if server is None:
+        return None
+    preload = [PRELOAD[args[0]]] if args and args[0] in PRELOAD else []
+    try:
+        return server.spawn(args, child_environment(), ROOT, preload)
+    except ForkServerError as err:
+        # Its children so far keep running; it ends with this process.
+        with _server_lock:
+            _server_failed = True
+        _log.warning("services start from fresh interpreters: %s", err)
+        return None
+
+
 def spawn(name: str, *args: str, prefix: Sequence[str] = (), ready: Probe | None = None) -> Process:
     """Run ``capc ARGS...`` as a child process named ``name``, its output drained.
 
     ``prefix``: a command that runs it, e.g. ``ip netns exec NS`` (services.testbed.netlab);
     ``ready``: how to tell that it serves (:func:`guardian_ready` and the others).
+    Forked from the fork server unless ``prefix`` is given or ``CAPC_SPAWN=exec`` (see
+    the module's doc).
     """
-    popen = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "services.cli", *args],
-        cwd=ROOT,
-        env=child_environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    return Process(name, popen, ready)
+    child: Child | None = None if prefix else _fork(args)
+    if child is None:
+        child = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "services.cli", *args],
+            cwd=ROOT,
+            env=child_environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    return Process(name, child, ready)
 
 
 def wait_ready(proc: Process, probe: Probe, timeout: float = READY_TIMEOUT_S) -> None:
