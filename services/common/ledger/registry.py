@@ -46,7 +46,7 @@ class Registry(LedgerBase):
     def setting(self, key: str) -> str | None:
         """A value kept with :meth:`keep_setting`, or None."""
         with self.engine.connect() as conn:
-            value = conn.execute(SETTING, {"key": key}).scalar()
+            value = SETTING.scalar(conn, {"key": key})
         return None if value is None else str(value)
 
     def keep_setting(
@@ -254,7 +254,7 @@ class Registry(LedgerBase):
     def touch(self, name: str) -> None:
         """Record that a party was seen now (every heartbeat of every party: one statement)."""
         with self._write() as conn:
-            seen = conn.execute(TOUCH_PARTY, {"b_name": name, "b_at": utcnow()}).rowcount
+            seen = TOUCH_PARTY.run(conn, {"b_name": name, "b_at": utcnow()})
         if not seen:
             raise UnknownPartyError(f"no party named {name!r}")
 
@@ -288,6 +288,6 @@ class Registry(LedgerBase):
         kept = {**dict(report), "received_at": iso_utc(utcnow())}
         # One statement (every party reports every few seconds while rounds run).
         with self._write() as conn:
-            found = conn.execute(SET_PARTY_REPORT, {"b_name": name, "b_report": kept}).rowcount
+            found = SET_PARTY_REPORT.run(conn, {"b_name": name, "b_report": kept})
         if not found:
             raise UnknownPartyError(f"no party named {name!r}")
