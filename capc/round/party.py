@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -87,6 +87,18 @@ class Terms:
             work.batch,
             pack_mask(work.participation).hex(),
         )
+
+    def to_dict(self) -> dict[str, object]:
+        """As the ledger keeps them (JSON). Every round reserves with them: built field by
+        field, not by ``dataclasses.asdict`` (a deep copy of the mechanism's configuration,
+        which nothing changes)."""
+        return {
+            "mechanism": self.mechanism,
+            "outputs": self.outputs,
+            "weight": self.weight,
+            "batch": self.batch,
+            "participation": self.participation,
+        }
 
     def voting(self) -> NDArray[np.bool_]:
         """(batch,) mask of the queries this party voted on."""
@@ -169,7 +181,7 @@ class PartyCore:
                 terms.batch,
                 worst,
                 mechanism=work.mechanism.name,
-                terms=asdict(terms),
+                terms=terms.to_dict(),
             )
         except QuorumError as err:
             left = err.remaining.get(self.name, 0.0)

@@ -40,6 +40,7 @@ from services.common.protocol import WHO_MAY_RECORD, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
 from services.guardian import budgets
 from services.guardian.loop import hospital_of
+from services.guardian.notes import PartyNotes
 from services.guardian.rounds import (
     RoundEngine,
     RoundInputError,
@@ -318,6 +319,9 @@ class RunningServer:
     loop: asyncio.AbstractEventLoop
     thread: threading.Thread
     pool: futures.ThreadPoolExecutor
+    #: The parties' reports and heartbeats (services.guardian.notes): written every
+    #: second while the hub runs, and what is left once it stopped.
+    notes: PartyNotes | None = None
 
     def stop(self, grace: float = 1.0) -> None:
         self.stopping.set()
@@ -330,6 +334,11 @@ class RunningServer:
             asyncio.run_coroutine_threadsafe(shut_down(), self.loop).result(grace + 30)
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
+        if self.notes is not None:
+            try:
+                self.notes.flush()
+            except Exception:  # the ledger went first: the parties report again
+                log.exception("writing the parties' last reports and heartbeats failed")
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -388,7 +397,10 @@ def serve(
     threading.Thread(
         target=_reap_forever, args=(engine, stop), name="capc-reaper", daemon=True
     ).start()
-    return RunningServer(server, port, health_servicer, stop, loop, thread, pool)
+    threading.Thread(
+        target=engine.notes.keep_writing, args=(stop,), name="capc-party-notes", daemon=True
+    ).start()
+    return RunningServer(server, port, health_servicer, stop, loop, thread, pool, engine.notes)
 
 
 def _reap_forever(engine: RoundEngine, stop: threading.Event) -> None:

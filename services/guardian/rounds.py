@@ -41,6 +41,7 @@ from services.guardian.compute import Garbler
 from services.guardian.ledger_port import SqlRoundLedger
 from services.guardian.links import SILENT_AFTER_S, Links, PartyLink, always_active
 from services.guardian.loop import loop_terms
+from services.guardian.notes import PartyNotes
 from services.guardian.relays import Relays
 from services.guardian.round_errors import (
     DuplicateLinkError,
@@ -111,6 +112,8 @@ class RoundEngine:
         self.relays = Relays(self._lock, self.core, self.links)
         self._live: dict[int, LiveRound] = {}
         self.garbler = Garbler(self)
+        #: The parties' reports and heartbeats, written together (services.guardian.notes).
+        self.notes = PartyNotes(ledger)
 
     @property
     def silent_after(self) -> float:
@@ -379,7 +382,17 @@ class RoundEngine:
         link = self.links.get(name)
         if link is None:
             return 0
-        return budgets.send_settlements(self.ledger, name, link.outbox, round_ids)
+        ended = self.not_open(round_ids)
+        if not ended:
+            return 0
+        return budgets.send_settlements(self.ledger, name, link.outbox, ended)
+
+    def not_open(self, round_ids: list[int]) -> list[int]:
+        """Those of ``round_ids`` that are not open here: only those may have ended (every
+        heartbeat names the round in flight, which needs no read of the ledger). Read
+        without the lock, which a round's ledger steps hold: a lookup each, and a round
+        that ends meanwhile is told to its parties as it ends, and at the next heartbeat."""
+        return [r for r in round_ids if r not in self.core.rounds]
 
 
 __all__ = [

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
-from services.common import protocol, tls
+from services.common import protocol, serde, tls
 from services.common.buffers import BoundedBuffer
 from services.common.ledger import (
     DuplicateRoundError,
@@ -344,11 +344,14 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         elif kind == "failure":
             await self._on_party_failure(name, msg.failure)
         elif kind == "heartbeat":
-            await self._run(self.ledger.touch, name)
-            await self._run(self.engine.settle, name, list(msg.heartbeat.open_rounds)[:MAX_SETTLE])
+            # Both kept in memory and written with the others' (services.guardian.notes).
+            self.engine.notes.seen(name)
+            asked = self.engine.not_open(list(msg.heartbeat.open_rounds)[:MAX_SETTLE])
+            if asked:
+                await self._run(self.engine.settle, name, asked)
         elif kind == "report":
             try:
-                await self._run(budgets.store_report, self.ledger, name, msg.report)
+                self.engine.notes.report(name, serde.spend_report_from_proto(msg.report))
             except RequestError as err:
                 log.warning("refused a spend report from %s: %s", name, err)
 

@@ -10,7 +10,7 @@ that strays from the SQL one, fails.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from capc.round import (
 from capc.round.errors import RoundInputError, VoteRefusedError
 from capc.round.ledger import KeptSetting, PartyLedger
 from capc.round.memory_party_ledger import MemoryPartyLedger
-from capc.round.party import PartyCore, pack_mask
+from capc.round.party import PartyCore, Terms, pack_mask, terms_of
 from capc.round.settlement import outcome
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common.ledger import Ledger
@@ -282,3 +282,11 @@ def test_pack_mask_is_the_wire_format() -> None:
     assert pack_mask(mask) == participation_to_bytes(mask)
     back = participation_from_bytes(pack_mask(mask), 13)
     assert back is not None and np.array_equal(back, mask)
+
+
+def test_terms_as_the_ledger_keeps_them_carry_every_field() -> None:
+    """What a reservation keeps of its round (Terms.to_dict) names every field, as
+    ``dataclasses.asdict`` would, so a settlement can rebuild the terms from it."""
+    terms = Terms({"name": "gnmax", "sigma": 4.0}, CLASSES, 0.5, 8, pack_mask(None).hex())
+    assert terms.to_dict() == asdict(terms)
+    assert terms_of(terms.to_dict()) == terms

@@ -33,9 +33,9 @@ class AuditLog(LedgerBase):
         another key later (its signatures would not verify the earlier heads)."""
         mine = audit.public_hex(signer)
         with self._write() as conn:
-            have = conn.execute(SETTING_LOCKED, {"key": "audit_key"}).scalar()
+            have = SETTING_LOCKED.scalar(conn, {"key": "audit_key"})
             if have is None:
-                head = conn.execute(SETTING, {"key": chain.HEAD}).scalar_one()
+                head = SETTING.scalar(conn, {"key": chain.HEAD})
                 seq = int(json.loads(head)[0])
                 conn.execute(
                     INSERT_SETTING,
@@ -56,7 +56,7 @@ class AuditLog(LedgerBase):
     def audit_key(self) -> tuple[str, int] | None:
         """(public key hex, last entry written before it signed), or None: no key yet."""
         with self.engine.connect() as conn:
-            value = conn.execute(SETTING, {"key": "audit_key"}).scalar()
+            value = SETTING.scalar(conn, {"key": "audit_key"})
         if value is None:
             return None
         saved = json.loads(value)
@@ -65,7 +65,7 @@ class AuditLog(LedgerBase):
     def audit_head(self) -> AuditHead:
         """The audit chain's current head, signed (the signature is empty without a key)."""
         with self.engine.connect() as conn:
-            value = json.loads(conn.execute(SETTING, {"key": chain.HEAD}).scalar_one())
+            value = json.loads(SETTING.scalar(conn, {"key": chain.HEAD}))
         return AuditHead(int(value[0]), str(value[1]), str(value[2]) if len(value) > 2 else "")
 
     def record(

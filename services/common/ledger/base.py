@@ -177,11 +177,9 @@ class LedgerBase:
     def _keep(self, conn: Connection, kept: KeptSetting) -> chain.Entry | None:
         """Write ``kept`` in ``conn``'s transaction; its audit entry, None when unchanged.
         A value that changes (a party's guardian head, every round) is one statement."""
-        changed = conn.execute(
-            UPDATE_SETTING_CHANGED, {"b_key": kept.key, "b_value": kept.value}
-        ).rowcount
+        changed = UPDATE_SETTING_CHANGED.run(conn, {"b_key": kept.key, "b_value": kept.value})
         if not changed:
-            if conn.execute(SETTING_LOCKED, {"key": kept.key}).first() is not None:
+            if SETTING_LOCKED.first(conn, {"key": kept.key}) is not None:
                 return None  # there, with this value
             conn.execute(INSERT_SETTING, {"key": kept.key, "value": kept.value})
         return chain.Entry(kept.actor, kept.action, {"key": kept.key, **(kept.detail or {})})

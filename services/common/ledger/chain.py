@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Connection
 
 from services.common.ledger import audit
+from services.common.ledger.errors import LedgerError
 from services.common.ledger.models import utcnow
 from services.common.ledger.tables import INSERT_AUDIT, SETTING_LOCKED, UPDATE_SETTING
 
@@ -38,7 +39,9 @@ def append(conn: Connection, entries: Sequence[Entry], signer: Ed25519PrivateKey
     """Append ``entries`` in order, in ``conn``'s transaction."""
     if not entries:
         return
-    value = conn.execute(SETTING_LOCKED, {"key": HEAD}).scalar_one()
+    value = SETTING_LOCKED.scalar(conn, {"key": HEAD})
+    if value is None:
+        raise LedgerError("the ledger has no audit head: its schema was not migrated")
     seq, prev = json.loads(value)[:2]
     rows = []
     signature: str | None = None
@@ -62,7 +65,5 @@ def append(conn: Connection, entries: Sequence[Entry], signer: Ed25519PrivateKey
             }
         )
         prev = digest
-    conn.execute(INSERT_AUDIT, rows)
-    conn.execute(
-        UPDATE_SETTING, {"b_key": HEAD, "b_value": json.dumps([seq, prev, signature or ""])}
-    )
+    INSERT_AUDIT.run_many(conn, rows)
+    UPDATE_SETTING.run(conn, {"b_key": HEAD, "b_value": json.dumps([seq, prev, signature or ""])})

@@ -7,6 +7,8 @@ open rounds) are single Core statements; each opens one connection.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, bindparam, func, select
@@ -17,6 +19,7 @@ from services.common.db import iso_utc
 from services.common.ledger.base import FloatArray, LedgerBase, registered_cap
 from services.common.ledger.errors import RoundStateError, UnknownPartyError
 from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState
+from services.common.ledger.prepared import Prepared
 from services.common.ledger.records import LedgerEntry, PartyBudget, RoundHeld, RoundRecord
 from services.common.ledger.tables import (
     CAPS,
@@ -52,14 +55,16 @@ _BUDGETS = (
     .join(spend, spend.c.party == parties.c.name)
     .order_by(parties.c.name)
 )
-_BUDGET = _BUDGETS.where(parties.c.name == bindparam("party"))
+_BUDGET = Prepared(_BUDGETS.where(parties.c.name == bindparam("party")))
 
 
 class Reads(LedgerBase):
     """What a ledger shows: budgets, spends, rounds and their entries."""
 
     def _budgets(self, conn: Connection, name: str | None) -> list[PartyBudget]:
-        rows = conn.execute(_BUDGETS) if name is None else conn.execute(_BUDGET, {"party": name})
+        rows: Sequence[Sequence[Any]] = (
+            list(conn.execute(_BUDGETS)) if name is None else _BUDGET.rows(conn, {"party": name})
+        )
         out = []
         for row in rows:
             (who, role, status, cap, loss, n, seen, registered, declared, report, pinned,
@@ -94,7 +99,7 @@ class Reads(LedgerBase):
         """Every ``role`` party's enforced cap (epsilon at the ledger's delta), by name: what
         :meth:`budgets` shows of them without working out each one's spend."""
         with self.engine.connect() as conn:
-            return {str(n): float(c) for n, c in conn.execute(CAPS, {"role": role})}
+            return {str(n): float(c) for n, c in CAPS.rows(conn, {"role": role})}
 
     def budget(self, name: str) -> PartyBudget:
         """Party ``name``'s cap, spend and remaining epsilon."""
@@ -107,7 +112,7 @@ class Reads(LedgerBase):
     def spent_loss(self, name: str) -> FloatArray:
         """A party's loss vector (charges and open reservations) in the ledger's accountant."""
         with self.engine.connect() as conn:
-            loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
+            loss = SPEND_LOSS.scalar(conn, {"party": name})
         if loss is None:
             raise UnknownPartyError(f"no party named {name!r}")
         return np.asarray(loss, dtype=np.float64)
@@ -133,8 +138,8 @@ class Reads(LedgerBase):
         before the oldest open round, else the last; 0 for none), its settled loss through
         it (:meth:`settled_loss`) and its budget (:meth:`budget`)."""
         with self.engine.connect() as conn:
-            opened = [int(i) for i in conn.scalars(OPEN_ROUNDS)]
-            through = max(0, opened[0] - 1 if opened else int(conn.scalar(LAST_ROUND) or 0))
+            opened = [int(i) for i in OPEN_ROUNDS.scalars(conn)]
+            through = max(0, opened[0] - 1 if opened else int(LAST_ROUND.scalar(conn) or 0))
             found = self._budgets(conn, name)
             if not found:
                 raise UnknownPartyError(f"no party named {name!r}")
@@ -143,10 +148,10 @@ class Reads(LedgerBase):
     def round_record(self, round_id: int) -> RoundRecord | None:
         """A round with its terms, outcome and per-party rows; None if there is none."""
         with self.engine.connect() as conn:
-            rnd = conn.execute(ROUND, {"rid": round_id}).first()
+            rnd = ROUND.first(conn, {"rid": round_id})
             if rnd is None:
                 return None
-            rows = conn.execute(CHARGES, {"rid": round_id})
+            rows = CHARGES.rows(conn, {"rid": round_id})
             held = {p: (ChargeKind(kind), event) for p, kind, _, event in rows}
         return RoundRecord(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
@@ -155,29 +160,29 @@ class Reads(LedgerBase):
         events), with ``party``'s row only when given (one party's settlement of a round
         of hundreds); None if there is none."""
         with self.engine.connect() as conn:
-            rnd = conn.execute(ROUND, {"rid": round_id}).first()
+            rnd = ROUND.first(conn, {"rid": round_id})
             if rnd is None:
                 return None
             if party is None:
-                rows = conn.execute(HELD, {"rid": round_id})
+                rows = HELD.rows(conn, {"rid": round_id})
             else:
-                rows = conn.execute(HELD_OF, {"rid": round_id, "party": party})
+                rows = HELD_OF.rows(conn, {"rid": round_id, "party": party})
             held = {p: (ChargeKind(kind), bool(event)) for p, kind, event in rows}
         return RoundHeld(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
     def open_rounds(self) -> list[int]:
         """Ids of rounds reserved or released but not yet committed or aborted, oldest first."""
         with self.engine.connect() as conn:
-            return [int(i) for i in conn.scalars(OPEN_ROUNDS)]
+            return [int(i) for i in OPEN_ROUNDS.scalars(conn)]
 
     def last_round(self) -> int:
         """The highest round id, 0 when there is none."""
         with self.engine.connect() as conn:
-            return int(conn.scalar(LAST_ROUND) or 0)
+            return int(LAST_ROUND.scalar(conn) or 0)
 
     def round_state(self, round_id: int) -> RoundState:
         with self.engine.connect() as conn:
-            state = conn.scalar(ROUND_STATE, {"rid": round_id})
+            state = ROUND_STATE.scalar(conn, {"rid": round_id})
         if state is None:
             raise RoundStateError(f"no round {round_id}")
         return RoundState(state)
@@ -255,10 +260,10 @@ class Reads(LedgerBase):
 
 def _settled_loss(conn: Connection, name: str, through: int) -> FloatArray:
     """:meth:`Reads.settled_loss` on ``conn``."""
-    loss = conn.execute(SPEND_LOSS, {"party": name}).scalar()
+    loss = SPEND_LOSS.scalar(conn, {"party": name})
     if loss is None:
         raise UnknownPartyError(f"no party named {name!r}")
     total = np.asarray(loss, dtype=np.float64)
-    for held in conn.scalars(UNSETTLED, {"party": name, "through": through}):
+    for held in UNSETTLED.scalars(conn, {"party": name, "through": through}):
         total = total - np.asarray(held, dtype=np.float64)
     return np.maximum(total, 0.0)

@@ -6,6 +6,7 @@ Every change here is audited in its own transaction.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Mapping
 
@@ -46,7 +47,7 @@ class Registry(LedgerBase):
     def setting(self, key: str) -> str | None:
         """A value kept with :meth:`keep_setting`, or None."""
         with self.engine.connect() as conn:
-            value = conn.execute(SETTING, {"key": key}).scalar()
+            value = SETTING.scalar(conn, {"key": key})
         return None if value is None else str(value)
 
     def keep_setting(
@@ -254,7 +255,7 @@ class Registry(LedgerBase):
     def touch(self, name: str) -> None:
         """Record that a party was seen now (every heartbeat of every party: one statement)."""
         with self._write() as conn:
-            seen = conn.execute(TOUCH_PARTY, {"b_name": name, "b_at": utcnow()}).rowcount
+            seen = TOUCH_PARTY.run(conn, {"b_name": name, "b_at": utcnow()})
         if not seen:
             raise UnknownPartyError(f"no party named {name!r}")
 
@@ -288,6 +289,28 @@ class Registry(LedgerBase):
         kept = {**dict(report), "received_at": iso_utc(utcnow())}
         # One statement (every party reports every few seconds while rounds run).
         with self._write() as conn:
-            found = conn.execute(SET_PARTY_REPORT, {"b_name": name, "b_report": kept}).rowcount
+            found = SET_PARTY_REPORT.run(conn, {"b_name": name, "b_report": kept})
         if not found:
             raise UnknownPartyError(f"no party named {name!r}")
+
+    def note_parties(
+        self,
+        reports: Mapping[str, tuple[Mapping[str, object], dt.datetime]],
+        seen: Mapping[str, dt.datetime],
+    ) -> None:
+        """Keep parties' latest reports (``reports``: each with the time it was received,
+        as :meth:`store_report` keeps one) and when each of ``seen`` was last heard from
+        (as :meth:`touch`), in one transaction: what a guardian's parties send every few
+        seconds, kept with one durable commit for all of them. A name that is no party
+        here is skipped."""
+        if not reports and not seen:
+            return
+        with self._write() as conn:
+            SET_PARTY_REPORT.run_many(
+                conn,
+                [
+                    {"b_name": name, "b_report": {**dict(report), "received_at": iso_utc(at)}}
+                    for name, (report, at) in reports.items()
+                ],
+            )
+            TOUCH_PARTY.run_many(conn, [{"b_name": n, "b_at": at} for n, at in seen.items()])

@@ -32,6 +32,7 @@ failure rolls the whole batch back.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, select
@@ -58,9 +59,11 @@ from services.common.ledger.records import KeptSetting, Reservation
 from services.common.ledger.tables import (
     DELETE_CHARGES,
     INSERT_CHARGES,
+    INSERT_NUMBERED_ROUND,
     INSERT_QUERIER_SPENDS,
     INSERT_ROUND,
     LIMITS,
+    LIMITS_OF,
     OPENABLE,
     ROUND_CHARGES_LOCKED,
     ROUND_LOCKED,
@@ -76,7 +79,7 @@ from services.common.ledger.tables import (
 
 def _locked_round(conn: Connection, round_id: int) -> tuple[RoundState, str]:
     """(state, querier) of a round, its row locked for this transaction."""
-    row = conn.execute(ROUND_LOCKED, {"rid": round_id}).first()
+    row = ROUND_LOCKED.first(conn, {"rid": round_id})
     if row is None:
         raise RoundStateError(f"no round {round_id}")
     return RoundState(row[0]), str(row[1])
@@ -87,7 +90,7 @@ def _locked_round_rows(
 ) -> tuple[RoundState, str, dict[str, tuple[FloatArray, dict[str, object] | None]]]:
     """(state, querier, party -> (loss, event) of each of its rows) of a round, its row
     locked for this transaction: one statement."""
-    found = list(conn.execute(ROUND_CHARGES_LOCKED, {"rid": round_id}))
+    found = ROUND_CHARGES_LOCKED.rows(conn, {"rid": round_id})
     if not found:
         raise RoundStateError(f"no round {round_id}")
     held = {
@@ -135,9 +138,12 @@ class Reservations(LedgerBase):
             with self._write() as conn:
                 # Every refusal comes before the first write (Ledger.batch runs this
                 # step with no savepoint of its own). A round id of None matches no row.
-                used, known_task, allowance = conn.execute(
-                    OPENABLE, {"key": round_key, "rid": round_id, "task": task, "querier": querier}
-                ).one()
+                openable = OPENABLE.first(
+                    conn, {"key": round_key, "rid": round_id, "task": task, "querier": querier}
+                )
+                if openable is None:
+                    raise LedgerError("the ledger could not check the round's key and task")
+                used, known_task, allowance = openable
                 if used:
                     raise DuplicateRoundError(
                         f"round {round_key!r} was opened before; a round key is used once"
@@ -148,7 +154,11 @@ class Reservations(LedgerBase):
                 if conn.dialect.name != "sqlite":
                     # READ COMMITTED: caps and allowance as they stand now that the spend
                     # rows are locked (a cut committed while the lock waited holds).
-                    limits = list(conn.execute(LIMITS, {"names": names, "querier": querier}))
+                    limits: Sequence[Sequence[Any]]
+                    if len(names) == 1:
+                        limits = LIMITS_OF.rows(conn, {"name": names[0], "querier": querier})
+                    else:
+                        limits = list(conn.execute(LIMITS, {"names": names, "querier": querier}))
                     for p, cap, status, _ in limits:
                         if p in spends:
                             spends[p].cap, spends[p].status = float(cap), str(status)
@@ -198,17 +208,15 @@ class Reservations(LedgerBase):
                     "updated_at": now,
                 }
                 if round_id is not None:
-                    values["id"] = round_id
-                made = conn.execute(INSERT_ROUND, values)
-                made_key = made.inserted_primary_key
-                if round_id is not None:
+                    INSERT_NUMBERED_ROUND.run(conn, {**values, "id": round_id})
                     rid = round_id
-                elif made_key is not None:
-                    rid = int(made_key[0])
                 else:
-                    raise LedgerError("the database gave the new round no id")
-                conn.execute(
-                    INSERT_CHARGES,
+                    made_key = conn.execute(INSERT_ROUND, values).inserted_primary_key
+                    if made_key is None:
+                        raise LedgerError("the database gave the new round no id")
+                    rid = int(made_key[0])
+                INSERT_CHARGES.run_many(
+                    conn,
                     [
                         {
                             "round_id": rid,
@@ -235,8 +243,8 @@ class Reservations(LedgerBase):
                     shares[p] = shares[p] + costs[p]
                 write_spends(conn, spends, included)
                 if fresh:
-                    conn.execute(
-                        INSERT_QUERIER_SPENDS,
+                    INSERT_QUERIER_SPENDS.run_many(
+                        conn,
                         [
                             {"querier": querier, "party": p, "loss": shares[p].tolist()}
                             for p in fresh
@@ -321,9 +329,8 @@ class Reservations(LedgerBase):
                 raise RoundStateError(
                     f"round {round_id} is {state.value}; only a reserved round can be released"
                 )
-            conn.execute(
-                SET_ROUND_STATE,
-                {"b_rid": round_id, "b_state": RoundState.RELEASED, "b_at": utcnow()},
+            SET_ROUND_STATE.run(
+                conn, {"b_rid": round_id, "b_state": RoundState.RELEASED, "b_at": utcnow()}
             )
             self._append(conn, [chain.Entry(actor, "release", {"round": round_id})])
 
@@ -427,13 +434,12 @@ class Reservations(LedgerBase):
                 )
             write_spends(conn, spends, names)
             write_querier_spends(conn, querier, shares, [p for p in names if p in shares])
-            if updates:
-                conn.execute(UPDATE_CHARGES, updates)
+            UPDATE_CHARGES.run_many(conn, updates)
             done = {"b_rid": round_id, "b_state": RoundState.COMMITTED, "b_at": utcnow()}
             if outcome is None:
-                conn.execute(SET_ROUND_STATE, done)
+                SET_ROUND_STATE.run(conn, done)
             else:
-                conn.execute(SET_ROUND_OUTCOME, {**done, "b_outcome": dict(outcome)})
+                SET_ROUND_OUTCOME.run(conn, {**done, "b_outcome": dict(outcome)})
             entries.append(
                 chain.Entry(
                     actor,
@@ -478,10 +484,9 @@ class Reservations(LedgerBase):
                     shares[p] = round_up(mine - reserved, mine, reserved)
             write_spends(conn, spends, names)
             write_querier_spends(conn, querier, shares, [p for p in names if p in shares])
-            conn.execute(DELETE_CHARGES, {"rid": round_id})
-            conn.execute(
-                SET_ROUND_STATE,
-                {"b_rid": round_id, "b_state": RoundState.ABORTED, "b_at": utcnow()},
+            DELETE_CHARGES.run(conn, {"rid": round_id})
+            SET_ROUND_STATE.run(
+                conn, {"b_rid": round_id, "b_state": RoundState.ABORTED, "b_at": utcnow()}
             )
             entries.append(chain.Entry(actor, "abort", {"round": round_id, "reason": reason}))
             self._append(conn, entries)
