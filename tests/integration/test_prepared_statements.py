@@ -6,11 +6,12 @@ cannot run as compiled refused."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import bindparam, event, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.sql.expression import Executable
 
 from services.common.ledger import Ledger
 from services.common.ledger.models import ChargeKind, RoundState
@@ -86,11 +87,11 @@ def test_a_prepared_write_stores_what_connection_execute_stores(ledger_url: str)
         assert stored[0][0] == "RESERVED" and stored[0][5] == "null"
         for rid in (1, 2):
             mine = ROUND.first(conn, {"rid": rid})
-            theirs = conn.execute(ROUND.statement, {"rid": rid}).one()
+            theirs = conn.execute(cast(Executable, ROUND.statement), {"rid": rid}).one()
             assert mine == tuple(theirs)
             assert mine is not None and mine[0] is RoundState.RESERVED
             assert CHARGES.rows(conn, {"rid": rid}) == [
-                tuple(r) for r in conn.execute(CHARGES.statement, {"rid": rid})
+                tuple(r) for r in conn.execute(cast(Executable, CHARGES.statement), {"rid": rid})
             ]
         assert CHARGES.rows(conn, {"rid": 2}) == [("h1", ChargeKind.RESERVATION, [0.5, 1.0], None)]
     db.close()
