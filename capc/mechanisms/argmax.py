@@ -17,10 +17,9 @@ from capc.mechanisms.base import (
     NOT_ANSWERED,
     CircuitSpec,
     Labels,
-    Mechanism,
     MechanismError,
     Noise,
-    NoisyParams,
+    NoisyMechanism,
     gaussian_noise,
 )
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, ConfidentGNMaxCircuit, MultiLabelCircuit
@@ -72,27 +71,8 @@ def laplace_noisy_max(histograms: ArrayLike, scale: float, rng: SecureRandom) ->
     return np.asarray(np.argmax(k.astype(np.int64) + z, axis=1), dtype=np.int64)
 
 
-class ArgmaxMechanism(Mechanism):
-    params: NoisyParams
-
+class ArgmaxMechanism(NoisyMechanism):
     """A noisy argmax over the vote columns, optionally behind a noisy threshold test."""
-
-    @property
-    def sigma(self) -> float:
-        """Noise standard deviation of the answer (votes)."""
-        return float(self.params.sigma)
-
-    @property
-    def threshold(self) -> float:
-        return float(getattr(self.params, "threshold", 0.0))
-
-    @property
-    def sigma1(self) -> float:
-        return float(getattr(self.params, "sigma1", 0.0))
-
-    @property
-    def confident(self) -> bool:
-        return self.sigma1 > 0
 
     #: True when the threshold test draws independent noise on every class.
     test_noise_per_class = False

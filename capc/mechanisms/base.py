@@ -486,3 +486,27 @@ class Mechanism(ABC):
     def log_pr_answered(self, histogram: ArrayLike) -> float:
         """log Pr[the query is answered] on the clear ``histogram`` (0 when always answered)."""
         return 0.0
+
+
+class NoisyMechanism(Mechanism):
+    """A mechanism whose answer adds Gaussian noise of std ``sigma`` (votes), optionally
+    behind a noisy threshold test (``threshold`` votes, its noise std ``sigma1`` votes)."""
+
+    params: NoisyParams
+
+    @property
+    def sigma(self) -> float:
+        """Noise standard deviation of the answer (votes)."""
+        return float(self.params.sigma)
+
+    @property
+    def threshold(self) -> float:
+        return float(getattr(self.params, "threshold", 0.0))
+
+    @property
+    def sigma1(self) -> float:
+        return float(getattr(self.params, "sigma1", 0.0))
+
+    @property
+    def confident(self) -> bool:
+        return self.sigma1 > 0

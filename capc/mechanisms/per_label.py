@@ -19,10 +19,9 @@ from capc.mechanisms.base import (
     NOT_ANSWERED,
     CircuitSpec,
     Labels,
-    Mechanism,
     MechanismError,
     Noise,
-    NoisyParams,
+    NoisyMechanism,
     gaussian_noise,
 )
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS, MultiLabelCircuit
@@ -41,27 +40,9 @@ def label_matrix(predictions: ArrayLike, labels: int, name: str) -> NDArray[np.f
     return p.astype(np.float64)
 
 
-class PerLabelMechanism(Mechanism):
-    params: NoisyParams
-
+class PerLabelMechanism(NoisyMechanism):
     multi_label = True
     max_outputs = 64
-
-    @property
-    def sigma(self) -> float:
-        return float(self.params.sigma)
-
-    @property
-    def threshold(self) -> float:
-        return float(getattr(self.params, "threshold", 0.0))
-
-    @property
-    def sigma1(self) -> float:
-        return float(getattr(self.params, "sigma1", 0.0))
-
-    @property
-    def confident(self) -> bool:
-        return self.sigma1 > 0
 
     @property
     def per_label(self) -> bool:
