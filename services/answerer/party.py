@@ -62,6 +62,52 @@ REFUSALS = (
 )
 
 
+class Beat:
+    """A session's periodic messages to the guardian, one :meth:`step` every
+    :data:`REPORT_S` seconds: the spend report once a settlement made one due, and a
+    heartbeat (naming the rounds still open here) every :data:`HEARTBEAT_S` seconds."""
+
+    def __init__(
+        self, name: str, budget: OwnBudget, outgoing: BoundedBuffer[guardian_pb2.PartyMessage]
+    ) -> None:
+        self.name = name
+        self.budget = budget
+        self.outgoing = outgoing
+        self.report_due = threading.Event()
+        self.last_heartbeat = time.monotonic()
+
+    def step(self, now: float) -> None:
+        """Send what is due at ``now`` (monotonic seconds). A ledger that fails a read or
+        a write leaves its rounds reserved (an over-count) and the report due again: the
+        beat goes on, and the next step tries again."""
+        try:
+            if self.report_due.is_set():
+                self.report_due.clear()
+                self.report()
+            if now - self.last_heartbeat < HEARTBEAT_S:
+                return
+            self.last_heartbeat = now
+            self.outgoing.put(
+                guardian_pb2.PartyMessage(
+                    header=protocol.header(""),
+                    heartbeat=guardian_pb2.Heartbeat(
+                        sent_unix_ms=int(time.time() * 1000),
+                        # Rounds whose settlement went missing are asked for again.
+                        open_rounds=self.budget.open_rounds(),
+                    ),
+                )
+            )
+        except (LedgerError, SQLAlchemyError) as err:
+            self.report_due.set()
+            log.error("%s could not read or write its own ledger: %s", self.name, err)
+
+    def report(self) -> None:
+        """Send this party's own ledger (its held settlements are written first)."""
+        self.outgoing.put(
+            guardian_pb2.PartyMessage(header=protocol.header(""), report=self.budget.report())
+        )
+
+
 class AnsweringParty:
     """One hospital's party process."""
 
@@ -148,34 +194,12 @@ class AnsweringParty:
                     return
                 yield item
 
-        report_due = threading.Event()
+        beat = Beat(self.name, self.budget, outgoing)
 
-        def beat() -> None:
-            last = time.monotonic()
+        def beating() -> None:
             # This session's beat only: a reconnected stream starts its own.
             while not stop.wait(REPORT_S) and self.connected.is_set() and not ended.is_set():
-                try:
-                    if report_due.is_set():
-                        report_due.clear()
-                        self._report(outgoing)
-                    if time.monotonic() - last < HEARTBEAT_S:
-                        continue
-                    last = time.monotonic()
-                    outgoing.put(
-                        guardian_pb2.PartyMessage(
-                            header=self._header(),
-                            heartbeat=guardian_pb2.Heartbeat(
-                                sent_unix_ms=int(time.time() * 1000),
-                                # Rounds whose settlement went missing are asked for again.
-                                open_rounds=self.budget.open_rounds(),
-                            ),
-                        )
-                    )
-                except (LedgerError, SQLAlchemyError) as err:
-                    # The ledger failed a read or a write: its rounds stay reserved (an
-                    # over-count); the beat goes on, and the report is tried again.
-                    report_due.set()
-                    log.error("%s could not read or write its own ledger: %s", self.name, err)
+                beat.step(time.monotonic())
 
         metadata = None if self.files is not None else [("capc-party", self.name)]
         responses = guardian_pb2_grpc.GuardianHubStub(channel).Connect(
@@ -207,14 +231,14 @@ class AnsweringParty:
                         msg.registered.epsilon_cap,
                     )
                     self.budget.welcome(msg.registered)
-                    self._report(outgoing)
+                    beat.report()
                     self.connected.set()
-                    threading.Thread(target=beat, daemon=True).start()
+                    threading.Thread(target=beating, daemon=True).start()
                 elif kind == "work":
                     self._pool.submit(self._answer, msg.work, msg.header, outgoing)
                 elif kind == "settled":
                     if self.budget.settle(msg.settled):
-                        report_due.set()
+                        beat.report_due.set()
                 elif kind == "relay":
                     relay = self._relays.get(msg.relay.round_id)
                     if relay is None:
@@ -246,9 +270,6 @@ class AnsweringParty:
             self.budget.flush()
         except (LedgerError, SQLAlchemyError) as err:
             log.error("%s could not write its settlements: %s", self.name, err)
-
-    def _report(self, outgoing: BoundedBuffer[guardian_pb2.PartyMessage]) -> None:
-        outgoing.put(guardian_pb2.PartyMessage(header=self._header(), report=self.budget.report()))
 
     def _answer(
         self,

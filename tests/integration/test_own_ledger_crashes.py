@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,14 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Engine, event
+from sqlalchemy.exc import OperationalError
 
 from capc.mechanisms.registry import from_config
 from services.answerer.budget import OwnBudget, VoteRefusedError
+from services.answerer.party import HEARTBEAT_S, Beat
 from services.audit.verify import verify
 from services.common import serde
+from services.common.buffers import BoundedBuffer
 from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
 from services.common.task import canonical_json, config_hash
@@ -303,3 +307,63 @@ def test_a_hospital_past_its_cap_never_votes_across_crashes(
         )
     assert refused.value.budget
     _verified(guardian.ledger, own.ledger)
+
+
+def test_the_beat_survives_a_ledger_error_and_the_round_is_settled_again(
+    tmp_path: Path,
+) -> None:
+    """The party's periodic beat (services/answerer/party.py ``Beat``) meets a ledger that
+    fails the write of a held settlement: it sends nothing false, stays due, and its next
+    step reports the round as still open (an over-count) and names it in the heartbeat;
+    the guardian's settlement sent again then settles it, and the report agrees with the
+    guardian's ledger."""
+    guardian = Guardian(tmp_path, PLAIN)
+    rnd = guardian.round()
+    own = OwnBudget(NAME, Ledger(str(tmp_path / "own.db")), 1e6)
+    own.welcome(guardian_pb2.Registered.FromString(guardian.registered()))
+    own.admit(guardian_pb2.RoundWork.FromString(rnd.work), common_pb2.Header.FromString(rnd.header))
+    assert own.settle(guardian_pb2.RoundSettled.FromString(rnd.settled))
+    out: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(16)
+    beat = Beat(NAME, own, out)
+    beat.report_due.set()
+    failing = True
+
+    @event.listens_for(own.ledger.engine, "before_cursor_execute")
+    def _fail(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if failing and statement.lstrip().upper().startswith(WRITES["settle"].upper()):
+            raise OperationalError(statement, None, Exception("disk I/O error"))
+
+    def sent() -> list[guardian_pb2.PartyMessage]:
+        got: list[guardian_pb2.PartyMessage] = []
+        while True:
+            try:
+                msg = out.get_nowait()
+            except queue.Empty:
+                return got
+            assert msg is not None
+            got.append(msg)
+
+    beat.step(beat.last_heartbeat)  # no heartbeat due yet
+    assert sent() == [] and beat.report_due.is_set(), "a failed write sends no report"
+    assert own.ledger.open_rounds() == [rnd.round_id], "the reservation still counts"
+
+    failing = False
+    beat.step(beat.last_heartbeat + HEARTBEAT_S)
+    report, heartbeat = sent()
+    assert report.report.open_rounds == 1 and report.report.through_round < rnd.round_id
+    assert report.report.epsilon_spent > 0, "the round's worst case is counted"
+    assert list(heartbeat.heartbeat.open_rounds) == [rnd.round_id], "asked for again"
+    assert not beat.report_due.is_set()
+
+    # The guardian answers the heartbeat with the settlement again (budgets.send_settlements).
+    assert own.settle(guardian_pb2.RoundSettled.FromString(rnd.settled))
+    beat.report_due.set()
+    beat.step(beat.last_heartbeat)
+    (again,) = sent()
+    assert again.report.open_rounds == 0 and again.report.through_round == rnd.round_id
+    np.testing.assert_allclose(
+        list(again.report.settled_loss),
+        guardian.ledger.settled_loss(NAME, rnd.round_id),
+        rtol=1e-9,
+    )
+    own.ledger.close()
