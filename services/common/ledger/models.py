@@ -20,6 +20,7 @@ from sqlalchemy import (
     Enum,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -102,7 +103,11 @@ class TaskRow(Base):
 
 class RoundRow(Base):
     __tablename__ = "rounds"
-    __table_args__ = (UniqueConstraint("round_key", name="uq_rounds_round_key"),)
+    __table_args__ = (
+        UniqueConstraint("round_key", name="uq_rounds_round_key"),
+        # Reports and heartbeats ask for the open rounds: a few among all ever held.
+        Index("ix_rounds_state", "state"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     round_key: Mapped[str] = mapped_column(String(128))
     task: Mapped[str] = mapped_column(ForeignKey("tasks.name"))

@@ -23,7 +23,7 @@ from services.common.ledger.errors import LedgerError
 from services.common.ledger.models import Setting
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-HEAD_REVISION = "0007"
+HEAD_REVISION = "0008"
 _MIGRATION_LOCK = threading.Lock()
 
 
