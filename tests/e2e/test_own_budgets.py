@@ -170,7 +170,7 @@ def test_the_admin_view_shows_both_ledgers_and_flags_a_divergence(
         # Its own round (the test may run alone): hospital-1 spends something to lower.
         student = consortium.student()
         try:
-            for k in range(10):
+            for _ in range(10):
                 if "hospital-1" in student.label_batch(consortium.queries[:BATCH]).parties:
                     break
         finally:
