@@ -106,11 +106,10 @@ from numpy.typing import NDArray
 
 from capc.data.generators import Recipe
 from capc.learning.last_layer import fit_batch_standardised
-from capc.learning.supervised import accuracy
 from capc.mechanisms import Mechanism, from_config
 from capc.models import load_teacher
 from capc.models.ensemble import TeacherEnsemble
-from capc.models.inference import features, logits, reference_statistics
+from capc.models.inference import features, reference_statistics
 from capc.models.registry import Classifier
 from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
 from capc.privacy.randomness import SecureRandom
@@ -271,23 +270,60 @@ def bought(
 
 
 # -- scoring ----------------------------------------------------------------------------
-def _student_accuracy(
-    body: Classifier,
-    feats: torch.Tensor,
-    labels: NDArray[np.int64],
-    reference: NDArray[np.float32],
-    score: tuple[NDArray[np.float32], NDArray[np.int64]],
-) -> float | None:
-    """Accuracy on ``score`` of the student service's pretrained head fitted to the
-    (N, D) ``feats`` and their labels, with ``reference``'s statistics stored."""
-    if len(labels) < 2 or len(np.unique(labels)) < 2:
-        return None
-    model = copy.deepcopy(body)
-    model.head = fit_batch_standardised(  # type: ignore[assignment]
-        feats, labels, body.head.out_features, l2=STUDENT_L2, balanced=True
-    )
-    reference_statistics(model, reference)
-    return float(accuracy(model, *score))
+#: Records a batch when ``capc.learning.supervised.accuracy`` reads a model (its default).
+SCORE_BATCH = 1024
+
+
+class Scorer:
+    """Heads on the body with ``reference``'s statistics stored, scored on ``score``.
+
+    What the student service's trainer stores (``reference_statistics`` of a model
+    with a fitted head) is, for the body, the same whatever the head: the reference
+    batch's pass through the body does not read it. So the body's statistics, the
+    features the reference batch gives the head and the features of the scored
+    records are computed once here, and a head then costs its fit alone; every
+    accuracy is bit for bit ``accuracy`` of the whole model (the same passes, the
+    same batches)."""
+
+    def __init__(
+        self,
+        body: Classifier,
+        reference: NDArray[np.float32],
+        score: tuple[NDArray[np.float32], NDArray[np.int64]],
+    ) -> None:
+        self.model = copy.deepcopy(body)
+        seen: list[torch.Tensor] = []
+        hook = self.model.features.register_forward_hook(lambda _m, _i, out: seen.append(out))
+        try:
+            reference_statistics(self.model, reference)
+        finally:
+            hook.remove()
+        (self.reference,) = seen
+        self.features = features(self.model, score[0], batch=SCORE_BATCH)
+        self.labels = score[1]
+
+    def head(self, feats: torch.Tensor, labels: NDArray[np.int64]) -> torch.nn.Module:
+        """The student service's pretrained head fitted to (N, D) ``feats`` and their
+        labels, with the reference batch's statistics stored."""
+        head = fit_batch_standardised(
+            feats, labels, self.model.head.out_features, l2=STUDENT_L2, balanced=True
+        )
+        reference_statistics(head, self.reference.numpy())
+        return head
+
+    def predict(
+        self, head: torch.nn.Module, x: NDArray[np.float32] | None = None
+    ) -> NDArray[np.int64]:
+        """The classes the body and ``head`` give (N, *input_shape) ``x`` (default: the
+        scored records), read in batches as ``logits`` reads them."""
+        f = self.features if x is None else features(self.model, x, batch=SCORE_BATCH)
+        with torch.no_grad():
+            out = [head.eval()(f[lo : lo + SCORE_BATCH]) for lo in range(0, len(f), SCORE_BATCH)]
+        return torch.cat(out).argmax(1).numpy()
+
+    def accuracy(self, head: torch.nn.Module) -> float:
+        """``head``'s accuracy on the scored records."""
+        return float((self.predict(head) == self.labels).mean())
 
 
 @dataclass
@@ -310,6 +346,7 @@ class Tuner:
         self._queries: torch.Tensor | None = None
         self._public: torch.Tensor | None = None
         self._public_votes: dict[tuple[int, int], list[NDArray[np.int64]]] = {}
+        self._scorers: dict[tuple[str, int], Scorer] = {}
         idx = self.split.tuning if self.score_on is None else self.score_on
         self.score = (self.split.x[idx], self.split.y[idx])
 
@@ -406,11 +443,19 @@ class Tuner:
             rows[-1]["label_agreement"] = _agreement(votes[use], labels[use])
         return rows
 
+    def scorer(self, key: tuple[str, int], reference: NDArray[np.float32]) -> Scorer:
+        """The :class:`Scorer` of the models whose reference batch ``key`` names."""
+        if key not in self._scorers:
+            self._scorers[key] = Scorer(self.body, reference, self.score)
+        return self._scorers[key]
+
     def _accuracy(self, qf: torch.Tensor, labels: NDArray[np.int64]) -> float | None:
         """The student trained on the answered queries' (N, D) features ``qf`` and their
         labels, scored (None: the student service would refuse to train)."""
-        reference = self.split.x[self.split.reference]
-        return _student_accuracy(self.body, qf, labels, reference, self.score)
+        if len(labels) < 2 or len(np.unique(labels)) < 2:
+            return None
+        scorer = self.scorer(("student", 0), self.split.x[self.split.reference])
+        return scorer.accuracy(scorer.head(qf, labels))
 
     def loop(self, n: int, grid: Sequence[Candidate]) -> list[dict[str, Any]]:
         """Hospital 0's CaPC loop for every candidate, and its model alone."""
@@ -424,10 +469,10 @@ class Tuner:
         ref_order = np.random.default_rng(0).permutation(len(own_x))
         reference = own_x[ref_order[:MAX_REFERENCE_RECORDS]]
         uf = features(self.body, unlabelled, current_statistics=True, batch=BATCH)
-        alone_model = self._fitted(own_f, own_y[order], reference)
-        alone = float(accuracy(alone_model, *self.score))
-        with torch.no_grad():
-            own_view = logits(alone_model, unlabelled).argmax(1).numpy()
+        scorer = self.scorer(("loop", n), reference)
+        alone_head = scorer.head(own_f, own_y[order])
+        alone = scorer.accuracy(alone_head)
+        own_view = scorer.predict(alone_head, unlabelled)
         rows = [self._row("alone (hospital 0)", n, None, None, alone, 0, 0)]
         votes_by_m: dict[int, NDArray[np.float64]] = {}
         for c in grid:
@@ -454,7 +499,7 @@ class Tuner:
                 done, use, copies = bought(c, mech, answered, labels, own_view, e)
                 f = torch.cat([own_f.repeat(copies, 1), uf[use]])
                 y = np.concatenate([np.tile(own_y[order], copies), labels[use]])
-                acc = float(accuracy(self._fitted(f, y, reference), *self.score))
+                acc = scorer.accuracy(scorer.head(f, y))
                 row = self._row("capc-loop", n, c, e, acc, done, len(use))
                 row["accuracy_alone"], row["gain"] = alone, acc - alone
                 row["label_agreement"] = _agreement(votes[use], labels[use])
@@ -465,16 +510,6 @@ class Tuner:
                 )
                 rows.append(row)
         return rows
-
-    def _fitted(
-        self, f: torch.Tensor, y: NDArray[np.int64], reference: NDArray[np.float32]
-    ) -> Classifier:
-        model = copy.deepcopy(self.body)
-        model.head = fit_batch_standardised(  # type: ignore[assignment]
-            f, y, self.body.head.out_features, l2=STUDENT_L2, balanced=True
-        )
-        reference_statistics(model, reference)
-        return model
 
     def _row(
         self,
