@@ -26,7 +26,7 @@ the guardian, hospitals' and student's, per labelled query) beside the
 loopback figures.
 
 Usage: python benchmarks/consortium.py [--parties 10] [--queries 2048] [--batch 512] [--dir DIR]
-       [--link 100mbit:20ms]
+       [--link 100mbit:20ms] [--epochs 8]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -104,11 +105,16 @@ def local_costs(
 
 
 def label(
-    c: LocalConsortium, queries: np.ndarray, batch: int
+    c: LocalConsortium,
+    queries: np.ndarray,
+    batch: int,
+    warmed: Callable[[], None] = lambda: None,
 ) -> tuple[np.ndarray, list[RoundResult], float]:
-    """Labels, rounds and wall seconds for ``queries``, after a warm-up round."""
+    """Labels, rounds and wall seconds for ``queries``, after a warm-up round (then
+    ``warmed`` is called, so what it resets leaves the warm-up out)."""
     student = c.student()
     student.label(queries[:batch], batch_size=batch)  # warm-up: base OTs, caches
+    warmed()
     start = time.perf_counter()
     labels, rounds = student.label(queries, batch_size=batch)
     wall = time.perf_counter() - start
@@ -128,11 +134,7 @@ def over_link(c: LocalConsortium, spec: str, queries: np.ndarray, batch: int) ->
         with relay:
             c.dial = relay.address
             c.start()
-            student = c.student()
-            student.label(queries[:batch], batch_size=batch)
-            student.close()
-            relay.reset_counters()
-            _, rounds, wall = label(c, queries, batch)
+            _, rounds, wall = label(c, queries, batch, warmed=relay.reset_counters)
             moved = relay.bytes_total
             c.stop()
     return {
@@ -148,6 +150,12 @@ def main() -> None:
     ap.add_argument("--parties", type=int, default=10)
     ap.add_argument("--queries", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=LocalConsortium.epochs,
+        help="training epochs of each hospital's teacher (fewer: a quicker, weaker consortium)",
+    )
     ap.add_argument(
         "--dir", type=Path, default=None, help="keep PKI and teachers here between runs"
     )
@@ -165,7 +173,9 @@ def main() -> None:
             ap.error(f"--link needs network namespaces: {reason}")
     tmp = tempfile.TemporaryDirectory()
     directory = args.dir or Path(tmp.name)
-    c = LocalConsortium(directory / f"p{args.parties}", parties=args.parties, epsilon_cap=1e9)
+    c = LocalConsortium(
+        directory / f"p{args.parties}", parties=args.parties, epsilon_cap=1e9, epochs=args.epochs
+    )
     t_setup = time.perf_counter()
     with c:
         setup_s = time.perf_counter() - t_setup

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from capc.privacy import gaussian_dp
+from services import cli
 
 QUICK = ["--dataset", "digits", "--canaries", "20", "--body-steps", "20", "--noise-seed", "t"]
 
@@ -70,8 +71,18 @@ def test_pate_fm_row_is_within_its_budget(tmp_path: Path) -> None:
     assert r["queries"] == r["budget_queries"] == gaussian_dp.max_queries_gdp(per_query, 3.0, 1e-5)
 
 
-def test_bad_arguments_are_refused_with_a_reason(tmp_path: Path) -> None:
-    done = labeldp(tmp_path, "alibi", "--epsilon", "-1")
-    assert done.returncode == 2 and "positive" in done.stderr
-    done = labeldp(tmp_path, "pate-fm", "--epsilon", "1", "--dataset", "cifar")
-    assert done.returncode == 2 and "invalid choice" in done.stderr
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """``capc labeldp ARGS`` in this process (the parser is all it reaches): exit status 2,
+    and its standard error."""
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["labeldp", *args])
+    assert stopped.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_bad_arguments_are_refused_with_a_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "positive" in refused(capsys, "alibi", "--epsilon", "-1", "--cache", str(tmp_path))
+    err = refused(capsys, "pate-fm", "--epsilon", "1", "--dataset", "cifar")
+    assert "invalid choice" in err
