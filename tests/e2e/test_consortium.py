@@ -44,8 +44,9 @@ NOISE_SEED = "e2e-consortium"
 
 @pytest.fixture(scope="module")
 def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsortium]:
+    # Three epochs train teachers past the accuracy checked here; eight cost 50 s more CPU.
     with LocalConsortium(
-        tmp_path_factory.mktemp("consortium"), parties=PARTIES, noise_seed=NOISE_SEED
+        tmp_path_factory.mktemp("consortium"), parties=PARTIES, noise_seed=NOISE_SEED, epochs=3
     ) as c:
         yield c
 

@@ -3,7 +3,11 @@ revision check, and the accountant and delta fixed when a ledger is created."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sqlite3
+import tempfile
 import threading
 from pathlib import Path
 
@@ -12,7 +16,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from numpy.typing import ArrayLike
-from sqlalchemy import select
+from sqlalchemy import make_url, select
 
 from capc.privacy import accountants
 from capc.privacy.accountants import Accounting, RenyiDp
@@ -25,6 +29,10 @@ from services.common.ledger.models import Setting
 MIGRATIONS = Path(__file__).with_name("migrations")
 HEAD_REVISION = "0008"
 _MIGRATION_LOCK = threading.Lock()
+#: This process's new SQLite ledger at HEAD_REVISION, as bytes (None until it migrated
+#: one): a process that keeps many ledgers (an answerer hosting many hospitals) runs the
+#: migrations once, about 0.14 s of CPU each time, and copies the result for the others.
+_fresh_sqlite: list[bytes] = []
 
 
 class Schema(LedgerBase):
@@ -33,7 +41,20 @@ class Schema(LedgerBase):
     def migrate(self) -> None:
         """Bring the schema to the newest Alembic revision."""
         with _MIGRATION_LOCK:  # Alembic's op/context proxies are process-global
+            new = self._new_sqlite_file()
+            if new is not None and _fresh_sqlite and _place(new, _fresh_sqlite[0]):
+                return
             self._migrate()
+            if new is not None and not _fresh_sqlite:
+                _fresh_sqlite.append(_snapshot(new))
+
+    def _new_sqlite_file(self) -> Path | None:
+        """The ledger's file, where it is a SQLite file that does not exist yet."""
+        url = make_url(str(self.url))
+        if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+            return None
+        path = Path(str(url.database))
+        return None if path.exists() else path
 
     def _migrate(self) -> None:
         cfg = Config()
@@ -110,3 +131,39 @@ class Schema(LedgerBase):
             "delta": self.delta,
         }
         return json.dumps(ident, sort_keys=True, separators=(",", ":"))
+
+
+def _snapshot(path: Path) -> bytes:
+    """The SQLite database at ``path``, whole (its write-ahead log included), as bytes."""
+    with tempfile.TemporaryDirectory() as folder:
+        copy = Path(folder) / "fresh.db"
+        with (
+            contextlib.closing(sqlite3.connect(path)) as src,
+            contextlib.closing(sqlite3.connect(copy)) as dst,
+        ):
+            src.backup(dst)
+        return copy.read_bytes()
+
+
+def _place(path: Path, data: bytes) -> bool:
+    """Writes ``data`` as the new file ``path``, whole or not at all: False, and nothing
+    written, where ``path`` appeared meanwhile (another process created that ledger)."""
+    folder = path.parent
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(partial, path)  # fails, leaving the other file, where it exists
+        except FileExistsError:
+            return False
+        dirfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)
+        return True
+    finally:
+        os.unlink(partial)
