@@ -159,6 +159,10 @@ def _place(path: Path, data: bytes) -> bool:
             os.link(partial, path)  # fails, leaving the other file, where it exists
         except FileExistsError:
             return False
+        except OSError:
+            # A filesystem without hard links (some network and container volumes):
+            # the caller migrates the new file as it would without a copy.
+            return False
         dirfd = os.open(folder, os.O_RDONLY)
         try:
             os.fsync(dirfd)
