@@ -74,8 +74,8 @@ def _tiny(n: int, hospitals: int) -> list[tuning.Candidate]:
 
 
 @pytest.mark.slow
-# Two whole tuning runs: about 6 minutes on 2 loaded cores, past pytest-timeout's 600 s
-# when the machine is busier still; a loaded machine must not fail it.
+# Four tuning runs: about 3 minutes of CPU, past pytest-timeout's 600 s on a busy
+# enough machine; a loaded machine must not fail it.
 @pytest.mark.timeout(2400)
 def test_tuning_never_reads_the_test_records() -> None:
     s = split("animal-mnist", TUNING_SEED)
