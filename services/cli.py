@@ -19,6 +19,8 @@ import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from services.common.memory import keep_freed_memory
+
 
 class Command(NamedTuple):
     """One ``capc`` subcommand: its name, the module registering it, its one-line help."""
@@ -97,6 +99,7 @@ def chosen(argv: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand."""
+    keep_freed_memory()
     words = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(only=chosen(words)).parse_args(words)
     return int(args.handler(args))

@@ -8,6 +8,8 @@ rate or an epoch count, and a hospital with 60 images fits in milliseconds.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from numpy.typing import NDArray
@@ -105,6 +107,71 @@ def fit_linear(
         folded.weight.copy_(layer.weight / std)
         folded.bias.copy_(layer.bias - (layer.weight * (mean / std)).sum(1))
     return folded
+
+
+def fit_linear_many(
+    feats: Sequence[torch.Tensor],
+    labels: Sequence[NDArray[np.integer] | torch.Tensor],
+    outputs: int,
+    *,
+    l2: float = 1e-3,
+    max_iter: int = 1000,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fit_linear` for T independent problems at once: the layers fitted to each
+    (N_t, D) features and their labels, as (T, ``outputs``, D) weights and (T, ``outputs``)
+    biases that take raw features.
+
+    The T penalised objectives share no parameter, so their sum has each one's minimiser,
+    and one L-BFGS run over the sum replaces T runs. On a hospital's teachers (40 parts of
+    25 records, 256 features) that is 4x less CPU: a run's cost is its per-step overhead,
+    not the arithmetic. ``max_iter`` bounds the joint run, which needs more steps than one
+    problem alone (280 for those 40); it stops earlier once the sum converges.
+    """
+    if len(feats) != len(labels) or not feats:
+        raise ValueError(f"need one label set per feature set, got {len(feats)} and {len(labels)}")
+    checked = [_checked(f, y, outputs) for f, y in zip(feats, labels, strict=True)]
+    count, longest, width = len(checked), max(len(f) for f, _ in checked), checked[0][0].shape[1]
+    multi = checked[0][1].ndim == 2
+    if any(f.shape[1] != width or (y.ndim == 2) != multi for f, y in checked):
+        raise ValueError("every feature set needs the same width and the same kind of labels")
+    mean = torch.stack([f.mean(0) for f, _ in checked])
+    std = torch.stack([f.std(0, unbiased=False).clamp_min(1e-6) for f, _ in checked])
+    # Padded to the longest part; a padded row weighs nothing.
+    z = torch.zeros(count, longest, width)
+    target = torch.zeros((count, longest, outputs) if multi else (count, longest))
+    weight = torch.zeros(count, longest)
+    for t, (f, y) in enumerate(checked):
+        z[t, : len(f)] = (f - mean[t]) / std[t]
+        target[t, : len(f)] = y.float()
+        weight[t, : len(f)] = 1.0 / len(f)
+    classes = target.long()
+    w = torch.zeros(count, outputs, width, requires_grad=True)
+    b = torch.zeros(count, outputs, requires_grad=True)
+    opt = torch.optim.LBFGS(
+        [w, b], lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe"
+    )
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        out = torch.baddbmm(b[:, None, :], z, w.transpose(1, 2))
+        if multi:
+            each = functional.binary_cross_entropy_with_logits(out, target, reduction="none").mean(
+                -1
+            )
+        else:
+            each = functional.cross_entropy(
+                out.reshape(-1, outputs), classes.reshape(-1), reduction="none"
+            ).reshape(count, longest)
+        loss = (each * weight).sum() + l2 * w.pow(2).sum()
+        torch.autograd.backward(loss)
+        return loss
+
+    opt.step(closure)  # type: ignore[no-untyped-call]
+    # Fold each standardisation into its layer so it takes raw features.
+    with torch.no_grad():
+        weights = w / std[:, None, :]
+        biases = b - (w * (mean / std)[:, None, :]).sum(2)
+    return weights.detach(), biases.detach()
 
 
 def fit_batch_standardised(

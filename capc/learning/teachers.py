@@ -16,10 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
-from capc.learning.last_layer import fit_linear
+from capc.learning.last_layer import fit_linear_many
 from capc.learning.supervised import fit
 from capc.models.checkpoint import Teacher
 from capc.models.ensemble import TeacherEnsemble, statistics_of
@@ -48,26 +47,26 @@ def fit_head_ensemble(
     """
     outputs = body.head.out_features
     saved = statistics_of(body)
-    stats, weights, biases = [], [], []
+    stats, feats = [], []
     try:
         for p in partitions:
             if len(p) < 2:
                 raise ValueError("every hospital needs at least two examples")
             recalibrate(body, x[p])
             stats.append(statistics_of(body))
-            head = fit_linear(features(body, x[p]), y[p], outputs, l2=l2)
-            weights.append(head.weight.detach())
-            biases.append(head.bias.detach())
+            feats.append(features(body, x[p]))
     finally:
         body.load_state_dict(saved, strict=False)
+    # Every head at once: one optimiser run instead of one per teacher.
+    weights, biases = fit_linear_many(feats, [y[p] for p in partitions], outputs, l2=l2)
     return TeacherEnsemble(
         architecture,
         tuple(x.shape[1:]),
         outputs,
         body,
         stats,
-        torch.stack(weights),
-        torch.stack(biases),
+        weights,
+        biases,
         dict(card or {}),
         width=width,
         multi_label=np.ndim(y) == 2,

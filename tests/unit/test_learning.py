@@ -32,6 +32,7 @@ from capc.learning.last_layer import (
     finetune_teacher,
     fit_batch_standardised,
     fit_linear,
+    fit_linear_many,
 )
 from capc.learning.pate import ConfidentParams
 from capc.learning.semi_supervised import self_train_linear
@@ -71,6 +72,30 @@ def test_fit_linear_multi_label_and_balanced() -> None:
     fair = fit_linear(noisy, y[keep], 2, l2=0.1, balanced=True)
     recall = [(m(f[y == 1]).argmax(1) == 1).float().mean().item() for m in (plain, fair)]
     assert recall[1] > recall[0]
+
+
+def test_fit_linear_many_fits_what_fit_linear_fits_on_each_part() -> None:
+    f, y = blobs(n=330, k=3)
+    cuts = [(0, 40), (40, 120), (120, 330)]  # unequal parts: padded rows must weigh nothing
+    parts = [(f[a:b] * (i + 1) + 10 * i, y[a:b]) for i, (a, b) in enumerate(cuts)]
+    weights, biases = fit_linear_many([p[0] for p in parts], [p[1] for p in parts], 3, l2=0.01)
+    assert weights.shape == (3, 3, 8) and biases.shape == (3, 3)
+    for t, (x, labels) in enumerate(parts):
+        alone = fit_linear(x, labels, 3, l2=0.01)
+        # One convex objective per part: both optimisers reach its minimiser.
+        torch.testing.assert_close(weights[t], alone.weight.detach(), atol=2e-3, rtol=2e-2)
+        torch.testing.assert_close(biases[t], alone.bias.detach(), atol=2e-3, rtol=2e-2)
+    multi = [
+        (x, np.stack([labels == 0, labels == 1], axis=1).astype(np.int64)) for x, labels in parts
+    ]
+    weights, biases = fit_linear_many([p[0] for p in multi], [p[1] for p in multi], 2, l2=0.01)
+    for t, (x, labels) in enumerate(multi):
+        alone = fit_linear(x, labels, 2, l2=0.01)
+        torch.testing.assert_close(weights[t], alone.weight.detach(), atol=2e-3, rtol=2e-2)
+    with pytest.raises(ValueError, match="one label set"):
+        fit_linear_many([f], [y, y], 3)
+    with pytest.raises(ValueError, match="same width"):
+        fit_linear_many([f, f[:, :4]], [y, y], 3)
 
 
 def test_fit_linear_refuses_bad_input() -> None:

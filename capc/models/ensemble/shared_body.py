@@ -22,8 +22,10 @@ from capc.models.checkpoint import weights_sha256
 from capc.models.inference import features
 from capc.models.registry import Classifier
 
-#: Queries per forward pass under stored statistics when a caller names no batch.
-STORED_STATISTICS_CHUNK = 1024
+#: Queries per forward pass under stored statistics when a caller names no batch. Small:
+#: a pass of 250 (25 MB activations) allocated and freed its memory from the system every
+#: time, 30% more CPU than passes of 64 (same predictions: a batch is read record by record).
+STORED_STATISTICS_CHUNK = 64
 
 
 def statistics_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -162,7 +164,7 @@ class TeacherEnsemble:
         ``current_statistics``: BatchNorm normalises with the query batch's own statistics
         (synthetic queries). ``batch``: queries per BatchNorm batch under current statistics
         (None: all B in one, as a single teacher reads a round) and per forward pass under
-        stored statistics, where it changes nothing but memory (None: 1024).
+        stored statistics, where it changes nothing but memory and speed (None: 64).
         """
         x = check_queries(queries, self.input_shape)
         step = batch or (x.shape[0] if current_statistics else STORED_STATISTICS_CHUNK)
