@@ -241,7 +241,10 @@ def test_two_processes_batching_on_one_ledger_lose_no_update(ledger_url: str) ->
     db = _ledger(ledger_url)
     worst = db._loss(MECH.worst_case(BATCH), "worst case")
     n = 30
-    ctx = mp.get_context("spawn")
+    # Fresh processes forked from multiprocessing's server, which imported this module
+    # once (spawned ones imported it again each time).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     start, done = ctx.Barrier(2), ctx.Queue()
     procs = [
         ctx.Process(target=_batching, args=(ledger_url, k, n, start, done)) for k in ("a", "b")

@@ -221,7 +221,10 @@ def test_racing_processes_never_overspend(ledger_url: str) -> None:
     ledger.register_party("h2", 100.0)
     ledger.close()
     k = _affordable_rounds(cap)
-    ctx = mp.get_context("spawn")
+    # Fresh processes forked from multiprocessing's server, which imported this module
+    # once (spawned ones imported it again each time).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     queue: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     procs = [ctx.Process(target=_race_process, args=(ledger_url, f"p{i}", queue)) for i in range(8)]
     for p in procs:

@@ -677,7 +677,10 @@ def test_a_crash_in_a_refused_rounds_batch_loses_only_settlements(
     # Two worst cases fit; once both rounds are settled, no third one does.
     cap = world.cap_between(2 * worst, 2 * charged + worst)
     world.own.ledger.close()
-    ctx = mp.get_context("spawn")
+    # Fresh processes forked from multiprocessing's server, which imported this module
+    # once (spawned ones imported it again each time).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     proc = ctx.Process(target=_hospital, args=(ledger_url, cap, registered, rounds, where))
     proc.start()
     proc.join(timeout=300)
