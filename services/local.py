@@ -12,20 +12,14 @@ e2e tests, the consortium benchmark and the demo use it.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
-import hashlib
 import json
-import os
-import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from numpy.typing import NDArray
 
 from capc.audit import canaries as canary_audit
@@ -111,58 +105,6 @@ def load_dataset(
     if name == "breast-cancer":
         return breast_cancer()
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
-
-
-#: A folder of trained teachers that local consortia on this machine share
-#: (``CAPC_TEACHER_CACHE``): a teacher trained from scratch on the same records and
-#: labels with the same settings and seed is copied from it instead of trained again.
-#: The tests set it to one folder per run, shared by their workers (tests/conftest.py),
-#: where several files start consortia of the same hospitals; unset, each trains its own.
-TEACHER_CACHE_ENV = "CAPC_TEACHER_CACHE"
-
-
-def teacher_key(x: NDArray[np.float32], y: NDArray[np.integer], settings: Mapping[str, Any]) -> str:
-    """What identifies a teacher trained from scratch on ``x`` and ``y`` with
-    ``settings`` (JSON values: architecture, epochs, seed, model card...)."""
-    h = hashlib.sha256()
-    h.update(json.dumps({**settings, "torch": torch.__version__}, sort_keys=True).encode())
-    for a in (x, y):
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.data)
-    return h.hexdigest()
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Holds an exclusive lock on ``path`` (created): a consortium training a teacher
-    that another is already training waits and copies it instead."""
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def cached_teacher(cache: Path | None, key: str, path: Path, train: Callable[[], Teacher]) -> bool:
-    """Writes the teacher ``key`` names to ``path``: copied from ``cache`` when it holds it,
-    else ``train()``ed (and added to ``cache``). Returns whether it was copied."""
-    if cache is None:
-        save_teacher(path, train())
-        return False
-    cache.mkdir(parents=True, exist_ok=True)
-    stored = cache / f"{key}.pt"
-    with _locked(cache / f"{key}.lock"):
-        if stored.exists():
-            shutil.copyfile(stored, path)
-            return True
-        save_teacher(path, train())
-        # Whole or absent: a consortium that stops mid-copy leaves no half checkpoint.
-        partial = cache / f"{key}.{os.getpid()}.partial"
-        shutil.copyfile(path, partial)
-        os.replace(partial, stored)
-    return False
 
 
 #: Why a local consortium's hospital holds a cap above its ledger's, as audited: this
@@ -430,39 +372,22 @@ class LocalConsortium:
         enc = self.task_config.encryption
         default = "mlp" if len(shape) == 1 else "small-cnn"  # table rows or images
         architecture, width = (default, None) if enc is None else (enc.architecture, enc.width)
-        card = {**card, "method": "trained from scratch"}
-        first = i if len(parts) == 1 else 1000 * i
-        cache = os.environ.get(TEACHER_CACHE_ENV)
-        for t, (part, path) in enumerate(zip(parts, self.model_paths(i), strict=True)):
-            # Teacher t of fit_scratch_teachers(parts, seed=first) is this teacher.
-            settings = {
-                "architecture": architecture,
-                "width": width,
-                "outputs": outputs,
-                "epochs": self.epochs,
-                "seed": first + t,
-                "card": card,
-            }
-
-            def train(part: NDArray[np.int64] = part, seed: int = first + t) -> Teacher:
-                self._say(
-                    f"training {name}'s {architecture} teacher on {len(part)} private records"
-                )
-                return fit_scratch_teachers(
-                    x,
-                    y,
-                    [part],
-                    architecture=architecture,
-                    outputs=outputs,
-                    width=width,
-                    epochs=self.epochs,
-                    seed=seed,
-                    card=card,
-                )[0]
-
-            key = teacher_key(x[part], y[part], settings)
-            if cached_teacher(Path(cache) if cache else None, key, path, train):
-                self._say(f"{name}'s teacher: the same one trained earlier ({cache})")
+        teachers = fit_scratch_teachers(
+            x,
+            y,
+            parts,
+            architecture=architecture,
+            outputs=outputs,
+            width=width,
+            epochs=self.epochs,
+            seed=i if len(parts) == 1 else 1000 * i,
+            card={**card, "method": "trained from scratch"},
+            log=lambda _, idx: self._say(
+                f"training {name}'s {architecture} teacher on {len(idx)} private records"
+            ),
+        )
+        for path, teacher in zip(self.model_paths(i), teachers, strict=True):
+            save_teacher(path, teacher)
 
     def start(self) -> None:
         """Start the guardian and every answering party; returns once all are connected."""

@@ -9,18 +9,11 @@ machine; a consortium fixture that trains three hospitals' teachers took 372 s
 before and 22 s after.
 
 The two workers are dealt whole files, longest first (tests/file_seconds.py).
-
-Local consortia share the teachers they train within one run
-(``CAPC_TEACHER_CACHE``, services.local): several files start the same hospitals,
-and each hospital's teacher is trained once in the run instead of once a file. The
-folder is made before the workers start, so that they inherit it, and removed after.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -30,26 +23,10 @@ from tests.file_seconds import longest_first, measured
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-#: The run's teacher cache, when this process made it (the controller, or a run
-#: without workers) and so removes it.
-_made_cache: list[str] = []
-#: services.local.TEACHER_CACHE_ENV, named here without importing services.local.
-TEACHER_CACHE_ENV = "CAPC_TEACHER_CACHE"
-
-
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_configure() -> None:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    # A worker inherits the controller's; one that is set already is the operator's.
-    if not hasattr(config, "workerinput") and TEACHER_CACHE_ENV not in os.environ:
-        _made_cache.append(tempfile.mkdtemp(prefix="capc-teachers-"))
-        os.environ[TEACHER_CACHE_ENV] = _made_cache[0]
-
-
-def pytest_unconfigure() -> None:
-    for folder in _made_cache:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
