@@ -36,11 +36,17 @@ def digits(size: int = 28) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
     # The file load_digits reads, read as it reads it: importing scikit-learn costs
     # about 3 s of CPU, more than the rest of a short command that only needs digits.
     path = _package_folder("sklearn") / "datasets" / "data" / "digits.csv.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        data = np.loadtxt(f, delimiter=",")
-    if data.shape != (1797, 65):
-        raise ValueError(f"unexpected scikit-learn digits array: {data.shape}")
-    images, target = data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    if path.is_file():
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            data = np.loadtxt(f, delimiter=",")
+        if data.shape != (1797, 65):
+            raise ValueError(f"unexpected scikit-learn digits array: {data.shape}")
+        images, target = data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    else:  # a scikit-learn that keeps the file elsewhere: its own reader
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        images, target = d.images, d.target.astype(np.int64)
     x = torch.from_numpy((images / 16.0).astype(np.float32)[:, None])
     if size != 8:
         x = functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)

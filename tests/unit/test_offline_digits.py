@@ -1,0 +1,17 @@
+"""capc.data.offline.digits reads scikit-learn's digits file without importing
+scikit-learn: the same arrays as its own reader."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.datasets import load_digits
+
+from capc.data.offline import digits
+
+
+def test_digits_are_scikit_learns() -> None:
+    x, y = digits(8)
+    d = load_digits()
+    assert x.shape == (1797, 1, 8, 8) and x.dtype == np.float32
+    np.testing.assert_array_equal(x[:, 0], (d.images / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(y, d.target)
