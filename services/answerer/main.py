@@ -15,7 +15,7 @@ from pathlib import Path
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from services.answerer.budget import OwnBudget
-from services.answerer.party import AnsweringParty
+from services.answerer.party import AnsweringParty, answer_pool
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.ledger import Ledger, LedgerError
@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
             voters.check(" and ".join(names), want)
             check_encryption(voters, task)
         parties = []
+        pool = answer_pool()  # one for every party here: see answer_pool
         for name in names:
             files = None if args.insecure_dev else tls.TLSFiles.in_dir(args.pki, name)
             if files is not None:
@@ -61,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
                 name, ledger, args.epsilon_cap, args.guardian_audit_key, args.cap_reason
             )
             parties.append(
-                AnsweringParty(name, voters, args.guardian, files, budget, args.server_name)
+                AnsweringParty(
+                    name, voters, args.guardian, files, budget, args.server_name, pool=pool
+                )
             )
     except (ValueError, pki.PKIError, LedgerError) as err:
         # TaskError is a ValueError: a bad --task file exits 2 like a bad model.

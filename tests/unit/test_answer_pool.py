@@ -1,0 +1,67 @@
+"""The parties of one answerer process answer plain rounds on one shared thread, and
+an encrypted round, which waits on the student while it runs, on a thread of its own
+party's: it never holds up the others' plain rounds."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from capc.models import Teacher, build
+from services.answerer.budget import OwnBudget
+from services.answerer.party import AnsweringParty, answer_pool
+from services.common.ledger import Ledger
+from services.proto.capc.v1 import common_pb2, guardian_pb2
+
+#: Seconds a job that must not be held up is given: generous, for a loaded machine.
+WITHIN_S = 120.0
+
+
+def party(name: str, tmp_path: Path, pool: object) -> AnsweringParty:
+    model = build("mlp", (4,), 3, 8, seed=0).eval()
+    teacher = Teacher("mlp", (4,), 3, model, {"data": "none"}, width=8)
+    own = OwnBudget(name, Ledger(str(tmp_path / f"{name}.db")), 10.0)
+    return AnsweringParty(name, teacher, "127.0.0.1:9", None, own, pool=pool)  # type: ignore[arg-type]
+
+
+def work(source: str) -> guardian_pb2.RoundWork:
+    batch = (
+        common_pb2.QueryBatch(encrypted=common_pb2.EncryptedBatch())
+        if source == "encrypted"
+        else common_pb2.QueryBatch(tensor=common_pb2.Tensor(shape=[1, 4]))
+    )
+    return guardian_pb2.RoundWork(round_id=1, queries=batch)
+
+
+def test_parties_share_the_plain_pool_and_each_has_its_own_encrypted_thread(
+    tmp_path: Path,
+) -> None:
+    shared = answer_pool()
+    a, b = party("hospital-a", tmp_path, shared), party("hospital-b", tmp_path, shared)
+    plain, encrypted = work("tensor"), work("encrypted")
+    assert a._pool_for(plain) is b._pool_for(plain) is shared
+    own_a, own_b = a._pool_for(encrypted), b._pool_for(encrypted)
+    assert shared not in (own_a, own_b) and own_a is not own_b
+    assert a._pool_for(encrypted) is own_a  # one a party, made once
+
+
+def test_an_encrypted_round_in_progress_does_not_hold_up_plain_rounds(tmp_path: Path) -> None:
+    shared = answer_pool()
+    a, b = party("hospital-a", tmp_path, shared), party("hospital-b", tmp_path, shared)
+    student_answers = threading.Event()
+    # hospital-a's encrypted round waits for the student's frames ...
+    waiting = a._pool_for(work("encrypted")).submit(student_answers.wait, WITHIN_S)
+    try:
+        # ... while both hospitals' plain rounds are answered.
+        for p in (a, b):
+            answered = p._pool_for(work("tensor")).submit(str, p.name)
+            assert answered.result(WITHIN_S) == p.name
+        assert not waiting.done()
+    finally:
+        student_answers.set()
+    assert waiting.result(WITHIN_S) is True
+
+
+def test_a_party_alone_gets_a_pool_of_its_own(tmp_path: Path) -> None:
+    a, b = party("hospital-a", tmp_path, None), party("hospital-b", tmp_path, None)
+    assert a._pool_for(work("tensor")) is not b._pool_for(work("tensor"))
