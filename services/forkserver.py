@@ -15,7 +15,8 @@ killed by that signal), to a pipe the asker reads.
 What a forked child must not share with its siblings. A child starts with a copy of the
 server's memory, so anything created when a module was imported is the same in every
 child. Before the service runs, the child re-seeds what the imports seeded once:
-numpy's legacy global generator, torch's default generator and Python's ``random``
+numpy's legacy global generator, torch's default generator, Python's ``random`` and
+the ``random.Random`` instances an imported module made for itself
 (see :func:`_fresh_process_state`). Everything else the project draws noise, seeds,
 keys, session ids and shares from is made fresh when it is used (``SecureRandom()``
 keys itself from ``os.urandom``; MPC seeds and session ids are ``os.urandom``), and no
@@ -440,6 +441,7 @@ def _preload(modules: list[str]) -> dict[str, Any]:
     # frozen, the rest is never traversed by a child's collector, which would copy the
     # pages it touches (and spend the CPU) in every child.
     gc.collect()
+    _find_import_generators()
     gc.freeze()
     threads = _threads()
     if threads != 1:
@@ -526,6 +528,8 @@ def _fresh_process_state(env: Mapping[str, str]) -> None:
     # CPython re-seeds random's global generator after os.fork already; done here too,
     # so that nothing depends on that.
     random.seed()
+    for generator in _IMPORT_GENERATORS:
+        generator.seed()
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()  # the legacy global RandomState (np.random.rand and the others)
@@ -541,6 +545,31 @@ def _fresh_process_state(env: Mapping[str, str]) -> None:
             from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
             threadpool_limits(blas, user_api="blas")
+
+
+#: Python generators that an imported module made for itself (sympy, which torch's
+#: compiler front end imports, seeds two), found once in the server; each child
+#: re-seeds every one, as it re-seeds ``random``'s own.
+_IMPORT_GENERATORS: list[random.Random] = []
+
+
+def import_generators() -> list[random.Random]:
+    """The generators, other than ``random``'s global one, that the preloaded modules
+    made when they were imported: every child re-seeds them."""
+    return list(_IMPORT_GENERATORS)
+
+
+def _find_import_generators() -> None:
+    """Add the generators made by the imports so far to :data:`_IMPORT_GENERATORS`
+    (once in the server, before the objects are frozen: a child never scans its heap)."""
+    known = {id(g) for g in _IMPORT_GENERATORS} | {id(random._inst)}
+    for obj in gc.get_objects():
+        if (
+            isinstance(obj, random.Random)
+            and not isinstance(obj, random.SystemRandom)  # os.urandom: no state to share
+            and id(obj) not in known
+        ):
+            _IMPORT_GENERATORS.append(obj)
 
 
 def _count(value: str | None) -> int | None:
@@ -594,4 +623,7 @@ def _exit_code(value: object) -> int:
 
 
 if __name__ == "__main__":
+    # Run as ``-m``: this module is ``__main__``. A child that imports it by name (for
+    # import_generators) gets this one, not a second copy with an empty list.
+    sys.modules.setdefault("services.forkserver", sys.modules[__name__])
     serve(socket.socket(fileno=int(sys.argv[1])))

@@ -17,6 +17,8 @@ import time
 from fractions import Fraction
 from typing import Any
 
+from services.forkserver import import_generators
+
 
 def draws() -> dict[str, Any]:
     """A draw from every source the services take noise, seeds, keys and ids from, and
@@ -45,6 +47,8 @@ def draws() -> dict[str, Any]:
         "torch_global": torch.rand(4).tolist(),
         "torch_initial_seed": torch.initial_seed(),
         "python_random": random.random(),
+        # Generators that imported modules made for themselves (sympy's, under torch).
+        "import_generators": [g.random() for g in import_generators()],
     }
 
 
@@ -81,6 +85,7 @@ def found() -> list[str]:
     gc.unfreeze()  # what the server froze before forking, which get_objects() leaves out
     legacy = np.random.mtrand._rand  # re-seeded in the child, with its bit generator
     allowed = {
+        *(id(g) for g in import_generators()),  # re-seeded in the child
         id(random._inst),  # re-seeded in the child
         id(legacy),
         id(legacy._bit_generator),
