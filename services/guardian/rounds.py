@@ -139,12 +139,6 @@ class RoundEngine:
                 self._notify(live)
 
     # -- answering parties ---------------------------------------------------------
-    def admit_stream(self, identity: str, what: str) -> Callable[[], None]:
-        return self.links.admit_stream(identity, what)
-
-    def streams(self, identity: str) -> int:
-        return self.links.streams(identity)
-
     def attach(
         self,
         name: str,
@@ -345,14 +339,11 @@ class RoundEngine:
         """
         return self.garbler.serve(querier, channel, session_id, ended, idle_timeout)
 
-    def _settle(self, rnd: GuardianRound[TaskConfig], why: str) -> None:
-        """A round that will not finish: aborted before its release, charged its reservation after."""
-        with self.step() as core:
-            core.settle(rnd, why)
-
     def abandon_round(self, rnd: LiveRound | GuardianRound[TaskConfig], why: str) -> None:
-        """Nobody will compute ``rnd`` (its opener went away): settle it now, not at the timeout."""
-        self._settle(rnd.state if isinstance(rnd, LiveRound) else rnd, why)
+        """Nobody will compute ``rnd`` (its opener went away): settle it now, not at the
+        timeout (aborted before its release, charged its reservation after)."""
+        with self.step() as core:
+            core.settle(rnd.state if isinstance(rnd, LiveRound) else rnd, why)
 
     def reap(self) -> list[int]:
         """Abort every round not released within ``round_timeout`` s of opening; returns their ids."""

@@ -183,7 +183,7 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         self, identity: str, what: str, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Callable[[], None]:
         try:
-            return self.engine.admit_stream(identity, what)
+            return self.engine.links.admit_stream(identity, what)
         except LimitError as err:
             log.warning("refused a %s stream: %s", what, err)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))

@@ -593,6 +593,6 @@ def test_a_retry_settles_a_round_the_ending_session_has_not_settled_yet(
     again = engine.begin_round("alice", req, SID_A)
     assert again.included == ("a",)
     assert ledger.round_state(old) == RoundState.ABORTED
-    engine._settle(rnd, "the student's 2PC session ended")  # finds it settled: no error
+    engine.abandon_round(rnd, "the student's 2PC session ended")  # finds it settled: no error
     assert ledger.round_state(old) == RoundState.ABORTED
     engine.abandon_round(again, "test over")

@@ -64,3 +64,12 @@ def test_the_check_sees_a_lazy_import_inside_a_function(tmp_path: Path) -> None:
         "    return importlib.import_module('google.protobuf')\n"
     )
     assert [m for _, m in imported(bad)] == ["importlib", "grpc", "services", "google"]
+
+
+def test_the_guardian_round_engine_stays_an_adapter() -> None:
+    """The protocol's rules live in capc.round; the guardian's engine keeps only links,
+    locks, waits and conversions (issue 42: at most 400 lines, no rule of its own)."""
+    engine = ROOT / "services" / "guardian" / "rounds.py"
+    lines = len(engine.read_text().splitlines())
+    assert lines <= 400, f"{engine.relative_to(ROOT)} has {lines} lines; move rules to capc.round"
+    assert not [m for _, m in imported(engine) if m in ("sqlalchemy", "numpy")]
