@@ -23,6 +23,7 @@ this process runs the teachers, keeps the stream and converts each message once.
 from __future__ import annotations
 
 import logging
+import queue
 import random
 import threading
 import time
@@ -148,6 +149,10 @@ class AnsweringParty:
         # An encrypted round waits on the student's relayed frames while it runs: on a
         # thread of this party's own, so that it never holds up the shared pool.
         self._encrypted_pool: ThreadPoolExecutor | None = None
+        # A message the stream has no room for waits on a thread of this party's own, not
+        # on the shared pool (see _send); made the first time one must wait.
+        self._waiting_pool: ThreadPoolExecutor | None = None
+        self._waiting_lock = threading.Lock()
         single = self.voters.single
         # Encrypted rounds evaluate one HE-friendly teacher; an ensemble answers plain ones.
         self._encrypted = None if single is None else EncryptedAnswerer(name, single)
@@ -289,6 +294,31 @@ class AnsweringParty:
             )
         return self._encrypted_pool
 
+    def _send(
+        self,
+        outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
+        message: guardian_pb2.PartyMessage,
+    ) -> None:
+        """Queue a round's answer for the guardian without waiting on the thread it runs on.
+
+        Plain rounds run on a thread every party of the process shares: a stream that
+        takes nothing (a guardian held back by a student that stopped reading this party's
+        relayed frames, a stalled connection) must hold up this party only. A message that
+        finds no room waits for it on this party's own thread (each names its round: the
+        guardian takes them in any order), as many as waited on the party's own pool
+        before; it is dropped when the stream ends (the round stays reserved: an
+        over-count the guardian settles again)."""
+        try:
+            outgoing.put_nowait(message)
+        except queue.Full:
+            with self._waiting_lock:
+                if self._waiting_pool is None:
+                    self._waiting_pool = ThreadPoolExecutor(
+                        max_workers=1, thread_name_prefix=f"capc-waiting-{self.name}"
+                    )
+                waiting = self._waiting_pool
+            waiting.submit(outgoing.put, message)
+
     def _flush(self) -> None:
         """Write the settlements this party holds; a ledger that fails is logged, and
         their rounds stay reserved (an over-count the guardian settles again)."""
@@ -309,13 +339,14 @@ class AnsweringParty:
             work = self.budget.admit(msg, header)
         except VoteRefusedError as refusal:
             log.warning("%s", refusal)
-            outgoing.put(
+            self._send(
+                outgoing,
                 guardian_pb2.PartyMessage(
                     header=self._header(task),
                     failure=guardian_pb2.RoundFailure(
                         round_id=msg.round_id, reason=str(refusal), budget_refused=refusal.budget
                     ),
-                )
+                ),
             )
             return
         core = self.budget.core
@@ -326,20 +357,22 @@ class AnsweringParty:
             else:
                 core.check_teachers(work, len(self.voters))
                 shares = core.vote(work, self._predict(msg, work, task), self.voters.num_classes)
-            outgoing.put(
+            self._send(
+                outgoing,
                 guardian_pb2.PartyMessage(
                     header=self._header(task), shares=serde.party_shares_to_proto(shares)
-                )
+                ),
             )
             self.rounds_answered += 1
         except Exception as err:
             core.forget(work.round_id)
             log.warning("could not answer round %d: %s", work.round_id, err)
-            outgoing.put(
+            self._send(
+                outgoing,
                 guardian_pb2.PartyMessage(
                     header=self._header(task),
                     failure=guardian_pb2.RoundFailure(round_id=work.round_id, reason=str(err)),
-                )
+                ),
             )
 
     def _predict(self, msg: guardian_pb2.RoundWork, work: RoundWork, task: str) -> np.ndarray:

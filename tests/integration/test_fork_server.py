@@ -53,6 +53,13 @@ def test_sibling_children_draw_different_noise_seeds_and_keys(server: ForkServer
     first, second = printed(probe(server, "draw")), printed(probe(server, "draw"))
     # sympy's two, made when torch's compiler front end (preloaded) imports it.
     assert len(first["import_generators"]) >= 2
+    # Each generator on its own: one left as the server seeded it is shared, even when
+    # the others make the lists differ.
+    ours = first.pop("import_generators")
+    theirs = second.pop("import_generators")
+    assert len(ours) == len(theirs)
+    for i, (value, other) in enumerate(zip(ours, theirs, strict=True)):
+        assert value != other, f"two children drew the same from import generator {i}: {value}"
     for source, value in first.items():
         assert value != second[source], f"two children drew the same {source}: {value}"
 

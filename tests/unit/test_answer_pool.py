@@ -10,6 +10,7 @@ from pathlib import Path
 from capc.models import Teacher, build
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty, answer_pool
+from services.common.buffers import BoundedBuffer
 from services.common.ledger import Ledger
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
@@ -65,3 +66,25 @@ def test_an_encrypted_round_in_progress_does_not_hold_up_plain_rounds(tmp_path: 
 def test_a_party_alone_gets_a_pool_of_its_own(tmp_path: Path) -> None:
     a, b = party("hospital-a", tmp_path, None), party("hospital-b", tmp_path, None)
     assert a._pool_for(work("tensor")) is not b._pool_for(work("tensor"))
+
+
+def test_a_party_whose_stream_is_full_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    """hospital-a's stream to the guardian takes nothing (the guardian waits on a student
+    that stopped reading a's relayed frames, or a's network stalls): a's answer waits for
+    room, but never on the thread that answers every party's plain rounds."""
+    shared = answer_pool()
+    a, b = party("hospital-a", tmp_path, shared), party("hospital-b", tmp_path, shared)
+    stalled: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(1)
+    stalled.put(guardian_pb2.PartyMessage())  # full, and nobody reads it
+    flowing: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(4)
+    header = common_pb2.Header()
+    try:
+        # A round that names no queries is refused: a's refusal waits for room ...
+        a._pool_for(work("tensor")).submit(a._answer, guardian_pb2.RoundWork(), header, stalled)
+        # ... and b's round, queued behind it on the shared thread, is still answered.
+        b._pool_for(work("tensor")).submit(b._answer, guardian_pb2.RoundWork(), header, flowing)
+        reply = flowing.get(WITHIN_S)
+        assert reply is not None and reply.WhichOneof("body") == "failure"
+    finally:
+        stalled.close()  # a's stream ends: its waiting answer is dropped
+    assert shared.submit(str, "free").result(WITHIN_S) == "free"
