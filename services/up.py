@@ -225,12 +225,21 @@ def loop_quorum(task: dict[str, Any], args: argparse.Namespace) -> dict[str, Any
     return {**task, "quorum": answering}
 
 
+def is_table(task: TaskConfig) -> bool:
+    """Whether the task's records are table rows ((F,) inputs): its teachers and students
+    are MLPs trained from scratch, no pretrained (image) body takes them."""
+    return len(task.input_shape) == 1
+
+
 def student_data(args: argparse.Namespace, task: TaskConfig, own: dict[int, Path]) -> StudentData:
     """The student's test set and reference batch; a task the offline data cannot serve
-    (another input shape) is refused unless both are given and every hospital brings
-    its own teachers."""
+    (another input shape) is refused unless the test set is given, the reference batch
+    too for images (a table's student has no body to read through one), and every
+    hospital brings its own teachers."""
     if task.input_shape != OFFLINE_SHAPE:
-        given = (("--test-data", args.test_data), ("--reference-data", args.reference_data))
+        given = [("--test-data", args.test_data)]
+        if not is_table(task):
+            given.append(("--reference-data", args.reference_data))
         missing = [flag for flag, value in given if value is None]
         missing += [f"--teachers hospital-{i}=FILE" for i in range(args.parties) if i not in own]
         if missing:
@@ -238,6 +247,8 @@ def student_data(args: argparse.Namespace, task: TaskConfig, own: dict[int, Path
                 f"capc up: the task's inputs are {'x'.join(map(str, task.input_shape))}, not "
                 f"the offline data's {'x'.join(map(str, OFFLINE_SHAPE))}: give "
                 + ", ".join(missing)
+                + " (capc data pack writes the data, capc teacher fit the teachers: "
+                "docs/hospital.md)"
             )
     test = None if args.test_data is None else labelled(args.test_data, "--test-data", task)
     reference = (
@@ -377,6 +388,29 @@ def task_for(args: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
     return config
 
 
+def body_for(args: argparse.Namespace, task: TaskConfig) -> Path | None:
+    """The pretrained body the consortium's and a loop's students fit their last layer on:
+    ``--body``, else the shipped one; None for a table task, whose students are MLPs
+    trained from scratch (as its teachers are)."""
+    if not is_table(task):
+        if args.body is not None:
+            return Path(args.body)
+        if task.input_shape != OFFLINE_SHAPE:
+            raise SystemExit(
+                f"capc up: the shipped body takes {'x'.join(map(str, OFFLINE_SHAPE))} images, "
+                f"the task's are {'x'.join(map(str, task.input_shape))}: pretrain a body for "
+                "them (capc diet pretrain) and give --body FILE"
+            )
+        return shipped_body()[0]
+    if args.body is not None:
+        raise SystemExit(
+            f"capc up: --body {args.body} is a pretrained image body, but the task's records "
+            f"are table rows of {task.input_shape[0]} features: its students are MLPs trained "
+            "from scratch; run it again without --body"
+        )
+    return None
+
+
 def consortium(
     args: argparse.Namespace,
 ) -> tuple[LocalConsortium, list[int], LoopPlan | None, StudentData]:
@@ -391,7 +425,7 @@ def consortium(
         task = loop_quorum(task, args)
     # Read and checked now, so a bad file is refused before minutes of fitting.
     data = student_data(args, config_of(task), own)
-    body = Path(args.body) if args.body is not None else shipped_body()[0]
+    body = body_for(args, config_of(task))
     c = LocalConsortium(
         Path(args.dir).resolve(),
         parties=args.parties,

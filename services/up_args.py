@@ -57,7 +57,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--body",
         type=Path,
         default=None,
-        help="a pretrained body (capc diet pretrain); default the shipped one",
+        help="a pretrained body (capc diet pretrain); default the shipped one. Image tasks "
+        "only: a table task's students are MLPs trained from scratch",
     )
     p.add_argument(
         "--test-data",
@@ -74,7 +75,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=None,
         metavar="FILE.npz",
         help="the student's unlabelled reference batch (x; capc data pack --unlabelled); "
-        "default: offline held-out images. Required with a task not on 1x28x28 inputs",
+        "default: offline held-out images. Required with an image task not on 1x28x28 "
+        "inputs; a table task's student (an MLP) needs none",
     )
     p.add_argument(
         "--loop",

@@ -12,6 +12,7 @@ import pytest
 from capc_client.cli import build_parser as capcctl_parser
 
 from services.cli import build_parser
+from services.demo import shipped_body
 from services.up import Access, first_command, loop_plan, own_teachers
 
 
@@ -119,6 +120,36 @@ def test_a_task_on_other_inputs_needs_its_own_data_and_teachers() -> None:
     }
     with pytest.raises(SystemExit, match="--test-data, --reference-data, --teachers hospital-0"):
         student_data(_up(), config_of(config), {})
+
+
+def test_a_table_task_runs_without_a_body_or_reference_batch() -> None:
+    from services import tasks
+    from services.up import body_for, config_of, student_data
+
+    table = config_of(tasks.load("breast-cancer"))
+    # A table's student is an MLP from scratch: no reference batch is asked for.
+    with pytest.raises(SystemExit, match=r"give --test-data, --teachers hospital-0"):
+        student_data(_up(), table, {})
+    assert body_for(_up(), table) is None
+    with pytest.raises(SystemExit, match=r"image body.*table rows of 30 features.*without --body"):
+        body_for(_up("--body", "body.pt"), table)
+    # An image task keeps the shipped body unless given one.
+    images = config_of(
+        {
+            "num_classes": 10,
+            "input_shape": [1, 28, 28],
+            "mechanism": {"name": "gnmax", "sigma": 4.0},
+        }
+    )
+    assert body_for(_up(), images) == shipped_body()[0]
+    assert body_for(_up("--body", "body.pt"), images) == Path("body.pt")
+    # Images of another shape: the shipped body cannot read them.
+    other = config_of(
+        {"num_classes": 2, "input_shape": [3, 32, 32], "mechanism": {"name": "gnmax", "sigma": 4.0}}
+    )
+    with pytest.raises(SystemExit, match=r"takes 1x28x28 images, the task's are 3x32x32"):
+        body_for(_up(), other)
+    assert body_for(_up("--body", "body.pt"), other) == Path("body.pt")
 
 
 def test_the_loop_block_prints_after_the_consortium_lines(
