@@ -3,19 +3,29 @@ scored on the tuning records and never on the test records."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import inspect
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from numpy.typing import NDArray
 
+from capc.data.offline import animal_mnist
+from capc.learning.semi_supervised import fit_student_head
+from capc.learning.supervised import accuracy
 from capc.mechanisms import from_config
+from capc.models import load_teacher
+from capc.models.inference import features, logits, reference_statistics
 from experiments.side_by_side import capc_tuning as tuning
 from experiments.side_by_side.baselines import MAX_GRID
 from experiments.side_by_side.capc_runs import CapcConfig, scaled_task, teachers_per_hospital
 from experiments.side_by_side.data import LAYOUTS, TUNING_SEED, Split, split
 from experiments.side_by_side.table_tuning import TableTuner
+from services.demo import SHIPPED_BODY
+from services.student.training import OWN_BATCH, STUDENT_L2
 from services.up import queries_fit
 
 
@@ -219,3 +229,52 @@ def test_picks_are_per_dataset_and_ties_go_to_what_the_services_run() -> None:
     assert [p["chosen"] for p in tuning.chosen(loop)] == ["own x4"]
     alone = [row("a", "shipped loop", 0.5), row("a", "agree", 0.7, "agree")]
     assert [p["chosen"] for p in tuning.chosen(alone)] == ["agree"]
+
+
+def test_a_scorer_scores_a_head_as_accuracy_scores_the_whole_student() -> None:
+    """The Scorer's shortcut (body statistics and features once, then a head) against
+    the student service's path: the head put on a copy of the body, ``reference_statistics``
+    over the whole model, ``accuracy`` of it. Equal bit for bit, predictions included."""
+    body = load_teacher(SHIPPED_BODY).model.eval()
+    before = {k: v.clone() for k, v in body.state_dict().items()}
+    x, y = animal_mnist()
+    order = np.random.default_rng(0).permutation(len(x))
+    fit_on, reference, scored, other = np.split(order[:392], [96, 128, 328])
+    # The same batches: the Scorer reads records in those ``accuracy`` reads them in
+    # (a few hundred records here, one batch, keep the test fast).
+    assert inspect.signature(accuracy).parameters["batch"].default == tuning.SCORE_BATCH
+    # The fit's features as the trainer's queries give them: current statistics.
+    feats = features(body, x[fit_on], current_statistics=True, batch=OWN_BATCH)
+    labels = y[fit_on]
+    scorer = tuning.Scorer(body, x[reference], (x[scored], y[scored]))
+    head = scorer.head(feats, labels)
+
+    # What ModelTrainer._fit_pretrained does with a head fitted to those features.
+    model = copy.deepcopy(body)
+    model.head = fit_student_head(  # type: ignore[assignment]
+        "none",
+        model,
+        feats,
+        labels,
+        x[fit_on],
+        body.head.out_features,
+        batch=OWN_BATCH,
+        l2=STUDENT_L2,
+    )
+    reference_statistics(model, x[reference])
+
+    assert scorer.accuracy(head) == accuracy(model, x[scored], y[scored])
+    # The same passes: the features the whole model's head reads in ``accuracy``'s
+    # batches, bit for bit (a pass in other batches can differ in the last bits).
+    assert torch.equal(scorer.features, features(model, x[scored], batch=tuning.SCORE_BATCH))
+    want = logits(model, x[scored]).argmax(1).numpy()
+    np.testing.assert_array_equal(scorer.predict(head), want)
+    # Records other than the scored ones (the loop's own view of its unlabelled records).
+    np.testing.assert_array_equal(
+        scorer.predict(head, x[other]), logits(model, x[other]).argmax(1).numpy()
+    )
+    # Not a vacuous equality: the head learnt something, and not one class everywhere.
+    assert scorer.accuracy(head) > 0.3 and len(np.unique(want)) > 2
+    # The body the Scorer was given is left as it was.
+    after = body.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
