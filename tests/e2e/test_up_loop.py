@@ -25,6 +25,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -128,23 +129,11 @@ def environment(export: str) -> dict[str, str]:
     return dict(word.split("=", 1) for word in words[1:])
 
 
-def test_up_prints_the_loop_block(running: tuple[Up, list[str], Path]) -> None:
-    _, lines, _ = running
-    assert lines[-3] == f"# {HOSPITAL}'s CaPC loop: its own gateway"
-    env = environment(lines[-2])
-    assert set(env) == {"CAPC_URL", "CAPC_TOKEN", "CAPC_CA"}
-    assert env["CAPC_URL"].startswith("https://127.0.0.1:") and Path(env["CAPC_CA"]).is_file()
-    assert lines[-1] == (
-        "capcctl loop run --records UNLABELLED.npz --reveal-records-to-answerers --wait"
-    )
-    consortium = environment(next(line for line in lines if line.startswith("export ")))
-    assert consortium["CAPC_URL"] != env["CAPC_URL"]  # a second gateway
-
-
-def test_the_printed_loop_command_improves_hospital_0_at_no_cost_to_it(
-    running: tuple[Up, list[str], Path],
-) -> None:
-    _, lines, records = running
+def run_printed_loop(lines: list[str], records: Path, own: int, unlabelled: int) -> Any:
+    """Run the loop command ``capc up`` printed last (its ``export`` line before it) on
+    ``records``, as capcctl with ``--json``; its report, checked for what every loop
+    reports: the bound hospital, the examples before and after, the labels bought, and
+    only the other hospitals charged."""
     argv = shlex.split(lines[-1])
     assert argv[:3] == ["capcctl", "loop", "run"]
     argv[argv.index("--records") + 1] = str(records)
@@ -168,11 +157,32 @@ def test_the_printed_loop_command_improves_hospital_0_at_no_cost_to_it(
     )
     assert report["hospital"] == HOSPITAL == report["bound_hospital"]
     assert 0.0 <= report["accuracy_before"] <= 1.0 and 0.0 <= report["accuracy_after"] <= 1.0
-    assert report["before"]["examples"] == OWN
-    assert report["after"]["examples"] == OWN + UNLABELLED
-    assert report["labels_bought"] == UNLABELLED
+    assert report["before"]["examples"] == own
+    assert report["after"]["examples"] == own + unlabelled
+    assert report["labels_bought"] == unlabelled
     # The others answered and paid; hospital-0 never voted on its own records.
     assert set(report["epsilon_by_party"]) == {"hospital-1", "hospital-2"}
+    return report
+
+
+def test_up_prints_the_loop_block(running: tuple[Up, list[str], Path]) -> None:
+    _, lines, _ = running
+    assert lines[-3] == f"# {HOSPITAL}'s CaPC loop: its own gateway"
+    env = environment(lines[-2])
+    assert set(env) == {"CAPC_URL", "CAPC_TOKEN", "CAPC_CA"}
+    assert env["CAPC_URL"].startswith("https://127.0.0.1:") and Path(env["CAPC_CA"]).is_file()
+    assert lines[-1] == (
+        "capcctl loop run --records UNLABELLED.npz --reveal-records-to-answerers --wait"
+    )
+    consortium = environment(next(line for line in lines if line.startswith("export ")))
+    assert consortium["CAPC_URL"] != env["CAPC_URL"]  # a second gateway
+
+
+def test_the_printed_loop_command_improves_hospital_0_at_no_cost_to_it(
+    running: tuple[Up, list[str], Path],
+) -> None:
+    _, lines, records = running
+    report = run_printed_loop(lines, records, OWN, UNLABELLED)
     assert report["epsilon_spent"] > 0
     ledger = Ledger(str(records.parent / "consortium" / "ledger.db"))
     try:
@@ -248,34 +258,9 @@ def test_up_runs_a_table_tasks_loop_without_an_image_body(
     try:
         lines = up.read_until("capcctl loop run")
         assert lines[-3] == f"# {HOSPITAL}'s CaPC loop: its own gateway"
-        argv = shlex.split(lines[-1])
-        argv[argv.index("--records") + 1] = str(table_files["unlabelled"])
-        env = {
-            **os.environ,
-            **environment(lines[-2]),
-            "PYTHONPATH": str(ROOT / "clients"),
-        }
-        done = subprocess.run(
-            [sys.executable, "-m", "capc_client.cli", *argv[1:], "--json", "--quiet"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=1800,
-        )
+        run_printed_loop(lines, table_files["unlabelled"], TABLE_OWN, TABLE_UNLABELLED)
     finally:
         up.stop()
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
-    print(
-        f"capc up --loop, table task: {HOSPITAL}'s MLP {report['accuracy_before']:.3f} -> "
-        f"{report['accuracy_after']:.3f}, eps by party {report['epsilon_by_party']}"
-    )
-    assert report["hospital"] == HOSPITAL == report["bound_hospital"]
-    assert 0.0 <= report["accuracy_before"] <= 1.0 and 0.0 <= report["accuracy_after"] <= 1.0
-    assert report["before"]["examples"] == TABLE_OWN
-    assert report["after"]["examples"] == TABLE_OWN + TABLE_UNLABELLED
-    assert report["labels_bought"] == TABLE_UNLABELLED
-    assert set(report["epsilon_by_party"]) == {"hospital-1", "hospital-2"}
 
 
 def test_up_refuses_an_image_body_for_a_table_task(
