@@ -101,12 +101,21 @@ def fit_linear(
     mean = f.mean(0)
     std = f.std(0, unbiased=False).clamp_min(1e-6)
     layer = _fit_standardised((f - mean) / std, y, outputs, l2, max_iter, balanced)
-    # Fold the standardisation into the layer so it takes raw features.
+    weight, bias = _folded(layer.weight, layer.bias, mean, std)
     folded = nn.Linear(f.shape[1], outputs)
     with torch.no_grad():
-        folded.weight.copy_(layer.weight / std)
-        folded.bias.copy_(layer.bias - (layer.weight * (mean / std)).sum(1))
+        folded.weight.copy_(weight)
+        folded.bias.copy_(bias)
     return folded
+
+
+def _folded(
+    weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor, std: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer on standardised features, (..., O, D) ``weight`` and (..., O) ``bias``, as
+    the layer that takes the raw features of (..., 1, D) or (D,) ``mean`` and ``std``."""
+    with torch.no_grad():
+        return (weight / std).detach(), (bias - (weight * (mean / std)).sum(-1)).detach()
 
 
 def fit_linear_many(
@@ -167,11 +176,7 @@ def fit_linear_many(
         return loss
 
     opt.step(closure)  # type: ignore[no-untyped-call]
-    # Fold each standardisation into its layer so it takes raw features.
-    with torch.no_grad():
-        weights = w / std[:, None, :]
-        biases = b - (w * (mean / std)[:, None, :]).sum(2)
-    return weights.detach(), biases.detach()
+    return _folded(w, b, mean[:, None, :], std[:, None, :])
 
 
 def fit_batch_standardised(
