@@ -5,6 +5,7 @@ party's: it never holds up the others' plain rounds."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from capc.models import Teacher, build
@@ -18,11 +19,11 @@ from services.proto.capc.v1 import common_pb2, guardian_pb2
 WITHIN_S = 120.0
 
 
-def party(name: str, tmp_path: Path, pool: object) -> AnsweringParty:
+def party(name: str, tmp_path: Path, pool: ThreadPoolExecutor | None) -> AnsweringParty:
     model = build("mlp", (4,), 3, 8, seed=0).eval()
     teacher = Teacher("mlp", (4,), 3, model, {"data": "none"}, width=8)
     own = OwnBudget(name, Ledger(str(tmp_path / f"{name}.db")), 10.0)
-    return AnsweringParty(name, teacher, "127.0.0.1:9", None, own, pool=pool)  # type: ignore[arg-type]
+    return AnsweringParty(name, teacher, "127.0.0.1:9", None, own, pool=pool)
 
 
 def work(source: str) -> guardian_pb2.RoundWork:
