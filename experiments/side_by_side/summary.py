@@ -31,7 +31,7 @@ import numpy as np
 METHODS: dict[str, str] = {
     "capc-diet-student": "capc: DIET student (no data of its own)",
     "capc-dp-student": "capc: DIET student, DP-trained teachers",
-    "capc-loop": "capc: CaPC loop (hospital 0's own model + labels)",
+    "capc-loop": "capc: CaPC loop (the querying hospital's own model + labels)",
     "capc-dp-loop": "capc: CaPC loop, DP-trained teachers",
     "capc-pate-public": "capc: PATE with public records",
     "capc-dp-pate-public": "capc: PATE with public records, DP-trained teachers",
