@@ -60,6 +60,7 @@ SCENARIOS: dict[str, str] = {
     "mixed-models": "mixed models",
 }
 IID = "iid"
+MIXED = "mixed-models"
 
 #: Each dataset's test records, which every accuracy here is measured on (the counts
 #: are data.LAYOUTS's, checked by a unit test; not imported, so that the summary reads
@@ -94,12 +95,16 @@ def _order(table: dict[str, str], key: str) -> int:
 def table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (dataset, scenario, hospital, method, n, eps): mean and standard
     deviation over seeds of the test accuracy (and of the loop's model before it),
-    seeds, mean wall seconds and bytes sent. ``hospital`` is ``None`` but for rows that
-    name theirs (mixed models); a mixed-models entry also carries its ``architecture``."""
+    seeds, mean wall seconds and bytes sent. ``hospital`` is ``None`` but for mixed-models
+    rows, which name theirs; a mixed-models entry also carries its ``architecture``."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         if r.get("accuracy") is not None:
-            cell = (r["dataset"], scenario_of(r), r.get("hospital"), r["method"], r["n"])
+            scenario = scenario_of(r)
+            # Only mixed models report hospitals apart; elsewhere a row's hospital (if
+            # a run records one) is the querier's, the same cell as the others'.
+            hospital = r.get("hospital") if scenario == MIXED else None
+            cell = (r["dataset"], scenario, hospital, r["method"], r["n"])
             groups[(*cell, r["epsilon"])].append(r)
     out = []
     for (dataset, scenario, hospital, method, n, eps), group in sorted(
@@ -129,7 +134,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "seconds": float(np.mean([r.get("seconds") or 0.0 for r in group])),
         }
         architectures = {r["architecture"] for r in group if r.get("architecture")}
-        if architectures:
+        if architectures and scenario == MIXED:
             entry["architecture"] = ", ".join(sorted(architectures))
         sent = [r["bytes_sent"] for r in group if r.get("bytes_sent") is not None]
         if sent:
@@ -308,9 +313,10 @@ def goals(summary: Sequence[dict[str, Any]], dataset: str = GOALS_DATASET) -> li
       training alone + 0.15 and at least joining DP-FedAvg, at eps 5 and 10;
     * class skew alpha 0.1: capc's best method is at least DP-FedAvg at eps 10 (every
       n measured);
-    * mixed models: at eps 10 each hospital gets from capc's best method at least the
-      best alternative open to it: alone, or DP-FedAvg over the hospitals of its
-      architecture where that was run for it.
+    * mixed models: at eps 10 each hospital gets from capc's best method (its own
+      rows, or a student's that name no hospital) at least the best alternative open
+      to it: alone, or DP-FedAvg over the hospitals of its architecture where that was
+      run for it.
     """
     capc = [m for m in METHODS if m.startswith("capc")]
     out = []
@@ -380,7 +386,7 @@ def goals(summary: Sequence[dict[str, Any]], dataset: str = GOALS_DATASET) -> li
         "mixed models: each hospital gets from capc at least the best alternative open to "
         f"it (alone, or DP-FedAvg over hospitals of its architecture) at eps {TOP_EPS:g}",
     )
-    mm = "mixed-models"
+    mm = MIXED
     ns, _ = measured_cells(summary, dataset, mm)
     for hospital in hospitals(summary, dataset, mm):
         if hospital is None:
@@ -390,7 +396,10 @@ def goals(summary: Sequence[dict[str, Any]], dataset: str = GOALS_DATASET) -> li
                 lookup(summary, dataset, "alone", n, None, mm, hospital),
                 lookup(summary, dataset, "dp_fedavg", n, TOP_EPS, mm, hospital),
             ]
-            mine = best(summary, dataset, capc, n, TOP_EPS, mm, hospital)
+            # capc's methods for this hospital (its loop), or a student model any
+            # hospital may receive (a row naming no hospital).
+            found = [best(summary, dataset, capc, n, TOP_EPS, mm, h) for h in (hospital, None)]
+            mine = max((e for e in found if e), key=lambda e: e["accuracy"], default=None)
             if not any(alt) and mine is None:
                 continue
             where = f"{hospital}, n {n}"

@@ -128,6 +128,11 @@ def test_the_summary_keeps_scenarios_and_hospitals_apart() -> None:
     assert h0 is not None and h1 is not None and h0["architecture"] == "cnn"
     assert (h0["accuracy"], h1["accuracy"]) == (pytest.approx(0.80), pytest.approx(0.78))
     assert summary.lookup(table, "animal-mnist", "alone", 1348, None, mm) is None
+    # Outside mixed models a row's hospital does not split its cell.
+    named = [
+        {**r, "hospital": "hospital-0"} if r.get("scenario") == "small-querier" else r for r in rows
+    ]
+    assert summary.table(named) == table
     assert summary.scenarios(table, "animal-mnist") == list(summary.SCENARIOS)
     text = summary.markdown(table)
     assert "**animal-mnist, mixed models, hospital-1 (linear), n = 1348 labelled records**" in text
@@ -157,6 +162,16 @@ def test_the_goals_are_judged_on_their_cells() -> None:
     assert g["mixed-models"]["deficit"] == pytest.approx(0.01)
     bars = {c["where"]: c["needed"] for c in g["mixed-models"]["checks"]}
     assert bars["hospital-1, n 1348 vs each hospital alone"] == pytest.approx(0.78)
+    # A student any hospital may receive counts for each: 0.87 lifts hospital-0.
+    student = [
+        {**r, "accuracy": r["accuracy"] + 0.02, "method": "capc-diet-student"}
+        for r in rows
+        if (r.get("scenario"), r.get("hospital"), r["method"])
+        == ("mixed-models", "hospital-0", "capc-loop")
+    ]
+    for r in student:
+        del r["hospital"]
+    assert _goal(rows + student, "mixed-models")["status"] == "met"
     # IID: the bar is DP-FedAvg - 0.02 at every eps and 0.89 at eps 10; lower the DP
     # student's eps 10 mean to 0.885 and the floor fails by 0.005.
     low = [
