@@ -614,9 +614,11 @@ def standings(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                         continue
                     eps = max(budgets)
                     mine = best(summary, dataset, capc, n, eps, *where)
+                    # Each alternative at capc's eps, or non-private (alone).
                     alts = [
-                        lookup(summary, dataset, "alone", n, None, *where),
-                        lookup(summary, dataset, "dp_fedavg", n, eps, *where),
+                        lookup(summary, dataset, m, n, eps, *where)
+                        or lookup(summary, dataset, m, n, None, *where)
+                        for m in ALTERNATIVES
                     ]
                     present = [a for a in alts if a is not None]
                     if mine is None or not present:
