@@ -58,6 +58,8 @@ HEARTBEAT_S = 10.0
 REPORT_S = 5.0
 REFUSALS = (
     grpc.StatusCode.PERMISSION_DENIED,
+    # The guardian refused the party's DP-SGD training past its cap there.
+    grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.ALREADY_EXISTS,
 )

@@ -24,6 +24,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
+from capc.round.training import TrainingCharge
 from services.common import protocol, serde, tls
 from services.common.ledger import (
     Ledger,
@@ -121,6 +122,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         online = self.engine.teachers()
+        trained = self.engine.links.trained()
+        trainings: dict[str, list[TrainingCharge]] = {}
+        for t in self.ledger.trainings():
+            trainings.setdefault(t.party, []).append(t)
         reply = guardian_pb2.ListPartiesReply(
             parties=[
                 serde.party_status_to_proto(
@@ -130,6 +135,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     connected=b.name in online,
                     projection=projections.get(b.name, serde.NO_PROJECTION),
                     teachers=online.get(b.name, 0),
+                    trainings=trainings.get(b.name, ()),
+                    dp_trained=b.name in trained,
                 )
                 for b in self.ledger.budgets()
             ],
@@ -152,7 +159,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         out = {}
         for name, (weight, rate) in self.engine.rates(task).items():
             fit = 0
-            if rate > 0 and weight > 0:
+            if task.mechanism.trained_teachers_only:
+                # Nothing is charged per answer: no budget limits the queries (-1).
+                fit = -1
+            elif rate > 0 and weight > 0:
                 unit = task.mechanism.worst_case(1, weight)
                 fit = int(self.ledger.queries_fit(unit, caps[name], name) / rate)
             out[name] = (weight, rate, fit)
