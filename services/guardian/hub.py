@@ -17,10 +17,12 @@ import dataclasses
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
@@ -137,6 +139,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     teachers=online.get(b.name, 0),
                     trainings=trainings.get(b.name, ()),
                     dp_trained=b.name in trained,
+                    rounds_epsilon=self._rounds_epsilon(b.name, trainings.get(b.name, ())),
                 )
                 for b in self.ledger.budgets()
             ],
@@ -149,6 +152,17 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 reply.querier_epsilon[p.name] = self.ledger.querier_spent(request.querier, p.name)
             reply.querier_hospital = hospital_of(self.ledger, request.querier) or ""
         return reply
+
+    def _rounds_epsilon(self, name: str, trainings: Sequence[TrainingCharge]) -> float | None:
+        """Epsilon of ``name``'s round charges alone: its spend less its trainings' losses
+        (None: it has none, and its spend is all rounds)."""
+        if not trainings:
+            return None
+        acct = self.ledger.accounting
+        loss = self.ledger.spent_loss(name)
+        for t in trainings:
+            loss = loss - acct.filter_cost(t.attestation.event())
+        return acct.spent(np.maximum(loss, 0.0), self.ledger.delta).epsilon
 
     def _projections(self, task_name: str) -> dict[str, tuple[float, float, int]]:
         """Per answering party: (vote weight, participation rate, queries its remaining

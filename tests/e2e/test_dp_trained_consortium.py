@@ -9,10 +9,12 @@ processes over mutual TLS, on a task of the dp-trained mechanism.
   DP-trained teachers' votes (ties to the lowest class); hospital 3 is never asked.
 - A restarted hospital charges nothing again; ``capc audit verify`` passes.
 - A training past a hospital's own cap is refused at start: exit 2, nothing charged.
+- The admin API and ``capcctl budget`` show each training apart from round charges.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,6 +77,7 @@ def consortium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalConsor
     )
     with c:
         c.start_student()
+        c.start_gateway()
         yield c
 
 
@@ -196,3 +199,45 @@ def test_a_training_past_the_hospitals_own_cap_is_refused_at_start(
     assert "--dp-epsilon" in done.stderr  # what to do
     assert not spent(str(ledger), "hospital-0").any()
     assert charges(str(ledger)) == []
+
+
+def test_the_admin_view_and_capcctl_show_the_training_apart(consortium: LocalConsortium) -> None:
+    c = consortium
+    token = c.token("admin", "data-office")
+    env = {
+        **os.environ,
+        "CAPC_URL": c.gateway_url,
+        "CAPC_TOKEN": token,
+        "CAPC_CA": str(c.ca),
+        "PYTHONPATH": str(ROOT / "clients"),  # this tree's client, not an installed one
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "capc_client.cli", "budget", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    budgets = {b["party"]: b for b in json.loads(done.stdout)["budgets"]}
+    for i in TRAINED:
+        b = budgets[f"hospital-{i}"]
+        record = DpTraining.from_dict(load_teacher(c.model_paths(i)[0]).card[CARD_KEY])
+        [t] = b["trainings"]
+        assert t["epsilon"] == pytest.approx(record.spent(DELTA), rel=1e-9)
+        assert t["described"].startswith(f"DP-SGD, {record.steps} steps, sigma ")
+        assert b["epsilon_spent"] == pytest.approx(t["epsilon"], rel=1e-6)
+        assert b["rounds_epsilon"] == pytest.approx(0.0, abs=1e-6)  # rounds were free
+        assert b["dp_trained"]
+    assert budgets[f"hospital-{PARTITIONED}"]["trainings"] == []
+    assert not budgets[f"hospital-{PARTITIONED}"]["dp_trained"]
+    text = subprocess.run(
+        [sys.executable, "-m", "capc_client.cli", "budget"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert text.stdout.count("training: eps ") == len(TRAINED)
+    assert "(DP-SGD, 10 steps, sigma " in text.stdout

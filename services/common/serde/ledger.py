@@ -38,10 +38,13 @@ def party_status_to_proto(
     teachers: int = 0,
     trainings: Sequence[TrainingCharge] = (),
     dp_trained: bool = False,
+    rounds_epsilon: float | None = None,
 ) -> guardian_pb2.PartyStatus:
     """One party's row of ListParties: the guardian's ledger for ``budget`` (epsilon at
     ``delta``), the party's own ledger beside it (``own``), and for a task the round's
-    projection (vote weight, participation rate, queries left; -1: unknown)."""
+    projection (vote weight, participation rate, queries left; -1: unknown); its
+    ``trainings`` charged once, whether its stream attested DP-trained teachers, and the
+    epsilon of its round charges alone (default: all it spent)."""
     weight, participation, queries_left = projection
     b = budget
     return guardian_pb2.PartyStatus(
@@ -71,6 +74,7 @@ def party_status_to_proto(
         full_delta=b.full_delta(delta),
         trainings=[training_to_proto(t) for t in trainings],
         dp_trained=dp_trained,
+        rounds_epsilon=b.spent if rounds_epsilon is None else rounds_epsilon,
     )
 
 

@@ -360,7 +360,7 @@ class MpcFrame(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class PartyStatus(_message.Message):
-    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers", "registered_cap", "declared_cap", "party_epsilon_spent", "party_through_round", "party_open_rounds", "party_reported_at", "ledgers", "ledger_gap", "rounds_asked", "full_delta", "trainings", "dp_trained")
+    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers", "registered_cap", "declared_cap", "party_epsilon_spent", "party_through_round", "party_open_rounds", "party_reported_at", "ledgers", "ledger_gap", "rounds_asked", "full_delta", "trainings", "dp_trained", "rounds_epsilon")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +387,7 @@ class PartyStatus(_message.Message):
     FULL_DELTA_FIELD_NUMBER: _ClassVar[int]
     TRAININGS_FIELD_NUMBER: _ClassVar[int]
     DP_TRAINED_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_EPSILON_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     status: str
@@ -413,7 +414,8 @@ class PartyStatus(_message.Message):
     full_delta: float
     trainings: _containers.RepeatedCompositeFieldContainer[TrainingCharge]
     dp_trained: bool
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ..., rounds_asked: _Optional[int] = ..., full_delta: _Optional[float] = ..., trainings: _Optional[_Iterable[_Union[TrainingCharge, _Mapping]]] = ..., dp_trained: _Optional[bool] = ...) -> None: ...
+    rounds_epsilon: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ..., rounds_asked: _Optional[int] = ..., full_delta: _Optional[float] = ..., trainings: _Optional[_Iterable[_Union[TrainingCharge, _Mapping]]] = ..., dp_trained: _Optional[bool] = ..., rounds_epsilon: _Optional[float] = ...) -> None: ...
 
 class TrainingCharge(_message.Message):
     __slots__ = ("epsilon", "sha256", "described", "records_json")
