@@ -65,3 +65,21 @@ def test_a_training_past_the_cap_writes_nothing(ledger_url: str) -> None:
     # The budget read counts a charged training as spent.
     ledger.charge_training("h1", attestation(0.5, b"\x02" * 32), actor="h1")
     assert ledger.budget("h1").spent == pytest.approx(ledger.trainings("h1")[0].epsilon, rel=1e-9)
+
+
+def test_the_budget_history_counts_the_training_first(ledger_url: str) -> None:
+    from capc.privacy import events
+    from capc.privacy.events import GaussianEvent
+
+    ledger = Ledger(ledger_url, delta=DELTA)
+    ledger.register_party("h1", 10.0)
+    ledger.create_task("t", {"mechanism": "gnmax"})
+    charge = ledger.charge_training("h1", attestation(1.0, b"\x01" * 32), actor="h1")
+    cost = events.repeat(GaussianEvent(np.sqrt(2.0), 40.0), 10)
+    res = ledger.reserve("k", "t", "student", 10, {"h1": cost}, mechanism="gnmax", quorum=1)
+    ledger.release(res.round_id)
+    ledger.commit(res.round_id, {"h1": cost})
+    points = ledger.history()["h1"]
+    assert [p[2] for p in points] == [0, res.round_id]  # the training, then the round
+    assert points[0][1] == pytest.approx(charge.epsilon, rel=1e-9)
+    assert points[-1][1] == pytest.approx(ledger.budget("h1").spent, rel=1e-9)

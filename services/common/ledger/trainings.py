@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import select
 
-from capc.privacy import events
 from capc.round.training import Attestation, TrainingCharge, refusal
 from services.common.ledger.base import LedgerBase, round_up
 from services.common.ledger.errors import UnknownPartyError
@@ -85,10 +84,6 @@ class Trainings(LedgerBase):
             )
             for r in rows
         ]
-
-    def training_event(self, party: str) -> events.DpEvent:
-        """Every training charged to ``party``, composed (a no-op for none)."""
-        return events.compose(*(t.attestation.event() for t in self.trainings(party)))
 
 
 __all__ = ["ACTION", "Trainings"]
