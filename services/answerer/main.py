@@ -14,7 +14,7 @@ from pathlib import Path
 
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
-from capc.round.training import TrainingRefusedError
+from capc.round.errors import LedgerRefusedError
 from services.answerer.attestation import attestation
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty, answer_pool
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                     name, voters, args.guardian, files, budget, args.server_name, pool=pool
                 )
             )
-    except (ValueError, pki.PKIError, LedgerError, TrainingRefusedError) as err:
+    except (ValueError, pki.PKIError, LedgerError, LedgerRefusedError) as err:
         # TaskError is a ValueError: a bad --task file exits 2 like a bad model; a
         # training past the hospital's own cap too (it must not answer with it).
         print(f"error: {err}", file=sys.stderr)
