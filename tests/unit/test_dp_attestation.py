@@ -122,3 +122,46 @@ def test_the_guardian_charges_an_attested_training_once(tmp_path: Path) -> None:
     assert entries[0].detail["sha256"] == att.digest
     assert np.isclose(float(str(entries[0].detail["epsilon"])), record(2.0).spent(DELTA))
     assert ledger.verify_audit() > 0
+
+
+def test_an_attested_party_never_reads_stored_batchnorm_statistics(tmp_path: Path) -> None:
+    """Stored statistics may be fitted on the records, outside the DP-SGD accounting: an
+    attested party normalises a plain tensor batch with its own statistics."""
+    import torch
+
+    from capc.mechanisms import from_config
+    from services.answerer.budget import OwnBudget
+    from services.answerer.party import AnsweringParty
+    from services.common.task import canonical_json, config_hash
+    from services.proto.capc.v1 import common_pb2
+
+    model = build("small-cnn", (1, 28, 28), 10, seed=0)
+    with torch.no_grad():  # statistics far from any batch's: stored and current disagree
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                assert m.running_mean is not None and m.running_var is not None
+                m.running_mean.fill_(3.0)
+                m.running_var.fill_(0.01)
+    cnn = Teacher("small-cnn", (1, 28, 28), 10, model, card={}, device="cpu")
+    x = np.random.default_rng(0).random((16, 1, 28, 28)).astype(np.float32)
+    stored, current = cnn.predict(x), cnn.predict(x, current_statistics=True)
+    assert (stored != current).any()  # the test has teeth
+    mechanism = {"name": "dp-trained"}
+    config = {"num_classes": 10, "input_shape": [1, 28, 28], "mechanism": mechanism}
+    msg = guardian_pb2.RoundWork(
+        round_id=1,
+        queries=common_pb2.QueryBatch(tensor=serde.queries_to_proto(x)),
+        mechanism=serde.mechanism_to_proto(from_config(mechanism, 10)),
+        task_json=canonical_json(config),
+    )
+    header = common_pb2.Header(task="t", config_hash=config_hash(config))
+    spec = saved(tmp_path / "dp.pt", 0, record())
+    att = attestation([spec], Voters.load([spec]))
+    assert att is not None
+    for kind, want in (("plain", stored), ("attested", current)):
+        own = OwnBudget("h", Ledger(str(tmp_path / f"{kind}.db"), delta=DELTA), 10.0)
+        if kind == "attested":
+            own.attest(att)
+        party = AnsweringParty("h", Voters([cnn]), "127.0.0.1:9", None, own)
+        work = serde.round_work_from_proto(msg, "h", header)
+        np.testing.assert_array_equal(party._predict(msg, work, "t")[:, 0], want, err_msg=kind)
