@@ -144,6 +144,29 @@ def test_rounds_charge_nothing_more_and_give_the_plain_argmax(
         assert not spent(ledger, f"hospital-{PARTITIONED}").any()
 
 
+def test_a_job_labels_every_query_it_asks_for_free(consortium: LocalConsortium) -> None:
+    """The student's job path with a per-query charge of zero: nothing divides by it, and
+    the job labels all it asks for (synthetic queries, through capcctl and the gateway)."""
+    c = consortium
+    env = {
+        **os.environ,
+        "CAPC_URL": c.gateway_url,
+        "CAPC_TOKEN": c.token("analyst", "analyst"),
+        "CAPC_CA": str(c.ca),
+        "PYTHONPATH": str(ROOT / "clients"),  # this tree's client, not an installed one
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "capc_client.cli", "jobs", "submit", "--generator", "gaussian",
+         "--count", "24", "--batch-size", "12", "--watch", "--json"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = json.loads(done.stdout.strip().splitlines()[-1])
+    assert job["state"] == "done" and job["processed"] == 24 and job["rounds"] == 2, job
+    assert_ledgers_agree(c)
+    check_charged_once(c)
+
+
 def test_a_restarted_hospital_is_not_charged_again(consortium: LocalConsortium) -> None:
     c = consortium
     c.restart_party(0, epsilon_cap=CAP)
