@@ -111,6 +111,11 @@ class Mechanism(ABC):
     #: the circuit's size ("" for none): said when a larger label space is refused.
     max_outputs_why: ClassVar[str] = ""
     params_model: ClassVar[type[Params]]
+    #: Only parties whose every voting teacher was trained with DP-SGD (and charged
+    #: once for it) may vote: each answer is post-processing of their training, so the
+    #: mechanism adds no noise and charges nothing per query (docs/privacy.md,
+    #: "DP-trained teachers"). Services check this flag, never a name.
+    trained_teachers_only: ClassVar[bool] = False
 
     def __init__(self, outputs: int, params: Params) -> None:
         lo = 1 if self.multi_label else 2

@@ -13,6 +13,7 @@ from pathlib import Path
 MECHANISM_NAMES = (
     "binary",
     "confident-gnmax",
+    "dp-trained",
     "gnmax",
     "powerset",
     "robust-confident-gnmax",

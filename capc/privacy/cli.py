@@ -110,6 +110,20 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.teachers is not None and args.threshold is not None and args.threshold > args.teachers:
         raise SystemExit(f"error: --threshold {args.threshold} exceeds --teachers {args.teachers}")
     per_query, mech = _per_query(args)
+    if mech is not None and mech.trained_teachers_only:
+        # No per-query charge: no count divides a budget, and every query asked fits.
+        return {
+            "mechanism": args.mechanism,
+            "epsilon": args.epsilon,
+            "delta": args.delta,
+            "per_query_epsilon": 0.0,
+            "queries_fit": "unlimited",
+            "note": (
+                f"{mech.name} charges nothing per query: its answers are post-processing "
+                "of the teachers' DP-SGD training, charged once when each hospital "
+                "registers (docs/privacy.md, DP-trained teachers)"
+            ),
+        }
     renyi = RenyiDp(o, conv)
     out: dict[str, Any] = {
         "mechanism": args.mechanism,

@@ -33,7 +33,7 @@ import contextlib
 import logging
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic
 
@@ -136,9 +136,12 @@ class GuardianCore(Generic[TaskT]):
         candidates: Sequence[str],
         teachers: Mapping[str, int],
         now: float,
+        trained: Collection[str] = (),
     ) -> tuple[GuardianRound[TaskT], list[RoundWork]]:
         """Admit, reserve and open a round over ``candidates`` (the reachable parties),
         voting with ``teachers`` each; returns it and the work for every party asked.
+        ``trained``: the parties that registered an attestation of DP-trained teachers,
+        the only ones a mechanism for DP-trained teachers asks.
 
         Raises RoundRequestError, LimitError, or the ledger's QuorumError (nothing
         reserved). Call :meth:`retry_without` first for a retry.
@@ -156,6 +159,8 @@ class GuardianCore(Generic[TaskT]):
                 f"never computed is aborted {self.round_timeout:g} s after its opening"
             )
         candidates = [p for p in candidates if p not in excluded]
+        if task.mechanism.trained_teachers_only:
+            candidates = self._trained_only(task, candidates, trained)
         proven = not (encrypted or self.central)
         if proven:
             check_conversion(task, batch, teachers, candidates)
@@ -223,6 +228,33 @@ class GuardianCore(Generic[TaskT]):
                 )
             )
         return rnd, work
+
+    def _trained_only(
+        self, task: TaskT, candidates: Sequence[str], trained: Collection[str]
+    ) -> list[str]:
+        """The candidates whose every voting teacher is attested DP-trained: a round of a
+        mechanism that charges nothing per answer asks no other (their votes would be
+        released without noise or charge). Below quorum RoundRequestError, nothing reserved."""
+        kept = [p for p in candidates if p in trained]
+        if len(kept) >= task.quorum:
+            if len(kept) < len(candidates):
+                log.info(
+                    "%s: left out %s, which registered no DP-trained teachers",
+                    task.mechanism.name,
+                    ", ".join(p for p in candidates if p not in trained),
+                )
+            return kept
+        others = [p for p in candidates if p not in trained][:10]
+        raise RoundRequestError(
+            f"task {task.name} uses {task.mechanism.name}, which adds no noise and charges "
+            "nothing per answer: only hospitals whose every voting teacher was trained with "
+            f"DP-SGD (attested when they registered) may vote in it. {len(kept)} of the "
+            f"{len(candidates)} reachable parties did"
+            + (f" ({', '.join(others)} did not)" if others else "")
+            + f", below the task's quorum of {task.quorum}; nothing was reserved. Start "
+            "those hospitals with DP-trained teachers (capc teacher fit --dp-epsilon), or "
+            "label with a noisy mechanism"
+        )
 
     def _unprovable(self, rnd: GuardianRound[TaskT], party: str) -> None:
         rnd.failed.add(party)

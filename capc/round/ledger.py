@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 
 from capc.privacy.accountants import Accounting
 from capc.privacy.events import DpEvent
+from capc.round.training import Attestation, TrainingCharge
 
 FloatArray = NDArray[np.float64]
 
@@ -195,6 +196,12 @@ class PartyLedger(Protocol):
         QuorumError, nothing written, when it would take the party past its cap
         (``remaining`` names the party); DuplicateRoundError when the round was reserved
         before."""
+        ...
+
+    def charge_training(self, attestation: Attestation) -> TrainingCharge:
+        """Charge the party its DP-trained teachers' training once per attested digest
+        (:mod:`capc.round.training`): TrainingRefusedError, nothing written, past its cap;
+        the same digest again charges nothing (``charged`` False)."""
         ...
 
     def round_record(self, round_id: int) -> RoundRecord | None:

@@ -23,6 +23,7 @@ from capc.round.errors import (
     RoundStateError,
 )
 from capc.round.ledger import Held, Reservation, RoundRecord, RoundState
+from capc.round.training import Attestation, TrainingCharge, refusal
 
 FloatArray = NDArray[np.float64]
 
@@ -82,6 +83,8 @@ class MemoryLedger:
     # querier -> party -> loss its rounds hold; querier -> its allowance per party.
     _querier_loss: dict[str, dict[str, FloatArray]] = field(default_factory=dict)
     _allowances: dict[str, float] = field(default_factory=dict)
+    # (party, attestation digest) -> the training charged for it.
+    _trainings: dict[tuple[str, str], TrainingCharge] = field(default_factory=dict)
 
     # -- parties ----------------------------------------------------------------
     def register(
@@ -129,6 +132,35 @@ class MemoryLedger:
         if not np.isfinite(loss).all():
             raise LedgerRefusedError(f"{what}: its privacy loss is not finite")
         return loss
+
+    # -- DP-trained teachers -----------------------------------------------------
+    def charge_training(
+        self, party: str, attestation: Attestation, *, actor: str, fix: str = ""
+    ) -> TrainingCharge:
+        """Charge ``party`` its teachers' DP-SGD training once per attested digest
+        (:mod:`capc.round.training`): checked against its cap first (TrainingRefusedError,
+        nothing charged); the same digest again charges nothing (``charged`` False)."""
+        p = self._party(party)
+        known = self._trainings.get((party, attestation.digest))
+        if known is not None:
+            return TrainingCharge(party, known.attestation, known.epsilon, False)
+        loss = self._loss(attestation.event(), f"DP-SGD training of {party}")
+        epsilon = self._eps(loss)
+        if not self.accounting.fits(p.loss + loss, p.cap, self.delta):
+            raise refusal(party, epsilon, self._eps(p.loss), p.cap, self.delta, fix)
+        p.loss = p.loss + loss
+        charge = TrainingCharge(party, attestation, epsilon, True)
+        self._trainings[(party, attestation.digest)] = charge
+        self.record(actor, "dp_training", charge.to_dict())
+        return charge
+
+    def trainings(self, party: str | None = None) -> list[TrainingCharge]:
+        """The trainings charged (of ``party``, when given), oldest first."""
+        return [
+            TrainingCharge(t.party, t.attestation, t.epsilon, False)
+            for t in self._trainings.values()
+            if party is None or t.party == party
+        ]
 
     # -- rounds -----------------------------------------------------------------
     def reserve(

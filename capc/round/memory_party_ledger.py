@@ -17,6 +17,7 @@ from capc.privacy.events import DpEvent
 from capc.round.errors import LedgerRefusedError
 from capc.round.ledger import KeptSetting, RoundRecord
 from capc.round.memory_ledger import MemoryLedger
+from capc.round.training import OWN_FIX, Attestation, TrainingCharge
 
 
 class MemoryPartyLedger:
@@ -87,6 +88,9 @@ class MemoryPartyLedger:
             terms=terms,
         )
         self._tasks.setdefault(task, dict(config))
+
+    def charge_training(self, attestation: Attestation) -> TrainingCharge:
+        return self.ledger.charge_training(self.name, attestation, actor=self.name, fix=OWN_FIX)
 
     def round_record(self, round_id: int) -> RoundRecord | None:
         return self.ledger.round_record(round_id)

@@ -46,6 +46,7 @@ from capc.round.errors import (
 )
 from capc.round.ledger import KeptSetting, PartyLedger, RoundState
 from capc.round.messages import PartyShares, RoundWork, Settlement
+from capc.round.training import Attestation, TrainingCharge
 
 log = logging.getLogger("capc.round.party")
 
@@ -141,6 +142,18 @@ class PartyCore:
         self.refusing: str | None = None
         # Rounds admitted (reserved) and not yet voted: each is voted in once.
         self._admitted: dict[int, RoundWork] = {}
+        #: The DP-SGD training of the teachers this party votes with, charged in its own
+        #: ledger (:meth:`attest`); None: they are not (all) DP-trained.
+        self.trained: TrainingCharge | None = None
+
+    # -- DP-trained teachers -----------------------------------------------------------
+    def attest(self, attestation: Attestation) -> TrainingCharge:
+        """Charge the training of this party's teachers in its own ledger, once per
+        attested digest, before it registers with the guardian (a crash in between
+        over-counts). TrainingRefusedError, nothing charged, past its own cap: it must
+        not answer with those teachers."""
+        self.trained = self.ledger.charge_training(attestation)
+        return self.trained
 
     # -- admission -------------------------------------------------------------------
     def willing(self) -> None:
@@ -162,6 +175,14 @@ class PartyCore:
         if queries is None or work.task_config is None:
             raise VoteRefusedError(
                 f"round {rid} cannot be accounted: it names no queries or no task configuration"
+            )
+        if work.mechanism.trained_teachers_only and self.trained is None:
+            # Its answers would be charged nothing: only teachers whose training this
+            # ledger charged may give them.
+            raise VoteRefusedError(
+                f"round {rid} uses {work.mechanism.name}, which charges nothing per answer: "
+                f"only DP-trained teachers whose training {self.name}'s own ledger charged "
+                "may vote in it, and this party's are not"
             )
         terms = Terms.of(work)
         if queries.encrypted and (terms.weight != 1.0 or work.participation is not None):

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from capc_client.models import Job, Loop, StudentModel
+from capc_client.models import Job, Loop, StudentModel, Training
 from capc_client.sdk import DEFAULT_BATCH, ApiError, Client
 
 BAR = 30
@@ -203,6 +203,16 @@ def guarantee(eps: float, ledger_delta: float, rounds: int | None, full: float |
     return f"(eps {eps:.4f}, delta {ledger_delta:g} + {rounds} x 2^-40 = {full:.12g})"
 
 
+def charges(trainings: list[Training], rounds: float | None) -> list[str]:
+    """A party's DP-SGD trainings (charged once each) apart from its round charges."""
+    if not trainings:
+        return []
+    out = [f"\n{'':16} training: eps {t.epsilon:.4f} ({t.described})" for t in trainings]
+    if rounds is not None:
+        out.append(f"\n{'':16} rounds:   eps {rounds:.4f}")
+    return out
+
+
 def cmd_budget(client: Client, args: argparse.Namespace) -> int:
     b = client.budgets()
     lines = [
@@ -220,6 +230,7 @@ def cmd_budget(client: Client, args: argparse.Namespace) -> int:
             if x.own_ledger.state != "unreported"
             else ""
         )
+        + "".join(charges(x.trainings, x.rounds_epsilon))
         for x in b.budgets
     ]
     _print(args, b, lines)

@@ -98,6 +98,14 @@ class Prediction(_Model):
     scores: list[list[float]]
 
 
+class Training(_Model):
+    """A DP-SGD training charged once: its epsilon alone, digest and description."""
+
+    epsilon: float
+    sha256: str
+    described: str
+
+
 class Party(_Model):
     name: str
     role: str
@@ -121,6 +129,12 @@ class Party(_Model):
     rounds_asked: int | None = None
     ledger_delta: float | None = None
     full_delta: float | None = None
+    #: DP-SGD trainings charged once each (inside epsilon_spent), the epsilon of the round
+    #: charges alone, and whether the party attested DP-trained teachers. Empty, None and
+    #: False from a gateway that does not report them.
+    trainings: list[Training] = []
+    rounds_epsilon: float | None = None
+    dp_trained: bool = False
 
 
 class Budget(_Model):
@@ -139,6 +153,12 @@ class Budget(_Model):
     rounds_asked: int | None = None
     ledger_delta: float | None = None
     full_delta: float | None = None
+    #: DP-SGD trainings charged once each (inside epsilon_spent), the epsilon of the round
+    #: charges alone, and whether the party attested DP-trained teachers. Empty, None and
+    #: False from a gateway that does not report them.
+    trainings: list[Training] = []
+    rounds_epsilon: float | None = None
+    dp_trained: bool = False
 
 
 class BudgetList(_Model):

@@ -40,6 +40,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "once on a batch of its shape, before dialling; a mismatch exits 2. TorchScript and "
         "module:factory models need it (they declare no shape)",
     )
+    p.add_argument(
+        "--dp-training",
+        type=Path,
+        default=None,
+        metavar="RECORD.json",
+        help="the DP-SGD record (capc.privacy.dp_training, JSON) of every --model that "
+        "carries none on its card, e.g. the hospital's own ONNX model trained with full-batch "
+        "DP-SGD elsewhere. When every teacher is attested, the training is charged once in "
+        "this hospital's ledger and the guardian's (refused past the cap) and the party may "
+        "vote in rounds for DP-trained teachers, which charge nothing per answer",
+    )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
     p.add_argument(
         "--name",

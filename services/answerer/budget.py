@@ -40,6 +40,7 @@ from capc.round.errors import VoteRefusedError as VoteRefusedError
 from capc.round.ledger import KeptSetting
 from capc.round.messages import RoundWork
 from capc.round.party import PartyCore
+from capc.round.training import Attestation, TrainingCharge
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common import serde
 from services.common.ledger import Ledger, LedgerError
@@ -101,6 +102,23 @@ class OwnBudget:
         self._seen: AuditHead | None = None
         #: The party's round rules, over this ledger.
         self.core = PartyCore(name, self.port)
+        #: The DP-SGD training of its teachers, once charged (:meth:`attest`).
+        self.attestation: Attestation | None = None
+
+    def attest(self, attestation: Attestation) -> TrainingCharge:
+        """Charge the teachers' DP-SGD training in this ledger (once per digest), durably,
+        before the party registers it with the guardian. TrainingRefusedError past the
+        party's own cap: it must not answer with those teachers."""
+        charge = self.core.attest(attestation)
+        self.attestation = attestation
+        log.info(
+            "%s: DP-SGD training (%s) %s %.4g eps in its own ledger",
+            self.name,
+            attestation.describe(),
+            "charged" if charge.charged else "charged before:",
+            charge.epsilon,
+        )
+        return charge
 
     @property
     def refusing(self) -> str | None:
@@ -121,6 +139,7 @@ class OwnBudget:
             self.ledger.accounting_json(),
             self.ledger.open_rounds()[:MAX_ASKED],
             self.cap_reason,
+            self.attestation,
         )
 
     def open_rounds(self) -> list[int]:

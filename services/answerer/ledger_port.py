@@ -26,6 +26,7 @@ from capc.privacy.accountants import Accounting
 from capc.privacy.events import DpEvent
 from capc.round import errors as core
 from capc.round.ledger import Held, KeptSetting, RoundRecord, RoundState
+from capc.round.training import OWN_FIX, Attestation, TrainingCharge
 from services.common.ledger import Ledger
 from services.common.ledger import store as sql
 from services.common.ledger.models import ChargeKind
@@ -140,6 +141,13 @@ class SqlPartyLedger:
         if refused is not None:
             with _as_core():
                 raise refused
+
+    def charge_training(self, attestation: Attestation) -> TrainingCharge:
+        """The training's charge, in its own durable transaction (before the party
+        registers: :mod:`capc.round.training`)."""
+        with self._lock, _as_core():
+            self.flush()
+            return self.sql.charge_training(self.name, attestation, actor=self.name, fix=OWN_FIX)
 
     def flush(self) -> None:
         """Write the settlements held here, in one transaction."""

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
+from capc.round.errors import LedgerRefusedError
+from services.answerer.attestation import attestation
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty, answer_pool
 from services.common import pki, tls
@@ -49,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         if task is not None and want is not None:
             voters.check(" and ".join(names), want)
             check_encryption(voters, task)
+        attested = attestation(args.model, voters, args.dp_training)
         parties = []
         pool = answer_pool()  # one for every party here: see answer_pool
         for name in names:
@@ -61,13 +64,24 @@ def run(args: argparse.Namespace) -> int:
             budget = OwnBudget(
                 name, ledger, args.epsilon_cap, args.guardian_audit_key, args.cap_reason
             )
+            if attested is not None:
+                # Charged durably before the party registers: a crash in between
+                # over-counts (the next start finds the digest charged), never under.
+                charge = budget.attest(attested)
+                print(
+                    f"{name}: DP-SGD training ({attested.describe()}): "
+                    f"{'charged' if charge.charged else 'charged before,'} "
+                    f"{charge.epsilon:.4g} eps in its own ledger",
+                    flush=True,
+                )
             parties.append(
                 AnsweringParty(
                     name, voters, args.guardian, files, budget, args.server_name, pool=pool
                 )
             )
-    except (ValueError, pki.PKIError, LedgerError) as err:
-        # TaskError is a ValueError: a bad --task file exits 2 like a bad model.
+    except (ValueError, pki.PKIError, LedgerError, LedgerRefusedError) as err:
+        # TaskError is a ValueError: a bad --task file exits 2 like a bad model; a
+        # training past the hospital's own cap too (it must not answer with it).
         print(f"error: {err}", file=sys.stderr)
         return 2
     stop = threading.Event()

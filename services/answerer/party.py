@@ -58,6 +58,8 @@ HEARTBEAT_S = 10.0
 REPORT_S = 5.0
 REFUSALS = (
     grpc.StatusCode.PERMISSION_DENIED,
+    # The guardian refused the party's DP-SGD training past its cap there.
+    grpc.StatusCode.FAILED_PRECONDITION,
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.ALREADY_EXISTS,
 )
@@ -390,7 +392,11 @@ class AnsweringParty:
             self._check_fits(work, task, tuple(int(n) for n in msg.queries.tensor.shape[1:]))
             # The guardian checks the batch too; this party checks it against its own teachers.
             x = serde.queries_from_proto(msg.queries.tensor, self.voters.input_shape, MAX_BATCH)
-            return self.voters.predict(x)
+            # DP-trained teachers take nothing from the records beyond their DP-SGD
+            # training: stored BatchNorm statistics (fitted on records, outside that
+            # accounting) are not read; images are normalised with the batch's own.
+            trained = self.budget.attestation is not None and x.ndim > 2
+            return self.voters.predict(x, current_statistics=trained)
         raise ValueError("this party answers float32 tensors and recipes")
 
     def _check_fits(self, work: RoundWork, task: str, input_shape: tuple[int, ...]) -> None:

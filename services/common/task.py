@@ -205,6 +205,12 @@ class TaskConfig:
                 f"task {name!r}: encrypted queries support single-label voting "
                 "without personalized budgets"
             )
+        if task.mechanism.trained_teachers_only and task.personalization is not None:
+            raise TaskError(
+                f"task {name!r}: {task.mechanism.name} charges nothing per query, so there "
+                "is no per-query cost for personalized budgets to divide: drop "
+                '"personalization"'
+            )
         if task.encryption is None:
             # Plaintext queries: each vote is checked by its validity proof and nothing else
             # (encrypted mode's circuit checks each party's one-hot vote itself).

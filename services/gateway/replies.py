@@ -103,5 +103,6 @@ def party_out(p: guardian_pb2.PartyStatus, ledger_delta: float) -> schemas.Party
                 reported_at=p.party_reported_at or None,
                 gap=p.ledger_gap,
             ),
+            trainings=[schemas.TrainingOut(**fields(t)) for t in p.trainings],
         )
     )

@@ -244,6 +244,14 @@ class PartyLedgerOut(BaseModel):
     gap: float = Field(description="guardian's minus the party's epsilon through that round")
 
 
+class TrainingOut(BaseModel):
+    """A DP-SGD training charged once (its teachers' digest), apart from round charges."""
+
+    epsilon: float = Field(description="the training alone, at the ledger's delta")
+    sha256: str = Field(description="SHA-256 of the teacher files and records it covers")
+    described: str = Field(description='how it was trained, e.g. "DP-SGD, 300 steps, sigma 7.2"')
+
+
 class PartyOut(BaseModel):
     name: str
     role: str
@@ -281,6 +289,14 @@ class PartyOut(BaseModel):
         "the guarantee is (epsilon_spent, full_delta)"
     )
     own_ledger: PartyLedgerOut
+    trainings: list[TrainingOut] = Field(
+        default_factory=list,
+        description="DP-SGD trainings charged once each (in epsilon_spent, apart from rounds)",
+    )
+    rounds_epsilon: float = Field(
+        0.0, description="epsilon of its round charges alone, without its trainings"
+    )
+    dp_trained: bool = Field(False, description="its connected stream attested DP-trained teachers")
 
 
 class PartyList(BaseModel):
@@ -314,6 +330,14 @@ class BudgetOut(BaseModel):
     )
     declared_cap: float | None
     own_ledger: PartyLedgerOut
+    trainings: list[TrainingOut] = Field(
+        default_factory=list,
+        description="DP-SGD trainings charged once each (in epsilon_spent, apart from rounds)",
+    )
+    rounds_epsilon: float = Field(
+        0.0, description="epsilon of its round charges alone, without its trainings"
+    )
+    dp_trained: bool = Field(False, description="its connected stream attested DP-trained teachers")
 
 
 class BudgetList(BaseModel):

@@ -16,6 +16,7 @@ Each hospital keeps its own ledger and is the authority on its own cap
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 from collections.abc import Iterable
@@ -25,6 +26,7 @@ import numpy as np
 
 from capc.round.settlement import outcome
 from capc.round.settlement import settlement as rule
+from capc.round.training import GUARDIAN_FIX, Attestation, TrainingCharge
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer
 from services.common.ledger import Ledger, PartyBudget
@@ -32,6 +34,8 @@ from services.common.ledger.audit import AuditHead
 from services.common.protocol import RequestError
 from services.guardian.ledger_port import SqlRoundLedger
 from services.proto.capc.v1 import guardian_pb2
+
+log = logging.getLogger("capc.guardian.budgets")
 
 #: Relative tolerance within which two ledgers agree (float rounding is ~1e-15).
 AGREE_RTOL = 1e-9
@@ -48,6 +52,21 @@ def declare(ledger: Ledger, name: str, register: guardian_pb2.Register) -> float
         )
     # The reason is the hospital's own word, kept with its authenticated declaration.
     return ledger.declare_cap(name, cap, actor=name, reason=register.cap_reason or None)
+
+
+def attest(ledger: Ledger, name: str, register: guardian_pb2.Register) -> Attestation | None:
+    """Charge the DP-SGD training party ``name`` attests in its Register, once per digest
+    (audited with its record); the attestation, None when it attests none. RequestError
+    when it is malformed, TrainingRefusedError past the party's cap here."""
+    if not register.HasField("dp_training"):
+        return None
+    attested = serde.attestation_from_proto(register.dp_training)
+    charge: TrainingCharge = ledger.charge_training(name, attested, actor=name, fix=GUARDIAN_FIX)
+    if charge.charged:
+        log.info(
+            "%s: DP-SGD training charged %.4g eps (%s)", name, charge.epsilon, attested.describe()
+        )
+    return attested
 
 
 def registered(ledger: Ledger, name: str) -> guardian_pb2.Registered:
@@ -182,6 +201,7 @@ def compare(ledger: Ledger, budget: PartyBudget) -> Comparison:
 
 __all__ = [
     "Comparison",
+    "attest",
     "compare",
     "declare",
     "outcome",

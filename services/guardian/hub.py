@@ -17,13 +17,16 @@ import dataclasses
 import json
 import logging
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
+from capc.round.training import TrainingCharge
 from services.common import protocol, serde, tls
 from services.common.ledger import (
     Ledger,
@@ -121,6 +124,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         online = self.engine.teachers()
+        trained = self.engine.links.trained()
+        trainings: dict[str, list[TrainingCharge]] = {}
+        for t in self.ledger.trainings():
+            trainings.setdefault(t.party, []).append(t)
         reply = guardian_pb2.ListPartiesReply(
             parties=[
                 serde.party_status_to_proto(
@@ -130,6 +137,9 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     connected=b.name in online,
                     projection=projections.get(b.name, serde.NO_PROJECTION),
                     teachers=online.get(b.name, 0),
+                    trainings=trainings.get(b.name, ()),
+                    dp_trained=b.name in trained,
+                    rounds_epsilon=self._rounds_epsilon(b.name, trainings.get(b.name, ())),
                 )
                 for b in self.ledger.budgets()
             ],
@@ -143,6 +153,17 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             reply.querier_hospital = hospital_of(self.ledger, request.querier) or ""
         return reply
 
+    def _rounds_epsilon(self, name: str, trainings: Sequence[TrainingCharge]) -> float | None:
+        """Epsilon of ``name``'s round charges alone: its spend less its trainings' losses
+        (None: it has none, and its spend is all rounds)."""
+        if not trainings:
+            return None
+        acct = self.ledger.accounting
+        loss = self.ledger.spent_loss(name)
+        for t in trainings:
+            loss = loss - acct.filter_cost(t.attestation.event())
+        return acct.spent(np.maximum(loss, 0.0), self.ledger.delta).epsilon
+
     def _projections(self, task_name: str) -> dict[str, tuple[float, float, int]]:
         """Per answering party: (vote weight, participation rate, queries its remaining
         budget covers at ``task_name``'s worst case, in expectation under vanishing)."""
@@ -152,7 +173,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         out = {}
         for name, (weight, rate) in self.engine.rates(task).items():
             fit = 0
-            if rate > 0 and weight > 0:
+            if task.mechanism.trained_teachers_only:
+                # Nothing is charged per answer: no budget limits the queries (-1).
+                fit = -1
+            elif rate > 0 and weight > 0:
                 unit = task.mechanism.worst_case(1, weight)
                 fit = int(self.ledger.queries_fit(unit, caps[name], name) / rate)
             out[name] = (weight, rate, fit)

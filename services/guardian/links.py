@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from capc.round.training import Attestation
 from services.common.buffers import BoundedBuffer
 from services.common.limits import (
     MAX_STREAMS_PER_IDENTITY,
@@ -50,6 +51,9 @@ class PartyLink:
     last_heard: float = field(default_factory=time.monotonic)
     #: Teachers the party votes with (its Register): its counts of a query sum to this.
     teachers: int = 1
+    #: The DP-SGD training of every teacher it votes with, attested in its Register and
+    #: charged in the guardian's ledger; None: ordinary teachers.
+    trained: Attestation | None = None
 
     def heard(self) -> None:
         """The party sent something on this stream."""
@@ -155,6 +159,11 @@ class Links:
         """Teachers of every connected party."""
         with self._lock:
             return {n: link.teachers for n, link in self._by_name.items()}
+
+    def trained(self) -> frozenset[str]:
+        """Connected parties whose stream attested DP-trained teachers (charged here)."""
+        with self._lock:
+            return frozenset(n for n, link in self._by_name.items() if link.trained is not None)
 
 
 __all__ = ["SILENT_AFTER_S", "Links", "PartyLink"]

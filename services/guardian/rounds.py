@@ -255,7 +255,8 @@ class RoundEngine:
             core.retry_without(req)
         with self.step() as core:
             teachers = self.links.teachers()
-            rnd, work = core.open(task, req, self.links.reachable(), teachers, time.monotonic())
+            reachable, trained = self.links.reachable(), self.links.trained()
+            rnd, work = core.open(task, req, reachable, teachers, time.monotonic(), trained)
             links = {p: self.links.get(p) for p in rnd.teachers}
             sent = {p: link for p, link in links.items() if link is not None}
             live = self._live[rnd.round_id] = LiveRound(rnd, Signal(), sent)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
+from capc.round.training import TrainingRefusedError
 from services.common import protocol, serde, tls
 from services.common.buffers import BoundedBuffer
 from services.common.ledger import (
@@ -254,6 +255,18 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         except RequestError as err:
             self.engine.detach(link)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        # Teachers attested DP-trained: their training is charged here once per digest
+        # (refused past the party's cap) before the party may vote in rounds that
+        # charge nothing per answer.
+        try:
+            link.trained = await self._run(budgets.attest, self.ledger, name, register)
+        except RequestError as err:
+            self.engine.detach(link)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except TrainingRefusedError as err:
+            self.engine.detach(link)
+            log.warning("refused %s's DP-SGD training: %s", name, err)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
         log.info("answering party %s connected from %s", name, peer)
         reader = asyncio.create_task(self._read_party(name, link, request_iterator))
         try:

@@ -712,3 +712,49 @@ def test_one_durable_write_a_round_and_never_an_under_count(tmp_path: Path) -> N
     assert pair.own.ledger.open_rounds() == []
     pair.own.flush()  # nothing held: nothing written
     assert commits == 6
+
+
+def _attested(epsilon: float, file: bytes) -> guardian_pb2.DpAttestation:
+    from capc.privacy.dp_training import plan
+    from capc.round.training import Attestation, file_digest
+
+    rec = plan(epsilon, 1e-5, 30, clip=1.0, records=80)
+    return serde.attestation_to_proto(Attestation((rec,), file_digest([file], [rec])))
+
+
+def test_a_register_attesting_dp_training_is_charged_once_and_shown(
+    hub: tuple[RunningServer, Ledger], pki_dir: Path
+) -> None:
+    server, ledger = hub
+    att = _attested(2.0, b"\x01" * 32)
+    gateway = _stub(server, pki_dir, "gateway")
+    for _ in range(2):  # a reconnection attests the same files: charged once
+        register = guardian_pb2.Register(teachers=[TEACHER], epsilon_cap=5.0, dp_training=att)
+        _, stream = _connect(
+            server, pki_dir, guardian_pb2.PartyMessage(header=HEADER, register=register)
+        )
+        assert next(stream).WhichOneof("body") == "registered"
+        (party,) = gateway.ListParties(
+            guardian_pb2.ListPartiesRequest(header=HEADER), timeout=10
+        ).parties
+        assert party.dp_trained
+        stream.cancel()
+    [training] = party.trainings
+    assert training.sha256 == att.sha256 and training.described.startswith("DP-SGD, 30 steps")
+    assert party.epsilon_spent == pytest.approx(training.epsilon, rel=1e-9)
+    assert party.rounds_epsilon == pytest.approx(0.0, abs=1e-9)
+    charged = [e for e in ledger.audit_entries(limit=100) if e.action == "dp_training"]
+    assert [e.actor for e in charged] == [NAME]
+    # Another teacher past the cap the party declared: the Register is refused.
+    register = guardian_pb2.Register(
+        teachers=[TEACHER], epsilon_cap=5.0, dp_training=_attested(4.5, b"\x02" * 32)
+    )
+    _, stream = _connect(
+        server, pki_dir, guardian_pb2.PartyMessage(header=HEADER, register=register)
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        next(stream)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "past its cap" in str(err.value.details())
+    assert len(ledger.trainings(NAME)) == 1
+    assert ledger.verify_audit() > 0

@@ -23,9 +23,15 @@ class Voters:
     """The teachers an answering party votes with: one or more models (see
     :func:`load_members`), all on the same inputs and outputs.
 
-    ``sources``: where each member came from (its ``--model``), for messages."""
+    ``sources``: where each member came from, for messages; ``origins``: the ``--model``
+    each member was loaded from (default: its source)."""
 
-    def __init__(self, members: Sequence[Member], sources: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        members: Sequence[Member],
+        sources: Sequence[str] | None = None,
+        origins: Sequence[str] | None = None,
+    ) -> None:
         if not members:
             raise ValueError("a party votes with at least one teacher")
         self.sources = (
@@ -47,6 +53,9 @@ class Voters:
                     f"{m.num_classes} {_kind(m)}"
                 )
         self.members = list(members)
+        self.origins = list(self.sources) if origins is None else list(origins)
+        if len(self.origins) != len(self.members):
+            raise ValueError("a party's voters need one origin per member")
         self.input_shape = first.input_shape
         self.num_classes = first.num_classes
         self.multi_label = first.multi_label
@@ -57,15 +66,18 @@ class Voters:
         gives each); ``want``: the task's interface."""
         members: list[Member] = []
         sources: list[str] = []
+        origins: list[str] = []
         for spec in specs:
             loaded = load_members(spec, want)
             if isinstance(loaded, list):
                 members += loaded
                 sources += [f"{spec} (teacher {i + 1})" for i in range(len(loaded))]
+                origins += [str(spec)] * len(loaded)
             else:
                 members.append(loaded)
                 sources.append(str(spec))
-        return cls(members, sources)
+                origins.append(str(spec))
+        return cls(members, sources, origins)
 
     def misfit(self, party: str, want: Interface) -> str | None:
         """Why this party's teachers cannot answer ``want``'s task, or None when they can.

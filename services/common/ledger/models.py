@@ -180,6 +180,25 @@ class QuerierSpendRow(Base):
     loss: Mapped[list[float]] = mapped_column(JSON)
 
 
+class TrainingRow(Base):
+    """A party's DP-SGD training, charged once per attested digest (SHA-256 of the
+    teacher files and their records: :mod:`capc.round.training`). ``records``: the
+    attested records (JSON list), ``event``: the charge, ``loss``: its loss vector,
+    ``epsilon``: the training alone at the ledger's delta."""
+
+    __tablename__ = "trainings"
+    __table_args__ = (UniqueConstraint("party", "digest", name="uq_trainings_party_digest"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    party: Mapped[str] = mapped_column(ForeignKey("parties.name"), index=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    records: Mapped[list[dict[str, object]]] = mapped_column(JSON)
+    event: Mapped[dict[str, object]] = mapped_column(JSON)
+    loss: Mapped[list[float]] = mapped_column(JSON)
+    epsilon: Mapped[float] = mapped_column(Float)
+    actor: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class AuditResultRow(Base):
     """An empirical privacy audit of one party (a canary attack) beside the epsilon its
     ledger claimed when the result was recorded; ``refuted`` at 99.9% confidence."""

@@ -18,7 +18,7 @@ from capc.privacy.events import DpEvent
 from services.common.db import iso_utc
 from services.common.ledger.base import FloatArray, LedgerBase, registered_cap
 from services.common.ledger.errors import RoundStateError, UnknownPartyError
-from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState
+from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState, TrainingRow
 from services.common.ledger.prepared import Prepared
 from services.common.ledger.records import LedgerEntry, PartyBudget, RoundHeld, RoundRecord
 from services.common.ledger.tables import (
@@ -235,13 +235,23 @@ class Reads(LedgerBase):
         At most ``max_points`` per party: earlier points are thinned evenly, the newest kept.
         """
         q = select(ChargeRow.party, ChargeRow.loss, ChargeRow.created_at, ChargeRow.round_id)
+        # DP-SGD trainings (charged once each) are entries too, at round id 0.
+        t = select(TrainingRow.party, TrainingRow.loss, TrainingRow.created_at)
         if party is not None:
             q = q.where(ChargeRow.party == party)
+            t = t.where(TrainingRow.party == party)
         with Session(self.engine) as s:
             rows = list(s.execute(q.order_by(ChargeRow.id)))
+            trained = list(s.execute(t.order_by(TrainingRow.id)))
         by_party: dict[str, list[tuple[list[float], dt.datetime, int]]] = {}
+        for name, loss, at in trained:
+            by_party.setdefault(name, []).append((loss, at, 0))
         for name, loss, at, round_id in rows:
             by_party.setdefault(name, []).append((loss, at, round_id))
+        for items in by_party.values():
+            # In time order (stable: charges keep their order among themselves). SQLite
+            # gives naive times and PostgreSQL aware ones; both are UTC.
+            items.sort(key=lambda item: _utc(item[1]))
         out: dict[str, list[tuple[str, float, int]]] = {}
         for name, items in by_party.items():
             # The accountants are additive: composition is a running sum of loss vectors.
@@ -256,6 +266,11 @@ class Reads(LedgerBase):
         return out
 
     # -- empirical audits -----------------------------------------------------
+
+
+def _utc(at: dt.datetime) -> dt.datetime:
+    """``at`` as a naive UTC time (SQLite stores naive UTC, PostgreSQL gives aware times)."""
+    return at if at.tzinfo is None else at.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 def _settled_loss(conn: Connection, name: str, through: int) -> FloatArray:

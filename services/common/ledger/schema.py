@@ -27,7 +27,7 @@ from services.common.ledger.errors import LedgerError
 from services.common.ledger.models import Setting
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-HEAD_REVISION = "0008"
+HEAD_REVISION = "0009"
 _MIGRATION_LOCK = threading.Lock()
 #: This process's new SQLite ledger at HEAD_REVISION, as bytes (None until it migrated
 #: one): a process that keeps many ledgers (an answerer hosting many hospitals) runs the

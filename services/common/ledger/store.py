@@ -13,6 +13,7 @@ PostgreSQL by URL), put together from parts with one job each:
 - :mod:`~services.common.ledger.auditlog`: the hash-chained audit log, its
   signing key and head (the chain itself: :mod:`~services.common.ledger.audit`,
   appending in a transaction: :mod:`~services.common.ledger.chain`);
+- :mod:`~services.common.ledger.trainings`: parties' DP-SGD trainings, charged once;
 - :mod:`~services.common.ledger.empirical`: recorded canary attacks;
 - :mod:`~services.common.ledger.schema`: migrations and the accountant and
   delta a ledger is created with.
@@ -61,6 +62,7 @@ from services.common.ledger.records import (
 from services.common.ledger.registry import Registry
 from services.common.ledger.reservations import Reservations
 from services.common.ledger.schema import HEAD_REVISION, MIGRATIONS, Schema
+from services.common.ledger.trainings import Trainings
 
 #: Kept under their old names for code and tests that read them here.
 _MIGRATIONS = MIGRATIONS
@@ -90,7 +92,7 @@ __all__ = [
 ]
 
 
-class Ledger(Reservations, Reads, Registry, EmpiricalAudits, AuditLog, Schema):
+class Ledger(Reservations, Reads, Registry, Trainings, EmpiricalAudits, AuditLog, Schema):
     """The guardian's ledger at ``url`` (SQLite path/URL or PostgreSQL URL).
 
     ``accountant`` (a name of :data:`capc.privacy.accountants.ACCOUNTANTS`;

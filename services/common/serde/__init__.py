@@ -22,6 +22,8 @@ from services.common.serde.jobs import (
 from services.common.serde.ledger import (
     MAX_LOSS_ENTRIES,
     NO_PROJECTION,
+    attestation_from_proto,
+    attestation_to_proto,
     audit_head_from_proto,
     audit_head_to_proto,
     party_status_to_proto,
@@ -30,6 +32,7 @@ from services.common.serde.ledger import (
     registered_to_proto,
     spend_report_from_proto,
     spend_report_to_proto,
+    training_to_proto,
 )
 from services.common.serde.mechanisms import (
     mechanism_from_proto,
@@ -95,6 +98,8 @@ __all__ = [
     "WIRE_DTYPES",
     "RecipeError",
     "TensorDtype",
+    "attestation_from_proto",
+    "attestation_to_proto",
     "audit_head_from_proto",
     "audit_head_to_proto",
     "check_length",
@@ -139,6 +144,7 @@ __all__ = [
     "spend_report_to_proto",
     "tensor_from_proto",
     "tensor_to_proto",
+    "training_to_proto",
     "vote_check_from_proto",
     "vote_check_to_proto",
     "vote_verdict_from_proto",

@@ -5,10 +5,13 @@ on a report that arrives: what a ledger says is computed there, not here."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from capc.privacy.dp_training import DpTrainingError
+from capc.round.training import MAX_RECORDS, Attestation, TrainingCharge
 from services.common.ledger import PartyBudget, PrivacyAudit
 from services.common.ledger.audit import AuditHead
 from services.common.protocol import RequestError
@@ -33,10 +36,15 @@ def party_status_to_proto(
     connected: bool = False,
     projection: tuple[float, float, int] = NO_PROJECTION,
     teachers: int = 0,
+    trainings: Sequence[TrainingCharge] = (),
+    dp_trained: bool = False,
+    rounds_epsilon: float | None = None,
 ) -> guardian_pb2.PartyStatus:
     """One party's row of ListParties: the guardian's ledger for ``budget`` (epsilon at
     ``delta``), the party's own ledger beside it (``own``), and for a task the round's
-    projection (vote weight, participation rate, queries left; -1: unknown)."""
+    projection (vote weight, participation rate, queries left; -1: unknown); its
+    ``trainings`` charged once, whether its stream attested DP-trained teachers, and the
+    epsilon of its round charges alone (default: all it spent)."""
     weight, participation, queries_left = projection
     b = budget
     return guardian_pb2.PartyStatus(
@@ -64,7 +72,38 @@ def party_status_to_proto(
         last_seen=b.last_seen.isoformat() if b.last_seen else "",
         rounds_asked=b.rounds_asked,
         full_delta=b.full_delta(delta),
+        trainings=[training_to_proto(t) for t in trainings],
+        dp_trained=dp_trained,
+        rounds_epsilon=b.spent if rounds_epsilon is None else rounds_epsilon,
     )
+
+
+def training_to_proto(t: TrainingCharge) -> guardian_pb2.TrainingCharge:
+    """A training charged once: its epsilon alone, digest, description and records."""
+    return guardian_pb2.TrainingCharge(
+        epsilon=t.epsilon,
+        sha256=t.attestation.digest,
+        described=t.attestation.describe(),
+        records_json=[json.dumps(r.to_dict(), sort_keys=True) for r in t.attestation.records],
+    )
+
+
+def attestation_to_proto(a: Attestation) -> guardian_pb2.DpAttestation:
+    return guardian_pb2.DpAttestation(
+        records_json=[json.dumps(r.to_dict(), sort_keys=True) for r in a.records],
+        sha256=a.digest,
+    )
+
+
+def attestation_from_proto(msg: guardian_pb2.DpAttestation) -> Attestation:
+    """A party's attestation; RequestError says what is malformed."""
+    if len(msg.records_json) > MAX_RECORDS:
+        raise RequestError(f"a DP-training attestation holds at most {MAX_RECORDS} records")
+    try:
+        records = [json.loads(r) for r in msg.records_json]
+        return Attestation.from_dict({"records": records, "sha256": msg.sha256})
+    except (ValueError, DpTrainingError) as err:
+        raise RequestError(f"malformed DP-training attestation: {err}") from None
 
 
 def privacy_audit_to_proto(a: PrivacyAudit) -> guardian_pb2.PrivacyAudit:
@@ -106,16 +145,21 @@ def register_to_proto(
     accounting_json: str,
     open_rounds: Sequence[int],
     cap_reason: str,
+    attestation: Attestation | None = None,
 ) -> guardian_pb2.Register:
     """A party's first message on its stream: its teachers, its own ``cap`` (epsilon), its
-    ledger's accounting, the rounds it holds open and why its cap rose (if it did)."""
-    return guardian_pb2.Register(
+    ledger's accounting, the rounds it holds open, why its cap rose (if it did) and the
+    attestation of its teachers' DP-SGD training (None: ordinary teachers)."""
+    msg = guardian_pb2.Register(
         teachers=list(teachers),
         epsilon_cap=cap,
         accounting_json=accounting_json,
         open_rounds=list(open_rounds),
         cap_reason=cap_reason,
     )
+    if attestation is not None:
+        msg.dp_training.CopyFrom(attestation_to_proto(attestation))
+    return msg
 
 
 def registered_to_proto(

@@ -101,6 +101,13 @@ function ledgerState(p) {
   return span;
 }
 
+// A DP-trained hospital's training, charged once, apart from its round charges.
+function trainings(p) {
+  if (!p.trainings || !p.trainings.length) return "";
+  const each = p.trainings.map(t => `training: ε ${t.epsilon.toFixed(4)} (${t.described})`);
+  return `${each.join("; ")}; rounds: ε ${p.rounds_epsilon.toFixed(4)}`;
+}
+
 function progress(fraction) {
   const bar = document.createElement("div");
   bar.className = "bar";
@@ -157,7 +164,7 @@ async function refresh() {
     drawChart(history);
     const answerers = parties.parties.filter(p => p.role === "answerer");
     fill("budgets", answerers.map(p => [
-      p.name, p.connected ? "yes" : "no", p.epsilon_spent.toFixed(4),
+      p.name, p.connected ? "yes" : "no", p.epsilon_spent.toFixed(4), trainings(p),
       p.own_ledger.state === "unreported" ? "" : p.own_ledger.epsilon_spent.toFixed(4),
       p.ledger_delta.toPrecision(3), p.full_delta.toPrecision(12), p.rounds_asked,
       ledgerState(p), p.epsilon_cap, p.declared_cap === null ? "" : p.declared_cap,

@@ -64,18 +64,28 @@ class TeacherInfo(_message.Message):
     def __init__(self, architecture: _Optional[str] = ..., input_shape: _Optional[_Iterable[int]] = ..., num_classes: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
-    __slots__ = ("teachers", "epsilon_cap", "accounting_json", "open_rounds", "cap_reason")
+    __slots__ = ("teachers", "epsilon_cap", "accounting_json", "open_rounds", "cap_reason", "dp_training")
     TEACHERS_FIELD_NUMBER: _ClassVar[int]
     EPSILON_CAP_FIELD_NUMBER: _ClassVar[int]
     ACCOUNTING_JSON_FIELD_NUMBER: _ClassVar[int]
     OPEN_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     CAP_REASON_FIELD_NUMBER: _ClassVar[int]
+    DP_TRAINING_FIELD_NUMBER: _ClassVar[int]
     teachers: _containers.RepeatedCompositeFieldContainer[TeacherInfo]
     epsilon_cap: float
     accounting_json: str
     open_rounds: _containers.RepeatedScalarFieldContainer[int]
     cap_reason: str
-    def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ..., epsilon_cap: _Optional[float] = ..., accounting_json: _Optional[str] = ..., open_rounds: _Optional[_Iterable[int]] = ..., cap_reason: _Optional[str] = ...) -> None: ...
+    dp_training: DpAttestation
+    def __init__(self, teachers: _Optional[_Iterable[_Union[TeacherInfo, _Mapping]]] = ..., epsilon_cap: _Optional[float] = ..., accounting_json: _Optional[str] = ..., open_rounds: _Optional[_Iterable[int]] = ..., cap_reason: _Optional[str] = ..., dp_training: _Optional[_Union[DpAttestation, _Mapping]] = ...) -> None: ...
+
+class DpAttestation(_message.Message):
+    __slots__ = ("records_json", "sha256")
+    RECORDS_JSON_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    records_json: _containers.RepeatedScalarFieldContainer[str]
+    sha256: str
+    def __init__(self, records_json: _Optional[_Iterable[str]] = ..., sha256: _Optional[str] = ...) -> None: ...
 
 class Shares(_message.Message):
     __slots__ = ("round_id", "shape", "guardian_share", "sealed_seed", "batch_hash", "proof")
@@ -350,7 +360,7 @@ class MpcFrame(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_id: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class PartyStatus(_message.Message):
-    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers", "registered_cap", "declared_cap", "party_epsilon_spent", "party_through_round", "party_open_rounds", "party_reported_at", "ledgers", "ledger_gap", "rounds_asked", "full_delta")
+    __slots__ = ("name", "role", "status", "connected", "epsilon_cap", "epsilon_spent", "epsilon_remaining", "best_order", "rounds", "last_seen", "vote_weight", "participation", "queries_left", "teachers", "registered_cap", "declared_cap", "party_epsilon_spent", "party_through_round", "party_open_rounds", "party_reported_at", "ledgers", "ledger_gap", "rounds_asked", "full_delta", "trainings", "dp_trained", "rounds_epsilon")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +385,9 @@ class PartyStatus(_message.Message):
     LEDGER_GAP_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_ASKED_FIELD_NUMBER: _ClassVar[int]
     FULL_DELTA_FIELD_NUMBER: _ClassVar[int]
+    TRAININGS_FIELD_NUMBER: _ClassVar[int]
+    DP_TRAINED_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_EPSILON_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: str
     status: str
@@ -399,7 +412,22 @@ class PartyStatus(_message.Message):
     ledger_gap: float
     rounds_asked: int
     full_delta: float
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ..., rounds_asked: _Optional[int] = ..., full_delta: _Optional[float] = ...) -> None: ...
+    trainings: _containers.RepeatedCompositeFieldContainer[TrainingCharge]
+    dp_trained: bool
+    rounds_epsilon: float
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[str] = ..., status: _Optional[str] = ..., connected: _Optional[bool] = ..., epsilon_cap: _Optional[float] = ..., epsilon_spent: _Optional[float] = ..., epsilon_remaining: _Optional[float] = ..., best_order: _Optional[float] = ..., rounds: _Optional[int] = ..., last_seen: _Optional[str] = ..., vote_weight: _Optional[float] = ..., participation: _Optional[float] = ..., queries_left: _Optional[int] = ..., teachers: _Optional[int] = ..., registered_cap: _Optional[float] = ..., declared_cap: _Optional[float] = ..., party_epsilon_spent: _Optional[float] = ..., party_through_round: _Optional[int] = ..., party_open_rounds: _Optional[int] = ..., party_reported_at: _Optional[str] = ..., ledgers: _Optional[str] = ..., ledger_gap: _Optional[float] = ..., rounds_asked: _Optional[int] = ..., full_delta: _Optional[float] = ..., trainings: _Optional[_Iterable[_Union[TrainingCharge, _Mapping]]] = ..., dp_trained: _Optional[bool] = ..., rounds_epsilon: _Optional[float] = ...) -> None: ...
+
+class TrainingCharge(_message.Message):
+    __slots__ = ("epsilon", "sha256", "described", "records_json")
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBED_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_JSON_FIELD_NUMBER: _ClassVar[int]
+    epsilon: float
+    sha256: str
+    described: str
+    records_json: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, epsilon: _Optional[float] = ..., sha256: _Optional[str] = ..., described: _Optional[str] = ..., records_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListPartiesRequest(_message.Message):
     __slots__ = ("header", "querier")

@@ -1,0 +1,130 @@
+"""What a hospital attests about its teachers' training, read from its teacher files.
+
+A capc teacher file trained with DP-SGD carries its record on its card
+(``card["dp_training"]``: :data:`capc.privacy.dp_training.CARD_KEY`; an ensemble
+file once, a checkpoints file on every member). A model without a card (the
+hospital's own ONNX, TorchScript or PyTorch model, trained with DP-SGD elsewhere)
+is attested with ``capc answerer --dp-training RECORD.json``.
+
+The party claims the DP-trained kind only when every teacher it votes with is
+attested: one teacher without a record would vote unnoised in a round that
+charges nothing per answer. Then the attestation is one record per ``--model``
+and the SHA-256 of the files' bytes with those records
+(:func:`capc.round.training.file_digest`): the same files restarted charge
+nothing more, a retrained one (other bytes) is a new charge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from capc.models.ensemble import Voters
+from capc.models.foreign import FACTORY_SPEC, is_factory_spec
+from capc.privacy.dp_training import CARD_KEY, DpTraining, DpTrainingError
+from capc.round.training import Attestation, file_digest
+
+log = logging.getLogger("capc.answerer.attestation")
+
+#: Bytes read at a time while hashing a teacher file.
+CHUNK = 1 << 20
+
+
+def model_file(spec: str) -> Path:
+    """The file a ``--model`` names: the weights of ``pkg.mod:factory@weights.pt``, else
+    the spec itself."""
+    if is_factory_spec(spec):
+        m = FACTORY_SPEC.match(spec)
+        if m is not None:
+            return Path(m["weights"])
+    return Path(spec)
+
+
+def file_sha256(path: Path) -> bytes:
+    """SHA-256 of a file's bytes (32 bytes)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.digest()
+
+
+def read_record(path: Path) -> DpTraining:
+    """A DP-training record from a JSON file (``capc answerer --dp-training``)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--dp-training {path}: no such file") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--dp-training {path} is not a JSON record: {err}") from None
+    try:
+        return DpTraining.from_dict(data)
+    except DpTrainingError as err:
+        raise ValueError(f"--dp-training {path}: {err}") from None
+
+
+def carried(voters: Voters, spec: str) -> DpTraining | None:
+    """The record the teacher file ``spec`` carries on its card(s), or None when it carries
+    none. ValueError when its members carry different records or only some do."""
+    cards = [
+        m.card for m, origin in zip(voters.members, voters.origins, strict=True) if origin == spec
+    ]
+    found = [c.get(CARD_KEY) for c in cards]
+    if all(r is None for r in found):
+        return None
+    if any(r is None for r in found) or any(r != found[0] for r in found):
+        raise ValueError(
+            f"--model {spec}: its teachers carry different DP-training records (or only some "
+            "carry one): train them in one run (capc teacher fit --dp-epsilon), or vote with "
+            "them as separate answering parties"
+        )
+    try:
+        return DpTraining.from_dict(found[0])
+    except DpTrainingError as err:
+        raise ValueError(f"--model {spec}: its DP-training record is invalid: {err}") from None
+
+
+def attestation(
+    specs: Sequence[str], voters: Voters, record_file: Path | None = None
+) -> Attestation | None:
+    """The party's attestation, or None when not every teacher is DP-trained (it votes
+    as ordinary teachers, charged per round as usual). ``record_file``: the record of
+    every ``--model`` that carries none (``--dp-training``). ValueError says what is wrong."""
+    given = None if record_file is None else read_record(record_file)
+    records: list[DpTraining] = []
+    missing: list[str] = []
+    for spec in specs:
+        rec = carried(voters, str(spec))
+        if rec is None:
+            missing.append(str(spec))
+            rec = given
+        if rec is not None:
+            records.append(rec)
+    if given is not None and not missing:
+        raise ValueError(
+            f"--dp-training {record_file}: every --model carries its own DP-training record; "
+            "the option is for models without one (e.g. ONNX trained with DP-SGD elsewhere)"
+        )
+    if len(records) < len(specs):
+        if records:
+            log.warning(
+                "%s carr%s no DP-training record: this party votes as ordinary teachers "
+                "(charged per round) and is not asked in rounds for DP-trained teachers; "
+                "pass --dp-training RECORD.json for a model trained with DP-SGD elsewhere",
+                ", ".join(missing),
+                "ies" if len(missing) == 1 else "y",
+            )
+        return None
+    files = []
+    for spec in specs:
+        try:
+            files.append(file_sha256(model_file(str(spec))))
+        except OSError as err:
+            raise ValueError(f"--model {spec}: cannot read it to hash it: {err}") from None
+    return Attestation(tuple(records), file_digest(files, records))
+
+
+__all__ = ["attestation", "carried", "file_sha256", "model_file", "read_record"]
