@@ -34,12 +34,13 @@ M = TypeVar("M", bound=nn.Module)
 warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
 
 
-class _SecureNoise(DPOptimizer):
+# Opacus ships no type information, so its optimizer is Any to mypy.
+class _SecureNoise(DPOptimizer):  # type: ignore[misc]
     """Opacus's optimizer with its noise drawn from capc's AES-CTR source rather than
     torch's Mersenne Twister, whose state earlier outputs would give away."""
 
     def __init__(self, *args: object, rng: SecureRandom, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
         self._rng = rng
 
     def add_noise(self) -> None:
@@ -93,9 +94,9 @@ def train(
         loss_fn(wrapped(xt), yt).backward()
         optimizer.step()
     wrapped.eval()
-    # Drop Opacus's hooks and per-sample buffers: what is saved is the plain model.
+    # Drop Opacus's hooks and the attributes it set on each parameter (grad_sample and
+    # its counters): what is saved and pickled is the plain model.
     wrapped._close()
     for p in model.parameters():
-        p.grad_sample = None
         p.grad = None
     return model.eval()
