@@ -77,6 +77,8 @@ def train(
     if errors:
         raise ValueError(f"this model cannot be trained with DP-SGD: {errors[0]}")
     torch.manual_seed(seed)
+    # What each submodule holds before Opacus wraps it: whatever it adds is removed after.
+    own = {name: set(vars(m)) for name, m in model.named_modules()}
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
     wrapped = GradSampleModule(model)
@@ -99,4 +101,10 @@ def train(
     wrapped._close()
     for p in model.parameters():
         p.grad = None
+    # Opacus leaves attributes on the submodules, among them ``activations``: the last
+    # forward pass's inputs, i.e. the training records' features, which a pickled or
+    # copied model would carry along. Every attribute it added goes.
+    for name, m in model.named_modules():
+        for attr in set(vars(m)) - own.get(name, set()):
+            delattr(m, attr)
     return model.eval()
