@@ -58,6 +58,9 @@ STEPS = 300
 LR = 0.5
 CLIP = 1.0
 DELTA = 1e-5
+#: The card kind of a body pretrained without real records (capc diet pretrain, the
+#: shipped body): the only bodies a DP teacher may use.
+PUBLIC_BODY = "pretrained body"
 #: The architecture of a DP table teacher (no BatchNorm: DP-SGD refuses it).
 TABLE_ARCHITECTURE = "linear"
 
@@ -169,6 +172,15 @@ def fit_dp_diet(
     ``rng``: the noise source (``SecureRandom()`` for a hospital's records); ``seed`` fixes
     the heads' initial weights only."""
     base, model = body
+    if base.card.get("kind") != PUBLIC_BODY:
+        # A teacher's checkpoint as --body would bring its records' statistics (and maybe
+        # weights) in, outside the accounting: only a body trained without them may serve.
+        raise ValueError(
+            f"the body {name} is not a pretrained body (its card's kind is "
+            f"{base.card.get('kind')!r}, not {PUBLIC_BODY!r}): a DP teacher takes nothing "
+            "from real records but what DP-SGD trains, so pass a body from capc diet "
+            "pretrain (synthetic images) or the shipped one"
+        )
     classes = model.head.out_features
     model.to("cpu").eval()
     record = settings.record(max(len(p) for p in plan.parts))

@@ -15,7 +15,7 @@ import torch
 
 from capc.data.readers import read_records
 from capc.learning import dp_teacher, hospital
-from capc.models.checkpoint import load_teacher
+from capc.models.checkpoint import load_teacher, save_teacher
 from capc.models.ensemble import TeacherEnsemble, Voters, load_members, statistics_of
 from capc.privacy.dp_training import CARD_KEY, DpTraining
 from services import cli, teacher_cli
@@ -54,16 +54,17 @@ def test_image_teacher_carries_its_record_and_votes_as_measured(
 ) -> None:
     task, data = images
     out = tmp_path / "dp.pt"
-    report = _fit(capsys, task, data, out, "--dp-epsilon", "3", "--dp-delta", "1e-6", *FAST)
+    # A large epsilon: little noise, so the accuracy check below cannot flake.
+    report = _fit(capsys, task, data, out, "--dp-epsilon", "50", "--dp-delta", "1e-6", *FAST)
     assert report["kind"] == "DP-SGD linear heads" and len(report["teachers"]) == 1
     dp = report["dp_training"]
-    assert dp["epsilon"] <= 3.0 and dp["epsilon"] == pytest.approx(3.0, abs=1e-9)
+    assert dp["epsilon"] <= 50.0 and dp["epsilon"] == pytest.approx(50.0, abs=1e-9)
     assert dp["delta"] == 1e-6 and dp["steps"] == 40
 
     loaded = load_members(out)
     assert isinstance(loaded, TeacherEnsemble)
     record = DpTraining.from_dict(loaded.card[CARD_KEY])
-    assert record.epsilon == 3.0 and record.delta == 1e-6 and record.steps == 40
+    assert record.epsilon == 50.0 and record.delta == 1e-6 and record.steps == 40
     assert record.spent() == pytest.approx(dp["epsilon"]) and record.mu == pytest.approx(dp["mu"])
     assert record.clip == dp_teacher.CLIP and record.records == report["teachers"][0]["records"]
 
@@ -75,7 +76,7 @@ def test_image_teacher_carries_its_record_and_votes_as_measured(
     votes = voters.predict(records.x[held])
     accuracy = float((votes[:, 0] == records.y[held]).mean())
     assert accuracy == report["teachers"][0]["accuracy"]
-    assert accuracy > 0.3  # chance is 0.1
+    assert accuracy > 0.4  # chance is 0.1
 
 
 def test_the_noise_is_never_the_seed(
@@ -117,6 +118,22 @@ def test_the_fit_reads_no_private_statistic(
                 assert torch.equal(v.cpu(), statistics_of(shipped)[k].cpu()), k
         # One record, one part: every teacher carries the same record (one charge).
         assert DpTraining.from_dict(ensemble.card[CARD_KEY]).records == 120
+
+
+def test_a_body_that_saw_real_records_is_refused(
+    images: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    task, data = images
+    teacher = load_teacher(teacher_cli.SHIPPED_BODY)
+    teacher.card = {"kind": "hospital teacher", "data": "a hospital's records"}
+    body = tmp_path / "teacher-as-body.pt"
+    save_teacher(body, teacher)
+    out = tmp_path / "dp.pt"
+    argv = ["teacher", "fit", "--task", str(task), "--data", str(data), "--out", str(out)]
+    assert cli.main([*argv, "--body", str(body), "--dp-epsilon", "2", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "not a pretrained body" in err and "capc diet pretrain" in err
+    assert not out.exists()
 
 
 def test_table_teachers_each_carry_the_record(
