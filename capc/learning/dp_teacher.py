@@ -93,11 +93,20 @@ class DpSettings:
                 "1e-5, well below 1 / (number of records)"
             )
         if self.steps < 1:
-            raise ValueError(f"--dp-steps must be at least 1, got {self.steps}")
+            raise ValueError(
+                f"--dp-steps must be at least 1, got {self.steps}: leave it out for the "
+                f"default {STEPS}"
+            )
         if not (math.isfinite(self.clip) and self.clip > 0):
-            raise ValueError(f"--dp-clip must be a positive number, got {self.clip}")
+            raise ValueError(
+                f"--dp-clip must be a positive number, got {self.clip}: leave it out for "
+                f"the default {CLIP:g}"
+            )
         if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"--dp-lr must be a positive number, got {self.lr}")
+            raise ValueError(
+                f"--dp-lr must be a positive number, got {self.lr}: leave it out for the "
+                f"default {LR:g}"
+            )
 
     def record(self, records: int) -> DpTraining:
         """The accounting record of a training on parts of at most ``records`` records."""
