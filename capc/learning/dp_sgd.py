@@ -34,12 +34,13 @@ M = TypeVar("M", bound=nn.Module)
 warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
 
 
-class _SecureNoise(DPOptimizer):
+# Opacus ships no type information, so its optimizer is Any to mypy.
+class _SecureNoise(DPOptimizer):  # type: ignore[misc]
     """Opacus's optimizer with its noise drawn from capc's AES-CTR source rather than
     torch's Mersenne Twister, whose state earlier outputs would give away."""
 
     def __init__(self, *args: object, rng: SecureRandom, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
         self._rng = rng
 
     def add_noise(self) -> None:
@@ -76,6 +77,8 @@ def train(
     if errors:
         raise ValueError(f"this model cannot be trained with DP-SGD: {errors[0]}")
     torch.manual_seed(seed)
+    # What each submodule holds before Opacus wraps it: whatever it adds is removed after.
+    own = {name: set(vars(m)) for name, m in model.named_modules()}
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
     wrapped = GradSampleModule(model)
@@ -93,9 +96,15 @@ def train(
         loss_fn(wrapped(xt), yt).backward()
         optimizer.step()
     wrapped.eval()
-    # Drop Opacus's hooks and per-sample buffers: what is saved is the plain model.
+    # Drop Opacus's hooks and the attributes it set on each parameter (grad_sample and
+    # its counters): what is saved and pickled is the plain model.
     wrapped._close()
     for p in model.parameters():
-        p.grad_sample = None
         p.grad = None
+    # Opacus leaves attributes on the submodules, among them ``activations``: the last
+    # forward pass's inputs, i.e. the training records' features, which a pickled or
+    # copied model would carry along. Every attribute it added goes.
+    for name, m in model.named_modules():
+        for attr in set(vars(m)) - own.get(name, set()):
+            delattr(m, attr)
     return model.eval()

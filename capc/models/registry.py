@@ -6,6 +6,8 @@ fine-tunes only the head; teachers and students share one pretrained body.
 
 - ``small-cnn``: two conv-BN-ReLU-pool blocks, for 28x28-ish images;
 - ``mlp``: two hidden layers with BatchNorm, for tabular inputs;
+- ``linear``: one linear layer on the flattened inputs (logistic regression), no
+  BatchNorm: what DP-SGD trains for a table task (``capc teacher fit --dp-epsilon``);
 - ``resnet10``, ``resnet18``: CIFAR-style residual networks (capc.models.resnet);
 - ``he-cnn``, ``he-mlp``: convolution / dense layers with square activations
   only, which :mod:`capc.he` evaluates on CKKS ciphertexts.
@@ -74,6 +76,14 @@ def _mlp(input_shape: tuple[int, ...], width: int) -> tuple[nn.Module, int]:
     return body, width
 
 
+def _linear(input_shape: tuple[int, ...], width: int) -> tuple[nn.Module, int]:
+    # ``width`` has no meaning here: the features are the inputs themselves.
+    dim = 1
+    for s in input_shape:
+        dim *= int(s)
+    return nn.Flatten(), dim
+
+
 def _resnet(name: str) -> Callable[[tuple[int, ...], int], tuple[nn.Module, int]]:
     def make(input_shape: tuple[int, ...], width: int) -> tuple[nn.Module, int]:
         c, _, _ = _image_shape(name, input_shape)
@@ -126,6 +136,7 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     "small-cnn": Architecture(_small_cnn, 32, "two conv-BN-ReLU-pool blocks"),
     "mlp": Architecture(_mlp, 64, "two hidden layers with BatchNorm (tabular)"),
+    "linear": Architecture(_linear, 1, "one linear layer on the inputs, no BatchNorm (DP-SGD)"),
     "resnet10": Architecture(_resnet("resnet10"), 64, "CIFAR-style ResNet-10"),
     "resnet18": Architecture(_resnet("resnet18"), 64, "CIFAR-style ResNet-18"),
     "he-cnn": Architecture(_he_cnn, 5, "CryptoNets-size CNN with square activations (CKKS)"),

@@ -57,9 +57,22 @@ def noise_multiplier(epsilon: float, delta: float, steps: int) -> float:
         raise DpTrainingError(f"steps must be a positive integer, got {steps!r}")
     mu = gaussian_dp.max_mu(eps, d)
     sigma = STEP_SENSITIVITY * math.sqrt(int(steps)) / mu
-    # max_mu rounds mu down; one ulp up on sigma keeps the product on the safe side.
-    while not gaussian_dp.within(STEP_SENSITIVITY * math.sqrt(int(steps)) / sigma, eps, d):
-        sigma = math.nextafter(sigma, math.inf)
+
+    def kept(s: float) -> bool:
+        # Both ways the ledger may compute mu (the closed form, and the gdp accountant's
+        # sqrt of steps x mu_step**2), and the epsilon it reports (rounded up), stay within
+        # the target; the last ulps of rounding must not overspend.
+        closed = STEP_SENSITIVITY * math.sqrt(int(steps)) / s
+        summed = math.sqrt(int(steps) * (STEP_SENSITIVITY / s) ** 2)
+        return all(
+            gaussian_dp.within(m, eps, d) and gaussian_dp.epsilon_at(m, d) <= eps
+            for m in (closed, summed)
+        )
+
+    # max_mu rounds mu down, but the conversions round too: step sigma up until it fits
+    # (relative steps of 1e-13, so the noise is within 1e-9 of the smallest that fits).
+    while not kept(sigma):
+        sigma *= 1.0 + 1e-13
     return sigma
 
 
@@ -82,19 +95,22 @@ class DpTraining:
     records: int = 0
 
     def __post_init__(self) -> None:
+        # Every message names the field, so a bad file says what to fix.
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
             raise DpTrainingError(
-                f"the noise multiplier must be finite and > 0, got {self.noise_multiplier!r}"
+                f"noise_multiplier must be finite and > 0, got {self.noise_multiplier!r}"
             )
         if isinstance(self.steps, bool) or int(self.steps) != self.steps or self.steps < 1:
             raise DpTrainingError(f"steps must be a positive integer, got {self.steps!r}")
         if not (math.isfinite(self.clip) and self.clip > 0):
-            raise DpTrainingError(f"the clipping norm must be finite and > 0, got {self.clip!r}")
+            raise DpTrainingError(
+                f"clip (the clipping norm) must be finite and > 0, got {self.clip!r}"
+            )
         check.positive(self.epsilon, "epsilon")
         check.delta(self.delta)
         if self.sampling_rate != FULL_BATCH:
             raise DpTrainingError(
-                f"sampling rate {self.sampling_rate}: capc charges full-batch DP-SGD "
+                f"sampling_rate {self.sampling_rate}: capc charges full-batch DP-SGD "
                 "(rate 1) exactly; a subsampled step is not a Gaussian mechanism its "
                 "ledgers' budget filters are proven for (docs/privacy.md)"
             )
@@ -103,6 +119,8 @@ class DpTraining:
                 f"neighbouring relation {self.neighbouring!r}: the ledger counts "
                 f"{NEIGHBOURING} neighbours"
             )
+        if isinstance(self.records, bool) or int(self.records) != self.records or self.records < 0:
+            raise DpTrainingError(f"records must be a non-negative integer, got {self.records!r}")
 
     def event(self) -> DpEvent:
         """The training as the ledger charges it: ``steps`` Gaussian steps composed."""
@@ -124,30 +142,60 @@ class DpTraining:
 
     @classmethod
     def from_dict(cls, data: Any) -> DpTraining:
-        """A record read from a file or a message; DpTrainingError names what is wrong."""
+        """A record read from a file or a message; DpTrainingError names what is wrong.
+
+        Strict: numbers must be JSON numbers (not strings, not booleans), integers
+        integral, every field known; a record that would charge less than it claims
+        is never read leniently."""
         if not isinstance(data, dict):
             raise DpTrainingError(f"a DP-training record is a JSON object, got {type(data)}")
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
             raise DpTrainingError(f"a DP-training record has unknown fields {unknown}")
+        missing = [k for k in _REQUIRED if k not in data]
+        if missing:
+            raise DpTrainingError(f"a DP-training record lacks {missing[0]!r}")
+        neighbouring = data.get("neighbouring", NEIGHBOURING)
+        if not isinstance(neighbouring, str):
+            raise DpTrainingError(f"neighbouring must be a string, got {neighbouring!r}")
         try:
             return cls(
-                noise_multiplier=float(data["noise_multiplier"]),
-                steps=data["steps"],
-                clip=float(data["clip"]),
-                epsilon=float(data["epsilon"]),
-                delta=float(data["delta"]),
-                sampling_rate=float(data.get("sampling_rate", FULL_BATCH)),
-                neighbouring=str(data.get("neighbouring", NEIGHBOURING)),
-                records=int(data.get("records", 0)),
+                noise_multiplier=_number(data, "noise_multiplier"),
+                steps=_integer(data, "steps"),
+                clip=_number(data, "clip"),
+                epsilon=_number(data, "epsilon"),
+                delta=_number(data, "delta"),
+                sampling_rate=_number(data, "sampling_rate", FULL_BATCH),
+                neighbouring=neighbouring,
+                records=_integer(data, "records", 0),
             )
-        except KeyError as err:
-            raise DpTrainingError(f"a DP-training record lacks {err.args[0]!r}") from err
+        except DpTrainingError:
+            raise
         except (TypeError, ValueError) as err:
-            if isinstance(err, DpTrainingError):
-                raise
             raise DpTrainingError(f"a DP-training record is malformed: {err}") from err
+
+
+#: The fields a record must carry (the rest have defaults).
+_REQUIRED = ("noise_multiplier", "steps", "clip", "epsilon", "delta")
+
+
+def _number(data: dict[str, Any], name: str, default: float | None = None) -> float:
+    """``data[name]`` as a finite float; a string or a boolean is refused, naming ``name``."""
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DpTrainingError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise DpTrainingError(f"{name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _integer(data: dict[str, Any], name: str, default: int | None = None) -> int:
+    """``data[name]`` as an int (an integral float is accepted), naming ``name`` otherwise."""
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise DpTrainingError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def plan(epsilon: float, delta: float, steps: int, clip: float, records: int = 0) -> DpTraining:
