@@ -40,7 +40,7 @@ from typing import Generic
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.mechanisms.base import CircuitSpec
+from capc.mechanisms.base import CircuitSpec, Noise
 from capc.mpc import validity
 from capc.mpc.mechanism_circuits import violations
 from capc.mpc.votes import accepted, proven_vote_sum, verifier_shares
@@ -495,11 +495,17 @@ class GuardianCore(Generic[TaskT]):
             )
         return rnd
 
+    def draw_noise(self, rnd: GuardianRound[TaskT]) -> Noise:
+        """``rnd``'s fresh noise from :attr:`rng`. Call it under the caller's lock on this
+        core, as every other use of :attr:`rng`: the source is shared by every session."""
+        return circuit.draw_noise(rnd, self.rng)
+
     def garbler_inputs(
-        self, rnd: GuardianRound[TaskT]
+        self, rnd: GuardianRound[TaskT], noise: Noise | None = None
     ) -> tuple[CircuitSpec, dict[str, NDArray[np.uint64]]]:
-        """The circuit and the guardian's inputs for ``rnd`` (:func:`circuit.garbler_inputs`)."""
-        return circuit.garbler_inputs(rnd, self.rng)
+        """The circuit and the guardian's inputs for ``rnd`` (:func:`circuit.garbler_inputs`)
+        with ``noise`` (:meth:`draw_noise`; None: drawn now, under the caller's lock)."""
+        return circuit.garbler_inputs(rnd, self.rng, noise)
 
     def release(self, rnd: GuardianRound[TaskT]) -> None:
         """Record ``rnd`` released, before the first garbled input leaves; RoundRefusedError
