@@ -115,7 +115,7 @@ def test_a_new_consortium_refuses_clear_records_no_binding_covers(ledger: Ledger
     """The attack: a hospital's querier that claims no hospital. Before, its records went
     to every hospital in the clear, its own hospital voting, and nothing was audited."""
     assert keep_clear_policy(ledger, None, fresh=True, actor="test") == REFUSE
-    with pytest.raises(RequestError, match="no binding covers it.*--outside-querier h0-spy"):
+    with pytest.raises(RequestError, match=r"no binding covers it.*--outside-querier h0-spy"):
         loop_terms(ledger, "h0-spy", request("tensor"), 2)
     with pytest.raises(RequestError, match="no binding covers it"):
         loop_terms(ledger, "h0-spy", request("tensor", reveal=True), 2)
