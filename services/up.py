@@ -462,12 +462,13 @@ def consortium(
 
 def start_loop(c: LocalConsortium, plan: LoopPlan) -> LoopAccess:
     """The hospital's querier student party and a second gateway over it, with a fresh
-    analyst token of that gateway's own."""
+    admin token of that gateway's own: the loop reveals the hospital's records to the
+    answering hospitals, which only an admin may choose (and the audit names)."""
     student_port = c.start_querier(plan.hospital, plan.own, plan.test, exclude_self=True)
     note(f"{plan.querier} serving jobs ({len(plan.own[1])} own labelled records)")
     port, db = free_port(), str(c.directory / f"{plan.querier}-gateway.db")
     c.serve_gateway(f"{plan.querier}-gateway", student_port, port, db)
-    token = TokenStore(db).create("analyst", f"{plan.name}-loop", TOKEN_DAYS)[0]
+    token = TokenStore(db).create("admin", f"{plan.name}-loop", TOKEN_DAYS)[0]
     return LoopAccess(plan.name, f"https://127.0.0.1:{port}", token, c.ca)
 
 

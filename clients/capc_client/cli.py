@@ -390,8 +390,9 @@ def _reveal_flag(p: argparse.ArgumentParser) -> None:
         dest="reveal_records_to_answerers",
         action="store_true",
         help="the file holds your hospital's own records: send them to the answering "
-        "hospitals in the clear (the guardian's audit log records it). Without it, a "
-        "hospital's student party refuses them unless its task is encrypted",
+        "hospitals in the clear (the guardian's audit log records it, naming your token's "
+        "holder; needs an admin token). Without it, a hospital's student party refuses "
+        "them unless its task is encrypted",
     )
 
 

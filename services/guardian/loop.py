@@ -198,4 +198,8 @@ def loop_terms(
         disclosure = {"querier": querier, "hospital": bound or claim or None, "records": batch}
         if outside:
             disclosure["outside"] = True
+        if request.reveal_records and request.revealed_by:
+            # The person who chose, as the student party names them (the gateway's token
+            # holder): the querier's certificate alone names a service, not a person.
+            disclosure["revealed_by"] = request.revealed_by[:MAX_NAME]
     return LoopTerms(frozenset() if bound is None else frozenset({bound}), disclosure)

@@ -27,6 +27,7 @@ from services.gateway.bodylimit import UPLOAD_RETRY_S, busy_detail
 from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
 from services.gateway.deps import ERRORS, JOB_ID, Analyst, Backend, Uploads
 from services.gateway.replies import job_out
+from services.gateway.tokens import Principal, Role
 from services.proto.capc.v1 import common_pb2, student_pb2
 
 MECHANISM_OVERRIDE: TypeAdapter[dict[str, float]] = TypeAdapter(schemas.MechanismOverride)
@@ -43,6 +44,11 @@ class _UploadsBusyError(Exception):
 router = APIRouter()
 
 
+def holder(who: Principal) -> str:
+    """How the guardian's audit names the token holder who chose to reveal records."""
+    return f"gateway token {who.token_id} ({who.name}, {who.role.value})"
+
+
 def _create(
     backends: Backends,
     queries: common_pb2.QueryBatch,
@@ -50,6 +56,7 @@ def _create(
     batch: int,
     mech: Any,
     reveal: bool = False,
+    revealed_by: str = "",
 ) -> Any:
     request = student_pb2.CreateJobRequest(
         header=backends.header,
@@ -57,6 +64,7 @@ def _create(
         count=count,
         batch_size=batch,
         reveal_records_to_answerers=reveal,
+        revealed_by=revealed_by if reveal else "",
     )
     if mech is not None:
         request.mechanism.CopyFrom(mech)
@@ -99,7 +107,7 @@ def create_job(body: schemas.JobCreate, _: Analyst, backends: Backend) -> schema
     summary="Label an uploaded unlabelled dataset",
 )
 async def upload_job(
-    _: Analyst,
+    who: Analyst,
     backends: Backend,
     budget: Uploads,
     file: Annotated[UploadFile, File(description=parse_dataset.__doc__ or "")],
@@ -108,8 +116,9 @@ async def upload_job(
         bool,
         Form(
             description="the file holds the querying hospital's own records: send them "
-            "to the answering hospitals in the clear (audited by the guardian). A "
-            "hospital's student party refuses its records in a plaintext task without it"
+            "to the answering hospitals in the clear (audited by the guardian, naming this "
+            "token's holder). Needs an admin token. A hospital's student party refuses its "
+            "records in a plaintext task without it"
         ),
     ] = False,
     mechanism: Annotated[
@@ -120,6 +129,15 @@ async def upload_job(
         ),
     ] = None,
 ) -> schemas.JobOut:
+    if reveal_records_to_answerers and not who.may(Role.ADMIN):
+        # Showing patients' records to every answering hospital is the consortium's
+        # gravest choice: not any analyst's, and the audit names who made it.
+        raise HTTPException(
+            403,
+            f"reveal_records_to_answerers needs the admin role; token {who.token_id} "
+            f"({who.name}) is {who.role.value}. Ask an admin, or leave the records "
+            "unrevealed (an encrypted task sends them only as ciphertexts)",
+        )
     try:
         overrides = MECHANISM_OVERRIDE.validate_json(mechanism) if mechanism else None
     except ValidationError as err:
@@ -160,6 +178,7 @@ async def upload_job(
             batch_size,
             serde.overrides_to_proto(overrides),
             reveal_records_to_answerers,
+            holder(who),
         )
         return result
     except DatasetTooLargeError as err:
