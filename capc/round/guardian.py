@@ -46,7 +46,13 @@ from capc.mpc.mechanism_circuits import violations
 from capc.mpc.votes import accepted, proven_vote_sum, verifier_shares
 from capc.privacy.randomness import SecureRandom
 from capc.round import circuit, personalization
-from capc.round.admission import MAX_EXCLUDED, check_conversion, check_excluded, check_task
+from capc.round.admission import (
+    MAX_EXCLUDED,
+    check_conversion,
+    check_excluded,
+    check_noise_values,
+    check_task,
+)
 from capc.round.errors import (
     LimitError,
     RoundInputError,
@@ -159,6 +165,8 @@ class GuardianCore(Generic[TaskT]):
         proven = not (encrypted or self.central)
         if proven:
             check_conversion(task, batch, teachers, candidates)
+        if not self.central:  # the circuits' range: what bounds the cut-off's delta
+            check_noise_values(task, batch)
         weights, votes_on = personalization.draw(
             task, self.rates(task, candidates), batch, self.rng
         )
