@@ -60,7 +60,7 @@ def tune() -> list[dict[str, Any]]:
         for clip, steps, lr in GRID:
             accs = []
             for seed in (7, 8):
-                record = dp_training.plan(eps, dp_teacher.DELTA, steps, clip, len(train))
+                record = dp_training.plan_training(eps, dp_teacher.DELTA, steps, clip, len(train))
                 torch.manual_seed(0)
                 head = nn.Linear(ftr.shape[1], s.classes)
                 dp_sgd.train(

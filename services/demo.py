@@ -392,8 +392,8 @@ def _label_and_train(
     for b in budgets["budgets"]:
         say(
             f"  {b['party']}: {b['epsilon_spent']:.2f} of cap {b['epsilon_cap']:g}; guarantee "
-            f"(eps {b['epsilon_spent']:.2f}, delta {b['full_delta']:.12g} = ledger delta + "
-            f"{b['rounds_asked']} rounds x 2^-40)"
+            f"(eps {b['epsilon_spent']:.2f}, delta {b['full_delta']:.12g} = ledger delta with the "
+            f"noise cut-off + {b['rounds_asked']} rounds x 2^-40)"
         )
     say(f"dashboard:              {dashboard} (admin token below)")
     if have_shot:

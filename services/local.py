@@ -415,6 +415,10 @@ class LocalConsortium:
         # --insecure-dev, which keeps mutual TLS on because --pki is named.
         extra = ["--noise-seed", self.noise_seed, "--insecure-dev"] if self.noise_seed else []
         extra += [a for q, h in self.queriers.items() for a in ("--querier", f"{q}={h}")]
+        # The consortium's own student party is a student from outside the hospitals:
+        # its uploads may travel in the clear (audited). A new ledger refuses clear
+        # queries that no binding covers.
+        extra += ["--outside-querier", "student"]
         guardian = spawn(
             "guardian",
             "guardian",

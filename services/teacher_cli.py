@@ -12,6 +12,9 @@ With ``--dp-epsilon`` the teachers are trained by full-batch DP-SGD
 (:mod:`capc.learning.dp_teacher`) and the file's card carries the training's
 accounting record (``card["dp_training"]``), which the hospital's ledger
 charges once when the teacher is registered.
+
+``capc teacher export --onnx``: a capc checkpoint's teachers as ONNX files, the
+format for a hospital that does not fully trust the model's author.
 """
 
 from __future__ import annotations
@@ -106,6 +109,59 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     dp.add_argument("--dp-lr", type=float, help=f"learning rate (default {DP_DEFAULTS['lr']:g})")
     p.add_argument("--json", action="store_true", help="print only a JSON report on stdout")
     p.set_defaults(handler=run)
+    e = teacher.add_parser(
+        "export",
+        help="write a capc checkpoint's teachers as ONNX files (for a hospital that does not "
+        "fully trust their author)",
+        description="ONNX is data, run by onnxruntime; TorchScript and module:factory are "
+        "code. Each teacher of the checkpoint (a teacher, an ensemble or a checkpoints file) "
+        "becomes one ONNX file mapping (B, *input_shape) float32 to (B, K) scores, with its "
+        "stored BatchNorm statistics.",
+    )
+    e.add_argument("--model", type=Path, required=True, help="the capc checkpoint file")
+    e.add_argument(
+        "--onnx",
+        required=True,
+        metavar="OUT",
+        help="the ONNX file to write; for several teachers put {i} in it (numbered from 1)",
+    )
+    e.set_defaults(handler=run_export)
+
+
+def export_teachers(model: Path, pattern: str) -> list[Path]:
+    """Every teacher of the capc checkpoint ``model`` as an ONNX file; the files written.
+    ValueError says what is wrong (nothing is written then)."""
+    from capc.models.ensemble.files import load_checkpoint
+    from capc.models.foreign import sniff
+    from capc.models.onnx_export import export_onnx, out_paths, teacher_modules
+    from services.common.files import write_atomically
+
+    # Only capc's own checkpoints (weights_only data): exporting traces the module, and a
+    # received TorchScript file must not run here either.
+    if sniff(model) != "checkpoint":
+        raise ValueError(
+            f"{model} is not a capc checkpoint: capc teacher export converts capc teacher, "
+            "ensemble and checkpoints files (an ONNX file is already ONNX)"
+        )
+    shape, modules = teacher_modules(load_checkpoint(model))
+    paths = out_paths(pattern, len(modules))
+    for path in paths:
+        if not path.parent.is_dir():
+            raise ValueError(f"--onnx: no folder {path.parent}")
+    for module, path in zip(modules, paths, strict=True):
+        write_atomically(path, lambda tmp, m=module: export_onnx(m, shape, tmp))  # type: ignore[misc]
+    return paths
+
+
+def run_export(args: argparse.Namespace) -> int:
+    try:
+        paths = export_teachers(args.model, args.onnx)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return REFUSED
+    for path in paths:
+        print(path)
+    return 0
 
 
 def _load_task(path: Path) -> Any:

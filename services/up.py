@@ -37,6 +37,7 @@ from capc.data.readers import read_records, read_unlabelled
 from capc.data.schema import SchemaError
 from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
+from capc.models.foreign import CodeModelRefusedError
 from capc.privacy.accountants import DEFAULT_ACCOUNTANT, Accounting, make
 from services import tasks
 from services.common.ledger import Ledger, LedgerError
@@ -116,7 +117,23 @@ def own_teachers(items: Sequence[str], parties: int) -> dict[int, Path]:
 def teacher_counts(own: dict[int, Path], parties: int, per_hospital: int) -> list[int]:
     """Teachers each hospital votes with: its own file's count, else ``per_hospital``.
     The guardian pins these (--register NAME=EPS:TEACHERS)."""
-    return [len(Voters.load([own[i]])) if i in own else per_hospital for i in range(parties)]
+    counts = []
+    for i in range(parties):
+        if i not in own:
+            counts.append(per_hospital)
+            continue
+        try:
+            counts.append(len(Voters.load([own[i]])))
+        except CodeModelRefusedError as err:
+            # capc up runs every hospital here, with this process's rights: no code models.
+            raise SystemExit(
+                f"capc up: hospital-{i}'s teacher file is refused: {err}. capc up runs "
+                "capc checkpoints and ONNX files only; run a hospital that votes with its "
+                "own code as its own capc answerer --trust-model-code"
+            ) from err
+        except ValueError as err:
+            raise SystemExit(f"capc up: hospital-{i}'s teacher file: {err}") from err
+    return counts
 
 
 # -- data -----------------------------------------------------------------------------
@@ -445,12 +462,13 @@ def consortium(
 
 def start_loop(c: LocalConsortium, plan: LoopPlan) -> LoopAccess:
     """The hospital's querier student party and a second gateway over it, with a fresh
-    analyst token of that gateway's own."""
+    admin token of that gateway's own: the loop reveals the hospital's records to the
+    answering hospitals, which only an admin may choose (and the audit names)."""
     student_port = c.start_querier(plan.hospital, plan.own, plan.test, exclude_self=True)
     note(f"{plan.querier} serving jobs ({len(plan.own[1])} own labelled records)")
     port, db = free_port(), str(c.directory / f"{plan.querier}-gateway.db")
     c.serve_gateway(f"{plan.querier}-gateway", student_port, port, db)
-    token = TokenStore(db).create("analyst", f"{plan.name}-loop", TOKEN_DAYS)[0]
+    token = TokenStore(db).create("admin", f"{plan.name}-loop", TOKEN_DAYS)[0]
     return LoopAccess(plan.name, f"https://127.0.0.1:{port}", token, c.ca)
 
 

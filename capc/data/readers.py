@@ -16,10 +16,18 @@ naming the file and the row or field, so a hospital can fix its data:
 
 Row numbers: a CSV's (a table or a labels CSV) are its line numbers (the
 header is line 1); a Parquet file's and an NPZ's rows count from 0.
+
+The files are untrusted input (records gathered from many systems, or handed
+over): an image is refused, naming it, when it declares more pixels than
+:func:`pixel_limit` allows for the task before a byte of it is decoded (a
+17 KiB PNG can declare 144 Mpx and cost 278 MiB); every file read from a
+folder must lie inside that folder once symbolic links are followed, and a
+labels CSV names files inside ``--data`` only (no ``..``, no absolute paths).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +51,13 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 _MODES = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
 #: ITU-R BT.601 luma weights: an RGB DICOM read for a grey task.
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+#: Pixels (height x width) any image may have, whatever the task: 32 Mi, a 5792 x 5792
+#: image, above the largest radiographs and mammograms (about 4000 x 5000), at most
+#: 128 MiB decoded as float32 grey.
+MIN_PIXEL_LIMIT = 1 << 25
+#: Pixels an image may have per pixel of the task's input: a task on large images may
+#: read images larger than MIN_PIXEL_LIMIT in this proportion.
+PIXELS_PER_TASK_PIXEL = 64
 
 
 @dataclass(frozen=True)
@@ -82,12 +97,51 @@ def to_range(unit: NDArray[np.float32], schema: ImageSchema) -> FloatRecords:
     return (schema.low + (schema.high - schema.low) * unit).astype(np.float32)
 
 
+def pixel_limit(schema: ImageSchema) -> int:
+    """Most pixels (height x width) an image read for ``schema``'s task may have:
+    ``max(MIN_PIXEL_LIMIT, PIXELS_PER_TASK_PIXEL * height * width)`` of the task."""
+    return max(MIN_PIXEL_LIMIT, PIXELS_PER_TASK_PIXEL * schema.height * schema.width)
+
+
+def check_pixels(path: Path, width: int, height: int, schema: ImageSchema) -> None:
+    """SchemaError naming ``path`` when a ``width`` x ``height`` image is above the task's
+    :func:`pixel_limit` (checked from the header, before anything is decoded)."""
+    limit = pixel_limit(schema)
+    if width * height > limit:
+        raise SchemaError(
+            f"{path}: {width} x {height} pixels ({width * height / 1e6:.1f} Mpx) is more than "
+            f"the {limit / 1e6:.1f} Mpx an image may have for a {schema.height} x "
+            f"{schema.width} task (it may be a decompression bomb); downscale it, or leave "
+            "it out"
+        )
+
+
+def inside(root: Path, path: Path, what: str = "file") -> Path:
+    """``path`` resolved (symbolic links followed); SchemaError naming it when it lies
+    outside ``root`` (``--data``): a link or a listed name must not reach other files.
+    (Checked when the folder is read: the hospital's own folder is not assumed to change
+    under the reader.)"""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise SchemaError(
+            f"{path}: the {what} lies outside {root} (it resolves to {resolved}); only files "
+            f"inside the data folder are read: copy it in, or remove the link"
+        )
+    return resolved
+
+
 def read_image(path: Path, schema: ImageSchema) -> FloatRecords:
-    """One PNG/JPEG as (C, H, W) float32 in the task's range; SchemaError if it cannot be read."""
+    """One PNG/JPEG as (C, H, W) float32 in the task's range; SchemaError if it cannot be
+    read or declares more pixels than :func:`pixel_limit` (checked before decoding)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
+        with warnings.catch_warnings():
+            # Pillow warns of a possible bomb from 89 Mpx; the task's own limit decides.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(path)
+        with opened as img:
+            check_pixels(path, img.width, img.height, schema)
             img.load()  # decode now: a truncated or corrupt file fails here, not later
             converted = img.convert(_MODES[schema.channels])
             if converted.size != (schema.width, schema.height):
@@ -95,6 +149,10 @@ def read_image(path: Path, schema: ImageSchema) -> FloatRecords:
                     (schema.width, schema.height), Image.Resampling.BILINEAR
                 )
             pixels = np.asarray(converted, dtype=np.float32) / 255.0
+    except SchemaError:
+        raise
+    except Image.DecompressionBombError as err:  # Pillow's own limit, should ours be above
+        raise SchemaError(f"{path}: refused as a decompression bomb ({err})") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise SchemaError(f"{path}: not a readable image ({err})") from None
     chw = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
@@ -133,6 +191,9 @@ def read_dicom(path: Path, schema: ImageSchema) -> FloatRecords:
 
     try:
         ds = pydicom.dcmread(path)
+        # The header's size, before the pixel data is decoded (it may be compressed).
+        rows, columns = int(ds.get("Rows", 0) or 0), int(ds.get("Columns", 0) or 0)
+        check_pixels(path, columns, rows, schema)
         raw = np.asarray(ds.pixel_array, dtype=np.float64)
         bits = int(ds.get("BitsStored", 8))
         rgb = int(ds.get("SamplesPerPixel", 1)) > 1
@@ -147,6 +208,8 @@ def read_dicom(path: Path, schema: ImageSchema) -> FloatRecords:
         if not (np.isfinite(unit).all() and unit.min() >= 0.0 and unit.max() <= 1.0):
             raise ValueError(f"pixel values outside the {bits}-bit range it declares")
         chw = _resize_unit(unit.astype(np.float32), schema)
+    except SchemaError:
+        raise
     except FileNotFoundError:
         raise SchemaError(f"{path}: no such file") from None
     except (InvalidDicomError, OSError, ValueError, AttributeError, KeyError, TypeError) as err:
@@ -169,8 +232,10 @@ def read_image_folder(folder: Path, schema: ImageSchema, classes: Sequence[str])
             raise SchemaError(
                 f"{sub}: folder name {sub.name!r} is not one of the task's classes {list(classes)}"
             )
+        inside(folder, sub, "class folder")
         for f in sorted(sub.iterdir()):
             if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES:
+                inside(folder, f)
                 images.append(read_image(f, schema))
                 labels.append(list(classes).index(sub.name))
     if not images:
@@ -236,6 +301,12 @@ def read_dicom_folder(
         str(labels_csv),
         first_row(labels_csv),
     )
+    for row, name in enumerate(files):
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise SchemaError(
+                f"{labels_csv}: row {first_row(labels_csv) + row}: {file_column} {name!r} "
+                f"must be a path inside {folder} relative to it (no absolute path, no '..')"
+            )
     listed = {(folder / f).resolve() for f in files}
     for f in sorted(folder.rglob("*")):
         if f.is_file() and f.suffix.lower() == ".dcm" and f.resolve() not in listed:
@@ -253,6 +324,7 @@ def read_dicom_folder(
                 f"{labels_csv}: row {first_row(labels_csv) + row}: no file {path} for "
                 f"{file_column} {name!r}"
             )
+        inside(folder, path)
         images.append(read_dicom(path, schema))
     return Records(np.stack(images), y, f"DICOM folder {folder.name} with {labels_csv.name}")
 
@@ -352,6 +424,8 @@ def read_flat_folder(folder: Path, schema: ImageSchema) -> FloatRecords:
     )
     if not files:
         raise SchemaError(f"{folder}: no {'/'.join(IMAGE_SUFFIXES)} files")
+    for f in files:
+        inside(folder, f)
     return np.stack([read_image(f, schema) for f in files])
 
 

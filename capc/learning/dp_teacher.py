@@ -111,7 +111,7 @@ class DpSettings:
     def record(self, records: int) -> DpTraining:
         """The accounting record of a training on parts of at most ``records`` records."""
         self.check()
-        return dp_training.plan(self.epsilon, self.delta, self.steps, self.clip, records)
+        return dp_training.plan_training(self.epsilon, self.delta, self.steps, self.clip, records)
 
 
 def _train_parts(

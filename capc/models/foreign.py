@@ -4,12 +4,23 @@ A teacher need not be a capc checkpoint (:mod:`capc.models.checkpoint`).
 ``capc answerer --model SPEC`` also takes
 
 - an ONNX file (run with onnxruntime on the CPU);
-- a TorchScript file (``torch.jit.save``);
-- ``pkg.mod:factory@weights.pt``: the hospital's own architecture, built by
+- a TorchScript file (``torch.jit.save``), with ``trust_code`` only;
+- with ``trust_code`` only, ``pkg.mod:factory@weights.pt``: the hospital's own architecture, built by
   calling ``pkg.mod.factory()`` (no arguments; it must return an
   ``nn.Module``), with the state dict ``torch.save``-d in ``weights.pt``
   (loaded with ``weights_only=True``). ``pkg.mod`` must be importable where
   the party runs (its working directory or ``PYTHONPATH``).
+
+TorchScript and ``module:factory`` are code, not data: a TorchScript file's
+``forward`` can call any TorchScript operator (``torch.from_file`` maps any
+file the party can open, to read it or, shared, to overwrite it), and
+``pkg.mod`` runs whatever it imports, all with the party's rights (its TLS key, its ledger, its records).
+They load only when the caller says it trusts their author as its own code
+(``trust_code``, ``capc answerer --trust-model-code``); otherwise they are
+refused before anything in them runs (:class:`CodeModelRefusedError`). ONNX is
+the format for a model from anyone the hospital does not fully trust: an
+ONNX graph is data that onnxruntime interprets with a fixed set of
+operators (``capc teacher export --onnx`` writes one from a capc checkpoint).
 
 Files are told apart by their content, not their suffix. Every such model
 maps a float32 batch (B, *input_shape) to (B, K) scores: a single-label
@@ -55,6 +66,31 @@ PROBE_ROWS = 2
 
 #: (n, *input_shape) float32 -> (n, K) float32 scores, one forward pass.
 Forward = Callable[[NDArray[np.float32]], NDArray[np.float32]]
+
+
+#: How a refusal of a code model ends: the two ways on.
+TRUST_HINT = (
+    "convert it to ONNX (torch.onnx.export; capc teacher export --onnx for a capc "
+    "checkpoint), or, only if you trust its author as you trust your own code, allow code "
+    "models with --trust-model-code"
+)
+
+
+class CodeModelRefusedError(ValueError):
+    """A TorchScript file or ``module:factory`` spec given without ``trust_code``."""
+
+
+def refuse_code(spec: str, kind: str) -> CodeModelRefusedError:
+    """The refusal of a code model ``spec`` of ``kind`` ("TorchScript", "module:factory")."""
+    what = (
+        "a TorchScript file: its forward is code"
+        if kind == "TorchScript"
+        else "the hospital's own Python code (module:factory): importing and calling it runs code"
+    )
+    return CodeModelRefusedError(
+        f"model {spec} is {what} that would run with this party's rights (it can read and "
+        f"write files, e.g. the TLS key and the ledger); it was not loaded: {TRUST_HINT}"
+    )
 
 
 @dataclass(frozen=True)
@@ -401,17 +437,26 @@ def load_onnx(path: Path, want: Interface | None = None) -> ForeignTeacher:
     return teacher
 
 
-def load_foreign(spec: str | Path, want: Interface | None = None) -> ForeignTeacher | None:
+def load_foreign(
+    spec: str | Path, want: Interface | None = None, *, trust_code: bool = False
+) -> ForeignTeacher | None:
     """The foreign teacher ``spec`` names, or None when it is a capc checkpoint file.
 
     ``spec``: a file (ONNX or TorchScript, told by content) or ``pkg.mod:factory@weights``;
-    ``want``: the task's interface, which fills what the model does not declare."""
+    ``want``: the task's interface, which fills what the model does not declare.
+    ``trust_code``: load TorchScript and ``module:factory`` (code); without it they raise
+    :class:`CodeModelRefusedError` before anything of theirs is imported, unpickled or run
+    (the file is only read as a zip directory to tell its kind)."""
     text = str(spec)
     if is_factory_spec(text):
+        if not trust_code:
+            raise refuse_code(text, "module:factory")
         return load_factory(text, want)
     path = Path(spec)
     kind = sniff(path)
     if kind == "torchscript":
+        if not trust_code:
+            raise refuse_code(text, "TorchScript")
         return load_torchscript(path, want)
     if kind == "onnx":
         return load_onnx(path, want)

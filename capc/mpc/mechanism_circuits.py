@@ -10,15 +10,20 @@ Each spec fixes the circuit and both parties' local input encodings:
   add two words and test a sign, which keeps the AND count low.
 
 Rounding the noise to the grid is post-processing of the Gaussian mechanism:
-counts are on the grid already, so h + round(eta) = round(h + eta). The
-noise is the exact continuous Gaussian rounded to 2^-24
-(:mod:`capc.privacy.rounded_gaussian`), so its tails are unbounded: the width
-l leaves room for ``NOISE_BOUND_SIGMAS`` and encoding refuses anything beyond
-it, which fails the round before anything is computed. That happens with
-probability 2 Phi(-9) = 2.3e-19 per noise value whatever the votes are, so
-the failure itself says nothing; the labels of the rounds that do run are
-within total variation p (that probability times the values drawn) of the
-exact Gaussian mechanism's: (eps, delta + e^eps p) for its (eps, delta).
+counts are on the grid already, so h + round(eta) = round(h + eta): the
+rounding takes ties upward (:func:`ring.round_half_up`), which commutes with
+adding any count on the grid (half-to-even rounding did not, for odd counts
+and noise on a half). The noise is the exact continuous Gaussian rounded to
+2^-24 (:mod:`capc.privacy.rounded_gaussian`), so its tails are unbounded: the
+width l leaves room for ``NOISE_BOUND_SIGMAS`` and encoding refuses anything
+beyond it, which fails the round before anything is computed. That happens
+with probability 2 Phi(-9) = 2.3e-19 per noise value whatever the votes are,
+so the failure itself says nothing; the rounds that run release the exact
+Gaussian mechanism conditioned on an event of probability 1 - p, with p the
+chance that any of their noise values left the range (at most
+``MAX_NOISE_VALUES`` a round, which the guardian enforces):
+(eps, (delta + e^eps p) / (1 - p)) for its (eps, delta) (:func:`cutoff_delta`,
+part of every party's ``full_delta``).
 
 Outputs: the student receives labels (or "not answered"); the guardian
 receives only the answered bits. Both receive one ``violation`` bit per query.
@@ -85,6 +90,44 @@ NOT_ANSWERED = -1
 
 #: Noise is confined to this many standard deviations (a draw beyond fails the round).
 NOISE_BOUND_SIGMAS = 9.0
+#: P(|Z| > NOISE_BOUND_SIGMAS) for a standard normal Z: 2 Phi(-9) = 2.26e-19, the chance
+#: that one noise value fails its round, whatever the votes.
+NOISE_TAIL = math.erfc(NOISE_BOUND_SIGMAS / math.sqrt(2.0))
+#: Most noise values one round may draw (the guardian refuses a larger round before
+#: anything is reserved): it bounds the cut-off's failure per round by MAX_CUTOFF_FAILURE.
+MAX_NOISE_VALUES = 1 << 18
+#: 1 - (1 - NOISE_TAIL)^MAX_NOISE_VALUES = 5.9e-14 (about 2^-44): the most probability
+#: with which one round's noise leaves the circuit's range.
+MAX_CUTOFF_FAILURE = -math.expm1(MAX_NOISE_VALUES * math.log1p(-NOISE_TAIL))
+
+
+def cutoff_failure(rounds: int) -> float:
+    """p: the probability that some noise value of ``rounds`` rounds (each at most
+    MAX_NOISE_VALUES values) leaves +-NOISE_BOUND_SIGMAS, failing its round; 0 for none."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(f"a round count is a whole number >= 0, got {rounds!r}")
+    return -math.expm1(rounds * MAX_NOISE_VALUES * math.log1p(-NOISE_TAIL))
+
+
+def cutoff_delta(delta: float, epsilon: float, rounds: int) -> float:
+    """The delta of the rounds that ran for an exact Gaussian mechanism that is
+    (``epsilon``, ``delta``)-DP over ``rounds`` rounds: (delta + e^epsilon p) / (1 - p),
+    with p = :func:`cutoff_failure`.
+
+    Why: a round whose noise leaves the range fails before its circuit runs, an event
+    of probability p whatever the votes, so what the rounds release is the exact
+    mechanism conditioned on an event A of probability 1 - p. For any outputs S,
+    P[S | A] <= P[S] / (1 - p) <= (e^eps P'[S] + delta) / (1 - p) and
+    P'[S] <= (1 - p) P'[S | A] + p, so P[S | A] <= e^eps P'[S | A] + (delta + e^eps p) / (1 - p).
+    Returns 1 when that reaches 1 (no guarantee)."""
+    p = cutoff_failure(rounds)
+    if p == 0.0:
+        return delta
+    if epsilon > 700.0:  # e^epsilon overflows a float: nothing is left to state
+        return 1.0
+    return min(1.0, (delta + math.exp(epsilon) * p) / (1.0 - p))
+
+
 #: Fixed-point fractional bits inside the circuits unless a task says otherwise.
 CIRCUIT_FRAC_BITS = 4
 
@@ -217,8 +260,10 @@ def _total_violation(c: CircuitBuilder, shares: list[Word], total: Word) -> Bit:
 
 
 def round_noise(noise: ArrayLike, frac_bits: int = CIRCUIT_FRAC_BITS) -> NDArray[np.float64]:
-    """The noise exactly as the circuit applies it: rounded to multiples of 2**-frac_bits."""
-    return np.rint(np.asarray(noise, dtype=np.float64) * (1 << frac_bits)) / (1 << frac_bits)
+    """The noise exactly as the circuit applies it: rounded to multiples of 2**-frac_bits,
+    ties upward (as :func:`ring.encode_fixed`)."""
+    scaled = np.asarray(noise, dtype=np.float64) * (1 << frac_bits)
+    return ring.round_half_up(scaled) / (1 << frac_bits)
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,22 @@ DEFAULT_FRAC_BITS = 16
 SEED_BYTES = 16
 
 
+def round_half_up(scaled: ArrayLike) -> NDArray[np.float64]:
+    """floor(s + 1/2) of float64 values ``s``, exactly: the nearest integer, ties upward.
+
+    Unlike half-to-even rounding it commutes with integer shifts, round(k + s) =
+    k + round(s) for every integer k, so rounding the guardian's noise eta alone and
+    adding a count h on the grid gives round(h + eta), what the privacy statement
+    rounds (half-to-even breaks it for an odd h whenever eta lies on a half).
+    """
+    s = np.asarray(scaled, dtype=np.float64)
+    # From 2**52 on a float64 is an integer and s + 1/2 would itself be rounded.
+    return np.where(np.abs(s) < 2.0**52, np.floor(s + 0.5), s)
+
+
 def encode_fixed(values: ArrayLike, frac_bits: int = DEFAULT_FRAC_BITS) -> U64:
-    """Encode reals as round(x * 2**frac_bits) in two's complement modulo 2^64.
+    """Encode reals as round(x * 2**frac_bits) in two's complement modulo 2^64, rounding
+    ties upward (:func:`round_half_up`: the encoding commutes with adding grid values).
 
     Shape is preserved. Raises ``ValueError`` on NaN, infinity, or magnitudes
     that do not fit in 62 integer-plus-fraction bits.
@@ -37,7 +51,7 @@ def encode_fixed(values: ArrayLike, frac_bits: int = DEFAULT_FRAC_BITS) -> U64:
         raise ValueError("cannot encode NaN or infinite values in fixed point")
     if not 0 <= frac_bits <= 40:
         raise ValueError(f"frac_bits must lie in [0, 40], got {frac_bits}")
-    scaled = np.rint(x * float(1 << frac_bits))
+    scaled = round_half_up(x * float(1 << frac_bits))
     if (np.abs(scaled) >= 2.0**62).any():
         raise ValueError(
             f"values up to {np.abs(x).max():g} do not fit in fixed point with {frac_bits} fractional bits"

@@ -4,6 +4,11 @@ Noise that protects patients must not be predictable from earlier outputs, so
 it never comes from a statistical generator (PCG, Mersenne Twister). The
 source here is AES-256 in counter mode keyed from the operating system's
 CSPRNG: a standard DRBG construction, fast enough to fill numpy batches.
+
+One source may be shared by threads (the guardian's serves every student
+session): each draw takes the keystream under a lock, so concurrent draws get
+disjoint stretches of it, never the same bytes, and never the cipher's
+"Already borrowed" error (the cipher object is not thread-safe).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -25,6 +31,10 @@ class SecureRandom:
     ``SecureRandom()`` keys itself from ``os.urandom`` and is what services use.
     :meth:`from_seed` gives a reproducible stream for tests and for replaying a
     mechanism with known noise; never use it to protect real data.
+
+    Safe under concurrent use: every draw takes its bytes under one lock, so each
+    call's bytes are a stretch of the keystream no other call gets. (A seeded stream
+    shared by threads is reproducible only when the draws come in the same order.)
     """
 
     def __init__(self, key: bytes | None = None) -> None:
@@ -34,6 +44,7 @@ class SecureRandom:
         self._enc = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
         self._buf = b""
         self._pos = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def from_seed(cls, seed: bytes | str | int) -> SecureRandom:
@@ -45,17 +56,21 @@ class SecureRandom:
         """``n`` fresh uniform bytes."""
         if n < 0:
             raise ValueError(f"byte count must be >= 0, got {n}")
-        return self._enc.update(bytes(n))
+        with self._lock:
+            return self._enc.update(bytes(n))
 
     def _take(self, n: int) -> bytes:
         # Python-level draws (the exact samplers) take a few bytes at a time;
-        # buffering keeps the per-call cost of the cipher off that path.
-        if self._pos + n > len(self._buf):
-            self._buf = self._buf[self._pos :] + self.random_bytes(max(_BUFFER, n))
-            self._pos = 0
-        out = self._buf[self._pos : self._pos + n]
-        self._pos += n
-        return out
+        # buffering keeps the per-call cost of the cipher off that path. The buffer
+        # and its position change together, under the same lock as the cipher.
+        with self._lock:
+            if self._pos + n > len(self._buf):
+                fresh = self._enc.update(bytes(max(_BUFFER, n)))
+                self._buf = self._buf[self._pos :] + fresh
+                self._pos = 0
+            out = self._buf[self._pos : self._pos + n]
+            self._pos += n
+            return out
 
     def uint64(self, shape: int | tuple[int, ...]) -> NDArray[np.uint64]:
         """Uniform 64-bit unsigned integers of the given shape."""

@@ -1,11 +1,13 @@
 """What a round must pass before anything is reserved for it: an offset-robust mechanism,
-a bounded list of parties left out, and a safe ring conversion of its proven votes."""
+a bounded list of parties left out, a safe ring conversion of its proven votes, and at
+most MAX_NOISE_VALUES noise values (what bounds the noise cut-off's delta)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 from capc.mpc import validity
+from capc.mpc.mechanism_circuits import MAX_NOISE_VALUES
 from capc.round.errors import RoundRequestError
 from capc.round.task import RoundTask
 
@@ -36,6 +38,26 @@ def check_conversion(
             f"a round of {batch} queries over {len(counts)} parties with {sum(counts)} "
             f"teachers could convert its shared counts wrongly with probability {bound:.1e}, "
             f"above 2^-40: {what}"
+        )
+
+
+def noise_values(task: RoundTask, batch: int) -> int:
+    """Noise values a round of ``batch`` queries draws, at most: every mechanism draws an
+    answer noise and at most one test noise per vote column and query."""
+    return 2 * batch * task.mechanism.vote_width
+
+
+def check_noise_values(task: RoundTask, batch: int) -> None:
+    """Refuse a round drawing more than MAX_NOISE_VALUES noise values: each could leave the
+    circuit's range, and every party's full delta counts MAX_NOISE_VALUES a round."""
+    drawn = noise_values(task, batch)
+    if drawn > MAX_NOISE_VALUES:
+        most = MAX_NOISE_VALUES // noise_values(task, 1)
+        raise RoundRequestError(
+            f"a round of {batch} queries of task {task.name} draws up to {drawn} noise "
+            f"values, above the {MAX_NOISE_VALUES} a round may draw (each one bounded to "
+            f"9 standard deviations counts in every party's delta): send at most {most} "
+            "queries per round"
         )
 
 

@@ -47,14 +47,16 @@ def draw_noise(rnd: GuardianRound[TaskT], rng: SecureRandom) -> Noise:
 
 
 def garbler_inputs(
-    rnd: GuardianRound[TaskT], rng: SecureRandom
+    rnd: GuardianRound[TaskT], rng: SecureRandom, noise: Noise | None = None
 ) -> tuple[CircuitSpec, dict[str, NDArray[np.uint64]]]:
     """The circuit for ``rnd``'s parties and the guardian's inputs: its share sum, fresh noise
-    from ``rng``, and every query's vote total (what the histogram checks hold it to)."""
+    (``noise``, drawn for this round alone, or drawn now from ``rng``), and every query's
+    vote total (what the histogram checks hold it to)."""
     if rnd.guardian_sum is None:
         raise RoundRefusedError(f"round {rnd.round_id} has no share sum to compute on")
     plan = round_circuit(rnd)
-    noise = draw_noise(rnd, rng)
+    if noise is None:
+        noise = draw_noise(rnd, rng)
     inputs = rnd.task.mechanism.garbler_inputs(
         plan.spec, rnd.guardian_sum, noise, plan.theta, plan.vote_total
     )

@@ -40,13 +40,19 @@ from typing import Generic
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.mechanisms.base import CircuitSpec
+from capc.mechanisms.base import CircuitSpec, Noise
 from capc.mpc import validity
 from capc.mpc.mechanism_circuits import violations
 from capc.mpc.votes import accepted, proven_vote_sum, verifier_shares
 from capc.privacy.randomness import SecureRandom
 from capc.round import circuit, personalization
-from capc.round.admission import MAX_EXCLUDED, check_conversion, check_excluded, check_task
+from capc.round.admission import (
+    MAX_EXCLUDED,
+    check_conversion,
+    check_excluded,
+    check_noise_values,
+    check_task,
+)
 from capc.round.errors import (
     LimitError,
     RoundInputError,
@@ -164,6 +170,8 @@ class GuardianCore(Generic[TaskT]):
         proven = not (encrypted or self.central)
         if proven:
             check_conversion(task, batch, teachers, candidates)
+        if not self.central:  # the circuits' range: what bounds the cut-off's delta
+            check_noise_values(task, batch)
         weights, votes_on = personalization.draw(
             task, self.rates(task, candidates), batch, self.rng
         )
@@ -527,11 +535,17 @@ class GuardianCore(Generic[TaskT]):
             )
         return rnd
 
+    def draw_noise(self, rnd: GuardianRound[TaskT]) -> Noise:
+        """``rnd``'s fresh noise from :attr:`rng`. Call it under the caller's lock on this
+        core, as every other use of :attr:`rng`: the source is shared by every session."""
+        return circuit.draw_noise(rnd, self.rng)
+
     def garbler_inputs(
-        self, rnd: GuardianRound[TaskT]
+        self, rnd: GuardianRound[TaskT], noise: Noise | None = None
     ) -> tuple[CircuitSpec, dict[str, NDArray[np.uint64]]]:
-        """The circuit and the guardian's inputs for ``rnd`` (:func:`circuit.garbler_inputs`)."""
-        return circuit.garbler_inputs(rnd, self.rng)
+        """The circuit and the guardian's inputs for ``rnd`` (:func:`circuit.garbler_inputs`)
+        with ``noise`` (:meth:`draw_noise`; None: drawn now, under the caller's lock)."""
+        return circuit.garbler_inputs(rnd, self.rng, noise)
 
     def release(self, rnd: GuardianRound[TaskT]) -> None:
         """Record ``rnd`` released, before the first garbled input leaves; RoundRefusedError

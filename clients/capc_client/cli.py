@@ -197,10 +197,14 @@ def cmd_models_predict(client: Client, args: argparse.Namespace) -> int:
 
 
 def guarantee(eps: float, ledger_delta: float, rounds: int | None, full: float | None) -> str:
-    """A party's guarantee as users read it: (eps, delta + R 2^-40), R its rounds asked."""
+    """A party's guarantee as users read it: (eps, delta with the noise cut-off + R 2^-40),
+    R its rounds asked."""
     if rounds is None or full is None:
         return f"(eps {eps:.4f}, delta {ledger_delta:g} + R 2^-40; R not reported by this gateway)"
-    return f"(eps {eps:.4f}, delta {ledger_delta:g} + {rounds} x 2^-40 = {full:.12g})"
+    return (
+        f"(eps {eps:.4f}, delta {ledger_delta:g} with the noise cut-off + {rounds} x 2^-40 "
+        f"= {full:.12g})"
+    )
 
 
 def charges(trainings: list[Training], rounds: float | None) -> list[str]:
@@ -217,8 +221,10 @@ def cmd_budget(client: Client, args: argparse.Namespace) -> int:
     b = client.budgets()
     lines = [
         f"task {b.task}, ledger delta {b.delta:g}: {b.accounting}",
-        "each party's guarantee is (eps, ledger delta + R 2^-40), R the rounds it was asked "
-        "to vote in (the validity proofs' ring conversion fails at most 2^-40 a round)",
+        "each party's guarantee is (eps, ledger delta with the noise cut-off + R 2^-40), R "
+        "the rounds it was asked to vote in (the validity proofs' ring conversion fails at "
+        "most 2^-40 a round; a noise value beyond 9 sigma fails its round, (delta + e^eps p) "
+        "/ (1 - p) for that chance p)",
     ] + [
         f"{x.party:16} eps {x.epsilon_spent:10.4f} of {x.epsilon_cap:<10g} remaining {x.epsilon_remaining:10.4f}"
         f"  order {x.best_order:g}"
@@ -253,8 +259,8 @@ def cmd_ledger(client: Client, args: argparse.Namespace) -> int:
     head = []
     if page.ledger_delta is not None:
         head = [f"epsilons at the ledger's delta {page.ledger_delta:g}"] + [
-            f"{name}: guarantee delta {page.ledger_delta:g} + {page.rounds_asked[name]} x 2^-40 "
-            f"= {full:.12g}"
+            f"{name}: guarantee delta {page.ledger_delta:g} with the noise cut-off + "
+            f"{page.rounds_asked[name]} x 2^-40 = {full:.12g}"
             for name, full in sorted(page.full_delta.items())
         ]
     lines = head + [
@@ -401,8 +407,9 @@ def _reveal_flag(p: argparse.ArgumentParser) -> None:
         dest="reveal_records_to_answerers",
         action="store_true",
         help="the file holds your hospital's own records: send them to the answering "
-        "hospitals in the clear (the guardian's audit log records it). Without it, a "
-        "hospital's student party refuses them unless its task is encrypted",
+        "hospitals in the clear (the guardian's audit log records it, naming your token's "
+        "holder; needs an admin token). Without it, a hospital's student party refuses "
+        "them unless its task is encrypted",
     )
 
 

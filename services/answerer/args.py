@@ -24,9 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="MODEL",
         help="a teacher: a capc checkpoint (capc.models.save_teacher) or ensemble "
         "(capc.models.ensemble.save_ensemble), an ONNX file, a TorchScript file "
-        "(torch.jit.save; files are told apart by content), or the hospital's own PyTorch "
-        "code as pkg.module:factory@weights.pt (pkg.module.factory() returns the nn.Module, "
-        "weights.pt holds its state dict; pkg must be importable). Every model maps (B, "
+        "(torch.jit.save; files are told apart by content; with --trust-model-code only), or "
+        "the hospital's own PyTorch code as pkg.module:factory@weights.pt (pkg.module.factory() "
+        "returns the nn.Module, weights.pt holds its state dict; pkg must be importable; with "
+        "--trust-model-code only). Every model maps (B, "
         "*input_shape) float32 to (B, K) scores. Repeat it to vote with several: the party "
         "sends the sum of all its teachers' votes",
     )
@@ -50,6 +51,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "DP-SGD elsewhere. When every teacher is attested, the training is charged once in "
         "this hospital's ledger and the guardian's (refused past the cap) and the party may "
         "vote in rounds for DP-trained teachers, which charge nothing per answer",
+    )
+    p.add_argument(
+        "--trust-model-code",
+        action="store_true",
+        help="load TorchScript and module:factory models: they are code that runs with this "
+        "party's rights (files, TLS key, ledger), so give it only for models whose authors "
+        "you trust as your own code; without it they are refused before anything in them "
+        "runs. A model from anyone else comes as ONNX",
     )
     p.add_argument("--guardian", required=True, help="guardian address host:port")
     p.add_argument(

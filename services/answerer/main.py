@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             )
         task = None if args.task is None else read_task(args.task)
         want = None if task is None else interface(task)
-        voters = Voters.load(args.model, want)
+        voters = Voters.load(args.model, want, trust_code=args.trust_model_code)
         if task is not None and want is not None:
             voters.check(" and ".join(names), want)
             check_encryption(voters, task)

@@ -87,7 +87,8 @@ def loop_out(
 
 
 def party_out(p: guardian_pb2.PartyStatus, ledger_delta: float) -> schemas.PartyOut:
-    """A party's status; the guardian states its full delta (ledger_delta + R 2^-40)."""
+    """A party's status; the guardian states its full delta (ledger_delta with the
+    noise cut-off's term, + R 2^-40)."""
     return schemas.PartyOut(
         **fields(
             p,

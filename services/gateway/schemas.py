@@ -284,9 +284,11 @@ class PartyOut(BaseModel):
         "is read at it"
     )
     full_delta: float = Field(
-        description="the delta the party's guarantee holds at: ledger_delta + R 2^-40 (the "
-        "validity proofs' ring conversion fails with probability at most 2^-40 a round); "
-        "the guarantee is (epsilon_spent, full_delta)"
+        description="the delta the party's guarantee holds at: the noise cut-off's "
+        "(ledger_delta + e^epsilon_spent p) / (1 - p), p the chance that a noise value of "
+        "its R rounds left the circuits' 9 sigma range, plus R 2^-40 (the validity proofs' "
+        "ring conversion fails with probability at most 2^-40 a round); the guarantee is "
+        "(epsilon_spent, full_delta)"
     )
     own_ledger: PartyLedgerOut
     trainings: list[TrainingOut] = Field(
@@ -324,9 +326,11 @@ class BudgetOut(BaseModel):
         "is read at it"
     )
     full_delta: float = Field(
-        description="the delta the party's guarantee holds at: ledger_delta + R 2^-40 (the "
-        "validity proofs' ring conversion fails with probability at most 2^-40 a round); "
-        "the guarantee is (epsilon_spent, full_delta)"
+        description="the delta the party's guarantee holds at: the noise cut-off's "
+        "(ledger_delta + e^epsilon_spent p) / (1 - p), p the chance that a noise value of "
+        "its R rounds left the circuits' 9 sigma range, plus R 2^-40 (the validity proofs' "
+        "ring conversion fails with probability at most 2^-40 a round); the guarantee is "
+        "(epsilon_spent, full_delta)"
     )
     declared_cap: float | None
     own_ledger: PartyLedgerOut
@@ -358,7 +362,9 @@ class HistorySeries(BaseModel):
     epsilon_cap: float
     points: list[HistoryPoint]
     rounds_asked: int = Field(description="rounds asked so far (R)")
-    full_delta: float = Field(description="the ledger's delta + R 2^-40 now")
+    full_delta: float = Field(
+        description="the delta the guarantee holds at now: with the noise cut-off, + R 2^-40"
+    )
 
 
 class History(BaseModel):
@@ -390,7 +396,7 @@ class LedgerPage(BaseModel):
     )
     full_delta: dict[str, float] = Field(
         description="per party on this page: the delta its guarantee holds at now, "
-        "ledger_delta + R 2^-40"
+        "ledger_delta with the noise cut-off's term, + R 2^-40"
     )
 
 

@@ -81,6 +81,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "repeatable",
     )
     p.add_argument(
+        "--outside-querier",
+        action="append",
+        default=[],
+        metavar="QUERIER",
+        help="declare a querier certificate a student from outside the consortium (no "
+        "hospital's): its uploaded queries may travel in the clear, each such round "
+        "audited; kept in the ledger, repeatable",
+    )
+    p.add_argument(
+        "--clear-records-from-unbound",
+        choices=("refuse", "allow"),
+        default=None,
+        help="uploaded (clear) queries from a querier neither bound to a hospital "
+        "(--querier) nor declared outside (--outside-querier): refuse them (the default of "
+        "a new ledger: they may be a hospital's own records, sent unaudited with its own "
+        "teachers voting) or allow them (what ledgers made before this option do); kept "
+        "in the ledger, a change audited",
+    )
+    p.add_argument(
         "--share-timeout", type=float, default=60.0, help="seconds to wait for parties' shares"
     )
     p.add_argument(

@@ -78,6 +78,9 @@ class Garbler:
         engine = self._engine
         with engine.step() as core:
             rnd = core.to_compute(round_id)
+            # The core's source serves every session and open(): its draws are taken
+            # under the engine's lock, each round's noise its own.
+            noise = core.draw_noise(rnd)
 
         def release() -> None:
             with engine.step() as core:
@@ -85,7 +88,7 @@ class Garbler:
 
         start = time.perf_counter()
         try:
-            spec, inputs = engine.core.garbler_inputs(rnd)
+            spec, inputs = engine.core.garbler_inputs(rnd, noise)
             out = session.run_round(round_id, spec.circuit(), inputs, rnd.batch, on_release=release)
             with engine.step() as core:
                 done = core.computed(rnd, spec, out)

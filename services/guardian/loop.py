@@ -13,6 +13,16 @@ A bound querier's plain tensor queries are its hospital's own records: the answe
 hospitals see them in the clear. Such a round must say so (``reveal_records``), and
 the guardian writes that the querier sent N of its own records in the clear in round R
 to the signed audit log, in the round's reservation transaction.
+
+A querier that claims no hospital cannot be told from a hospital's own querier that
+keeps quiet (its hospital would then vote on its own records, shown to everyone in
+the clear, unaudited). So a querier's uploaded (clear) queries need a binding that
+covers them: ``--querier QUERIER=HOSPITAL``, or ``--outside-querier QUERIER`` (a
+student from outside the consortium, whose clear rounds are audited too). Without
+one they are refused under the ledger's policy ``refuse``, the default of every new
+ledger; ledgers made before the policy existed keep ``allow`` until the operator
+says otherwise (``--clear-records-from-unbound``). Recipes (synthetic queries) and
+ciphertexts are no records in the clear and need no binding.
 """
 
 from __future__ import annotations
@@ -27,6 +37,12 @@ from services.proto.capc.v1 import guardian_pb2
 QUERIER_KEY = "querier-hospital:"
 #: Longest certificate or party name.
 MAX_NAME = 128
+#: What :data:`QUERIER_KEY` holds for a querier declared outside the consortium.
+OUTSIDE = "(outside the consortium)"
+#: Ledger setting: what becomes of clear queries from a querier no binding covers.
+CLEAR_POLICY_KEY = "clear-records-from-unbound"
+#: The policies :data:`CLEAR_POLICY_KEY` may hold.
+REFUSE, ALLOW = "refuse", "allow"
 
 
 @dataclass(frozen=True)
@@ -77,9 +93,58 @@ def bind_querier(ledger: Ledger, querier: str, hospital: str, *, actor: str) -> 
     )
 
 
+def declare_outside(ledger: Ledger, querier: str, *, actor: str) -> None:
+    """Keep ``querier`` as a student from outside the consortium (audited when it
+    changes): its clear queries are allowed, each round of them audited."""
+    if not 1 <= len(querier) <= MAX_NAME or querier.strip() != querier:
+        raise ValueError(f"--outside-querier {querier!r}: a certificate name, no spaces around")
+    if querier in {b.name for b in ledger.budgets() if b.role == "answerer"}:
+        raise ValueError(
+            f"--outside-querier {querier}: {querier!r} is a registered answering party, not "
+            "a student"
+        )
+    ledger.keep_setting(
+        QUERIER_KEY + querier,
+        OUTSIDE,
+        actor=actor,
+        action="declare_outside_querier",
+        detail={"querier": querier},
+    )
+
+
 def hospital_of(ledger: Ledger, querier: str) -> str | None:
     """The hospital the guardian bound ``querier`` to, or None."""
-    return ledger.setting(QUERIER_KEY + querier)
+    bound = ledger.setting(QUERIER_KEY + querier)
+    return None if bound == OUTSIDE else bound
+
+
+def is_outside(ledger: Ledger, querier: str) -> bool:
+    """Whether the operator declared ``querier`` a student from outside the consortium."""
+    return ledger.setting(QUERIER_KEY + querier) == OUTSIDE
+
+
+def keep_clear_policy(ledger: Ledger, policy: str | None, fresh: bool, *, actor: str) -> str:
+    """Set the ledger's policy for clear queries no binding covers: ``policy`` when
+    given; else, when the ledger holds none, :data:`REFUSE` for a ``fresh`` ledger (no
+    party, no round yet) and :data:`ALLOW` for an older one (as it behaved). Returns it."""
+    held = ledger.setting(CLEAR_POLICY_KEY)
+    chosen = policy or held or (REFUSE if fresh else ALLOW)
+    if chosen not in (REFUSE, ALLOW):
+        raise ValueError(f"--clear-records-from-unbound: {chosen!r} is not refuse or allow")
+    ledger.keep_setting(
+        CLEAR_POLICY_KEY,
+        chosen,
+        actor=actor,
+        action="clear_records_policy",
+        detail={"policy": chosen},
+    )
+    return chosen
+
+
+def clear_policy(ledger: Ledger) -> str:
+    """The ledger's policy for clear queries no binding covers (:data:`ALLOW` when it
+    holds none: a ledger the guardian's start-up has not set, as before the policy)."""
+    return ledger.setting(CLEAR_POLICY_KEY) or ALLOW
 
 
 def loop_terms(
@@ -88,8 +153,16 @@ def loop_terms(
     """The loop's terms for a round of ``batch`` queries; RequestError when the querier
     claims a hospital the guardian did not bind it to, or a bound querier sends its
     records in the clear without saying so."""
-    bound = hospital_of(ledger, querier)
+    held = ledger.setting(QUERIER_KEY + querier)
+    outside = held == OUTSIDE
+    bound = None if outside else held
     claim = request.hospital
+    if claim and outside:
+        raise RequestError(
+            f"querier {querier} says it belongs to hospital {claim}, but the guardian "
+            "declared it a student from outside the consortium (--outside-querier); fix the "
+            "student's --hospital, or have the operator bind it with --querier"
+        )
     if claim and bound is None:
         raise RequestError(
             f"querier {querier} says it belongs to hospital {claim}, but the guardian has "
@@ -110,7 +183,23 @@ def loop_terms(
             "choice (reveal_records_to_answerers), or use an encrypted task "
             "(docs/encrypted.md) so they leave only as ciphertexts"
         )
+    if clear and bound is None and not outside and clear_policy(ledger) == REFUSE:
+        raise RequestError(
+            f"querier {querier} sends uploaded queries in the clear, but no binding covers "
+            "it: they may be a hospital's own records, which its own teachers would vote on "
+            "and every answering hospital would see. The guardian operator must say whose "
+            f"they are: --querier {querier}=HOSPITAL (a hospital's own student, left out of "
+            f"its rounds) or --outside-querier {querier} (a student from outside the "
+            "consortium, its clear rounds audited). Recipe queries and encrypted tasks "
+            "need neither"
+        )
     disclosure: dict[str, object] | None = None
-    if clear and request.reveal_records:
-        disclosure = {"querier": querier, "hospital": bound or claim, "records": batch}
+    if clear and (request.reveal_records or outside):
+        disclosure = {"querier": querier, "hospital": bound or claim or None, "records": batch}
+        if outside:
+            disclosure["outside"] = True
+        if request.reveal_records and request.revealed_by:
+            # The person who chose, as the student party names them (the gateway's token
+            # holder): the querier's certificate alone names a service, not a person.
+            disclosure["revealed_by"] = request.revealed_by[:MAX_NAME]
     return LoopTerms(frozenset() if bound is None else frozenset({bound}), disclosure)

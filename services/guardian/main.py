@@ -20,7 +20,7 @@ from services.common.ledger import Ledger, LedgerError, audit
 from services.common.limits import MAX_TEACHERS_PER_PARTY
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
-from services.guardian.loop import bind_querier, parse_querier
+from services.guardian.loop import bind_querier, declare_outside, keep_clear_policy, parse_querier
 
 log = logging.getLogger("capc.guardian")
 
@@ -133,10 +133,15 @@ def run(args: argparse.Namespace) -> int:
         if args.migrate:
             print(f"ledger at {ledger.url} is at the newest schema")
             return 0
+        # A ledger with no party and no round yet is a new consortium's.
+        fresh = not ledger.budgets() and ledger.last_round() == 0
         for name, cap, teachers in registrations:
             ledger.register_party(name, cap, teachers=teachers, actor="guardian-cli")
         for querier, hospital in bindings:
             bind_querier(ledger, querier, hospital, actor="guardian-cli")
+        for querier in args.outside_querier:
+            declare_outside(ledger, querier, actor="guardian-cli")
+        keep_clear_policy(ledger, args.clear_records_from_unbound, fresh, actor="guardian-cli")
         for item in args.task:
             task_name, _, path = item.partition("=")
             if not task_name or not path:

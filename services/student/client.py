@@ -159,6 +159,7 @@ class StudentClient:
         queries: NDArray[np.float32],
         overrides: Mapping[str, float] | None = None,
         reveal: bool = False,
+        revealed_by: str = "",
     ) -> RoundResult:
         """Label one batch (B, *input_shape) through one round; -1 where not answered.
 
@@ -166,13 +167,14 @@ class StudentClient:
         with -1 on each label not answered. ``overrides``: mechanism parameters to raise,
         within the task's policy (see :meth:`TaskConfig.overridden`). ``reveal``: the
         queries are the querier's own records, shown to the answering parties by an
-        explicit choice (the guardian audits it)."""
+        explicit choice (the guardian audits it, naming ``revealed_by``: who chose)."""
         tensor = serde.queries_to_proto(queries)
         return self._round(
             common_pb2.QueryBatch(tensor=tensor),
             QueryBatch("tensor", tensor.shape[0]),
             overrides,
             reveal=reveal,
+            revealed_by=revealed_by,
         )
 
     def label_recipe(
@@ -200,6 +202,7 @@ class StudentClient:
         shares: Callable[[int, list[str]], NDArray[np.uint64]] | None = None,
         reveal: bool = False,
         retry: Retry | None = None,
+        revealed_by: str = "",
     ) -> RoundResult:
         """One round; a round where one party's sealed seed does not open is abandoned
         before its 2PC and retried once without that party (``retry``: the retry)."""
@@ -216,6 +219,7 @@ class StudentClient:
                 overrides_to_proto(overrides),
                 self.hospital,
                 reveal,
+                revealed_by,
             ),
             metadata=[*self._meta, ("capc-session-id", self._sid.hex())],
             timeout=self.timeout,
@@ -240,7 +244,9 @@ class StudentClient:
             if again is None:
                 raise
             log.warning("round %d: retrying once without %s: %s", reply.round_id, err.party, err)
-            result = self._round(batch_msg, queries, overrides, reveal=reveal, retry=again)
+            result = self._round(
+                batch_msg, queries, overrides, reveal=reveal, retry=again, revealed_by=revealed_by
+            )
             return dataclasses.replace(
                 result, left_out={err.party: str(err)}, retried=reply.round_id
             )

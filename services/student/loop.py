@@ -19,6 +19,10 @@ from services.common.task import TaskConfig
 from services.proto.capc.v1 import student_pb2
 from services.student.store import JobStore, StudentModel
 
+#: Longest name of who revealed a job's records that is kept and sent (the gateway's
+#: "token NAME (ID)"; the guardian keeps as much of it in its audit entry).
+MAX_REVEALED_BY = 128
+
 
 @dataclass(frozen=True)
 class LoopIdentity:

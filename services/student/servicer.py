@@ -35,7 +35,7 @@ from services.common.serde import overrides_from_proto
 from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
-from services.student.loop import LoopIdentity, clear_records_refusal
+from services.student.loop import MAX_REVEALED_BY, LoopIdentity, clear_records_refusal
 from services.student.loop import report as loop_report
 from services.student.predictor import PredictionError, Predictor
 from services.student.store import TERMINAL, Job, JobStore, StudentModel
@@ -135,7 +135,9 @@ class JobRunner:
                         # an encrypted-query task: uploaded records leave only as ciphertexts
                         result = self._client.label_encrypted(batch, mechanism)
                     else:
-                        result = self._client.label_batch(batch, mechanism, job.revealed)
+                        result = self._client.label_batch(
+                            batch, mechanism, job.revealed, job.revealed_by
+                        )
                     self.store.record_batch(
                         job_id,
                         index,
@@ -253,7 +255,13 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         # Only uploaded records in a plaintext task travel in the clear.
         revealed = reveal and source == "tensor" and self.task.encryption is None
         job = self.store.create(
-            self.task.name, x.astype(np.float32), batch, recipe_json, overrides, revealed
+            self.task.name,
+            x.astype(np.float32),
+            batch,
+            recipe_json,
+            overrides,
+            revealed,
+            request.revealed_by[:MAX_REVEALED_BY],
         )
         self.runner.submit(job.id)
         return job_reply(job, self.task)

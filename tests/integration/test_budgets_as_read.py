@@ -9,6 +9,7 @@ reads it with its own certificate; capcctl runs its real commands against that a
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from capc.mpc.mechanism_circuits import MAX_CUTOFF_FAILURE, cutoff_failure
 from capc.mpc.validity import MAX_CONVERSION_FAILURE, ValidityError, conversion_delta
 from capc.privacy import events
 from capc.privacy.events import GaussianEvent
@@ -40,7 +42,13 @@ DELTA = 1e-5
 #: hospital-a and hospital-b are each asked in 3 rounds: one charged to both, one
 #: aborted, one that charges hospital-b nothing.
 ASKED = 3
-FULL = DELTA + ASKED * 2.0**-40
+
+
+def full(spent: float) -> float:
+    """The guarantee's delta of a party that spent ``spent`` in ASKED rounds: the noise
+    cut-off's (delta + e^eps p) / (1 - p), then the ring conversion's ASKED 2^-40."""
+    p = cutoff_failure(ASKED)
+    return (DELTA + math.exp(spent) * p) / (1 - p) + ASKED * 2.0**-40
 
 
 def cost(queries: int) -> events.DpEvent:
@@ -104,7 +112,10 @@ def test_the_ledger_counts_every_round_a_party_was_asked_in(ledger: Ledger) -> N
     # ``rounds`` drops the aborted round, and hospital-b's uncharged one; R keeps them.
     assert (by_name["hospital-a"].rounds, by_name["hospital-b"].rounds) == (2, 1)
     assert by_name["hospital-a"].rounds_asked == by_name["hospital-b"].rounds_asked == ASKED
-    assert by_name["hospital-a"].full_delta(DELTA) == FULL
+    a = by_name["hospital-a"]
+    assert a.full_delta(DELTA) == pytest.approx(full(a.spent), rel=1e-12)
+    # Both terms are there: each above what the other alone gives.
+    assert a.full_delta(DELTA) > DELTA + ASKED * 2.0**-40 + ASKED * MAX_CUTOFF_FAILURE
     assert conversion_delta(0) == 0.0 and conversion_delta(1) == MAX_CONVERSION_FAILURE == 2**-40
     with pytest.raises(ValidityError, match="whole number"):
         conversion_delta(-1)
@@ -115,23 +126,26 @@ def test_the_admin_api_states_the_ledger_delta_and_the_full_delta(
 ) -> None:
     client, _ = gateway
     budgets_page = client.get("/v1/admin/budgets").json()
+    spent = {b["party"]: b["epsilon_spent"] for b in budgets_page["budgets"]}
+    fulls = {name: pytest.approx(full(eps), rel=1e-12) for name, eps in spent.items()}
     for b in budgets_page["budgets"]:
         assert (b["delta"], b["ledger_delta"]) == (DELTA, DELTA)
-        assert b["rounds_asked"] == ASKED and b["full_delta"] == FULL
+        assert b["rounds_asked"] == ASKED and b["full_delta"] == fulls[b["party"]]
     # The dashboard's data: its budgets table reads /v1/admin/parties.
     for p in client.get("/v1/admin/parties").json()["parties"]:
-        assert (p["ledger_delta"], p["rounds_asked"], p["full_delta"]) == (DELTA, ASKED, FULL)
+        assert (p["ledger_delta"], p["rounds_asked"]) == (DELTA, ASKED)
+        assert p["full_delta"] == fulls[p["name"]]
     history = client.get("/v1/admin/budgets/history").json()
-    assert {(s["party"], s["rounds_asked"], s["full_delta"]) for s in history["series"]} == {
-        ("hospital-a", ASKED, FULL),
-        ("hospital-b", ASKED, FULL),
+    assert {s["party"]: (s["rounds_asked"], s["full_delta"]) for s in history["series"]} == {
+        name: (ASKED, f) for name, f in fulls.items()
     }
     page = client.get("/v1/admin/ledger", params={"party": "hospital-b"}).json()
     assert page["ledger_delta"] == DELTA
     assert page["rounds_asked"] == {"hospital-b": ASKED}
-    assert page["full_delta"] == {"hospital-b": FULL}
+    assert page["full_delta"] == {"hospital-b": fulls["hospital-b"]}
     html = client.get("/dashboard").text
-    assert "δ (ledger)" in html and "δ + R·2⁻⁴⁰" in html and "rounds asked (R)" in html
+    assert "δ (ledger)" in html and "+ R·2⁻⁴⁰" in html and "rounds asked (R)" in html
+    assert "noise cut-off" in html
     assert "p.full_delta" in client.get("/dashboard.js").text
 
 
@@ -155,19 +169,18 @@ def test_capcctl_budget_shows_the_guarantee_as_text_and_json(
     argv = ["--url", "http://127.0.0.1", "--token", token]
     assert capcctl.main(["budget", *argv]) == 0
     text = capfd.readouterr().out
-    assert "(eps, ledger delta + R 2^-40)" in text
-    want = f"delta 1e-05 + {ASKED} x 2^-40 = {FULL:.12g})"
-    assert want == "delta 1e-05 + 3 x 2^-40 = 1.00000027285e-05)"
-    assert sum(want in line for line in text.splitlines()) == 2  # one per hospital
+    assert "(eps, ledger delta with the noise cut-off + R 2^-40)" in text
     assert capcctl.main(["budget", *argv, "--json"]) == 0
     out = capfd.readouterr().out
     parsed = json.loads(out)  # the whole of stdout is one JSON value
-    assert {(b["party"], b["rounds_asked"], b["full_delta"]) for b in parsed["budgets"]} == {
-        ("hospital-a", ASKED, FULL),
-        ("hospital-b", ASKED, FULL),
-    }
+    got = {b["party"]: (b["rounds_asked"], b["full_delta"]) for b in parsed["budgets"]}
+    assert got == {b["party"]: (ASKED, full(b["epsilon_spent"])) for b in parsed["budgets"]}
+    for b in parsed["budgets"]:  # the text states the same, one line per hospital
+        want = f"delta 1e-05 with the noise cut-off + {ASKED} x 2^-40 = {b['full_delta']:.12g})"
+        assert sum(want in line for line in text.splitlines()) == 1
     assert capcctl.main(["ledger", *argv, "--party", "hospital-a"]) == 0
-    assert f"hospital-a: guarantee delta 1e-05 + {ASKED} x 2^-40" in capfd.readouterr().out
+    shown = capfd.readouterr().out
+    assert f"hospital-a: guarantee delta 1e-05 with the noise cut-off + {ASKED} x 2^-40" in shown
 
 
 def test_a_raised_cap_needs_a_reason_and_is_audited_with_it(tmp_path: Path) -> None:

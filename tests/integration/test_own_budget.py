@@ -715,7 +715,7 @@ def test_one_durable_write_a_round_and_never_an_under_count(tmp_path: Path) -> N
 
 
 def _attested(epsilon: float, file: bytes) -> guardian_pb2.DpAttestation:
-    from capc.privacy.dp_training import plan
+    from capc.privacy.dp_training import plan_training as plan
     from capc.round.training import Attestation, file_digest
 
     rec = plan(epsilon, 1e-5, 30, clip=1.0, records=80)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from capc.privacy import accountants
-from capc.privacy.dp_training import plan
+from capc.privacy.dp_training import plan_training as plan
 from capc.round.training import Attestation, TrainingCharge, TrainingRefusedError, file_digest
 from services.common.ledger import Ledger
 

@@ -14,7 +14,17 @@ from services.common.ledger import Ledger
 from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
 from services.gateway.replies import loop_out
-from services.guardian.loop import bind_querier, hospital_of, loop_terms, parse_querier
+from services.guardian.loop import (
+    ALLOW,
+    REFUSE,
+    bind_querier,
+    declare_outside,
+    hospital_of,
+    is_outside,
+    keep_clear_policy,
+    loop_terms,
+    parse_querier,
+)
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 from services.student.loop import LoopIdentity, clear_records_refusal
 
@@ -99,6 +109,48 @@ def test_the_disclosure_is_audited_with_the_reservation(ledger: Ledger) -> None:
     assert entry.actor == "h0-querier"
     assert entry.detail == {"round": res.round_id, **disclosure}
     ledger.verify_audit()
+
+
+def test_a_new_consortium_refuses_clear_records_no_binding_covers(ledger: Ledger) -> None:
+    """The attack: a hospital's querier that claims no hospital. Before, its records went
+    to every hospital in the clear, its own hospital voting, and nothing was audited."""
+    assert keep_clear_policy(ledger, None, fresh=True, actor="test") == REFUSE
+    with pytest.raises(RequestError, match=r"no binding covers it.*--outside-querier h0-spy"):
+        loop_terms(ledger, "h0-spy", request("tensor"), 2)
+    with pytest.raises(RequestError, match="no binding covers it"):
+        loop_terms(ledger, "h0-spy", request("tensor", reveal=True), 2)
+    # Synthetic queries are no one's records.
+    assert loop_terms(ledger, "h0-spy", request("recipe"), 2).disclosure is None
+    # A student the operator declared outside sends its records, each round audited.
+    declare_outside(ledger, "student", actor="test")
+    assert is_outside(ledger, "student") and hospital_of(ledger, "student") is None
+    terms = loop_terms(ledger, "student", request("tensor"), 2)
+    assert terms.left_out == frozenset()
+    assert terms.disclosure == {
+        "querier": "student",
+        "hospital": None,
+        "records": 2,
+        "outside": True,
+    }
+    with pytest.raises(RequestError, match="outside the consortium"):
+        loop_terms(ledger, "student", request("recipe", hospital="h1"), 2)
+    # The bound querier's rules are unchanged.
+    with pytest.raises(RequestError, match="reveal_records"):
+        loop_terms(ledger, "h0-querier", request("tensor"), 2)
+    policy = [e for e in ledger.audit_entries() if e.action == "clear_records_policy"]
+    assert policy[0].detail["policy"] == "refuse"
+    with pytest.raises(ValueError, match="registered answering party"):
+        declare_outside(ledger, "h1", actor="test")
+
+
+def test_an_older_ledger_keeps_allowing_until_the_operator_says(ledger: Ledger) -> None:
+    assert keep_clear_policy(ledger, None, fresh=False, actor="test") == ALLOW
+    assert loop_terms(ledger, "other", request("tensor"), 2).disclosure is None
+    # Kept: a later start without the option does not change it, an explicit one does.
+    assert keep_clear_policy(ledger, None, fresh=True, actor="test") == ALLOW
+    assert keep_clear_policy(ledger, REFUSE, fresh=False, actor="test") == REFUSE
+    with pytest.raises(RequestError, match="no binding covers it"):
+        loop_terms(ledger, "other", request("tensor"), 2)
 
 
 def test_a_hospitals_student_party_refuses_clear_records_without_the_choice() -> None:

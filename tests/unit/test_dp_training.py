@@ -21,7 +21,7 @@ from capc.privacy.dp_training import (
     DpTraining,
     DpTrainingError,
     noise_multiplier,
-    plan,
+    plan_training as plan,
 )
 
 PLANS = [(10.0, 1e-5, 300), (2.0, 1e-5, 300), (1.0, 1e-6, 50), (4.0, 1e-5, 1)]

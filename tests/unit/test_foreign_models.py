@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,9 +17,9 @@ import torch
 from torch import nn
 
 from capc.models.ensemble import Voters, load_members
-from capc.models.foreign import ForeignTeacher, Interface, sniff
+from capc.models.foreign import CodeModelRefusedError, ForeignTeacher, Interface, sniff
 from services.cli import build_parser
-from tests.e2e.own_models import OwnNet, export_onnx, export_torchscript, own_net
+from tests.e2e.own_models import OwnNet, export_onnx, export_thief, export_torchscript, own_net
 
 SHAPE, CLASSES = (4,), 3
 LIGHT = Interface("light", SHAPE, CLASSES)
@@ -68,7 +70,7 @@ def test_onnx_with_a_fixed_batch_is_chunked_and_padded(
 def test_torchscript_predicts_as_the_torch_model(
     model: nn.Module, queries: np.ndarray, tmp_path: Path
 ) -> None:
-    t = load_members(export_torchscript(model, SHAPE, tmp_path / "m.ts"), LIGHT)
+    t = load_members(export_torchscript(model, SHAPE, tmp_path / "m.ts"), LIGHT, trust_code=True)
     assert isinstance(t, ForeignTeacher)
     assert (t.architecture, t.num_classes) == ("torchscript", 3)
     assert np.array_equal(t.predict(queries), reference(model, queries))
@@ -78,7 +80,7 @@ def test_module_factory_predicts_as_the_torch_model(
     model: nn.Module, queries: np.ndarray, tmp_path: Path
 ) -> None:
     w = weights(model, tmp_path / "w.pt")
-    t = load_members(f"{FACTORY}@{w}", LIGHT)
+    t = load_members(f"{FACTORY}@{w}", LIGHT, trust_code=True)
     assert isinstance(t, ForeignTeacher)
     assert t.architecture == "module:tests.e2e.own_models:own_net"
     assert t.model_hash == hashlib.sha256(w.read_bytes()).hexdigest()
@@ -90,7 +92,7 @@ def test_files_are_told_apart_by_content_not_suffix(model: nn.Module, tmp_path: 
     ts = export_torchscript(model, SHAPE, tmp_path / "looks-like.onnx")
     ckpt = weights(model, tmp_path / "state.onnx")
     assert (sniff(onnx), sniff(ts), sniff(ckpt)) == ("onnx", "torchscript", "checkpoint")
-    first, second = load_members(onnx), load_members(ts, LIGHT)
+    first, second = load_members(onnx), load_members(ts, LIGHT, trust_code=True)
     assert isinstance(first, ForeignTeacher) and isinstance(second, ForeignTeacher)
     assert first.architecture == "onnx" and second.architecture == "torchscript"
 
@@ -122,7 +124,7 @@ def test_voters_mix_foreign_models_and_say_where_each_came_from(
         str(export_torchscript(model, SHAPE, tmp_path / "m.ts")),
         f"{FACTORY}@{weights(model, tmp_path / 'w.pt')}",
     ]
-    voters = Voters.load(specs, LIGHT)
+    voters = Voters.load(specs, LIGHT, trust_code=True)
     assert len(voters) == 3 and voters.sources == specs and voters.single is None
     preds = voters.predict(queries)
     assert preds.shape == (11, 3)
@@ -158,12 +160,12 @@ def test_torch_models_on_the_wrong_shape_are_refused_naming_it(
     with pytest.raises(
         ValueError, match=r"m\.ts fails on a batch of task images's inputs \(1, 28, 28\)"
     ):
-        load_members(ts, images)
+        load_members(ts, images, trust_code=True)
     with pytest.raises(ValueError, match="declares no input shape"):
-        load_members(ts)
+        load_members(ts, trust_code=True)
     w = weights(model, tmp_path / "w.pt")
     with pytest.raises(ValueError, match="fails on a batch"):
-        load_members(f"{FACTORY}@{w}", images)
+        load_members(f"{FACTORY}@{w}", images, trust_code=True)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +188,7 @@ def test_factory_errors_name_the_spec_and_what_to_do(
     junk.write_bytes(b"not weights")
     text = spec.format(w=w, missing=tmp_path / "nope.pt", junk=junk)
     with pytest.raises(ValueError, match=match) as err:
-        load_members(text, LIGHT)
+        load_members(text, LIGHT, trust_code=True)
     assert text in str(err.value)
 
 
@@ -236,7 +238,7 @@ def test_a_model_giving_nan_is_refused_at_start(tmp_path: Path) -> None:
 def test_a_model_not_giving_b_by_k_scores_is_refused(tmp_path: Path) -> None:
     path = export_torchscript(Flat(), SHAPE, tmp_path / "flat.ts")
     with pytest.raises(ValueError, match=r"flat\.ts gives outputs of shape"):
-        load_members(path, LIGHT)
+        load_members(path, LIGHT, trust_code=True)
 
 
 def test_own_net_is_not_a_capc_architecture() -> None:
@@ -253,16 +255,26 @@ def usage_commands() -> list[list[str]]:
 
 
 def test_the_documented_command_lines_parse() -> None:
-    commands = usage_commands()
+    *commands, export = usage_commands()
     assert len(commands) == 3
+    trusted = []
     for argv in commands:
         args = build_parser().parse_args(argv)
         assert args.command == "answerer" and args.task == Path("images.json")
+        trusted.append(args.trust_model_code)
     assert [c[c.index("--model") + 1] for c in commands] == [
         "model.onnx",
         "model.ts",
         "hospital_models.net:build@weights.pt",
     ]
+    # Code models are shown with the flag they need; ONNX without it.
+    assert trusted == [False, True, True]
+    args = build_parser().parse_args(export)
+    assert (args.command, args.teacher_command, args.onnx) == (
+        "teacher",
+        "export",
+        "teacher-{i}.onnx",
+    )
 
 
 @pytest.mark.parametrize(
@@ -325,3 +337,55 @@ def test_an_encrypted_task_refuses_a_foreign_model_at_start(
     voters = Voters.load([export_onnx(model, SHAPE, tmp_path / "m.onnx")])
     with pytest.raises(ValueError, match=r"task sealed sends encrypted queries.*he-mlp.*onnx"):
         check_encryption(voters, task)
+
+
+def test_a_malicious_torchscript_file_is_refused_before_torch_loads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack: a .ts whose forward copies a secret file (the party's TLS key, say)
+    over another file. Without trust_code it is refused before torch.jit.load is even
+    called; with it, the same file really does the harm (so the test can fail)."""
+    secret, target = tmp_path / "party.key", tmp_path / "planted.py"
+    secret.write_bytes(b"PRIVATE KEY")
+    target.write_bytes(b"# untouched")
+    evil = export_thief(secret, target, tmp_path / "teacher.ts")
+    loaded: list[str] = []
+    real_load = torch.jit.load
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        loaded.append(str(args[0]))
+        return real_load(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(torch.jit, "load", spy)
+    with pytest.raises(CodeModelRefusedError, match=r"teacher\.ts is a TorchScript file") as err:
+        load_members(evil, LIGHT)
+    assert "--trust-model-code" in str(err.value) and "ONNX" in str(err.value)
+    with pytest.raises(CodeModelRefusedError):
+        Voters.load([evil], LIGHT)
+    assert loaded == [] and target.read_bytes() == b"# untouched"
+    # Given trust, the file runs: its probe at load copies the secret.
+    load_members(evil, LIGHT, trust_code=True)
+    assert loaded == [str(evil)] and target.read_bytes() == b"PRIVATE KEY"
+
+
+def test_module_factory_is_refused_without_trust_before_import(
+    model: nn.Module, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hospital module that leaves a mark when imported: refused, it is never imported;
+    trusted, it is (and votes)."""
+    marker = tmp_path / "imported"
+    (tmp_path / "marking_hospital_code.py").write_text(
+        "from pathlib import Path\n"
+        f"Path({str(marker)!r}).write_text('ran')\n"
+        "from tests.e2e.own_models import own_net as net\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    w = weights(model, tmp_path / "w.pt")
+    spec = f"marking_hospital_code:net@{w}"
+    with pytest.raises(CodeModelRefusedError, match="module:factory") as err:
+        load_members(spec, LIGHT)
+    assert spec in str(err.value) and "--trust-model-code" in str(err.value)
+    assert not marker.exists() and "marking_hospital_code" not in sys.modules
+    load_members(spec, LIGHT, trust_code=True)
+    assert marker.read_text() == "ran"
+    monkeypatch.delitem(sys.modules, "marking_hospital_code")

@@ -91,3 +91,31 @@ def test_a_register_without_a_valid_teacher_count_refuses_to_start(
 def test_register_pins_a_ceiling_and_a_teacher_count() -> None:
     assert guardian_main.parse_register("hospital-a=4:50") == ("hospital-a", 4.0, 50)
     assert guardian_main.parse_register("h=0.5:1") == ("h", 0.5, 1)
+
+
+def _start_and_stop(db: Path, *extra: str) -> int:
+    """``capc guardian`` up to serving: a task file that does not exist stops it (exit 2)
+    after the ledger's parties, bindings and policies are kept."""
+    missing = db.parent / "no-such-task.json"
+    args = ["guardian", "--db", str(db), "--insecure-dev", "--listen", "127.0.0.1:0"]
+    return main([*args, "--register", "h0=4:1", "--task", f"t={missing}", *extra])
+
+
+def test_a_new_ledger_refuses_clear_records_no_binding_covers(tmp_path: Path) -> None:
+    from services.common.ledger import Ledger
+    from services.guardian.loop import CLEAR_POLICY_KEY, is_outside
+
+    db = tmp_path / "new.db"
+    assert _start_and_stop(db, "--outside-querier", "student") == 2
+    ledger = Ledger(str(db))
+    assert ledger.setting(CLEAR_POLICY_KEY) == "refuse" and is_outside(ledger, "student")
+    ledger.close()
+    # A ledger from before the policy (a party, no policy) keeps allowing, until told.
+    old = tmp_path / "old.db"
+    before = Ledger(str(old))
+    before.register_party("h0", 4.0, teachers=1, actor="test")
+    before.close()
+    assert _start_and_stop(old) == 2
+    assert Ledger(str(old)).setting(CLEAR_POLICY_KEY) == "allow"
+    assert _start_and_stop(old, "--clear-records-from-unbound", "refuse") == 2
+    assert Ledger(str(old)).setting(CLEAR_POLICY_KEY) == "refuse"

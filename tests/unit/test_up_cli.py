@@ -186,6 +186,20 @@ def test_a_checkpoints_file_of_several_teachers_is_counted_as_them(tmp_path: Pat
     assert teacher_counts({1: path}, 3, 10) == [10, 3, 10]
 
 
+def test_a_code_model_is_refused_before_it_runs(tmp_path: Path) -> None:
+    """capc up runs every hospital with its own rights: a TorchScript file is code."""
+    from services.up import teacher_counts
+    from tests.e2e.own_models import export_thief
+
+    secret, target = tmp_path / "ca.key", tmp_path / "planted"
+    secret.write_bytes(b"CA KEY")
+    target.write_bytes(b"......")
+    evil = export_thief(secret, target, tmp_path / "hospital.ts")
+    with pytest.raises(SystemExit, match="capc checkpoints and ONNX files only"):
+        teacher_counts({0: evil}, 3, 10)
+    assert target.read_bytes() == b"......"
+
+
 def test_the_loop_lowers_the_planned_quorum_and_refuses_a_task_files() -> None:
     from services.up import loop_quorum
 

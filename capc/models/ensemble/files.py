@@ -104,11 +104,14 @@ def load_checkpoint(path: Path) -> Teacher | TeacherEnsemble | list[Teacher]:
     return load_teacher(path)
 
 
-def load_members(spec: str | Path, want: Interface | None = None) -> Member | list[Teacher]:
+def load_members(
+    spec: str | Path, want: Interface | None = None, *, trust_code: bool = False
+) -> Member | list[Teacher]:
     """What one ``--model`` names: a capc teacher or ensemble checkpoint, an ONNX or
     TorchScript file (told apart by content), or ``pkg.mod:factory@weights.pt``.
 
     ``want``: the task's interface; a foreign model takes what it does not declare from it
-    (:mod:`capc.models.foreign`). ValueError names the file and what to do."""
-    foreign = load_foreign(spec, want)
+    (:mod:`capc.models.foreign`). ``trust_code``: load TorchScript and ``module:factory``
+    (code; refused without it). ValueError names the file and what to do."""
+    foreign = load_foreign(spec, want, trust_code=trust_code)
     return foreign if foreign is not None else load_checkpoint(Path(spec))

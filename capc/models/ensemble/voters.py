@@ -61,14 +61,21 @@ class Voters:
         self.multi_label = first.multi_label
 
     @classmethod
-    def load(cls, specs: Sequence[str | Path], want: Interface | None = None) -> Voters:
+    def load(
+        cls,
+        specs: Sequence[str | Path],
+        want: Interface | None = None,
+        *,
+        trust_code: bool = False,
+    ) -> Voters:
         """Every ``--model`` of a party (:func:`load_members`; a file of several teachers
-        gives each); ``want``: the task's interface."""
+        gives each); ``want``: the task's interface; ``trust_code``: allow TorchScript and
+        ``module:factory`` models (code)."""
         members: list[Member] = []
         sources: list[str] = []
         origins: list[str] = []
         for spec in specs:
-            loaded = load_members(spec, want)
+            loaded = load_members(spec, want, trust_code=trust_code)
             if isinstance(loaded, list):
                 members += loaded
                 sources += [f"{spec} (teacher {i + 1})" for i in range(len(loaded))]

@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from capc.mpc.mechanism_circuits import cutoff_delta
 from capc.mpc.validity import conversion_delta
 
 # A value for :meth:`Ledger.keep_setting`, kept in the same transaction as a round's
@@ -79,10 +80,13 @@ class PartyBudget:
     rounds_asked: int = 0
 
     def full_delta(self, delta: float) -> float:
-        """The delta this party's guarantee holds at for the ledger's ``delta``: delta plus
-        the validity proofs' ring-conversion failure, at most 2^-40 per round it was
-        asked to vote in (docs/privacy.md, offset robustness)."""
-        return delta + conversion_delta(self.rounds_asked)
+        """The delta this party's guarantee (``spent``, full delta) holds at for the
+        ledger's ``delta``: the noise cut-off's conditioning, (delta + e^spent p) / (1 - p)
+        with p the chance that a noise value of the R rounds it was asked to vote in left
+        the circuit's range (:func:`cutoff_delta`), plus the validity proofs'
+        ring-conversion failure, at most 2^-40 a round (docs/privacy.md)."""
+        cut = cutoff_delta(delta, self.spent, self.rounds_asked)
+        return min(1.0, cut + conversion_delta(self.rounds_asked))
 
 
 @dataclass(frozen=True)

@@ -223,10 +223,11 @@ def round_request_to_proto(
     overrides: common_pb2.Mechanism | None = None,
     hospital: str = "",
     reveal: bool = False,
+    revealed_by: str = "",
 ) -> guardian_pb2.OpenRoundRequest:
     """The student's OpenRound: the core's request with the queries themselves, the job's
     mechanism overrides, the hospital it says it belongs to and whether its own records
-    are shown in the clear."""
+    are shown in the clear (and by whose choice: ``revealed_by``)."""
     retry = None
     if request.retry is not None:
         r = request.retry
@@ -241,6 +242,7 @@ def round_request_to_proto(
         hospital=hospital,
         reveal_records=reveal,
         retry=retry,
+        revealed_by=revealed_by if reveal else "",
     )
 
 

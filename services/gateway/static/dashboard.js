@@ -188,7 +188,7 @@ async function refresh() {
       `${j.answered} / ${j.processed}`, j.rounds, j.created_at.slice(0, 19),
     ]));
     status.className = "sub";
-    status.textContent = `ledger δ = ${history.delta}, each party's guarantee (ε, δ + R·2⁻⁴⁰); updated ${new Date().toLocaleTimeString()}`;
+    status.textContent = `ledger δ = ${history.delta}, each party's guarantee (ε, δ with the noise cut-off + R·2⁻⁴⁰); updated ${new Date().toLocaleTimeString()}`;
   } catch (err) {
     status.className = "error";
     status.textContent = `could not load: ${err.message}`;

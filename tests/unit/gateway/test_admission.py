@@ -27,6 +27,7 @@ from services.common.limits import HEALTH_CACHE_SECONDS
 from services.gateway.app import create_app
 from services.gateway.backends import Backends, HealthCache
 from services.gateway.ratelimit import MemoryBudget
+from services.gateway.routes.jobs import UPLOAD_OVERHEAD
 from services.gateway.tokens import TokenStore
 
 UPLOAD = "/v1/jobs/upload"
@@ -187,7 +188,8 @@ def test_parsed_queries_are_reserved_from_the_same_budget_before_inflating(
 ) -> None:
     # 250 queries: a 1,128-byte .npy whose queries take 3 x 4,000 bytes to parse and send.
     data = npy(250)
-    app = create_app(backends, store, max_upload_bytes=3000, uploads_in_flight_bytes=15_000)
+    limit = 15_000 + UPLOAD_OVERHEAD  # room for one such upload's objects too
+    app = create_app(backends, store, max_upload_bytes=3000, uploads_in_flight_bytes=limit)
     budget: MemoryBudget = app.state.uploads
     token = store.create("analyst", "uploader")[0]
     head = {"Authorization": f"Bearer {token}"}
@@ -201,11 +203,14 @@ def test_parsed_queries_are_reserved_from_the_same_budget_before_inflating(
         alone = upload()
         assert alone.status_code == 503 and budget.held == 0
         assert "student party is not answering" in alone.json()["detail"]
-        # With 4,000 bytes held by another request, its 12,000 do not fit beside them.
+        # With 4,000 bytes held by another request, its 12,000 (with the 1,128 of its
+        # body's second copy and UPLOAD_OVERHEAD) do not fit beside them.
         assert budget.take(4000)
         busy = upload()
         assert busy.status_code == 503 and busy.headers["retry-after"] == "5"
-        assert "needs 12000 more" in busy.json()["detail"] and budget.held == 4000
+        assert (
+            f"needs {13128 + UPLOAD_OVERHEAD} more" in busy.json()["detail"] and budget.held == 4000
+        )
         budget.give(4000)
         # One that could not fit even alone is too large, not early.
         buf = io.BytesIO()
@@ -213,7 +218,7 @@ def test_parsed_queries_are_reserved_from_the_same_budget_before_inflating(
         assert len(buf.getvalue()) < 3000  # the body fits; its 24,000 parsed bytes do not
         big = c.post(UPLOAD, files={"file": ("q.npz", buf.getvalue())}, headers=head)
         assert big.status_code == 413, big.text
-        assert "over the 15000 bytes the gateway gives all uploads" in big.json()["detail"]
+        assert f"over the {limit} bytes the gateway gives all uploads" in big.json()["detail"]
         assert budget.held == 0
     with pytest.raises(ValueError, match="raise --max-uploads-mb"):
         create_app(backends, store, max_upload_bytes=3000, uploads_in_flight_bytes=2999)

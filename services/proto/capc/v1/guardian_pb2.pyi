@@ -228,7 +228,7 @@ class RoundCancelled(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class OpenRoundRequest(_message.Message):
-    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude", "hospital", "reveal_records", "retry")
+    __slots__ = ("header", "round_key", "queries", "mechanism", "student_public_key", "exclude", "hospital", "reveal_records", "retry", "revealed_by")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     ROUND_KEY_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
@@ -238,6 +238,7 @@ class OpenRoundRequest(_message.Message):
     HOSPITAL_FIELD_NUMBER: _ClassVar[int]
     REVEAL_RECORDS_FIELD_NUMBER: _ClassVar[int]
     RETRY_FIELD_NUMBER: _ClassVar[int]
+    REVEALED_BY_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     round_key: str
     queries: _common_pb2.QueryBatch
@@ -247,7 +248,8 @@ class OpenRoundRequest(_message.Message):
     hospital: str
     reveal_records: bool
     retry: RetryWithout
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ..., hospital: _Optional[str] = ..., reveal_records: _Optional[bool] = ..., retry: _Optional[_Union[RetryWithout, _Mapping]] = ...) -> None: ...
+    revealed_by: str
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., round_key: _Optional[str] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., exclude: _Optional[_Iterable[str]] = ..., hospital: _Optional[str] = ..., reveal_records: _Optional[bool] = ..., retry: _Optional[_Union[RetryWithout, _Mapping]] = ..., revealed_by: _Optional[str] = ...) -> None: ...
 
 class RetryWithout(_message.Message):
     __slots__ = ("round_id", "party", "reason")
