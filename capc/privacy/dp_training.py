@@ -198,7 +198,9 @@ def _integer(data: dict[str, Any], name: str, default: int | None = None) -> int
     return int(value)
 
 
-def plan_training(epsilon: float, delta: float, steps: int, clip: float, records: int = 0) -> DpTraining:
+def plan_training(
+    epsilon: float, delta: float, steps: int, clip: float, records: int = 0
+) -> DpTraining:
     """The record of a full-batch training of ``steps`` steps at (``epsilon``, ``delta``)."""
     return DpTraining(
         noise_multiplier=noise_multiplier(epsilon, delta, steps),

@@ -21,6 +21,8 @@ from capc.privacy.dp_training import (
     DpTraining,
     DpTrainingError,
     noise_multiplier,
+)
+from capc.privacy.dp_training import (
     plan_training as plan,
 )
 
