@@ -387,17 +387,19 @@ class AnsweringParty:
             x = serde.regenerate(msg.queries.recipe, task_records(work, task))
             self._check_fits(work, task, tuple(x.shape[1:]))
             table = len(x.shape) == 2
-            return self.voters.predict(x, current_statistics=not table)
+            return self.voters.predict(x, current_statistics=not table and not self._trained)
         if source == "tensor":
             self._check_fits(work, task, tuple(int(n) for n in msg.queries.tensor.shape[1:]))
             # The guardian checks the batch too; this party checks it against its own teachers.
             x = serde.queries_from_proto(msg.queries.tensor, self.voters.input_shape, MAX_BATCH)
-            # DP-trained teachers take nothing from the records beyond their DP-SGD
-            # training: stored BatchNorm statistics (fitted on records, outside that
-            # accounting) are not read; images are normalised with the batch's own.
-            trained = self.budget.attestation is not None and x.ndim > 2
-            return self.voters.predict(x, current_statistics=trained)
+            return self.voters.predict(x)
         raise ValueError("this party answers float32 tensors and recipes")
+
+    @property
+    def _trained(self) -> bool:
+        """DP-trained teachers read every query with the stored statistics they were
+        trained on (the pretrained body's, public: docs/privacy.md), recipes too."""
+        return self.budget.attestation is not None
 
     def _check_fits(self, work: RoundWork, task: str, input_shape: tuple[int, ...]) -> None:
         """ValueError saying which model does not fit the round's task and how (the same

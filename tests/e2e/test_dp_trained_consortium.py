@@ -28,7 +28,7 @@ from capc.learning import dp_sgd
 from capc.models import Teacher, load_teacher, save_teacher
 from capc.models.registry import build
 from capc.privacy import accountants
-from capc.privacy.dp_training import CARD_KEY, DpTraining, plan
+from capc.privacy.dp_training import CARD_KEY, DpTraining, plan_training
 from capc.privacy.randomness import SecureRandom
 from services import tasks
 from services.common.ledger import Ledger
@@ -51,7 +51,7 @@ def dp_teacher(path: Path, hospital: int, epsilon: float = 2.0) -> DpTraining:
     random records; its record on its card. Accuracy is not the point here."""
     x, y = load_dataset("animal-mnist", 28, TASK)
     pick = np.random.default_rng(hospital).permutation(len(x))[:200]
-    record = plan(epsilon, DELTA, 10, clip=1.0, records=len(pick))
+    record = plan_training(epsilon, DELTA, 10, clip=1.0, records=len(pick))
     model = build("he-cnn", (1, 28, 28), 10, seed=hospital)
     rng = SecureRandom.from_seed(f"dp-teacher-{hospital}")  # a test: replayable noise
     dp_sgd.train(model, x[pick], y[pick].astype(np.int64), record, lr=0.05, rng=rng)

@@ -16,7 +16,7 @@ from capc.models import Teacher, save_teacher
 from capc.models.ensemble import Voters
 from capc.models.ensemble.files import save_checkpoints
 from capc.models.registry import build
-from capc.privacy.dp_training import CARD_KEY, DpTraining, plan
+from capc.privacy.dp_training import CARD_KEY, DpTraining, plan_training
 from capc.round.training import TrainingRefusedError
 from services.answerer.attestation import attestation
 from services.common import serde
@@ -29,7 +29,7 @@ DELTA = 1e-5
 
 
 def record(epsilon: float = 2.0) -> DpTraining:
-    return plan(epsilon, DELTA, 20, clip=1.0, records=64)
+    return plan_training(epsilon, DELTA, 20, clip=1.0, records=64)
 
 
 def teacher(seed: int, rec: DpTraining | None) -> Teacher:
@@ -76,7 +76,7 @@ def test_dp_training_attests_a_model_without_a_card(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="every --model carries its own"):
         attestation([dp], Voters.load([dp]), path)
     path.write_text(json.dumps({**rec.to_dict(), "sampling_rate": 0.1}))
-    with pytest.raises(ValueError, match="sampling rate"):
+    with pytest.raises(ValueError, match="sampling_rate"):
         attestation([plain], Voters.load([plain]), path)
     with pytest.raises(ValueError, match="no such file"):
         attestation([plain], Voters.load([plain]), tmp_path / "missing.json")
@@ -124,14 +124,17 @@ def test_the_guardian_charges_an_attested_training_once(tmp_path: Path) -> None:
     assert ledger.verify_audit() > 0
 
 
-def test_an_attested_party_never_reads_stored_batchnorm_statistics(tmp_path: Path) -> None:
-    """Stored statistics may be fitted on the records, outside the DP-SGD accounting: an
-    attested party normalises a plain tensor batch with its own statistics."""
+def test_an_attested_party_reads_every_query_with_its_stored_statistics(tmp_path: Path) -> None:
+    """DP-trained heads are trained on features read with the stored (pretrained, public)
+    statistics, so an attested party reads recipes with them too; an ordinary DIET party
+    reads a recipe batch with the batch's own statistics, and both read tensors stored."""
     import torch
 
+    from capc.data.generators import Recipe
     from capc.mechanisms import from_config
     from services.answerer.budget import OwnBudget
     from services.answerer.party import AnsweringParty
+    from services.common.serde.recipes import recipe_to_proto
     from services.common.task import canonical_json, config_hash
     from services.proto.capc.v1 import common_pb2
 
@@ -143,25 +146,40 @@ def test_an_attested_party_never_reads_stored_batchnorm_statistics(tmp_path: Pat
                 m.running_mean.fill_(3.0)
                 m.running_var.fill_(0.01)
     cnn = Teacher("small-cnn", (1, 28, 28), 10, model, card={}, device="cpu")
+    recipe = Recipe("gaussian", seed=5, start=0, count=16, shape=(1, 28, 28))
+    synthetic = recipe.generate()
     x = np.random.default_rng(0).random((16, 1, 28, 28)).astype(np.float32)
-    stored, current = cnn.predict(x), cnn.predict(x, current_statistics=True)
-    assert (stored != current).any()  # the test has teeth
+    stored = {"tensor": cnn.predict(x), "recipe": cnn.predict(synthetic)}
+    current = cnn.predict(synthetic, current_statistics=True)
+    assert (stored["recipe"] != current).any()  # the test has teeth
     mechanism = {"name": "dp-trained"}
     config = {"num_classes": 10, "input_shape": [1, 28, 28], "mechanism": mechanism}
-    msg = guardian_pb2.RoundWork(
-        round_id=1,
-        queries=common_pb2.QueryBatch(tensor=serde.queries_to_proto(x)),
-        mechanism=serde.mechanism_to_proto(from_config(mechanism, 10)),
-        task_json=canonical_json(config),
-    )
+    batches = {
+        "tensor": common_pb2.QueryBatch(tensor=serde.queries_to_proto(x)),
+        "recipe": common_pb2.QueryBatch(recipe=recipe_to_proto(recipe)),
+    }
     header = common_pb2.Header(task="t", config_hash=config_hash(config))
     spec = saved(tmp_path / "dp.pt", 0, record())
     att = attestation([spec], Voters.load([spec]))
     assert att is not None
-    for kind, want in (("plain", stored), ("attested", current)):
+    want = {
+        ("plain", "tensor"): stored["tensor"],
+        ("plain", "recipe"): current,
+        ("attested", "tensor"): stored["tensor"],
+        ("attested", "recipe"): stored["recipe"],
+    }
+    for kind in ("plain", "attested"):
         own = OwnBudget("h", Ledger(str(tmp_path / f"{kind}.db"), delta=DELTA), 10.0)
         if kind == "attested":
             own.attest(att)
         party = AnsweringParty("h", Voters([cnn]), "127.0.0.1:9", None, own)
-        work = serde.round_work_from_proto(msg, "h", header)
-        np.testing.assert_array_equal(party._predict(msg, work, "t")[:, 0], want, err_msg=kind)
+        for source, batch in batches.items():
+            msg = guardian_pb2.RoundWork(
+                round_id=1,
+                queries=batch,
+                mechanism=serde.mechanism_to_proto(from_config(mechanism, 10)),
+                task_json=canonical_json(config),
+            )
+            work = serde.round_work_from_proto(msg, "h", header)
+            got = party._predict(msg, work, "t")[:, 0]
+            np.testing.assert_array_equal(got, want[kind, source], err_msg=f"{kind} {source}")

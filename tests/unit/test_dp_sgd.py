@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from torch import nn
 
 from capc.learning import dp_sgd
-from capc.privacy.dp_training import DpTraining, plan
+from capc.privacy.dp_training import DpTraining, plan_training
 from capc.privacy.randomness import SecureRandom
 
 N, D, K = 40, 6, 3
@@ -133,18 +133,25 @@ def test_batchnorm_is_refused() -> None:
     x, y = _data()
     model = nn.Sequential(nn.Linear(D, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, K))
     with pytest.raises(ValueError, match="BatchNorm"):
-        dp_sgd.train(model, x, y, plan(1.0, 1e-5, 2, 1.0), lr=0.1, rng=SecureRandom.from_seed(0))
+        dp_sgd.train(
+            model, x, y, plan_training(1.0, 1e-5, 2, 1.0), lr=0.1, rng=SecureRandom.from_seed(0)
+        )
 
 
 def test_mismatched_or_empty_data_is_refused() -> None:
     x, y = _data()
     with pytest.raises(ValueError, match="labels"):
         dp_sgd.train(
-            nn.Linear(D, K), x, y[:-1], plan(1.0, 1e-5, 2, 1.0), lr=0.1, rng=SecureRandom()
+            nn.Linear(D, K), x, y[:-1], plan_training(1.0, 1e-5, 2, 1.0), lr=0.1, rng=SecureRandom()
         )
     with pytest.raises(ValueError, match="labels"):
         dp_sgd.train(
-            nn.Linear(D, K), x[:0], y[:0], plan(1.0, 1e-5, 2, 1.0), lr=0.1, rng=SecureRandom()
+            nn.Linear(D, K),
+            x[:0],
+            y[:0],
+            plan_training(1.0, 1e-5, 2, 1.0),
+            lr=0.1,
+            rng=SecureRandom(),
         )
 
 
@@ -155,7 +162,9 @@ def test_the_trained_model_is_a_plain_module() -> None:
     x, y = _data()
     model = nn.Sequential(nn.Linear(D, 8), nn.ReLU(), nn.Linear(8, K))
     before = {k: set(vars(m)) for k, m in model.named_modules()}
-    trained = dp_sgd.train(model, x, y, plan(5.0, 1e-5, 3, 1.0), lr=0.1, rng=SecureRandom())
+    trained = dp_sgd.train(
+        model, x, y, plan_training(5.0, 1e-5, 3, 1.0), lr=0.1, rng=SecureRandom()
+    )
     assert trained is model and type(trained) is nn.Sequential and not trained.training
     for name, m in trained.named_modules():
         assert set(vars(m)) == before[name], name

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from capc.mechanisms import MechanismError, from_config
 from capc.mpc.session import LocalPair
 from capc.privacy import accountants, events
-from capc.privacy.dp_training import DpTraining, DpTrainingError, plan
+from capc.privacy.dp_training import DpTraining, DpTrainingError, plan_training
 from capc.privacy.randomness import SecureRandom
 from capc.round import GuardianCore, MemoryLedger, QueryBatch, RoundRequest, RoundWork
 from capc.round.errors import RoundRequestError, VoteRefusedError
@@ -44,7 +44,7 @@ GDP = accountants.make(accountants.DEFAULT_ACCOUNTANT)
 
 
 def record(epsilon: float = 2.0, steps: int = 50) -> DpTraining:
-    return plan(epsilon, DELTA, steps, clip=1.0, records=100)
+    return plan_training(epsilon, DELTA, steps, clip=1.0, records=100)
 
 
 def attested(rec: DpTraining, files: tuple[bytes, ...] = (b"\x01" * 32,)) -> Attestation:
