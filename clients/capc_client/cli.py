@@ -183,6 +183,28 @@ def _records(path: Path) -> Any:
         raise SystemExit(f"capcctl: cannot read records from {path}: {err}") from None
 
 
+def _true_labels(path: Path) -> list[Any] | None:
+    """An .npz file's ``y`` (its records' true labels, as ``capc data pack`` writes a
+    labelled file), as a list; None for any other file or one without ``y``."""
+    if path.suffix != ".npz":
+        return None
+    import numpy as np  # _records has read this file, so numpy is installed
+
+    with open(path, "rb") as f, np.load(f, allow_pickle=False) as data:
+        return None if "y" not in data.files else np.asarray(data["y"]).tolist()
+
+
+def prediction_accuracy(predicted: Sequence[Any], truth: Sequence[Any]) -> float:
+    """The share of records whose predicted label (a class, or a multi-label task's 0/1
+    list) equals the true one; ValueError when the counts differ."""
+    if len(predicted) != len(truth):
+        raise ValueError(f"{len(predicted)} predictions for {len(truth)} true labels")
+    if not truth:
+        return 0.0
+    right = sum(1 for p, t in zip(predicted, truth, strict=True) if p == t)
+    return right / len(truth)
+
+
 def cmd_models_predict(client: Client, args: argparse.Namespace) -> int:
     records = _records(args.records)
     if args.one:
@@ -192,7 +214,13 @@ def cmd_models_predict(client: Client, args: argparse.Namespace) -> int:
         f"{i:6}  {label}  {max(scores):.3f}"
         for i, (label, scores) in enumerate(zip(out.labels, out.scores, strict=True))
     ]
-    _print(args, out, lines)
+    truth = None if args.one else _true_labels(args.records)
+    value: Any = out
+    if truth is not None:
+        acc = prediction_accuracy(out.labels, truth)
+        lines.append(f"accuracy {acc:.3f} on {len(truth)} labelled records (the file's y)")
+        value = {**out.model_dump(), "accuracy": acc, "labelled": len(truth)}
+    _print(args, value, lines)
     return 0
 
 
@@ -246,10 +274,21 @@ def cmd_ledger(client: Client, args: argparse.Namespace) -> int:
             f"= {full:.12g}"
             for name, full in sorted(page.full_delta.items())
         ]
+    # A round's epsilon alone is not shown: rounds compose to less than their sum, so
+    # a column of them would invite adding it up. Each party's total, composed over
+    # every round, follows the entries (capcctl budget has it too).
     lines = head + [
-        f"round {e.round_id:6} {e.party:16} {e.kind:11} {e.mechanism:16} {e.queries:5} queries  eps {e.epsilon_alone:.4f}  {e.at}"
+        f"round {e.round_id:6} {e.party:16} {e.kind:11} {e.mechanism:16} {e.queries:5} queries  {e.at}"
         for e in page.entries
     ]
+    if page.entries and not args.json:
+        parties = {e.party for e in page.entries}
+        lines.append("epsilon spent, composed over every round (not the sum of rounds):")
+        lines += [
+            f"  {b.party:16} eps {b.epsilon_spent:.4f} of {b.epsilon_cap:g}"
+            for b in client.budgets().budgets
+            if b.party in parties
+        ]
     _print(args, page, lines or ["no entries"])
     return 0
 
@@ -303,7 +342,8 @@ def _loop_lines(loop: Loop) -> list[str]:
         f"after {_accuracy(loop.accuracy_after)}, gain {gain or 'n/a'}",
         f"labels bought {loop.labels_bought} over {loop.jobs} jobs; own records sent in the "
         f"clear {loop.records_revealed}",
-        f"epsilon the others spent for it: {spent or 'none'} (largest {loop.epsilon_spent:.4g})",
+        f"epsilon the others spent for it, each one's total over every round: "
+        f"{spent or 'none'} (largest {loop.epsilon_spent:.4g})",
     ]
 
 
@@ -316,9 +356,51 @@ def _trained(client: Client, args: argparse.Namespace, job_ids: list[str]) -> St
     return client.wait_model(model.id)
 
 
+def loop_shortfall(loop: Loop, records: int) -> str | None:
+    """Why a loop on ``records`` records cannot finish within the answering hospitals'
+    remaining caps (the least of ``loop.queries_left``), or None when it can (or the
+    gateway does not report them). Checked before anything is spent: a loop refused
+    half way leaves the others charged and no model after."""
+    if not loop.queries_left:
+        return None
+    party, left = min(loop.queries_left.items(), key=lambda item: (item[1], item[0]))
+    if records <= left:
+        return None
+    if left < 1:
+        return (
+            f"{party}'s cap covers no more queries, so no record can be labelled; nothing "
+            "was spent. Ask the consortium for more budget, or stop looping"
+        )
+    return (
+        f"the loop would label {records} records, but {party}'s cap covers only {left} more "
+        f"queries: it would stop part way, with the others charged and no model after. "
+        f"Nothing was spent: pass a file of at most {left} records (e.g. the first {left} "
+        "rows of x)"
+    )
+
+
+def _count(records: Path) -> int | None:
+    """How many records ``records`` holds; None where it cannot be told here (no numpy,
+    an unreadable file: the gateway's refusal then says why)."""
+    try:
+        data = _records(records)
+    except SystemExit:
+        return None
+    return len(data) if hasattr(data, "__len__") else None
+
+
 def cmd_loop_run(client: Client, args: argparse.Namespace) -> int:
     """The CaPC loop in one command: the model of own records alone, a job labelling the
-    hospital's unlabelled records through the others, the model of both, the report."""
+    hospital's unlabelled records through the others, the model of both, the report.
+
+    The whole loop's budget is checked first: a file the others' caps cannot label in
+    full is refused before anything is trained or spent."""
+    count = _count(args.records)
+    if count is not None:
+        why = loop_shortfall(client.loop(), count)
+        if why is not None:
+            print(f"capcctl: {why}", file=sys.stderr)
+            return 1
     before = _trained(client, args, [])
     if before.state != "done":
         print(f"capcctl: the model of own records alone failed: {before.error}", file=sys.stderr)
@@ -331,6 +413,14 @@ def cmd_loop_run(client: Client, args: argparse.Namespace) -> int:
     job = client.wait(job.id, on_progress=None if args.quiet else _progress)
     if job.state != "done":
         print(f"capcctl: job {job.id} failed: {job.error}", file=sys.stderr)
+        if job.answered:
+            # What was bought is not lost: the job's answered labels train a model.
+            weight = "" if args.own_weight is None else f" --own-weight {args.own_weight}"
+            print(
+                f"capcctl: its {job.answered} labels bought so far stay usable: "
+                f"capcctl models train {job.id}{weight} --wait",
+                file=sys.stderr,
+            )
         return 1
     after = _trained(client, args, [job.id])
     if after.state != "done":
@@ -513,7 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument(
         "records",
         type=Path,
-        help=".json list of records (or .npy, .npz with x, where numpy is installed)",
+        help=".json list of records (or .npy, .npz with x, where numpy is installed); an "
+        ".npz with y too is also scored: the accuracy follows the predictions",
     )
     predict.add_argument("--one", action="store_true", help="the file holds a single record")
     predict.set_defaults(run=cmd_models_predict)

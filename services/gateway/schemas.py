@@ -224,7 +224,16 @@ class LoopOut(BaseModel):
     epsilon_by_party: dict[str, float] = Field(
         description="epsilon (at the ledger's delta) the querier's rounds charged each party"
     )
-    epsilon_spent: float = Field(description="the largest of epsilon_by_party (0 for none)")
+    epsilon_spent: float = Field(
+        description="the largest of epsilon_by_party (0 for none): each party's total, "
+        "composed over the querier's rounds, not a sum of per-round or per-label figures"
+    )
+    queries_left: dict[str, int] = Field(
+        default_factory=dict,
+        description="per answering party (the bound hospital left out): queries of the "
+        "task's worst case its remaining cap covers; a loop labels at most the least of "
+        "them (capcctl loop run checks this before it spends)",
+    )
 
 
 LedgerState = Literal["agree", "diverged", "incomparable", "unreported"]

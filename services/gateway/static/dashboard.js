@@ -138,7 +138,8 @@ async function refreshLoop() {
     `${loop.hospital} (${loop.querier})`, accuracy(loop.accuracy_before), accuracy(loop.accuracy_after),
     loop.gain === null ? "" : (loop.gain >= 0 ? "+" : "") + loop.gain.toFixed(3),
     `${loop.epsilon_spent.toFixed(4)}${spent ? ` (${spent})` : ""}`, loop.labels_bought,
-    loop.labels_bought ? (loop.epsilon_spent / loop.labels_bought).toPrecision(3) : "",
+    // Composition is not linear: no "epsilon per label" is shown, only what is left.
+    Object.keys(loop.queries_left || {}).length ? Math.min(...Object.values(loop.queries_left)) : "",
     loop.records_revealed,
   ]]);
 }
