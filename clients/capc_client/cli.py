@@ -48,20 +48,65 @@ def _job_line(j: Job) -> str:
     return line + (f"  error: {j.error}" if j.error else "")
 
 
-def _progress(job: Job) -> None:
-    """A progress bar on stderr, so --json output on stdout stays clean."""
-    done = int(BAR * job.progress)
-    sys.stderr.write(
-        f"\r[{'#' * done}{'.' * (BAR - done)}] {job.processed}/{job.requested} "
-        f"answered {job.answered} ({job.state})   "
-    )
-    if job.finished:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def rate_text(done: int, total: int, seconds: float, unit: str) -> str:
+    """``done`` of ``total`` ``unit`` in ``seconds``: the rate and an estimate of the time
+    left ("12.5 queries/s, about 40 s left"); "" before anything is done."""
+    if done <= 0 or seconds <= 0:
+        return ""
+    rate = done / seconds
+    left = max(total - done, 0) / rate
+    return f"{rate:.3g} {unit}/s, about {left:.0f} s left"
+
+
+class JobProgress:
+    """A job's progress bar on stderr (so --json output on stdout stays clean), with
+    the rate since it was first seen and an estimate of the time left."""
+
+    def __init__(self, clock: Any = None) -> None:
+        import time
+
+        self.clock = clock or time.monotonic
+        self.first: tuple[float, int] | None = None
+
+    def __call__(self, job: Job) -> None:
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, job.processed)
+        began, start = self.first
+        done = int(BAR * job.progress)
+        speed = rate_text(job.processed - start, job.requested - start, now - began, "queries")
+        sys.stderr.write(
+            f"\r[{'#' * done}{'.' * (BAR - done)}] {job.processed}/{job.requested} "
+            f"answered {job.answered} ({job.state}{', ' + speed if speed else ''})   "
+        )
+        if job.finished:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _quiet(args: argparse.Namespace) -> bool:
+    """No progress on stderr: --quiet, or --json (whose command prints only its JSON)."""
+    return bool(args.quiet or args.json)
+
+
+def _training(what: str) -> Any:
+    """Progress of a model's training on stderr: its state and the seconds so far (the
+    student party reports no fraction done while it trains)."""
+    import time
+
+    began = time.monotonic()
+
+    def show(model: StudentModel) -> None:
+        sys.stderr.write(
+            f"{what} {model.id}: {model.state} after {time.monotonic() - began:.0f} s\n"
+        )
+        sys.stderr.flush()
+
+    return show
 
 
 def _watch(client: Client, args: argparse.Namespace, job_id: str) -> int:
-    job = client.wait(job_id, on_progress=None if args.quiet else _progress)
+    job = client.wait(job_id, on_progress=None if _quiet(args) else JobProgress())
     _print(args, job, [_job_line(job)])
     return 0 if job.state == "done" else 1
 
@@ -139,7 +184,8 @@ def cmd_models_train(client: Client, args: argparse.Namespace) -> int:
         own_weight=args.own_weight,
     )
     if args.wait:
-        model = client.wait_model(model.id)
+        shown = None if _quiet(args) else _training("training model")
+        model = client.wait_model(model.id, on_progress=shown)
     _print(args, model, [f"{model.id}  {model.state}  {json.dumps(model.metrics)} {model.error}"])
     return 0 if model.state != "failed" else 1
 
@@ -353,7 +399,8 @@ def _trained(client: Client, args: argparse.Namespace, job_ids: list[str]) -> St
     to weigh them against, so it is trained as it always was)."""
     weight = args.own_weight if job_ids else None
     model = client.train(job_ids, None, args.epochs, args.seed, own_weight=weight)
-    return client.wait_model(model.id)
+    what = "training the model after" if job_ids else "training the model before"
+    return client.wait_model(model.id, on_progress=None if _quiet(args) else _training(what))
 
 
 def loop_shortfall(loop: Loop, records: int) -> str | None:
@@ -410,7 +457,7 @@ def cmd_loop_run(client: Client, args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         reveal_records_to_answerers=args.reveal_records_to_answerers,
     )
-    job = client.wait(job.id, on_progress=None if args.quiet else _progress)
+    job = client.wait(job.id, on_progress=None if _quiet(args) else JobProgress())
     if job.state != "done":
         print(f"capcctl: job {job.id} failed: {job.error}", file=sys.stderr)
         if job.answered:
