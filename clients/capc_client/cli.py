@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from capc_client.models import Job, Loop, StudentModel
+from capc_client.models import Job, Loop, PartyLedger, StudentModel
 from capc_client.sdk import DEFAULT_BATCH, ApiError, Client
 
 BAR = 30
@@ -277,6 +277,30 @@ def guarantee(eps: float, ledger_delta: float, rounds: int | None, full: float |
     return f"(eps {eps:.4f}, delta {ledger_delta:g} + {rounds} x 2^-40 = {full:.12g})"
 
 
+def own_ledger_text(own: PartyLedger, guardian_spent: float) -> str:
+    """A hospital's own ledger beside the guardian's, as capcctl budget prints it.
+
+    The two are compared only through ``own.through_round``, the last round the
+    hospital has reported: a hospital reports at most every few seconds once rounds
+    settle, so right after a round the guardian's total includes rounds its report does
+    not yet cover. "agree (eps 0.0000, gap 0)" beside a guardian spend of 6.57 meant
+    exactly that; the line now says through which round they agree, and that the
+    later rounds' report is still pending."""
+    if own.state == "unreported":
+        return "unreported"
+    text = (
+        f"{own.state} through round {own.through_round} "
+        f"(its eps {own.epsilon_spent:.4f}, gap {own.gap:.3g})"
+    )
+    # A report behind the guardian: rounds settled since are not compared yet.
+    if guardian_spent > own.epsilon_spent + max(1e-9, abs(own.gap)) * (1 + 1e-9):
+        text += (
+            "; its report of the later rounds is pending (sent within seconds of a "
+            "round): run capcctl budget again to compare them"
+        )
+    return text
+
+
 def cmd_budget(client: Client, args: argparse.Namespace) -> int:
     b = client.budgets()
     lines = [
@@ -288,12 +312,7 @@ def cmd_budget(client: Client, args: argparse.Namespace) -> int:
         f"  order {x.best_order:g}"
         + f"  guarantee {guarantee(x.epsilon_spent, x.delta, x.rounds_asked, x.full_delta)}"
         + ("" if x.queries_left is None else f"  ~{x.queries_left} queries left")
-        + f"  own ledger: {x.own_ledger.state}"
-        + (
-            f" (eps {x.own_ledger.epsilon_spent:.4f}, gap {x.own_ledger.gap:.3g})"
-            if x.own_ledger.state != "unreported"
-            else ""
-        )
+        + f"  own ledger: {own_ledger_text(x.own_ledger, x.epsilon_spent)}"
         for x in b.budgets
     ]
     _print(args, b, lines)

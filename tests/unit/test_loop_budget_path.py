@@ -152,3 +152,21 @@ def test_a_demo_without_a_terminal_prints_no_address_of_a_stopped_consortium() -
     assert url in dashboard_line(url, serving=True)
     stopped = dashboard_line(url, serving=False)
     assert "https://" not in stopped and "--serve" in stopped
+
+
+def test_a_pending_own_ledger_report_is_not_shown_as_a_plain_agreement() -> None:
+    from capc_client.models import PartyLedger
+
+    # Issue 56: right after a round, "own ledger: agree (eps 0.0000, gap 0)" stood beside
+    # a guardian spend of 6.5730. The hospital had not yet reported that round: the two
+    # agreed through round 0 only.
+    stale = PartyLedger(state="agree", epsilon_spent=0.0, through_round=0, open_rounds=0)
+    text = capcctl.own_ledger_text(stale, 6.573)
+    assert text.startswith("agree through round 0 (its eps 0.0000, gap 0)")
+    assert "pending" in text
+    current = PartyLedger(state="agree", epsilon_spent=6.573, through_round=4, open_rounds=0)
+    assert capcctl.own_ledger_text(current, 6.573) == (
+        "agree through round 4 (its eps 6.5730, gap 0)"
+    )
+    unreported = PartyLedger(state="unreported", epsilon_spent=0, through_round=0, open_rounds=0)
+    assert capcctl.own_ledger_text(unreported, 1.0) == "unreported"
