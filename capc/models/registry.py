@@ -8,7 +8,8 @@ fine-tunes only the head; teachers and students share one pretrained body.
 - ``mlp``: two hidden layers with BatchNorm, for tabular inputs;
 - ``resnet10``, ``resnet18``: CIFAR-style residual networks (capc.models.resnet);
 - ``he-cnn``, ``he-mlp``: convolution / dense layers with square activations
-  only, which :mod:`capc.he` evaluates on CKKS ciphertexts.
+  only, which :mod:`capc.he` evaluates on CKKS ciphertexts;
+- ``linear``: no hidden layer (a hospital's logistic-regression baseline).
 """
 
 from __future__ import annotations
@@ -114,6 +115,15 @@ def _he_mlp(input_shape: tuple[int, ...], width: int) -> tuple[nn.Module, int]:
     return nn.Sequential(nn.Linear(input_shape[0], width), Square()), width
 
 
+def _linear(input_shape: tuple[int, ...], width: int) -> tuple[nn.Module, int]:
+    """No hidden layer: the head sees the flattened inputs (logistic regression when
+    fitted by :func:`capc.learning.last_layer.fit_linear`). ``width`` is unused."""
+    dim = 1
+    for s in input_shape:
+        dim *= int(s)
+    return nn.Flatten(), dim
+
+
 @dataclass(frozen=True)
 class Architecture:
     """How to build a body, and its default width (channels or hidden units)."""
@@ -130,6 +140,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "resnet18": Architecture(_resnet("resnet18"), 64, "CIFAR-style ResNet-18"),
     "he-cnn": Architecture(_he_cnn, 5, "CryptoNets-size CNN with square activations (CKKS)"),
     "he-mlp": Architecture(_he_mlp, 32, "one hidden layer with a square activation (CKKS)"),
+    "linear": Architecture(_linear, 1, "a linear layer on the flattened inputs (logistic)"),
 }
 
 

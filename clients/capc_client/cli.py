@@ -394,6 +394,25 @@ def _accuracy(value: float | None) -> str:
     return "not trained" if value is None else f"{value:.3f}"
 
 
+def before_text(model: StudentModel | None) -> str:
+    """Which model "before" is: the best the hospital fitted on its own labelled records
+    alone, and what it was chosen among (the student party's metrics)."""
+    if model is None:
+        return "not trained"
+    chosen = model.metrics.get("before_model")
+    if chosen is None:
+        return f"{model.architecture} on {model.examples} own records (no choice reported)"
+    text = f"{chosen} on {model.examples} own records"
+    choice = model.metrics.get("before_choice")
+    if isinstance(choice, dict) and choice:
+        scores = ", ".join(
+            f"{name} {'failed' if acc is None else f'{float(acc):.3f}'}"
+            for name, acc in choice.items()
+        )
+        text += f", the best on its own held-out part of them ({scores})"
+    return text
+
+
 def _loop_lines(loop: Loop) -> list[str]:
     """The loop's report for people: one fact a line."""
     if not loop.hospital:
@@ -405,6 +424,7 @@ def _loop_lines(loop: Loop) -> list[str]:
         f"{loop.bound_hospital or 'none'})",
         f"accuracy on its own held-out records: before {_accuracy(loop.accuracy_before)}, "
         f"after {_accuracy(loop.accuracy_after)}, gain {gain or 'n/a'}",
+        f"before: {before_text(loop.before)}",
         f"labels bought {loop.labels_bought} over {loop.jobs} jobs; own records sent in the "
         f"clear {loop.records_revealed}",
         f"epsilon the others spent for it, each one's total over every round: "

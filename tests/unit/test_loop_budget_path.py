@@ -170,3 +170,34 @@ def test_a_pending_own_ledger_report_is_not_shown_as_a_plain_agreement() -> None
     )
     unreported = PartyLedger(state="unreported", epsilon_spent=0, through_round=0, open_rounds=0)
     assert capcctl.own_ledger_text(unreported, 1.0) == "unreported"
+
+
+def test_the_loop_display_says_which_model_before_is() -> None:
+    from capc_client.models import StudentModel
+
+    model = StudentModel(
+        id="m1",
+        state="done",
+        job_ids=[],
+        architecture="mlp",
+        epochs=10,
+        examples=30,
+        metrics={
+            "test_accuracy": 0.833,
+            "before_model": "logistic regression, L2 0.01",
+            "before_choice": {
+                "the student's default model (mlp)": 0.5,
+                "logistic regression, L2 0.01": 0.875,
+                "logistic regression, L2 0.1": None,
+            },
+        },
+        error="",
+        created_at="now",
+    )
+    text = capcctl.before_text(model)
+    assert text.startswith("logistic regression, L2 0.01 on 30 own records")
+    assert "default model (mlp) 0.500" in text and "L2 0.1 failed" in text
+    assert capcctl.before_text(None) == "not trained"
+    loop = _loop({}).model_copy(update={"before": model, "accuracy_before": 0.833})
+    lines = capcctl._loop_lines(loop)
+    assert any(line.startswith("before: logistic regression") for line in lines)

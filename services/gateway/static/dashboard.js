@@ -135,7 +135,10 @@ async function refreshLoop() {
   if (!loop.hospital) return;
   const spent = Object.entries(loop.epsilon_by_party).map(([p, e]) => `${p}: ${e.toFixed(4)}`).join(", ");
   fill("loop", [[
-    `${loop.hospital} (${loop.querier})`, accuracy(loop.accuracy_before), accuracy(loop.accuracy_after),
+    `${loop.hospital} (${loop.querier})`,
+    // Which model "before" is: the best of the candidates fitted on its own records.
+    accuracy(loop.accuracy_before) + (loop.before && loop.before.metrics.before_model ? ` (${loop.before.metrics.before_model})` : ""),
+    accuracy(loop.accuracy_after),
     loop.gain === null ? "" : (loop.gain >= 0 ? "+" : "") + loop.gain.toFixed(3),
     `${loop.epsilon_spent.toFixed(4)}${spent ? ` (${spent})` : ""}`, loop.labels_bought,
     // Composition is not linear: no "epsilon per label" is shown, only what is left.
