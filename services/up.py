@@ -39,6 +39,7 @@ from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from capc.privacy.accountants import DEFAULT_ACCOUNTANT, Accounting, make
+from capc.privacy.sizing import recheck
 from services import tasks
 from services.common.ledger import Ledger, LedgerError
 from services.common.task import TaskConfig, config_hash
@@ -581,6 +582,16 @@ def run(args: argparse.Namespace) -> int:
         )
     fit = queries_fit(c.task, args.epsilon)
     note(describe(c.task, counts, args.epsilon, fit, task_label(args)))
+    # The task was planned for some teacher counts; the ones that register may differ
+    # (a hospital bringing one model of its own): re-checked every start.
+    checks = recheck(
+        c.task["mechanism"],
+        int(c.task.get("num_classes") or 2),
+        int(c.task.get("quorum", 1)),
+        counts,
+    )
+    for warning in checks:
+        note(f"warning: {warning}")
     if fit < args.queries:
         note(f"warning: this task covers only {fit} queries per hospital at eps {args.epsilon:g}")
     try:
@@ -613,6 +624,7 @@ def run(args: argparse.Namespace) -> int:
             "dir": str(c.directory),
             "reused": reused,
             "seconds": round(time.perf_counter() - began, 1),
+            "warnings": checks,
         }
         if loop is not None:
             summary["loop"] = loop.summary()
