@@ -236,6 +236,26 @@ class LoopOut(BaseModel):
     )
 
 
+class LoopSpend(BaseModel):
+    """One CaPC loop as the guardian sees it: a querier bound to its hospital, and what
+    its rounds charged the other hospitals (its accuracy lives at its own student party:
+    that hospital's gateway's GET /v1/loop)."""
+
+    hospital: str = Field(description="the hospital the querier labels records for")
+    querier: str = Field(description="the querier's certificate name")
+    epsilon_by_party: dict[str, float] = Field(
+        description="epsilon (at the ledger's delta) its rounds charged each party: each "
+        "one's total, composed over every round"
+    )
+    epsilon_spent: float = Field(description="the largest of epsilon_by_party (0 for none)")
+
+
+class LoopList(BaseModel):
+    """Every CaPC loop the guardian bound, whichever gateway each runs over."""
+
+    loops: list[LoopSpend]
+
+
 LedgerState = Literal["agree", "diverged", "incomparable", "unreported"]
 
 

@@ -147,8 +147,23 @@ async function refreshLoop() {
   ]]);
 }
 
+// Every CaPC loop the guardian bound (admin): each hospital's querier and what its rounds
+// charged the others, whichever gateway it runs over; hidden when there is none.
+async function refreshLoops() {
+  const section = document.getElementById("loops-section");
+  let reply;
+  try { reply = await get("/v1/admin/loops"); } catch (e) { section.hidden = true; return; }
+  section.hidden = reply.loops.length === 0;
+  fill("loops", reply.loops.map(l => [
+    l.hospital, l.querier,
+    Object.entries(l.epsilon_by_party).map(([p, e]) => `${p}: ${e.toFixed(4)}`).join(", ") || "none yet",
+    l.epsilon_spent.toFixed(4),
+  ]));
+}
+
 async function refresh() {
   refreshLoop();
+  refreshLoops();
   const status = document.getElementById("status");
   try {
     const [history, parties, jobs, audits, log] = await Promise.all([
