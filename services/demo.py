@@ -271,6 +271,7 @@ def _demo(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         held_out=DEMO_TEST,
         log=steps.note,
         epsilon_cap=args.epsilon,
+        progress=not args.json,
     )
     consortium.prepare()
     steps("starting the guardian, the hospitals, the student party and the gateway")

@@ -189,6 +189,10 @@ class LocalConsortium:
     #: Hospitals' own teacher files (a capc checkpoint or ensemble, by hospital index),
     #: used as they are instead of teachers fitted here; ``teachers`` must give their counts.
     own_models: dict[int, Path] = field(default_factory=dict)
+    #: Progress lines inside long steps (each teacher fitted, each hospital connected,
+    #: with a rate and an estimate) in ``log``; off under a command's --json, which is
+    #: quiet but for its JSON.
+    progress: bool = True
 
     @property
     def address(self) -> str:
@@ -355,7 +359,9 @@ class LocalConsortium:
             width=base.width,
             l2=self.teacher_l2,
             card=card,
-            progress=Progress(f"{name}'s teachers", len(parts), say=self._say).advance,
+            progress=Progress(
+                f"{name}'s teachers", len(parts), say=self._say, quiet=not self.progress
+            ).advance,
         )
         save_ensemble(self.model_path(i), ensemble)
 
@@ -374,7 +380,9 @@ class LocalConsortium:
         enc = self.task_config.encryption
         default = "mlp" if len(shape) == 1 else "small-cnn"  # table rows or images
         architecture, width = (default, None) if enc is None else (enc.architecture, enc.width)
-        progress = Progress(f"{name}'s teachers", len(parts), say=self._say)
+        progress = Progress(
+            f"{name}'s teachers", len(parts), say=self._say, quiet=not self.progress
+        )
 
         def starting(t: int, idx: NDArray[np.int64]) -> None:
             # Called as teacher t starts: the t before it are done.
@@ -407,7 +415,9 @@ class LocalConsortium:
         self.start_guardian()
         self._say(f"guardian listening on {self.listen_host}:{self.port}")
         # All start at once; each is then waited for until its status file says connected.
-        progress = Progress("hospitals connected", self.parties, say=self._say)
+        progress = Progress(
+            "hospitals connected", self.parties, say=self._say, quiet=not self.progress
+        )
         for proc in [self.start_party(i) for i in range(self.parties)]:
             proc.wait_ready()
             progress.advance()

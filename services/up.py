@@ -414,7 +414,9 @@ def report(
         f"# admin token (capcctl budget, parties, ledger, audit; the dashboard at "
         f"{access.url}/dashboard): CAPC_TOKEN={access.admin}"
     )
-    if summary["command"] is None:
+    if summary["command"] is None and min(summary["queries_left"].values(), default=0) > 0:
+        print("# what the caps still cover is left for the loop below")
+    elif summary["command"] is None:
         print("# every hospital's cap is spent: capc up --dir NEW starts a fresh consortium")
     else:
         if summary.get("loop") is not None:
@@ -515,6 +517,7 @@ def consortium(
         # Set before the guardian starts: it binds the querier at start-up.
         queriers={} if plan is None else {plan.querier: plan.name},
         share_timeout=SHARE_TIMEOUT_S,
+        progress=not args.json,
     )
     return c, counts, plan, data
 

@@ -259,3 +259,13 @@ def test_a_torchscript_teacher_takes_the_given_task_instead_of_a_traceback(
     bad.write_bytes(b"not a model")
     with pytest.raises(SystemExit, match="hospital-0's teacher file"):
         teacher_counts({0: bad}, 3, 7, interface_of(args))
+
+
+def test_json_keeps_the_progress_lines_quiet(tmp_path: Path) -> None:
+    from services.up import consortium
+
+    quiet = consortium(_up("--json", "--dir", str(tmp_path / "a")))[0]
+    talking = consortium(_up("--dir", str(tmp_path / "b")))[0]
+    assert quiet.progress is False and talking.progress is True
+    # Nothing was started or fitted by building them.
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
