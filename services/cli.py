@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -97,8 +98,20 @@ def chosen(argv: Sequence[str]) -> str:
     return ""
 
 
+def quiet_library_warnings() -> None:
+    """Keep libraries' FutureWarnings (torch's, scikit-learn's: notices to their own
+    callers about their next versions) off a user's terminal. capc raises none of its
+    own (tests/unit/test_progress_and_warnings.py checks), so nothing meant for the user
+    is lost; a user who sets ``-W``/``PYTHONWARNINGS`` keeps what they asked for. A
+    filter rather than a module match, because libraries attribute them to their
+    caller's line (``stacklevel``), which is capc's."""
+    if not sys.warnoptions:
+        warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand."""
+    quiet_library_warnings()
     keep_freed_memory()
     words = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(only=chosen(words)).parse_args(words)

@@ -271,6 +271,7 @@ def _demo(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         held_out=DEMO_TEST,
         log=steps.note,
         epsilon_cap=args.epsilon,
+        progress=not args.json,
     )
     consortium.prepare()
     steps("starting the guardian, the hospitals, the student party and the gateway")
@@ -278,8 +279,8 @@ def _demo(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         consortium.start()
         consortium.start_student()
         consortium.start_gateway()
-        result = _label_and_train(args, consortium, steps, directory, total)
-        serve = args.serve or (not args.no_serve and not args.json and sys.stdin.isatty())
+        serve = will_serve(args, sys.stdin.isatty())
+        result = _label_and_train(args, consortium, steps, directory, total, serve)
         if serve:
             print("the consortium stays up; Ctrl-C stops it", flush=True)
             stop = threading.Event()
@@ -291,12 +292,30 @@ def _demo(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     return result
 
 
+def will_serve(args: argparse.Namespace, terminal: bool) -> bool:
+    """Whether the consortium stays up after the report: --serve, or a terminal without
+    --no-serve or --json."""
+    return bool(args.serve or (not args.no_serve and not args.json and terminal))
+
+
+def dashboard_line(dashboard: str, serving: bool) -> str:
+    """The report's dashboard line: its address while the consortium stays up; otherwise
+    that it stops with the demo (an address that no longer answers is no help)."""
+    if serving:
+        return f"dashboard:              {dashboard} (admin token below)"
+    return (
+        "dashboard:              stops with the demo; run it with --serve (or from a "
+        "terminal) to keep the consortium and its dashboard up"
+    )
+
+
 def _label_and_train(
     args: argparse.Namespace,
     consortium: LocalConsortium,
     steps: Steps,
     directory: Path,
     total: int,
+    serving: bool = True,
 ) -> dict[str, Any]:
     url, ca = consortium.gateway_url, consortium.ca
     analyst = consortium.token("analyst", "demo-analyst")
@@ -395,7 +414,7 @@ def _label_and_train(
             f"(eps {b['epsilon_spent']:.2f}, delta {b['full_delta']:.12g} = ledger delta with the "
             f"noise cut-off + {b['rounds_asked']} rounds x 2^-40)"
         )
-    say(f"dashboard:              {dashboard} (admin token below)")
+    say(dashboard_line(dashboard, serving))
     if have_shot:
         say(f"dashboard screenshot:   {shot}")
     say(f"admin token:            {admin}")

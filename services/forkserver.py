@@ -66,6 +66,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -563,13 +564,18 @@ def _find_import_generators() -> None:
     """Add the generators made by the imports so far to :data:`_IMPORT_GENERATORS`
     (once in the server, before the objects are frozen: a child never scans its heap)."""
     known = {id(g) for g in _IMPORT_GENERATORS} | {id(random._inst)}
-    for obj in gc.get_objects():
-        if (
-            isinstance(obj, random.Random)
-            and not isinstance(obj, random.SystemRandom)  # os.urandom: no state to share
-            and id(obj) not in known
-        ):
-            _IMPORT_GENERATORS.append(obj)
+    # isinstance() reads an object's __class__, and some of torch's deprecated aliases
+    # (torch.distributed.reduce_op) warn when read: the scan reads every object, none of
+    # them on a user's behalf, so their FutureWarnings are not for the user's terminal.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        for obj in gc.get_objects():
+            if (
+                isinstance(obj, random.Random)
+                and not isinstance(obj, random.SystemRandom)  # os.urandom: no state to share
+                and id(obj) not in known
+            ):
+                _IMPORT_GENERATORS.append(obj)
 
 
 def _count(value: str | None) -> int | None:

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from capc.audit import canaries as canary_audit
 from capc.audit.canaries import Canaries
+from capc.cli_output import Progress
 from capc.data.multilabel import animal_attributes
 from capc.data.offline import animal_mnist, breast_cancer, breast_cancer_records, digits, partition
 from capc.data.schema import TableSchema, parse_records
@@ -188,6 +189,10 @@ class LocalConsortium:
     #: Hospitals' own teacher files (a capc checkpoint or ensemble, by hospital index),
     #: used as they are instead of teachers fitted here; ``teachers`` must give their counts.
     own_models: dict[int, Path] = field(default_factory=dict)
+    #: Progress lines inside long steps (each teacher fitted, each hospital connected,
+    #: with a rate and an estimate) in ``log``; off under a command's --json, which is
+    #: quiet but for its JSON.
+    progress: bool = True
 
     @property
     def address(self) -> str:
@@ -354,6 +359,9 @@ class LocalConsortium:
             width=base.width,
             l2=self.teacher_l2,
             card=card,
+            progress=Progress(
+                f"{name}'s teachers", len(parts), say=self._say, quiet=not self.progress
+            ).advance,
         )
         save_ensemble(self.model_path(i), ensemble)
 
@@ -372,6 +380,20 @@ class LocalConsortium:
         enc = self.task_config.encryption
         default = "mlp" if len(shape) == 1 else "small-cnn"  # table rows or images
         architecture, width = (default, None) if enc is None else (enc.architecture, enc.width)
+        progress = Progress(
+            f"{name}'s teachers", len(parts), say=self._say, quiet=not self.progress
+        )
+
+        def starting(t: int, idx: NDArray[np.int64]) -> None:
+            # Called as teacher t starts: the t before it are done.
+            if t == 0:
+                self._say(
+                    f"training {name}'s {len(parts)} {architecture} teacher(s), the first on "
+                    f"{len(idx)} private records"
+                )
+            else:
+                progress.advance()
+
         teachers = fit_scratch_teachers(
             x,
             y,
@@ -382,10 +404,9 @@ class LocalConsortium:
             epochs=self.epochs,
             seed=i if len(parts) == 1 else 1000 * i,
             card={**card, "method": "trained from scratch"},
-            log=lambda _, idx: self._say(
-                f"training {name}'s {architecture} teacher on {len(idx)} private records"
-            ),
+            log=starting,
         )
+        progress.advance()
         for path, teacher in zip(self.model_paths(i), teachers, strict=True):
             save_teacher(path, teacher)
 
@@ -394,8 +415,12 @@ class LocalConsortium:
         self.start_guardian()
         self._say(f"guardian listening on {self.listen_host}:{self.port}")
         # All start at once; each is then waited for until its status file says connected.
+        progress = Progress(
+            "hospitals connected", self.parties, say=self._say, quiet=not self.progress
+        )
         for proc in [self.start_party(i) for i in range(self.parties)]:
             proc.wait_ready()
+            progress.advance()
         self._say(f"{self.parties} answering parties connected (no inbound ports)")
 
     def start_guardian(self) -> Process:

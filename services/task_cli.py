@@ -19,6 +19,10 @@ from typing import Any
 
 #: Exit status of a refused configuration or unreadable sample (argparse's for bad usage).
 REFUSED = 2
+#: How far a range taken from one hospital's sample is widened on each side, as a share
+#: of its span, unless --widen says otherwise: one hospital's sample rarely spans the
+#: values the others hold.
+WIDEN = 0.5
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -50,6 +54,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--label", help="a table's label column: its values are the classes")
     p.add_argument(
         "--drop", action="append", default=[], metavar="COL", help="leave a column out (repeat)"
+    )
+    p.add_argument(
+        "--range-of",
+        action="append",
+        default=[],
+        metavar="COL=LOW,HIGH",
+        help="a numeric column's PUBLIC range (a data dictionary's), used as it is instead of "
+        "the sample's; repeat per column, e.g. --range-of 'mean radius=0,40'",
+    )
+    p.add_argument(
+        "--widen",
+        type=float,
+        default=WIDEN,
+        metavar="SHARE",
+        help="a range taken from the sample is widened by this share of its span on each "
+        f"side (default {WIDEN:g}; 0 keeps the sample's), so that the other hospitals' "
+        "rows fit it; a non-negative column stays non-negative",
+    )
+    p.add_argument(
+        "--records-per-hospital",
+        type=int,
+        default=None,
+        metavar="N",
+        help="labelled records of the smallest hospital (default: a table sample's rows): "
+        "the advice then fits its size, e.g. DP-trained teachers where splitting it into "
+        "many teachers cannot work",
     )
     p.add_argument("--hospitals", type=int, required=True, help="answering parties")
     p.add_argument(
@@ -87,6 +117,81 @@ def _range(text: str) -> tuple[float, float]:
     return float(parts[0]), float(parts[1])
 
 
+def public_ranges(items: list[str]) -> dict[str, tuple[float, float]]:
+    """``--range-of COL=LOW,HIGH`` pairs as {column: (low, high)}; ValueError naming a bad one."""
+    out: dict[str, tuple[float, float]] = {}
+    for item in items:
+        name, sep, bounds = item.rpartition("=")
+        try:
+            low, high = _range(bounds)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip() or not low < high:
+            raise ValueError(f"--range-of takes COL=LOW,HIGH with LOW < HIGH, got {item!r}")
+        out[name.strip()] = (low, high)
+    return out
+
+
+def widened(low: float, high: float, share: float) -> tuple[float, float]:
+    """[low, high] widened by ``share`` of its span on each side, rounded outward; a
+    range that does not cross 0 is not made to (a non-negative feature stays so)."""
+    from capc.data.infer import round_outward
+
+    span = high - low
+    lo, hi = low - share * span, high + share * span
+    if low >= 0:
+        lo = max(lo, 0.0)
+    if high <= 0:
+        hi = min(hi, 0.0)
+    return round_outward(lo, hi)
+
+
+def shared_table(
+    schema: Any, ranges: dict[str, tuple[float, float]], share: float
+) -> tuple[Any, list[str]]:
+    """A table schema whose numeric ranges the consortium can share: ``ranges`` (public,
+    as given) where named, else the sample's widened by ``share``; and what to tell the
+    user. ValueError for a named column the sample lacks or that is not numeric."""
+    from dataclasses import replace
+
+    from capc.data.schema import NumericFeature
+
+    numeric = {f.name for f in schema.features if isinstance(f, NumericFeature)}
+    unknown = sorted(set(ranges) - numeric)
+    if unknown:
+        raise ValueError(
+            f"--range-of names {', '.join(map(repr, unknown))}, not a numeric column of the "
+            f"sample (its numeric columns: {', '.join(sorted(numeric))})"
+        )
+    features = []
+    from_sample = []
+    for f in schema.features:
+        if isinstance(f, NumericFeature):
+            if f.name in ranges:
+                f = NumericFeature(f.name, *ranges[f.name])
+            else:
+                from_sample.append(f.name)
+                if share > 0:
+                    f = NumericFeature(f.name, *widened(f.low, f.high, share))
+        features.append(f)
+    notes = []
+    if from_sample:
+        how = (
+            f"widened by {share:g} of its span on each side"
+            if share > 0
+            else "not widened (--widen 0)"
+        )
+        notes.append(
+            f"{len(from_sample)} numeric range(s) come from this one sample, {how}: another "
+            "hospital's rows outside them are refused when it packs or fits its data. "
+            "Before sharing the task file, replace them by PUBLIC ranges the consortium "
+            "agrees on (--range-of 'COL=LOW,HIGH', e.g. from a data dictionary): "
+            + ", ".join(from_sample[:5])
+            + (" ..." if len(from_sample) > 5 else "")
+        )
+    return replace(schema, features=tuple(features)), notes
+
+
 def _records(args: argparse.Namespace) -> tuple[Any, tuple[str, ...], list[str]]:
     """(schema, classes, notes) from --data or the flags."""
     from capc.data import infer
@@ -96,8 +201,15 @@ def _records(args: argparse.Namespace) -> tuple[Any, tuple[str, ...], list[str]]
     if args.data is not None and not args.data.is_dir():
         if args.label is None:
             raise ValueError("a table sample needs --label COLUMN (the column of the classes)")
+        if not args.widen >= 0:
+            raise ValueError(f"--widen takes a share >= 0, got {args.widen:g}")
         proposal = infer.table(args.data, args.label, args.drop)
-        return proposal.records, proposal.classes, proposal.notes
+        schema, shared = shared_table(proposal.records, public_ranges(args.range_of), args.widen)
+        # infer's note that the ranges are the sample's gives way to what was done.
+        kept = [n for n in proposal.notes if "ranges in the task file are the sample's" not in n]
+        return schema, proposal.classes, [*kept, *shared]
+    if args.range_of:
+        raise ValueError("--range-of applies to a table sample (--data FILE.csv --label COL)")
     low_high = _range(args.range)
     classes: tuple[str, ...] | None = None
     schema = None
@@ -120,6 +232,12 @@ def build_task(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], lis
 
     schema, classes, notes = _records(args)
     quorum = args.hospitals if args.quorum is None else args.quorum
+    records = args.records_per_hospital
+    if records is None and args.data is not None and not args.data.is_dir():
+        from capc.data.readers import read_frame
+
+        # The sample is one hospital's records: its size is the best guess at theirs.
+        records = len(read_frame(args.data))
     plan = plan_gnmax(
         classes=len(classes),
         hospitals=args.hospitals,
@@ -129,7 +247,9 @@ def build_task(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], lis
         delta=args.delta,
         queries=args.queries,
         accountant=args.accountant,
+        records_per_hospital=records,
     )
+    notes += plan.size_notes()
     config: dict[str, Any] = {
         "num_classes": len(classes),
         "input_shape": list(schema.input_shape),

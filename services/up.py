@@ -37,8 +37,9 @@ from capc.data.readers import read_records, read_unlabelled
 from capc.data.schema import SchemaError
 from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
-from capc.models.foreign import CodeModelRefusedError
+from capc.models.foreign import CodeModelRefusedError, Interface
 from capc.privacy.accountants import DEFAULT_ACCOUNTANT, Accounting, make
+from capc.privacy.sizing import recheck
 from services import tasks
 from services.common.ledger import Ledger, LedgerError
 from services.common.task import TaskConfig, config_hash
@@ -114,16 +115,20 @@ def own_teachers(items: Sequence[str], parties: int) -> dict[int, Path]:
     return out
 
 
-def teacher_counts(own: dict[int, Path], parties: int, per_hospital: int) -> list[int]:
+def teacher_counts(
+    own: dict[int, Path], parties: int, per_hospital: int, want: Interface | None = None
+) -> list[int]:
     """Teachers each hospital votes with: its own file's count, else ``per_hospital``.
-    The guardian pins these (--register NAME=EPS:TEACHERS)."""
-    counts = []
+    The guardian pins these (--register NAME=EPS:TEACHERS). ``want``: the task's
+    interface, which a foreign model (ONNX, TorchScript) that declares no input shape or
+    classes takes them from; a file that cannot be loaded is refused by name."""
+    counts: list[int] = []
     for i in range(parties):
         if i not in own:
             counts.append(per_hospital)
             continue
         try:
-            counts.append(len(Voters.load([own[i]])))
+            counts.append(len(Voters.load([own[i]], want)))
         except CodeModelRefusedError as err:
             # capc up runs every hospital here, with this process's rights: no code models.
             raise SystemExit(
@@ -131,9 +136,23 @@ def teacher_counts(own: dict[int, Path], parties: int, per_hospital: int) -> lis
                 "capc checkpoints and ONNX files only; run a hospital that votes with its "
                 "own code as its own capc answerer --trust-model-code"
             ) from err
-        except ValueError as err:
-            raise SystemExit(f"capc up: hospital-{i}'s teacher file: {err}") from err
+        except (ValueError, OSError, RuntimeError) as err:
+            raise SystemExit(f"capc up: hospital-{i}'s teacher file {own[i]}: {err}") from None
     return counts
+
+
+def interface_of(args: argparse.Namespace) -> Interface:
+    """What the task asks of a teacher, read before the teachers are counted: the task
+    file's (--task), else the default task's (the planned task only changes its noise)."""
+    config = config_of(tasks.load(TASK_NAME) if args.task is None else read_task(args.task))
+    return Interface(task_label(args), config.input_shape, config.outputs, config.multi_label)
+
+
+def task_label(args: argparse.Namespace) -> str:
+    """The task as printouts name it: its file's name (--task breast-cancer.json:
+    "breast-cancer"), else the default image task's. The consortium serves it under
+    the wire name TASK_NAME whatever its records are."""
+    return TASK_NAME if args.task is None else Path(args.task).stem
 
 
 # -- data -----------------------------------------------------------------------------
@@ -302,12 +321,18 @@ class LoopAccess:
     url: str
     token: str
     ca: Path
+    #: An admin token of the same gateway: its operator's budget, ledger and audit views
+    #: and dashboard.
+    admin: str = ""
+    #: Queries of the task's worst case the other hospitals' caps still cover (the
+    #: least of them): at most this many of its records can be labelled.
+    queries_left: int = 0
 
     def export(self) -> str:
         """The shell line that sets capcctl's environment for the hospital's gateway."""
         return Access(self.url, self.token, "", self.ca).export()
 
-    def summary(self) -> dict[str, str]:
+    def summary(self) -> dict[str, Any]:
         """The ``loop`` object of ``capc up --json``."""
         return {
             "hospital": self.hospital,
@@ -316,15 +341,26 @@ class LoopAccess:
             "ca": str(self.ca),
             "export": self.export(),
             "command": LOOP_COMMAND,
+            "admin_token": self.admin,
+            "dashboard": f"{self.url}/dashboard",
+            "queries_left": self.queries_left,
         }
 
 
-def first_command(left: int, queries: int) -> str | None:
+#: With --loop, the share of the hospitals' remaining queries the consortium's first
+#: suggested job may take: the rest is left for the looping hospital's records.
+LOOP_SHARE = 4
+
+
+def first_command(left: int, queries: int, loop: bool = False) -> str | None:
     """A capcctl command the hospitals' remaining budgets cover (``left`` queries); None
-    when they cover none."""
-    if left < 1:
+    when they cover none. With a CaPC loop (``loop``) it takes at most a quarter of
+    ``left``, so that the loop's labels are not spent by the first suggested job: every
+    query the consortium's student asks charges the same hospitals the loop asks."""
+    count = min(queries, left // LOOP_SHARE if loop else left)
+    if count < 1:
         return None
-    return f"capcctl jobs submit --count {min(queries, left)} --wait"
+    return f"capcctl jobs submit --count {count} --wait"
 
 
 def queries_left(c: LocalConsortium, task: dict[str, Any]) -> dict[str, int]:
@@ -341,18 +377,30 @@ def queries_left(c: LocalConsortium, task: dict[str, Any]) -> dict[str, int]:
         ledger.engine.dispose()
 
 
-def describe(task: dict[str, Any], counts: list[int], epsilon: float, fit: int) -> str:
-    """One line: the task's name, its mechanism, the voters and what fits a cap."""
+def describe(
+    task: dict[str, Any], counts: list[int], epsilon: float, fit: int, label: str = TASK_NAME
+) -> str:
+    """One line: the task's name (``label``: its file's, see :func:`task_label`), its
+    records, its mechanism, the voters and what fits a cap."""
     mech = dict(task["mechanism"])
     name = mech.pop("name")
     params = ", ".join(
         f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in mech.items()
     )
     return (
-        f"task {TASK_NAME}: {name} ({params}) over {sum(counts)} teachers "
+        f"task {label} ({records_text(task)}): {name} ({params}) over {sum(counts)} teachers "
         f"({len(counts)} hospitals: {', '.join(map(str, counts))}); {fit} queries fit each "
         f"hospital's cap of eps {epsilon:g} (delta {DELTA:g}, exact Gaussian DP)"
     )
+
+
+def records_text(task: dict[str, Any]) -> str:
+    """What the task's records are, in a few words: "table rows of 30 features" or
+    "1x28x28 images"."""
+    shape = config_of(task).input_shape
+    if len(shape) == 1:
+        return f"table rows of {shape[0]} features"
+    return f"{'x'.join(map(str, shape))} images"
 
 
 def report(
@@ -373,13 +421,28 @@ def report(
         f"# admin token (capcctl budget, parties, ledger, audit; the dashboard at "
         f"{access.url}/dashboard): CAPC_TOKEN={access.admin}"
     )
-    if summary["command"] is None:
+    if summary["command"] is None and min(summary["queries_left"].values(), default=0) > 0:
+        print("# what the caps still cover is left for the loop below")
+    elif summary["command"] is None:
         print("# every hospital's cap is spent: capc up --dir NEW starts a fresh consortium")
     else:
+        if summary.get("loop") is not None:
+            print(
+                "# the consortium's first job takes at most a quarter of what the caps "
+                "cover: the rest is left for the loop below"
+            )
         print(summary["command"], flush=True)
     loop = summary.get("loop")
     if loop is not None:
-        print(f"# {loop['hospital']}'s CaPC loop: its own gateway")
+        print(
+            f"# {loop['hospital']}'s CaPC loop: its own gateway; the other hospitals' caps "
+            f"cover {loop['queries_left']} more queries, so label at most that many of its "
+            "records (capcctl loop run checks this before it spends)"
+        )
+        print(
+            f"# its admin token (budget, ledger, audit; the dashboard at {loop['dashboard']}): "
+            f"CAPC_TOKEN={loop['admin_token']}"
+        )
         print(loop["export"])
         print(loop["command"], flush=True)
 
@@ -394,15 +457,20 @@ def _check(args: argparse.Namespace) -> None:
         raise SystemExit("capc up: --epsilon must be positive and --queries at least 1")
 
 
+def read_task(path: Path) -> dict[str, Any]:
+    """A task file's configuration; a clear refusal when it cannot be read."""
+    try:
+        config: dict[str, Any] = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"capc up: cannot read the task {path}: {err}") from None
+    return config
+
+
 def task_for(args: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
     """The task file's configuration, or the planned default for these voters."""
     if args.task is None:
         return planned_task(sum(counts), args.epsilon, args.queries)
-    try:
-        config: dict[str, Any] = json.loads(Path(args.task).read_text())
-    except (OSError, ValueError) as err:
-        raise SystemExit(f"capc up: cannot read the task {args.task}: {err}") from None
-    return config
+    return read_task(args.task)
 
 
 def body_for(args: argparse.Namespace, task: TaskConfig) -> Path | None:
@@ -435,7 +503,7 @@ def consortium(
     the CaPC loop to start, if any (its querier bound to its hospital at the guardian);
     and the student's test set and reference batch."""
     own = own_teachers(args.teachers, args.parties)
-    counts = teacher_counts(own, args.parties, args.teachers_per_hospital)
+    counts = teacher_counts(own, args.parties, args.teachers_per_hospital, interface_of(args))
     task = task_for(args, counts)
     plan = loop_plan(args, config_of(task))
     if plan is not None:
@@ -456,6 +524,7 @@ def consortium(
         # Set before the guardian starts: it binds the querier at start-up.
         queriers={} if plan is None else {plan.querier: plan.name},
         share_timeout=SHARE_TIMEOUT_S,
+        progress=not args.json,
     )
     return c, counts, plan, data
 
@@ -468,8 +537,19 @@ def start_loop(c: LocalConsortium, plan: LoopPlan) -> LoopAccess:
     note(f"{plan.querier} serving jobs ({len(plan.own[1])} own labelled records)")
     port, db = free_port(), str(c.directory / f"{plan.querier}-gateway.db")
     c.serve_gateway(f"{plan.querier}-gateway", student_port, port, db)
-    token = TokenStore(db).create("admin", f"{plan.name}-loop", TOKEN_DAYS)[0]
-    return LoopAccess(plan.name, f"https://127.0.0.1:{port}", token, c.ca)
+    store = TokenStore(db)
+    # The loop reveals its own records to the answerers, which needs the admin role.
+    token = store.create("admin", f"{plan.name}-loop", TOKEN_DAYS)[0]
+    admin = token
+    others = {k: v for k, v in queries_left(c, c.task).items() if k != plan.name}
+    return LoopAccess(
+        plan.name,
+        f"https://127.0.0.1:{port}",
+        token,
+        c.ca,
+        admin,
+        min(others.values(), default=0),
+    )
 
 
 def start(c: LocalConsortium, data: StudentData) -> Access:
@@ -513,7 +593,17 @@ def run(args: argparse.Namespace) -> int:
             "(epsilon spent there still counts); a new --dir starts afresh"
         )
     fit = queries_fit(c.task, args.epsilon)
-    note(describe(c.task, counts, args.epsilon, fit))
+    note(describe(c.task, counts, args.epsilon, fit, task_label(args)))
+    # The task was planned for some teacher counts; the ones that register may differ
+    # (a hospital bringing one model of its own): re-checked every start.
+    checks = recheck(
+        c.task["mechanism"],
+        int(c.task.get("num_classes") or 2),
+        int(c.task.get("quorum", 1)),
+        counts,
+    )
+    for warning in checks:
+        note(f"warning: {warning}")
     if fit < args.queries:
         note(f"warning: this task covers only {fit} queries per hospital at eps {args.epsilon:g}")
     try:
@@ -528,7 +618,7 @@ def run(args: argparse.Namespace) -> int:
         least = min(left.values())
         summary = {
             "task": TASK_NAME,
-            "description": describe(c.task, counts, args.epsilon, fit),
+            "description": describe(c.task, counts, args.epsilon, fit, task_label(args)),
             "mechanism": c.task["mechanism"],
             "teachers": {f"hospital-{i}": n for i, n in enumerate(counts)},
             "epsilon_cap": args.epsilon,
@@ -540,12 +630,13 @@ def run(args: argparse.Namespace) -> int:
             "admin_token": access.admin,
             "ca": str(access.ca),
             "export": access.export(),
-            "command": first_command(least, args.queries),
+            "command": first_command(least, args.queries, loop=loop is not None),
             "dashboard": f"{access.url}/dashboard",
             "guardian": c.address,
             "dir": str(c.directory),
             "reused": reused,
             "seconds": round(time.perf_counter() - began, 1),
+            "warnings": checks,
         }
         if loop is not None:
             summary["loop"] = loop.summary()

@@ -342,7 +342,11 @@ def _scaled(
         row = int(np.argmax(out))
         raise SchemaError(
             f"{source}: row {first_row + row}, feature {f.name!r}: {v[row]:g} is outside its "
-            f"public range [{f.low:g}, {f.high:g}]"
+            f"public range [{f.low:g}, {f.high:g}]. If the value is right, the task's range "
+            "is too narrow (often taken from one hospital's sample): the consortium agrees on "
+            f"a wider public one (capc task init ... --range-of '{f.name}=LOW,HIGH', or the "
+            "task file's min and max), re-registers the task and re-packs; or leave such "
+            "rows out"
         )
     return ((v - f.low) / (f.high - f.low)).astype(np.float32)[:, None]
 

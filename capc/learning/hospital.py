@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from capc.cli_output import Progress
 from capc.data.readers import Records
 from capc.learning.teachers import fit_head_ensemble, fit_scratch_teachers
 from capc.models.checkpoint import Teacher, load_teacher
@@ -129,7 +130,13 @@ def fit_diet(
     model.to("cpu")
     log(f"fitting {len(plan.parts)} last layers on the shared body {name}")
     ensemble = fit_head_ensemble(
-        model, records.x, records.y, plan.parts, architecture=base.architecture, width=base.width
+        model,
+        records.x,
+        records.y,
+        plan.parts,
+        architecture=base.architecture,
+        width=base.width,
+        progress=Progress("teachers' statistics and features", len(plan.parts), say=log).advance,
     )
     held = plan.held_out
     predictions = (
@@ -164,6 +171,14 @@ def fit_scratch(
     """``architecture`` teachers trained from scratch, one per part."""
     held = plan.held_out
     count = len(plan.parts)
+    progress = Progress("teachers trained", count, say=log)
+
+    def starting(t: int, idx: NDArray[np.int64]) -> None:
+        # Called as teacher t starts: the t before it are done.
+        if t:
+            progress.advance()
+        log(f"training {architecture} teacher {t + 1}/{count} on {len(idx)} records")
+
     teachers = fit_scratch_teachers(
         records.x,
         records.y,
@@ -174,10 +189,9 @@ def fit_scratch(
         seed=seed * 1000,
         device="cpu",
         card=card,
-        log=lambda t, idx: log(
-            f"training {architecture} teacher {t + 1}/{count} on {len(idx)} records"
-        ),
+        log=starting,
     )
+    progress.advance()
     predictions = (
         Voters(teachers).predict(records.x[held])
         if len(held)

@@ -36,6 +36,7 @@ def fit_head_ensemble(
     width: int | None = None,
     l2: float = 1e-2,
     card: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> TeacherEnsemble:
     """One teacher per index set of ``partitions`` over (N, *shape) ``x`` and (N,) classes
     or (N, k) 0/1 labels ``y``, on ``body`` (built as ``architecture`` at ``width``).
@@ -43,7 +44,9 @@ def fit_head_ensemble(
     ``body`` is not changed (its statistics are restored afterwards) and the ensemble holds
     it, not a copy. ``l2``: penalty of each head (see
     :func:`capc.learning.last_layer.fit_linear`); a larger one keeps small hospitals' heads
-    from fitting noise. ``card``: the ensemble's model card.
+    from fitting noise. ``card``: the ensemble's model card. ``progress``: called with 1
+    each time one teacher's statistics and features are taken (the slow part: a body
+    pass over its records), e.g. :meth:`capc.cli_output.Progress.advance`.
     """
     outputs = body.head.out_features
     saved = statistics_of(body)
@@ -55,6 +58,8 @@ def fit_head_ensemble(
             recalibrate(body, x[p])
             stats.append(statistics_of(body))
             feats.append(features(body, x[p]))
+            if progress is not None:
+                progress(1)
     finally:
         body.load_state_dict(saved, strict=False)
     # Every head at once: one optimiser run instead of one per teacher.

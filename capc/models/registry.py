@@ -7,7 +7,8 @@ fine-tunes only the head; teachers and students share one pretrained body.
 - ``small-cnn``: two conv-BN-ReLU-pool blocks, for 28x28-ish images;
 - ``mlp``: two hidden layers with BatchNorm, for tabular inputs;
 - ``linear``: one linear layer on the flattened inputs (logistic regression), no
-  BatchNorm: what DP-SGD trains for a table task (``capc teacher fit --dp-epsilon``);
+  BatchNorm: what DP-SGD trains for a table task (``capc teacher fit --dp-epsilon``)
+  and a hospital's logistic-regression baseline;
 - ``resnet10``, ``resnet18``: CIFAR-style residual networks (capc.models.resnet);
 - ``he-cnn``, ``he-mlp``: convolution / dense layers with square activations
   only, which :mod:`capc.he` evaluates on CKKS ciphertexts.

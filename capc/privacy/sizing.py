@@ -28,6 +28,13 @@ from capc.privacy import accountants
 
 #: The probability a labelling margin is sized for.
 CONFIDENCE = 0.95
+#: Fewest labelled records a teacher of a partitioned hospital should learn from: a rule
+#: of thumb, not a measured threshold (a 2-row teacher's vote is close to a coin's; the
+#: side-by-side tables' smallest teachers, 30 to 50 rows, still beat chance). Below it,
+#: splitting a hospital into more teachers buys votes, not knowledge.
+MIN_RECORDS_PER_TEACHER = 20
+#: Where partitioning cannot work: one teacher per hospital, trained with DP-SGD.
+DP_TEACHER_COMMAND = "capc teacher fit --dp-epsilon E"
 
 
 class NoUsefulSigmaError(ValueError):
@@ -51,6 +58,21 @@ class GnmaxPlan:
     queries_fit: int
     #: Votes by which the top class must lead for a CONFIDENCE chance of a right label.
     margin: float
+    #: Labelled records of the smallest hospital, when known: the advice fits its size.
+    records_per_hospital: int | None = None
+
+    def size_notes(self) -> list[str]:
+        """Warnings when a hospital is too small for its teachers: each would learn from
+        fewer than :data:`MIN_RECORDS_PER_TEACHER` records."""
+        n, t = self.records_per_hospital, self.teachers_per_hospital
+        if n is None or t <= 1 or n >= t * MIN_RECORDS_PER_TEACHER:
+            return []
+        return [
+            f"a hospital of {n} labelled records split into {t} teachers gives each about "
+            f"{n // t} records, fewer than the {MIN_RECORDS_PER_TEACHER} a teacher needs to "
+            f"vote much better than chance: use at most {max(n // MIN_RECORDS_PER_TEACHER, 1)} "
+            f"teacher(s) per hospital, or one DP-trained teacher ({DP_TEACHER_COMMAND})"
+        ]
 
     @property
     def voters(self) -> int:
@@ -104,9 +126,16 @@ def plan_gnmax(
     delta: float,
     queries: int,
     accountant: str = accountants.DEFAULT_ACCOUNTANT,
+    records_per_hospital: int | None = None,
 ) -> GnmaxPlan:
     """GNMax's sigma for ``queries`` queries at each hospital's (epsilon, delta); NoUsefulSigmaError
-    when that sigma leaves a quorum's unanimous vote mostly noise, ValueError on bad inputs."""
+    when that sigma leaves a quorum's unanimous vote mostly noise, ValueError on bad inputs.
+
+    ``records_per_hospital``: labelled records of the smallest hospital, when known; the
+    advice then never asks for more teachers than it can fill
+    (:data:`MIN_RECORDS_PER_TEACHER` each) and points to a DP-trained teacher instead."""
+    if records_per_hospital is not None and records_per_hospital < 1:
+        raise ValueError("records_per_hospital must be at least 1")
     if min(classes - 1, hospitals, teachers_per_hospital, quorum, queries) < 1:
         raise ValueError("classes >= 2, and hospitals, teachers, quorum and queries >= 1")
     if quorum > hospitals:
@@ -134,14 +163,65 @@ def plan_gnmax(
         queries,
         fit,
         labelling_margin(sigma, classes),
+        records_per_hospital,
     )
     if plan.margin > plan.min_voters:
         need = math.ceil(plan.margin / quorum)
-        raise NoUsefulSigmaError(
+        why = (
             f"no useful sigma: {queries} queries at eps {epsilon:g} need sigma {sigma:g}, and a "
             f"right label ({CONFIDENCE:.0%}) then needs a lead of {plan.margin:.0f} votes, more "
             f"than the {plan.min_voters} teachers of a quorum of {quorum} hospitals: labels would "
-            f"be mostly noise. Use at least {need} teachers per hospital (--teachers-per-hospital), "
+            "be mostly noise. "
+        )
+        n = records_per_hospital
+        if n is not None and n < need * MIN_RECORDS_PER_TEACHER:
+            # Splitting cannot reach the votes needed: teachers of a few records each
+            # would vote almost at random.
+            raise NoUsefulSigmaError(
+                why + f"{need} teachers per hospital would be needed, but a hospital of {n} "
+                f"records split so gives each about {n // need} (a teacher needs some "
+                f"{MIN_RECORDS_PER_TEACHER}): partitioning cannot work at this size. Train "
+                f"one DP-trained teacher per hospital instead ({DP_TEACHER_COMMAND}: its "
+                "training is charged once to the hospital's ledger) and join more hospitals "
+                "or ask fewer --queries at a larger --epsilon; or pool records with other "
+                "hospitals before partitioning"
+            )
+        raise NoUsefulSigmaError(
+            why + f"Use at least {need} teachers per hospital (--teachers-per-hospital), "
             "more hospitals or a larger quorum, fewer --queries, or a larger --epsilon"
         )
     return plan
+
+
+def recheck(
+    mechanism: dict[str, object], classes: int, quorum: int, teachers: list[int]
+) -> list[str]:
+    """Warnings for a GNMax task run with ``teachers`` (each hospital's count, as they
+    register) rather than the counts it was planned for: whether the smallest round the
+    quorum allows still leaves labels better than noise, and whether a hospital carries
+    far less of the vote than it pays for (every hospital pays the same epsilon a query
+    whatever its number of teachers). [] for another mechanism or when all is well."""
+    if mechanism.get("name") != "gnmax" or not teachers:
+        return []
+    sigma = float(str(mechanism["sigma"]))
+    margin = labelling_margin(sigma, classes)
+    smallest = sum(sorted(teachers)[: max(1, min(quorum, len(teachers)))])
+    out = []
+    if margin > smallest:
+        out.append(
+            f"with these teachers ({', '.join(map(str, teachers))}) a round of the quorum's "
+            f"{quorum} hospital(s) may have only {smallest} voters, and sigma {sigma:g} needs "
+            f"a lead of {margin:.0f} votes for a right label ({CONFIDENCE:.0%}): such rounds "
+            "would label mostly noise. Re-plan the task for these counts (capc task init "
+            "--teachers-per-hospital N) or raise the quorum"
+        )
+    total = sum(teachers)
+    small = [i for i, t in enumerate(teachers) if t * len(teachers) * 10 < total]
+    if small:
+        names = ", ".join(f"hospital-{i} ({teachers[i]} of {total} votes)" for i in small)
+        out.append(
+            f"{names} carries under a tenth of an equal share of the vote but pays the same "
+            "epsilon a query as every hospital: bring more teachers (disjoint parts of its "
+            f"records) or one DP-trained teacher per hospital ({DP_TEACHER_COMMAND})"
+        )
+    return out

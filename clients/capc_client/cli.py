@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from capc_client.models import Job, Loop, StudentModel, Training
+from capc_client.models import Job, Loop, PartyLedger, StudentModel, Training
 from capc_client.sdk import DEFAULT_BATCH, ApiError, Client
 
 BAR = 30
@@ -48,20 +48,65 @@ def _job_line(j: Job) -> str:
     return line + (f"  error: {j.error}" if j.error else "")
 
 
-def _progress(job: Job) -> None:
-    """A progress bar on stderr, so --json output on stdout stays clean."""
-    done = int(BAR * job.progress)
-    sys.stderr.write(
-        f"\r[{'#' * done}{'.' * (BAR - done)}] {job.processed}/{job.requested} "
-        f"answered {job.answered} ({job.state})   "
-    )
-    if job.finished:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def rate_text(done: int, total: int, seconds: float, unit: str) -> str:
+    """``done`` of ``total`` ``unit`` in ``seconds``: the rate and an estimate of the time
+    left ("12.5 queries/s, about 40 s left"); "" before anything is done."""
+    if done <= 0 or seconds <= 0:
+        return ""
+    rate = done / seconds
+    left = max(total - done, 0) / rate
+    return f"{rate:.3g} {unit}/s, about {left:.0f} s left"
+
+
+class JobProgress:
+    """A job's progress bar on stderr (so --json output on stdout stays clean), with
+    the rate since it was first seen and an estimate of the time left."""
+
+    def __init__(self, clock: Any = None) -> None:
+        import time
+
+        self.clock = clock or time.monotonic
+        self.first: tuple[float, int] | None = None
+
+    def __call__(self, job: Job) -> None:
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, job.processed)
+        began, start = self.first
+        done = int(BAR * job.progress)
+        speed = rate_text(job.processed - start, job.requested - start, now - began, "queries")
+        sys.stderr.write(
+            f"\r[{'#' * done}{'.' * (BAR - done)}] {job.processed}/{job.requested} "
+            f"answered {job.answered} ({job.state}{', ' + speed if speed else ''})   "
+        )
+        if job.finished:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _quiet(args: argparse.Namespace) -> bool:
+    """No progress on stderr: --quiet, or --json (whose command prints only its JSON)."""
+    return bool(args.quiet or args.json)
+
+
+def _training(what: str) -> Any:
+    """Progress of a model's training on stderr: its state and the seconds so far (the
+    student party reports no fraction done while it trains)."""
+    import time
+
+    began = time.monotonic()
+
+    def show(model: StudentModel) -> None:
+        sys.stderr.write(
+            f"{what} {model.id}: {model.state} after {time.monotonic() - began:.0f} s\n"
+        )
+        sys.stderr.flush()
+
+    return show
 
 
 def _watch(client: Client, args: argparse.Namespace, job_id: str) -> int:
-    job = client.wait(job_id, on_progress=None if args.quiet else _progress)
+    job = client.wait(job_id, on_progress=None if _quiet(args) else JobProgress())
     _print(args, job, [_job_line(job)])
     return 0 if job.state == "done" else 1
 
@@ -139,7 +184,8 @@ def cmd_models_train(client: Client, args: argparse.Namespace) -> int:
         own_weight=args.own_weight,
     )
     if args.wait:
-        model = client.wait_model(model.id)
+        shown = None if _quiet(args) else _training("training model")
+        model = client.wait_model(model.id, on_progress=shown)
     _print(args, model, [f"{model.id}  {model.state}  {json.dumps(model.metrics)} {model.error}"])
     return 0 if model.state != "failed" else 1
 
@@ -183,6 +229,28 @@ def _records(path: Path) -> Any:
         raise SystemExit(f"capcctl: cannot read records from {path}: {err}") from None
 
 
+def _true_labels(path: Path) -> list[Any] | None:
+    """An .npz file's ``y`` (its records' true labels, as ``capc data pack`` writes a
+    labelled file), as a list; None for any other file or one without ``y``."""
+    if path.suffix != ".npz":
+        return None
+    import numpy as np  # _records has read this file, so numpy is installed
+
+    with open(path, "rb") as f, np.load(f, allow_pickle=False) as data:
+        return None if "y" not in data.files else np.asarray(data["y"]).tolist()
+
+
+def prediction_accuracy(predicted: Sequence[Any], truth: Sequence[Any]) -> float:
+    """The share of records whose predicted label (a class, or a multi-label task's 0/1
+    list) equals the true one; ValueError when the counts differ."""
+    if len(predicted) != len(truth):
+        raise ValueError(f"{len(predicted)} predictions for {len(truth)} true labels")
+    if not truth:
+        return 0.0
+    right = sum(1 for p, t in zip(predicted, truth, strict=True) if p == t)
+    return right / len(truth)
+
+
 def cmd_models_predict(client: Client, args: argparse.Namespace) -> int:
     records = _records(args.records)
     if args.one:
@@ -192,7 +260,13 @@ def cmd_models_predict(client: Client, args: argparse.Namespace) -> int:
         f"{i:6}  {label}  {max(scores):.3f}"
         for i, (label, scores) in enumerate(zip(out.labels, out.scores, strict=True))
     ]
-    _print(args, out, lines)
+    truth = None if args.one else _true_labels(args.records)
+    value: Any = out
+    if truth is not None:
+        acc = prediction_accuracy(out.labels, truth)
+        lines.append(f"accuracy {acc:.3f} on {len(truth)} labelled records (the file's y)")
+        value = {**out.model_dump(), "accuracy": acc, "labelled": len(truth)}
+    _print(args, value, lines)
     return 0
 
 
@@ -217,6 +291,30 @@ def charges(trainings: list[Training], rounds: float | None) -> list[str]:
     return out
 
 
+def own_ledger_text(own: PartyLedger, guardian_spent: float) -> str:
+    """A hospital's own ledger beside the guardian's, as capcctl budget prints it.
+
+    The two are compared only through ``own.through_round``, the last round the
+    hospital has reported: a hospital reports at most every few seconds once rounds
+    settle, so right after a round the guardian's total includes rounds its report does
+    not yet cover. "agree (eps 0.0000, gap 0)" beside a guardian spend of 6.57 meant
+    exactly that; the line now says through which round they agree, and that the
+    later rounds' report is still pending."""
+    if own.state == "unreported":
+        return "unreported"
+    text = (
+        f"{own.state} through round {own.through_round} "
+        f"(its eps {own.epsilon_spent:.4f}, gap {own.gap:.3g})"
+    )
+    # A report behind the guardian: rounds settled since are not compared yet.
+    if guardian_spent > own.epsilon_spent + max(1e-9, abs(own.gap)) * (1 + 1e-9):
+        text += (
+            "; its report of the later rounds is pending (sent within seconds of a "
+            "round): run capcctl budget again to compare them"
+        )
+    return text
+
+
 def cmd_budget(client: Client, args: argparse.Namespace) -> int:
     b = client.budgets()
     lines = [
@@ -230,12 +328,7 @@ def cmd_budget(client: Client, args: argparse.Namespace) -> int:
         f"  order {x.best_order:g}"
         + f"  guarantee {guarantee(x.epsilon_spent, x.delta, x.rounds_asked, x.full_delta)}"
         + ("" if x.queries_left is None else f"  ~{x.queries_left} queries left")
-        + f"  own ledger: {x.own_ledger.state}"
-        + (
-            f" (eps {x.own_ledger.epsilon_spent:.4f}, gap {x.own_ledger.gap:.3g})"
-            if x.own_ledger.state != "unreported"
-            else ""
-        )
+        + f"  own ledger: {own_ledger_text(x.own_ledger, x.epsilon_spent)}"
         + "".join(charges(x.trainings, x.rounds_epsilon))
         for x in b.budgets
     ]
@@ -263,10 +356,21 @@ def cmd_ledger(client: Client, args: argparse.Namespace) -> int:
             f"{page.rounds_asked[name]} x 2^-40 = {full:.12g}"
             for name, full in sorted(page.full_delta.items())
         ]
+    # A round's epsilon alone is not shown: rounds compose to less than their sum, so
+    # a column of them would invite adding it up. Each party's total, composed over
+    # every round, follows the entries (capcctl budget has it too).
     lines = head + [
-        f"round {e.round_id:6} {e.party:16} {e.kind:11} {e.mechanism:16} {e.queries:5} queries  eps {e.epsilon_alone:.4f}  {e.at}"
+        f"round {e.round_id:6} {e.party:16} {e.kind:11} {e.mechanism:16} {e.queries:5} queries  {e.at}"
         for e in page.entries
     ]
+    if page.entries and not args.json:
+        parties = {e.party for e in page.entries}
+        lines.append("epsilon spent, composed over every round (not the sum of rounds):")
+        lines += [
+            f"  {b.party:16} eps {b.epsilon_spent:.4f} of {b.epsilon_cap:g}"
+            for b in client.budgets().budgets
+            if b.party in parties
+        ]
     _print(args, page, lines or ["no entries"])
     return 0
 
@@ -307,6 +411,25 @@ def _accuracy(value: float | None) -> str:
     return "not trained" if value is None else f"{value:.3f}"
 
 
+def before_text(model: StudentModel | None) -> str:
+    """Which model "before" is: the best the hospital fitted on its own labelled records
+    alone, and what it was chosen among (the student party's metrics)."""
+    if model is None:
+        return "not trained"
+    chosen = model.metrics.get("before_model")
+    if chosen is None:
+        return f"{model.architecture} on {model.examples} own records (no choice reported)"
+    text = f"{chosen} on {model.examples} own records"
+    choice = model.metrics.get("before_choice")
+    if isinstance(choice, dict) and choice:
+        scores = ", ".join(
+            f"{name} {'failed' if acc is None else f'{float(acc):.3f}'}"
+            for name, acc in choice.items()
+        )
+        text += f", the best on its own held-out part of them ({scores})"
+    return text
+
+
 def _loop_lines(loop: Loop) -> list[str]:
     """The loop's report for people: one fact a line."""
     if not loop.hospital:
@@ -318,9 +441,11 @@ def _loop_lines(loop: Loop) -> list[str]:
         f"{loop.bound_hospital or 'none'})",
         f"accuracy on its own held-out records: before {_accuracy(loop.accuracy_before)}, "
         f"after {_accuracy(loop.accuracy_after)}, gain {gain or 'n/a'}",
+        f"before: {before_text(loop.before)}",
         f"labels bought {loop.labels_bought} over {loop.jobs} jobs; own records sent in the "
         f"clear {loop.records_revealed}",
-        f"epsilon the others spent for it: {spent or 'none'} (largest {loop.epsilon_spent:.4g})",
+        f"epsilon the others spent for it, each one's total over every round: "
+        f"{spent or 'none'} (largest {loop.epsilon_spent:.4g})",
     ]
 
 
@@ -330,12 +455,55 @@ def _trained(client: Client, args: argparse.Namespace, job_ids: list[str]) -> St
     to weigh them against, so it is trained as it always was)."""
     weight = args.own_weight if job_ids else None
     model = client.train(job_ids, None, args.epochs, args.seed, own_weight=weight)
-    return client.wait_model(model.id)
+    what = "training the model after" if job_ids else "training the model before"
+    return client.wait_model(model.id, on_progress=None if _quiet(args) else _training(what))
+
+
+def loop_shortfall(loop: Loop, records: int) -> str | None:
+    """Why a loop on ``records`` records cannot finish within the answering hospitals'
+    remaining caps (the least of ``loop.queries_left``), or None when it can (or the
+    gateway does not report them). Checked before anything is spent: a loop refused
+    half way leaves the others charged and no model after."""
+    if not loop.queries_left:
+        return None
+    party, left = min(loop.queries_left.items(), key=lambda item: (item[1], item[0]))
+    if records <= left:
+        return None
+    if left < 1:
+        return (
+            f"{party}'s cap covers no more queries, so no record can be labelled; nothing "
+            "was spent. Ask the consortium for more budget, or stop looping"
+        )
+    return (
+        f"the loop would label {records} records, but {party}'s cap covers only {left} more "
+        f"queries: it would stop part way, with the others charged and no model after. "
+        f"Nothing was spent: pass a file of at most {left} records (e.g. the first {left} "
+        "rows of x)"
+    )
+
+
+def _count(records: Path) -> int | None:
+    """How many records ``records`` holds; None where it cannot be told here (no numpy,
+    an unreadable file: the gateway's refusal then says why)."""
+    try:
+        data = _records(records)
+    except SystemExit:
+        return None
+    return len(data) if hasattr(data, "__len__") else None
 
 
 def cmd_loop_run(client: Client, args: argparse.Namespace) -> int:
     """The CaPC loop in one command: the model of own records alone, a job labelling the
-    hospital's unlabelled records through the others, the model of both, the report."""
+    hospital's unlabelled records through the others, the model of both, the report.
+
+    The whole loop's budget is checked first: a file the others' caps cannot label in
+    full is refused before anything is trained or spent."""
+    count = _count(args.records)
+    if count is not None:
+        why = loop_shortfall(client.loop(), count)
+        if why is not None:
+            print(f"capcctl: {why}", file=sys.stderr)
+            return 1
     before = _trained(client, args, [])
     if before.state != "done":
         print(f"capcctl: the model of own records alone failed: {before.error}", file=sys.stderr)
@@ -345,9 +513,17 @@ def cmd_loop_run(client: Client, args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         reveal_records_to_answerers=args.reveal_records_to_answerers,
     )
-    job = client.wait(job.id, on_progress=None if args.quiet else _progress)
+    job = client.wait(job.id, on_progress=None if _quiet(args) else JobProgress())
     if job.state != "done":
         print(f"capcctl: job {job.id} failed: {job.error}", file=sys.stderr)
+        if job.answered:
+            # What was bought is not lost: the job's answered labels train a model.
+            weight = "" if args.own_weight is None else f" --own-weight {args.own_weight}"
+            print(
+                f"capcctl: its {job.answered} labels bought so far stay usable: "
+                f"capcctl models train {job.id}{weight} --wait",
+                file=sys.stderr,
+            )
         return 1
     after = _trained(client, args, [job.id])
     if after.state != "done":
@@ -531,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     predict.add_argument(
         "records",
         type=Path,
-        help=".json list of records (or .npy, .npz with x, where numpy is installed)",
+        help=".json list of records (or .npy, .npz with x, where numpy is installed); an "
+        ".npz with y too is also scored: the accuracy follows the predictions",
     )
     predict.add_argument("--one", action="store_true", help="the file holds a single record")
     predict.set_defaults(run=cmd_models_predict)

@@ -73,6 +73,9 @@ class Loop(_Model):
     jobs: int
     epsilon_by_party: dict[str, float]
     epsilon_spent: float
+    #: Per answering party: queries of the task's worst case its remaining cap covers
+    #: (empty from a gateway that does not report them).
+    queries_left: dict[str, int] = {}
 
 
 class PartyLedger(_Model):

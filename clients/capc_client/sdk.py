@@ -329,10 +329,15 @@ class Client:
         return [StudentModel.model_validate(m) for m in body["models"]]
 
     def wait_model(
-        self, model_id: str, poll: float = 0.5, timeout: float | None = None
+        self,
+        model_id: str,
+        poll: float = 0.5,
+        timeout: float | None = None,
+        on_progress: Callable[[StudentModel], None] | None = None,
     ) -> StudentModel:
-        """Poll until the model is trained or has failed."""
-        return _poll(lambda: self.model(model_id), f"model {model_id}", poll, timeout)
+        """Poll until the model is trained or has failed; ``on_progress`` sees every new
+        state."""
+        return _poll(lambda: self.model(model_id), f"model {model_id}", poll, timeout, on_progress)
 
     def download_model(self, model_id: str, path: Path) -> Path:
         path.write_bytes(self._request("GET", f"/v1/models/{model_id}/weights").content)

@@ -83,6 +83,11 @@ def loop_out(
         gain=None if acc_before is None or acc_after is None else acc_after - acc_before,
         epsilon_by_party=by_party,
         epsilon_spent=max(by_party.values(), default=0.0),
+        queries_left={
+            p.name: p.queries_left
+            for p in spends.parties
+            if p.role == "answerer" and p.queries_left >= 0 and p.name != spends.querier_hospital
+        },
     )
 
 

@@ -224,7 +224,36 @@ class LoopOut(BaseModel):
     epsilon_by_party: dict[str, float] = Field(
         description="epsilon (at the ledger's delta) the querier's rounds charged each party"
     )
+    epsilon_spent: float = Field(
+        description="the largest of epsilon_by_party (0 for none): each party's total, "
+        "composed over the querier's rounds, not a sum of per-round or per-label figures"
+    )
+    queries_left: dict[str, int] = Field(
+        default_factory=dict,
+        description="per answering party (the bound hospital left out): queries of the "
+        "task's worst case its remaining cap covers; a loop labels at most the least of "
+        "them (capcctl loop run checks this before it spends)",
+    )
+
+
+class LoopSpend(BaseModel):
+    """One CaPC loop as the guardian sees it: a querier bound to its hospital, and what
+    its rounds charged the other hospitals (its accuracy lives at its own student party:
+    that hospital's gateway's GET /v1/loop)."""
+
+    hospital: str = Field(description="the hospital the querier labels records for")
+    querier: str = Field(description="the querier's certificate name")
+    epsilon_by_party: dict[str, float] = Field(
+        description="epsilon (at the ledger's delta) its rounds charged each party: each "
+        "one's total, composed over every round"
+    )
     epsilon_spent: float = Field(description="the largest of epsilon_by_party (0 for none)")
+
+
+class LoopList(BaseModel):
+    """Every CaPC loop the guardian bound, whichever gateway each runs over."""
+
+    loops: list[LoopSpend]
 
 
 LedgerState = Literal["agree", "diverged", "incomparable", "unreported"]

@@ -42,7 +42,7 @@ from services.common.limits import (
 from services.common.protocol import WHO_MAY_RECORD, RequestError, check_version
 from services.common.task import TaskConfig, TaskError
 from services.guardian import budgets
-from services.guardian.loop import hospital_of
+from services.guardian.loop import bound_queriers, hospital_of
 from services.guardian.notes import PartyNotes
 from services.guardian.rounds import (
     RoundEngine,
@@ -146,6 +146,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             delta=self.ledger.delta,
             accounting=f"{self.ledger.accounting.summary}, data-independent charges",
         )
+        reply.bound_queriers.update(bound_queriers(self.ledger))
         if request.querier:
             # The CaPC loop: what one querier's rounds cost each party, and whose it is.
             for p in reply.parties:

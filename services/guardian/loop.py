@@ -147,6 +147,21 @@ def clear_policy(ledger: Ledger) -> str:
     return ledger.setting(CLEAR_POLICY_KEY) or ALLOW
 
 
+def bound_queriers(ledger: Ledger) -> dict[str, str]:
+    """Every querier the guardian bound to a hospital, {querier: hospital}: the CaPC
+    loops an admin sees, whichever gateway (student party) each runs over."""
+    from sqlalchemy import select
+
+    from services.common.ledger.tables import settings
+
+    query = select(settings.c.key, settings.c.value).where(
+        settings.c.key.startswith(QUERIER_KEY, autoescape=True)
+    )
+    with ledger.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return {str(key)[len(QUERIER_KEY) :]: str(value) for key, value in sorted(rows)}
+
+
 def loop_terms(
     ledger: Ledger, querier: str, request: guardian_pb2.OpenRoundRequest, batch: int
 ) -> LoopTerms:

@@ -50,6 +50,7 @@ from numpy.typing import NDArray
 
 from capc.learning import fixmatch
 from capc.learning.fixmatch import FixMatchConfig
+from capc.learning.last_layer import fit_linear
 from capc.learning.semi_supervised import (
     METHOD_NAMES,
     Trains,
@@ -88,8 +89,33 @@ TEST_BATCH = 512
 FIXMATCH_MIN_STEPS_PER_EPOCH = 20
 
 
+#: A querier's own labelled records: (N, *input_shape) float32 and (N,) classes.
+Labelled = tuple[NDArray[np.float32], NDArray[np.int64]]
+#: What a fit returns: the model, the examples it learnt from, its metrics and card.
+Fitted = tuple[Classifier, int, dict[str, object], dict[str, object]]
+#: The "before" model (own records alone): L2 penalties of the logistic regressions it is
+#: chosen among, beside the student's default model, as the side-by-side tunes
+#: "alone" (experiments/side_by_side/baselines.py: simple models included).
+BEFORE_L2 = (1e-3, 1e-2, 1e-1)
+#: Share of the own records held out to choose the "before" model (the rest fit the
+#: candidates; the chosen one is then refitted on all of them).
+BEFORE_HELD_OUT = 0.25
+#: Fewest own records a choice is made on; with fewer, the default model is kept.
+BEFORE_MIN_RECORDS = 8
+#: The default model's name among the "before" candidates.
+BEFORE_DEFAULT = "default"
+
+
 class TrainingError(ValueError):
     """A training request names no usable jobs or an unknown architecture."""
+
+
+def _before_name(candidate: str, architecture: str) -> str:
+    """A "before" candidate as the loop's display names it: the default model by its
+    architecture ("the student's default model (resnet10)")."""
+    if candidate == BEFORE_DEFAULT:
+        return f"the student's default model ({architecture})"
+    return candidate
 
 
 def trains(architecture: str) -> Trains:
@@ -403,9 +429,15 @@ class ModelTrainer:
                 self.store.update_model(model_id, state="failed", error=str(err))
 
     def _head(
-        self, model: Classifier, job_ids: list[str], options: TrainingOptions, seed: int
+        self,
+        model: Classifier,
+        job_ids: list[str],
+        options: TrainingOptions,
+        seed: int,
+        own: Labelled | None,
     ) -> tuple[torch.nn.Module, torch.Tensor, NDArray[np.int64], int]:
-        """The fitted head, the answered features and labels, and the unanswered queries used."""
+        """The fitted head, the answered features and labels, and the unanswered queries
+        used; ``own``: the querier's own labelled records that enter the fit, if any."""
         jf = job_features(
             self.store,
             job_ids,
@@ -415,9 +447,9 @@ class ModelTrainer:
         )
         answered = jf.answered
         f, y = jf.features[torch.from_numpy(answered)], jf.labels[answered]
-        if self.own is not None:
+        if own is not None:
             # The CaPC loop: the querier's own records with the labels the consortium gave.
-            own_x, own_y = self.own
+            own_x, own_y = own
             order = np.random.default_rng(1).permutation(len(own_x))
             own_f = features(model, own_x[order], current_statistics=True, batch=OWN_BATCH)
             f, y = torch.cat([own_f, f]), np.concatenate([own_y[order], y])
@@ -451,13 +483,18 @@ class ModelTrainer:
         return head, f, y, int((~answered).sum())
 
     def _fit_pretrained(
-        self, job_ids: list[str], options: TrainingOptions, seed: int
-    ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
+        self,
+        job_ids: list[str],
+        options: TrainingOptions,
+        seed: int,
+        own: Labelled | None,
+        test: Labelled | None,
+    ) -> Fitted:
         assert self.body is not None
         if self.reference is None:
             raise TrainingError("no reference batch: start the student with --reference-data")
         model = copy.deepcopy(self.body.model)
-        head, f, y, unused = self._head(model, job_ids, options, seed)
+        head, f, y, unused = self._head(model, job_ids, options, seed, own)
         dev = next(model.parameters()).device
         model.head = head.to(dev)  # type: ignore[assignment]
         with torch.no_grad():
@@ -469,8 +506,8 @@ class ModelTrainer:
         # From here on a record is read through the reference batch's statistics, so
         # what the model says about it does not depend on what else it is asked.
         reference_statistics(model, self.reference)
-        if self.test_set is not None:
-            metrics["test_accuracy"] = accuracy(model, *self.test_set)
+        if test is not None:
+            metrics["test_accuracy"] = accuracy(model, *test)
         digest = hashlib.sha256(np.ascontiguousarray(self.reference).tobytes()).hexdigest()
         card: dict[str, object] = {
             "method": "last layer fitted on the pretrained body (DIET)",
@@ -490,14 +527,16 @@ class ModelTrainer:
         architecture: str,
         epochs: int,
         seed: int,
-        options: TrainingOptions | None = None,
-    ) -> tuple[Classifier, int, dict[str, object], dict[str, object]]:
+        options: TrainingOptions | None,
+        own: Labelled | None,
+        test: Labelled | None,
+    ) -> Fitted:
         x, y = labelled_examples(self.store, job_ids, self.task)
-        if self.own is not None:
+        if own is not None:
             # The CaPC loop without a body (a table task): the querier's own records, each
             # ``own_weight`` times, then the labels the consortium gave, in one fit.
             k = (options or TrainingOptions()).own_weight
-            own_x, own_y = self.own
+            own_x, own_y = own
             order = np.random.default_rng(1).permutation(len(own_x))
             x = np.concatenate([*[own_x[order]] * k, x])
             y = np.concatenate([*[own_y[order].astype(np.int64)] * k, y])
@@ -514,18 +553,99 @@ class ModelTrainer:
             seed=seed,
         )
         metrics: dict[str, object] = {"train_accuracy": accuracy(model, x, y)}
-        if self.test_set is not None:
-            metrics["test_accuracy"] = accuracy(model, *self.test_set)
+        if test is not None:
+            metrics["test_accuracy"] = accuracy(model, *test)
         card: dict[str, object] = {
             "method": "trained from scratch",
             "epochs": epochs,
             "seed": seed,
             "inference": "stored BatchNorm statistics",
         }
-        if self.own is not None:
+        if own is not None:
             card["training"] = (options or TrainingOptions()).to_dict()
-            card["own_records"] = len(self.own[0])
+            card["own_records"] = len(own[0])
         return model, len(x), metrics, card
+
+    def _fit_logistic(self, own: Labelled, test: Labelled | None, l2: float) -> Fitted:
+        """Logistic regression on the raw records (flattened; standardised, the
+        standardisation folded into the layer), penalty ``l2``: the simplest model a
+        hospital can fit on its own labelled records."""
+        x, y = own
+        if len(np.unique(y)) < 2:
+            raise TrainingError("the own records have one class only")
+        model = build("linear", self.task.input_shape, self.task.outputs)
+        flat = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32).reshape(len(x), -1))
+        model.head = fit_linear(flat, y, self.task.outputs, l2=l2)
+        metrics: dict[str, object] = {"train_accuracy": accuracy(model, x, y)}
+        if test is not None:
+            metrics["test_accuracy"] = accuracy(model, *test)
+        card: dict[str, object] = {
+            "method": f"logistic regression on the raw records (standardised, L2 {l2:g})",
+            "inference": "no statistics: a linear layer on the flattened record",
+        }
+        return model, len(x), metrics, card
+
+    def _fit_before(
+        self, architecture: str, epochs: int, seed: int, options: TrainingOptions
+    ) -> tuple[Fitted, str, int | None]:
+        """The querier's best model of its own labelled records alone (the loop's
+        "before"): the default model (``architecture``) and logistic regressions at
+        :data:`BEFORE_L2`, each fitted on the same :data:`BEFORE_HELD_OUT`-smaller part
+        of the own records and scored on the rest; the best (the default on a tie) is
+        refitted on all of them. The choice uses the own records only, never the test
+        set, so the test accuracy stays an honest estimate. Returns the fit, its
+        architecture and width."""
+        assert self.own is not None
+        default_arch, default_width = architecture, None
+        if architecture == PRETRAINED:
+            assert self.body is not None  # checked when the request was accepted
+            default_arch, default_width = self.body.architecture, self.body.width
+
+        def default(own: Labelled, test: Labelled | None) -> Fitted:
+            if architecture == PRETRAINED:
+                return self._fit_pretrained([], options, seed, own, test)
+            return self._fit_scratch([], architecture, epochs, seed, options, own, test)
+
+        def logistic(l2: float) -> Any:
+            return lambda own, test: self._fit_logistic(own, test, l2)
+
+        candidates = {BEFORE_DEFAULT: default} | {
+            f"logistic regression, L2 {l2:g}": logistic(l2) for l2 in BEFORE_L2
+        }
+        x, y = self.own
+        n = len(x)
+        if n < BEFORE_MIN_RECORDS or self.task.multi_label:
+            fitted = default(self.own, self.test_set)
+            fitted[2]["before_model"] = _before_name(BEFORE_DEFAULT, default_arch)
+            return fitted, default_arch, default_width
+        order = np.random.default_rng(seed).permutation(n)
+        held = max(2, round(n * BEFORE_HELD_OUT))
+        part: Labelled = (x[order[held:]], y[order[held:]])
+        check: Labelled = (x[order[:held]], y[order[:held]])
+        scores: dict[str, float | None] = {}
+        for name, make in candidates.items():
+            try:
+                scores[name] = float(make(part, check)[2]["test_accuracy"])
+            except (TrainingError, ValueError, RuntimeError) as err:
+                log.info("before-model candidate %s not fitted: %s", name, err)
+                scores[name] = None
+        scored = {k: v for k, v in scores.items() if v is not None}
+        # The default first: it wins a tie.
+        best = max(scored, key=lambda k: scored[k]) if scored else BEFORE_DEFAULT
+        fitted = candidates[best](self.own, self.test_set)
+        chosen = _before_name(best, default_arch)
+        fitted[2]["before_model"] = chosen
+        fitted[2]["before_choice"] = {_before_name(k, default_arch): v for k, v in scores.items()}
+        fitted[3]["before_choice"] = {
+            "chosen": chosen,
+            "held_out_own_records": held,
+            "rule": f"the best accuracy on {held} of the {n} own records held out, the "
+            "candidates fitted on the rest (the default on a tie); then refitted on all",
+            "accuracy_on_held_out": fitted[2]["before_choice"],
+        }
+        if best == BEFORE_DEFAULT:
+            return fitted, default_arch, default_width
+        return fitted, "linear", None
 
     def _fit_fixmatch(
         self, job_ids: list[str], architecture: str, epochs: int, seed: int
@@ -565,15 +685,31 @@ class ModelTrainer:
         start = time.perf_counter()
         jobs = list(spec.job_ids)
         options = TrainingOptions.from_dict(self.store.model_options(model_id), spec.architecture)
-        if spec.architecture == PRETRAINED:
+        if not jobs and self.own is not None and options.semi_supervised == "none":
+            # The loop's "before": the best the hospital can do on its own records.
+            before, architecture, width = self._fit_before(
+                spec.architecture, spec.epochs, spec.seed, options
+            )
+            model, examples, metrics, extra = before
+        elif spec.architecture == PRETRAINED:
             assert self.body is not None
-            model, examples, metrics, extra = self._fit_pretrained(jobs, options, spec.seed)
+            model, examples, metrics, extra = self._fit_pretrained(
+                jobs, options, spec.seed, self.own, self.test_set
+            )
             architecture, width = self.body.architecture, self.body.width
         else:
             if options.semi_supervised == "fixmatch":
                 fitted = self._fit_fixmatch(jobs, spec.architecture, spec.epochs, spec.seed)
             else:
-                fitted = self._fit_scratch(jobs, spec.architecture, spec.epochs, spec.seed, options)
+                fitted = self._fit_scratch(
+                    jobs,
+                    spec.architecture,
+                    spec.epochs,
+                    spec.seed,
+                    options,
+                    self.own,
+                    self.test_set,
+                )
             model, examples, metrics, extra = fitted
             architecture, width = spec.architecture, None
         metrics["examples"] = examples

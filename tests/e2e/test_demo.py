@@ -64,7 +64,9 @@ def test_a_small_demo_runs_a_consortium_and_reports(tmp_path: Path) -> None:
     label = re.search(r"label accuracy:\s+([0-9.]+)", text)
     assert label and 0.0 < float(label.group(1)) <= 1.0
     assert re.search(r"one record alone:\s+class \d", text)
-    assert re.search(r"dashboard:\s+https://127\.0\.0\.1:\d+/dashboard", text)
+    # Run without a terminal, the demo stops its consortium: no address is printed for it.
+    assert re.search(r"dashboard:\s+stops with the demo", text)
+    assert not re.search(r"dashboard:\s+https://", text)
     if shutil.which("chromium"):
         assert (tmp_path / "dashboard.png").stat().st_size > 10_000
     # The student downloaded through the gateway stores its reference batch's statistics:

@@ -102,7 +102,7 @@ def test_the_printed_lines_label_queries_within_every_cap(directory: Path) -> No
     up = Up(directory, *SMALL)
     try:
         command = up.wait_for_line("capcctl ")
-        task = up.wait_for_line("task images:")
+        task = up.wait_for_line("task images (1x28x28 images):")
         env = exported(up.wait_for_line("export "))
         admin = up.wait_for_line("# admin token").rsplit("CAPC_TOKEN=", 1)[1]
         assert set(env) == {"CAPC_URL", "CAPC_TOKEN", "CAPC_CA"}

@@ -167,7 +167,8 @@ def run_printed_loop(lines: list[str], records: Path, own: int, unlabelled: int)
 
 def test_up_prints_the_loop_block(running: tuple[Up, list[str], Path]) -> None:
     _, lines, _ = running
-    assert lines[-3] == f"# {HOSPITAL}'s CaPC loop: its own gateway"
+    assert lines[-4].startswith(f"# {HOSPITAL}'s CaPC loop: its own gateway; the other ")
+    assert lines[-3].startswith("# its admin token (") and "CAPC_TOKEN=capc_" in lines[-3]
     env = environment(lines[-2])
     assert set(env) == {"CAPC_URL", "CAPC_TOKEN", "CAPC_CA"}
     assert env["CAPC_URL"].startswith("https://127.0.0.1:") and Path(env["CAPC_CA"]).is_file()
@@ -257,7 +258,7 @@ def test_up_runs_a_table_tasks_loop_without_an_image_body(
     up = Up(table_up(table_files, "--dir", str(tmp_path / "consortium")), tmp_path / "up.log")
     try:
         lines = up.read_until("capcctl loop run")
-        assert lines[-3] == f"# {HOSPITAL}'s CaPC loop: its own gateway"
+        assert lines[-4].startswith(f"# {HOSPITAL}'s CaPC loop: its own gateway")
         run_printed_loop(lines, table_files["unlabelled"], TABLE_OWN, TABLE_UNLABELLED)
     finally:
         up.stop()

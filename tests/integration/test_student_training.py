@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from capc.learning.last_layer import fit_batch_standardised
+from capc.learning.last_layer import fit_batch_standardised, fit_linear
 from capc.learning.supervised import fit
 from capc.models import Teacher, build
 from capc.models.inference import features
@@ -194,6 +194,8 @@ def test_a_table_querier_without_a_body_loops_on_its_own_rows(tmp_path: Path) ->
     trainer = ModelTrainer(store, task, test, None, own=own)
     assert trainer.default_architecture == "mlp"
 
+    metrics: dict[str, object] = {}
+
     def trained(jobs: list[str], k: int) -> tuple[dict[str, torch.Tensor], int]:
         options = TrainingOptions.parse(0.0, "none", "mlp", k)
         trainer.check(jobs, "mlp", 20, options)
@@ -204,6 +206,8 @@ def test_a_table_querier_without_a_body_loops_on_its_own_rows(tmp_path: Path) ->
         assert done is not None and done.state == "done", done
         found = store.model_file(spec.id)
         assert found is not None
+        metrics.clear()
+        metrics.update(done.metrics)
         return load_teacher_bytes(found[0]).model.state_dict(), done.examples
 
     def expected(x: np.ndarray, y: np.ndarray) -> dict[str, torch.Tensor]:
@@ -216,7 +220,19 @@ def test_a_table_querier_without_a_body_loops_on_its_own_rows(tmp_path: Path) ->
     order = np.random.default_rng(1).permutation(40)
     ox, oy = own[0][order], own[1][order]
     before, examples = trained([], 1)
-    assert examples == 40 and same(before, expected(ox, oy))
+    # The model of own rows alone is the best of the MLP and logistic regressions, chosen
+    # on a held-out part of the own rows (issue 56): on rows whose class is a linear
+    # function of a feature, a logistic regression; refitted on all 40 rows.
+    assert examples == 40 and str(metrics["before_model"]).startswith("logistic regression")
+    choice = metrics["before_choice"]
+    assert isinstance(choice, dict) and len(choice) == 4
+    default = choice["the student's default model (mlp)"]
+    assert choice[metrics["before_model"]] >= default
+    l2 = float(str(metrics["before_model"]).rsplit(" ", 1)[1])
+    flat = torch.from_numpy(own[0])
+    expected_head = fit_linear(flat, own[1], 2, l2=l2)
+    assert set(before) == {"head.weight", "head.bias"}
+    assert torch.allclose(before["head.weight"], expected_head.weight, atol=1e-5)
     once, examples = trained([job.id], 1)
     assert examples == 40 + 30 and same(once, expected(np.concatenate([ox, x]), np.r_[oy, y]))
     four, _ = trained([job.id], 4)
@@ -228,3 +244,41 @@ def test_a_table_querier_without_a_body_loops_on_its_own_rows(tmp_path: Path) ->
         alone.check([], "mlp", 20)
     with pytest.raises(TrainingError, match=r"own_weight 4 .* has none"):
         alone.check([job.id], "mlp", 20, TrainingOptions(own_weight=4))
+
+
+def test_the_model_before_is_chosen_on_own_records_never_on_the_test_set(
+    tmp_path: Path,
+) -> None:
+    """Which "before" model wins depends on the querier's own records alone: a test set
+    with every label flipped changes its test accuracy, not the choice or the weights;
+    the default model wins where it scores best on the held-out own rows."""
+    store = JobStore(str(tmp_path / "student.db"))
+    task = TaskConfig.parse("t", TABLE, config_hash(TABLE))
+    own, test = rows(40, 2), rows(100, 3)
+    flipped = (test[0], 1 - test[1])
+
+    def before(test_set: tuple[np.ndarray, np.ndarray]) -> tuple[dict[str, object], bytes]:
+        trainer = ModelTrainer(store, task, test_set, None, own=own)
+        spec = store.create_model([], "mlp", 20, 7, TrainingOptions().to_dict())
+        trainer.submit(spec.id)
+        wait(store, spec.id)
+        done, found = store.model(spec.id), store.model_file(spec.id)
+        assert done is not None and done.state == "done" and found is not None, done
+        return done.metrics, found[0]
+
+    (m1, w1), (m2, w2) = before(test), before(flipped)
+    assert m1["before_model"] == m2["before_model"] and m1["before_choice"] == m2["before_choice"]
+    # The checkpoints' cards differ (their test accuracy); their weights do not.
+    s1, s2 = load_teacher_bytes(w1).model.state_dict(), load_teacher_bytes(w2).model.state_dict()
+    assert s1.keys() == s2.keys() and all(torch.equal(s1[k], s2[k]) for k in s1)
+    acc1, acc2 = float(str(m1["test_accuracy"])), float(str(m2["test_accuracy"]))
+    assert acc1 == pytest.approx(1.0 - acc2)
+    # Too few own records to hold any out: the default model, said so.
+    few = ModelTrainer(store, task, test, None, own=rows(6, 4))
+    spec = store.create_model([], "mlp", 5, 0, TrainingOptions().to_dict())
+    few.submit(spec.id)
+    wait(store, spec.id)
+    done = store.model(spec.id)
+    assert done is not None and done.state == "done", done
+    assert done.metrics["before_model"] == "the student's default model (mlp)"
+    assert "before_choice" not in done.metrics

@@ -19,6 +19,8 @@ from capc.models.inference import features, logits, norm_layers, recalibrate, st
         ("mlp", (30,)),
         ("resnet10", (1, 28, 28)),
         ("resnet18", (3, 32, 32)),
+        ("linear", (1, 28, 28)),
+        ("linear", (30,)),
     ],
 )
 def test_shapes_and_head(name: str, shape: tuple[int, ...]) -> None:

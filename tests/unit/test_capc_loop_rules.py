@@ -187,3 +187,35 @@ def test_the_gateway_reports_the_gain_and_the_spend() -> None:
     empty = loop_out(student_pb2.LoopReport(), guardian_pb2.ListPartiesReply())
     assert empty.before is None and empty.gain is None and empty.epsilon_spent == 0.0
     assert np.isfinite(out.accuracy_after or np.nan)
+
+
+def test_the_admin_sees_every_loop_the_guardian_bound(ledger: Ledger) -> None:
+    """Issue 56: the consortium's dashboard had no loop row. The guardian lists every
+    bound querier, and the gateway's /v1/admin/loops reads each one's spends from it."""
+    from services.gateway.routes.models import loop_spends
+    from services.guardian.hub import GuardianHub
+    from services.guardian.loop import bound_queriers
+
+    # A name with SQL LIKE's wildcards: matched as written, not as a pattern.
+    bind_querier(ledger, "h1_q%", "h1", actor="test")
+    ledger.keep_setting("querier-hospitalX", "h2", actor="test", action="test", detail={})
+    assert bound_queriers(ledger) == {"h0-querier": "h0", "h1_q%": "h1"}
+    hub = GuardianHub(ledger)
+    header = common_pb2.Header(protocol_version=1)
+
+    class ToTheHub:
+        """The gateway's two guardian reads, answered by the real hub in process."""
+
+        def list_parties(self) -> guardian_pb2.ListPartiesReply:
+            return hub.ListParties(guardian_pb2.ListPartiesRequest(header=header), None)  # type: ignore[arg-type]
+
+        def querier_spends(self, querier: str) -> guardian_pb2.ListPartiesReply:
+            request = guardian_pb2.ListPartiesRequest(header=header, querier=querier)
+            return hub.ListParties(request, None)  # type: ignore[arg-type]
+
+    loops = loop_spends(ToTheHub())  # type: ignore[arg-type]
+    assert [(x.hospital, x.querier) for x in loops] == [("h0", "h0-querier"), ("h1", "h1_q%")]
+    assert all(x.epsilon_by_party == {} and x.epsilon_spent == 0.0 for x in loops)
+    static = Path(__file__).resolve().parents[2] / "services" / "gateway" / "static"
+    assert "/v1/admin/loops" in (static / "dashboard.js").read_text()
+    assert 'id="loops"' in (static / "dashboard.html").read_text()

@@ -244,6 +244,11 @@ def test_capcctl_results_print_one_json_value(capfd: pytest.CaptureFixture[str])
     args = capcctl.build_parser().parse_args(["jobs", "watch", "j1", "--json"])
     assert capcctl.cmd_jobs_watch(Watching(), args) == 0  # type: ignore[arg-type]
     out, err = capfd.readouterr()
-    assert json.loads(out)["id"] == "j1" and "answered 7" in err
+    # --json is quiet: its JSON on stdout and no progress bar on stderr (issue 56).
+    assert json.loads(out)["id"] == "j1" and err == ""
+    plain = capcctl.build_parser().parse_args(["jobs", "watch", "j1"])
+    assert capcctl.cmd_jobs_watch(Watching(), plain) == 0  # type: ignore[arg-type]
+    out, err = capfd.readouterr()
+    assert "answered 7" in err and "answered 7" not in out
     capcctl._print(args, [job, job], ["unused"])
     assert len(json.loads(capfd.readouterr().out)) == 2

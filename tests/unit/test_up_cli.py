@@ -158,7 +158,9 @@ def test_the_loop_block_prints_after_the_consortium_lines(
     from services.up import LOOP_COMMAND, LoopAccess, report
 
     access = Access("https://127.0.0.1:9", "capc_a_b", "capc_c_d", Path("/pki/ca.pem"))
-    loop = LoopAccess("hospital-0", "https://127.0.0.1:10", "capc_e_f", Path("/pki/ca.pem"))
+    loop = LoopAccess(
+        "hospital-0", "https://127.0.0.1:10", "capc_e_f", Path("/pki/ca.pem"), "capc_g_h", 300
+    )
     summary = {
         "description": "task images",
         "queries_left": {"hospital-0": 5},
@@ -167,12 +169,25 @@ def test_the_loop_block_prints_after_the_consortium_lines(
     }
     report(_up(), None, access, summary)  # type: ignore[arg-type]
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-3:] == [
-        "# hospital-0's CaPC loop: its own gateway",
+    assert lines[-4].startswith("# hospital-0's CaPC loop: its own gateway; the other ")
+    assert "cover 300 more queries" in lines[-4]
+    # Its operator gets the admin view of its own gateway (budget, ledger, dashboard).
+    assert lines[-3].endswith("/dashboard): CAPC_TOKEN=capc_g_h")
+    assert lines[-2:] == [
         "export CAPC_URL=https://127.0.0.1:10 CAPC_TOKEN=capc_e_f CAPC_CA=/pki/ca.pem",
         LOOP_COMMAND,
     ]
-    assert set(loop.summary()) == {"hospital", "url", "token", "ca", "export", "command"}
+    assert set(loop.summary()) == {
+        "hospital",
+        "url",
+        "token",
+        "ca",
+        "export",
+        "command",
+        "admin_token",
+        "dashboard",
+        "queries_left",
+    }
 
 
 def test_a_checkpoints_file_of_several_teachers_is_counted_as_them(tmp_path: Path) -> None:
@@ -208,3 +223,63 @@ def test_the_loop_lowers_the_planned_quorum_and_refuses_a_task_files() -> None:
     assert loop_quorum(task, _up("--parties", "5", "--loop", "hospital-0")) is task
     with pytest.raises(SystemExit, match="quorum of 3"):
         loop_quorum(task, _up("--loop", "hospital-0", "--task", "t.json"))
+
+
+def test_with_a_loop_the_first_command_leaves_most_of_the_caps_for_it() -> None:
+    # Issue 56: `capc up --loop` suggested `--count 512`, the whole cap, and the
+    # loop that followed ran out of budget half way.
+    assert first_command(512, 1024, loop=True) == "capcctl jobs submit --count 128 --wait"
+    assert first_command(3, 1024, loop=True) is None
+    assert first_command(512, 1024) == "capcctl jobs submit --count 512 --wait"
+
+
+def test_a_table_task_is_named_by_its_file_not_the_wire_name_images() -> None:
+    import json
+
+    from services.up import describe, task_label
+
+    path = Path(__file__).parents[2] / "services" / "tasks" / "breast-cancer.json"
+    task = json.loads(path.read_text())
+    line = describe(task, [3, 3], 10.0, 100, task_label(_up("--task", str(path))))
+    assert line.startswith("task breast-cancer (table rows of 30 features): gnmax")
+    assert "task images" not in line
+    assert task_label(_up()) == "images"
+
+
+def test_a_torchscript_teacher_takes_the_given_task_instead_of_a_traceback(
+    tmp_path: Path,
+) -> None:
+    # Issue 56: `capc up --task T --teachers hospital-0=model.ts` crashed with a
+    # ValueError telling the user to pass --task, which was given.
+    import torch
+
+    from services.up import interface_of, teacher_counts
+    from tests.e2e.own_models import export_torchscript
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+    path = export_torchscript(model, (1, 28, 28), tmp_path / "model.ts")
+    task = Path(__file__).parents[2] / "services" / "tasks" / "images.json"
+    args = _up("--task", str(task), "--teachers", f"hospital-0={path}")
+    own = own_teachers(args.teachers, 3)
+    try:
+        counts = teacher_counts(own, 3, 7, interface_of(args))
+    except SystemExit as refused:
+        # A build where TorchScript needs an explicit trust flag refuses it: by name,
+        # without a traceback, and without asking for the --task that was given.
+        assert "hospital-0" in str(refused) and "--task" not in str(refused)
+    else:
+        assert counts == [1, 7, 7]
+    bad = tmp_path / "bad.ts"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(SystemExit, match="hospital-0's teacher file"):
+        teacher_counts({0: bad}, 3, 7, interface_of(args))
+
+
+def test_json_keeps_the_progress_lines_quiet(tmp_path: Path) -> None:
+    from services.up import consortium
+
+    quiet = consortium(_up("--json", "--dir", str(tmp_path / "a")))[0]
+    talking = consortium(_up("--dir", str(tmp_path / "b")))[0]
+    assert quiet.progress is False and talking.progress is True
+    # Nothing was started or fitted by building them.
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

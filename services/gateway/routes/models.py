@@ -15,7 +15,7 @@ from services.common import serde
 from services.common.protocol import RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
-from services.gateway.deps import ERRORS, JOB_ID, Analyst, Backend
+from services.gateway.deps import ERRORS, JOB_ID, Admin, Analyst, Backend
 from services.gateway.replies import loop_out, model_out
 from services.proto.capc.v1 import student_pb2
 
@@ -68,6 +68,34 @@ def loop(_: Analyst, backends: Backend) -> schemas.LoopOut:
         backends.jobs.GetLoop, student_pb2.GetLoopRequest(header=backends.header)
     )
     return loop_out(report, backends.querier_spends(report.querier))
+
+
+@router.get(
+    "/v1/admin/loops",
+    response_model=schemas.LoopList,
+    responses=ERRORS,
+    tags=["admin"],
+    summary="Every CaPC loop the guardian bound: its hospital and what it cost the others",
+)
+def loops(_: Admin, backends: Backend) -> schemas.LoopList:
+    return schemas.LoopList(loops=loop_spends(backends))
+
+
+def loop_spends(backends: Backends) -> list[schemas.LoopSpend]:
+    """Each bound querier's spends, one guardian read a loop (few: one per hospital)."""
+    out = []
+    for querier, hospital in sorted(backends.list_parties().bound_queriers.items()):
+        spends = backends.querier_spends(querier)
+        by_party = {p: e for p, e in spends.querier_epsilon.items() if e > 0}
+        out.append(
+            schemas.LoopSpend(
+                hospital=hospital,
+                querier=querier,
+                epsilon_by_party=by_party,
+                epsilon_spent=max(by_party.values(), default=0.0),
+            )
+        )
+    return out
 
 
 @router.get("/v1/models", response_model=schemas.ModelList, responses=ERRORS, tags=["models"])

@@ -142,16 +142,35 @@ async function refreshLoop() {
   if (!loop.hospital) return;
   const spent = Object.entries(loop.epsilon_by_party).map(([p, e]) => `${p}: ${e.toFixed(4)}`).join(", ");
   fill("loop", [[
-    `${loop.hospital} (${loop.querier})`, accuracy(loop.accuracy_before), accuracy(loop.accuracy_after),
+    `${loop.hospital} (${loop.querier})`,
+    // Which model "before" is: the best of the candidates fitted on its own records.
+    accuracy(loop.accuracy_before) + (loop.before && loop.before.metrics.before_model ? ` (${loop.before.metrics.before_model})` : ""),
+    accuracy(loop.accuracy_after),
     loop.gain === null ? "" : (loop.gain >= 0 ? "+" : "") + loop.gain.toFixed(3),
     `${loop.epsilon_spent.toFixed(4)}${spent ? ` (${spent})` : ""}`, loop.labels_bought,
-    loop.labels_bought ? (loop.epsilon_spent / loop.labels_bought).toPrecision(3) : "",
+    // Composition is not linear: no "epsilon per label" is shown, only what is left.
+    Object.keys(loop.queries_left || {}).length ? Math.min(...Object.values(loop.queries_left)) : "",
     loop.records_revealed,
   ]]);
 }
 
+// Every CaPC loop the guardian bound (admin): each hospital's querier and what its rounds
+// charged the others, whichever gateway it runs over; hidden when there is none.
+async function refreshLoops() {
+  const section = document.getElementById("loops-section");
+  let reply;
+  try { reply = await get("/v1/admin/loops"); } catch (e) { section.hidden = true; return; }
+  section.hidden = reply.loops.length === 0;
+  fill("loops", reply.loops.map(l => [
+    l.hospital, l.querier,
+    Object.entries(l.epsilon_by_party).map(([p, e]) => `${p}: ${e.toFixed(4)}`).join(", ") || "none yet",
+    l.epsilon_spent.toFixed(4),
+  ]));
+}
+
 async function refresh() {
   refreshLoop();
+  refreshLoops();
   const status = document.getElementById("status");
   try {
     const [history, parties, jobs, audits, log] = await Promise.all([
