@@ -36,13 +36,16 @@ $(WHEELS)/.deps: pyproject.toml constraints.txt clients/pyproject.toml | $(STAMP
 	$(PY) -m pip wheel --quiet --wheel-dir $(WHEELS)/deps -c constraints.txt torch==2.13.0 . ./clients \
 	  > build/wheels.log 2>&1 || { grep -v '^WARNING: Location' build/wheels.log; exit 1; }
 	rm -f $(WHEELS)/deps/capc-*.whl $(WHEELS)/deps/capc_client-*.whl
+	# setuptools' build trees: clients/build/lib would be a second capc_client to mypy
+	rm -rf build/lib build/bdist.* clients/build
 	@touch $@
 
 images: $(STAMP) $(WHEELS)/.deps
-	# build/lib may hold files removed from the tree since: never let them into the wheel
-	rm -rf $(WHEELS)/capc build/lib
+	# build trees may hold files removed from the tree since: never let them into a wheel
+	rm -rf $(WHEELS)/capc build/lib clients/build
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(WHEELS)/capc . ./clients \
 	  > build/wheels.log 2>&1 || { grep -v '^WARNING: Location' build/wheels.log; exit 1; }
+	rm -rf build/lib build/bdist.* clients/build
 	nice deploy/build-images.sh
 
 # DIR: where the demo keeps its consortium and results (a second run there says so).

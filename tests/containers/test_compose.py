@@ -201,6 +201,10 @@ def consortium(images: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     # The shipped files, unchanged, in a directory of their own (pki/ and models/ beside).
     shutil.copy(ROOT / "docker-compose.yml", directory)
     shutil.copytree(ROOT / "deploy", directory / "deploy")
+    # The consortium's own choice, made here: a quorum of 2 of the 3 hospitals, so that
+    # one hospital cut off does not stop the others (deploy/task.json asks for all 3).
+    task = directory / "deploy" / "task.json"
+    task.write_text(json.dumps({**json.loads(task.read_text()), "quorum": 2}, indent=2))
     (directory / "containers.conf").write_text(docs_host_conf())
     port = free_port()
     env = {
@@ -309,7 +313,7 @@ def test_a_killed_hospital_restarts_with_its_ledger_and_is_never_charged_twice(
     consortium.wait_healthy(hospital)
     # The volume kept the ledger: nothing forgotten, nothing charged by the restart itself.
     assert consortium.own_ledger(hospital) == (before, rounds)
-    consortium.label(32)
+    consortium.label(16)
     after, rounds_after = consortium.own_ledger(hospital)
     guardian = consortium.budgets()[hospital]["epsilon_spent"]
     assert after > before and rounds_after > rounds
@@ -335,7 +339,7 @@ def test_the_guardian_restarted_mid_job_resumes_from_its_ledger(
     before = consortium.budgets()
     # One query a round, so the job spans many rounds and the restart lands inside it.
     submitted = consortium.capcctl(
-        "jobs", "submit", "--count", "64", "--batch-size", "1", "--json"
+        "jobs", "submit", "--count", "48", "--batch-size", "1", "--json"
     ).stdout
     job = last_json(submitted)["id"]
 
@@ -357,8 +361,38 @@ def test_the_guardian_restarted_mid_job_resumes_from_its_ledger(
     rounds = _guardian_rounds(consortium)
     assert rounds.get("RESERVED", 0) == 0 and rounds.get("RELEASED", 0) == 0, rounds
     # And it serves again: a new job labels in full. (Every hospital's cap fits 1,152
-    # queries at the task's sigma: 1,000 + 32 + 64 + 16 here.)
-    consortium.label(16)
+    # queries at the task's sigma; the module's jobs add up to at most 1,096.)
+    consortium.label(8)
+
+
+def _connections(consortium: Consortium, hospital: str) -> int:
+    """How often ``hospital`` has connected to the guardian, by its own log."""
+    logs = run("podman", "logs", consortium.container(hospital))
+    return (logs.stdout + logs.stderr).count(f"{hospital} connected to the guardian")
+
+
+def test_a_hospital_cut_off_leaves_the_others_going_at_quorum_then_rejoins(
+    consortium: Consortium,
+) -> None:
+    cut, network = "hospital-c", f"{consortium.project}_consortium"
+    others = [h for h in HOSPITALS if h != cut]
+    before = consortium.budgets()
+    connected = _connections(consortium, cut)
+    run("podman", "network", "disconnect", network, consortium.container(cut))
+    try:
+        consortium.label(16)
+        during = consortium.budgets()
+        # The two others answered at quorum, and were charged; the cut-off one was not.
+        for h in others:
+            assert during[h]["epsilon_spent"] > before[h]["epsilon_spent"], h
+        # (its total read again may differ in the last bit; one round costs ~0.1 eps)
+        assert during[cut]["epsilon_spent"] == pytest.approx(before[cut]["epsilon_spent"], rel=1e-9)
+    finally:
+        run("podman", "network", "connect", "--alias", cut, network, consortium.container(cut))
+    # It notices its stream broke, dials again and is back: it votes, and is charged.
+    wait_until(f"{cut} connected again", lambda: _connections(consortium, cut) > connected, 300)
+    consortium.label(8)
+    assert consortium.budgets()[cut]["epsilon_spent"] > during[cut]["epsilon_spent"]
 
 
 def test_audit_verify_across_every_ledger_finds_nothing_lost_or_altered(
