@@ -42,7 +42,9 @@ from tests.containers.engine import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.containers, pytest.mark.slow]
+# The first test's time holds the module's set-up: the image built when it is missing
+# (minutes on a fresh machine), the teachers, the consortium's start.
+pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HOST_CONF = """[engine]
 runtime = "runc"
