@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-body test test-fast lint typecheck venv clean bench fuzz browser durations
+.PHONY: demo demo-body test test-fast lint typecheck venv clean bench fuzz browser durations images
 
 venv: $(STAMP)
 
@@ -22,6 +22,31 @@ $(STAMP): pyproject.toml constraints.txt
 	# offline images: only the data files are read, so its TensorFlow dependency is skipped
 	$(PY) -m pip install --quiet --no-deps -c constraints.txt animal-mnist==0.4
 	@touch $(STAMP)
+
+# Container images with no registry and no package index reachable from the build:
+# the wheels are built here (the pinned dependencies once per change of the pins, capc
+# and capc-client every time), the base is a Debian made by debootstrap unless
+# BASE_IMAGE names one, and the engine is docker where its daemon runs, else podman
+# (ENGINE=... to choose). deploy/build-images.sh prints the images' sizes.
+WHEELS := build/wheelhouse
+
+$(WHEELS)/.deps: pyproject.toml constraints.txt clients/pyproject.toml | $(STAMP)
+	rm -rf $(WHEELS)/deps
+	# pip's output is shown only when it fails (it warns about each index location it skips)
+	$(PY) -m pip wheel --quiet --wheel-dir $(WHEELS)/deps -c constraints.txt torch==2.13.0 . ./clients \
+	  > build/wheels.log 2>&1 || { grep -v '^WARNING: Location' build/wheels.log; exit 1; }
+	rm -f $(WHEELS)/deps/capc-*.whl $(WHEELS)/deps/capc_client-*.whl
+	# setuptools' build trees: clients/build/lib would be a second capc_client to mypy
+	rm -rf build/lib build/bdist.* clients/build
+	@touch $@
+
+images: $(STAMP) $(WHEELS)/.deps
+	# build trees may hold files removed from the tree since: never let them into a wheel
+	rm -rf $(WHEELS)/capc build/lib clients/build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir $(WHEELS)/capc . ./clients \
+	  > build/wheels.log 2>&1 || { grep -v '^WARNING: Location' build/wheels.log; exit 1; }
+	rm -rf build/lib build/bdist.* clients/build
+	nice deploy/build-images.sh
 
 # DIR: where the demo keeps its consortium and results (a second run there says so).
 DIR ?= demo

@@ -23,8 +23,14 @@ from tests.file_seconds import longest_first, measured
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def pytest_configure() -> None:
+def pytest_configure(config: pytest.Config) -> None:
     import torch
+
+    config.addinivalue_line(
+        "markers",
+        "containers: the shipped images, compose file and manifests run under podman "
+        "(root; skipped without podman except under CI=true, where they must run)",
+    )
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
