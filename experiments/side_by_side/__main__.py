@@ -237,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = merged(rows, other["rows"])
             theirs = other.get("commands") or [shlex.join(other["command"])]
             commands += [c for c in theirs if c not in commands]
+            # A part made by this driver says which commands make its rows; keep that.
+            saved["documented_as"] = {
+                **other.get("documented_as", {}),
+                **saved["documented_as"],
+            }
         write(args.out, rows, commands, kept(saved))
         return 0
     capc = CapcConfig(teachers=args.teachers, mechanism=args.mechanism)

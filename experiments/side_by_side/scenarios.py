@@ -14,8 +14,8 @@ seed-0 shares the baselines were tuned on are dealt from the same pool as every
 reported seed's; here :func:`tuning_split` deals ``split.tuning`` (1,000 records no
 hospital ever holds) into pseudo-hospital shares with the same scenario transform and
 scores on ``split.public`` (no method tuned so reads public records). Pseudo shares
-are ~200 records, so a small querier's ``n`` is capped at half of its pseudo share
-there (``tuning_n``), leaving it unlabelled records to buy labels for.
+are ~200 records, so a grid size ``n`` is capped at half a pseudo share there
+(``tuning_n``), leaving a querier unlabelled records to buy labels for.
 """
 
 from __future__ import annotations
@@ -119,11 +119,8 @@ def transform(s: Split, scenario: str, n: int | None) -> ScenarioSplit:
 
 def tuning_n(scenario: str, n: int | None, share: int) -> int | None:
     """The grid size ``n`` stands for on pseudo shares of ``share`` records."""
-    if scenario == "small-querier" and n is not None:
-        return min(n, share // 2)
-    if n is None or scenario.startswith("skew-"):
-        return n
-    return min(n, share)
+    # Capped at half a pseudo share, so a loop there has records to buy labels for.
+    return None if n is None else min(n, share // 2)
 
 
 def tuning_split(s: Split, scenario: str, n: int | None) -> ScenarioSplit:

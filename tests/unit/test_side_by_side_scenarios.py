@@ -144,7 +144,7 @@ def test_the_dp_teacher_methods_run_on_a_tiny_split_and_say_how(
     monkeypatch.setattr(dp_capc, "QUERIES", 256)
     monkeypatch.setattr(dp_capc, "TEACHER_GRID", (dp_capc.TeacherConfig(5, 0.5),))
     rows = []
-    for scenario, n in (("small-querier", 10), ("iid", 20)):
+    for scenario, n in (("small-querier", 10), ("iid", 10)):
 
         def by_seed(seed: int, scenario: str = scenario, n: int | None = n) -> ScenarioSplit:
             return transform(_tiny(seed), scenario, n)
