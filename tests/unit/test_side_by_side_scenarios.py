@@ -4,6 +4,8 @@ run end to end on a tiny split."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -168,3 +170,28 @@ def test_the_dp_teacher_methods_run_on_a_tiny_split_and_say_how(
     assert loop["labels"] == 30 and loop["gain"] == loop["accuracy"] - loop["accuracy_before"]
     student = next(r for r in rows if r["method"] == "capc-dp-student")
     assert student["queries"] == 256
+
+
+def test_a_merged_part_keeps_the_command_that_made_its_rows(tmp_path: Path) -> None:
+    from experiments.side_by_side.__main__ import main
+
+    part_command = "python -m experiments.side_by_side --out part.json --scenario skew-0.1"
+    row = {"dataset": "animal-mnist", "method": "alone", "n": 1348, "epsilon": None, "seed": 1}
+    part = tmp_path / "part.json"
+    part.write_text(
+        json.dumps(
+            {
+                "rows": [{**row, "scenario": "skew-0.1", "accuracy": 0.5}],
+                "commands": [part_command],
+                "documented_as": {part_command: [part_command]},
+            }
+        )
+    )
+    out = tmp_path / "rows.json"
+    out.write_text(json.dumps({"rows": [{**row, "accuracy": 0.7}], "commands": []}))
+    assert main(["--out", str(out), "--add-to", "--rows-from", str(part)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["documented_as"][part_command] == [part_command]
+    assert part_command in saved["commands"]
+    # The iid row and the skew row of the same cell both stay.
+    assert sorted(r["accuracy"] for r in saved["rows"]) == [0.5, 0.7]
