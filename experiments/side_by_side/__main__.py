@@ -57,13 +57,29 @@ from typing import Any
 from experiments.side_by_side import summary, tuned
 from experiments.side_by_side.capc_runs import METHODS, CapcConfig, run_capc
 from experiments.side_by_side.data import DATASETS, LAYOUTS, split
+from experiments.side_by_side.scenarios import SCENARIOS
 
-METHOD_GROUPS = ("capc", "baselines")
+#: Grid sizes of each non-iid scenario (``None``: all).
+SCENARIO_SIZES: dict[str, tuple[int | None, ...]] = {
+    "small-querier": (50, 200),
+    "skew-0.1": (None,),
+    "skew-0.5": (None,),
+}
+
+METHOD_GROUPS = ("capc", "baselines", "capc-dp")
 
 
 def key(row: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes a row unique in the saved file."""
-    return (row["dataset"], row["method"], row["n"], row["epsilon"], row["seed"])
+    """What makes a row unique in the saved file (a row without a scenario is iid's)."""
+    return (
+        row["dataset"],
+        row["method"],
+        row["n"],
+        row["epsilon"],
+        row["seed"],
+        row.get("scenario", "iid"),
+        row.get("hospital"),
+    )
 
 
 def merged(old: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -171,6 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --tuned-from: mark the saved rows by its picks; run nothing",
     )
+    parser.add_argument(
+        "--scenario",
+        choices=SCENARIOS,
+        default="iid",
+        help="the consortium (.scenarios); not iid: baselines are alone and dp_fedavg, "
+        "capc is the central-mode loop (small-querier), capc-dp the DP-teacher methods",
+    )
+    parser.add_argument(
+        "--epsilons",
+        nargs="+",
+        type=float,
+        default=None,
+        help="scenario and capc-dp runs: these eps only (default 1 2 5 10)",
+    )
     parser.add_argument("--add-to", action="store_true", help="merge into the saved rows")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: temp)")
     parser.add_argument(
@@ -207,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = merged(rows, other["rows"])
             theirs = other.get("commands") or [shlex.join(other["command"])]
             commands += [c for c in theirs if c not in commands]
+            # A part made by this driver says which commands make its rows; keep that.
+            saved["documented_as"] = {
+                **other.get("documented_as", {}),
+                **saved["documented_as"],
+            }
         write(args.out, rows, commands, kept(saved))
         return 0
     capc = CapcConfig(teachers=args.teachers, mechanism=args.mechanism)
@@ -214,6 +249,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = args.work or Path(tmp)
         for dataset in args.datasets:
             sizes = LAYOUTS[dataset].sizes if args.sizes is None else _sizes(args.sizes)
+            if args.scenario != "iid" or "capc-dp" in args.methods:
+                if args.scenario != "iid" and args.sizes is None:
+                    sizes = list(SCENARIO_SIZES[args.scenario])
+                rows = _scenario(args, dataset, sizes, work, rows, commands, saved)
+                continue
             if "baselines" in args.methods:
                 from experiments.side_by_side.baselines import run_baselines
 
@@ -279,6 +319,65 @@ def _tuned(
                 others = {**others, UNTUNED: untuned}
                 write(args.out, rows, commands, others)
     saved.update(others)
+    return rows
+
+
+def _scenario(
+    args: argparse.Namespace,
+    dataset: str,
+    sizes: Sequence[int | None],
+    work: Path,
+    rows: list[dict[str, Any]],
+    commands: list[str],
+    saved: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """``args.scenario``'s rows of ``dataset`` (.dp_capc), saved after every cell: the
+    baselines (alone, dp_fedavg; iid: none here, the grid has them), today's loop in
+    central mode (small-querier) and the DP-teacher methods, each tuned on the scenario's
+    pseudo consortium (.scenarios.tuning_split)."""
+    from experiments.side_by_side import dp_capc
+    from experiments.side_by_side.data import TUNING_SEED
+    from experiments.side_by_side.scenarios import transform, tuning_split
+
+    epsilons = args.epsilons or list(CapcConfig().epsilons)
+    scenario = args.scenario
+    # The same partial search as the grid's animal-mnist baselines (diet-linear points).
+    archs = ("diet-linear",) if dataset == "animal-mnist" else None
+    contexts: dict[tuple[str, int], dp_capc.Context] = {}
+
+    def save(new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = merged(rows, new)
+        write(args.out, out, commands, kept(saved))
+        return out
+
+    for n in sizes:
+        tuning = tuning_split(split(dataset, TUNING_SEED), scenario, n)
+
+        def by_seed(seed: int, n: int | None = n) -> Any:
+            return transform(split(dataset, seed), scenario, n)
+
+        if "baselines" in args.methods and scenario != "iid":
+            for method, eps_list in (("alone", [None]), ("dp_fedavg", epsilons)):
+                for e in eps_list:
+                    new = dp_capc.baseline_cell(
+                        method, by_seed, tuning, n, e, args.seeds, work, log, archs
+                    )
+                    rows = save(new)
+        if "capc" in args.methods and scenario == "small-querier":
+            for seed in args.seeds:
+                new = [
+                    r
+                    for r in dp_capc.partitioned_loop(by_seed(seed), n, log)
+                    if r["epsilon"] in epsilons
+                ]
+                rows = save(new)
+        if "capc-dp" in args.methods:
+            methods = dp_capc.METHODS if scenario != "small-querier" else ("capc-dp-loop",)
+            for e in epsilons:
+                new = dp_capc.cell(
+                    by_seed, tuning, n, e, args.seeds, work, log, methods, contexts=contexts
+                )
+                rows = save(new)
     return rows
 
 

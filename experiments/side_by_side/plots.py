@@ -181,7 +181,7 @@ def _panel_title(scenario: str, hospital: str | None, n: int, arch: str) -> str:
     if hospital is not None:
         return f"{hospital}" + (f" ({arch})" if arch else "") + f", n = {n}"
     if scenario == "small-querier":
-        return f"querier: n = {n} labelled records (the others: all of theirs)"
+        return f"querier: n = {n} labelled\n(the others: all of their records)"
     return f"n = {n} labelled records per hospital"
 
 

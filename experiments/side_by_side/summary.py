@@ -682,7 +682,10 @@ def headline(summary: Sequence[dict[str, Any]]) -> str:
         "alternative open to a hospital (training alone, or joining DP-FedAvg; pooling "
         f"records is not one), capc's best method is {parts[0]} of {len(st)} settings, "
         f"{parts[1]}, and {parts[2]}. Issue 52's goals: {counts[MET]} met, "
-        f"{counts[NOT_MET]} not met, {counts[NOT_MEASURED]} not measured yet."
+        f"{counts[NOT_MET]} not met, {counts[NOT_MEASURED]} not measured yet. The units "
+        "differ in the alternatives' favour: capc's epsilons are charged under the "
+        "ledger's replace-one neighbours, the DP-SGD and DP-FedAvg baselines' under "
+        "Opacus's add/remove-one, which for the same noise is about half the epsilon."
     )
     lines = [
         paragraph,
