@@ -101,7 +101,7 @@ def test_capcctl_drives_a_job_end_to_end(
     assert submit.returncode == 0, submit.stderr
     job = json.loads(submit.stdout.strip().splitlines()[-1])
     assert job["state"] == "done" and job["processed"] == 96 and job["rounds"] == 2
-    assert "96/96" in submit.stderr  # the progress bar went to stderr
+    assert "96/96" not in submit.stderr  # --json: no progress bar, only the JSON
     out = tmp_path / "labelled.npz"
     res = capcctl(consortium, analyst, "jobs", "results", job["id"], "-o", str(out))
     assert res.returncode == 0, res.stderr
