@@ -22,8 +22,14 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from torch import nn
+
+from capc.models.checkpoint import Teacher
 from capc.models.ensemble import Voters
+from capc.models.ensemble.shared_body import TeacherEnsemble
 from capc.models.foreign import FACTORY_SPEC, is_factory_spec
+from capc.models.heads import BatchStandardiser
+from capc.models.inference import norm_layers
 from capc.privacy.dp_training import CARD_KEY, DpTraining, DpTrainingError
 from capc.round.training import Attestation, file_digest
 
@@ -87,6 +93,33 @@ def carried(voters: Voters, spec: str) -> DpTraining | None:
         raise ValueError(f"--model {spec}: its DP-training record is invalid: {err}") from None
 
 
+def stored_statistics(voters: Voters) -> str | None:
+    """Why an attested party would read stored BatchNorm statistics (which may be fitted on
+    its records, outside the DP-SGD accounting), or None when it reads none.
+
+    It normalises image queries with the batch's own statistics, but reads a table
+    query (one axis) with the stored ones, and a standardising head falls back to its
+    stored statistics on a one-query batch. A foreign model is run as it is: its
+    attestation (--dp-training) is the hospital's own word."""
+    image = len(voters.input_shape) > 1
+    for member, source in zip(voters.members, voters.sources, strict=True):
+        if isinstance(member, Teacher):
+            model: nn.Module = member.model
+        elif isinstance(member, TeacherEnsemble):
+            model = member.body
+        else:
+            continue
+        norms = norm_layers(model)
+        if any(isinstance(m, BatchStandardiser) for m in norms):
+            return (
+                f"{source} has a standardising head, whose stored statistics a one-query "
+                "round reads"
+            )
+        if norms and not image:
+            return f"{source} holds BatchNorm layers, whose stored statistics table queries read"
+    return None
+
+
 def attestation(
     specs: Sequence[str], voters: Voters, record_file: Path | None = None
 ) -> Attestation | None:
@@ -118,6 +151,17 @@ def attestation(
                 "ies" if len(missing) == 1 else "y",
             )
         return None
+    why = stored_statistics(voters)
+    if why is not None:
+        # Full-batch DP-SGD refuses BatchNorm (a batch statistic mixes records), so such
+        # statistics were fitted outside the training's accounting: answering with them
+        # for free would release them uncharged.
+        raise ValueError(
+            f"{why}; they may be fitted on the hospital's records, outside its DP-SGD "
+            "training's charge, so the party cannot claim DP-trained teachers: train a "
+            "model without BatchNorm (capc teacher fit --dp-epsilon), or drop the "
+            "DP-training record and answer as ordinary teachers (charged per round)"
+        )
     files = []
     for spec in specs:
         try:
@@ -127,4 +171,11 @@ def attestation(
     return Attestation(tuple(records), file_digest(files, records))
 
 
-__all__ = ["attestation", "carried", "file_sha256", "model_file", "read_record"]
+__all__ = [
+    "attestation",
+    "carried",
+    "file_sha256",
+    "model_file",
+    "read_record",
+    "stored_statistics",
+]

@@ -1,0 +1,201 @@
+"""Attacks on "a dp-trained round releases only post-processing of DP-trained models,
+and each honest hospital's loss is its training charge (plus the ordinary rounds it
+answered)". Each test fails if its attack works.
+
+- a deviating student's job overrides cannot switch a noisy mechanism's noise off, nor
+  a noise-free one's on, nor rename the mechanism; every mechanism that charges nothing
+  per answer is one the services restrict to attested parties (they check the flag);
+- a record that lies about its epsilon is charged by its noise and steps;
+- a training charged in a party's SQL ledger survives a crash before its Register (the
+  next start charges nothing more, the spend still holds it); the same record with
+  other file bytes is charged again (an over-count, never an under-count);
+- an attested party reads no stored BatchNorm statistics, which may be fitted on its
+  records outside the DP-SGD accounting: a table teacher holding BatchNorm (stored
+  statistics read for every table query) is refused at start, and so is a
+  standardising head, which falls back to its stored statistics on a one-query batch.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from capc.mechanisms import MechanismError, from_config
+from capc.mechanisms.registry import MECHANISMS
+from capc.models import Teacher
+from capc.models.ensemble import Voters
+from capc.models.heads import standardised_head
+from capc.models.inference import logits
+from capc.models.registry import build
+from capc.privacy import accountants
+from capc.privacy.dp_training import CARD_KEY, DpTraining, plan
+from capc.round.training import Attestation, file_digest
+from services.answerer.attestation import attestation
+from services.answerer.ledger_port import SqlPartyLedger
+from services.common import serde
+from services.common.ledger import Ledger
+from services.common.protocol import RequestError
+from services.common.task import TaskConfig, TaskError, config_hash
+
+DELTA = 1e-5
+NAME = "hospital-a"
+GDP = accountants.make(accountants.DEFAULT_ACCOUNTANT)
+
+
+def task(mechanism: dict[str, object]) -> TaskConfig:
+    cfg: dict[str, object] = {"num_classes": 3, "input_shape": [2], "mechanism": mechanism}
+    return TaskConfig.parse("t", cfg, config_hash(cfg))
+
+
+def attested(rec: DpTraining, file: bytes = b"\x01" * 32) -> Attestation:
+    return Attestation((rec,), file_digest([file], [rec]))
+
+
+# -- a deviating student's job ---------------------------------------------------------
+
+
+def test_a_job_cannot_switch_a_mechanisms_noise_off_or_on() -> None:
+    gnmax = task({"name": "gnmax", "sigma": 4.0})
+    # 0 means "keep the task's": the round stays noisy.
+    kept = gnmax.overridden({"sigma": 0.0})
+    assert kept.mechanism.params.model_dump()["sigma"] == 4.0
+    with pytest.raises(TaskError, match="below the task's"):
+        gnmax.overridden({"sigma": 1e-300})
+    free = task({"name": "dp-trained"})
+    with pytest.raises(TaskError):
+        free.overridden({"sigma": 1.0})
+    # A job names no mechanism: neither dp-trained for a noisy task nor the reverse.
+    msg = serde.overrides_to_proto({"sigma": 4.0})
+    assert msg is not None
+    msg.name = "dp-trained"
+    with pytest.raises(RequestError, match="mechanism and its label space are the task's"):
+        serde.overrides_from_proto(msg)
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_only_flagged_mechanisms_can_be_configured_noise_free(name: str) -> None:
+    """Services leave unattested parties out by the flag, never a name: a mechanism that
+    accepts all its noise at 0 (a free, unnoised answer) must carry it."""
+    cls = MECHANISMS[name]
+    fields = cls.params_model.model_fields
+    noise = {k: 0.0 for k in fields if k.startswith("sigma")}
+    if not noise:
+        pytest.skip(f"{name} has no noise parameter")
+    try:
+        mech = from_config({"name": name, **noise}, 3)
+    except MechanismError:
+        assert not cls.trained_teachers_only
+        return
+    assert cls.trained_teachers_only, f"{name} runs with zero noise but is not flagged"
+    assert not GDP.filter_cost(mech.worst_case(1, 1.0)).any()
+
+
+# -- the charge ------------------------------------------------------------------------
+
+
+def test_a_lying_record_is_charged_by_its_noise_and_steps(tmp_path: Path) -> None:
+    honest = plan(8.0, DELTA, 300, clip=1.0, records=100)
+    # Claims epsilon 0.01 (and another delta): the charge ignores both.
+    lying = DpTraining.from_dict({**honest.to_dict(), "epsilon": 0.01, "delta": 1e-9})
+    sql = Ledger(str(tmp_path / "own.db"), delta=DELTA)
+    sql.register_party(NAME, 10.0, actor=NAME)
+    charge = SqlPartyLedger(sql, NAME).charge_training(attested(lying))
+    want = GDP.filter_cost(honest.event())
+    np.testing.assert_allclose(sql.spent_loss(NAME), want, rtol=1e-12)
+    assert charge.epsilon == pytest.approx(honest.spent(DELTA), rel=1e-9)
+    assert charge.epsilon > 7.0
+    # Many steps under much noise: the charge is sqrt(T)/sigma's, however the record says.
+    huge = DpTraining.from_dict(
+        {**honest.to_dict(), "noise_multiplier": 1e6, "steps": 10**12, "epsilon": 0.01}
+    )
+    mu = 2 * math.sqrt(10**12) / 1e6
+    assert huge.mu == pytest.approx(mu)
+    other = Ledger(str(tmp_path / "other.db"), delta=DELTA)
+    other.register_party(NAME, 10.0, actor=NAME)
+    c = SqlPartyLedger(other, NAME).charge_training(attested(huge))
+    assert c.epsilon == pytest.approx(huge.spent(DELTA), rel=1e-6)
+
+
+def test_a_crash_between_charge_and_register_over_counts_never_under(tmp_path: Path) -> None:
+    path = str(tmp_path / "own.db")
+    rec = plan(2.0, DELTA, 50, clip=1.0, records=100)
+    first = Ledger(path, delta=DELTA)
+    first.register_party(NAME, 10.0, actor=NAME)
+    assert SqlPartyLedger(first, NAME).charge_training(attested(rec)).charged
+    charged = first.spent_loss(NAME).copy()
+    del first  # the process dies before its Register: nothing else is written
+    again = Ledger(path, delta=DELTA)
+    restart = SqlPartyLedger(again, NAME).charge_training(attested(rec))
+    assert not restart.charged
+    np.testing.assert_allclose(again.spent_loss(NAME), charged, rtol=1e-12)
+    # The same training saved again (other bytes): charged again, an over-count.
+    other = SqlPartyLedger(again, NAME).charge_training(attested(rec, b"\x02" * 32))
+    assert other.charged
+    assert (again.spent_loss(NAME) > charged).all()
+
+
+# -- what an attested party reads ------------------------------------------------------
+
+
+def carded(arch: str, shape: tuple[int, ...], rec: DpTraining) -> Teacher:
+    model = build(arch, shape, 3, seed=0)
+    return Teacher(arch, shape, 3, model, card={CARD_KEY: rec.to_dict()}, device="cpu")
+
+
+def test_an_attested_table_teacher_with_batchnorm_is_refused(tmp_path: Path) -> None:
+    """A table query is read with stored statistics; a BatchNorm's would be the records'."""
+    from capc.models import save_teacher
+
+    rec = plan(2.0, DELTA, 20, clip=1.0, records=64)
+    mlp = build("mlp", (4,), 3, seed=0)
+    assert any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in mlp.modules())
+    t = Teacher("mlp", (4,), 3, mlp, card={CARD_KEY: rec.to_dict()}, device="cpu")
+    spec = str(tmp_path / "mlp.pt")
+    save_teacher(Path(spec), t)
+    with pytest.raises(ValueError, match="BatchNorm"):
+        attestation([spec], Voters.load([spec]))
+
+
+def test_an_attested_standardising_head_is_refused(tmp_path: Path) -> None:
+    """A standardising head falls back to its stored statistics on a one-query batch, even
+    under current statistics: they would be the records' features'."""
+    from capc.models import save_teacher
+
+    rec = plan(2.0, DELTA, 20, clip=1.0, records=64)
+    model = build("small-cnn", (1, 28, 28), 3, seed=0)
+    model.head = standardised_head(model.dim, 3)  # type: ignore[assignment]
+    with torch.no_grad():
+        model.head[0].running_mean.fill_(5.0)  # type: ignore[index]
+    t = Teacher("small-cnn", (1, 28, 28), 3, model, card={CARD_KEY: rec.to_dict()}, device="cpu")
+    x = np.random.default_rng(0).random((1, 1, 28, 28)).astype(np.float32)
+    spec = str(tmp_path / "cnn.pt")
+    save_teacher(Path(spec), t)
+    voters = Voters.load([spec])
+    # The attack's teeth: one query under "current statistics" reads the stored ones.
+    member = voters.members[0]
+    assert isinstance(member, Teacher)
+    norm = member.model.head[0]  # type: ignore[index]
+    outs = []
+    for mean in (5.0, -5.0):
+        with torch.no_grad():
+            norm.running_mean.fill_(mean)
+        outs.append(logits(member.model, x, current_statistics=True))
+    assert not torch.allclose(outs[0], outs[1])
+    with pytest.raises(ValueError, match="standardising head"):
+        attestation([spec], voters)
+
+
+def test_an_attested_image_teacher_without_stored_statistics_is_kept(tmp_path: Path) -> None:
+    """The refusal above leaves alone what the attested image path does not read."""
+    from capc.models import save_teacher
+
+    rec = plan(2.0, DELTA, 20, clip=1.0, records=64)
+    for arch, shape in (("small-cnn", (1, 28, 28)), ("he-mlp", (4,))):
+        t = carded(arch, shape, rec)
+        spec = str(tmp_path / f"{arch}.pt")
+        save_teacher(Path(spec), t)
+        assert attestation([spec], Voters.load([spec])) is not None
