@@ -165,16 +165,33 @@ def attestation(
     files = []
     for spec in specs:
         try:
-            files.append(file_sha256(model_file(str(spec))))
+            on_disk = file_sha256(model_file(str(spec)))
         except OSError as err:
             raise ValueError(f"--model {spec}: cannot read it to hash it: {err}") from None
+        files.append(loaded_sha256(voters, str(spec), on_disk))
     return Attestation(tuple(records), file_digest(files, records))
+
+
+def loaded_sha256(voters: Voters, spec: str, on_disk: bytes) -> bytes:
+    """SHA-256 of the file's bytes (``on_disk``) and of the weights loaded from it, which
+    are what answer: a file rewritten (retrained) between loading and hashing gives a
+    digest of neither version alone, so neither version's training goes uncharged when
+    the new one starts later (an over-count at worst)."""
+    h = hashlib.sha256(on_disk)
+    for member, origin in zip(voters.members, voters.origins, strict=True):
+        if origin != spec:
+            continue
+        hashes = member.model_hashes if isinstance(member, TeacherEnsemble) else [member.model_hash]
+        for one in hashes:
+            h.update(one.encode())
+    return h.digest()
 
 
 __all__ = [
     "attestation",
     "carried",
     "file_sha256",
+    "loaded_sha256",
     "model_file",
     "read_record",
     "stored_statistics",

@@ -199,3 +199,32 @@ def test_an_attested_image_teacher_without_stored_statistics_is_kept(tmp_path: P
         spec = str(tmp_path / f"{arch}.pt")
         save_teacher(Path(spec), t)
         assert attestation([spec], Voters.load([spec])) is not None
+
+
+def test_a_teacher_retrained_while_it_loads_leaves_no_training_uncharged(
+    tmp_path: Path,
+) -> None:
+    """The answerer loads v1, then the file becomes v2 (a retrain with the same record)
+    before it is hashed. v1 answers; v2 answers after a restart. Each must be charged:
+    had the first start charged v2's digest, the restart would charge nothing and v1's
+    training would never be counted."""
+    from capc.models import save_teacher
+
+    rec = plan(2.0, DELTA, 20, clip=1.0, records=64)
+    spec = tmp_path / "t.pt"
+    save_teacher(spec, carded("he-mlp", (4,), rec))
+    v1 = Voters.load([str(spec)])
+    v2_teacher = carded("he-mlp", (4,), rec)
+    with torch.no_grad():
+        for p in v2_teacher.model.parameters():
+            p.add_(1.0)
+    save_teacher(spec, v2_teacher)  # rewritten before the first start hashed it
+    first = attestation([str(spec)], v1)
+    restart = attestation([str(spec)], Voters.load([str(spec)]))
+    assert first is not None and restart is not None
+    assert first.digest != restart.digest
+    sql = Ledger(str(tmp_path / "own.db"), delta=DELTA)
+    sql.register_party(NAME, 10.0, actor=NAME)
+    port = SqlPartyLedger(sql, NAME)
+    assert port.charge_training(first).charged
+    assert port.charge_training(restart).charged
