@@ -228,3 +228,15 @@ def test_a_teacher_retrained_while_it_loads_leaves_no_training_uncharged(
     port = SqlPartyLedger(sql, NAME)
     assert port.charge_training(first).charged
     assert port.charge_training(restart).charged
+
+
+def test_pate_fm_refuses_the_noise_free_mechanism_for_its_ordinary_teachers() -> None:
+    """PATE-FM's teachers are heads fitted on the records without DP-SGD: dp-trained there
+    would release their plain argmax and report epsilon 0."""
+    from capc.labeldp import pate_fm
+
+    config = pate_fm.PateFmConfig(epsilon=1.0, mechanism={"name": "dp-trained"}, teachers=5)
+    with pytest.raises(ValueError, match="only for teachers trained with DP-SGD"):
+        pate_fm.mechanism(config, 3)
+    noisy = pate_fm.PateFmConfig(epsilon=1.0, mechanism={"name": "gnmax", "sigma": 4.0})
+    assert pate_fm.mechanism(noisy, 3).name == "gnmax"
