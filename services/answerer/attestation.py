@@ -104,12 +104,17 @@ def stored_statistics(voters: Voters) -> str | None:
     image = len(voters.input_shape) > 1
     for member, source in zip(voters.members, voters.sources, strict=True):
         if isinstance(member, Teacher):
-            model: nn.Module = member.model
+            norms = norm_layers(member.model)
         elif isinstance(member, TeacherEnsemble):
-            model = member.body
+            # The ensemble's heads are its weights and biases: the body's own head is unused.
+            norms = [
+                m
+                for n, m in member.body.named_modules()
+                if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                and not (n == "head" or n.startswith("head."))
+            ]
         else:
             continue
-        norms = norm_layers(model)
         if any(isinstance(m, BatchStandardiser) for m in norms):
             return (
                 f"{source} has a standardising head, whose stored statistics a one-query "

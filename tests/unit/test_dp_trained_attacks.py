@@ -240,3 +240,29 @@ def test_pate_fm_refuses_the_noise_free_mechanism_for_its_ordinary_teachers() ->
         pate_fm.mechanism(config, 3)
     noisy = pate_fm.PateFmConfig(epsilon=1.0, mechanism={"name": "gnmax", "sigma": 4.0})
     assert pate_fm.mechanism(noisy, 3).name == "gnmax"
+
+
+def test_an_attested_image_ensemble_on_a_batchnorm_body_is_kept(tmp_path: Path) -> None:
+    """A DIET ensemble (a BatchNorm body, per-teacher statistics, linear heads) answers
+    image queries with the batch's own statistics: the refusal leaves it alone."""
+    from capc.models.ensemble import TeacherEnsemble, save_ensemble
+    from capc.models.ensemble.shared_body import statistics_of
+
+    rec = plan(2.0, DELTA, 20, clip=1.0, records=64)
+    body = build("small-cnn", (1, 28, 28), 3, seed=0)
+    dim = body.dim
+    ensemble = TeacherEnsemble(
+        "small-cnn",
+        (1, 28, 28),
+        3,
+        body,
+        [statistics_of(body), statistics_of(body)],
+        torch.zeros((2, 3, dim)),
+        torch.zeros((2, 3)),
+        card={CARD_KEY: rec.to_dict()},
+        device="cpu",
+    )
+    spec = tmp_path / "ensemble.pt"
+    save_ensemble(spec, ensemble)
+    att = attestation([str(spec)], Voters.load([str(spec)]))
+    assert att is not None and att.records == (rec,)
