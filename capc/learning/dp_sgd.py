@@ -75,6 +75,16 @@ def train(
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise ValueError(f"this model cannot be trained with DP-SGD: {errors[0]}")
+    # Opacus checks trainable modules only: a frozen BatchNorm would still normalise
+    # each step by the batch's statistics (every record moves every other's gradient,
+    # which clipping cannot bound) and store the records' statistics in the model.
+    frozen = [n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if frozen:
+        raise ValueError(
+            f"this model cannot be trained with DP-SGD: it holds BatchNorm ({frozen[0]}), "
+            "trainable or not, whose batch statistics mix records; train a head on the "
+            "body's features instead, or replace BatchNorm by GroupNorm"
+        )
     torch.manual_seed(seed)
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
     yt = torch.from_numpy(np.asarray(y, dtype=np.int64))

@@ -266,3 +266,25 @@ def test_an_attested_image_ensemble_on_a_batchnorm_body_is_kept(tmp_path: Path) 
     save_ensemble(spec, ensemble)
     att = attestation([str(spec)], Voters.load([str(spec)]))
     assert att is not None and att.records == (rec,)
+
+
+def test_dp_sgd_refuses_a_frozen_batchnorm() -> None:
+    """Opacus validates trainable modules only; a frozen BatchNorm in training mode mixes
+    the records through its batch statistics and stores theirs in the model."""
+    from capc.learning import dp_sgd
+    from capc.privacy.randomness import SecureRandom
+
+    norm = torch.nn.BatchNorm1d(8)
+    first = torch.nn.Linear(4, 8)
+    model = torch.nn.Sequential(first, norm, torch.nn.Linear(8, 3))
+    for p in [*first.parameters(), *norm.parameters()]:
+        p.requires_grad_(False)
+    assert norm.running_mean is not None
+    before = norm.running_mean.clone()
+    rng = np.random.default_rng(0)
+    x = rng.random((32, 4)).astype(np.float32)
+    y = rng.integers(0, 3, 32).astype(np.int64)
+    rec = plan(2.0, DELTA, 3, clip=1.0, records=32)
+    with pytest.raises(ValueError, match="BatchNorm"):
+        dp_sgd.train(model, x, y, rec, lr=0.1, rng=SecureRandom.from_seed(0))
+    assert torch.equal(norm.running_mean, before)
