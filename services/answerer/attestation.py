@@ -29,7 +29,6 @@ from capc.models.ensemble import Voters
 from capc.models.ensemble.shared_body import TeacherEnsemble
 from capc.models.foreign import FACTORY_SPEC, is_factory_spec
 from capc.models.heads import BatchStandardiser
-from capc.models.inference import norm_layers
 from capc.privacy.dp_training import CARD_KEY, DpTraining, DpTrainingError
 from capc.round.training import Attestation, file_digest
 
@@ -93,6 +92,16 @@ def carried(voters: Voters, spec: str) -> DpTraining | None:
         raise ValueError(f"--model {spec}: its DP-training record is invalid: {err}") from None
 
 
+def _stored(module: nn.Module) -> bool:
+    """Whether ``module`` holds statistics over records: a BatchNorm's, or an InstanceNorm
+    that tracks running statistics (read in evaluation mode)."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return True
+    return isinstance(module, nn.modules.instancenorm._InstanceNorm) and bool(
+        module.track_running_stats
+    )
+
+
 def stored_statistics(voters: Voters) -> str | None:
     """Why an attested party would read stored BatchNorm statistics (which may be fitted on
     its records, outside the DP-SGD accounting), or None when it reads none.
@@ -104,23 +113,28 @@ def stored_statistics(voters: Voters) -> str | None:
     image = len(voters.input_shape) > 1
     for member, source in zip(voters.members, voters.sources, strict=True):
         if isinstance(member, Teacher):
-            norms = norm_layers(member.model)
+            modules = list(member.model.named_modules())
         elif isinstance(member, TeacherEnsemble):
             # The ensemble's heads are its weights and biases: the body's own head is unused.
-            norms = [
-                m
+            modules = [
+                (n, m)
                 for n, m in member.body.named_modules()
-                if isinstance(m, nn.modules.batchnorm._BatchNorm)
-                and not (n == "head" or n.startswith("head."))
+                if not (n == "head" or n.startswith("head."))
             ]
         else:
             continue
+        norms = [m for _, m in modules if _stored(m)]
+        if any(isinstance(m, nn.modules.instancenorm._InstanceNorm) for m in norms):
+            return (
+                f"{source} has an InstanceNorm that tracks running statistics, which every "
+                "query reads"
+            )
         if any(isinstance(m, BatchStandardiser) for m in norms):
             return (
                 f"{source} has a standardising head, whose stored statistics a one-query "
                 "round reads"
             )
-        if norms and not image:
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in norms) and not image:
             return f"{source} holds BatchNorm layers, whose stored statistics table queries read"
     return None
 

@@ -288,3 +288,42 @@ def test_dp_sgd_refuses_a_frozen_batchnorm() -> None:
     with pytest.raises(ValueError, match="BatchNorm"):
         dp_sgd.train(model, x, y, rec, lr=0.1, rng=SecureRandom.from_seed(0))
     assert torch.equal(norm.running_mean, before)
+
+
+def test_dp_sgd_refuses_an_instance_norm_tracking_running_statistics() -> None:
+    """InstanceNorm normalises each record by its own statistics, but with
+    track_running_stats it stores the records' average in the model and reads it at
+    inference: outside the training's charge."""
+    from capc.learning import dp_sgd
+    from capc.privacy.randomness import SecureRandom
+
+    rng = np.random.default_rng(0)
+    x = rng.random((16, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 16).astype(np.int64)
+    rec = plan(2.0, DELTA, 2, clip=1.0, records=16)
+    for tracked in (True, False):
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 4, 3),
+            torch.nn.InstanceNorm2d(4, track_running_stats=tracked),
+            torch.nn.Flatten(),
+            torch.nn.Linear(4 * 6 * 6, 3),
+        )
+        if tracked:
+            with pytest.raises(ValueError, match="track_running_stats"):
+                dp_sgd.train(model, x, y, rec, lr=0.1, rng=SecureRandom.from_seed(0))
+        else:  # per-record statistics only: trained
+            dp_sgd.train(model, x, y, rec, lr=0.1, rng=SecureRandom.from_seed(0))
+
+
+def test_an_attested_instance_norm_with_running_statistics_is_refused() -> None:
+    """Current statistics reach BatchNorm only: an InstanceNorm tracking running
+    statistics reads the stored ones at every query, image or not."""
+    from services.answerer.attestation import stored_statistics
+
+    rec = plan(2.0, DELTA, 20, clip=1.0, records=64)
+    plain = carded("small-cnn", (1, 28, 28), rec)
+    assert stored_statistics(Voters([plain])) is None
+    tracked = carded("small-cnn", (1, 28, 28), rec)
+    tracked.model.add_module("norm", torch.nn.InstanceNorm2d(4, track_running_stats=True))
+    why = stored_statistics(Voters([tracked]))
+    assert why is not None and "InstanceNorm" in why
