@@ -101,8 +101,17 @@ class PateFmResult:
 
 
 def mechanism(config: PateFmConfig, classes: int) -> Mechanism:
-    """The aggregation mechanism the configuration names."""
-    return from_config(config.mechanism, classes)
+    """The aggregation mechanism the configuration names. ValueError for one that adds no
+    noise because its teachers were trained with DP-SGD: these teachers are FixMatch heads
+    fitted on the records without it, so its labels would be released unnoised and
+    charged nothing."""
+    mech = from_config(config.mechanism, classes)
+    if mech.trained_teachers_only:
+        raise ValueError(
+            f"{mech.name} charges nothing per answer and is only for teachers trained with "
+            "DP-SGD; PATE-FM's teachers are not: use gnmax or confident-gnmax"
+        )
+    return mech
 
 
 def budget_queries(mech: Mechanism, acct: Accounting, epsilon: float, delta: float) -> int:

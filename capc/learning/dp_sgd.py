@@ -5,8 +5,10 @@ Each step takes every record (a full batch, the sampling rate 1 that
 over all parameters to L2 norm ``record.clip`` (Opacus's per-sample
 gradients) and adds Gaussian noise of standard deviation
 ``record.noise_multiplier * record.clip`` to their sum. The model may hold no
-BatchNorm (a batch statistic mixes records, which per-record clipping cannot
-bound): Opacus refuses such a module and so does this function.
+BatchNorm, trainable or frozen (a batch statistic mixes records, which
+per-record clipping cannot bound), nor any norm layer tracking running
+statistics (the records' averages, stored and read at inference): this
+function refuses them (Opacus checks trainable modules only).
 
 Shapes: ``x`` (N, ...) float32 inputs, ``y`` (N,) int64 classes.
 """
@@ -53,6 +55,13 @@ class _SecureNoise(DPOptimizer):  # type: ignore[misc]
             _mark_as_processed(p.summed_grad)
 
 
+def _records_statistics(module: nn.Module) -> bool:
+    """Whether ``module`` reads or stores statistics over several records."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return True
+    return isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats
+
+
 def train(
     model: M,
     x: NDArray[np.float32],
@@ -76,6 +85,19 @@ def train(
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise ValueError(f"this model cannot be trained with DP-SGD: {errors[0]}")
+    # Opacus checks trainable modules only: a frozen BatchNorm would still normalise
+    # each step by the batch's statistics (every record moves every other's gradient,
+    # which clipping cannot bound), and any norm layer that tracks running statistics
+    # (BatchNorm, InstanceNorm with track_running_stats) stores the records' averages
+    # in the model, read at inference outside the training's charge.
+    stats = [n for n, m in model.named_modules() if _records_statistics(m)]
+    if stats:
+        raise ValueError(
+            f"this model cannot be trained with DP-SGD: its layer {stats[0] or 'model'} "
+            "keeps batch or running statistics of the records (BatchNorm, trainable or "
+            "not, or a norm layer with track_running_stats); train a head on the body's "
+            "features instead, or use GroupNorm or LayerNorm"
+        )
     torch.manual_seed(seed)
     # What each submodule holds before Opacus wraps it: whatever it adds is removed after.
     own = {name: set(vars(m)) for name, m in model.named_modules()}

@@ -22,8 +22,13 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from torch import nn
+
+from capc.models.checkpoint import Teacher
 from capc.models.ensemble import Voters
+from capc.models.ensemble.shared_body import TeacherEnsemble
 from capc.models.foreign import FACTORY_SPEC, is_factory_spec
+from capc.models.heads import BatchStandardiser
 from capc.privacy.dp_training import CARD_KEY, DpTraining, DpTrainingError
 from capc.round.training import Attestation, file_digest
 
@@ -87,6 +92,63 @@ def carried(voters: Voters, spec: str) -> DpTraining | None:
         raise ValueError(f"--model {spec}: its DP-training record is invalid: {err}") from None
 
 
+def _stored(module: nn.Module) -> bool:
+    """Whether ``module`` holds statistics over records: a BatchNorm's, or an InstanceNorm
+    that tracks running statistics (read in evaluation mode)."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return True
+    return isinstance(module, nn.modules.instancenorm._InstanceNorm) and bool(
+        module.track_running_stats
+    )
+
+
+def stored_statistics(voters: Voters) -> str | None:
+    """Why an attested party would read stored BatchNorm statistics (which may be fitted on
+    its records, outside the DP-SGD accounting), or None when it reads none.
+
+    An attested party reads every query with its teachers' stored statistics, as their
+    heads were trained (docs/privacy.md). Those are public only in a file that
+    ``capc teacher fit --dp-epsilon`` wrote (its card carries the record): the fit keeps
+    the pretrained body's statistics, fitted on synthetic images, and refuses any other
+    body. Any other attested capc model holding stored statistics is refused, and so is
+    a standardising head (fitted on records) or an InstanceNorm tracking running
+    statistics anywhere. A foreign model is run as it is: its attestation
+    (--dp-training) is the hospital's own word."""
+    for member, source in zip(voters.members, voters.sources, strict=True):
+        if isinstance(member, Teacher):
+            modules = list(member.model.named_modules())
+        elif isinstance(member, TeacherEnsemble):
+            # The ensemble's heads are its weights and biases: the body's own head is unused.
+            modules = [
+                (n, m)
+                for n, m in member.body.named_modules()
+                if not (n == "head" or n.startswith("head."))
+            ]
+        else:
+            continue
+        norms = [m for _, m in modules if _stored(m)]
+        if any(isinstance(m, nn.modules.instancenorm._InstanceNorm) for m in norms):
+            return (
+                f"{source} has an InstanceNorm that tracks running statistics, which every "
+                "query reads"
+            )
+        if any(isinstance(m, BatchStandardiser) for m in norms):
+            return (
+                f"{source} has a standardising head, whose stored statistics a one-query "
+                "round reads"
+            )
+        # The DP fit writes image teachers as ensembles carrying the record, with the
+        # pretrained body's statistics; it never writes BatchNorm into a plain teacher.
+        fitted = isinstance(member, TeacherEnsemble) and CARD_KEY in (member.card or {})
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in norms) and not fitted:
+            return (
+                f"{source} holds BatchNorm statistics that every query would read, and it "
+                "was not written by capc teacher fit --dp-epsilon (which keeps the pretrained "
+                "body's public statistics): they may be fitted on the records"
+            )
+    return None
+
+
 def attestation(
     specs: Sequence[str], voters: Voters, record_file: Path | None = None
 ) -> Attestation | None:
@@ -118,13 +180,48 @@ def attestation(
                 "ies" if len(missing) == 1 else "y",
             )
         return None
+    why = stored_statistics(voters)
+    if why is not None:
+        # Full-batch DP-SGD refuses BatchNorm (a batch statistic mixes records), so such
+        # statistics were fitted outside the training's accounting: answering with them
+        # for free would release them uncharged.
+        raise ValueError(
+            f"{why}; they may be fitted on the hospital's records, outside its DP-SGD "
+            "training's charge, so the party cannot claim DP-trained teachers: train a "
+            "model without BatchNorm (capc teacher fit --dp-epsilon), or drop the "
+            "DP-training record and answer as ordinary teachers (charged per round)"
+        )
     files = []
     for spec in specs:
         try:
-            files.append(file_sha256(model_file(str(spec))))
+            on_disk = file_sha256(model_file(str(spec)))
         except OSError as err:
             raise ValueError(f"--model {spec}: cannot read it to hash it: {err}") from None
+        files.append(loaded_sha256(voters, str(spec), on_disk))
     return Attestation(tuple(records), file_digest(files, records))
 
 
-__all__ = ["attestation", "carried", "file_sha256", "model_file", "read_record"]
+def loaded_sha256(voters: Voters, spec: str, on_disk: bytes) -> bytes:
+    """SHA-256 of the file's bytes (``on_disk``) and of the weights loaded from it, which
+    are what answer: a file rewritten (retrained) between loading and hashing gives a
+    digest of neither version alone, so neither version's training goes uncharged when
+    the new one starts later (an over-count at worst)."""
+    h = hashlib.sha256(on_disk)
+    for member, origin in zip(voters.members, voters.origins, strict=True):
+        if origin != spec:
+            continue
+        hashes = member.model_hashes if isinstance(member, TeacherEnsemble) else [member.model_hash]
+        for one in hashes:
+            h.update(one.encode())
+    return h.digest()
+
+
+__all__ = [
+    "attestation",
+    "carried",
+    "file_sha256",
+    "loaded_sha256",
+    "model_file",
+    "read_record",
+    "stored_statistics",
+]
