@@ -17,7 +17,10 @@ for dir in build/wheelhouse/deps build/wheelhouse/capc; do
   ls "$dir"/*.whl >/dev/null 2>&1 || { echo "no wheels in $dir: run make images" >&2; exit 1; }
 done
 image=capc:$TAG
+digest() { cat "$1"/*.whl | sha256sum | cut -d' ' -f1; }
 "$ENGINE" build --quiet --file deploy/Dockerfile --build-arg BASE_IMAGE="$BASE_IMAGE" \
+  --build-arg DEPS_SHA256="$(digest build/wheelhouse/deps)" \
+  --build-arg CAPC_SHA256="$(digest build/wheelhouse/capc)" \
   --tag "$image" . >/dev/null
 size=$("$ENGINE" image inspect --format '{{.Size}}' "$image")
 echo "$image: $((size / 1000000)) MB (base $BASE_IMAGE, $ENGINE)"
