@@ -685,7 +685,10 @@ def headline(summary: Sequence[dict[str, Any]]) -> str:
         f"{counts[NOT_MET]} not met, {counts[NOT_MEASURED]} not measured yet. The units "
         "differ in the alternatives' favour: capc's epsilons are charged under the "
         "ledger's replace-one neighbours, the DP-SGD and DP-FedAvg baselines' under "
-        "Opacus's add/remove-one, which for the same noise is about half the epsilon."
+        "Opacus's add/remove-one, which for the same noise is about half the epsilon. "
+        "The DP-trained-teacher rows ran in central mode on the library pieces, not "
+        "through the services (whose DP-trained path is tested end to end, not measured "
+        "at this scale)."
     )
     lines = [
         paragraph,
