@@ -132,6 +132,7 @@ def cmd_jobs_submit(client: Client, args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             mechanism=_mechanism(args),
             reveal_records_to_answerers=args.reveal_records_to_answerers,
+            allow_partial=args.allow_partial,
         )
     else:
         if args.count is None:
@@ -144,6 +145,7 @@ def cmd_jobs_submit(client: Client, args: argparse.Namespace) -> int:
             seed=args.seed,
             batch_size=args.batch_size,
             mechanism=_mechanism(args),
+            allow_partial=args.allow_partial,
         )
     if args.watch:
         return _watch(client, args, job.id)
@@ -641,6 +643,13 @@ def build_parser() -> argparse.ArgumentParser:
         "threshold only), e.g. --raise sigma=2.5; repeatable",
     )
     _reveal_flag(submit)
+    submit.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="label only as many queries as the answering hospitals' caps cover, and "
+        "stop (without it the gateway refuses a job they cannot cover in full, before "
+        "anything is spent)",
+    )
     submit.add_argument(
         "--wait",
         "--watch",

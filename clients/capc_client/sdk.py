@@ -211,9 +211,13 @@ class Client:
         start: int = 0,
         batch_size: int = DEFAULT_BATCH,
         mechanism: dict[str, float] | None = None,
+        allow_partial: bool = False,
     ) -> Job:
         """A labelling job on ``count`` programmatic queries (generator, params, seed);
-        ``generator`` None: the task's default (gaussian images, beta table rows)."""
+        ``generator`` None: the task's default (gaussian images, beta table rows).
+
+        A job the answering hospitals' caps cannot cover in full is refused (409) before
+        anything is spent; ``allow_partial``: label as many as they cover, and stop."""
         body: dict[str, Any] = {
             "recipe": {
                 "generator": generator,
@@ -226,6 +230,8 @@ class Client:
         }
         if mechanism:
             body["mechanism"] = mechanism
+        if allow_partial:
+            body["allow_partial"] = True
         return Job.model_validate(self._request("POST", "/v1/jobs", json=body).json())
 
     def submit_file(
@@ -235,16 +241,20 @@ class Client:
         batch_size: int = DEFAULT_BATCH,
         mechanism: dict[str, float] | None = None,
         reveal_records_to_answerers: bool = False,
+        allow_partial: bool = False,
     ) -> Job:
         """A labelling job on an unlabelled dataset file: .npy, or .npz with ``x``:
         (N, C, H, W) images or (N, F) table rows.
 
         ``reveal_records_to_answerers``: the file holds the querying hospital's own records
         and may go to the answering hospitals in the clear (the guardian audits it); a
-        hospital's student party refuses them in a plaintext task without it."""
+        hospital's student party refuses them in a plaintext task without it.
+        ``allow_partial``: as in :meth:`submit_recipe`."""
         data = {"batch_size": str(batch_size)}
         if reveal_records_to_answerers:
             data["reveal_records_to_answerers"] = "true"
+        if allow_partial:
+            data["allow_partial"] = "true"
         if mechanism:
             data["mechanism"] = json.dumps(mechanism)
         with open(path, "rb") as f:

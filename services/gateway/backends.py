@@ -78,6 +78,8 @@ class Backends:
         )
         self.jobs = student_pb2_grpc.StudentPartyStub(self._student_channel)
         self.hub = guardian_pb2_grpc.GuardianHubStub(self._guardian_channel)
+        # The student party's querier name, read once (it is fixed for its life).
+        self._querier: str | None = None
 
     @property
     def header(self) -> common_pb2.Header:
@@ -127,6 +129,19 @@ class Backends:
             guardian_pb2.ListPartiesRequest(header=self.header, querier=querier),
         )
         return reply
+
+    def job_spends(self) -> guardian_pb2.ListPartiesReply:
+        """ListParties for the student party's querier: each party's projection at the
+        task, the task's quorum, and the hospital a CaPC loop's querier is bound to (its
+        teachers never answer the loop's queries)."""
+        if self._querier is None:
+            report: student_pb2.LoopReport = self.call(
+                "student party",
+                self.jobs.GetLoop,
+                student_pb2.GetLoopRequest(header=self.header),
+            )
+            self._querier = report.querier
+        return self.querier_spends(self._querier)
 
     def list_jobs(self, limit: int, offset: int) -> student_pb2.ListJobsReply:
         reply: student_pb2.ListJobsReply = self.student_call(

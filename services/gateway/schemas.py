@@ -72,11 +72,19 @@ ParamValue = Annotated[float, Field(gt=0, le=1e6)]
 MechanismOverride = Annotated[dict[ParamName, ParamValue], Field(max_length=16)]
 
 
+#: allow_partial's description, in the JSON body and the upload form alike.
+ALLOW_PARTIAL = (
+    "label only as many queries as the answering hospitals' caps cover, and stop. "
+    "Without it a job they cannot cover in full is refused (409) before anything is spent"
+)
+
+
 class JobCreate(Strict):
     recipe: RecipeIn
     count: int = Field(ge=1, le=MAX_RECIPE_COUNT)
     batch_size: BatchSize = DEFAULT_BATCH
     mechanism: MechanismOverride | None = None
+    allow_partial: bool = Field(False, description=ALLOW_PARTIAL)
 
 
 class MechanismOut(BaseModel):

@@ -118,9 +118,12 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     ) -> guardian_pb2.ListPartiesReply:
         check_header(request.header, context)
         projections: dict[str, tuple[float, float, int]] = {}
+        quorum = 0
         if request.header.task:
             try:
                 projections = self._projections(request.header.task)
+                config, digest = self.ledger.task(request.header.task)
+                quorum = TaskConfig.parse(request.header.task, config, digest).quorum
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
         online = self.engine.teachers()
@@ -145,6 +148,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             ],
             delta=self.ledger.delta,
             accounting=f"{self.ledger.accounting.summary}, data-independent charges",
+            quorum=quorum,
         )
         reply.bound_queriers.update(bound_queriers(self.ledger))
         if request.querier:

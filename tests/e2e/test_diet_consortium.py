@@ -203,7 +203,11 @@ def test_semi_supervised_students_learn_from_unanswered_queries(
     # Each hospital lowers its own cap (its configuration, then a restart).
     for i, cap in enumerate(caps):
         consortium.restart_party(i, cap)
-    job = analyst.submit_recipe("gaussian", 2 * BATCH, seed=9, batch_size=BATCH)
+    # The gateway refuses a job the caps cannot finish unless asked to stop where they end.
+    with pytest.raises(ApiError) as err:
+        analyst.submit_recipe("gaussian", 2 * BATCH, seed=9, batch_size=BATCH)
+    assert err.value.status == 409 and "Nothing was spent" in err.value.detail
+    job = analyst.submit_recipe("gaussian", 2 * BATCH, seed=9, batch_size=BATCH, allow_partial=True)
     job = analyst.wait(job.id, timeout=600)
     assert job.state == "failed" and "RESOURCE_EXHAUSTED" in job.error
     assert job.processed == job.answered == BATCH

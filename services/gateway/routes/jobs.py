@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from typing import Annotated, Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from services.common.protocol import RequestError
 from services.gateway import schemas
 from services.gateway.backends import BackendError, Backends
 from services.gateway.bodylimit import UPLOAD_RETRY_S, busy_detail
+from services.gateway.coverage import coverage, shortfall
 from services.gateway.datasets import DatasetError, DatasetTooLargeError, parse_dataset
 from services.gateway.deps import ERRORS, JOB_ID, Analyst, Backend, Uploads
 from services.gateway.replies import job_out
@@ -51,6 +53,28 @@ class _UploadsBusyError(Exception):
 
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+
+
+def refuse_uncovered(backends: Backends, count: int, overridden: bool, partial: bool) -> None:
+    """409 when the answering hospitals' caps cannot cover a job of ``count`` queries
+    (:mod:`services.gateway.coverage`), before it spends anything; nothing with
+    ``partial``. A job with mechanism overrides (``overridden``: only more noise or a
+    higher threshold) costs less per query than the guardian's projection at the task's
+    mechanism, which would refuse jobs that fit: the guardian's refusal of each round a
+    party cannot afford stays its check."""
+    if partial or overridden:
+        return
+    try:
+        spends = backends.job_spends()
+    except BackendError as err:
+        # Without the projection the job runs as far as the caps let it: the guardian
+        # still refuses every round a party cannot afford, so nothing is overspent.
+        log.warning("job not checked against the caps: %s", err)
+        return
+    why = shortfall(count, coverage(spends))
+    if why is not None:
+        raise HTTPException(409, why)
 
 
 def upload_request(
@@ -123,6 +147,7 @@ def _create(
     summary="Label programmatic queries",
 )
 def create_job(body: schemas.JobCreate, _: Analyst, backends: Backend) -> schemas.JobOut:
+    refuse_uncovered(backends, body.count, body.mechanism is not None, body.allow_partial)
     recipe = common_pb2.Recipe(
         generator=body.recipe.generator or "",
         params_json=json.dumps(body.recipe.params, sort_keys=True),
@@ -171,6 +196,7 @@ async def upload_job(
             description='JSON object of mechanism overrides, e.g. {"sigma": 2.0}',
         ),
     ] = None,
+    allow_partial: Annotated[bool, Form(description=schemas.ALLOW_PARTIAL)] = False,
 ) -> schemas.JobOut:
     if reveal_records_to_answerers and not who.may(Role.ADMIN):
         # Showing patients' records to every answering hospital is the consortium's
@@ -214,6 +240,9 @@ async def upload_job(
         body = len(data)
         queries = [await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES, reserve)]
         del data
+        await run_in_threadpool(
+            refuse_uncovered, backends, len(queries[0]), overrides is not None, allow_partial
+        )
         request = await run_in_threadpool(
             upload_request,
             backends,

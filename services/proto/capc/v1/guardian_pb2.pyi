@@ -440,7 +440,7 @@ class ListPartiesRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., querier: _Optional[str] = ...) -> None: ...
 
 class ListPartiesReply(_message.Message):
-    __slots__ = ("parties", "delta", "accounting", "querier_epsilon", "querier_hospital", "bound_queriers")
+    __slots__ = ("parties", "delta", "accounting", "querier_epsilon", "querier_hospital", "bound_queriers", "quorum")
     class QuerierEpsilonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -461,13 +461,15 @@ class ListPartiesReply(_message.Message):
     QUERIER_EPSILON_FIELD_NUMBER: _ClassVar[int]
     QUERIER_HOSPITAL_FIELD_NUMBER: _ClassVar[int]
     BOUND_QUERIERS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
     parties: _containers.RepeatedCompositeFieldContainer[PartyStatus]
     delta: float
     accounting: str
     querier_epsilon: _containers.ScalarMap[str, float]
     querier_hospital: str
     bound_queriers: _containers.ScalarMap[str, str]
-    def __init__(self, parties: _Optional[_Iterable[_Union[PartyStatus, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., querier_epsilon: _Optional[_Mapping[str, float]] = ..., querier_hospital: _Optional[str] = ..., bound_queriers: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    quorum: int
+    def __init__(self, parties: _Optional[_Iterable[_Union[PartyStatus, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., querier_epsilon: _Optional[_Mapping[str, float]] = ..., querier_hospital: _Optional[str] = ..., bound_queriers: _Optional[_Mapping[str, str]] = ..., quorum: _Optional[int] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("round_id", "party", "kind", "mechanism", "round_state", "task", "queries", "epsilon_alone", "at")

@@ -1,0 +1,208 @@
+"""Issue 56: a job the answering hospitals' caps cannot cover in full is refused before it
+spends anything, on the gateway's JSON and upload routes alike.
+
+Before, only ``capcctl loop run`` checked, in the client: a raw REST upload of 450
+records to a loop gateway ran 256 of them, failed with RESOURCE_EXHAUSTED and had charged
+each other hospital 6.57 eps. Here the gateway runs in process over the real guardian
+hub (a real ledger with caps) and the real student party servicer (its runner records
+what it would run); nothing is spent either way.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar, cast
+
+import grpc
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from services.common import protocol
+from services.common.ledger import Ledger
+from services.common.task import TaskConfig, config_hash
+from services.gateway.app import create_app
+from services.gateway.backends import BackendError, Backends
+from services.gateway.coverage import Coverage, coverage, shortfall
+from services.gateway.tokens import TokenStore
+from services.guardian.hub import GuardianHub
+from services.guardian.loop import bind_querier
+from services.proto.capc.v1 import guardian_pb2, student_pb2
+from services.student.loop import LoopIdentity
+from services.student.servicer import JobRunner, StudentParty
+from services.student.store import JobStore
+from services.student.training import ModelTrainer
+
+T = TypeVar("T")
+SHAPE = (1, 4, 4)
+TASK = {
+    "num_classes": 3,
+    "input_shape": list(SHAPE),
+    "mechanism": {"name": "gnmax", "sigma": 40.0},
+    "quorum": 2,
+}
+#: hospital-2's cap is the smallest: it sets what a loop of hospital-0's can buy.
+CAPS = {"hospital-0": 10.0, "hospital-1": 10.0, "hospital-2": 2.0}
+
+
+class AbortedError(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+
+
+class Context:
+    """The one ServicerContext method the servicers use here."""
+
+    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise AbortedError(code, details)
+
+
+class Runner:
+    """The student party's job runner, recording what it would run (and so spend)."""
+
+    def __init__(self) -> None:
+        self.submitted: list[str] = []
+
+    def submit(self, job_id: str) -> None:
+        self.submitted.append(job_id)
+
+
+class InProcess(Backends):
+    """The gateway's backends with the student party's and the guardian hub's servicers
+    called in this process."""
+
+    def __init__(self, party: StudentParty, hub: GuardianHub) -> None:
+        super().__init__("127.0.0.1:1", "127.0.0.1:1", None, task="t")
+        self.party, self.hub_servicer = party, hub
+
+    def call(self, service: str, fn: Callable[..., T], request: object) -> T:
+        ctx = cast(grpc.ServicerContext, Context())
+        try:
+            if isinstance(request, student_pb2.CreateJobRequest):
+                return cast(T, self.party.CreateJob(request, ctx))
+            if isinstance(request, student_pb2.GetLoopRequest):
+                return cast(T, self.party.GetLoop(request, ctx))
+            if isinstance(request, guardian_pb2.ListPartiesRequest):
+                return cast(T, self.hub_servicer.ListParties(request, ctx))
+        except AbortedError as err:
+            raise BackendError(service, err.code, str(err)) from None
+        raise NotImplementedError(type(request).__name__)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    ledger = Ledger(f"sqlite:///{tmp_path / 'g.db'}")
+    ledger.create_task("t", TASK)
+    for name, cap in CAPS.items():
+        ledger.register_party(name, cap, teachers=1, actor="test")
+    bind_querier(ledger, "hospital-0-querier", "hospital-0", actor="test")
+    return ledger
+
+
+def gateway(
+    tmp_path: Path, ledger: Ledger, identity: LoopIdentity
+) -> tuple[TestClient, Runner, dict[str, str]]:
+    runner = Runner()
+    task = TaskConfig.parse("t", TASK, config_hash(TASK))
+    name = identity.querier or "student"
+    store = JobStore(f"sqlite:///{tmp_path / f'jobs-{name}.db'}")
+    party = StudentParty(store, cast(JobRunner, runner), task, cast(ModelTrainer, None), identity)
+    tokens = TokenStore(str(tmp_path / "t.db"))
+    secret, _ = tokens.create("admin", "dr-admin")
+    client = TestClient(create_app(InProcess(party, GuardianHub(ledger)), tokens))
+    return client, runner, {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture
+def loop(tmp_path: Path, ledger: Ledger) -> Iterator[tuple[TestClient, Runner, dict[str, str]]]:
+    c, runner, auth = gateway(tmp_path, ledger, LoopIdentity("hospital-0", "hospital-0-querier"))
+    with c:
+        yield c, runner, auth
+
+
+def projected(ledger: Ledger) -> dict[str, int]:
+    """Queries each party's cap covers, as the guardian projects them."""
+    reply = GuardianHub(ledger).ListParties(
+        guardian_pb2.ListPartiesRequest(header=protocol.header("t")),
+        cast(grpc.ServicerContext, Context()),
+    )
+    return {p.name: int(p.queries_left) for p in reply.parties}
+
+
+def upload(c: TestClient, auth: dict[str, str], n: int, partial: bool = False) -> Any:
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((n, *SHAPE), np.float32))
+    data = {"reveal_records_to_answerers": "true"}
+    if partial:
+        data["allow_partial"] = "true"
+    return c.post(
+        "/v1/jobs/upload", headers=auth, files={"file": ("own.npy", buf.getvalue())}, data=data
+    )
+
+
+def recipe(c: TestClient, auth: dict[str, str], n: int, **extra: Any) -> Any:
+    body = {"recipe": {"generator": "gaussian"}, "count": n, **extra}
+    return c.post("/v1/jobs", headers=auth, json=body)
+
+
+def test_a_loop_upload_the_caps_cannot_finish_is_refused_before_it_spends(
+    loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
+) -> None:
+    c, runner, auth = loop
+    left = projected(ledger)
+    # hospital-0 never answers its own loop: hospital-2 alone sets what it can buy.
+    fit = left["hospital-2"]
+    assert 0 < fit < left["hospital-1"] and fit < left["hospital-0"], left
+    r = upload(c, auth, fit + 1)
+    assert r.status_code == 409, r.text
+    detail = r.json()["detail"]
+    assert f"asks for {fit + 1} queries" in detail and f"Submit at most {fit} queries" in detail
+    assert "Nothing was spent" in detail and "--allow-partial" in detail
+    assert f"hospital-2 {fit}" in detail and "hospital-0 " not in detail
+    r = recipe(c, auth, fit + 1)
+    assert r.status_code == 409 and f"at most {fit} queries" in r.json()["detail"]
+    assert runner.submitted == []  # nothing was queued, so nothing was spent
+    assert all(b.spent == 0 for b in ledger.budgets())
+    # What the caps cover runs; so does a larger job that asks to stop where they end.
+    assert upload(c, auth, fit).status_code == 201
+    assert upload(c, auth, fit + 1, partial=True).status_code == 201
+    assert recipe(c, auth, fit + 1, allow_partial=True).status_code == 201
+    # A job with mechanism overrides (more noise: cheaper per query) is left to the
+    # guardian's per-round refusal, not refused on the task's projection.
+    assert recipe(c, auth, fit + 1, mechanism={"sigma": 80.0}).status_code == 201
+    assert len(runner.submitted) == 4
+
+
+def test_a_consortium_job_needs_a_quorum_not_every_hospital(tmp_path: Path, ledger: Ledger) -> None:
+    """The consortium's own student party: a round needs 2 of the 3 hospitals, so a job
+    runs to its end on the second-largest projection, however little the third has."""
+    c, runner, auth = gateway(tmp_path, ledger, LoopIdentity("", ""))
+    left = projected(ledger)
+    second = sorted(left.values())[1]
+    assert second > left["hospital-2"]
+    with c:
+        assert recipe(c, auth, second).status_code == 201
+        r = recipe(c, auth, second + 1)
+        assert r.status_code == 409, r.text
+        assert f"Submit at most {second} queries" in r.json()["detail"]
+    assert len(runner.submitted) == 1
+
+
+def test_coverage_rules() -> None:
+    reply = guardian_pb2.ListPartiesReply(quorum=2, querier_hospital="a")
+    for name, left in (("a", 1000), ("b", 50), ("c", 7), ("d", -1)):
+        reply.parties.add(name=name, role="answerer", queries_left=left)
+    reply.parties.add(name="student", role="student", queries_left=-1)
+    # d has no limit (DP-trained: charged nothing per answer); a is the loop's own.
+    cover = coverage(reply)
+    assert cover == Coverage(50, 2, {"b": 50, "c": 7, "d": None})
+    assert shortfall(50, cover) is None and shortfall(51, cover) is not None
+    reply.quorum = 4  # more than the three hospitals that answer
+    few = coverage(reply)
+    assert few.queries == 0
+    assert "fewer than the task's quorum of 4" in (shortfall(1, few) or "")
+    reply.quorum = 0  # no task in the request: a round needs one party
+    assert coverage(reply).queries is None
