@@ -6,6 +6,7 @@ Labels of shape (N,) are classes (cross-entropy); labels of shape (N, k) in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
@@ -28,8 +29,10 @@ def fit(
     lr: float = 1e-3,
     seed: int = 0,
     device: str | None = None,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> M:
-    """Train ``model`` with Adam on (N, *shape) inputs and (N,) class or (N, k) 0/1 labels."""
+    """Train ``model`` with Adam on (N, *shape) inputs and (N,) class or (N, k) 0/1 labels;
+    ``on_epoch`` hears the number of epochs done after each one (progress displays)."""
     if len(x) != len(y) or len(x) == 0:
         raise ValueError(f"need as many labels as inputs (>0), got {len(x)} and {len(y)}")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -41,7 +44,7 @@ def fit(
     loss_fn: nn.Module = nn.BCEWithLogitsLoss() if multi else nn.CrossEntropyLoss()
     xt = torch.from_numpy(np.asarray(x, dtype=np.float32))
     yt = torch.from_numpy(np.asarray(y, dtype=np.float32 if multi else np.int64))
-    for _ in range(epochs):
+    for epoch in range(epochs):
         order = torch.randperm(len(xt), generator=gen)
         for i in range(0, len(xt), batch_size):
             idx = order[i : i + batch_size]
@@ -51,6 +54,8 @@ def fit(
             loss = loss_fn(model(xt[idx].to(dev)), yt[idx].to(dev))
             loss.backward()
             opt.step()
+        if on_epoch is not None:
+            on_epoch(epoch + 1)
     return model.eval()
 
 

@@ -89,20 +89,46 @@ def _quiet(args: argparse.Namespace) -> bool:
     return bool(args.quiet or args.json)
 
 
-def _training(what: str) -> Any:
-    """Progress of a model's training on stderr: its state and the seconds so far (the
-    student party reports no fraction done while it trains)."""
-    import time
+class TrainingProgress:
+    """A model's training on stderr, a line at each change the student party reports:
+    its state, the seconds so far, and while it trains how far it is ("3/10 epochs"),
+    at what rate and about how long is left (measured from the wait's start, or from
+    the first report of a later unit: the loop's "before" counts candidate fits, a
+    plain model its epochs). ``clock``: seconds."""
 
-    began = time.monotonic()
+    def __init__(self, what: str, clock: Any = None) -> None:
+        import time
 
-    def show(model: StudentModel) -> None:
-        sys.stderr.write(
-            f"{what} {model.id}: {model.state} after {time.monotonic() - began:.0f} s\n"
-        )
+        self.what = what
+        self.clock = clock or time.monotonic
+        self.began = self.clock()
+        #: (unit, seconds, done) when the current unit's counting was first seen.
+        self.first: tuple[str, float, int] | None = None
+
+    def line(self, model: StudentModel) -> str:
+        now = self.clock()
+        text = f"{self.what} {model.id}: {model.state} after {now - self.began:.0f} s"
+        done, total, unit = model.progress_done, model.progress_total, model.progress_unit
+        if not total:
+            return text
+        if self.first is None:
+            # The first unit counts from when the wait began, at nothing done.
+            self.first = (unit, self.began, 0)
+        elif self.first[0] != unit or done < self.first[2]:
+            self.first = (unit, now, done)
+        _, since, start = self.first
+        text += f", {done}/{total} {unit}"
+        speed = rate_text(done - start, total - start, now - since, unit)
+        return text + (f" ({speed})" if speed else "")
+
+    def __call__(self, model: StudentModel) -> None:
+        sys.stderr.write(self.line(model) + "\n")
         sys.stderr.flush()
 
-    return show
+
+def _training(what: str) -> Any:
+    """Progress of a model's training on stderr (:class:`TrainingProgress`)."""
+    return TrainingProgress(what)
 
 
 def _watch(client: Client, args: argparse.Namespace, job_id: str) -> int:

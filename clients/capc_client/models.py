@@ -49,6 +49,10 @@ class StudentModel(_Model):
     error: str
     created_at: str
     options: dict[str, Any] = {}
+    #: While it trains: ``progress_done`` of ``progress_total`` ``progress_unit``.
+    progress_done: int = 0
+    progress_total: int = 0
+    progress_unit: str = ""
 
     @property
     def finished(self) -> bool:

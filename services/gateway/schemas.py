@@ -206,6 +206,13 @@ class ModelOut(BaseModel):
         "own_weight where not 1), and "
         "deprecated where the request named a deprecated method: what it was read as",
     )
+    progress_done: int = Field(
+        0, description="while it trains: how much of its training is done, in progress_unit"
+    )
+    progress_total: int = Field(0, description="...of this many (0: no progress reported)")
+    progress_unit: str = Field(
+        "", description="epochs, or candidate fits for the CaPC loop's before model"
+    )
 
 
 class ModelList(BaseModel):

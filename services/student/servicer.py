@@ -358,14 +358,23 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
         self, request: student_pb2.GetModelRequest, context: grpc.ServicerContext
     ) -> student_pb2.StudentModel:
         self._check(request.header, context)
-        return serde.model_to_proto(self._model(request.id, context))
+        return self._model_proto(self._model(request.id, context))
+
+    def _model_proto(self, model: StudentModel) -> student_pb2.StudentModel:
+        """A model as the API shows it, with how far its training is while it trains."""
+        out = serde.model_to_proto(model)
+        now = None if self.trainer is None else self.trainer.progress(model.id)
+        if now is not None and model.state == "training":
+            out.progress_done, out.progress_total = now.done, now.total
+            out.progress_unit = now.unit
+        return out
 
     def ListModels(
         self, request: student_pb2.ListModelsRequest, context: grpc.ServicerContext
     ) -> student_pb2.ListModelsReply:
         self._check(request.header, context)
         return student_pb2.ListModelsReply(
-            models=[serde.model_to_proto(m) for m in self.store.models()]
+            models=[self._model_proto(m) for m in self.store.models()]
         )
 
     def DownloadModel(

@@ -40,6 +40,7 @@ import math
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,15 @@ BEFORE_HELD_OUT = 0.25
 BEFORE_MIN_RECORDS = 8
 #: The default model's name among the "before" candidates.
 BEFORE_DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """How far a model's training is: ``done`` of ``total`` ``unit`` (e.g. "epochs")."""
+
+    done: int
+    total: int
+    unit: str
 
 
 class TrainingError(ValueError):
@@ -323,7 +333,10 @@ class ModelTrainer:
         body: Teacher | None = None,
         reference: NDArray[np.float32] | None = None,
         own: tuple[NDArray[np.float32], NDArray[np.int64]] | None = None,
+        on_progress: Callable[[str, TrainingProgress], None] | None = None,
     ) -> None:
+        """``on_progress`` hears each progress report (model id, progress), in the
+        training thread, as :meth:`progress` starts to return it."""
         self.store = store
         self.task = task
         self.test_set = test_set
@@ -342,6 +355,14 @@ class ModelTrainer:
             raise ValueError(
                 f"the pretrained body takes inputs {body.input_shape}, the task {task.input_shape}"
             )
+        self.on_progress = on_progress
+        # The model in training (one at a time, in the training thread) and how far it
+        # is; read by the servicer's threads.
+        self._lock = threading.Lock()
+        self._progress: dict[str, TrainingProgress] = {}
+        self._current: str | None = None
+        # Off while the loop's "before" reports its candidate fits instead of epochs.
+        self._epochs_shown = True
         self._queue: queue.Queue[str] = queue.Queue()
         for model_id in store.unfinished_models():
             self._queue.put(model_id)
@@ -419,14 +440,39 @@ class ModelTrainer:
     def submit(self, model_id: str) -> None:
         self._queue.put(model_id)
 
+    def progress(self, model_id: str) -> TrainingProgress | None:
+        """How far ``model_id``'s training is; None when it is not training or its step
+        reports no progress."""
+        with self._lock:
+            return self._progress.get(model_id)
+
+    def _report(self, done: int, total: int, unit: str) -> None:
+        """The model in training has done ``done`` of ``total`` ``unit``."""
+        if unit == "epochs" and not self._epochs_shown:
+            return
+        model_id = self._current
+        if model_id is None:
+            return
+        now = TrainingProgress(done, total, unit)
+        with self._lock:
+            self._progress[model_id] = now
+        if self.on_progress is not None:
+            self.on_progress(model_id, now)
+
     def _loop(self) -> None:
         while True:
             model_id = self._queue.get()
+            self._current = model_id
             try:
                 self._train(model_id)
             except Exception as err:  # a failed model is reported, the trainer keeps serving
                 log.exception("training model %s failed", model_id)
                 self.store.update_model(model_id, state="failed", error=str(err))
+            finally:
+                self._current = None
+                self._epochs_shown = True
+                with self._lock:
+                    self._progress.pop(model_id, None)
 
     def _head(
         self,
@@ -551,6 +597,7 @@ class ModelTrainer:
             y,
             epochs=epochs,
             seed=seed,
+            on_epoch=lambda done: self._report(done, epochs, "epochs"),
         )
         metrics: dict[str, object] = {"train_accuracy": accuracy(model, x, y)}
         if test is not None:
@@ -623,16 +670,22 @@ class ModelTrainer:
         part: Labelled = (x[order[held:]], y[order[held:]])
         check: Labelled = (x[order[:held]], y[order[:held]])
         scores: dict[str, float | None] = {}
-        for name, make in candidates.items():
+        # Progress counts fits: each candidate's, then the chosen one's on all records.
+        fits = len(candidates) + 1
+        self._epochs_shown = False
+        for i, (name, make) in enumerate(candidates.items()):
             try:
                 scores[name] = float(make(part, check)[2]["test_accuracy"])
             except (TrainingError, ValueError, RuntimeError) as err:
                 log.info("before-model candidate %s not fitted: %s", name, err)
                 scores[name] = None
+            self._report(i + 1, fits, "candidate fits")
         scored = {k: v for k, v in scores.items() if v is not None}
         # The default first: it wins a tie.
         best = max(scored, key=lambda k: scored[k]) if scored else BEFORE_DEFAULT
         fitted = candidates[best](self.own, self.test_set)
+        self._report(fits, fits, "candidate fits")
+        self._epochs_shown = True
         chosen = _before_name(best, default_arch)
         fitted[2]["before_model"] = chosen
         fitted[2]["before_choice"] = {_before_name(k, default_arch): v for k, v in scores.items()}

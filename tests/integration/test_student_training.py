@@ -282,3 +282,61 @@ def test_the_model_before_is_chosen_on_own_records_never_on_the_test_set(
     assert done is not None and done.state == "done", done
     assert done.metrics["before_model"] == "the student's default model (mlp)"
     assert "before_choice" not in done.metrics
+
+
+def test_training_reports_how_far_it_is_through_the_servicer(tmp_path: Path) -> None:
+    """Issue 56: a model's training said only "training" until it ended. The trainer now
+    reports epochs (a plain model) or candidate fits (the loop's "before"), and the
+    student party's GetModel carries them while it trains, and none after."""
+    from typing import cast
+
+    import grpc
+
+    from services.common import protocol
+    from services.proto.capc.v1 import student_pb2
+    from services.student.servicer import JobRunner, StudentParty
+    from services.student.training import TrainingProgress
+
+    store = JobStore(str(tmp_path / "student.db"))
+    task = TaskConfig.parse("t", TABLE, config_hash(TABLE))
+    x, y = rows(30, 5)
+    job = store.create("t", x, batch_size=30)
+    store.record_batch(job.id, 0, 1, y)
+    store.finish(job.id)
+    heard: list[tuple[int, int, str]] = []
+    shown: list[tuple[int, int, str, str]] = []
+    parties: list[StudentParty] = []
+
+    def observe(model_id: str, now: TrainingProgress) -> None:
+        # In the training thread, while it trains: what a client's GetModel sees then.
+        heard.append((now.done, now.total, now.unit))
+        m = parties[0].GetModel(
+            student_pb2.GetModelRequest(header=protocol.header("t"), id=model_id),
+            cast(grpc.ServicerContext, None),
+        )
+        shown.append((m.progress_done, m.progress_total, m.progress_unit, m.state))
+
+    def train(trainer: ModelTrainer, jobs: list[str]) -> student_pb2.StudentModel:
+        parties[:] = [StudentParty(store, cast(JobRunner, None), task, trainer)]
+        spec = store.create_model(jobs, "mlp", 3, 0, TrainingOptions().to_dict())
+        trainer.submit(spec.id)
+        wait(store, spec.id)
+        done = parties[0].GetModel(
+            student_pb2.GetModelRequest(header=protocol.header("t"), id=spec.id),
+            cast(grpc.ServicerContext, None),
+        )
+        assert done.state == "done", done
+        return done
+
+    done = train(ModelTrainer(store, task, rows(20, 3), None, on_progress=observe), [job.id])
+    assert heard == [(1, 3, "epochs"), (2, 3, "epochs"), (3, 3, "epochs")]
+    assert shown == [(d, t, u, "training") for d, t, u in heard]
+    assert (done.progress_done, done.progress_total, done.progress_unit) == (0, 0, "")
+    # The loop's "before": five fits (the default model and three logistic regressions
+    # on part of the own rows, then the chosen one on all), no epochs of one of them.
+    heard.clear()
+    shown.clear()
+    loop = ModelTrainer(store, task, rows(20, 3), None, own=rows(40, 2), on_progress=observe)
+    train(loop, [])
+    assert heard == [(i, 5, "candidate fits") for i in range(1, 6)]
+    assert [s[:3] for s in shown] == heard

@@ -149,3 +149,37 @@ def test_a_library_future_warning_stays_off_the_terminal() -> None:
         check=True,
     )
     assert "torch says" in shown.stderr
+
+
+def test_capcctl_training_progress_shows_a_fraction_a_rate_and_an_estimate() -> None:
+    from capc_client.models import StudentModel
+
+    def model(done: int, total: int, unit: str, state: str = "training") -> StudentModel:
+        return StudentModel.model_validate(
+            {
+                "id": "m1",
+                "state": state,
+                "job_ids": ["j1"],
+                "architecture": "mlp",
+                "epochs": 10,
+                "examples": 0,
+                "metrics": {},
+                "error": "",
+                "created_at": "2026-01-01T00:00:00Z",
+                "progress_done": done,
+                "progress_total": total,
+                "progress_unit": unit,
+            }
+        )
+
+    clock = Clock()
+    show = capcctl.TrainingProgress("training model", clock)
+    assert show.line(model(0, 0, "", "queued")) == "training model m1: queued after 0 s"
+    clock.now = 8.0
+    line = show.line(model(2, 10, "epochs"))
+    assert "2/10 epochs" in line and "0.25 epochs/s, about 32 s left" in line
+    # A later unit counts from its own first report, not from the wait's start.
+    clock.now = 20.0
+    assert "(" not in show.line(model(1, 5, "candidate fits"))
+    clock.now = 24.0
+    assert "0.5 candidate fits/s, about 4 s left" in show.line(model(3, 5, "candidate fits"))

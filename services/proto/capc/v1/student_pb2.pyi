@@ -148,7 +148,7 @@ class TrainModelRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ..., l2: _Optional[float] = ..., semi_supervised: _Optional[str] = ..., own_weight: _Optional[int] = ...) -> None: ...
 
 class StudentModel(_message.Message):
-    __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at", "options_json")
+    __slots__ = ("id", "state", "job_ids", "architecture", "epochs", "examples", "metrics_json", "error", "created_at", "options_json", "progress_done", "progress_total", "progress_unit")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,9 @@ class StudentModel(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_JSON_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_DONE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_UNIT_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: str
     job_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -169,7 +172,10 @@ class StudentModel(_message.Message):
     error: str
     created_at: str
     options_json: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., examples: _Optional[int] = ..., metrics_json: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., options_json: _Optional[str] = ...) -> None: ...
+    progress_done: int
+    progress_total: int
+    progress_unit: str
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[str] = ..., job_ids: _Optional[_Iterable[str]] = ..., architecture: _Optional[str] = ..., epochs: _Optional[int] = ..., examples: _Optional[int] = ..., metrics_json: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[str] = ..., options_json: _Optional[str] = ..., progress_done: _Optional[int] = ..., progress_total: _Optional[int] = ..., progress_unit: _Optional[str] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ("header", "id")
