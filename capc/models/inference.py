@@ -9,7 +9,7 @@ touches the stored statistics, so a model's hash is the same afterwards.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -55,12 +55,14 @@ def run_batches(
     *,
     current_statistics: bool = False,
     batch: int = 1024,
+    on_batch: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """``fn`` (a part of ``model``) over ``x`` in batches of ``batch``, on the CPU afterwards.
 
     With ``current_statistics`` each batch of ``batch`` inputs is normalised
     with its own statistics, so ``batch`` is part of the result: pass the
-    size of the batches the queries arrive in.
+    size of the batches the queries arrive in. ``on_batch`` hears the inputs done
+    after each batch (progress displays).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -70,6 +72,8 @@ def run_batches(
     with statistics(model, current_statistics), torch.no_grad():
         for i in range(0, len(xt), batch):
             out.append(fn(xt[i : i + batch].to(dev, non_blocking=True)).float().cpu())
+            if on_batch is not None:
+                on_batch(min(i + batch, len(xt)))
     if not out:
         raise ValueError("no inputs")
     return torch.cat(out)
@@ -81,9 +85,18 @@ def features(
     *,
     current_statistics: bool = False,
     batch: int = 1024,
+    on_batch: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
-    """Penultimate features (N, D) of (N, *input_shape) inputs, float32 on the CPU."""
-    return run_batches(model.features, model, x, current_statistics=current_statistics, batch=batch)
+    """Penultimate features (N, D) of (N, *input_shape) inputs, float32 on the CPU;
+    ``on_batch`` as in :func:`run_batches`."""
+    return run_batches(
+        model.features,
+        model,
+        x,
+        current_statistics=current_statistics,
+        batch=batch,
+        on_batch=on_batch,
+    )
 
 
 def logits(

@@ -282,22 +282,37 @@ class JobFeatures:
         return answered_rows(self.labels)
 
 
+def _after(on_read: Callable[[int, int], None], before: int, total: int) -> Callable[[int], None]:
+    """A job's batch progress (its queries done) as the jobs' (``before`` + that, of
+    ``total``)."""
+
+    def report(done: int) -> None:
+        on_read(min(before + done, total), total)
+
+    return report
+
+
 def job_features(
     store: JobStore,
     job_ids: list[str],
     body: Classifier,
     shape: tuple[int, ...],
     unanswered: bool = False,
+    on_read: Callable[[int, int], None] | None = None,
 ) -> JobFeatures:
     """Features and labels of the answered queries of the named jobs, and with
     ``unanswered`` of the others too (those the mechanism declined, and those the
-    budget never reached).
+    budget never reached). ``on_read`` hears (queries read, of how many) after each
+    batch: reading them through the body is most of a DIET student's training.
 
     Each job's queries are normalised round by round (``batch_size`` queries
     at a time) with their own BatchNorm statistics, as the hospitals
     normalised them when they voted.
     """
     xs, fs, ys = [], [], []
+    jobs = [j for j in (store.get(i) for i in job_ids) if j is not None]
+    total = sum(j.requested if unanswered else j.processed for j in jobs)
+    read = 0
     for job_id in job_ids:
         job = store.get(job_id)
         labels = store.labels(job_id)
@@ -308,7 +323,14 @@ def job_features(
             queries = queries[: len(labels)]
         pad = np.full((len(queries) - len(labels), *labels.shape[1:]), -1, dtype=np.int64)
         labels = np.concatenate([labels, pad])
-        f = features(body, queries, current_statistics=True, batch=job.batch_size)
+        f = features(
+            body,
+            queries,
+            current_statistics=True,
+            batch=job.batch_size,
+            on_batch=None if on_read is None else _after(on_read, read, total),
+        )
+        read += len(queries)
         keep = np.ones(len(labels), dtype=bool) if unanswered else answered_rows(labels)
         xs.append(queries[keep])
         fs.append(f[torch.from_numpy(keep)])
@@ -490,6 +512,7 @@ class ModelTrainer:
             model,
             self.task.input_shape,
             unanswered=options.semi_supervised != "none",
+            on_read=lambda done, total: self._report(done, total, "queries read"),
         )
         answered = jf.answered
         f, y = jf.features[torch.from_numpy(answered)], jf.labels[answered]

@@ -340,3 +340,36 @@ def test_training_reports_how_far_it_is_through_the_servicer(tmp_path: Path) -> 
     train(loop, [])
     assert heard == [(i, 5, "candidate fits") for i in range(1, 6)]
     assert [s[:3] for s in shown] == heard
+
+
+def test_a_diet_student_reports_the_queries_it_has_read(
+    parts: tuple[JobStore, TaskConfig, Teacher],
+) -> None:
+    """Most of a DIET student's training is reading the jobs' queries through the body:
+    it reports them round by round (the job's batch size), across every job."""
+    from services.student.training import TrainingProgress
+
+    store, task, body = parts
+    ids = []
+    for seed, n in ((0, 120), (1, 40)):
+        x, y = images(n, seed)
+        job = store.create("t", x, batch_size=40)
+        for i in range(n // 40):
+            store.record_batch(job.id, i, i + 1, y[40 * i : 40 * (i + 1)])
+        store.finish(job.id)
+        ids.append(job.id)
+    heard: list[tuple[int, int, str]] = []
+
+    def observe(model_id: str, now: TrainingProgress) -> None:
+        heard.append((now.done, now.total, now.unit))
+
+    trainer = ModelTrainer(
+        store, task, images(30, 2), body, reference=images(90, 4)[0], on_progress=observe
+    )
+    spec = store.create_model(ids, "pretrained", 10, 0, TrainingOptions().to_dict())
+    trainer.submit(spec.id)
+    wait(store, spec.id)
+    done = store.model(spec.id)
+    assert done is not None and done.state == "done", done
+    assert heard == [(k, 160, "queries read") for k in (40, 80, 120, 160)]
+    assert trainer.progress(spec.id) is None  # nothing is reported once it is done
