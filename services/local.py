@@ -590,9 +590,12 @@ class LocalConsortium:
         self.gateway_port = free_port()
         return self.serve_gateway("gateway", self.student_port, self.gateway_port, self.gateway_db)
 
-    def serve_gateway(self, name: str, student_port: int, port: int, db: str) -> Process:
+    def serve_gateway(
+        self, name: str, student_port: int, port: int, db: str, hospital: str = ""
+    ) -> Process:
         """Start a ``capc gateway serve`` named ``name`` on ``port`` over the student party
-        listening on ``student_port``, its tokens in ``db``; returns once its ``/healthz``
+        listening on ``student_port``, its tokens in ``db`` (``hospital``: a hospital's
+        own gateway, whose admin views show it alone); returns once its ``/healthz``
         answers 200 (it serves, and so do the student party and guardian behind it)."""
         proc = spawn(
             name,
@@ -612,6 +615,7 @@ class LocalConsortium:
             str(self.pki_dir),
             "--server-name",
             "localhost",
+            *(["--hospital", hospital] if hospital else []),
             ready=gateway_ready(f"https://127.0.0.1:{port}", self.ca),
         )
         self.procs.append(proc)

@@ -440,7 +440,8 @@ def report(
             "records (capcctl loop run checks this before it spends)"
         )
         print(
-            f"# its admin token (budget, ledger, audit; the dashboard at {loop['dashboard']}): "
+            f"# its admin token, an admin's of {loop['hospital']} alone (its budget, ledger, "
+            f"loop and the audit log; the dashboard at {loop['dashboard']}): "
             f"CAPC_TOKEN={loop['admin_token']}"
         )
         print(loop["export"])
@@ -536,7 +537,8 @@ def start_loop(c: LocalConsortium, plan: LoopPlan) -> LoopAccess:
     student_port = c.start_querier(plan.hospital, plan.own, plan.test, exclude_self=True)
     note(f"{plan.querier} serving jobs ({len(plan.own[1])} own labelled records)")
     port, db = free_port(), str(c.directory / f"{plan.querier}-gateway.db")
-    c.serve_gateway(f"{plan.querier}-gateway", student_port, port, db)
+    # Its admin token is an admin's of this hospital alone, not of the consortium.
+    c.serve_gateway(f"{plan.querier}-gateway", student_port, port, db, hospital=plan.name)
     store = TokenStore(db)
     # The loop reveals its own records to the answerers, which needs the admin role.
     token = store.create("admin", f"{plan.name}-loop", TOKEN_DAYS)[0]

@@ -31,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     serve.add_argument("--db", default=DEFAULT_DB, help="token database: SQLite path or URL")
     serve.add_argument("--name", default="gateway", help="this gateway's certificate name")
     serve.add_argument(
+        "--hospital",
+        default="",
+        help="a hospital's own gateway, over its CaPC loop's student party: its admin "
+        "views (budget, parties, ledger, loops, privacy audits) show this hospital alone",
+    )
+    serve.add_argument(
         "--max-upload-mb",
         type=float,
         default=MAX_UPLOAD_BYTES / 2**20,

@@ -67,6 +67,9 @@ class Backends:
     server_name: str | None = None
     task: str = ""
     timeout: float = 30.0
+    #: A hospital's own gateway (over its CaPC loop's student party): the hospital whose
+    #: admin view it gives ("" for the consortium's gateway: every party's).
+    hospital: str = ""
 
     def __post_init__(self) -> None:
         # Each address must lead to the role the gateway means to reach there.

@@ -108,7 +108,12 @@ def run_serve(args: argparse.Namespace) -> int:
     if https is None:
         log.warning(INSECURE_HTTP_WARNING)
     backends = Backends(
-        args.student, args.guardian, files, server_name=args.server_name, task=args.task
+        args.student,
+        args.guardian,
+        files,
+        server_name=args.server_name,
+        task=args.task,
+        hospital=args.hospital,
     )
     app = create_app(
         backends,

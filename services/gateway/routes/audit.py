@@ -14,6 +14,7 @@ from services.common.protocol import WHO_MAY_RECORD
 from services.gateway import schemas
 from services.gateway.deps import ERRORS, NAME, Admin, Backend
 from services.gateway.replies import fields, privacy_audit_out
+from services.gateway.scope import own_party
 from services.proto.capc.v1 import guardian_pb2
 
 router = APIRouter()
@@ -26,6 +27,8 @@ def audit(
     limit: Annotated[int, Query(ge=1, le=MAX_LIST_PAGE)] = DEFAULT_LIST_PAGE,
     offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
 ) -> schemas.AuditPage:
+    # Whole on a hospital's own gateway too: one hash chain, verified from its start
+    # (services.gateway.scope).
     reply = backends.guardian_call(
         backends.hub.ListAudit,
         guardian_pb2.ListAuditRequest(header=backends.header, limit=limit, offset=offset),
@@ -62,7 +65,7 @@ def privacy_audits(
     reply = backends.guardian_call(
         backends.hub.ListPrivacyAudits,
         guardian_pb2.ListPrivacyAuditsRequest(
-            header=backends.header, party=party or "", limit=limit
+            header=backends.header, party=own_party(backends, party) or "", limit=limit
         ),
     )
     return schemas.PrivacyAuditList(audits=[privacy_audit_out(a) for a in reply.audits])

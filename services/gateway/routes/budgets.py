@@ -11,6 +11,7 @@ from services.common.limits import DEFAULT_LIST_PAGE, MAX_LIST_PAGE
 from services.gateway import schemas
 from services.gateway.deps import ERRORS, NAME, Admin, Backend
 from services.gateway.replies import fields, party_out
+from services.gateway.scope import own_party, shown
 from services.proto.capc.v1 import guardian_pb2
 
 router = APIRouter()
@@ -19,8 +20,11 @@ router = APIRouter()
 @router.get("/v1/admin/parties", response_model=schemas.PartyList, responses=ERRORS, tags=["admin"])
 def parties(_: Admin, backends: Backend) -> schemas.PartyList:
     reply = backends.list_parties()
+    mine = shown(backends, reply)
     return schemas.PartyList(
-        parties=[party_out(p, reply.delta) for p in reply.parties],
+        parties=[
+            party_out(p, reply.delta) for p in reply.parties if mine is None or p.name in mine
+        ],
         delta=reply.delta,
         accounting=reply.accounting,
     )
@@ -31,6 +35,7 @@ def parties(_: Admin, backends: Backend) -> schemas.PartyList:
 )
 def budgets(_: Admin, backends: Backend) -> schemas.BudgetList:
     reply = backends.list_parties()
+    mine = shown(backends, reply)
     return schemas.BudgetList(
         task=backends.task,
         delta=reply.delta,
@@ -43,7 +48,7 @@ def budgets(_: Admin, backends: Backend) -> schemas.BudgetList:
                 accounting=reply.accounting,
             )
             for p in reply.parties
-            if p.role == "answerer"
+            if p.role == "answerer" and (mine is None or p.name in mine)
         ],
     )
 
@@ -64,7 +69,9 @@ def history(
     reply = backends.guardian_call(
         backends.hub.BudgetHistory,
         guardian_pb2.BudgetHistoryRequest(
-            header=backends.header, party=party or "", max_points=max_points
+            header=backends.header,
+            party=own_party(backends, party) or "",
+            max_points=max_points,
         ),
     )
     return schemas.History(
@@ -91,7 +98,7 @@ def ledger(
         backends.hub.ListLedger,
         guardian_pb2.ListLedgerRequest(
             header=backends.header,
-            party=party or "",
+            party=own_party(backends, party) or "",
             round_id=round_id or 0,
             limit=limit,
             offset=offset,

@@ -78,7 +78,11 @@ def loop(_: Analyst, backends: Backend) -> schemas.LoopOut:
     summary="Every CaPC loop the guardian bound: its hospital and what it cost the others",
 )
 def loops(_: Admin, backends: Backend) -> schemas.LoopList:
-    return schemas.LoopList(loops=loop_spends(backends))
+    # A hospital's own gateway shows its own loop; the consortium's, every one.
+    mine = backends.hospital
+    return schemas.LoopList(
+        loops=[x for x in loop_spends(backends) if not mine or x.hospital == mine]
+    )
 
 
 def loop_spends(backends: Backends) -> list[schemas.LoopSpend]:
