@@ -118,6 +118,11 @@ def test_the_quick_start_runs_as_written(tmp_path: Path) -> None:
                 assert done.returncode == 0, done.stdout + done.stderr
                 report = json.loads(done.stdout)
                 assert report["accuracy_before"] is not None
+                # A fair "before": the best of the default model and logistic
+                # regressions on the own records alone, and the report names it.
+                before = report["before"]["metrics"]
+                assert before["before_model"] in before["before_choice"], before
+                assert any(k.startswith("logistic regression") for k in before["before_choice"])
                 assert report["accuracy_after"] is not None
                 assert report["labels_bought"] > 0 and report["records_revealed"] > 0
             else:
