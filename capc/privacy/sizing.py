@@ -194,13 +194,18 @@ def plan_gnmax(
 
 
 def recheck(
-    mechanism: dict[str, object], classes: int, quorum: int, teachers: list[int]
+    mechanism: dict[str, object],
+    classes: int,
+    quorum: int,
+    teachers: list[int],
+    names: list[str] | None = None,
 ) -> list[str]:
     """Warnings for a GNMax task run with ``teachers`` (each hospital's count, as they
     register) rather than the counts it was planned for: whether the smallest round the
     quorum allows still leaves labels better than noise, and whether a hospital carries
     far less of the vote than it pays for (every hospital pays the same epsilon a query
-    whatever its number of teachers). [] for another mechanism or when all is well."""
+    whatever its number of teachers). ``names``: the hospitals' (default hospital-0,
+    hospital-1, ...). [] for another mechanism or when all is well."""
     if mechanism.get("name") != "gnmax" or not teachers:
         return []
     sigma = float(str(mechanism["sigma"]))
@@ -218,9 +223,10 @@ def recheck(
     total = sum(teachers)
     small = [i for i, t in enumerate(teachers) if t * len(teachers) * 10 < total]
     if small:
-        names = ", ".join(f"hospital-{i} ({teachers[i]} of {total} votes)" for i in small)
+        called = names or [f"hospital-{i}" for i in range(len(teachers))]
+        which = ", ".join(f"{called[i]} ({teachers[i]} of {total} votes)" for i in small)
         out.append(
-            f"{names} carries under a tenth of an equal share of the vote but pays the same "
+            f"{which} carries under a tenth of an equal share of the vote but pays the same "
             "epsilon a query as every hospital: bring more teachers (disjoint parts of its "
             f"records) or one DP-trained teacher per hospital ({DP_TEACHER_COMMAND})"
         )

@@ -345,21 +345,25 @@ def own_ledger_text(own: PartyLedger, guardian_spent: float) -> str:
 
 def cmd_budget(client: Client, args: argparse.Namespace) -> int:
     b = client.budgets()
-    lines = [
-        f"task {b.task}, ledger delta {b.delta:g}: {b.accounting}",
-        "each party's guarantee is (eps, ledger delta with the noise cut-off + R 2^-40), R "
-        "the rounds it was asked to vote in (the validity proofs' ring conversion fails at "
-        "most 2^-40 a round; a noise value beyond 9 sigma fails its round, (delta + e^eps p) "
-        "/ (1 - p) for that chance p)",
-    ] + [
-        f"{x.party:16} eps {x.epsilon_spent:10.4f} of {x.epsilon_cap:<10g} remaining {x.epsilon_remaining:10.4f}"
-        f"  order {x.best_order:g}"
-        + f"  guarantee {guarantee(x.epsilon_spent, x.delta, x.rounds_asked, x.full_delta)}"
-        + ("" if x.queries_left is None else f"  ~{x.queries_left} queries left")
-        + f"  own ledger: {own_ledger_text(x.own_ledger, x.epsilon_spent)}"
-        + "".join(charges(x.trainings, x.rounds_epsilon))
-        for x in b.budgets
-    ]
+    lines = (
+        [
+            f"task {b.task}, ledger delta {b.delta:g}: {b.accounting}",
+            "each party's guarantee is (eps, ledger delta with the noise cut-off + R 2^-40), R "
+            "the rounds it was asked to vote in (the validity proofs' ring conversion fails at "
+            "most 2^-40 a round; a noise value beyond 9 sigma fails its round, (delta + e^eps p) "
+            "/ (1 - p) for that chance p)",
+        ]
+        + [
+            f"{x.party:16} eps {x.epsilon_spent:10.4f} of {x.epsilon_cap:<10g} remaining {x.epsilon_remaining:10.4f}"
+            f"  order {x.best_order:g}"
+            + f"  guarantee {guarantee(x.epsilon_spent, x.delta, x.rounds_asked, x.full_delta)}"
+            + ("" if x.queries_left is None else f"  ~{x.queries_left} queries left")
+            + f"  own ledger: {own_ledger_text(x.own_ledger, x.epsilon_spent)}"
+            + "".join(charges(x.trainings, x.rounds_epsilon))
+            for x in b.budgets
+        ]
+        + [f"warning: {w}" for w in b.plan_warnings]
+    )
     _print(args, b, lines)
     return 1 if any(x.own_ledger.state == "diverged" for x in b.budgets) else 0
 

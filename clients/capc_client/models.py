@@ -173,6 +173,8 @@ class BudgetList(_Model):
     delta: float
     accounting: str
     budgets: list[Budget]
+    #: The task re-checked against the teacher counts the connected hospitals registered.
+    plan_warnings: list[str] = []
 
 
 class HistoryPoint(_Model):

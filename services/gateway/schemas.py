@@ -345,10 +345,19 @@ class PartyOut(BaseModel):
     dp_trained: bool = Field(False, description="its connected stream attested DP-trained teachers")
 
 
+#: plan_warnings' description, in the party and budget lists alike.
+PLAN_WARNINGS = (
+    "the task re-checked against the teacher counts the connected hospitals registered: "
+    "rounds of the quorum that would label mostly noise, a hospital with a tiny share of "
+    "the vote for the same epsilon ([] when all is well)"
+)
+
+
 class PartyList(BaseModel):
     parties: list[PartyOut]
     delta: float
     accounting: str
+    plan_warnings: list[str] = Field(default_factory=list, description=PLAN_WARNINGS)
 
 
 class BudgetOut(BaseModel):
@@ -393,6 +402,7 @@ class BudgetList(BaseModel):
     delta: float
     accounting: str
     budgets: list[BudgetOut]
+    plan_warnings: list[str] = Field(default_factory=list, description=PLAN_WARNINGS)
 
 
 class HistoryPoint(BaseModel):

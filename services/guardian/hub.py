@@ -26,6 +26,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
+from capc.privacy.sizing import recheck
 from capc.round.training import TrainingCharge
 from services.common import protocol, serde, tls
 from services.common.ledger import (
@@ -119,14 +120,26 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         check_header(request.header, context)
         projections: dict[str, tuple[float, float, int]] = {}
         quorum = 0
+        warnings: list[str] = []
+        online = self.engine.teachers()
         if request.header.task:
             try:
                 projections = self._projections(request.header.task)
                 config, digest = self.ledger.task(request.header.task)
-                quorum = TaskConfig.parse(request.header.task, config, digest).quorum
+                task = TaskConfig.parse(request.header.task, config, digest)
+                quorum = task.quorum
+                # The task was planned for some teacher counts; those that registered
+                # (a hospital bringing one model of its own) are re-checked at each read.
+                names = sorted(online)
+                warnings = recheck(
+                    task.mechanism.to_config(),
+                    task.outputs,
+                    quorum,
+                    [online[n] for n in names],
+                    names,
+                )
             except (UnknownTaskError, TaskError) as err:
                 context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        online = self.engine.teachers()
         trained = self.engine.links.trained()
         trainings: dict[str, list[TrainingCharge]] = {}
         for t in self.ledger.trainings():
@@ -149,6 +162,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             delta=self.ledger.delta,
             accounting=f"{self.ledger.accounting.summary}, data-independent charges",
             quorum=quorum,
+            plan_warnings=warnings,
         )
         reply.bound_queriers.update(bound_queriers(self.ledger))
         if request.querier:

@@ -27,6 +27,7 @@ def parties(_: Admin, backends: Backend) -> schemas.PartyList:
         ],
         delta=reply.delta,
         accounting=reply.accounting,
+        plan_warnings=list(reply.plan_warnings),
     )
 
 
@@ -50,6 +51,7 @@ def budgets(_: Admin, backends: Backend) -> schemas.BudgetList:
             for p in reply.parties
             if p.role == "answerer" and (mine is None or p.name in mine)
         ],
+        plan_warnings=list(reply.plan_warnings),
     )
 
 

@@ -440,7 +440,7 @@ class ListPartiesRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., querier: _Optional[str] = ...) -> None: ...
 
 class ListPartiesReply(_message.Message):
-    __slots__ = ("parties", "delta", "accounting", "querier_epsilon", "querier_hospital", "bound_queriers", "quorum")
+    __slots__ = ("parties", "delta", "accounting", "querier_epsilon", "querier_hospital", "bound_queriers", "quorum", "plan_warnings")
     class QuerierEpsilonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -462,6 +462,7 @@ class ListPartiesReply(_message.Message):
     QUERIER_HOSPITAL_FIELD_NUMBER: _ClassVar[int]
     BOUND_QUERIERS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_FIELD_NUMBER: _ClassVar[int]
+    PLAN_WARNINGS_FIELD_NUMBER: _ClassVar[int]
     parties: _containers.RepeatedCompositeFieldContainer[PartyStatus]
     delta: float
     accounting: str
@@ -469,7 +470,8 @@ class ListPartiesReply(_message.Message):
     querier_hospital: str
     bound_queriers: _containers.ScalarMap[str, str]
     quorum: int
-    def __init__(self, parties: _Optional[_Iterable[_Union[PartyStatus, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., querier_epsilon: _Optional[_Mapping[str, float]] = ..., querier_hospital: _Optional[str] = ..., bound_queriers: _Optional[_Mapping[str, str]] = ..., quorum: _Optional[int] = ...) -> None: ...
+    plan_warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, parties: _Optional[_Iterable[_Union[PartyStatus, _Mapping]]] = ..., delta: _Optional[float] = ..., accounting: _Optional[str] = ..., querier_epsilon: _Optional[_Mapping[str, float]] = ..., querier_hospital: _Optional[str] = ..., bound_queriers: _Optional[_Mapping[str, str]] = ..., quorum: _Optional[int] = ..., plan_warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("round_id", "party", "kind", "mechanism", "round_state", "task", "queries", "epsilon_alone", "at")
