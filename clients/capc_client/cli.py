@@ -134,6 +134,13 @@ def _training(what: str) -> Any:
 def _watch(client: Client, args: argparse.Namespace, job_id: str) -> int:
     job = client.wait(job_id, on_progress=None if _quiet(args) else JobProgress())
     _print(args, job, [_job_line(job)])
+    if job.state != "done" and job.answered:
+        # A job stopped part way (its caps spent, --allow-partial) keeps what it bought.
+        print(
+            f"capcctl: its {job.answered} answered labels stay usable: "
+            f"capcctl models train {job.id} --wait",
+            file=sys.stderr,
+        )
     return 0 if job.state == "done" else 1
 
 

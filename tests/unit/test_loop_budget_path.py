@@ -201,3 +201,61 @@ def test_the_loop_display_says_which_model_before_is() -> None:
     loop = _loop({}).model_copy(update={"before": model, "accuracy_before": 0.833})
     lines = capcctl._loop_lines(loop)
     assert any(line.startswith("before: logistic regression") for line in lines)
+
+
+def test_a_job_stopped_part_way_says_its_labels_stay_usable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """capcctl jobs submit --allow-partial --wait (or watch): a job the caps stopped part
+    way names the command that trains on what it bought; one that bought nothing does not."""
+    from capc_client.models import Job
+
+    def job(answered: int) -> Job:
+        return Job.model_validate(
+            {
+                "id": "j1",
+                "state": "failed",
+                "requested": 100,
+                "processed": answered,
+                "answered": answered,
+                "rounds": 1,
+                "task": "images",
+                "source": "recipe",
+                "progress": answered / 100,
+                "error": "RESOURCE_EXHAUSTED: too few parties can afford the round",
+                "created_at": "2026-01-01T00:00:00Z",
+            }
+        )
+
+    class Gateway:
+        def __init__(self, answered: int) -> None:
+            self.answered = answered
+
+        def wait(self, job_id: str, on_progress: Any = None) -> Job:
+            return job(self.answered)
+
+    args = argparse.Namespace(json=False, quiet=True)
+    assert capcctl._watch(Gateway(40), args, "j1") == 1  # type: ignore[arg-type]
+    assert "its 40 answered labels stay usable: capcctl models train j1 --wait" in (
+        capsys.readouterr().err
+    )
+    assert capcctl._watch(Gateway(0), args, "j1") == 1  # type: ignore[arg-type]
+    assert "models train" not in capsys.readouterr().err
+
+
+def test_capcctl_budget_shows_the_guardians_plan_warnings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    class Gateway:
+        def budgets(self) -> BudgetList:
+            return BudgetList(
+                task="images",
+                delta=1e-5,
+                accounting="gdp",
+                budgets=[],
+                plan_warnings=["hospital-c (1 of 81 votes) carries under a tenth"],
+            )
+
+    args = argparse.Namespace(json=False)
+    assert capcctl.cmd_budget(Gateway(), args) == 0  # type: ignore[arg-type]
+    assert "warning: hospital-c (1 of 81 votes) carries under a tenth" in capsys.readouterr().out
