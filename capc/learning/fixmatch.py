@@ -126,12 +126,14 @@ def train_fixmatch(
     x_unlabelled: NDArray[np.float32],
     config: FixMatchConfig = FixMatchConfig(),
     log: Callable[[str], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> FixMatchStats:
     """Train ``model`` in place by FixMatch on (N, C, H, W) images in [0, 1].
 
     ``y_labelled``: (N,) classes or (N, K) soft labels. ``x_unlabelled`` (M, C,
     H, W) may include the labelled images (in label-DP every training image is
-    unlabelled data as well). The model ends in evaluation mode.
+    unlabelled data as well). The model ends in evaluation mode. ``on_step`` hears the
+    steps done after each one (progress displays).
     """
     if len(x_labelled) == 0 or len(x_labelled) != len(y_labelled):
         raise ValueError(
@@ -178,6 +180,8 @@ def train_fixmatch(
             schedule.step()
             losses.append(float(loss.detach()))
             rates.append(float(rate))
+            if on_step is not None:
+                on_step(step + 1)
             if log is not None and (step % 100 == 0 or step == config.steps - 1):
                 log(
                     f"fixmatch step {step + 1}/{config.steps}: loss {losses[-1]:.3f}, "

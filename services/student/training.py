@@ -736,7 +736,14 @@ class ModelTrainer:
         config = replace(config, steps=epochs * max(per_epoch, FIXMATCH_MIN_STEPS_PER_EPOCH))
         torch.manual_seed(seed)
         model = build(architecture, self.task.input_shape, self.task.outputs)
-        stats = fixmatch.train_fixmatch(model, x, y, pool, config)
+        stats = fixmatch.train_fixmatch(
+            model,
+            x,
+            y,
+            pool,
+            config,
+            on_step=lambda done: self._report(done, config.steps, "steps"),
+        )
         metrics: dict[str, object] = {
             "train_accuracy": accuracy(model, x, y),
             "unlabelled_examples": len(pool) - len(x),

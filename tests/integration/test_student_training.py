@@ -373,3 +373,29 @@ def test_a_diet_student_reports_the_queries_it_has_read(
     assert done is not None and done.state == "done", done
     assert heard == [(k, 160, "queries read") for k in (40, 80, 120, 160)]
     assert trainer.progress(spec.id) is None  # nothing is reported once it is done
+
+
+def test_a_fixmatch_student_reports_its_steps(tmp_path: Path) -> None:
+    from services.student.training import TrainingProgress
+
+    store = JobStore(str(tmp_path / "student.db"))
+    task = TaskConfig.parse("t", TASK, config_hash(TASK))
+    x, y = images(40, 0)
+    job = store.create("t", x, batch_size=40)
+    store.record_batch(job.id, 0, 1, y)
+    store.finish(job.id)
+    heard: list[tuple[int, int, str]] = []
+
+    def observe(model_id: str, now: TrainingProgress) -> None:
+        heard.append((now.done, now.total, now.unit))
+
+    trainer = ModelTrainer(store, task, images(30, 2), None, on_progress=observe)
+    options = TrainingOptions(semi_supervised="fixmatch")
+    trainer.check([job.id], "small-cnn", 1, options)
+    spec = store.create_model([job.id], "small-cnn", 1, 0, options.to_dict())
+    trainer.submit(spec.id)
+    wait(store, spec.id)
+    done = store.model(spec.id)
+    assert done is not None and done.state == "done", done
+    steps = heard[-1][1]
+    assert steps >= 20 and heard == [(k, steps, "steps") for k in range(1, steps + 1)]
