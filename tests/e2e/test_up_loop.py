@@ -168,8 +168,20 @@ def run_printed_loop(lines: list[str], records: Path, own: int, unlabelled: int)
 def test_up_prints_the_loop_block(running: tuple[Up, list[str], Path]) -> None:
     _, lines, _ = running
     assert lines[-4].startswith(f"# {HOSPITAL}'s CaPC loop: its own gateway; the other ")
-    assert lines[-3].startswith("# its admin token (") and "CAPC_TOKEN=capc_" in lines[-3]
+    assert lines[-3].startswith(f"# its admin token, an admin's of {HOSPITAL} alone (")
+    assert "CAPC_TOKEN=capc_" in lines[-3]
     env = environment(lines[-2])
+    # That token's admin view is hospital-0's alone, not the consortium's.
+    admin = {**env, "CAPC_TOKEN": lines[-3].rsplit("CAPC_TOKEN=", 1)[1]}
+    budget = subprocess.run(
+        [sys.executable, "-m", "capc_client.cli", "budget", "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **admin, "PYTHONPATH": str(ROOT / "clients")},
+        timeout=120,
+    )
+    assert budget.returncode == 0, budget.stderr
+    assert [b["party"] for b in json.loads(budget.stdout)["budgets"]] == [HOSPITAL]
     assert set(env) == {"CAPC_URL", "CAPC_TOKEN", "CAPC_CA"}
     assert env["CAPC_URL"].startswith("https://127.0.0.1:") and Path(env["CAPC_CA"]).is_file()
     assert lines[-1] == (
