@@ -35,6 +35,8 @@ from __future__ import annotations
 import json
 import logging
 
+from capc.round.errors import LedgerRefusedError
+
 # Re-exported: a refusal is the party role's own.
 from capc.round.errors import VoteRefusedError as VoteRefusedError
 from capc.round.ledger import KeptSetting
@@ -43,7 +45,7 @@ from capc.round.party import PartyCore
 from capc.round.training import Attestation, TrainingCharge
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common import serde
-from services.common.ledger import Ledger, LedgerError
+from services.common.ledger import Ledger
 from services.common.ledger.audit import AuditHead, head_signed
 from services.common.protocol import RequestError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -57,7 +59,7 @@ GUARDIAN_HEAD = "guardian_head"
 MAX_ASKED = 256
 
 
-class CapRaiseError(LedgerError):
+class CapRaiseError(LedgerRefusedError):
     """A hospital raised its own cap without saying why; the message says how."""
 
 
@@ -155,7 +157,7 @@ class OwnBudget:
             if len(bytes.fromhex(key)) != 32:
                 raise ValueError
         except ValueError:
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"a guardian audit key is 32 bytes in hex (64 characters), got {key!r}"
             ) from None
         self.ledger.keep_setting(

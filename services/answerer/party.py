@@ -38,13 +38,12 @@ from capc.data.schema import RecordSchema
 from capc.models import Teacher
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
-from capc.round.errors import VoteRefusedError
+from capc.round.errors import LedgerRefusedError, VoteRefusedError
 from capc.round.messages import PartyShares, RoundWork
 from services.answerer.budget import OwnBudget
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
-from services.common.ledger import LedgerError
 from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.relay import RelayChannel
 from services.common.task import TaskConfig, config_hash
@@ -100,7 +99,7 @@ class Beat:
                     ),
                 )
             )
-        except (LedgerError, SQLAlchemyError) as err:
+        except (LedgerRefusedError, SQLAlchemyError) as err:
             self.report_due.set()
             log.error("%s could not read or write its own ledger: %s", self.name, err)
 
@@ -326,7 +325,7 @@ class AnsweringParty:
         their rounds stay reserved (an over-count the guardian settles again)."""
         try:
             self.budget.flush()
-        except (LedgerError, SQLAlchemyError) as err:
+        except (LedgerRefusedError, SQLAlchemyError) as err:
             log.error("%s could not write its settlements: %s", self.name, err)
 
     def _answer(

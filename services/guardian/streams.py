@@ -33,17 +33,15 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
 
+from capc.round.errors import (
+    LimitError,
+    RoundInputError,
+    TeacherCountError,
+    UnknownPartyError,
+)
 from capc.round.training import TrainingRefusedError
 from services.common import protocol, serde, tls
 from services.common.buffers import BoundedBuffer
-from services.common.ledger import (
-    DuplicateRoundError,
-    LedgerError,
-    QuorumError,
-    TeacherCountError,
-    UnknownPartyError,
-    UnknownTaskError,
-)
 from services.common.limits import (
     DUPLICATE_AUDIT_EVERY_S,
     MAX_SETTLE,
@@ -52,15 +50,10 @@ from services.common.limits import (
 )
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError
-from services.common.task import TaskError
 from services.guardian import budgets
-from services.guardian.rounds import (
-    DuplicateLinkError,
-    LimitError,
-    PartyLink,
-    RoundInputError,
-    RoundRefusedError,
-)
+from services.guardian.links import PartyLink
+from services.guardian.round_errors import DuplicateLinkError
+from services.guardian.status import REFUSALS, status_of
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 
 if TYPE_CHECKING:
@@ -464,14 +457,8 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 )
                 raise
             return await self._run(self.engine.finish_round, rnd)
-        except (RequestError, UnknownTaskError) as err:
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
-        except (QuorumError, LimitError) as err:
-            code, details = grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
-        except DuplicateRoundError as err:
-            code, details = grpc.StatusCode.ALREADY_EXISTS, str(err)
-        except (RoundRefusedError, LedgerError, TaskError) as err:
-            code, details = grpc.StatusCode.FAILED_PRECONDITION, str(err)
+        except REFUSALS as err:
+            code, details = status_of(err), str(err)
         await context.abort(code, details)
         raise AssertionError("unreachable")
 

@@ -23,11 +23,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import event
 
 from capc.mechanisms.registry import from_config
+from capc.round.ledger import RoundState
 from services.answerer.budget import GUARDIAN_HEAD, GUARDIAN_KEY, OwnBudget, VoteRefusedError
 from services.common import pki, serde, tls
 from services.common.ledger import Ledger
 from services.common.ledger.audit import public_hex, sign_head
-from services.common.ledger.models import RoundState
 from services.common.protocol import PROTOCOL_VERSION, RequestError
 from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
