@@ -134,7 +134,7 @@ def test_both_ledgers_decide_every_round_alike(
                 sql.set_allowance(q, allowance, actor="op")
         for i, (sigma, quorum, querier) in enumerate(rounds):
             worst = {p: _cost(sigma) for p in CAPS}
-            outcomes = []
+            outcomes: list[tuple[object, dict[str, float]]] = []
             for ledger in (mem, sql):
                 try:
                     r = ledger.reserve(
@@ -196,16 +196,16 @@ def test_the_ledger_and_the_guardian_define_no_refusal_of_their_own() -> None:
 
 
 def test_every_core_refusal_maps_to_a_status_and_no_entry_is_shadowed() -> None:
-    refusals = [
-        cls
-        for _, cls in inspect.getmembers(core, inspect.isclass)
-        if issubclass(cls, core.RoundError) and cls is not core.RoundError
+    refusals: list[type[core.RoundError]] = [
+        member
+        for _, member in inspect.getmembers(core, inspect.isclass)
+        if issubclass(member, core.RoundError) and member is not core.RoundError
     ]
-    for cls in refusals:
-        if cls is core.VoteRefusedError:
+    for refusal in refusals:
+        if refusal is core.VoteRefusedError:
             continue  # a party's own refusal, reported in its stream, never an RPC status
-        assert issubclass(cls, REFUSALS), cls
-        assert status_of(cls.__new__(cls)) != grpc.StatusCode.UNKNOWN, cls
+        assert issubclass(refusal, REFUSALS), refusal
+        assert status_of(refusal.__new__(refusal)) != grpc.StatusCode.UNKNOWN, refusal
     # An entry after one of its bases would never be reached.
     for i, (cls, _) in enumerate(STATUS):
         for base, _ in STATUS[:i]:
