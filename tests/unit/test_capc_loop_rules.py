@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from capc.privacy.events import GaussianEvent
+from capc.round.errors import RoundRequestError
 from services.common.ledger import Ledger
-from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
 from services.gateway.replies import loop_out
 from services.guardian.loop import (
@@ -78,14 +78,14 @@ def test_a_bound_querier_always_leaves_its_hospital_out(ledger: Ledger) -> None:
 
 
 def test_a_claim_that_differs_from_the_binding_is_refused(ledger: Ledger) -> None:
-    with pytest.raises(RequestError, match="bound it to h0"):
+    with pytest.raises(RoundRequestError, match="bound it to h0"):
         loop_terms(ledger, "h0-querier", request("recipe", hospital="h1"), 2)
-    with pytest.raises(RequestError, match="--querier other=h1"):
+    with pytest.raises(RoundRequestError, match="--querier other=h1"):
         loop_terms(ledger, "other", request("recipe", hospital="h1"), 2)
 
 
 def test_clear_records_need_the_choice_and_are_disclosed(ledger: Ledger) -> None:
-    with pytest.raises(RequestError, match="reveal_records"):
+    with pytest.raises(RoundRequestError, match="reveal_records"):
         loop_terms(ledger, "h0-querier", request("tensor"), 2)
     terms = loop_terms(ledger, "h0-querier", request("tensor", reveal=True), 2)
     assert terms.disclosure == {"querier": "h0-querier", "hospital": "h0", "records": 2}
@@ -115,9 +115,9 @@ def test_a_new_consortium_refuses_clear_records_no_binding_covers(ledger: Ledger
     """The attack: a hospital's querier that claims no hospital. Before, its records went
     to every hospital in the clear, its own hospital voting, and nothing was audited."""
     assert keep_clear_policy(ledger, None, fresh=True, actor="test") == REFUSE
-    with pytest.raises(RequestError, match=r"no binding covers it.*--outside-querier h0-spy"):
+    with pytest.raises(RoundRequestError, match=r"no binding covers it.*--outside-querier h0-spy"):
         loop_terms(ledger, "h0-spy", request("tensor"), 2)
-    with pytest.raises(RequestError, match="no binding covers it"):
+    with pytest.raises(RoundRequestError, match="no binding covers it"):
         loop_terms(ledger, "h0-spy", request("tensor", reveal=True), 2)
     # Synthetic queries are no one's records.
     assert loop_terms(ledger, "h0-spy", request("recipe"), 2).disclosure is None
@@ -132,10 +132,10 @@ def test_a_new_consortium_refuses_clear_records_no_binding_covers(ledger: Ledger
         "records": 2,
         "outside": True,
     }
-    with pytest.raises(RequestError, match="outside the consortium"):
+    with pytest.raises(RoundRequestError, match="outside the consortium"):
         loop_terms(ledger, "student", request("recipe", hospital="h1"), 2)
     # The bound querier's rules are unchanged.
-    with pytest.raises(RequestError, match="reveal_records"):
+    with pytest.raises(RoundRequestError, match="reveal_records"):
         loop_terms(ledger, "h0-querier", request("tensor"), 2)
     policy = [e for e in ledger.audit_entries() if e.action == "clear_records_policy"]
     assert policy[0].detail["policy"] == "refuse"
@@ -149,7 +149,7 @@ def test_an_older_ledger_keeps_allowing_until_the_operator_says(ledger: Ledger) 
     # Kept: a later start without the option does not change it, an explicit one does.
     assert keep_clear_policy(ledger, None, fresh=True, actor="test") == ALLOW
     assert keep_clear_policy(ledger, REFUSE, fresh=False, actor="test") == REFUSE
-    with pytest.raises(RequestError, match="no binding covers it"):
+    with pytest.raises(RoundRequestError, match="no binding covers it"):
         loop_terms(ledger, "other", request("tensor"), 2)
 
 

@@ -85,15 +85,15 @@ def role_imports(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(), filename=str(path))
     out = []
     for node in ast.walk(tree):
-        names: list[str] = []
+        found: list[tuple[int, str]] = []
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found = [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        for name in names:
+            found = [(node.lineno, node.module)]
+        for line, name in found:
             parts = name.split(".")
             if parts[0] == "services" and len(parts) > 1 and parts[1] in ROLES:
-                out.append((node.lineno, parts[1]))
+                out.append((line, parts[1]))
     return out
 
 
