@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 
+from capc.round import trust
 from capc.round.errors import LedgerRefusedError
 
 # Re-exported: a refusal is the party role's own.
@@ -168,30 +169,17 @@ class OwnBudget:
     def welcome(self, registered: guardian_pb2.Registered) -> None:
         """Check the guardian's Registered: the same accounting, the same audit key as
         pinned before (pinned now on first contact), and its head."""
-        self.refusing = None
-        mine, theirs = self.ledger.accounting_json(), registered.accounting_json
-        if theirs != mine:
-            self.refusing = (
-                f"the guardian accounts with {theirs or 'an unstated accountant'}, this party's "
-                f"ledger with {mine}: their spends cannot be compared. Start this party with a "
-                "new --ledger and the guardian's --accountant and --delta"
-            )
         key = registered.audit_public_key.hex()
-        pinned = self.ledger.setting(GUARDIAN_KEY)
-        if not key:
-            self.refusing = self.refusing or (
-                "the guardian signs no audit heads; this party votes only for a guardian "
-                "whose audit log it can check"
-            )
-        elif pinned is None:
+        verdict = trust.welcome(
+            self.ledger.accounting_json(),
+            registered.accounting_json,
+            key,
+            self.ledger.setting(GUARDIAN_KEY),
+        )
+        self.refusing = verdict.refusing
+        if verdict.pin:
             self._pin(key, "first contact over mutual TLS")
             log.info("%s pinned the guardian's audit key %s", self.name, key)
-        elif pinned != key:
-            self.refusing = (
-                f"the guardian's audit key changed from {pinned} to {key}: its earlier heads "
-                "could no longer be checked. If the consortium rotated the key, restart this "
-                f"party with --guardian-audit-key {key}"
-            )
         if self.refusing is None:
             self.keep_head(registered.head, 0)
         else:
@@ -259,9 +247,7 @@ class OwnBudget:
             )
             return None
         before = self._newest_head()
-        if before is not None and (
-            head.seq < before.seq or (head.seq == before.seq and head.hash != before.hash)
-        ):
+        if before is not None and trust.goes_back((before.seq, before.hash), (head.seq, head.hash)):
             log.error(
                 "the guardian's audit log went back from entry %d to %d, or was rewritten: "
                 "run `capc audit verify`",
