@@ -27,7 +27,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -244,42 +244,56 @@ class AnsweringParty:
                     return
 
         threading.Thread(target=watch, daemon=True).start()
+
+        def registered(msg: guardian_pb2.HubMessage) -> None:
+            log.info(
+                "%s connected to the guardian (cap %.3g eps)",
+                self.name,
+                msg.registered.epsilon_cap,
+            )
+            self.budget.welcome(msg.registered)
+            beat.report()
+            self.connected.set()
+            threading.Thread(target=beating, daemon=True).start()
+
+        def work(msg: guardian_pb2.HubMessage) -> None:
+            self._pool_for(msg.work).submit(self._answer, msg.work, msg.header, outgoing)
+
+        def settled(msg: guardian_pb2.HubMessage) -> None:
+            if self.budget.settle(msg.settled):
+                beat.report_due.set()
+
+        def relay(msg: guardian_pb2.HubMessage) -> None:
+            channel_of = self._relays.get(msg.relay.round_id)
+            if channel_of is None:
+                log.warning(
+                    "a relayed frame for round %d, which is not open here", msg.relay.round_id
+                )
+                return
+            channel_of.feed(bytes(msg.relay.payload))
+
+        def cancelled(msg: guardian_pb2.HubMessage) -> None:
+            log.warning(
+                "guardian cancelled round %d: %s", msg.cancelled.round_id, msg.cancelled.reason
+            )
+            stale = self._relays.get(msg.cancelled.round_id)
+            if stale is not None:
+                stale.feed(None)
+
+        # The guardian's message kind -> its handler (a kind this party does not know is
+        # ignored: a newer guardian may send more).
+        handlers: dict[str, Callable[[guardian_pb2.HubMessage], None]] = {
+            "registered": registered,
+            "work": work,
+            "settled": settled,
+            "relay": relay,
+            "cancelled": cancelled,
+        }
         try:
             for msg in responses:
-                kind = msg.WhichOneof("body")
-                if kind == "registered":
-                    log.info(
-                        "%s connected to the guardian (cap %.3g eps)",
-                        self.name,
-                        msg.registered.epsilon_cap,
-                    )
-                    self.budget.welcome(msg.registered)
-                    beat.report()
-                    self.connected.set()
-                    threading.Thread(target=beating, daemon=True).start()
-                elif kind == "work":
-                    self._pool_for(msg.work).submit(self._answer, msg.work, msg.header, outgoing)
-                elif kind == "settled":
-                    if self.budget.settle(msg.settled):
-                        beat.report_due.set()
-                elif kind == "relay":
-                    relay = self._relays.get(msg.relay.round_id)
-                    if relay is None:
-                        log.warning(
-                            "a relayed frame for round %d, which is not open here",
-                            msg.relay.round_id,
-                        )
-                    else:
-                        relay.feed(bytes(msg.relay.payload))
-                elif kind == "cancelled":
-                    log.warning(
-                        "guardian cancelled round %d: %s",
-                        msg.cancelled.round_id,
-                        msg.cancelled.reason,
-                    )
-                    stale = self._relays.get(msg.cancelled.round_id)
-                    if stale is not None:
-                        stale.feed(None)
+                handler = handlers.get(msg.WhichOneof("body") or "")
+                if handler is not None:
+                    handler(msg)
         finally:
             ended.set()
             outgoing.close()
