@@ -22,18 +22,11 @@ from capc.round.errors import (
     RoundStateError,
     UnknownPartyError,
 )
-from capc.round.ledger import Held, Reservation, RoundRecord, RoundState
+from capc.round.ledger import Held, Reservation, RoundRecord, RoundState, round_up
 from capc.round.reservation import Standing, check_round, decide
 from capc.round.training import Attestation, TrainingCharge, refusal
 
 FloatArray = NDArray[np.float64]
-
-
-def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
-    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the
-    largest term: float error never shrinks a total. Exact zeros stay zero."""
-    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
-    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)
 
 
 @dataclass
@@ -60,7 +53,9 @@ class _Round:
 
 
 @dataclass(frozen=True)
-class AuditEntry:
+class AuditNote:
+    """One entry of the memory ledger's audit list (the SQL ledger chains and signs its own)."""
+
     actor: str
     action: str
     detail: Mapping[str, object]
@@ -78,7 +73,7 @@ class MemoryLedger:
         default_factory=lambda: accountants.make(accountants.DEFAULT_ACCOUNTANT)
     )
     delta: float = 1e-5
-    audit: list[AuditEntry] = field(default_factory=list)
+    audit: list[AuditNote] = field(default_factory=list)
     _parties: dict[str, _Party] = field(default_factory=dict)
     _rounds: dict[int, _Round] = field(default_factory=dict)
     # querier -> party -> loss its rounds hold; querier -> its allowance per party.
@@ -344,7 +339,7 @@ class MemoryLedger:
     def record(
         self, actor: str, action: str, detail: Mapping[str, object], note: str | None = None
     ) -> None:
-        self.audit.append(AuditEntry(actor, action, dict(detail), note))
+        self.audit.append(AuditNote(actor, action, dict(detail), note))
 
 
-__all__ = ["AuditEntry", "LedgerRefusedError", "MemoryLedger", "round_up"]
+__all__ = ["AuditNote", "LedgerRefusedError", "MemoryLedger"]

@@ -95,14 +95,14 @@ def decide(
             left = min(left, allowance - accounting.spent(held, delta).epsilon)
         excluded[p] = max(0.0, left)
     if len(included) < quorum:
-        message = refusal(
+        message = quorum_refusal(
             accounting, delta, len(included), names, quorum, queries, excluded, costs, standing
         )
         raise QuorumError(message, excluded)
     return Admission(tuple(included), excluded)
 
 
-def refusal(
+def quorum_refusal(
     accounting: Accounting,
     delta: float,
     included: int,
@@ -148,4 +148,4 @@ def refusal(
     )
 
 
-__all__ = ["Admission", "Standing", "check_round", "decide", "refusal"]
+__all__ = ["Admission", "Standing", "check_round", "decide", "quorum_refusal"]

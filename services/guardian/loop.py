@@ -27,8 +27,7 @@ ciphertexts are no records in the clear and need no binding.
 
 from __future__ import annotations
 
-from capc.round.loop import MAX_NAME, Binding, LoopAsk, LoopTerms
-from capc.round.loop import loop_terms as rule
+from capc.round.loop import MAX_NAME, Binding, LoopAsk, LoopTerms, loop_terms
 from services.common.ledger import Ledger
 from services.proto.capc.v1 import guardian_pb2
 
@@ -150,7 +149,7 @@ def bound_queriers(ledger: Ledger) -> dict[str, str]:
     return {str(key)[len(QUERIER_KEY) :]: str(value) for key, value in sorted(rows)}
 
 
-def loop_terms(
+def terms_for(
     ledger: Ledger, querier: str, request: guardian_pb2.OpenRoundRequest, batch: int
 ) -> LoopTerms:
     """The loop's terms for ``querier``'s round of ``batch`` queries
@@ -163,4 +162,4 @@ def loop_terms(
     refuse = clear_policy(ledger) == REFUSE if clear and held is None else True
     binding = Binding(None if outside else held, outside, refuse_unbound_clear=refuse)
     ask = LoopAsk(request.hospital, clear, request.reveal_records, request.revealed_by)
-    return rule(querier, binding, ask, batch)
+    return loop_terms(querier, binding, ask, batch)

@@ -38,10 +38,10 @@ from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, ROUND_TIMEOUT_S
 from services.common.protocol import RequestError, check_version
 from services.common.task import TaskConfig, TaskError, canonical_json
 from services.guardian import budgets
-from services.guardian.compute import Garbler
+from services.guardian.compute import GarbleQueue
 from services.guardian.ledger_port import SqlRoundLedger
 from services.guardian.links import SILENT_AFTER_S, Links, PartyLink, always_active
-from services.guardian.loop import loop_terms
+from services.guardian.loop import terms_for
 from services.guardian.notes import PartyNotes
 from services.guardian.relays import Relays
 from services.proto.capc.v1 import guardian_pb2
@@ -105,7 +105,7 @@ class RoundEngine:
         self.links = Links(silent_after)
         self.relays = Relays(self._lock, self.core, self.links)
         self._live: dict[int, LiveRound] = {}
-        self.garbler = Garbler(self)
+        self.garbler = GarbleQueue(self)
         #: The parties' reports and heartbeats, written together (services.guardian.notes).
         self.notes = PartyNotes(ledger)
 
@@ -240,7 +240,7 @@ class RoundEngine:
                 "encrypted queries travel over the Relay stream: open it (with the same "
                 "capc-session-id) before opening the round"
             )
-        loop = loop_terms(self.ledger, querier, request, queries.count)
+        loop = terms_for(self.ledger, querier, request, queries.count)
         req = serde.round_request_from_proto(
             request, querier, session_id, queries, loop.left_out, loop.disclosure
         )

@@ -108,7 +108,7 @@ class World:
         """The guardian's release and commit of round ``rid``; its settlement for the hospital."""
         self.guardian.release(rid)
         self.guardian.commit(rid, {NAME: MECH.event(answered)}, outcome=budgets.outcome(answered))
-        settled = budgets.settlement(self.guardian, NAME, rid)
+        settled = budgets.settlement_of(self.guardian, NAME, rid)
         assert settled is not None
         return settled
 
@@ -171,7 +171,7 @@ def test_a_party_that_dropped_out_is_told_it_was_not_charged(ledger_url: str) ->
         assert out["a"].settlement == guardian_pb2.SETTLEMENT_WORST_CASE
         # Told its worst case, b would charge itself for a vote nobody used.
         assert out["b"].settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED
-        alone = budgets.settlement(ledger, "b", res.round_id)
+        alone = budgets.settlement_of(ledger, "b", res.round_id)
         assert alone is not None and alone.settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED
     finally:
         ledger.close()
@@ -185,7 +185,7 @@ def test_a_party_that_dropped_out_reports_what_the_guardian_holds(world: World) 
     world.own.admit(work, header)
     world.guardian.release(rid)
     world.guardian.commit(rid, {"hospital-b": MECH.event(NONE_ANSWERED)})
-    settled = budgets.settlement(world.guardian, NAME, rid)
+    settled = budgets.settlement_of(world.guardian, NAME, rid)
     assert settled is not None and world.own.settle(settled)
     budgets.store_report(world.guardian, NAME, world.own.report())
     seen = budgets.compare(world.guardian, world.guardian.budget(NAME))

@@ -190,7 +190,7 @@ class Guardian:
         self.ledger.commit(
             res.round_id, {NAME: self.mech.event(answered)}, outcome=budgets.outcome(answered)
         )
-        settled = budgets.settlement(self.ledger, NAME, res.round_id)
+        settled = budgets.settlement_of(self.ledger, NAME, res.round_id)
         assert settled is not None
         return Round(
             res.round_id,

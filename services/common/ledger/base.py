@@ -243,11 +243,3 @@ def registered_cap(epsilon_cap: float, registered: float | None) -> float:
     """The cap a party's operator registered, from its row's enforced and registered caps."""
     # Every row has one since revision 0004 filled them; the column stays nullable.
     return epsilon_cap if registered is None else registered
-
-
-def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
-    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the largest
-    term, so float error never shrinks a total (it is of the order of an ulp of the largest
-    operand, not of the result); exact zeros stay zero."""
-    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
-    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)

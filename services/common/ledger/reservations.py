@@ -44,14 +44,13 @@ from capc.round.errors import (
     LedgerRefusedError,
     RoundStateError,
 )
-from capc.round.ledger import Reservation, RoundState
+from capc.round.ledger import Reservation, RoundState, round_up
 from capc.round.reservation import Standing, check_round, decide
 from services.common.ledger import chain
 from services.common.ledger.base import (
     FloatArray,
     LedgerBase,
     check_setting,
-    round_up,
     unknown_task,
 )
 from services.common.ledger.models import ChargeKind, utcnow
