@@ -26,7 +26,6 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.privacy.randomness import SecureRandom
-from capc.round.errors import UnknownTaskError
 from capc.round.training import TrainingCharge
 from services.common import protocol, serde, tls
 from services.common.ledger import Ledger
@@ -36,7 +35,7 @@ from services.common.limits import (
     ROUND_TIMEOUT_S,
 )
 from services.common.protocol import WHO_MAY_RECORD, RequestError, check_version
-from services.common.task import TaskConfig, TaskError
+from services.common.task import TaskConfig
 from services.guardian import budgets
 from services.guardian.loop import bound_queriers, hospital_of
 from services.guardian.notes import PartyNotes
@@ -114,8 +113,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         if request.header.task:
             try:
                 projections = self._projections(request.header.task)
-            except (UnknownTaskError, TaskError) as err:
-                context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+            except REFUSALS as err:
+                context.abort(status_of(err), str(err))
         online = self.engine.teachers()
         trained = self.engine.links.trained()
         trainings: dict[str, list[TrainingCharge]] = {}

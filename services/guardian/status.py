@@ -29,7 +29,9 @@ STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (RoundRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (LedgerValueError, grpc.StatusCode.INVALID_ARGUMENT),
-    (UnknownTaskError, grpc.StatusCode.NOT_FOUND),
+    # A request naming a task the guardian does not hold is a bad argument (its message
+    # lists the tasks there are), not a missing resource the caller could create.
+    (UnknownTaskError, grpc.StatusCode.INVALID_ARGUMENT),
     (UnknownPartyError, grpc.StatusCode.NOT_FOUND),
     (QuorumError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (LimitError, grpc.StatusCode.RESOURCE_EXHAUSTED),

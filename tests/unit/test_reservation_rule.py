@@ -217,7 +217,7 @@ def test_every_core_refusal_maps_to_a_status_and_no_entry_is_shadowed() -> None:
     [
         (core.QuorumError("x", {}), grpc.StatusCode.RESOURCE_EXHAUSTED),
         (core.DuplicateRoundError("x"), grpc.StatusCode.ALREADY_EXISTS),
-        (core.UnknownTaskError("x"), grpc.StatusCode.NOT_FOUND),
+        (core.UnknownTaskError("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (core.LedgerValueError("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (core.RoundInputError("x"), grpc.StatusCode.INVALID_ARGUMENT),
         (core.RoundStateError("x"), grpc.StatusCode.FAILED_PRECONDITION),

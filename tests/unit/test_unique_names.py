@@ -49,8 +49,9 @@ def definitions() -> dict[str, list[str]]:
             if path.name.endswith(("_pb2.py", "_pb2_grpc.py")) or "/migrations/" in rel:
                 continue
             for node in ast.parse(path.read_text()).body:
-                named = isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                if named and not node.name.startswith("_"):
+                if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                if not node.name.startswith("_"):
                     found[node.name].append(rel)
     return found
 
