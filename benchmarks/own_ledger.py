@@ -96,7 +96,7 @@ def run(
         guardian.commit(
             res.round_id, {NAME: mech.event(answered)}, outcome=budgets.outcome(answered)
         )
-        settled = budgets.settlement(guardian, NAME, res.round_id)
+        settled = budgets.settlement_of(guardian, NAME, res.round_id)
         if settled is None:
             raise RuntimeError(f"round {res.round_id} has no settlement")
         timed("settle", own.settle, settled)

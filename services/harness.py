@@ -11,7 +11,7 @@ it exits before it is ready. services.local (LocalConsortium) and
 services.testbed.light (LightConsortium) start every process through here.
 
 How a process starts (``CAPC_SPAWN``): by default (``fork``) it is forked from a fork
-server (services.forkserver) that has already imported its role's modules, so that it
+server (services.testbed.forkserver) that has already imported its role's modules, so that it
 costs a fork instead of an interpreter start (importing the answering party's modules
 takes about 5 s of CPU). It is still a process of its own, with its own pid, output,
 exit code and signals; it re-seeds every random generator that the server's imports
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import IO, Literal, Protocol
 
 from services.common import health, tls
-from services.forkserver import ForkedChild, ForkServer, ForkServerError
+from services.testbed.forkserver import ForkedChild, ForkServer, ForkServerError
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Seconds a process may take to become ready: generous, for a loaded machine. The
@@ -82,7 +82,7 @@ _log = logging.getLogger(__name__)
 
 class Child(Protocol):
     """What the harness uses of a child process: a :class:`subprocess.Popen` (text
-    output) or a :class:`services.forkserver.ForkedChild`."""
+    output) or a :class:`services.testbed.forkserver.ForkedChild`."""
 
     @property
     def pid(self) -> int: ...

@@ -40,8 +40,9 @@ from capc.models.ensemble import Voters
 from capc.models.foreign import CodeModelRefusedError, Interface
 from capc.privacy.accountants import DEFAULT_ACCOUNTANT, Accounting, make
 from capc.privacy.sizing import recheck
+from capc.round.errors import LedgerRefusedError
 from services import tasks
-from services.common.ledger import Ledger, LedgerError
+from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
 from services.demo import DEMO_TEST, DEMO_VOTERS, shipped_body
 from services.gateway.tokens import TokenStore
@@ -612,7 +613,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             access = start(c, data)
             loop = None if plan is None else start_loop(c, plan)
-        except LedgerError as err:
+        except LedgerRefusedError as err:
             raise SystemExit(
                 f"capc up: {err} (the ledger in {c.directory}; use a new --dir)"
             ) from None

@@ -25,7 +25,18 @@ class LimitError(RoundError):
     """An identity holds as many open rounds as it may (RESOURCE_EXHAUSTED)."""
 
 
-class QuorumError(RoundError):
+class LedgerRefusedError(RoundError):
+    """A ledger refused an operation (unknown party, reused key, bad event, past a cap);
+    the message says why and what to do. Every ledger, in memory or SQL, raises these
+    classes and no others of its own."""
+
+
+class LedgerValueError(LedgerRefusedError, ValueError):
+    """A value given to a ledger is out of its range (a count, a confidence, a text's
+    length): the caller's request is at fault, not the ledger's state."""
+
+
+class QuorumError(LedgerRefusedError):
     """Too few parties can afford the round; nothing was reserved. ``remaining`` maps every
     excluded party to the epsilon it has left."""
 
@@ -34,17 +45,29 @@ class QuorumError(RoundError):
         self.remaining = dict(remaining)
 
 
-class RoundStateError(RoundError):
+class RoundStateError(LedgerRefusedError):
     """The ledger's round is not in a state that allows this transition."""
-
-
-class LedgerRefusedError(RoundError):
-    """A ledger refused an operation (unknown party, reused key, bad event); the message
-    says why."""
 
 
 class DuplicateRoundError(LedgerRefusedError):
     """A round key or round id was used before: a replayed or duplicated round."""
+
+
+class UnknownPartyError(LedgerRefusedError):
+    """No party of that name is registered."""
+
+
+class UnknownTaskError(LedgerRefusedError):
+    """No task of that name is registered; the message lists the known ones."""
+
+
+class TeacherCountError(LedgerRefusedError):
+    """A party declared more teachers than its operator pinned, or none are pinned."""
+
+
+class BatchBrokenError(LedgerRefusedError):
+    """A step inside a ledger batch failed other than by a refusal: nothing of the batch
+    was written."""
 
 
 class VoteRefusedError(RoundError):
@@ -57,8 +80,10 @@ class VoteRefusedError(RoundError):
 
 
 __all__ = [
+    "BatchBrokenError",
     "DuplicateRoundError",
     "LedgerRefusedError",
+    "LedgerValueError",
     "LimitError",
     "QuorumError",
     "RoundError",
@@ -66,5 +91,8 @@ __all__ = [
     "RoundRefusedError",
     "RoundRequestError",
     "RoundStateError",
+    "TeacherCountError",
+    "UnknownPartyError",
+    "UnknownTaskError",
     "VoteRefusedError",
 ]

@@ -71,7 +71,7 @@ from capc.round.messages import (
     VoteVerdict,
 )
 from capc.round.settlement import outcome
-from capc.round.state import GuardianRound, TaskT
+from capc.round.state import GuardianRound, Phase, TaskT
 from capc.round.task import RoundTask
 
 log = logging.getLogger("capc.round.guardian")
@@ -374,10 +374,13 @@ class GuardianCore(Generic[TaskT]):
                 )
         elif not msg.sealed_seed:
             raise RoundInputError("shares without a sealed seed cannot be used")
-        if msg.party in rnd.shares or rnd.closed:
+        rnd.expect(
+            Phase.COLLECTING,
+            why=f"round {msg.round_id} closed: {msg.party}'s late shares are refused",
+        )
+        if msg.party in rnd.shares:
             raise RoundInputError(
-                f"{msg.party} already sent shares for round {msg.round_id}, or the round "
-                "closed: duplicate refused"
+                f"{msg.party} already sent shares for round {msg.round_id}: duplicate refused"
             )
         rnd.shares[msg.party] = msg.share
         if proven and msg.proof is not None:
@@ -395,7 +398,7 @@ class GuardianCore(Generic[TaskT]):
                 f"round {round_id} is no longer open: it was aborted; nothing was charged"
             )
         task, batch = rnd.task, rnd.batch
-        rnd.closed = True  # late shares are refused from here on
+        rnd.expect(Phase.COLLECTING, why=f"round {round_id} was closed already")
         used = tuple(sorted(rnd.shares))
         if len(used) < task.quorum:
             self._abort(rnd, f"only {len(used)} parties answered, quorum {task.quorum}")
@@ -410,17 +413,20 @@ class GuardianCore(Generic[TaskT]):
             # Drawn now that every share is in, so no party could adapt its proof to it.
             rnd.challenge = validity.Challenge.draw(self._entropy(24))
             challenge = rnd.challenge.to_bytes()
+            rnd.advance(Phase.CHECKING)
         elif rnd.ciphertext_hash is not None:
             # Encrypted mode: no proof is possible (a party never sees its vote), so the
             # circuit checks each party's one-hot vote: it takes every share, in ``used`` order.
             rnd.guardian_sum = np.stack([rnd.shares[p] for p in used], axis=1)
             rnd.shares.clear()
+            rnd.advance(Phase.READY)
         else:
             total = np.zeros((batch, task.vote_width), dtype=np.uint64)
             for p in used:
                 total += rnd.shares[p]
             rnd.guardian_sum = total
             rnd.shares.clear()
+            rnd.advance(Phase.READY)
         self.recent[round_id] = _Recent(rnd.querier, frozenset(p for p in used if p in rnd.seeds))
         while len(self.recent) > RECENT_ROUNDS:
             self.recent.popitem(last=False)
@@ -445,11 +451,11 @@ class GuardianCore(Generic[TaskT]):
                 f"round {round_id} is not open for this student session: it was never "
                 "opened here, was aborted, or belongs to another session"
             )
-        if rnd.challenge is None or rnd.checked:
-            raise RoundInputError(
-                f"round {round_id} has no vote validity proofs to check, or they were "
-                "checked already"
-            )
+        rnd.expect(
+            Phase.CHECKING,
+            why=f"round {round_id} has no vote validity proofs to check, or they were "
+            "checked already",
+        )
         proven = [p for p in rnd.used if p in rnd.relations]
         if list(parties) != proven:
             raise RoundInputError(
@@ -464,9 +470,11 @@ class GuardianCore(Generic[TaskT]):
         (RoundRefusedError); otherwise the valid votes' sum is ready for the 2PC."""
         rnd = self.rounds[round_id]
         challenge = rnd.challenge
-        if challenge is None or rnd.checked:
-            raise RoundInputError(f"round {round_id} was checked already")
-        rnd.checked = True  # once: a well-formed check is the only one
+        rnd.expect(Phase.CHECKING, why=f"round {round_id} was checked already")
+        if challenge is None:
+            raise RoundInputError(f"round {round_id} has no vote validity proofs to check")
+        # Once: a well-formed check is the only one (below quorum the round is ended).
+        rnd.advance(Phase.READY)
         parties = [p for p in rnd.used if p in rnd.relations]
         plain = [p for p in rnd.used if p not in rnd.relations]
         constants = {p: rnd.voters(p) * rnd.voting(p).astype(np.uint64) for p in parties}
@@ -527,7 +535,7 @@ class GuardianCore(Generic[TaskT]):
     def to_compute(self, round_id: int) -> GuardianRound[TaskT]:
         """The round to garble next; RoundRefusedError when it is gone (reaped)."""
         rnd = self.rounds.get(round_id)
-        if rnd is None or rnd.guardian_sum is None:
+        if rnd is None or not rnd.ready or rnd.guardian_sum is None:
             raise RoundRefusedError(
                 f"round {round_id} is no longer open: it was not computed within "
                 f"{self.round_timeout:g} s of opening and was aborted; nothing was charged. "
@@ -549,7 +557,9 @@ class GuardianCore(Generic[TaskT]):
 
     def release(self, rnd: GuardianRound[TaskT]) -> None:
         """Record ``rnd`` released, before the first garbled input leaves; RoundRefusedError
-        when it was aborted first (the reaper): nothing may leave for it."""
+        when it was aborted first (the reaper): nothing may leave for it. PhaseError
+        unless it is READY (released once, and only with its share sum)."""
+        rnd.expect(Phase.READY, why=f"round {rnd.round_id} is {rnd.phase.value}, not ready")
         try:
             self.ledger.release(rnd.round_id)
         except RoundStateError as err:
@@ -558,7 +568,7 @@ class GuardianCore(Generic[TaskT]):
                 f"within {self.round_timeout:g} s of opening; nothing was charged. "
                 "Open a new round"
             ) from None
-        rnd.released = True
+        rnd.advance(Phase.RELEASED)
 
     def computed(
         self, rnd: GuardianRound[TaskT], spec: CircuitSpec, out: Mapping[str, NDArray[np.uint64]]

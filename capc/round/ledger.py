@@ -32,6 +32,13 @@ from capc.round.training import Attestation, TrainingCharge
 FloatArray = NDArray[np.float64]
 
 
+def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
+    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the
+    largest term: float error never shrinks a total. Exact zeros stay zero."""
+    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
+    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)
+
+
 class RoundState(enum.StrEnum):
     """Where a round stands in the ledger: reserved -> released -> committed, or aborted
     from reserved only."""
@@ -237,4 +244,5 @@ __all__ = [
     "RoundLedger",
     "RoundRecord",
     "RoundState",
+    "round_up",
 ]

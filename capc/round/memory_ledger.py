@@ -19,20 +19,14 @@ from capc.privacy.events import DpEvent
 from capc.round.errors import (
     DuplicateRoundError,
     LedgerRefusedError,
-    QuorumError,
     RoundStateError,
+    UnknownPartyError,
 )
-from capc.round.ledger import Held, Reservation, RoundRecord, RoundState
+from capc.round.ledger import Held, Reservation, RoundRecord, RoundState, round_up
+from capc.round.reservation import Standing, check_round, decide
 from capc.round.training import Attestation, TrainingCharge, refusal
 
 FloatArray = NDArray[np.float64]
-
-
-def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
-    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the
-    largest term: float error never shrinks a total. Exact zeros stay zero."""
-    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
-    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)
 
 
 @dataclass
@@ -59,7 +53,9 @@ class _Round:
 
 
 @dataclass(frozen=True)
-class AuditEntry:
+class AuditNote:
+    """One entry of the memory ledger's audit list (the SQL ledger chains and signs its own)."""
+
     actor: str
     action: str
     detail: Mapping[str, object]
@@ -77,7 +73,7 @@ class MemoryLedger:
         default_factory=lambda: accountants.make(accountants.DEFAULT_ACCOUNTANT)
     )
     delta: float = 1e-5
-    audit: list[AuditEntry] = field(default_factory=list)
+    audit: list[AuditNote] = field(default_factory=list)
     _parties: dict[str, _Party] = field(default_factory=dict)
     _rounds: dict[int, _Round] = field(default_factory=dict)
     # querier -> party -> loss its rounds hold; querier -> its allowance per party.
@@ -121,7 +117,7 @@ class MemoryLedger:
     def _party(self, name: str) -> _Party:
         p = self._parties.get(name)
         if p is None:
-            raise LedgerRefusedError(f"no party named {name!r}")
+            raise UnknownPartyError(f"no party named {name!r}")
         return p
 
     def _loss(self, event: DpEvent, what: str) -> FloatArray:
@@ -180,10 +176,7 @@ class MemoryLedger:
         """See :meth:`RoundLedger.reserve`. ``round_id``: a party's own ledger numbers its
         rounds as the guardian does; ``terms``: what the round asked of the party, kept
         with it. DuplicateRoundError when the key or the id was used before."""
-        if queries < 1 or quorum < 1:
-            raise LedgerRefusedError(
-                f"a round has >= 1 query and quorum >= 1, got {queries}, {quorum}"
-            )
+        check_round(queries, quorum)
         if round_id in self._rounds or any(r.key == round_key for r in self._rounds.values()):
             raise DuplicateRoundError(
                 f"round {round_key!r} was opened before; a round key is used once"
@@ -191,34 +184,23 @@ class MemoryLedger:
         if round_id is not None and round_id < 1:
             raise LedgerRefusedError(f"a round id is positive, got {round_id}")
         costs = {p: self._loss(e, f"worst case of {p}") for p, e in worst_case.items()}
-        names = sorted(costs)
-        for p in names:
-            self._party(p)
         allowance = self._allowances.get(querier)
         mine = self._querier_loss.get(querier, {})
-        included: list[str] = []
-        excluded: dict[str, float] = {}
-        for p in names:
-            party = self._parties[p]
-            if not party.active:
-                excluded[p] = 0.0
-                continue
-            left = party.cap - self._eps(party.loss)
-            fits = self.accounting.fits(party.loss + costs[p], party.cap, self.delta)
-            if allowance is not None:
-                held = mine.get(p, self.accounting.zero())
-                left = min(left, allowance - self._eps(held))
-                fits = fits and self.accounting.fits(held + costs[p], allowance, self.delta)
-            if fits:
-                included.append(p)
-            else:
-                excluded[p] = max(0.0, left)
-        if len(included) < quorum:
-            raise QuorumError(
-                f"only {len(included)} of {len(names)} parties can afford this round, quorum "
-                f"is {quorum}; excluded: {', '.join(sorted(excluded))}",
-                excluded,
-            )
+        standing = {
+            p: Standing(party.cap, party.active, party.loss, mine.get(p))
+            for p, party in self._parties.items()
+            if p in costs
+        }
+        admitted = decide(
+            self.accounting,
+            self.delta,
+            costs,
+            standing,
+            allowance=allowance,
+            quorum=quorum,
+            queries=queries,
+        )
+        included, excluded = admitted.included, admitted.excluded
         if round_id is None:
             round_id = max(self._rounds, default=0) + 1
         self._rounds[round_id] = _Round(
@@ -235,11 +217,11 @@ class MemoryLedger:
         for p in included:
             self._parties[p].loss = self._parties[p].loss + costs[p]
             spends[p] = spends.get(p, self.accounting.zero()) + costs[p]
-        detail = {"round": round_id, "included": included, "excluded": sorted(excluded)}
+        detail = {"round": round_id, "included": list(included), "excluded": sorted(excluded)}
         self.record(querier, "reserve", detail)
         if disclosure is not None:
             self.record(querier, "clear_records", {"round": round_id, **disclosure})
-        return Reservation(round_id, tuple(included), excluded)
+        return Reservation(round_id, included, dict(excluded))
 
     def _round(self, round_id: int) -> _Round:
         rnd = self._rounds.get(round_id)
@@ -357,7 +339,7 @@ class MemoryLedger:
     def record(
         self, actor: str, action: str, detail: Mapping[str, object], note: str | None = None
     ) -> None:
-        self.audit.append(AuditEntry(actor, action, dict(detail), note))
+        self.audit.append(AuditNote(actor, action, dict(detail), note))
 
 
-__all__ = ["AuditEntry", "LedgerRefusedError", "MemoryLedger", "round_up"]
+__all__ = ["AuditNote", "LedgerRefusedError", "MemoryLedger"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -9,9 +10,46 @@ import numpy as np
 from numpy.typing import NDArray
 
 from capc.mpc import validity
+from capc.round.errors import RoundInputError
 from capc.round.task import RoundTask
 
 TaskT = TypeVar("TaskT", bound=RoundTask)
+
+
+class Phase(enum.Enum):
+    """Where a round in flight stands at the guardian; it only moves forward.
+
+    COLLECTING (shares come in) -> CHECKING (closed; the proofs' challenge is drawn and
+    the student's vote check awaited) -> READY (the guardian's share sum is there; the
+    2PC may run) -> RELEASED (the ledger says released: output may leave). A round
+    without proofs goes from COLLECTING to READY. A round that ends otherwise (aborted,
+    settled) leaves the core's open rounds instead."""
+
+    COLLECTING = "collecting"
+    CHECKING = "checking"
+    READY = "ready"
+    RELEASED = "released"
+
+
+#: The transitions :meth:`GuardianRound.advance` allows.
+NEXT: dict[Phase, frozenset[Phase]] = {
+    Phase.COLLECTING: frozenset({Phase.CHECKING, Phase.READY}),
+    Phase.CHECKING: frozenset({Phase.READY}),
+    Phase.READY: frozenset({Phase.RELEASED}),
+    Phase.RELEASED: frozenset(),
+}
+
+
+class PhaseError(RoundInputError):
+    """A step was asked of a round in a phase that does not allow it (a late or second
+    message, a check of a round with nothing to check): ``found`` is the round's phase,
+    ``wanted`` the phases the step needs. Nothing about the round changed."""
+
+    def __init__(self, round_id: int, found: Phase, wanted: frozenset[Phase], message: str) -> None:
+        super().__init__(message)
+        self.round_id = round_id
+        self.found = found
+        self.wanted = wanted
 
 
 @dataclass
@@ -44,12 +82,41 @@ class GuardianRound(Generic[TaskT]):
     failed: set[str] = field(default_factory=set)
     # Parties whose vote was left out (unprovable or invalid), with why.
     invalid: dict[str, str] = field(default_factory=dict)
-    closed: bool = False
     used: tuple[str, ...] = ()
     challenge: validity.Challenge | None = None
-    checked: bool = False
     guardian_sum: NDArray[np.uint64] | None = None
-    released: bool = False
+    phase: Phase = Phase.COLLECTING
+
+    def expect(self, *wanted: Phase, why: str) -> None:
+        """PhaseError (``why``) unless the round is in one of ``wanted``."""
+        if self.phase not in wanted:
+            raise PhaseError(self.round_id, self.phase, frozenset(wanted), why)
+
+    def advance(self, to: Phase) -> None:
+        """Move the round on to ``to``; PhaseError for any move :data:`NEXT` does not
+        allow (a phase is never entered twice, nor left backwards)."""
+        if to not in NEXT[self.phase]:
+            raise PhaseError(
+                self.round_id,
+                self.phase,
+                frozenset(p for p, nxt in NEXT.items() if to in nxt),
+                f"round {self.round_id} is {self.phase.value}: it cannot become {to.value}",
+            )
+        self.phase = to
+
+    @property
+    def closed(self) -> bool:
+        """No more shares are taken."""
+        return self.phase is not Phase.COLLECTING
+
+    @property
+    def checked(self) -> bool:
+        """The vote check is behind the round (or it never had one)."""
+        return self.phase in (Phase.READY, Phase.RELEASED)
+
+    @property
+    def released(self) -> bool:
+        return self.phase is Phase.RELEASED
 
     def weight(self, party: str) -> float:
         return self.weights.get(party, 1.0)
@@ -77,8 +144,8 @@ class GuardianRound(Generic[TaskT]):
 
     @property
     def ready(self) -> bool:
-        """The guardian's share sum is there: the round waits for its 2PC."""
-        return self.guardian_sum is not None
+        """The guardian's share sum is there: the round waits for its 2PC (or ran it)."""
+        return self.phase in (Phase.READY, Phase.RELEASED)
 
     def weight_on_grid(self, party: str) -> int:
         """``party``'s vote weight on the shares' fixed-point grid, rounded down as the
@@ -86,4 +153,4 @@ class GuardianRound(Generic[TaskT]):
         return int(np.floor(self.weight(party) * (1 << self.task.weight_bits)))
 
 
-__all__ = ["GuardianRound", "TaskT"]
+__all__ = ["NEXT", "GuardianRound", "Phase", "PhaseError", "TaskT"]

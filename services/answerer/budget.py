@@ -35,6 +35,9 @@ from __future__ import annotations
 import json
 import logging
 
+from capc.round import trust
+from capc.round.errors import LedgerRefusedError
+
 # Re-exported: a refusal is the party role's own.
 from capc.round.errors import VoteRefusedError as VoteRefusedError
 from capc.round.ledger import KeptSetting
@@ -43,7 +46,7 @@ from capc.round.party import PartyCore
 from capc.round.training import Attestation, TrainingCharge
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common import serde
-from services.common.ledger import Ledger, LedgerError
+from services.common.ledger import Ledger
 from services.common.ledger.audit import AuditHead, head_signed
 from services.common.protocol import RequestError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -57,7 +60,7 @@ GUARDIAN_HEAD = "guardian_head"
 MAX_ASKED = 256
 
 
-class CapRaiseError(LedgerError):
+class CapRaiseError(LedgerRefusedError):
     """A hospital raised its own cap without saying why; the message says how."""
 
 
@@ -155,7 +158,7 @@ class OwnBudget:
             if len(bytes.fromhex(key)) != 32:
                 raise ValueError
         except ValueError:
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"a guardian audit key is 32 bytes in hex (64 characters), got {key!r}"
             ) from None
         self.ledger.keep_setting(
@@ -166,30 +169,17 @@ class OwnBudget:
     def welcome(self, registered: guardian_pb2.Registered) -> None:
         """Check the guardian's Registered: the same accounting, the same audit key as
         pinned before (pinned now on first contact), and its head."""
-        self.refusing = None
-        mine, theirs = self.ledger.accounting_json(), registered.accounting_json
-        if theirs != mine:
-            self.refusing = (
-                f"the guardian accounts with {theirs or 'an unstated accountant'}, this party's "
-                f"ledger with {mine}: their spends cannot be compared. Start this party with a "
-                "new --ledger and the guardian's --accountant and --delta"
-            )
         key = registered.audit_public_key.hex()
-        pinned = self.ledger.setting(GUARDIAN_KEY)
-        if not key:
-            self.refusing = self.refusing or (
-                "the guardian signs no audit heads; this party votes only for a guardian "
-                "whose audit log it can check"
-            )
-        elif pinned is None:
+        verdict = trust.welcome(
+            self.ledger.accounting_json(),
+            registered.accounting_json,
+            key,
+            self.ledger.setting(GUARDIAN_KEY),
+        )
+        self.refusing = verdict.refusing
+        if verdict.pin:
             self._pin(key, "first contact over mutual TLS")
             log.info("%s pinned the guardian's audit key %s", self.name, key)
-        elif pinned != key:
-            self.refusing = (
-                f"the guardian's audit key changed from {pinned} to {key}: its earlier heads "
-                "could no longer be checked. If the consortium rotated the key, restart this "
-                f"party with --guardian-audit-key {key}"
-            )
         if self.refusing is None:
             self.keep_head(registered.head, 0)
         else:
@@ -257,9 +247,7 @@ class OwnBudget:
             )
             return None
         before = self._newest_head()
-        if before is not None and (
-            head.seq < before.seq or (head.seq == before.seq and head.hash != before.hash)
-        ):
+        if before is not None and trust.goes_back((before.seq, before.hash), (head.seq, head.hash)):
             log.error(
                 "the guardian's audit log went back from entry %d to %d, or was rewritten: "
                 "run `capc audit verify`",

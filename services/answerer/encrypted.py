@@ -34,7 +34,7 @@ from capc.models import Teacher
 from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
-from services.common.relay import CHUNK, RelayChannel, session_id
+from services.common.relay import CHUNK, RelayChannel, relay_session_id
 from services.common.task import Encryption
 from services.proto.capc.v1 import guardian_pb2
 
@@ -158,7 +158,7 @@ class EncryptedAnswerer:
         spec = LogitsToSharesCircuit(k, ctx.params.share_bits)
         session = GarblerSession(
             channel,
-            session_id(work.round_id, self.name, hello),
+            relay_session_id(work.round_id, self.name, hello),
             timeout=self.timeout,
             max_frame=CHUNK,
         )

@@ -1,7 +1,7 @@
 """A hospital's own SQL ledger behind the party role's ledger port
 (:class:`capc.round.ledger.PartyLedger`).
 
-Only calls the ledger's public methods. Its refusals come out as the core's
+Only calls the ledger's public methods. Its refusals are the core's
 (:class:`capc.round.QuorumError`, DuplicateRoundError, LedgerRefusedError), which
 :class:`capc.round.party.PartyCore` turns into its reasons.
 
@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from capc.privacy.accountants import Accounting
@@ -28,28 +27,12 @@ from capc.round import errors as core
 from capc.round.ledger import Held, KeptSetting, RoundRecord, RoundState
 from capc.round.training import OWN_FIX, Attestation, TrainingCharge
 from services.common.ledger import Ledger
-from services.common.ledger import store as sql
-from services.common.ledger.models import ChargeKind
 from services.common.task import config_hash
 
 #: Who settles a round in this ledger: the guardian's word, checked by the party.
 ACTOR = "guardian"
 
 log = logging.getLogger("capc.answerer.ledger")
-
-
-@contextmanager
-def _as_core() -> Iterator[None]:
-    try:
-        yield
-    except sql.QuorumError as err:
-        raise core.QuorumError(str(err), err.remaining) from None
-    except sql.DuplicateRoundError as err:
-        raise core.DuplicateRoundError(str(err)) from None
-    except sql.RoundStateError as err:
-        raise core.RoundStateError(str(err)) from None
-    except sql.LedgerError as err:
-        raise core.LedgerRefusedError(str(err)) from None
 
 
 class SqlPartyLedger:
@@ -95,7 +78,7 @@ class SqlPartyLedger:
         mechanism: str,
         terms: Mapping[str, object],
     ) -> None:
-        refused: sql.LedgerError | None = None
+        refused: core.LedgerRefusedError | None = None
         created: str | None = None
         try:
             with self._lock, self.sql.batch():
@@ -116,10 +99,10 @@ class SqlPartyLedger:
                         round_id=round_id,
                         terms=terms,
                     )
-                except sql.LedgerError as err:
+                except core.LedgerRefusedError as err:
                     # Refused: nothing of it is written, and the settlements before it are.
                     refused = err
-        except sql.BatchBrokenError as err:
+        except core.BatchBrokenError as err:
             # A write that failed part-way (a round id the database took as used):
             # nothing of the batch is written. Its settlements' rounds stay reserved (an
             # over-count the guardian settles again when the party names them open).
@@ -139,13 +122,12 @@ class SqlPartyLedger:
                     json.loads(json.dumps(dict(terms))),
                 )
         if refused is not None:
-            with _as_core():
-                raise refused
+            raise refused
 
     def charge_training(self, attestation: Attestation) -> TrainingCharge:
         """The training's charge, in its own durable transaction (before the party
         registers: :mod:`capc.round.training`)."""
-        with self._lock, _as_core():
+        with self._lock:
             self.flush()
             return self.sql.charge_training(self.name, attestation, actor=self.name, fix=OWN_FIX)
 
@@ -165,7 +147,7 @@ class SqlPartyLedger:
             self._reserved.pop(round_id, None)
             try:
                 write()
-            except sql.LedgerError as err:
+            except core.LedgerRefusedError as err:
                 log.error("round %d could not be settled in this ledger: %s", round_id, err)
 
     def _hold(self, round_id: int, state: RoundState, write: Callable[[], None]) -> None:
@@ -183,15 +165,7 @@ class SqlPartyLedger:
         return out if settled is None else replace(out, state=settled[0])
 
     def _stored(self, round_id: int) -> RoundRecord | None:
-        record = self.sql.round_held(round_id)
-        if record is None:
-            return None
-        held = {
-            p: Held(kind == ChargeKind.CHARGE, event) for p, (kind, event) in record.held.items()
-        }
-        return RoundRecord(
-            record.round_id, RoundState(record.state.value), record.outcome, held, record.terms
-        )
+        return self.sql.round_held(round_id)
 
     def open_rounds(self) -> list[int]:
         with self._lock:

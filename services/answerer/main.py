@@ -20,7 +20,7 @@ from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty, answer_pool
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
-from services.common.ledger import Ledger, LedgerError
+from services.common.ledger import Ledger
 from services.common.task import TaskConfig, read_task
 
 STATUS_EVERY_S = 5.0
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                     name, voters, args.guardian, files, budget, args.server_name, pool=pool
                 )
             )
-    except (ValueError, pki.PKIError, LedgerError, LedgerRefusedError) as err:
+    except (ValueError, pki.PKIError, LedgerRefusedError) as err:
         # TaskError is a ValueError: a bad --task file exits 2 like a bad model; a
         # training past the hospital's own cap too (it must not answer with it).
         print(f"error: {err}", file=sys.stderr)

@@ -27,7 +27,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -38,13 +38,12 @@ from capc.data.schema import RecordSchema
 from capc.models import Teacher
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
-from capc.round.errors import VoteRefusedError
+from capc.round.errors import LedgerRefusedError, VoteRefusedError
 from capc.round.messages import PartyShares, RoundWork
 from services.answerer.budget import OwnBudget
 from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
-from services.common.ledger import LedgerError
 from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.relay import RelayChannel
 from services.common.task import TaskConfig, config_hash
@@ -100,7 +99,7 @@ class Beat:
                     ),
                 )
             )
-        except (LedgerError, SQLAlchemyError) as err:
+        except (LedgerRefusedError, SQLAlchemyError) as err:
             self.report_due.set()
             log.error("%s could not read or write its own ledger: %s", self.name, err)
 
@@ -245,42 +244,56 @@ class AnsweringParty:
                     return
 
         threading.Thread(target=watch, daemon=True).start()
+
+        def registered(msg: guardian_pb2.HubMessage) -> None:
+            log.info(
+                "%s connected to the guardian (cap %.3g eps)",
+                self.name,
+                msg.registered.epsilon_cap,
+            )
+            self.budget.welcome(msg.registered)
+            beat.report()
+            self.connected.set()
+            threading.Thread(target=beating, daemon=True).start()
+
+        def work(msg: guardian_pb2.HubMessage) -> None:
+            self._pool_for(msg.work).submit(self._answer, msg.work, msg.header, outgoing)
+
+        def settled(msg: guardian_pb2.HubMessage) -> None:
+            if self.budget.settle(msg.settled):
+                beat.report_due.set()
+
+        def relay(msg: guardian_pb2.HubMessage) -> None:
+            channel_of = self._relays.get(msg.relay.round_id)
+            if channel_of is None:
+                log.warning(
+                    "a relayed frame for round %d, which is not open here", msg.relay.round_id
+                )
+                return
+            channel_of.feed(bytes(msg.relay.payload))
+
+        def cancelled(msg: guardian_pb2.HubMessage) -> None:
+            log.warning(
+                "guardian cancelled round %d: %s", msg.cancelled.round_id, msg.cancelled.reason
+            )
+            stale = self._relays.get(msg.cancelled.round_id)
+            if stale is not None:
+                stale.feed(None)
+
+        # The guardian's message kind -> its handler (a kind this party does not know is
+        # ignored: a newer guardian may send more).
+        handlers: dict[str, Callable[[guardian_pb2.HubMessage], None]] = {
+            "registered": registered,
+            "work": work,
+            "settled": settled,
+            "relay": relay,
+            "cancelled": cancelled,
+        }
         try:
             for msg in responses:
-                kind = msg.WhichOneof("body")
-                if kind == "registered":
-                    log.info(
-                        "%s connected to the guardian (cap %.3g eps)",
-                        self.name,
-                        msg.registered.epsilon_cap,
-                    )
-                    self.budget.welcome(msg.registered)
-                    beat.report()
-                    self.connected.set()
-                    threading.Thread(target=beating, daemon=True).start()
-                elif kind == "work":
-                    self._pool_for(msg.work).submit(self._answer, msg.work, msg.header, outgoing)
-                elif kind == "settled":
-                    if self.budget.settle(msg.settled):
-                        beat.report_due.set()
-                elif kind == "relay":
-                    relay = self._relays.get(msg.relay.round_id)
-                    if relay is None:
-                        log.warning(
-                            "a relayed frame for round %d, which is not open here",
-                            msg.relay.round_id,
-                        )
-                    else:
-                        relay.feed(bytes(msg.relay.payload))
-                elif kind == "cancelled":
-                    log.warning(
-                        "guardian cancelled round %d: %s",
-                        msg.cancelled.round_id,
-                        msg.cancelled.reason,
-                    )
-                    stale = self._relays.get(msg.cancelled.round_id)
-                    if stale is not None:
-                        stale.feed(None)
+                handler = handlers.get(msg.WhichOneof("body") or "")
+                if handler is not None:
+                    handler(msg)
         finally:
             ended.set()
             outgoing.close()
@@ -326,7 +339,7 @@ class AnsweringParty:
         their rounds stay reserved (an over-count the guardian settles again)."""
         try:
             self.budget.flush()
-        except (LedgerError, SQLAlchemyError) as err:
+        except (LedgerRefusedError, SQLAlchemyError) as err:
             log.error("%s could not write its settlements: %s", self.name, err)
 
     def _answer(

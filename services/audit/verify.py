@@ -26,7 +26,8 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 
-from services.common.ledger import Ledger, LedgerError
+from capc.round.errors import LedgerRefusedError
+from services.common.ledger import Ledger
 from services.common.ledger.audit import AuditHead, head_signed
 
 #: The setting and the audit action under which a hospital keeps the guardian's key and heads.
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             parties[name] = Ledger(url, delta=None, migrate=False)
         report = verify(guardian, parties, args.public_key)
-    except LedgerError as err:
+    except LedgerRefusedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     first = report.first()

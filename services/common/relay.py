@@ -47,7 +47,7 @@ def _aad(round_id: int, party: str) -> bytes:
     return struct.pack("<Q", round_id) + party.encode()
 
 
-def session_id(round_id: int, party: str, party_key: bytes) -> bytes:
+def relay_session_id(round_id: int, party: str, party_key: bytes) -> bytes:
     """The 16-byte 2PC session id of one party's exchange in one round."""
     return hashlib.sha256(b"capc/v1/relay-session" + _aad(round_id, party) + party_key).digest()[
         :16

@@ -100,7 +100,7 @@ def settlements(
     return {name: serde.settlement_to_proto(s, shown) for name, s in ended}
 
 
-def settlement(
+def settlement_of(
     ledger: Ledger, name: str, round_id: int, head: AuditHead | None = None
 ) -> guardian_pb2.RoundSettled | None:
     """How round ``round_id`` ended for ``name`` (see :func:`settlements`); None while it
@@ -207,6 +207,6 @@ __all__ = [
     "outcome",
     "registered",
     "send_settlements",
-    "settlement",
+    "settlement_of",
     "store_report",
 ]

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("capc.guardian.rounds")
 
 
-class Garbler:
+class GarbleQueue:
     """Rounds ready for their 2PC per (querier, session id), run in the order they got ready."""
 
     def __init__(self, engine: RoundEngine) -> None:
@@ -117,4 +117,4 @@ class Garbler:
                 core.settle_id(ready.get_nowait(), why)
 
 
-__all__ = ["Garbler"]
+__all__ = ["GarbleQueue"]

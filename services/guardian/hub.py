@@ -29,27 +29,19 @@ from capc.privacy.randomness import SecureRandom
 from capc.privacy.sizing import recheck
 from capc.round.training import TrainingCharge
 from services.common import protocol, serde, tls
-from services.common.ledger import (
-    Ledger,
-    LedgerError,
-    UnknownPartyError,
-    UnknownTaskError,
-)
+from services.common.ledger import Ledger
 from services.common.limits import (
     DEFAULT_LIST_PAGE,
     MAX_LIST_PAGE,
     ROUND_TIMEOUT_S,
 )
 from services.common.protocol import WHO_MAY_RECORD, RequestError, check_version
-from services.common.task import TaskConfig, TaskError
+from services.common.task import TaskConfig
 from services.guardian import budgets
 from services.guardian.loop import bound_queriers, hospital_of
 from services.guardian.notes import PartyNotes
-from services.guardian.rounds import (
-    RoundEngine,
-    RoundInputError,
-    RoundRefusedError,
-)
+from services.guardian.rounds import RoundEngine
+from services.guardian.status import REFUSALS, status_of
 from services.guardian.streams import AsyncGuardianHub
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
@@ -138,8 +130,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     [online[n] for n in names],
                     names,
                 )
-            except (UnknownTaskError, TaskError) as err:
-                context.abort(grpc.StatusCode.NOT_FOUND, str(err))
+            except REFUSALS as err:
+                context.abort(status_of(err), str(err))
         trained = self.engine.links.trained()
         trainings: dict[str, list[TrainingCharge]] = {}
         for t in self.ledger.trainings():
@@ -221,10 +213,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, protocol.NO_SESSION)
         try:
             return self.engine.check_votes(querier, session_id, request)
-        except (RoundInputError, RequestError) as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        except (RoundRefusedError, LedgerError) as err:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err))
+        except REFUSALS as err:
+            context.abort(status_of(err), str(err))
 
     def ListLedger(
         self, request: guardian_pb2.ListLedgerRequest, context: grpc.ServicerContext
@@ -325,10 +315,8 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 actor=actor[:128],
                 note=note,
             )
-        except UnknownPartyError as err:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(err))
-        except LedgerError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except REFUSALS as err:
+            context.abort(status_of(err), str(err))
         if kept.refuted:
             log.warning(
                 "privacy audit of %s refutes its claimed epsilon %.4g: lower bound %.4g",

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from capc.round.errors import LimitError
 from capc.round.training import Attestation
 from services.common.buffers import BoundedBuffer
 from services.common.limits import (
@@ -21,7 +22,7 @@ from services.common.limits import (
     PARTY_OUTBOX_MESSAGES,
 )
 from services.common.protocol import RequestError
-from services.guardian.round_errors import DuplicateLinkError, LimitError
+from services.guardian.round_errors import DuplicateLinkError
 from services.proto.capc.v1 import guardian_pb2
 
 # A party sends a heartbeat every 10 s; a stream silent for this long is dead even

@@ -27,31 +27,18 @@ ciphertexts are no records in the clear and need no binding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from capc.round.loop import MAX_NAME, Binding, LoopAsk, LoopTerms, loop_terms
 from services.common.ledger import Ledger
-from services.common.protocol import RequestError
 from services.proto.capc.v1 import guardian_pb2
 
 #: Ledger setting under which a querier's hospital is kept.
 QUERIER_KEY = "querier-hospital:"
-#: Longest certificate or party name.
-MAX_NAME = 128
 #: What :data:`QUERIER_KEY` holds for a querier declared outside the consortium.
 OUTSIDE = "(outside the consortium)"
 #: Ledger setting: what becomes of clear queries from a querier no binding covers.
 CLEAR_POLICY_KEY = "clear-records-from-unbound"
 #: The policies :data:`CLEAR_POLICY_KEY` may hold.
 REFUSE, ALLOW = "refuse", "allow"
-
-
-@dataclass(frozen=True)
-class LoopTerms:
-    """What the loop adds to one round: parties left out whatever the request says, and
-    the audit detail of records sent in the clear (None: none were)."""
-
-    left_out: frozenset[str]
-    disclosure: dict[str, object] | None
 
 
 def parse_querier(item: str) -> tuple[str, str]:
@@ -162,59 +149,17 @@ def bound_queriers(ledger: Ledger) -> dict[str, str]:
     return {str(key)[len(QUERIER_KEY) :]: str(value) for key, value in sorted(rows)}
 
 
-def loop_terms(
+def terms_for(
     ledger: Ledger, querier: str, request: guardian_pb2.OpenRoundRequest, batch: int
 ) -> LoopTerms:
-    """The loop's terms for a round of ``batch`` queries; RequestError when the querier
-    claims a hospital the guardian did not bind it to, or a bound querier sends its
-    records in the clear without saying so."""
+    """The loop's terms for ``querier``'s round of ``batch`` queries
+    (:func:`capc.round.loop.loop_terms`, from its binding in ``ledger`` and what
+    ``request`` says)."""
     held = ledger.setting(QUERIER_KEY + querier)
     outside = held == OUTSIDE
-    bound = None if outside else held
-    claim = request.hospital
-    if claim and outside:
-        raise RequestError(
-            f"querier {querier} says it belongs to hospital {claim}, but the guardian "
-            "declared it a student from outside the consortium (--outside-querier); fix the "
-            "student's --hospital, or have the operator bind it with --querier"
-        )
-    if claim and bound is None:
-        raise RequestError(
-            f"querier {querier} says it belongs to hospital {claim}, but the guardian has "
-            f"not bound it: the guardian operator must start it with --querier "
-            f"{querier}={claim}, so that {claim}'s teachers are left out of its rounds"
-        )
-    if claim and claim != bound:
-        raise RequestError(
-            f"querier {querier} says it belongs to hospital {claim}; the guardian bound it "
-            f"to {bound}. Its rounds leave {bound} out; fix the student's --hospital"
-        )
     clear = request.queries.WhichOneof("source") == "tensor"
-    if clear and bound is not None and not request.reveal_records:
-        raise RequestError(
-            f"querier {querier} queries for hospital {bound}: its uploaded queries are "
-            "that hospital's own records, and this round would show them to the "
-            "answering hospitals in the clear. Send them only by an explicit, audited "
-            "choice (reveal_records_to_answerers), or use an encrypted task "
-            "(docs/encrypted.md) so they leave only as ciphertexts"
-        )
-    if clear and bound is None and not outside and clear_policy(ledger) == REFUSE:
-        raise RequestError(
-            f"querier {querier} sends uploaded queries in the clear, but no binding covers "
-            "it: they may be a hospital's own records, which its own teachers would vote on "
-            "and every answering hospital would see. The guardian operator must say whose "
-            f"they are: --querier {querier}=HOSPITAL (a hospital's own student, left out of "
-            f"its rounds) or --outside-querier {querier} (a student from outside the "
-            "consortium, its clear rounds audited). Recipe queries and encrypted tasks "
-            "need neither"
-        )
-    disclosure: dict[str, object] | None = None
-    if clear and (request.reveal_records or outside):
-        disclosure = {"querier": querier, "hospital": bound or claim or None, "records": batch}
-        if outside:
-            disclosure["outside"] = True
-        if request.reveal_records and request.revealed_by:
-            # The person who chose, as the student party names them (the gateway's token
-            # holder): the querier's certificate alone names a service, not a person.
-            disclosure["revealed_by"] = request.revealed_by[:MAX_NAME]
-    return LoopTerms(frozenset() if bound is None else frozenset({bound}), disclosure)
+    # The policy is read only where it can matter: clear queries no binding covers.
+    refuse = clear_policy(ledger) == REFUSE if clear and held is None else True
+    binding = Binding(None if outside else held, outside, refuse_unbound_clear=refuse)
+    ask = LoopAsk(request.hospital, clear, request.reveal_records, request.revealed_by)
+    return loop_terms(querier, binding, ask, batch)

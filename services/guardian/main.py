@@ -13,10 +13,11 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from capc.privacy.randomness import SecureRandom
+from capc.round.errors import LedgerRefusedError
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.db import normalise_url
-from services.common.ledger import Ledger, LedgerError, audit
+from services.common.ledger import Ledger, audit
 from services.common.limits import MAX_TEACHERS_PER_PARTY
 from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
@@ -189,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             rng=rng,
             round_timeout=args.round_timeout,
         )
-    except (LedgerError, pki.PKIError, audit.AuditKeyError, OSError, ValueError) as err:
+    except (LedgerRefusedError, pki.PKIError, audit.AuditKeyError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"guardian serving on port {server.port} (ledger {ledger.url})", flush=True)

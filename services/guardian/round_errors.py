@@ -1,26 +1,8 @@
-"""The guardian's round refusals as its RPCs map them to status codes, and the
-translation of the round core's refusals into them."""
+"""The guardian's one refusal of its own: a second stream under a connected party's
+identity. Every other refusal is the round core's (:mod:`capc.round.errors`), mapped
+to a status by :mod:`services.guardian.status`."""
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
-
-from capc.round import errors as core
-from services.common.protocol import RequestError
-
-
-class RoundInputError(RequestError):
-    """A share message or frame is malformed or does not belong to the round; maps to
-    INVALID_ARGUMENT."""
-
-
-class RoundRefusedError(RuntimeError):
-    """The round cannot run (quorum lost, unknown round); maps to FAILED_PRECONDITION."""
-
-
-class LimitError(RuntimeError):
-    """One identity holds as many streams or open rounds as it may; maps to RESOURCE_EXHAUSTED."""
 
 
 class DuplicateLinkError(RuntimeError):
@@ -32,25 +14,4 @@ class DuplicateLinkError(RuntimeError):
         self.connected_from = connected_from
 
 
-@contextlib.contextmanager
-def service_errors() -> Iterator[None]:
-    """Raise the round core's refusals as the service's (the ledger's pass unchanged)."""
-    try:
-        yield
-    except core.RoundInputError as err:
-        raise RoundInputError(str(err)) from None
-    except core.RoundRequestError as err:
-        raise RequestError(str(err)) from None
-    except core.RoundRefusedError as err:
-        raise RoundRefusedError(str(err)) from None
-    except core.LimitError as err:
-        raise LimitError(str(err)) from None
-
-
-__all__ = [
-    "DuplicateLinkError",
-    "LimitError",
-    "RoundInputError",
-    "RoundRefusedError",
-    "service_errors",
-]
+__all__ = ["DuplicateLinkError"]

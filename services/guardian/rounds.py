@@ -30,26 +30,20 @@ from capc.mpc.channel import Channel
 from capc.privacy.randomness import SecureRandom
 from capc.round import GuardianCore, GuardianRound
 from capc.round.admission import check_task
+from capc.round.errors import RoundInputError
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
-from services.common.ledger import Ledger, QuorumError
+from services.common.ledger import Ledger
 from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, ROUND_TIMEOUT_S
 from services.common.protocol import RequestError, check_version
 from services.common.task import TaskConfig, TaskError, canonical_json
 from services.guardian import budgets
-from services.guardian.compute import Garbler
+from services.guardian.compute import GarbleQueue
 from services.guardian.ledger_port import SqlRoundLedger
 from services.guardian.links import SILENT_AFTER_S, Links, PartyLink, always_active
-from services.guardian.loop import loop_terms
+from services.guardian.loop import terms_for
 from services.guardian.notes import PartyNotes
 from services.guardian.relays import Relays
-from services.guardian.round_errors import (
-    DuplicateLinkError,
-    LimitError,
-    RoundInputError,
-    RoundRefusedError,
-    service_errors,
-)
 from services.proto.capc.v1 import guardian_pb2
 
 log = logging.getLogger("capc.guardian.rounds")
@@ -111,7 +105,7 @@ class RoundEngine:
         self.links = Links(silent_after)
         self.relays = Relays(self._lock, self.core, self.links)
         self._live: dict[int, LiveRound] = {}
-        self.garbler = Garbler(self)
+        self.garbler = GarbleQueue(self)
         #: The parties' reports and heartbeats, written together (services.guardian.notes).
         self.notes = PartyNotes(ledger)
 
@@ -128,7 +122,7 @@ class RoundEngine:
         """One call into the core, under the lock, its refusals as the service's; the
         rounds it ended are then told to their parties and their openers."""
         try:
-            with self._lock, service_errors():
+            with self._lock:
                 yield self.core
         finally:
             with self._lock:
@@ -231,8 +225,7 @@ class RoundEngine:
             task = task.overridden(serde.overrides_from_proto(overrides))
         except TaskError as err:
             raise RequestError(str(err)) from err
-        with service_errors():
-            check_task(task)
+        check_task(task)
         return task, canonical_json(config)
 
     def begin_round(
@@ -247,7 +240,7 @@ class RoundEngine:
                 "encrypted queries travel over the Relay stream: open it (with the same "
                 "capc-session-id) before opening the round"
             )
-        loop = loop_terms(self.ledger, querier, request, queries.count)
+        loop = terms_for(self.ledger, querier, request, queries.count)
         req = serde.round_request_from_proto(
             request, querier, session_id, queries, loop.left_out, loop.disclosure
         )
@@ -387,14 +380,4 @@ class RoundEngine:
         return [r for r in round_ids if r not in self.core.rounds]
 
 
-__all__ = [
-    "DuplicateLinkError",
-    "LimitError",
-    "LiveRound",
-    "PartyLink",
-    "QuorumError",
-    "RoundEngine",
-    "RoundInputError",
-    "RoundRefusedError",
-    "TaskConfig",
-]
+__all__ = ["LiveRound", "RoundEngine"]

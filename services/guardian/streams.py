@@ -27,23 +27,21 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
 import grpc
 
+from capc.round.errors import (
+    LimitError,
+    RoundInputError,
+    TeacherCountError,
+    UnknownPartyError,
+)
 from capc.round.training import TrainingRefusedError
 from services.common import protocol, serde, tls
 from services.common.buffers import BoundedBuffer
-from services.common.ledger import (
-    DuplicateRoundError,
-    LedgerError,
-    QuorumError,
-    TeacherCountError,
-    UnknownPartyError,
-    UnknownTaskError,
-)
 from services.common.limits import (
     DUPLICATE_AUDIT_EVERY_S,
     MAX_SETTLE,
@@ -52,15 +50,10 @@ from services.common.limits import (
 )
 from services.common.mpc_stream import StreamChannel
 from services.common.protocol import PROTOCOL_VERSION, RequestError
-from services.common.task import TaskError
 from services.guardian import budgets
-from services.guardian.rounds import (
-    DuplicateLinkError,
-    LimitError,
-    PartyLink,
-    RoundInputError,
-    RoundRefusedError,
-)
+from services.guardian.links import PartyLink
+from services.guardian.round_errors import DuplicateLinkError
+from services.guardian.status import REFUSALS, status_of
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 
 if TYPE_CHECKING:
@@ -70,6 +63,10 @@ log = logging.getLogger("capc.guardian")
 
 HEADER = protocol.header()
 T = TypeVar("T")
+#: A handler of one kind of a party's stream messages (hub, party, its link, message).
+PartyHandler = Callable[
+    ["AsyncGuardianHub", str, PartyLink, guardian_pb2.PartyMessage], Awaitable[None]
+]
 
 
 class _AbortedError(Exception):
@@ -340,33 +337,51 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
     async def _on_party_message(
         self, name: str, link: PartyLink, msg: guardian_pb2.PartyMessage
     ) -> None:
-        """One message of party ``name``'s Connect stream, in its protocol version."""
+        """One message of party ``name``'s Connect stream, in its protocol version: handed
+        to the handler of its kind (a kind this guardian does not know is ignored)."""
         kind = msg.WhichOneof("body")
-        if kind == "shares":
-            try:
-                self.engine.receive_shares(name, msg.shares)
-            except RoundInputError as err:
-                self._cancel(name, link, msg.shares.round_id, "shares", err)
-        elif kind == "relay":
-            try:
-                box, frame = self.engine.relay_to_student(name, msg.relay)
-            except RoundInputError as err:
-                self._cancel(name, link, msg.relay.round_id, "a relayed frame", err)
-                return
-            await _put(box, frame, f"the student of round {msg.relay.round_id}")
-        elif kind == "failure":
-            await self._on_party_failure(name, msg.failure)
-        elif kind == "heartbeat":
-            # Both kept in memory and written with the others' (services.guardian.notes).
-            self.engine.notes.seen(name)
-            asked = self.engine.not_open(list(msg.heartbeat.open_rounds)[:MAX_SETTLE])
-            if asked:
-                await self._run(self.engine.settle, name, asked)
-        elif kind == "report":
-            try:
-                self.engine.notes.report(name, serde.spend_report_from_proto(msg.report))
-            except RequestError as err:
-                log.warning("refused a spend report from %s: %s", name, err)
+        handler = self._party_handlers.get(kind or "")
+        if handler is not None:
+            await handler(self, name, link, msg)
+
+    async def _on_shares(self, name: str, link: PartyLink, msg: guardian_pb2.PartyMessage) -> None:
+        try:
+            self.engine.receive_shares(name, msg.shares)
+        except RoundInputError as err:
+            self._cancel(name, link, msg.shares.round_id, "shares", err)
+
+    async def _on_relay(self, name: str, link: PartyLink, msg: guardian_pb2.PartyMessage) -> None:
+        try:
+            box, frame = self.engine.relay_to_student(name, msg.relay)
+        except RoundInputError as err:
+            self._cancel(name, link, msg.relay.round_id, "a relayed frame", err)
+            return
+        await _put(box, frame, f"the student of round {msg.relay.round_id}")
+
+    async def _on_failure(self, name: str, _: PartyLink, msg: guardian_pb2.PartyMessage) -> None:
+        await self._on_party_failure(name, msg.failure)
+
+    async def _on_heartbeat(self, name: str, _: PartyLink, msg: guardian_pb2.PartyMessage) -> None:
+        # Both kept in memory and written with the others' (services.guardian.notes).
+        self.engine.notes.seen(name)
+        asked = self.engine.not_open(list(msg.heartbeat.open_rounds)[:MAX_SETTLE])
+        if asked:
+            await self._run(self.engine.settle, name, asked)
+
+    async def _on_report(self, name: str, _: PartyLink, msg: guardian_pb2.PartyMessage) -> None:
+        try:
+            self.engine.notes.report(name, serde.spend_report_from_proto(msg.report))
+        except RequestError as err:
+            log.warning("refused a spend report from %s: %s", name, err)
+
+    #: A party's message kind -> its handler.
+    _party_handlers: ClassVar[dict[str, PartyHandler]] = {
+        "shares": _on_shares,
+        "relay": _on_relay,
+        "failure": _on_failure,
+        "heartbeat": _on_heartbeat,
+        "report": _on_report,
+    }
 
     async def _on_party_failure(self, name: str, failure: guardian_pb2.RoundFailure) -> None:
         """Party ``name`` could not answer a round; a budget refusal goes in the audit log."""
@@ -464,14 +479,8 @@ class AsyncGuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 )
                 raise
             return await self._run(self.engine.finish_round, rnd)
-        except (RequestError, UnknownTaskError) as err:
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
-        except (QuorumError, LimitError) as err:
-            code, details = grpc.StatusCode.RESOURCE_EXHAUSTED, str(err)
-        except DuplicateRoundError as err:
-            code, details = grpc.StatusCode.ALREADY_EXISTS, str(err)
-        except (RoundRefusedError, LedgerError, TaskError) as err:
-            code, details = grpc.StatusCode.FAILED_PRECONDITION, str(err)
+        except REFUSALS as err:
+            code, details = status_of(err), str(err)
         await context.abort(code, details)
         raise AssertionError("unreachable")
 

@@ -33,7 +33,7 @@ from capc.mpc.session import EvaluatorSession
 from capc.mpc.votes import PartyInputError
 from services.common.buffers import BoundedBuffer
 from services.common.limits import RELAY_BUFFER_FRAMES
-from services.common.relay import CHUNK, RelayChannel, RelayError, session_id
+from services.common.relay import CHUNK, RelayChannel, RelayError, relay_session_id
 from services.common.task import Encryption
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
@@ -147,7 +147,7 @@ class EncryptedBatch:
                 masked = masked_single(self.keys, outputs, self.num_classes)
             spec = LogitsToSharesCircuit(self.num_classes, params.share_bits)
             session = EvaluatorSession(
-                channel, session_id(round_id, party, hello), timeout=timeout, max_frame=CHUNK
+                channel, relay_session_id(round_id, party, hello), timeout=timeout, max_frame=CHUNK
             )
             session.setup()
             out = session.run_round(

@@ -21,9 +21,9 @@ import pytest
 
 from capc.mpc.channel import ProtocolError
 from capc.mpc.session import EvaluatorSession, new_session_id
+from capc.round.ledger import RoundState
 from services.common import pki, protocol
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, MAX_STREAMS_PER_IDENTITY
 from services.common.mpc_stream import StreamChannel
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2

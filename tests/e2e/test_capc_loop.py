@@ -32,9 +32,9 @@ import pytest
 from capc.data.generators import Recipe
 from capc.learning.diet import BodyConfig, pretrained_body, save_body
 from capc.learning.simclr import PretrainConfig
+from capc.round.ledger import RoundState
 from services.common import tls
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.gateway.tokens import TokenStore
 from services.local import ROOT, LocalConsortium, free_port
 from services.student.client import StudentClient

@@ -19,7 +19,7 @@ import pytest
 from capc.models import load_teacher
 from capc.privacy.randomness import SecureRandom
 from capc.round.central import CentralDriver
-from services.common.ledger.models import RoundState
+from capc.round.ledger import RoundState
 from services.testbed.light import TASK, light_consortium, queries, wait_until
 
 NOISE_SEED = "central-driver-e2e"

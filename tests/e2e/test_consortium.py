@@ -20,10 +20,10 @@ import pytest
 from capc.data.generators import Recipe
 from capc.models import load_teacher
 from capc.privacy.randomness import SecureRandom
+from capc.round.ledger import RoundState
 from capc.round.messages import QueryBatch
 from services.common import tls
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.common.serde import recipe_to_proto
 from services.common.task import TaskConfig
 from services.local import LocalConsortium

@@ -18,8 +18,8 @@ import grpc
 import numpy as np
 import pytest
 
+from capc.round.ledger import RoundState
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.testbed.light import TASK, light_consortium, queries, wait_until
 from tests.e2e.light import DeviatingParty, ballot_stuffing
 

@@ -21,10 +21,10 @@ from numpy.typing import NDArray
 
 from capc.mpc import validity
 from capc.mpc.mechanism_circuits import HistogramViolationError
+from capc.round.ledger import RoundState
 from capc.round.student import StudentRound
 from services.common import protocol
 from services.common.ledger.disputes import Dispute
-from services.common.ledger.models import RoundState
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 from services.student.client import StudentClient
 from services.testbed.light import light_consortium, queries, wait_until

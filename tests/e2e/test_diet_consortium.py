@@ -33,8 +33,8 @@ from capc.learning.supervised import accuracy
 from capc.models import load_teacher
 from capc.models.ensemble import Voters
 from capc.privacy.randomness import SecureRandom
+from capc.round.ledger import RoundState
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
 
 TEACHERS = [2, 3, 1]

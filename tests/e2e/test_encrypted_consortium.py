@@ -30,9 +30,9 @@ import pytest
 from capc.he.plan import Plan, compile_model
 from capc.models import load_teacher
 from capc.privacy.randomness import SecureRandom
+from capc.round.ledger import RoundState
 from capc.round.messages import QueryBatch
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
 from tests.e2e.jobs import assert_ledgers_agree, jobs_stub, run_job, tensor_batch
 from tests.unit.he import probes

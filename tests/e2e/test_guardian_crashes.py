@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from capc.mpc.channel import ProtocolError
+from capc.round.ledger import RoundState
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.local import LocalConsortium
 from services.student.client import RoundResult
 from tests.e2e.jobs import assert_ledgers_agree

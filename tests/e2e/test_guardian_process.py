@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from capc.privacy import events
+from capc.round.ledger import RoundState
 from services.common import pki, tls
 from services.common.ledger import Ledger, audit
-from services.common.ledger.models import RoundState
 from services.common.protocol import PROTOCOL_VERSION
 from services.harness import Process, free_port, guardian_ready, spawn
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc

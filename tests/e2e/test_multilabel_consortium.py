@@ -32,9 +32,9 @@ from capc.mechanisms.powerset import subset_bits
 from capc.models.ensemble import Voters
 from capc.mpc.mechanism_circuits import round_noise
 from capc.privacy.randomness import SecureRandom
+from capc.round.ledger import RoundState
 from services.common import tls
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.common.protocol import header
 from services.common.task import TaskConfig, config_hash
 from services.local import LocalConsortium

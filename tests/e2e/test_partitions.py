@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from capc.round.ledger import RoundState
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.student.client import RoundResult
 from services.testbed import netlab
 from services.testbed.light import TASK, light_consortium, queries, wait_until

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from capc.round.ledger import RoundState
 from services.common import protocol
-from services.common.ledger.models import RoundState
 from services.proto.capc.v1 import guardian_pb2
 from services.testbed.light import TASK, light_consortium, queries, wait_until
 from tests.e2e.jobs import gdp_epsilon

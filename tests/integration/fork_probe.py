@@ -17,7 +17,7 @@ import time
 from fractions import Fraction
 from typing import Any
 
-from services.forkserver import import_generators
+from services.testbed.forkserver import import_generators
 
 
 def draws() -> dict[str, Any]:

@@ -69,7 +69,7 @@ def history(tmp_path: Path) -> tuple[Path, Ed25519PrivateKey]:
             outcome=budgets.outcome(answered),
         )
         for name, budget in own.items():
-            settled = budgets.settlement(guardian, name, res.round_id)
+            settled = budgets.settlement_of(guardian, name, res.round_id)
             assert settled is not None and budget.settle(settled)
     for budget in own.values():
         budget.flush()  # as a party does when it stops: the last settlement is written

@@ -29,17 +29,13 @@ from capc.mpc.votes import (
     share_proven_votes,
     verifier_shares,
 )
+from capc.round.errors import RoundInputError, RoundRefusedError, RoundRequestError
+from capc.round.ledger import RoundState
 from services.common import serde
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
-from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
-from services.guardian.rounds import (
-    PartyLink,
-    RoundEngine,
-    RoundInputError,
-    RoundRefusedError,
-)
+from services.guardian.links import PartyLink
+from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 ENC_TASK: dict[str, object] = {
@@ -504,7 +500,7 @@ def test_a_retry_without_a_party_is_checked_audited_and_taken_once(engine: Round
         ("alice", retry("k4", "b", ["b"], round_id=old + 100), "not a recent round"),
     ]
     for querier, req, why in refused:
-        with pytest.raises(RequestError, match=why):
+        with pytest.raises(RoundRequestError, match=why):
             engine.begin_round(querier, req, SID_A)
     assert ledger.last_round() == old, "nothing was reserved for a refused retry"
     assert ledger.round_state(old) == RoundState.RESERVED
@@ -522,7 +518,7 @@ def test_a_retry_without_a_party_is_checked_audited_and_taken_once(engine: Round
             "b's seed: bad tag",
         )
     ]
-    with pytest.raises(RequestError, match="retried already"):
+    with pytest.raises(RoundRequestError, match="retried already"):
         engine.begin_round("alice", retry("k6", "b", ["b"]), SID_A)
     engine.abandon_round(rnd, "test over")
 
@@ -567,7 +563,7 @@ def test_a_computed_round_cannot_be_retried_after_it_left_the_engine(
     req = plain_request("k-again", key.public_key().public_bytes_raw())
     req.exclude.append("b")
     req.retry.CopyFrom(guardian_pb2.RetryWithout(round_id=old, party="b", reason="bad tag"))
-    with pytest.raises(RequestError, match="was computed"):
+    with pytest.raises(RoundRequestError, match="was computed"):
         engine.begin_round("alice", req, SID_A)
     assert ledger.last_round() == old, "nothing was reserved for the refused retry"
     assert not [e for e in ledger.audit_entries(50) if e.action == "dispute"]

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from services import harness
-from services.forkserver import ForkedChild, ForkServer, ForkServerError
 from services.harness import PRELOAD, ROOT, Process, child_environment, fork_server, spawn
+from services.testbed.forkserver import ForkedChild, ForkServer, ForkServerError
 
 PROBE = "tests.integration.fork_probe:main"
 #: Everything the harness's fork server imports for the services it starts.

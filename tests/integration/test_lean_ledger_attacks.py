@@ -22,8 +22,9 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.exc import OperationalError
 
-from services.common.ledger import BatchBrokenError, Ledger, LedgerError, QuorumError
-from services.common.ledger.models import RoundState
+from capc.round.errors import BatchBrokenError, LedgerRefusedError, QuorumError
+from capc.round.ledger import RoundState
+from services.common.ledger import Ledger
 
 # The task and round of the one-write attacks.
 from tests.integration.test_one_write_attacks import BATCH, CONFIG, MECH, TASK
@@ -176,7 +177,7 @@ def test_a_step_failing_after_its_writes_breaks_a_batch_even_if_caught(
             db.abort(r1, reason="a test")
     assert not armed[0], "the failure was not injected"
     assert db.round_state(r1) == RoundState.RESERVED
-    assert db.round_record(r2) is None
+    assert db.round_charges(r2) is None
     assert db.open_rounds() == [r1]
     np.testing.assert_allclose(db.spent_loss(PARTY), before, rtol=1e-12)
     db.verify_audit()
@@ -197,9 +198,9 @@ def test_a_batchs_audit_entries_follow_its_steps_in_order(ledger_url: str) -> No
     with db.batch():
         db.keep_setting("first", "1", actor=PARTY)
         db.create_task("t2", CONFIG, actor=PARTY)
-        with pytest.raises(LedgerError):
+        with pytest.raises(LedgerRefusedError):
             db.create_task("t2", {**CONFIG, "num_classes": 9}, actor=PARTY)
-        with pytest.raises(LedgerError):
+        with pytest.raises(LedgerRefusedError):
             db.release(r1 + 100)
         db.abort(r1, reason="a test")
         db.keep_setting("last", "1", actor=PARTY)

@@ -18,17 +18,17 @@ from capc.privacy import events
 from capc.privacy.accountant import Accountant
 from capc.privacy.accountants import GaussianDp
 from capc.privacy.events import DpEvent, GaussianEvent, PureDpEvent
-from services.common.ledger import (
+from capc.round.errors import (
     DuplicateRoundError,
-    KeptSetting,
-    Ledger,
-    LedgerError,
+    LedgerRefusedError,
     QuorumError,
     RoundStateError,
     TeacherCountError,
     UnknownPartyError,
 )
-from services.common.ledger.models import Base, RoundState
+from capc.round.ledger import RoundState
+from services.common.ledger import KeptSetting, Ledger
+from services.common.ledger.models import Base
 
 DELTA = 1e-5
 GDP = GaussianDp()
@@ -111,9 +111,9 @@ def test_replays_unknowns_and_wrong_transitions_are_refused(ledger_url: str) -> 
         ledger.reserve(
             "k2", "digits", "s", 1, {"ghost": gnmax_cost(1)}, mechanism="gnmax", quorum=1
         )
-    with pytest.raises(LedgerError, match="no task"):
+    with pytest.raises(LedgerRefusedError, match="no task"):
         ledger.reserve("k3", "nope", "s", 1, {"h1": gnmax_cost(1)}, mechanism="gnmax", quorum=1)
-    with pytest.raises(LedgerError, match="proven only for Gaussian"):
+    with pytest.raises(LedgerRefusedError, match="proven only for Gaussian"):
         ledger.reserve(
             "k4", "digits", "s", 1, {"h1": PureDpEvent(0.1)}, mechanism="laplace", quorum=1
         )
@@ -124,7 +124,7 @@ def test_replays_unknowns_and_wrong_transitions_are_refused(ledger_url: str) -> 
         ledger.abort(res.round_id)
     with pytest.raises(RoundStateError, match="only a reserved round"):
         ledger.release(res.round_id)
-    with pytest.raises(LedgerError, match="delta"):
+    with pytest.raises(LedgerRefusedError, match="delta"):
         Ledger(ledger_url, delta=1e-6)
 
 
@@ -152,7 +152,7 @@ def test_audit_chain_detects_tampering(ledger_url: str) -> None:
     assert ledger.audit_entries(limit=1)[0].action == "set_cap"
     with ledger.engine.begin() as conn:
         conn.execute(text("UPDATE audit_log SET actor = 'someone-else' WHERE seq = :s"), {"s": n})
-    with pytest.raises(LedgerError, match=f"entry {n}"):
+    with pytest.raises(LedgerRefusedError, match=f"entry {n}"):
         ledger.verify_audit()
 
 
@@ -270,7 +270,7 @@ def test_querier_allowance_is_a_fair_share(ledger_url: str) -> None:
     ).included == ("h1", "h2")
     allowance_changes = [e for e in ledger.audit_entries(limit=50) if e.action == "set_allowance"]
     assert [(e.actor, e.detail["querier"]) for e in allowance_changes] == [("data-office", "lab-a")]
-    with pytest.raises(LedgerError, match="positive"):
+    with pytest.raises(LedgerRefusedError, match="positive"):
         ledger.set_allowance("lab-a", -1.0, actor="x")
 
 
@@ -317,15 +317,15 @@ def test_ledger_accountant_is_fixed_at_creation(tmp_path: Path) -> None:
     assert rdp_ledger.accountant == "rdp"
     rdp_ledger.close()
     assert Ledger(path).accountant == "rdp"
-    with pytest.raises(LedgerError, match="created with the rdp accountant"):
+    with pytest.raises(LedgerRefusedError, match="created with the rdp accountant"):
         Ledger(path, accountant="gdp")
-    with pytest.raises(LedgerError, match="unknown accountant"):
+    with pytest.raises(LedgerRefusedError, match="unknown accountant"):
         Ledger(str(tmp_path / "other.db"), accountant="pld")
     # RDP's budget filter is proven for Gaussian mechanisms only.
     ledger = Ledger(path)
     ledger.create_task("digits", {"classes": 10})
     ledger.register_party("h1", 5.0)
-    with pytest.raises(LedgerError, match="proven only for Gaussian"):
+    with pytest.raises(LedgerRefusedError, match="proven only for Gaussian"):
         ledger.reserve("x", "digits", "s", 1, {"h1": PureDpEvent(0.1)}, mechanism="l", quorum=1)
     res = ledger.reserve("y", "digits", "s", 10, {"h1": gnmax_cost(10)}, mechanism="g", quorum=1)
     assert res.included == ("h1",)
@@ -414,12 +414,12 @@ def test_the_enforced_cap_never_exceeds_what_the_party_declared(ledger_url: str)
     ledger.register_party("h1", 3.0, actor="guardian-cli")
     assert ledger.budget("h1").cap == 3.0
     assert ledger.declare_cap("h1", 5.0, actor="h1") == 3.0
-    with pytest.raises(LedgerError, match="keeps its role"):
+    with pytest.raises(LedgerRefusedError, match="keeps its role"):
         ledger.register_party("h1", 3.0, role="student")
     with pytest.raises(UnknownPartyError):
         ledger.declare_cap("nobody", 1.0, actor="nobody")
     for bad in (0.0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(LedgerError, match="positive"):
+        with pytest.raises(LedgerRefusedError, match="positive"):
             ledger.declare_cap("h1", bad, actor="h1")
 
 
@@ -427,7 +427,7 @@ def test_noise_too_small_to_account_is_a_clear_refusal(ledger_url: str) -> None:
     ledger = fresh(ledger_url)
     ledger.register_party("h1", 20.0)
     tiny = events.repeat(GaussianEvent(1.0, 1e-200), 10)
-    with pytest.raises(LedgerError, match="not finite"):
+    with pytest.raises(LedgerRefusedError, match="not finite"):
         ledger.reserve("t", "digits", "q", 10, {"h1": tiny}, mechanism="g", quorum=1)
 
 
@@ -481,7 +481,7 @@ def test_privacy_audits_sit_beside_the_claimed_epsilon(ledger_url: str) -> None:
         {"canaries": 0, "guesses": 0, "correct": 0},
         {"canaries": 10, "guesses": -1, "correct": 0},
     ):
-        with pytest.raises(LedgerError, match=r"canaries|whole number"):
+        with pytest.raises(LedgerRefusedError, match=r"canaries|whole number"):
             ledger.record_privacy_audit(
                 "h1",
                 canaries=bad["canaries"],
@@ -541,13 +541,13 @@ def test_signed_heads_name_a_rewritten_entry_that_the_bare_chain_misses(ledger_u
     assert ledger.audit_key() == (audit.public_hex(key), 0)
     assert len(ledger.audit_entries(limit=1)[0].note or "") == 1000
     # A second key cannot take over the ledger.
-    with pytest.raises(LedgerError, match="signed by key"):
+    with pytest.raises(LedgerRefusedError, match="signed by key"):
         Ledger(ledger_url, delta=DELTA, signer=Ed25519PrivateKey.generate())
     unsigned = Ledger(ledger_url, delta=DELTA)
     _rewrite(unsigned, 3, "someone-else")
     chain_only = audit.check_chain(unsigned.audit_rows(), None)
     assert chain_only == (n, None), "the bare chain was recomputed and looks fine"
-    with pytest.raises(LedgerError, match="entry 3: its signature does not match"):
+    with pytest.raises(LedgerRefusedError, match="entry 3: its signature does not match"):
         unsigned.verify_audit()
     # An entry written without the key (straight into the database) is named as well.
     fresh_ledger = Ledger(ledger_url, delta=DELTA, signer=key)
@@ -579,7 +579,7 @@ def test_a_partys_own_ledger_numbers_rounds_as_the_guardian_and_settles_them(
         mechanism="gnmax", quorum=1, round_id=7,
     )  # fmt: skip
     assert ledger.open_rounds() == [7, 41] and ledger.last_round() == 41
-    record = ledger.round_record(41)
+    record = ledger.round_charges(41)
     assert record is not None and record.terms == terms and record.outcome is None
     # Nothing is settled yet: reservations never count as settled.
     assert ledger.settled_loss("h1", 100)[0] == 0.0
@@ -587,7 +587,7 @@ def test_a_partys_own_ledger_numbers_rounds_as_the_guardian_and_settles_them(
     ledger.commit(41, {"h1": gnmax_cost(20)}, outcome={"answered": "ff"})
     ledger.abort(7)
     assert ledger.open_rounds() == []
-    record = ledger.round_record(41)
+    record = ledger.round_charges(41)
     assert record is not None and record.outcome == {"answered": "ff"}
     assert record.charges["h1"][0].value == "charge"
     np.testing.assert_allclose(ledger.settled_loss("h1", 41), GDP.cost(gnmax_cost(20)), rtol=1e-12)
@@ -596,7 +596,7 @@ def test_a_partys_own_ledger_numbers_rounds_as_the_guardian_and_settles_them(
     with ledger.engine.begin() as conn:
         conn.execute(text("UPDATE party_spend SET loss = '[0.0]' WHERE party = 'h1'"))
     assert ledger.settled_loss("h1", 41)[0] == 0.0
-    assert ledger.round_record(999) is None
+    assert ledger.round_charges(999) is None
 
 
 def test_commit_at_reservation_charges_the_worst_case(ledger_url: str) -> None:
@@ -606,7 +606,7 @@ def test_commit_at_reservation_charges_the_worst_case(ledger_url: str) -> None:
     ledger.release(res.round_id)
     ledger.commit_at_reservation(res.round_id, actor="h1")
     np.testing.assert_allclose(ledger.spent_loss("h1"), GDP.cost(gnmax_cost(30)), rtol=1e-12)
-    record = ledger.round_record(res.round_id)
+    record = ledger.round_charges(res.round_id)
     assert record is not None and record.state == RoundState.COMMITTED
     assert record.charges["h1"][1] == gnmax_cost(30).to_dict()
 
@@ -634,7 +634,7 @@ def test_a_settlement_releases_commits_and_keeps_its_setting_in_one_transaction(
         ledger.commit(res.round_id, {"h1": gnmax_cost(10)}, actor="guardian", keep=head)
     assert ledger.setting("guardian_head") is None  # ... and the setting was not kept
     ledger.commit(res.round_id, {"h1": gnmax_cost(10)}, actor="guardian", release=True, keep=head)
-    record = ledger.round_record(res.round_id)
+    record = ledger.round_charges(res.round_id)
     assert record is not None and record.state == RoundState.COMMITTED
     assert ledger.setting("guardian_head") == '{"seq": 5}'
     np.testing.assert_allclose(ledger.spent_loss("h1"), GDP.cost(gnmax_cost(10)), rtol=1e-12)
@@ -642,9 +642,9 @@ def test_a_settlement_releases_commits_and_keeps_its_setting_in_one_transaction(
     assert {"release", "commit", "guardian_head"} <= set(actions)
     # The ledger's own settings are never kept this way, not even beside a settlement.
     other = ledger.reserve("b", "digits", "s", 30, {"h1": gnmax_cost(30)}, mechanism="g", quorum=1)
-    with pytest.raises(LedgerError, match="not a setting"):
+    with pytest.raises(LedgerRefusedError, match="not a setting"):
         ledger.abort(other.round_id, keep=KeptSetting("audit_head", "x", actor="h1"))
-    assert ledger.round_record(other.round_id).state == RoundState.RESERVED  # type: ignore[union-attr]
+    assert ledger.round_charges(other.round_id).state == RoundState.RESERVED  # type: ignore[union-attr]
     ledger.commit_at_reservation(other.round_id, actor="guardian", release=True)
     np.testing.assert_allclose(
         ledger.spent_loss("h1"), GDP.cost(gnmax_cost(10)) + GDP.cost(gnmax_cost(30)), rtol=1e-9
@@ -678,7 +678,7 @@ def test_the_operator_pins_a_teacher_count_and_a_party_may_not_exceed_it(
     assert (changed.detail["old"], changed.detail["new"]) == (4, 50)
     assert ledger.admit_teachers("h1", 50, actor="h1") == 50
     for bad in (0, -1, 1025, 2.5, True):
-        with pytest.raises(LedgerError, match="teacher"):
+        with pytest.raises(LedgerRefusedError, match="teacher"):
             ledger.register_party("h1", 5.0, teachers=bad, actor="data-office")  # type: ignore[arg-type]
     assert ledger.budget("h1").registered_teachers == 50
     with pytest.raises(UnknownPartyError):
@@ -714,7 +714,7 @@ def test_migration_0006_leaves_existing_parties_unpinned_until_the_operator_pins
             c["name"] for c in sa_inspect(conn).get_columns("parties")
         }
     engine.dispose()
-    with pytest.raises(LedgerError, match="run `capc guardian --migrate`"):
+    with pytest.raises(LedgerRefusedError, match="run `capc guardian --migrate`"):
         Ledger(url, delta=DELTA, migrate=False)
     ledger = Ledger(url, delta=DELTA)
     assert ledger.round_state(res.round_id) == RoundState.RESERVED

@@ -15,8 +15,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi.testclient import TestClient
 
 from capc.data.generators import Recipe
+from capc.round.errors import QuorumError
 from services.common import serde
-from services.common.ledger import Ledger, QuorumError
+from services.common.ledger import Ledger
 from services.common.limits import MAX_BATCH, batch_refusal
 from services.common.protocol import RequestError
 from services.common.serde import recipe_to_proto

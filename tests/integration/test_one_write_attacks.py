@@ -27,13 +27,14 @@ from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError
 
 from capc.mechanisms.registry import from_config
+from capc.round.errors import BatchBrokenError, LedgerRefusedError
+from capc.round.ledger import RoundState
 from capc.round.messages import Settlement, SettlementKind
 from capc.round.party import pack_mask
 from services.answerer.budget import GUARDIAN_HEAD, OwnBudget, VoteRefusedError
 from services.common import serde
-from services.common.ledger import BatchBrokenError, Ledger, LedgerError
+from services.common.ledger import Ledger
 from services.common.ledger.audit import AuditHead, sign_head
-from services.common.ledger.models import RoundState
 from services.common.ledger.records import KeptSetting
 from services.common.ledger.tables import INSERT_SETTING
 from services.common.protocol import PROTOCOL_VERSION
@@ -107,7 +108,7 @@ class World:
         """The guardian's release and commit of round ``rid``; its settlement for the hospital."""
         self.guardian.release(rid)
         self.guardian.commit(rid, {NAME: MECH.event(answered)}, outcome=budgets.outcome(answered))
-        settled = budgets.settlement(self.guardian, NAME, rid)
+        settled = budgets.settlement_of(self.guardian, NAME, rid)
         assert settled is not None
         return settled
 
@@ -170,7 +171,7 @@ def test_a_party_that_dropped_out_is_told_it_was_not_charged(ledger_url: str) ->
         assert out["a"].settlement == guardian_pb2.SETTLEMENT_WORST_CASE
         # Told its worst case, b would charge itself for a vote nobody used.
         assert out["b"].settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED
-        alone = budgets.settlement(ledger, "b", res.round_id)
+        alone = budgets.settlement_of(ledger, "b", res.round_id)
         assert alone is not None and alone.settlement == guardian_pb2.SETTLEMENT_NOT_CHARGED
     finally:
         ledger.close()
@@ -184,7 +185,7 @@ def test_a_party_that_dropped_out_reports_what_the_guardian_holds(world: World) 
     world.own.admit(work, header)
     world.guardian.release(rid)
     world.guardian.commit(rid, {"hospital-b": MECH.event(NONE_ANSWERED)})
-    settled = budgets.settlement(world.guardian, NAME, rid)
+    settled = budgets.settlement_of(world.guardian, NAME, rid)
     assert settled is not None and world.own.settle(settled)
     budgets.store_report(world.guardian, NAME, world.own.report())
     seen = budgets.compare(world.guardian, world.guardian.budget(NAME))
@@ -232,7 +233,7 @@ def test_held_settlements_are_written_with_a_reservation_the_cap_refuses(world: 
     with pytest.raises(VoteRefusedError) as refused:
         world.own.admit(work, header)
     assert refused.value.budget
-    assert db.round_record(r3) is None
+    assert db.round_charges(r3) is None
     assert db.round_state(r2) == RoundState.COMMITTED
     np.testing.assert_allclose(db.spent_loss(NAME), 2 * actual, rtol=1e-9)
     assert db.open_rounds() == []
@@ -311,7 +312,7 @@ def test_a_refused_write_inside_a_batch_leaves_nothing_and_keeps_the_rest(
     r1, r2 = world.admitted(), world.admitted()
     with db.batch():
         db.abort(r1, actor="guardian", keep=KeptSetting("kept-first", "1", actor="guardian"))
-        with pytest.raises(LedgerError):
+        with pytest.raises(LedgerRefusedError):
             db.commit(
                 r2,
                 {"stranger": MECH.worst_case(BATCH)},
@@ -369,7 +370,7 @@ def test_a_write_that_fails_part_way_breaks_its_batch(world: World) -> None:
     with pytest.raises(VoteRefusedError, match="cannot be accounted"):
         world.own.admit(work, header)
     assert db.round_state(r1) == RoundState.RESERVED
-    assert db.round_record(r2) is None
+    assert db.round_charges(r2) is None
     np.testing.assert_allclose(db.spent_loss(NAME), world.loss(None), rtol=1e-9)
     assert world.own.open_rounds() == [r1]
     db.verify_audit()
@@ -389,9 +390,9 @@ def test_a_refusal_after_a_write_breaks_its_batch(tmp_path: Path) -> None:
     db.register_party(NAME, 10.0, actor=NAME)
     with pytest.raises(BatchBrokenError), db.batch():
         db.keep_setting("kept-first", "1", actor=NAME)
-        with pytest.raises(LedgerError), db._write() as conn:
+        with pytest.raises(LedgerRefusedError), db._write() as conn:
             conn.execute(INSERT_SETTING, {"key": "half-written", "value": "1"})
-            raise LedgerError("refused after it wrote")
+            raise LedgerRefusedError("refused after it wrote")
     assert db.setting("kept-first") is None
     assert db.setting("half-written") is None
     db.verify_audit()
@@ -692,7 +693,7 @@ def test_a_crash_in_a_refused_rounds_batch_loses_only_settlements(
     # Both settlements died with the batch: the two rounds stay reserved at their worst
     # case (an over-count the guardian settles again), the refused one left nothing.
     assert own.open_rounds() == ids[:2]
-    assert own.ledger.round_record(ids[2]) is None
+    assert own.ledger.round_charges(ids[2]) is None
     np.testing.assert_allclose(own.ledger.spent_loss(NAME), 2 * worst, rtol=1e-9)
     for msg in rounds[2::3][:2]:
         assert own.settle(guardian_pb2.RoundSettled.FromString(msg))

@@ -23,11 +23,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import event
 
 from capc.mechanisms.registry import from_config
+from capc.round.ledger import RoundState
 from services.answerer.budget import GUARDIAN_HEAD, GUARDIAN_KEY, OwnBudget, VoteRefusedError
 from services.common import pki, serde, tls
 from services.common.ledger import Ledger
 from services.common.ledger.audit import public_hex, sign_head
-from services.common.ledger.models import RoundState
 from services.common.protocol import PROTOCOL_VERSION, RequestError
 from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
@@ -112,7 +112,7 @@ class Pair:
         self.guardian.commit(
             round_id, {NAME: mech.event(answered[mask], weight)}, outcome=budgets.outcome(answered)
         )
-        settled = budgets.settlement(self.guardian, NAME, round_id)
+        settled = budgets.settlement_of(self.guardian, NAME, round_id)
         assert settled is not None and settled.settlement == guardian_pb2.SETTLEMENT_CHARGED
         return settled
 
@@ -150,7 +150,7 @@ def test_each_round_is_charged_the_same_on_both_sides(
         shape = (batch, outputs) if task == "labels" else (batch,)
         answered = rng.random(shape) < 0.5
         assert pair.own.settle(pair.commit(task, rid, answered, weight, voting))
-        assert not pair.own.settle(budgets.settlement(pair.guardian, NAME, rid))  # type: ignore[arg-type]
+        assert not pair.own.settle(budgets.settlement_of(pair.guardian, NAME, rid))  # type: ignore[arg-type]
     # The last settlement is held until the next reservation or a flush (one write a round).
     pair.own.flush()
     mine, theirs = pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME)
@@ -221,16 +221,16 @@ def test_settlements_never_undercount(pair: Pair) -> None:
     worst = pair.own.ledger.spent_loss(NAME) / 4
     # Aborted at the guardian: nothing.
     pair.guardian.abort(r1)
-    assert pair.own.settle(budgets.settlement(pair.guardian, NAME, r1))  # type: ignore[arg-type]
+    assert pair.own.settle(budgets.settlement_of(pair.guardian, NAME, r1))  # type: ignore[arg-type]
     # Released, then the guardian restarted: committed at its reservation, the worst case.
     pair.guardian.release(r2)
     pair.guardian.commit_at_reservation(r2, actor="recovery")
-    settled = budgets.settlement(pair.guardian, NAME, r2)
+    settled = budgets.settlement_of(pair.guardian, NAME, r2)
     assert settled is not None and settled.settlement == guardian_pb2.SETTLEMENT_WORST_CASE
     assert pair.own.settle(settled)
     # Still open at the guardian: no settlement, the reservation stays.
     assert pair.guardian.round_state(r3) == RoundState.RESERVED
-    assert budgets.settlement(pair.guardian, NAME, r3) is None
+    assert budgets.settlement_of(pair.guardian, NAME, r3) is None
     # A mask of the wrong length is refused: the reservation stays charged.
     bad = guardian_pb2.RoundSettled(
         round_id=r4, settlement=guardian_pb2.SETTLEMENT_CHARGED, answered=b"\x01"

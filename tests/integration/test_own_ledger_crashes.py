@@ -190,7 +190,7 @@ class Guardian:
         self.ledger.commit(
             res.round_id, {NAME: self.mech.event(answered)}, outcome=budgets.outcome(answered)
         )
-        settled = budgets.settlement(self.ledger, NAME, res.round_id)
+        settled = budgets.settlement_of(self.ledger, NAME, res.round_id)
         assert settled is not None
         return Round(
             res.round_id,
@@ -232,13 +232,13 @@ def test_a_crash_between_reservation_and_settlement_over_counts_never_under_coun
     own = OwnBudget(NAME, Ledger(ledger_url), 1e4)
     mine = own.ledger.spent_loss(NAME)
     worst = own.ledger.accounting.filter_cost(guardian.mech.worst_case(16))
-    record = own.ledger.round_record(first.round_id)
+    record = own.ledger.round_charges(first.round_id)
     assert record is not None
     if point in ("reserve-mid", "reserve-commit"):
         # Died before its reservation was durable: it never voted, and holds nothing for
         # the round (the guardian, which got no vote, would charge it nothing either).
         assert _voted(votes) == [first.round_id]
-        assert own.ledger.round_record(second.round_id) is None
+        assert own.ledger.round_charges(second.round_id) is None
         # The first round's settlement went in that transaction: it is lost with it, and
         # the first round stays reserved at its worst case (an over-count) ...
         assert record.state.value == "reserved" and own.open_rounds() == [first.round_id]

@@ -13,8 +13,9 @@ from sqlalchemy import bindparam, event, insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.sql.expression import Executable
 
+from capc.round.ledger import RoundState
 from services.common.ledger import Ledger
-from services.common.ledger.models import ChargeKind, RoundState
+from services.common.ledger.models import ChargeKind
 from services.common.ledger.prepared import Prepared
 from services.common.ledger.tables import (
     CHARGES,

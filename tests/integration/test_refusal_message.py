@@ -11,7 +11,8 @@ import pytest
 from capc.privacy import events
 from capc.privacy.accountants import GaussianDp
 from capc.privacy.events import DpEvent, GaussianEvent
-from services.common.ledger import Ledger, QuorumError
+from capc.round.errors import QuorumError
+from services.common.ledger import Ledger
 
 DELTA = 1e-5
 

@@ -20,17 +20,13 @@ from capc.mpc.votes import (
     share_proven_votes,
     verifier_shares,
 )
+from capc.round.errors import RoundInputError, RoundRefusedError, RoundRequestError
+from capc.round.ledger import RoundState
 from services.common import serde
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
-from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
-from services.guardian.rounds import (
-    DuplicateLinkError,
-    RoundEngine,
-    RoundInputError,
-    RoundRefusedError,
-)
+from services.guardian.round_errors import DuplicateLinkError
+from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 TASK = {
@@ -251,7 +247,7 @@ def test_a_test_noise_shared_by_every_class_is_refused_before_anything_is_reserv
         engine.attach(p)
     req = request()
     req.header.config_hash = config_hash(task)
-    with pytest.raises(RequestError, match="robust-confident-gnmax"):
+    with pytest.raises(RoundRequestError, match="robust-confident-gnmax"):
         engine.open_round("student", req, SID)
     assert ledger.count_rounds() == 0
 

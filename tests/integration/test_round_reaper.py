@@ -29,11 +29,13 @@ from capc.mpc.votes import (
     share_proven_votes,
     verifier_shares,
 )
+from capc.round.errors import RoundRefusedError
+from capc.round.ledger import RoundState
 from services.common import serde
 from services.common.ledger import Ledger
-from services.common.ledger.models import RoundState
 from services.common.task import TaskConfig, config_hash
-from services.guardian.rounds import PartyLink, RoundEngine, RoundRefusedError
+from services.guardian.links import PartyLink
+from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 TASK = {

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from capc.round.errors import UnknownTaskError
 from services import tasks
-from services.common.ledger import Ledger, UnknownTaskError
+from services.common.ledger import Ledger
 from services.common.task import config_hash
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2

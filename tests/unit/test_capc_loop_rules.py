@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from capc.privacy.events import GaussianEvent
+from capc.round.errors import RoundRequestError
 from services.common.ledger import Ledger
-from services.common.protocol import RequestError
 from services.common.task import TaskConfig, config_hash
 from services.gateway.replies import loop_out
 from services.guardian.loop import (
@@ -22,8 +22,8 @@ from services.guardian.loop import (
     hospital_of,
     is_outside,
     keep_clear_policy,
-    loop_terms,
     parse_querier,
+    terms_for,
 )
 from services.proto.capc.v1 import common_pb2, guardian_pb2, student_pb2
 from services.student.loop import LoopIdentity, clear_records_refusal
@@ -70,24 +70,24 @@ def test_parse_querier_says_what_to_write() -> None:
 
 def test_a_bound_querier_always_leaves_its_hospital_out(ledger: Ledger) -> None:
     assert hospital_of(ledger, "h0-querier") == "h0"
-    terms = loop_terms(ledger, "h0-querier", request("recipe"), 2)
+    terms = terms_for(ledger, "h0-querier", request("recipe"), 2)
     assert terms.left_out == {"h0"} and terms.disclosure is None
-    assert loop_terms(ledger, "other", request("recipe"), 2).left_out == frozenset()
+    assert terms_for(ledger, "other", request("recipe"), 2).left_out == frozenset()
     bindings = [e for e in ledger.audit_entries() if e.action == "bind_querier"]
     assert bindings[0].detail["hospital"] == "h0"
 
 
 def test_a_claim_that_differs_from_the_binding_is_refused(ledger: Ledger) -> None:
-    with pytest.raises(RequestError, match="bound it to h0"):
-        loop_terms(ledger, "h0-querier", request("recipe", hospital="h1"), 2)
-    with pytest.raises(RequestError, match="--querier other=h1"):
-        loop_terms(ledger, "other", request("recipe", hospital="h1"), 2)
+    with pytest.raises(RoundRequestError, match="bound it to h0"):
+        terms_for(ledger, "h0-querier", request("recipe", hospital="h1"), 2)
+    with pytest.raises(RoundRequestError, match="--querier other=h1"):
+        terms_for(ledger, "other", request("recipe", hospital="h1"), 2)
 
 
 def test_clear_records_need_the_choice_and_are_disclosed(ledger: Ledger) -> None:
-    with pytest.raises(RequestError, match="reveal_records"):
-        loop_terms(ledger, "h0-querier", request("tensor"), 2)
-    terms = loop_terms(ledger, "h0-querier", request("tensor", reveal=True), 2)
+    with pytest.raises(RoundRequestError, match="reveal_records"):
+        terms_for(ledger, "h0-querier", request("tensor"), 2)
+    terms = terms_for(ledger, "h0-querier", request("tensor", reveal=True), 2)
     assert terms.disclosure == {"querier": "h0-querier", "hospital": "h0", "records": 2}
 
 
@@ -115,16 +115,16 @@ def test_a_new_consortium_refuses_clear_records_no_binding_covers(ledger: Ledger
     """The attack: a hospital's querier that claims no hospital. Before, its records went
     to every hospital in the clear, its own hospital voting, and nothing was audited."""
     assert keep_clear_policy(ledger, None, fresh=True, actor="test") == REFUSE
-    with pytest.raises(RequestError, match=r"no binding covers it.*--outside-querier h0-spy"):
-        loop_terms(ledger, "h0-spy", request("tensor"), 2)
-    with pytest.raises(RequestError, match="no binding covers it"):
-        loop_terms(ledger, "h0-spy", request("tensor", reveal=True), 2)
+    with pytest.raises(RoundRequestError, match=r"no binding covers it.*--outside-querier h0-spy"):
+        terms_for(ledger, "h0-spy", request("tensor"), 2)
+    with pytest.raises(RoundRequestError, match="no binding covers it"):
+        terms_for(ledger, "h0-spy", request("tensor", reveal=True), 2)
     # Synthetic queries are no one's records.
-    assert loop_terms(ledger, "h0-spy", request("recipe"), 2).disclosure is None
+    assert terms_for(ledger, "h0-spy", request("recipe"), 2).disclosure is None
     # A student the operator declared outside sends its records, each round audited.
     declare_outside(ledger, "student", actor="test")
     assert is_outside(ledger, "student") and hospital_of(ledger, "student") is None
-    terms = loop_terms(ledger, "student", request("tensor"), 2)
+    terms = terms_for(ledger, "student", request("tensor"), 2)
     assert terms.left_out == frozenset()
     assert terms.disclosure == {
         "querier": "student",
@@ -132,11 +132,11 @@ def test_a_new_consortium_refuses_clear_records_no_binding_covers(ledger: Ledger
         "records": 2,
         "outside": True,
     }
-    with pytest.raises(RequestError, match="outside the consortium"):
-        loop_terms(ledger, "student", request("recipe", hospital="h1"), 2)
+    with pytest.raises(RoundRequestError, match="outside the consortium"):
+        terms_for(ledger, "student", request("recipe", hospital="h1"), 2)
     # The bound querier's rules are unchanged.
-    with pytest.raises(RequestError, match="reveal_records"):
-        loop_terms(ledger, "h0-querier", request("tensor"), 2)
+    with pytest.raises(RoundRequestError, match="reveal_records"):
+        terms_for(ledger, "h0-querier", request("tensor"), 2)
     policy = [e for e in ledger.audit_entries() if e.action == "clear_records_policy"]
     assert policy[0].detail["policy"] == "refuse"
     with pytest.raises(ValueError, match="registered answering party"):
@@ -145,12 +145,12 @@ def test_a_new_consortium_refuses_clear_records_no_binding_covers(ledger: Ledger
 
 def test_an_older_ledger_keeps_allowing_until_the_operator_says(ledger: Ledger) -> None:
     assert keep_clear_policy(ledger, None, fresh=False, actor="test") == ALLOW
-    assert loop_terms(ledger, "other", request("tensor"), 2).disclosure is None
+    assert terms_for(ledger, "other", request("tensor"), 2).disclosure is None
     # Kept: a later start without the option does not change it, an explicit one does.
     assert keep_clear_policy(ledger, None, fresh=True, actor="test") == ALLOW
     assert keep_clear_policy(ledger, REFUSE, fresh=False, actor="test") == REFUSE
-    with pytest.raises(RequestError, match="no binding covers it"):
-        loop_terms(ledger, "other", request("tensor"), 2)
+    with pytest.raises(RoundRequestError, match="no binding covers it"):
+        terms_for(ledger, "other", request("tensor"), 2)
 
 
 def test_a_hospitals_student_party_refuses_clear_records_without_the_choice() -> None:

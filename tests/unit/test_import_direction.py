@@ -73,3 +73,56 @@ def test_the_guardian_round_engine_stays_an_adapter() -> None:
     lines = len(engine.read_text().splitlines())
     assert lines <= 400, f"{engine.relative_to(ROOT)} has {lines} lines; move rules to capc.round"
     assert not [m for _, m in imported(engine) if m in ("sqlalchemy", "numpy")]
+
+
+#: The four roles; each is a process of its own and shares only services.common and capc.
+ROLES = ("answerer", "gateway", "guardian", "student")
+
+
+def role_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, role) of every import of a role's package in ``path``, at any depth
+    (type-only imports included: a type of another role is a coupling too)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        found: list[tuple[int, str]] = []
+        if isinstance(node, ast.Import):
+            found = [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found = [(node.lineno, node.module)]
+        for line, name in found:
+            parts = name.split(".")
+            if parts[0] == "services" and len(parts) > 1 and parts[1] in ROLES:
+                out.append((line, parts[1]))
+    return out
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_a_role_never_imports_another_role(role: str) -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports services.{other}"
+        for path in sorted((ROOT / "services" / role).rglob("*.py"))
+        for line, other in role_imports(path)
+        if other != role
+    ]
+    assert bad == []
+
+
+def test_services_common_imports_no_role() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports services.{role}"
+        for path in sorted((ROOT / "services" / "common").rglob("*.py"))
+        for line, role in role_imports(path)
+    ]
+    assert bad == []
+
+
+def test_the_role_check_sees_a_type_only_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from services.student.store import Job\n"
+        "import services.guardian.rounds\n"
+    )
+    assert sorted(role_imports(bad)) == [(3, "student"), (4, "guardian")]

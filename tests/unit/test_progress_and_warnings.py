@@ -120,7 +120,7 @@ def test_the_fork_server_scan_raises_no_library_warning() -> None:
     code = (
         "import warnings, torch.distributed\n"
         "warnings.simplefilter('error')\n"
-        "from services.forkserver import _find_import_generators\n"
+        "from services.testbed.forkserver import _find_import_generators\n"
         "_find_import_generators()\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from services.common.relay import CHUNK, RelayChannel, RelayError, session_id
+from services.common.relay import CHUNK, RelayChannel, RelayError, relay_session_id
 
 
 def pair(round_id: int = 7, party: str = "hospital-a"):  # type: ignore[no-untyped-def]
@@ -60,7 +60,7 @@ def test_the_relay_sees_only_ciphertext_and_cannot_alter_replay_or_move_frames()
     other.feed(frame)
     with pytest.raises(RelayError, match="does not open"):
         other.recv(1)
-    assert session_id(7, "hospital-a", hello) != session_id(7, "hospital-b", hello)
+    assert relay_session_id(7, "hospital-a", hello) != relay_session_id(7, "hospital-b", hello)
 
 
 def test_limits_timeouts_and_closed_relays() -> None:

@@ -23,11 +23,11 @@ from capc.mpc.votes import (
     proven_vote_sum,
     share_proven_votes,
 )
+from capc.round.errors import RoundInputError, RoundRequestError
 from services.common import serde
 from services.common.ledger import Ledger
-from services.common.protocol import RequestError
 from services.common.task import config_hash
-from services.guardian.rounds import RoundEngine, RoundInputError
+from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 SID = b"s" * 16
@@ -214,7 +214,7 @@ def test_the_guardian_refuses_a_round_whose_conversion_could_fail_too_often(
     engine = RoundEngine(ledger, share_timeout=3.0)
     for name in ("a", "b"):
         engine.attach(name, teachers=1024)
-    with pytest.raises(RequestError, match=r"send at most \d+ queries per round"):
+    with pytest.raises(RoundRequestError, match=r"send at most \d+ queries per round"):
         engine.open_round("student", _request(task, batch, X25519PrivateKey.generate()), SID)
     assert ledger.count_rounds() == 0
     # The demo's rounds (5 hospitals x 50 teachers, 512 queries) stay under the bound.

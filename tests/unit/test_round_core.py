@@ -43,6 +43,7 @@ from capc.round import (
     RoundState,
     RoundWork,
 )
+from capc.round.state import Phase, PhaseError
 from services.common.ledger import Ledger
 from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger_port import SqlRoundLedger
@@ -342,3 +343,46 @@ def test_a_querier_holds_at_most_its_open_rounds_and_is_refused_before_reserving
     with pytest.raises(LimitError):
         open_round(c, "k3")
     assert c.spent("a") == spent
+
+
+def _phase(rnd: GuardianRound[TaskConfig]) -> Phase:
+    """The round's phase, read afresh (a step moves it on)."""
+    return rnd.phase
+
+
+def test_a_round_moves_only_forward_through_its_phases_and_says_where_it_stands(
+    consortium: Consortium,
+) -> None:
+    """Each step asks for the phase it needs: late shares, a second close, a second vote
+    check and a release before the check are refused with a PhaseError naming the
+    round's phase, and nothing about the round changes."""
+    c = consortium
+    rnd, work = open_round(c, "k-phase")
+    assert _phase(rnd) is Phase.COLLECTING and not rnd.closed
+    with pytest.raises(PhaseError) as early:
+        c.core.release(rnd)  # nothing to release yet: the ledger is not asked
+    assert early.value.found is Phase.COLLECTING and early.value.wanted == {Phase.READY}
+    assert c.ledger.round_state(rnd.round_id) == RoundState.RESERVED
+    for w in work[:2]:
+        answer(c, w)
+    opened = c.core.close(rnd.round_id)
+    assert _phase(rnd) is Phase.CHECKING and rnd.closed and not rnd.checked
+    with pytest.raises(PhaseError, match="late shares"):
+        answer(c, work[2])
+    with pytest.raises(PhaseError, match="closed already"):
+        c.core.close(rnd.round_id)
+    with pytest.raises(PhaseError):
+        c.core.release(rnd)
+    c.core.vote_check_batch(rnd.round_id, "student", b"s" * 16, list(opened.included))
+    c.core.check_votes(rnd.round_id, student_check(opened))
+    assert _phase(rnd) is Phase.READY and rnd.checked and rnd.ready
+    with pytest.raises(PhaseError, match="checked already"):
+        c.core.vote_check_batch(rnd.round_id, "student", b"s" * 16, list(opened.included))
+    with pytest.raises(PhaseError, match="checked already"):
+        c.core.check_votes(rnd.round_id, student_check(opened))
+    c.core.release(rnd)
+    assert _phase(rnd) is Phase.RELEASED and rnd.released
+    with pytest.raises(PhaseError):
+        c.core.release(rnd)  # released once: a second release would be a second output
+    with pytest.raises(PhaseError):
+        rnd.advance(Phase.COLLECTING)

@@ -1,33 +1,8 @@
-"""The guardian's persistent privacy ledger (SQLAlchemy 2 + Alembic; SQLite or PostgreSQL)."""
+"""The guardian's persistent privacy ledger (SQLAlchemy 2 + Alembic; SQLite or PostgreSQL).
 
-from services.common.ledger.store import (
-    BatchBrokenError,
-    DuplicateRoundError,
-    KeptSetting,
-    Ledger,
-    LedgerError,
-    PartyBudget,
-    PrivacyAudit,
-    QuorumError,
-    Reservation,
-    RoundStateError,
-    TeacherCountError,
-    UnknownPartyError,
-    UnknownTaskError,
-)
+Its refusals and round records are the round core's (:mod:`capc.round.errors`,
+:mod:`capc.round.ledger`): one vocabulary from the ledger to the gRPC edge."""
 
-__all__ = [
-    "BatchBrokenError",
-    "DuplicateRoundError",
-    "KeptSetting",
-    "Ledger",
-    "LedgerError",
-    "PartyBudget",
-    "PrivacyAudit",
-    "QuorumError",
-    "Reservation",
-    "RoundStateError",
-    "TeacherCountError",
-    "UnknownPartyError",
-    "UnknownTaskError",
-]
+from services.common.ledger.store import KeptSetting, Ledger, PartyBudget, PrivacyAudit
+
+__all__ = ["KeptSetting", "Ledger", "PartyBudget", "PrivacyAudit"]

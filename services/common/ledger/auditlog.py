@@ -15,11 +15,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from capc.round.errors import LedgerRefusedError
 from services.common.ledger import audit, chain
 from services.common.ledger import disputes as dispute_log
 from services.common.ledger.audit import AuditHead, ChainProblem
 from services.common.ledger.base import LedgerBase
-from services.common.ledger.errors import LedgerError
 from services.common.ledger.models import AuditRow
 from services.common.ledger.records import AuditEntry
 from services.common.ledger.tables import INSERT_SETTING, SETTING, SETTING_LOCKED
@@ -46,7 +46,7 @@ class AuditLog(LedgerBase):
                 return
         key = str(json.loads(have)["key"])
         if key != mine:
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"this ledger's audit log is signed by key {key[:16]}..., the key given is "
                 f"{mine[:16]}...; start with the key file that signed it (a new key would leave "
                 "every stored head unverifiable)"
@@ -77,7 +77,7 @@ class AuditLog(LedgerBase):
         itself goes in ``note`` (kept, never trusted; at most 1000 characters).
         """
         if not actor or len(actor) > 128 or not action or len(action) > 64:
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"an audit entry needs an actor of 1-128 and an action of 1-64 characters, "
                 f"got {actor!r} and {action!r}"
             )
@@ -97,10 +97,10 @@ class AuditLog(LedgerBase):
 
     def verify_audit(self) -> int:
         """Check the whole chain (and every head's signature where the ledger has a key);
-        returns its length, raises LedgerError naming the first bad entry."""
+        returns its length, raises LedgerRefusedError naming the first bad entry."""
         n, problem = self.check_audit()
         if problem is not None:
-            raise LedgerError(f"audit log broken at entry {problem.seq}: {problem.reason}")
+            raise LedgerRefusedError(f"audit log broken at entry {problem.seq}: {problem.reason}")
         return n
 
     def audit_entries(self, limit: int = 100, offset: int = 0) -> list[AuditEntry]:

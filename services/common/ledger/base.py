@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 
 from capc.privacy.accountants import Accounting, UnsupportedEventError
 from capc.privacy.events import DpEvent
+from capc.round.errors import BatchBrokenError, LedgerRefusedError, UnknownTaskError
 from services.common.ledger import chain
-from services.common.ledger.errors import BatchBrokenError, LedgerError, UnknownTaskError
 from services.common.ledger.records import KeptSetting
 from services.common.ledger.tables import (
     INSERT_SETTING,
@@ -103,7 +103,7 @@ class LedgerBase:
 
         Inside :meth:`batch` (this thread): the batch's own connection, with no savepoint
         (a savepoint costs two statements and a compile). Every step run this way raises
-        its refusals (LedgerError) before its first write, so a refused step has written
+        its refusals (LedgerRefusedError) before its first write, so a refused step has written
         nothing and the batch goes on; any other error, or a refusal after a write (caught
         on SQLite, which counts changed rows), breaks the batch: it is rolled back when it
         ends. Its audit entries go in at the batch's end (:meth:`_append`)."""
@@ -115,7 +115,7 @@ class LedgerBase:
         made, changed = len(batch.entries), batch.changes()
         try:
             yield batch.conn
-        except LedgerError as err:
+        except LedgerRefusedError as err:
             del batch.entries[made:]
             if batch.changes() != changed:
                 batch.broken = batch.broken or err
@@ -129,7 +129,7 @@ class LedgerBase:
         """Every write this thread makes inside, in one transaction: one durable commit
         for all of them, with their audit entries appended at its end in one go.
 
-        A write that is refused (its LedgerError raised to its caller) has written
+        A write that is refused (its LedgerRefusedError raised to its caller) has written
         nothing, and the others stand; a write that fails otherwise breaks the batch:
         when the block ends it is rolled back and BatchBrokenError raised (unless another
         error leaves the block, which rolls it back too). Reads inside open their own
@@ -194,13 +194,13 @@ class LedgerBase:
         return self.accounting.fits(loss, cap, self.delta)
 
     def _loss(self, event: DpEvent, what: str) -> FloatArray:
-        """An event's loss vector as a budget charge; LedgerError if the filter cannot take it."""
+        """An event's loss vector as a budget charge; LedgerRefusedError if the filter cannot take it."""
         try:
             loss = self.accounting.filter_cost(event)
         except (UnsupportedEventError, ValueError, ArithmeticError) as err:
-            raise LedgerError(f"{what}: {err}") from err
+            raise LedgerRefusedError(f"{what}: {err}") from err
         if not np.isfinite(loss).all():
-            raise LedgerError(f"{what}: its privacy loss is not finite (noise too small?)")
+            raise LedgerRefusedError(f"{what}: its privacy loss is not finite (noise too small?)")
         return loss
 
 
@@ -213,22 +213,22 @@ def unknown_task(s: Session | Connection, name: str) -> UnknownTaskError:
 
 def check_setting(kept: KeptSetting | None) -> None:
     if kept is not None and (kept.key in OWN_SETTINGS or not 0 < len(kept.key) <= 64):
-        raise LedgerError(f"{kept.key!r} is not a setting that can be kept")
+        raise LedgerRefusedError(f"{kept.key!r} is not a setting that can be kept")
 
 
 def positive_cap(epsilon_cap: float) -> float:
     if not (
         isinstance(epsilon_cap, int | float) and math.isfinite(epsilon_cap) and epsilon_cap > 0
     ):
-        raise LedgerError(f"epsilon cap must be a positive number, got {epsilon_cap}")
+        raise LedgerRefusedError(f"epsilon cap must be a positive number, got {epsilon_cap}")
     return float(epsilon_cap)
 
 
 def teacher_count(teachers: int) -> int:
     if isinstance(teachers, bool) or not isinstance(teachers, int):
-        raise LedgerError(f"a teacher count is a whole number, got {teachers!r}")
+        raise LedgerRefusedError(f"a teacher count is a whole number, got {teachers!r}")
     if not 1 <= teachers <= MAX_TEACHERS_PER_PARTY:
-        raise LedgerError(
+        raise LedgerRefusedError(
             f"a party votes with 1 to {MAX_TEACHERS_PER_PARTY} teachers, got {teachers}"
         )
     return teachers
@@ -243,11 +243,3 @@ def registered_cap(epsilon_cap: float, registered: float | None) -> float:
     """The cap a party's operator registered, from its row's enforced and registered caps."""
     # Every row has one since revision 0004 filled them; the column stays nullable.
     return epsilon_cap if registered is None else registered
-
-
-def round_up(x: FloatArray, *terms: FloatArray) -> FloatArray:
-    """``x``, computed from ``terms`` by adds and subtracts, moved up by two ulps of the largest
-    term, so float error never shrinks a total (it is of the order of an ulp of the largest
-    operand, not of the result); exact zeros stay zero."""
-    scale = np.max(np.abs(np.stack([x, *terms])), axis=0)
-    return np.where(x > 0, x + 2.0 * np.spacing(scale), 0.0)

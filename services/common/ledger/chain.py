@@ -17,8 +17,8 @@ from typing import NamedTuple
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import Connection
 
+from capc.round.errors import LedgerRefusedError
 from services.common.ledger import audit
-from services.common.ledger.errors import LedgerError
 from services.common.ledger.models import utcnow
 from services.common.ledger.tables import INSERT_AUDIT, SETTING_LOCKED, UPDATE_SETTING
 
@@ -41,7 +41,7 @@ def append(conn: Connection, entries: Sequence[Entry], signer: Ed25519PrivateKey
         return
     value = SETTING_LOCKED.scalar(conn, {"key": HEAD})
     if value is None:
-        raise LedgerError("the ledger has no audit head: its schema was not migrated")
+        raise LedgerRefusedError("the ledger has no audit head: its schema was not migrated")
     seq, prev = json.loads(value)[:2]
     rows = []
     signature: str | None = None

@@ -9,9 +9,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from capc.audit import bounds
+from capc.round.errors import LedgerValueError, UnknownPartyError
 from services.common.db import iso_utc
 from services.common.ledger.base import LedgerBase
-from services.common.ledger.errors import LedgerError, UnknownPartyError
 from services.common.ledger.models import AuditResultRow, SpendRow
 from services.common.ledger.records import PrivacyAudit
 
@@ -43,16 +43,16 @@ class EmpiricalAudits(LedgerBase):
         arithmetic is not taken), at the ledger's delta; the record is audited."""
         for name, value in (("canaries", canaries), ("guesses", guesses), ("correct", correct)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise LedgerError(f"{name} must be a whole number >= 0, got {value!r}")
+                raise LedgerValueError(f"{name} must be a whole number >= 0, got {value!r}")
         if not 1 <= canaries <= MAX_CANARIES or not correct <= guesses <= canaries:
-            raise LedgerError(
+            raise LedgerValueError(
                 f"need 1 <= canaries <= {MAX_CANARIES} and correct <= guesses <= canaries, got "
                 f"{correct} right of {guesses} guesses on {canaries} canaries"
             )
         if not 0.5 <= confidence < 1.0:
-            raise LedgerError(f"confidence must lie in [0.5, 1), got {confidence}")
+            raise LedgerValueError(f"confidence must lie in [0.5, 1), got {confidence}")
         if not attack or len(attack) > 256:
-            raise LedgerError("describe the attack in 1 to 256 characters")
+            raise LedgerValueError("describe the attack in 1 to 256 characters")
         empirical = bounds.empirical_epsilon(
             correct, guesses, canaries, delta=self.delta, confidence=confidence
         )

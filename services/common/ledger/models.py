@@ -28,6 +28,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from capc.round.ledger import RoundState
+
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
@@ -35,13 +37,6 @@ def utcnow() -> dt.datetime:
 
 class Base(DeclarativeBase):
     pass
-
-
-class RoundState(enum.StrEnum):
-    RESERVED = "reserved"
-    RELEASED = "released"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
 
 
 class ChargeKind(enum.StrEnum):

@@ -15,12 +15,13 @@ from sqlalchemy import Connection, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from capc.privacy.events import DpEvent
+from capc.round.errors import RoundStateError, UnknownPartyError
+from capc.round.ledger import Held, RoundRecord, RoundState
 from services.common.db import iso_utc
 from services.common.ledger.base import FloatArray, LedgerBase, registered_cap
-from services.common.ledger.errors import RoundStateError, UnknownPartyError
-from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, RoundState, TrainingRow
+from services.common.ledger.models import ChargeKind, ChargeRow, RoundRow, TrainingRow
 from services.common.ledger.prepared import Prepared
-from services.common.ledger.records import LedgerEntry, PartyBudget, RoundHeld, RoundRecord
+from services.common.ledger.records import LedgerEntry, PartyBudget, RoundCharges
 from services.common.ledger.tables import (
     CAPS,
     CHARGES,
@@ -145,7 +146,7 @@ class Reads(LedgerBase):
                 raise UnknownPartyError(f"no party named {name!r}")
             return opened, through, _settled_loss(conn, name, through), found[0]
 
-    def round_record(self, round_id: int) -> RoundRecord | None:
+    def round_charges(self, round_id: int) -> RoundCharges | None:
         """A round with its terms, outcome and per-party rows; None if there is none."""
         with self.engine.connect() as conn:
             rnd = ROUND.first(conn, {"rid": round_id})
@@ -153,10 +154,10 @@ class Reads(LedgerBase):
                 return None
             rows = CHARGES.rows(conn, {"rid": round_id})
             held = {p: (ChargeKind(kind), event) for p, kind, _, event in rows}
-        return RoundRecord(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
+        return RoundCharges(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
 
-    def round_held(self, round_id: int, party: str | None = None) -> RoundHeld | None:
-        """What a settlement reads of a round (:meth:`round_record` without decoding its
+    def round_held(self, round_id: int, party: str | None = None) -> RoundRecord | None:
+        """What a settlement reads of a round (:meth:`round_charges` without decoding its
         events), with ``party``'s row only when given (one party's settlement of a round
         of hundreds); None if there is none."""
         with self.engine.connect() as conn:
@@ -167,8 +168,8 @@ class Reads(LedgerBase):
                 rows = HELD.rows(conn, {"rid": round_id})
             else:
                 rows = HELD_OF.rows(conn, {"rid": round_id, "party": party})
-            held = {p: (ChargeKind(kind), bool(event)) for p, kind, event in rows}
-        return RoundHeld(round_id, RoundState(rnd[0]), rnd[1], rnd[2], held)
+            held = {p: Held(kind == ChargeKind.CHARGE, bool(event)) for p, kind, event in rows}
+        return RoundRecord(round_id, RoundState(rnd[0]), rnd[2], held, rnd[1])
 
     def open_rounds(self) -> list[int]:
         """Ids of rounds reserved or released but not yet committed or aborted, oldest first."""

@@ -14,15 +14,8 @@ from capc.mpc.validity import conversion_delta
 # settlement when passed to :meth:`Ledger.commit` or :meth:`Ledger.abort`: the round
 # core's, so a party's own ledger port passes it through unchanged.
 from capc.round.ledger import KeptSetting as KeptSetting
-from services.common.ledger.models import ChargeKind, RoundState
-
-
-@dataclass(frozen=True)
-class Reservation:
-    round_id: int
-    included: tuple[str, ...]
-    #: excluded party -> epsilon it has left (at the ledger's delta)
-    excluded: Mapping[str, float]
+from capc.round.ledger import RoundState
+from services.common.ledger.models import ChargeKind
 
 
 @dataclass(frozen=True)
@@ -90,28 +83,17 @@ class PartyBudget:
 
 
 @dataclass(frozen=True)
-class RoundRecord:
-    """A round as a settlement needs it: its state, what it released (``outcome``,
-    guardian side) or asked of the party (``terms``, party side), and per party the
-    kind of row held and its event (None: charged nothing)."""
+class RoundCharges:
+    """A round with its rows: its state, what it released (``outcome``, guardian side)
+    or asked of the party (``terms``, party side), and per party the kind of row held
+    and its event (None: charged nothing). A settlement reads the lighter
+    :class:`capc.round.ledger.RoundRecord`."""
 
     round_id: int
     state: RoundState
     terms: Mapping[str, object] | None
     outcome: Mapping[str, object] | None
     charges: Mapping[str, tuple[ChargeKind, dict[str, object] | None]]
-
-
-@dataclass(frozen=True)
-class RoundHeld:
-    """A round as a settlement reads it (:class:`RoundRecord` without the events): per
-    party the kind of row held and whether it holds an event (False: charged nothing)."""
-
-    round_id: int
-    state: RoundState
-    terms: Mapping[str, object] | None
-    outcome: Mapping[str, object] | None
-    held: Mapping[str, tuple[ChargeKind, bool]]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
 
+from capc.round.errors import LedgerRefusedError, TeacherCountError, UnknownPartyError
 from services.common.db import iso_utc
 from services.common.ledger.base import (
     MAX_CAP_REASON,
@@ -22,11 +23,6 @@ from services.common.ledger.base import (
     registered_cap,
     teacher_count,
     unknown_task,
-)
-from services.common.ledger.errors import (
-    LedgerError,
-    TeacherCountError,
-    UnknownPartyError,
 )
 from services.common.ledger.models import (
     AllowanceRow,
@@ -90,14 +86,14 @@ class Registry(LedgerBase):
         party, which the guardian then refuses at Register); a party's own ledger pins none.
         """
         if not name or len(name) > 128:
-            raise LedgerError("party names are 1 to 128 characters")
+            raise LedgerRefusedError("party names are 1 to 128 characters")
         cap = positive_cap(epsilon_cap)
         pinned = None if teachers is None else teacher_count(teachers)
         with self._tx() as s:
             row = s.get(PartyRow, name, with_for_update=True)
             if row is not None:
                 if row.role != role:
-                    raise LedgerError(
+                    raise LedgerRefusedError(
                         f"{name} is registered as {row.role}, not {role}; a party keeps its role"
                     )
                 if fingerprint and row.certificate_fingerprint != fingerprint:
@@ -229,7 +225,7 @@ class Registry(LedgerBase):
     def set_allowance(self, querier: str, epsilon_cap: float | None, *, actor: str) -> None:
         """Cap what ``querier``'s rounds may charge any one party (epsilon); None removes the cap. Audited."""
         if epsilon_cap is not None and not (math.isfinite(epsilon_cap) and epsilon_cap > 0):
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"an allowance must be a positive number of epsilon, got {epsilon_cap}"
             )
         with self._tx() as s:
@@ -266,7 +262,7 @@ class Registry(LedgerBase):
             row = s.get(TaskRow, name)
             if row is not None:
                 if row.config_hash != digest:
-                    raise LedgerError(
+                    raise LedgerRefusedError(
                         f"task {name!r} exists with another configuration; use a new task name"
                     )
                 return digest

@@ -39,23 +39,22 @@ from sqlalchemy import Connection, select
 from sqlalchemy.exc import IntegrityError
 
 from capc.privacy.events import DpEvent
+from capc.round.errors import (
+    DuplicateRoundError,
+    LedgerRefusedError,
+    RoundStateError,
+)
+from capc.round.ledger import Reservation, RoundState, round_up
+from capc.round.reservation import Standing, check_round, decide
 from services.common.ledger import chain
 from services.common.ledger.base import (
     FloatArray,
     LedgerBase,
     check_setting,
-    round_up,
     unknown_task,
 )
-from services.common.ledger.errors import (
-    DuplicateRoundError,
-    LedgerError,
-    QuorumError,
-    RoundStateError,
-    UnknownPartyError,
-)
-from services.common.ledger.models import ChargeKind, RoundState, utcnow
-from services.common.ledger.records import KeptSetting, Reservation
+from services.common.ledger.models import ChargeKind, utcnow
+from services.common.ledger.records import KeptSetting
 from services.common.ledger.tables import (
     DELETE_CHARGES,
     INSERT_CHARGES,
@@ -127,10 +126,7 @@ class Reservations(LedgerBase):
         ``disclosure``: the querier's own records the round sends in the clear (the
         CaPC loop), audited as ``clear_records`` in the same transaction.
         """
-        if queries < 1:
-            raise LedgerError(f"a round has at least one query, got {queries}")
-        if quorum < 1:
-            raise LedgerError(f"quorum must be >= 1, got {quorum}")
+        check_round(queries, quorum)
         costs = {p: self._loss(e, f"worst case of {p}") for p, e in worst_case.items()}
         stored_events = {p: e.to_dict() for p, e in worst_case.items()}
         names = sorted(costs)
@@ -142,7 +138,7 @@ class Reservations(LedgerBase):
                     conn, {"key": round_key, "rid": round_id, "task": task, "querier": querier}
                 )
                 if openable is None:
-                    raise LedgerError("the ledger could not check the round's key and task")
+                    raise LedgerRefusedError("the ledger could not check the round's key and task")
                 used, known_task, allowance = openable
                 if used:
                     raise DuplicateRoundError(
@@ -164,38 +160,20 @@ class Reservations(LedgerBase):
                             spends[p].cap, spends[p].status = float(cap), str(status)
                     if limits:
                         allowance = limits[0][3]
-                unknown = [p for p in names if p not in spends]
-                if unknown:
-                    raise UnknownPartyError(f"unknown parties {unknown}; register them first")
-                included: list[str] = []
-                excluded: dict[str, float] = {}
-                # Each excluded party's (cap, loss so far): what the refusal reports.
-                room: dict[str, tuple[float, FloatArray]] = {}
-                for p in names:
-                    current = spends[p].loss
-                    cap, status = spends[p].cap, spends[p].status
-                    if status != "active":
-                        excluded[p] = 0.0
-                        continue
-                    mine = shares.get(p)
-                    fits = self._fits(current + costs[p], cap)
-                    if allowance is not None:
-                        mine = self.accounting.zero() if mine is None else mine
-                        fits = fits and self._fits(mine + costs[p], allowance)
-                    if fits:
-                        included.append(p)
-                        continue
-                    # What a party has left is only worked out for a refusal's message.
-                    left = cap - self._eps(current)[0]
-                    if allowance is not None and mine is not None:
-                        left = min(left, allowance - self._eps(mine)[0])
-                    excluded[p] = max(0.0, left)
-                    room[p] = (cap, current)
-                if len(included) < quorum:
-                    raise QuorumError(
-                        self._refusal(len(included), names, quorum, queries, excluded, costs, room),
-                        excluded,
-                    )
+                standing = {
+                    p: Standing(sp.cap, sp.status == "active", sp.loss, shares.get(p))
+                    for p, sp in spends.items()
+                }
+                admitted = decide(
+                    self.accounting,
+                    self.delta,
+                    costs,
+                    standing,
+                    allowance=allowance,
+                    quorum=quorum,
+                    queries=queries,
+                )
+                included, excluded = list(admitted.included), dict(admitted.excluded)
                 now = utcnow()
                 values: dict[str, object] = {
                     "round_key": round_key,
@@ -213,7 +191,7 @@ class Reservations(LedgerBase):
                 else:
                     made_key = conn.execute(INSERT_ROUND, values).inserted_primary_key
                     if made_key is None:
-                        raise LedgerError("the database gave the new round no id")
+                        raise LedgerRefusedError("the database gave the new round no id")
                     rid = int(made_key[0])
                 INSERT_CHARGES.run_many(
                     conn,
@@ -275,51 +253,6 @@ class Reservations(LedgerBase):
             raise DuplicateRoundError(
                 f"round {round_key!r} was opened before; a round key is used once"
             ) from err
-
-    def _refusal(
-        self,
-        included: int,
-        names: Sequence[str],
-        quorum: int,
-        queries: int,
-        excluded: Mapping[str, float],
-        costs: Mapping[str, FloatArray],
-        room: Mapping[str, tuple[float, FloatArray]],
-    ) -> str:
-        """Why a round of ``queries`` queries is refused: per excluded party, the epsilon
-        it has left, what this round alone costs it (epsilon at the ledger's delta) and how
-        many more queries its cap covers (``room``: its cap and loss so far); and where to
-        see more."""
-        fits: dict[str, int] = {}
-        parts = []
-        for p, left in excluded.items():
-            alone = self._eps(costs[p])[0]
-            cap, spent = room.get(p, (0.0, self.accounting.zero()))
-            # Loss vectors add up over queries (Gaussian DP's mu**2, Renyi curves), so a
-            # round's worst case over its size is one query's.
-            unit = costs[p] / queries
-            fits[p] = (
-                self.accounting.max_count_of(unit, cap, self.delta, spent)
-                if left > 0 and unit.any()
-                else 0
-            )
-            parts.append(
-                f"{p}: {left:.4g} eps left, this round of {queries} queries costs it "
-                f"{alone:.4g} eps, {fits[p]} more queries fit"
-            )
-        best = max(fits, key=lambda p: fits[p]) if fits else None
-        if best is None or fits[best] == 0:
-            hint = ". No excluded party's cap covers another query"
-        else:
-            hint = (
-                f"; at most {fits[best]} more queries fit ({best}): ask for at most that "
-                "many per round (--batch-size)"
-            )
-        return (
-            f"only {included} of {len(names)} parties can afford this round, quorum is "
-            f"{quorum}; excluded: {'; '.join(parts)}{hint}. `capcctl budget` shows every "
-            "party's epsilon and queries left"
-        )
 
     def release(self, round_id: int, *, actor: str = "guardian") -> None:
         """Mark a reserved round released, durably: call before any noisy output leaves."""
@@ -400,7 +333,7 @@ class Reservations(LedgerBase):
                 charged = {p: event for p, (_, event) in held.items()}
             extra = sorted(set(costs) - set(held))
             if extra:
-                raise LedgerError(
+                raise LedgerRefusedError(
                     f"round {round_id} reserved nothing for {extra}; they cannot be charged in it"
                 )
             if keep is not None:

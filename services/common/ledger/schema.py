@@ -21,9 +21,9 @@ from sqlalchemy import make_url, select
 from capc.privacy import accountants
 from capc.privacy.accountants import Accounting, RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS
+from capc.round.errors import LedgerRefusedError
 from services.common.ledger import audit
 from services.common.ledger.base import LedgerBase
-from services.common.ledger.errors import LedgerError
 from services.common.ledger.models import Setting
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -68,7 +68,7 @@ class Schema(LedgerBase):
         with self.engine.connect() as conn:
             rev = MigrationContext.configure(conn).get_current_revision()
         if rev != HEAD_REVISION:
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"ledger schema is at revision {rev}, this guardian needs {HEAD_REVISION}; run `capc guardian --migrate`"
             )
 
@@ -78,9 +78,9 @@ class Schema(LedgerBase):
         # None: whatever delta the ledger was created with (readers such as `capc audit`).
         delta = 1e-5 if given is None else given
         if not (0 < delta < 1):
-            raise LedgerError(f"delta must lie in (0, 1), got {delta}")
+            raise LedgerRefusedError(f"delta must lie in (0, 1), got {delta}")
         if kind is not None and kind not in accountants.ACCOUNTANTS:
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"unknown accountant {kind!r}; choose one of {', '.join(accountants.ACCOUNTANTS)}"
             )
         with self._tx() as s:
@@ -92,7 +92,7 @@ class Schema(LedgerBase):
                 if name == RenyiDp.name:
                     fresh: Accounting = RenyiDp(DEFAULT_ORDERS if orders is None else orders)
                 elif orders is not None:
-                    raise LedgerError(f"the {name} accountant takes no Renyi orders")
+                    raise LedgerRefusedError(f"the {name} accountant takes no Renyi orders")
                 else:
                     fresh = accountants.make(name)
                 saved = {"name": fresh.name, **fresh.settings()}
@@ -104,18 +104,18 @@ class Schema(LedgerBase):
         have = accountants.make(str(saved.pop("name")), saved)
         have_delta = float(stored["delta"])
         if kind is not None and kind != have.name:
-            raise LedgerError(
+            raise LedgerRefusedError(
                 f"this ledger was created with the {have.name} accountant, not {kind}; "
                 "open it without choosing one"
             )
         if orders is not None and not (
             isinstance(have, RenyiDp) and np.array_equal(have.orders, np.asarray(orders))
         ):
-            raise LedgerError(
+            raise LedgerRefusedError(
                 "this ledger was created with another order grid; open it without `orders`"
             )
         if given is not None and have_delta != delta:
-            raise LedgerError(f"this ledger accounts at delta={have_delta}, not {delta}")
+            raise LedgerRefusedError(f"this ledger accounts at delta={have_delta}, not {delta}")
         return have, have_delta
 
     @property

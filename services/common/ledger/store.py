@@ -39,16 +39,6 @@ from services.common.db import make_engine, normalise_url
 from services.common.ledger.auditlog import AuditLog
 from services.common.ledger.base import MAX_CAP_REASON, OWN_SETTINGS, FloatArray
 from services.common.ledger.empirical import MAX_CANARIES, EmpiricalAudits
-from services.common.ledger.errors import (
-    BatchBrokenError,
-    DuplicateRoundError,
-    LedgerError,
-    QuorumError,
-    RoundStateError,
-    TeacherCountError,
-    UnknownPartyError,
-    UnknownTaskError,
-)
 from services.common.ledger.reads import Reads
 from services.common.ledger.records import (
     AuditEntry,
@@ -56,8 +46,7 @@ from services.common.ledger.records import (
     LedgerEntry,
     PartyBudget,
     PrivacyAudit,
-    Reservation,
-    RoundRecord,
+    RoundCharges,
 )
 from services.common.ledger.registry import Registry
 from services.common.ledger.reservations import Reservations
@@ -73,22 +62,13 @@ __all__ = [
     "MAX_CANARIES",
     "MAX_CAP_REASON",
     "AuditEntry",
-    "BatchBrokenError",
-    "DuplicateRoundError",
     "FloatArray",
     "KeptSetting",
     "Ledger",
     "LedgerEntry",
-    "LedgerError",
     "PartyBudget",
     "PrivacyAudit",
-    "QuorumError",
-    "Reservation",
-    "RoundRecord",
-    "RoundStateError",
-    "TeacherCountError",
-    "UnknownPartyError",
-    "UnknownTaskError",
+    "RoundCharges",
 ]
 
 

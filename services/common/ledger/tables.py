@@ -40,6 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 
+from capc.round.ledger import RoundState
 from services.common.ledger import models
 from services.common.ledger.prepared import Prepared
 
@@ -136,8 +137,8 @@ OPEN_ROUNDS = Prepared(
     select(rounds.c.id)
     .where(
         or_(
-            rounds.c.state == models.RoundState.RESERVED,
-            rounds.c.state == models.RoundState.RELEASED,
+            rounds.c.state == RoundState.RESERVED,
+            rounds.c.state == RoundState.RELEASED,
         )
     )
     .order_by(rounds.c.id)

@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 from sqlalchemy import select
 
+from capc.round.errors import UnknownPartyError
+from capc.round.ledger import round_up
 from capc.round.training import Attestation, TrainingCharge, refusal
-from services.common.ledger.base import LedgerBase, round_up
-from services.common.ledger.errors import UnknownPartyError
+from services.common.ledger.base import LedgerBase
 from services.common.ledger.models import PartyRow, SpendRow, TrainingRow
 
 #: The audit action of a charged training.

@@ -11,8 +11,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from services.common.files import write_atomically
 from services.common.pki.model import PKIError
-from services.common.pki.store import CRL_FILE, load_ca, write_atomically
+from services.common.pki.store import CRL_FILE, load_ca
 from services.common.pki.verify import check_signed_by
 
 REASONS = {
@@ -69,7 +70,9 @@ def write_crl(
         builder = builder.add_revoked_certificate(entry.build())
     crl = builder.sign(ca_key, hashes.SHA256())
     path = directory / CRL_FILE
-    write_atomically(path, crl.public_bytes(serialization.Encoding.PEM))
+    # Services reload the CRL when it changes: they must never read half a file.
+    pem = crl.public_bytes(serialization.Encoding.PEM)
+    write_atomically(path, lambda tmp: tmp.write_bytes(pem))
     return path
 
 

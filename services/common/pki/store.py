@@ -27,13 +27,6 @@ def write_private(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    # Services reload the CRL when it changes: they must never read half a file.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from capc.privacy.dp_training import DpTrainingError
 from capc.round.training import MAX_RECORDS, Attestation, TrainingCharge
@@ -17,8 +17,28 @@ from services.common.ledger.audit import AuditHead
 from services.common.protocol import RequestError
 from services.proto.capc.v1 import guardian_pb2
 
-if TYPE_CHECKING:  # the guardian's own comparison; serde needs only its fields
-    from services.guardian.budgets import Comparison
+
+class OwnLedger(Protocol):
+    """A party's own ledger beside the guardian's (the guardian's comparison), as this module reads it."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def party_spent(self) -> float: ...
+
+    @property
+    def through(self) -> int: ...
+
+    @property
+    def open_rounds(self) -> int: ...
+
+    @property
+    def reported_at(self) -> str: ...
+
+    @property
+    def gap(self) -> float: ...
+
 
 #: Loss vectors longer than this are refused in a report (an RDP grid has a few hundred).
 MAX_LOSS_ENTRIES = 10_000
@@ -32,7 +52,7 @@ NO_PROJECTION: tuple[float, float, int] = (1.0, 1.0, -1)
 def party_status_to_proto(
     budget: PartyBudget,
     delta: float,
-    own: Comparison,
+    own: OwnLedger,
     connected: bool = False,
     projection: tuple[float, float, int] = NO_PROJECTION,
     teachers: int = 0,

@@ -20,7 +20,7 @@ from services.common.ledger import Ledger
 from services.gateway.app import create_app
 from services.gateway.backends import Backends
 from services.gateway.tokens import TokenStore
-from services.guardian.loop import bind_querier, loop_terms
+from services.guardian.loop import bind_querier, terms_for
 from services.proto.capc.v1 import common_pb2, student_pb2
 from services.student.store import JobStore
 
@@ -109,5 +109,5 @@ def test_an_admins_choice_names_the_token_holder_down_to_the_guardians_audit(
     ledger = Ledger(f"sqlite:///{tmp_path / 'g.db'}")
     ledger.register_party("h0", 10.0, teachers=1, actor="test")
     bind_querier(ledger, "h0-querier", "h0", actor="test")
-    terms = loop_terms(ledger, "h0-querier", request, 4)
+    terms = terms_for(ledger, "h0-querier", request, 4)
     assert terms.disclosure is not None and terms.disclosure["revealed_by"] == who

@@ -182,7 +182,7 @@ def _readable(fd: int, timeout: float | None) -> bool:
 class ForkServer:
     """A running fork server, started with ``env`` as its environment (thread pools held
     to one thread: see :data:`ONE_THREAD`) and ``cwd`` as its directory, whose modules
-    are importable (``python -m services.forkserver``). :class:`ForkServerError` if it
+    are importable (``python -m services.testbed.forkserver``). :class:`ForkServerError` if it
     does not say it is ready within ``timeout`` s."""
 
     def __init__(self, cwd: Path, env: Mapping[str, str], timeout: float = 300.0) -> None:
@@ -194,7 +194,7 @@ class ForkServer:
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._popen = subprocess.Popen(
-                [sys.executable, "-m", "services.forkserver", str(theirs.fileno())],
+                [sys.executable, "-m", "services.testbed.forkserver", str(theirs.fileno())],
                 cwd=cwd,
                 env={**env, **{name: "1" for name in ONE_THREAD}},
                 pass_fds=(theirs.fileno(),),
@@ -631,5 +631,5 @@ def _exit_code(value: object) -> int:
 if __name__ == "__main__":
     # Run as ``-m``: this module is ``__main__``. A child that imports it by name (for
     # import_generators) gets this one, not a second copy with an empty list.
-    sys.modules.setdefault("services.forkserver", sys.modules[__name__])
+    sys.modules.setdefault("services.testbed.forkserver", sys.modules[__name__])
     serve(socket.socket(fileno=int(sys.argv[1])))
