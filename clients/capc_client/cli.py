@@ -89,7 +89,7 @@ def _quiet(args: argparse.Namespace) -> bool:
     return bool(args.quiet or args.json)
 
 
-class TrainingProgress:
+class TrainingWatch:
     """A model's training on stderr, a line at each change the student party reports:
     its state, the seconds so far, and while it trains how far it is ("3/10 epochs"),
     at what rate and about how long is left (measured from the wait's start, or from
@@ -127,8 +127,8 @@ class TrainingProgress:
 
 
 def _training(what: str) -> Any:
-    """Progress of a model's training on stderr (:class:`TrainingProgress`)."""
-    return TrainingProgress(what)
+    """Progress of a model's training on stderr (:class:`TrainingWatch`)."""
+    return TrainingWatch(what)
 
 
 def _watch(client: Client, args: argparse.Namespace, job_id: str) -> int:
