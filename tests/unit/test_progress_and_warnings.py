@@ -173,7 +173,7 @@ def test_capcctl_training_progress_shows_a_fraction_a_rate_and_an_estimate() -> 
         )
 
     clock = Clock()
-    show = capcctl.TrainingProgress("training model", clock)
+    show = capcctl.TrainingWatch("training model", clock)
     assert show.line(model(0, 0, "", "queued")) == "training model m1: queued after 0 s"
     clock.now = 8.0
     line = show.line(model(2, 10, "epochs"))
