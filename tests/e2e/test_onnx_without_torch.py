@@ -18,43 +18,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from capc.privacy.randomness import SecureRandom
 from services.local import LocalConsortium
 from tests.e2e.jobs import assert_ledgers_agree
+from tests.e2e.own_models import write_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTIES = 3
 NOISE_SEED = "e2e-onnx-without-torch"
 #: What the stand-in ``torch`` package raises: a party that imports torch exits with it.
 BLOCKED = "torch is unimportable here: the ONNX answerer must not import it"
-
-
-def write_onnx(path: Path, seed: int) -> None:
-    """A linear teacher (1, 28, 28) -> 10 scores with a dynamic batch, weights from ``seed``."""
-    rng = np.random.default_rng(seed)
-    weights = rng.standard_normal((784, 10)).astype(np.float32) / 28.0
-    bias = rng.standard_normal(10).astype(np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Flatten", ["x"], ["flat"], axis=1),
-            helper.make_node("Gemm", ["flat", "w", "b"], ["scores"]),
-        ],
-        "linear-teacher",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 28, 28])],
-        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 10])],
-        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(bias, "b")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    # An IR version every onnxruntime of the pins reads.
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
 
 
 def blocked_torch(directory: Path) -> Path:
