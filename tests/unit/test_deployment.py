@@ -169,6 +169,9 @@ def test_k8s_runs_under_kube_play_and_on_a_cluster() -> None:
         assert spec["securityContext"]["runAsNonRoot"] is True
         container = spec["containers"][0]
         assert not any("$(" in a for a in container["args"]), workload
+        # kube play publishes every containerPort on the host's 0.0.0.0: the gateway alone
+        # declares one, with its hostPort on the loopback.
+        assert ("ports" in container) == (workload == "gateway"), workload
         assert "exec" in container["readinessProbe"], "kube play runs exec probes"
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         for v in spec["volumes"]:
