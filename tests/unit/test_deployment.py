@@ -134,11 +134,10 @@ def test_dockerfile_needs_no_registry_and_runs_as_non_root() -> None:
 
 
 def manifests() -> list[dict[str, Any]]:
-    """Every document of deploy/k8s but the PostgreSQL option's (postgres.yaml)."""
+    """Every document ``kubectl apply -f deploy/k8s/`` applies (not postgres/, an option)."""
     docs: list[dict[str, Any]] = []
     for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
-        if path.name != "postgres.yaml":
-            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
 
@@ -182,7 +181,7 @@ def test_k8s_runs_under_kube_play_and_on_a_cluster() -> None:
                 empty_dirs.append(v["name"])
                 assert v["name"].startswith(f"{workload}-")
     assert len(set(empty_dirs)) == len(empty_dirs)
-    assert not any(d["kind"] == "StatefulSet" for d in manifests() if d not in postgres())
+    assert not any(d["kind"] == "StatefulSet" for d in manifests())
 
 
 def _k8s(name: str) -> str:
@@ -190,7 +189,7 @@ def _k8s(name: str) -> str:
 
 
 def postgres() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(_k8s("postgres")) if d]
+    return [d for d in yaml.safe_load_all(_k8s("postgres/postgres")) if d]
 
 
 def test_k8s_ledgers_are_sqlite_on_volume_claims() -> None:
@@ -262,7 +261,7 @@ def _workload(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any
 
 
 def test_k8s_gateway_and_ledger_use_separate_database_roles() -> None:
-    """postgres.yaml, the PostgreSQL option: the superuser's password reaches PostgreSQL
+    """postgres/postgres.yaml, the PostgreSQL option: the superuser's password reaches PostgreSQL
     only, and the guardian's and the gateway's URLs come from Secrets of their own."""
     docs = postgres()
     pg = _workload(docs, "StatefulSet", "postgres")
@@ -278,7 +277,7 @@ def test_k8s_gateway_and_ledger_use_separate_database_roles() -> None:
     script = (ROOT / "deploy" / "postgres-init.sh").read_text()
     assert list(config["data"].values()) == [script], "the ConfigMap is deploy/postgres-init.sh"
     # What the file tells the operator to give each workload: its own secret's URL only.
-    text = _k8s("postgres")
+    text = _k8s("postgres/postgres")
     assert "{name: LEDGER_URL, valueFrom: {secretKeyRef: {name: ledger-db, key: url}}}" in text
     assert "{name: TOKEN_DB_URL, valueFrom: {secretKeyRef: {name: gateway-db, key: url}}}" in text
     # As shipped, no workload reads a database secret (their ledgers are SQLite files).
