@@ -87,9 +87,11 @@ test: $(STAMP) browser
 	  tests=$$?; wait $$types; typed=$$?; cat .mypy.out; rm -f .mypy.out; \
 	  [ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 
-# The shipped compose file started for real under podman, with its faults: a lane of
-# its own (about 3 minutes on the image `make images` built), since it would take
-# `make test` past its 15 minutes. .ci/run runs it after `make test`.
+# The shipped compose file (podman-compose) and Kubernetes manifests (podman kube play)
+# started for real under podman, with their faults: a lane of its own (minutes on the
+# images `make images` built; docs/results.md), since it would take `make test` past
+# its 15 minutes. .ci/run runs it after `make test`. One worker: two, one file each,
+# took longer on the 2-core machine (428 s against 388 s; the containers' starts compute).
 test-containers: $(STAMP)
 	$(VENV)/bin/pytest -q -m containers tests/containers
 

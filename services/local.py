@@ -183,6 +183,9 @@ class LocalConsortium:
     listen_host: str = "127.0.0.1"
     guardian_prefix: Sequence[str] = ()
     dial: str = ""
+    #: The command each answering party runs under (e.g. ``env PYTHONPATH=...``: the
+    #: torch-free answerer test, tests/e2e/test_onnx_without_torch.py); none by default.
+    party_prefix: Sequence[str] = ()
     #: The CaPC loop: querier certificate -> the hospital the guardian binds it to
     #: (``capc guardian --querier``), so its rounds always leave that hospital out.
     queriers: Mapping[str, str] = field(default_factory=dict)
@@ -684,6 +687,7 @@ class LocalConsortium:
             str(self.pki_dir),
             "--server-name",
             "localhost",
+            prefix=self.party_prefix,
             ready=connected,
         )
         self.procs.append(proc)

@@ -21,16 +21,15 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from torch import nn
-
-from capc.models.checkpoint import Teacher
-from capc.models.ensemble import Voters
-from capc.models.ensemble.shared_body import TeacherEnsemble
+from capc.models.ensemble.voters import Voters, is_ensemble, is_teacher, model_hashes
 from capc.models.foreign import FACTORY_SPEC, is_factory_spec
-from capc.models.heads import BatchStandardiser
 from capc.privacy.dp_training import CARD_KEY, DpTraining, DpTrainingError
 from capc.round.training import Attestation, file_digest
+
+if TYPE_CHECKING:
+    from torch import nn
 
 log = logging.getLogger("capc.answerer.attestation")
 
@@ -95,6 +94,8 @@ def carried(voters: Voters, spec: str) -> DpTraining | None:
 def _stored(module: nn.Module) -> bool:
     """Whether ``module`` holds statistics over records: a BatchNorm's, or an InstanceNorm
     that tracks running statistics (read in evaluation mode)."""
+    from torch import nn  # a capc model's module: torch is loaded already
+
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
         return True
     return isinstance(module, nn.modules.instancenorm._InstanceNorm) and bool(
@@ -115,9 +116,9 @@ def stored_statistics(voters: Voters) -> str | None:
     statistics anywhere. A foreign model is run as it is: its attestation
     (--dp-training) is the hospital's own word."""
     for member, source in zip(voters.members, voters.sources, strict=True):
-        if isinstance(member, Teacher):
+        if is_teacher(member):
             modules = list(member.model.named_modules())
-        elif isinstance(member, TeacherEnsemble):
+        elif is_ensemble(member):
             # The ensemble's heads are its weights and biases: the body's own head is unused.
             modules = [
                 (n, m)
@@ -126,6 +127,11 @@ def stored_statistics(voters: Voters) -> str | None:
             ]
         else:
             continue
+        # Only capc's own models reach here: torch is loaded already.
+        from torch import nn
+
+        from capc.models.heads import BatchStandardiser
+
         norms = [m for _, m in modules if _stored(m)]
         if any(isinstance(m, nn.modules.instancenorm._InstanceNorm) for m in norms):
             return (
@@ -139,7 +145,7 @@ def stored_statistics(voters: Voters) -> str | None:
             )
         # The DP fit writes image teachers as ensembles carrying the record, with the
         # pretrained body's statistics; it never writes BatchNorm into a plain teacher.
-        fitted = isinstance(member, TeacherEnsemble) and CARD_KEY in (member.card or {})
+        fitted = is_ensemble(member) and CARD_KEY in (member.card or {})
         if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in norms) and not fitted:
             return (
                 f"{source} holds BatchNorm statistics that every query would read, and it "
@@ -210,8 +216,7 @@ def loaded_sha256(voters: Voters, spec: str, on_disk: bytes) -> bytes:
     for member, origin in zip(voters.members, voters.origins, strict=True):
         if origin != spec:
             continue
-        hashes = member.model_hashes if isinstance(member, TeacherEnsemble) else [member.model_hash]
-        for one in hashes:
+        for one in model_hashes(member):
             h.update(one.encode())
     return h.digest()
 

@@ -29,25 +29,28 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
 from capc.data.schema import RecordSchema
-from capc.models import Teacher
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from capc.round.errors import LedgerRefusedError, VoteRefusedError
 from capc.round.messages import PartyShares, RoundWork
 from services.answerer.budget import OwnBudget
-from services.answerer.encrypted import EncryptedAnswerer
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
 from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.relay import RelayChannel
 from services.common.task import TaskConfig, config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+
+if TYPE_CHECKING:
+    from capc.models import Teacher
+    from services.answerer.encrypted import EncryptedAnswerer
 
 log = logging.getLogger("capc.answerer")
 
@@ -156,7 +159,13 @@ class AnsweringParty:
         self._waiting_lock = threading.Lock()
         single = self.voters.single
         # Encrypted rounds evaluate one HE-friendly teacher; an ensemble answers plain ones.
-        self._encrypted = None if single is None else EncryptedAnswerer(name, single)
+        self._encrypted: EncryptedAnswerer | None = None
+        if single is not None:
+            # Imported only for a capc teacher (torch and TenSEAL): a party of ONNX
+            # teachers, which never answers encrypted rounds, runs without either.
+            from services.answerer.encrypted import EncryptedAnswerer
+
+            self._encrypted = EncryptedAnswerer(name, single)
         # Encrypted rounds in progress: relayed frames from the student go to their channel.
         self._relays: dict[int, RelayChannel] = {}
         # Hashing every teacher takes a while for a large ensemble: once, not per connection.

@@ -13,12 +13,16 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,3 +142,127 @@ def last_json(text: str) -> Any:
 def project_name(directory: Path) -> str:
     """The compose project podman-compose names after ``directory``."""
     return re.sub(r"[^-_a-z0-9]", "", directory.name.lower())
+
+
+def free_port() -> int:
+    """A TCP port free on the host's loopback now (for the gateway's published port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def fit_teacher(directory: Path) -> Path:
+    """One hospital's teachers, ``directory``/teacher.pt: TEACHERS DIET heads fitted on
+    200 animal-mnist images.
+
+    One fit serves every hospital of every deployment test: what these tests check is
+    the deployment (containers, network, volumes, ledgers), not what the votes learn,
+    and each fit costs tens of seconds of the suite's two cores.
+    """
+    from capc.data.offline import animal_mnist
+
+    x, y = animal_mnist()
+    data = directory / "records.npz"
+    np.savez(data, x=x[:200], y=y[:200])
+    fitted = directory / "teacher.pt"
+    run(
+        str(BIN / "capc"),
+        "teacher",
+        "fit",
+        "--task",
+        str(ROOT / "deploy" / "task.json"),
+        "--data",
+        str(data),
+        "--teachers",
+        str(TEACHERS),
+        "--out",
+        str(fitted),
+        "--json",
+        cwd=directory,
+    )
+    return fitted
+
+
+def place_teachers(fitted: Path, directory: Path) -> None:
+    """``fitted`` as every hospital's ``directory``/models/hospital-X/teacher.pt."""
+    for hospital in HOSPITALS:
+        out = directory / "models" / hospital
+        out.mkdir(parents=True)
+        shutil.copy(fitted, out / "teacher.pt")
+        # Read by the image's user (uid 10001), as the certificates are.
+        (out / "teacher.pt").chmod(0o444)
+
+
+@dataclass
+class Gateway:
+    """The gateway as an analyst and an admin reach it from the host, with ``capcctl``:
+    its published ``port``, the consortium's CA and the two tokens."""
+
+    port: int
+    ca: Path
+    admin: str
+    analyst: str = ""
+
+    def env(self, admin: bool) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT / "clients"),
+            "CAPC_URL": f"https://localhost:{self.port}",
+            "CAPC_CA": str(self.ca),
+            "CAPC_TOKEN": self.admin if admin else self.analyst,
+        }
+
+    def capcctl(self, *args: str, admin: bool = False) -> subprocess.CompletedProcess[str]:
+        return run(sys.executable, "-m", "capc_client.cli", *args, env=self.env(admin), timeout=900)
+
+    def budgets(self) -> dict[str, dict[str, float]]:
+        """Every party's budget as the guardian reports it to an admin."""
+        out = self.capcctl("budget", "--json", admin=True).stdout
+        return {b["party"]: b for b in json.loads(out)["budgets"]}
+
+    def answers(self) -> bool:
+        """Whether the gateway reaches the guardian (an admin's budget read succeeds)."""
+        done = subprocess.run(
+            [sys.executable, "-m", "capc_client.cli", "budget", "--json"],
+            env=self.env(admin=True),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        return done.returncode == 0
+
+    def label(self, count: int) -> str:
+        """A job of ``count`` queries, waited for: every one must be answered."""
+        done = self.capcctl("jobs", "submit", "--count", str(count), "--wait").stdout
+        assert f"{count}/{count} processed, {count} answered" in done, done
+        return done
+
+
+def own_ledger(container: str, hospital: str) -> tuple[float, int]:
+    """(epsilon spent, rounds) in ``hospital``'s own ledger, read in its ``container``."""
+    code = (
+        "from services.common.ledger import Ledger; "
+        f"b = Ledger('/var/lib/capc/ledger.db').budget('{hospital}'); "
+        "print(b.spent, b.rounds)"
+    )
+    out = run("podman", "exec", container, "python", "-c", code).stdout
+    spent, rounds = out.split()[-2:]
+    return float(spent), int(rounds)
+
+
+#: Admin tokens as ``capc gateway token create`` prints them.
+TOKEN = re.compile(r"capc_[0-9a-f]+_[A-Za-z0-9_-]+")
+
+
+def docs_section(heading: str) -> str:
+    """The text of docs/usage.md under ``heading`` (a ``###`` line), to the next heading."""
+    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    section = text.split(f"### {heading}\n", 1)[1]
+    return re.split(r"^#{2,3} ", section, maxsplit=1, flags=re.M)[0]
+
+
+def docs_blocks(heading: str, language: str = "sh") -> list[str]:
+    """Every ``language`` fenced block of docs/usage.md's section ``heading``, in order."""
+    section = docs_section(heading)
+    return [part.split("```", 1)[0] for part in section.split(f"```{language}\n")[1:]]

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tests.containers.engine import (
@@ -32,12 +28,17 @@ from tests.containers.engine import (
     ROOT,
     SERVICES,
     TEACHERS,
+    TOKEN,
+    Gateway,
+    docs_blocks,
+    free_port,
     healthy,
     last_json,
     leftovers,
+    own_ledger,
+    place_teachers,
     project_name,
     remove_project,
-    require_podman,
     run,
     wait_until,
 )
@@ -56,36 +57,22 @@ default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 
 def docs_block() -> list[str]:
     """The shell lines of docs/usage.md's "Running it with no registry" block."""
-    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
-    section = text.split("### Running it with no registry", 1)[1]
-    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
-    return [line for line in block.splitlines() if line.strip()]
+    return [line for line in docs_blocks("Running it with no registry")[0].splitlines() if line]
 
 
 def docs_host_conf() -> str:
     """The host settings docs/usage.md gives (its toml block), as a containers.conf."""
-    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
-    section = text.split("### Running it with no registry", 1)[1]
-    return section.split("```toml\n", 1)[1].split("```", 1)[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return docs_blocks("Running it with no registry", "toml")[0]
 
 
 @dataclass
 class Consortium:
-    """A running compose project: its directory, environment and gateway tokens."""
+    """A running compose project: its directory, environment and gateway."""
 
     directory: Path
     project: str
     env: dict[str, str]
-    port: int
-    analyst: str
-    admin: str
+    gateway: Gateway
     started_s: float
 
     def container(self, service: str) -> str:
@@ -94,110 +81,20 @@ class Consortium:
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return run("podman-compose", *args, cwd=self.directory, env=self.env, timeout=timeout)
 
-    def capcctl(self, *args: str, admin: bool = False) -> subprocess.CompletedProcess[str]:
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT / "clients"),
-            "CAPC_URL": f"https://localhost:{self.port}",
-            "CAPC_CA": str(self.directory / "pki" / "ca" / "ca.pem"),
-            "CAPC_TOKEN": self.admin if admin else self.analyst,
-        }
-        return run(sys.executable, "-m", "capc_client.cli", *args, env=env, timeout=900)
-
-    def budgets(self) -> dict[str, dict[str, float]]:
-        """Every party's budget as the guardian reports it to an admin."""
-        out = self.capcctl("budget", "--json", admin=True).stdout
-        return {b["party"]: b for b in json.loads(out)["budgets"]}
-
-    def answers(self) -> bool:
-        """Whether the gateway reaches the guardian (an admin's budget read succeeds)."""
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT / "clients"),
-            "CAPC_URL": f"https://localhost:{self.port}",
-            "CAPC_CA": str(self.directory / "pki" / "ca" / "ca.pem"),
-            "CAPC_TOKEN": self.admin,
-        }
-        done = subprocess.run(
-            [sys.executable, "-m", "capc_client.cli", "budget", "--json"],
-            env=env,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-        return done.returncode == 0
-
     def own_ledger(self, hospital: str) -> tuple[float, int]:
         """(epsilon spent, rounds) in ``hospital``'s own ledger, read in its container."""
-        code = (
-            "from services.common.ledger import Ledger; "
-            f"b = Ledger('/var/lib/capc/ledger.db').budget('{hospital}'); "
-            "print(b.spent, b.rounds)"
-        )
-        out = run("podman", "exec", self.container(hospital), "python", "-c", code).stdout
-        spent, rounds = out.split()[-2:]
-        return float(spent), int(rounds)
+        return own_ledger(self.container(hospital), hospital)
 
     def wait_healthy(self, *services: str, timeout: float = 600) -> None:
         for service in services or SERVICES:
             container = self.container(service)
             wait_until(f"{service} healthy", partial(healthy, container), timeout)
 
-    def label(self, count: int) -> str:
-        done = self.capcctl("jobs", "submit", "--count", str(count), "--wait").stdout
-        assert f"{count}/{count} processed, {count} answered" in done, done
-        return done
-
-
-def fit_teachers(directory: Path) -> None:
-    """Each hospital's teachers: 5 DIET heads fitted on 200 animal-mnist images.
-
-    One fit, copied to the three hospitals: what these tests check is the deployment
-    (containers, network, volumes, ledgers), not what the votes learn, and each fit
-    costs tens of seconds of the suite's two cores.
-    """
-    from capc.data.offline import animal_mnist
-
-    x, y = animal_mnist()
-    data = directory / "records.npz"
-    np.savez(data, x=x[:200], y=y[:200])
-    fitted = directory / "teacher.pt"
-    run(
-        str(BIN / "capc"),
-        "teacher",
-        "fit",
-        "--task",
-        "deploy/task.json",
-        "--data",
-        str(data),
-        "--teachers",
-        str(TEACHERS),
-        "--out",
-        str(fitted),
-        "--json",
-        cwd=directory,
-    )
-    for hospital in HOSPITALS:
-        out = directory / "models" / hospital
-        out.mkdir(parents=True)
-        shutil.copy(fitted, out / "teacher.pt")
-        # Read by the image's user (uid 10001), as the certificates are.
-        (out / "teacher.pt").chmod(0o444)
-
 
 @pytest.fixture(scope="module")
-def images() -> None:
-    """``make images`` from the checkout (cached: only capc's own layer rebuilds)."""
-    require_podman()
-    # .ci/run builds the image from this very tree just before `make test` and says so.
-    built = subprocess.run(["podman", "image", "exists", "capc:latest"], check=False)
-    if os.environ.get("CAPC_IMAGES_BUILT") == "1" and built.returncode == 0:
-        return
-    run("make", "images", cwd=ROOT, timeout=1800)
-
-
-@pytest.fixture(scope="module")
-def consortium(images: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Consortium]:
+def consortium(
+    teacher_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Consortium]:
     directory = tmp_path_factory.mktemp("capcct")
     project = project_name(directory)
     # The shipped files, unchanged, in a directory of their own (pki/ and models/ beside).
@@ -226,16 +123,17 @@ def consortium(images: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     # Every podman command of the module (kill, start, exec) on the same host settings.
     patch.setenv("CONTAINERS_CONF", env["CONTAINERS_CONF"])
     try:
-        fit_teachers(directory)
+        place_teachers(teacher_file, directory)
         start = time.monotonic()
         script = "\n".join(
             ["set -euo pipefail"]
             + [line for line in docs_block() if not line.startswith("make images")]
         )
         done = run("bash", "-c", script, cwd=directory, env=env, timeout=900)
-        admin = re.findall(r"capc_[0-9a-f]+_[A-Za-z0-9_-]+", done.stdout)
+        admin = TOKEN.findall(done.stdout)
         assert admin, done.stdout + done.stderr
-        consortium = Consortium(directory, project, env, port, "", admin[-1], 0.0)
+        gateway = Gateway(port, directory / "pki" / "ca" / "ca.pem", admin[-1])
+        consortium = Consortium(directory, project, env, gateway, 0.0)
         consortium.wait_healthy()
         made = consortium.compose(
             "exec",
@@ -250,7 +148,7 @@ def consortium(images: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             "/var/lib/capc/gateway.db",
             "--json",
         )
-        consortium.analyst = last_json(made.stdout)["token"]
+        gateway.analyst = last_json(made.stdout)["token"]
         consortium.started_s = time.monotonic() - start
         yield consortium
     finally:
@@ -280,7 +178,7 @@ def test_each_service_runs_in_its_own_container_and_hospitals_publish_no_port(
         assert list(inspected["NetworkSettings"]["Networks"]) == [network], service
         ports = run("podman", "port", name).stdout.strip()
         if service == "gateway":
-            assert ports == f"8080/tcp -> 127.0.0.1:{consortium.port}"
+            assert ports == f"8080/tcp -> 127.0.0.1:{consortium.gateway.port}"
         else:
             assert ports == "", f"{service} publishes {ports}"
 
@@ -289,12 +187,12 @@ def test_capcctl_labels_1000_queries_and_an_admin_reads_every_budget(
     consortium: Consortium,
 ) -> None:
     start = time.monotonic()
-    consortium.label(1000)
+    consortium.gateway.label(1000)
     print(
         f"\nconsortium healthy after {consortium.started_s:.0f} s; "
         f"1,000 queries labelled in {time.monotonic() - start:.0f} s"
     )
-    budgets = consortium.budgets()
+    budgets = consortium.gateway.budgets()
     assert set(HOSPITALS) <= set(budgets)
     for hospital in HOSPITALS:
         b = budgets[hospital]
@@ -315,9 +213,9 @@ def test_a_killed_hospital_restarts_with_its_ledger_and_is_never_charged_twice(
     consortium.wait_healthy(hospital)
     # The volume kept the ledger: nothing forgotten, nothing charged by the restart itself.
     assert consortium.own_ledger(hospital) == (before, rounds)
-    consortium.label(16)
+    consortium.gateway.label(16)
     after, rounds_after = consortium.own_ledger(hospital)
-    guardian = consortium.budgets()[hospital]["epsilon_spent"]
+    guardian = consortium.gateway.budgets()[hospital]["epsilon_spent"]
     assert after > before and rounds_after > rounds
     # Exactly what the guardian charged it, no round twice.
     assert after == pytest.approx(guardian, rel=1e-9), (after, guardian)
@@ -338,24 +236,24 @@ def _guardian_rounds(consortium: Consortium) -> dict[str, int]:
 def test_the_guardian_restarted_mid_job_resumes_from_its_ledger(
     consortium: Consortium,
 ) -> None:
-    before = consortium.budgets()
+    before = consortium.gateway.budgets()
     # One query a round, so the job spans many rounds and the restart lands inside it.
-    submitted = consortium.capcctl(
+    submitted = consortium.gateway.capcctl(
         "jobs", "submit", "--count", "48", "--batch-size", "1", "--json"
     ).stdout
     job = last_json(submitted)["id"]
 
     def show() -> dict[str, object]:
-        return dict(last_json(consortium.capcctl("jobs", "show", job, "--json").stdout))
+        return dict(last_json(consortium.gateway.capcctl("jobs", "show", job, "--json").stdout))
 
     wait_until("the job under way", lambda: int(str(show()["processed"])) >= 1)
     run("podman", "restart", "-t", "0", consortium.container("guardian"))
     consortium.wait_healthy("guardian")
     # The restarted container may have a new address: its callers find it when gRPC
     # resolves the name again (at most every 30 s), so wait for the gateway to reach it.
-    wait_until("the gateway reaches the restarted guardian", consortium.answers, 300)
+    wait_until("the gateway reaches the restarted guardian", consortium.gateway.answers, 300)
     wait_until("the job finished", lambda: show()["state"] in {"done", "failed"}, 600)
-    after = consortium.budgets()
+    after = consortium.gateway.budgets()
     for hospital in HOSPITALS:
         # Nothing forgotten: the restarted guardian's totals start from its ledger.
         assert after[hospital]["epsilon_spent"] >= before[hospital]["epsilon_spent"]
@@ -364,7 +262,7 @@ def test_the_guardian_restarted_mid_job_resumes_from_its_ledger(
     assert rounds.get("RESERVED", 0) == 0 and rounds.get("RELEASED", 0) == 0, rounds
     # And it serves again: a new job labels in full. (Every hospital's cap fits 1,152
     # queries at the task's sigma; the module's jobs add up to at most 1,096.)
-    consortium.label(8)
+    consortium.gateway.label(8)
 
 
 def _connections(consortium: Consortium, hospital: str) -> int:
@@ -378,12 +276,12 @@ def test_a_hospital_cut_off_leaves_the_others_going_at_quorum_then_rejoins(
 ) -> None:
     cut, network = "hospital-c", f"{consortium.project}_consortium"
     others = [h for h in HOSPITALS if h != cut]
-    before = consortium.budgets()
+    before = consortium.gateway.budgets()
     connected = _connections(consortium, cut)
     run("podman", "network", "disconnect", network, consortium.container(cut))
     try:
-        consortium.label(16)
-        during = consortium.budgets()
+        consortium.gateway.label(16)
+        during = consortium.gateway.budgets()
         # The two others answered at quorum, and were charged; the cut-off one was not.
         for h in others:
             assert during[h]["epsilon_spent"] > before[h]["epsilon_spent"], h
@@ -393,8 +291,8 @@ def test_a_hospital_cut_off_leaves_the_others_going_at_quorum_then_rejoins(
         run("podman", "network", "connect", "--alias", cut, network, consortium.container(cut))
     # It notices its stream broke, dials again and is back: it votes, and is charged.
     wait_until(f"{cut} connected again", lambda: _connections(consortium, cut) > connected, 300)
-    consortium.label(8)
-    assert consortium.budgets()[cut]["epsilon_spent"] > during[cut]["epsilon_spent"]
+    consortium.gateway.label(8)
+    assert consortium.gateway.budgets()[cut]["epsilon_spent"] > during[cut]["epsilon_spent"]
 
 
 def test_audit_verify_across_every_ledger_finds_nothing_lost_or_altered(
@@ -403,7 +301,7 @@ def test_audit_verify_across_every_ledger_finds_nothing_lost_or_altered(
     # Each hospital's own ledger settles what the guardian charged it (after the faults,
     # a hospital may still be asking for the last heads): wait for agreement first.
     def agree() -> bool:
-        guardian = consortium.budgets()
+        guardian = consortium.gateway.budgets()
         return all(
             consortium.own_ledger(h)[0] == pytest.approx(guardian[h]["epsilon_spent"], rel=1e-9)
             for h in HOSPITALS

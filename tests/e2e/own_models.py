@@ -7,7 +7,10 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import numpy as np
+import onnx
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from capc.models import build
@@ -111,3 +114,25 @@ def export_thief(secret: Path, target: Path, path: Path) -> Path:
         scripted = torch.jit.script(module)
         torch.jit.save(scripted, str(path))
     return path
+
+
+def write_onnx(path: Path, seed: int) -> None:
+    """A linear teacher (1, 28, 28) -> 10 scores with a dynamic batch, weights from ``seed``."""
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((784, 10)).astype(np.float32) / 28.0
+    bias = rng.standard_normal(10).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", ["x"], ["flat"], axis=1),
+            helper.make_node("Gemm", ["flat", "w", "b"], ["scores"]),
+        ],
+        "linear-teacher",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 28, 28])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 10])],
+        [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(bias, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # An IR version every onnxruntime of the pins reads.
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)

@@ -111,9 +111,9 @@ def test_deploy_task_with_compose_registrations(ledger: Ledger) -> None:
 def test_deploy_task_with_kubernetes_registrations(ledger: Ledger) -> None:
     k8s_task = yaml.safe_load((ROOT / "deploy" / "k8s" / "task.yaml").read_text())
     task = json.loads(k8s_task["data"]["task.json"])
-    docs = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "consortium.yaml").read_text()))
+    docs = list(yaml.safe_load_all((ROOT / "deploy" / "k8s" / "guardian.yaml").read_text()))
     guardian = next(
-        d for d in docs if d and d["kind"] == "StatefulSet" and d["metadata"]["name"] == "guardian"
+        d for d in docs if d and d["kind"] == "Deployment" and d["metadata"]["name"] == "guardian"
     )
     pins = registrations(guardian["spec"]["template"]["spec"]["containers"][0]["args"])
     assert {cap for cap, _ in pins.values()} == {CAP}

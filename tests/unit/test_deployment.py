@@ -1,5 +1,7 @@
-"""docker-compose.yml and deploy/ checked for structure (no Docker engine on these machines;
-the same topology runs as local processes in tests/e2e)."""
+"""docker-compose.yml and deploy/ checked for structure, in the suite's seconds:
+tests/containers starts them for real under podman (the compose file with
+podman-compose, deploy/k8s with podman kube play), and the same topology runs as local
+processes in tests/e2e."""
 
 from __future__ import annotations
 
@@ -99,12 +101,12 @@ def test_every_guardian_pins_each_hospitals_teacher_count() -> None:
         )
         assert services[h]["command"].count("--model") == 1
     docs = manifests()
-    args = _workload(docs, "StatefulSet", "guardian")["spec"]["template"]["spec"]["containers"][0]
+    args = _workload(docs, "Deployment", "guardian")["spec"]["template"]["spec"]["containers"][0]
     assert _pins(args["args"]) == {h: (10.0, 50) for h in HOSPITALS}
     answerers = {
         d["metadata"]["namespace"]: d["spec"]["template"]["spec"]["containers"][0]["args"]
         for d in docs
-        if d["kind"] == "Deployment" and d["metadata"]["name"] == "answerer"
+        if d["kind"] == "Deployment" and d["metadata"]["name"] in HOSPITALS
     }
     assert {f"capc-{h}" for h in HOSPITALS} == set(answerers)
     assert all(args.count("--model") == 1 for args in answerers.values())
@@ -132,23 +134,76 @@ def test_dockerfile_needs_no_registry_and_runs_as_non_root() -> None:
 
 
 def manifests() -> list[dict[str, Any]]:
+    """Every document ``kubectl apply -f deploy/k8s/`` applies (not postgres/, an option)."""
     docs: list[dict[str, Any]] = []
     for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
 
-def test_k8s_guardian_statefulset_with_postgres() -> None:
+def test_k8s_runs_under_kube_play_and_on_a_cluster() -> None:
+    """What podman 4.3's kube play plays (Deployment, PersistentVolumeClaim, ConfigMap,
+    Secret; Namespace, Service and NetworkPolicy it skips) and nothing it would trip on:
+    no StatefulSet, no ``$(VAR)`` in arguments, secret volumes with ``optional`` said,
+    every emptyDir named apart (podman shares one name's across pods), names unique
+    across namespaces. docs/usage.md's block plays them (tests/containers/test_kube.py)."""
+    played = {"guardian", "student", "gateway", *HOSPITALS}
+    kinds = {"Deployment", "PersistentVolumeClaim", "ConfigMap", "Namespace", "Service"}
+    kinds |= {"NetworkPolicy"}
+    names: dict[str, str] = {}
+    empty_dirs: list[str] = []
+    for workload in sorted(played):
+        docs = [d for d in yaml.safe_load_all(_k8s(workload)) if d]
+        assert {d["kind"] for d in docs} <= kinds, workload
+        for d in docs:
+            if d["kind"] in ("Deployment", "PersistentVolumeClaim"):
+                name = d["metadata"]["name"]
+                assert name not in names, f"{name} in {workload} and {names[name]}"
+                names[name] = workload
+        deploy = next(d for d in docs if d["kind"] == "Deployment")
+        assert deploy["metadata"]["name"] == workload
+        assert deploy["spec"]["replicas"] == 1
+        assert deploy["spec"]["strategy"] == {"type": "Recreate"}, "one writer per ledger"
+        spec = deploy["spec"]["template"]["spec"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        container = spec["containers"][0]
+        assert not any("$(" in a for a in container["args"]), workload
+        # kube play publishes every containerPort on the host's 0.0.0.0: the gateway alone
+        # declares one, with its hostPort on the loopback.
+        assert ("ports" in container) == (workload == "gateway"), workload
+        assert "exec" in container["readinessProbe"], "kube play runs exec probes"
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        for v in spec["volumes"]:
+            if "secret" in v:
+                assert v["secret"]["optional"] is False
+                assert v["secret"]["secretName"] == f"{workload}-pki"
+            if "emptyDir" in v:
+                empty_dirs.append(v["name"])
+                assert v["name"].startswith(f"{workload}-")
+    assert len(set(empty_dirs)) == len(empty_dirs)
+    assert not any(d["kind"] == "StatefulSet" for d in manifests())
+
+
+def _k8s(name: str) -> str:
+    return (ROOT / "deploy" / "k8s" / f"{name}.yaml").read_text()
+
+
+def postgres() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(_k8s("postgres/postgres")) if d]
+
+
+def test_k8s_ledgers_are_sqlite_on_volume_claims() -> None:
     docs = manifests()
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    assert ("StatefulSet", "guardian") in kinds and ("StatefulSet", "postgres") in kinds
-    guardian = next(
-        d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "guardian"
-    )
-    spec = guardian["spec"]["template"]["spec"]
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    env = spec["containers"][0]["env"]
-    assert any(e["name"] == "LEDGER_URL" and "secretKeyRef" in e["valueFrom"] for e in env)
+    guardian = _workload(docs, "Deployment", "guardian")["spec"]["template"]["spec"]
+    args = guardian["containers"][0]["args"]
+    assert _flag(args, "--db") == "sqlite:////var/lib/capc/ledger.db"
+    mounts = {m["mountPath"]: m["name"] for m in guardian["containers"][0]["volumeMounts"]}
+    claim = next(v for v in guardian["volumes"] if v["name"] == mounts["/var/lib/capc"])
+    assert claim["persistentVolumeClaim"]["claimName"] == "guardian-data"
+    pvc = _workload(docs, "PersistentVolumeClaim", "guardian-data")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    gateway = _workload(docs, "Deployment", "gateway")["spec"]["template"]["spec"]
+    assert _flag(gateway["containers"][0]["args"], "--db") == "sqlite:////var/lib/capc/gateway.db"
 
 
 def test_k8s_each_hospital_in_its_own_namespace_with_egress_only_to_the_guardian() -> None:
@@ -160,6 +215,7 @@ def test_k8s_each_hospital_in_its_own_namespace_with_egress_only_to_the_guardian
         ]
         assert any(d["kind"] == "Namespace" for d in mine)
         deploy = next(d for d in mine if d["kind"] == "Deployment")
+        assert deploy["metadata"]["name"] == h
         container = deploy["spec"]["template"]["spec"]["containers"][0]
         assert "ports" not in container
         assert f"hospital-{h[-1]}" in container["args"]
@@ -181,9 +237,13 @@ def test_k8s_gateway_serves_https() -> None:
     )
     container = gateway["spec"]["template"]["spec"]["containers"][0]
     assert "--insecure-dev" not in container["args"]
-    assert container["ports"] == [{"containerPort": 8080, "name": "https"}]
-    probe = container["readinessProbe"]["httpGet"]
-    assert probe["scheme"] == "HTTPS" and probe["port"] == "https"
+    # Published on the node's loopback only, as docker-compose.yml publishes it.
+    assert container["ports"] == [
+        {"containerPort": 8080, "name": "https", "hostPort": 8080, "hostIP": "127.0.0.1"}
+    ]
+    probe = container["readinessProbe"]["exec"]["command"]
+    assert probe[probe.index("--http") + 1] == "https://127.0.0.1:8080/healthz"
+    assert probe[probe.index("--ca") + 1] == "/pki/ca.pem"
     service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "gateway")
     assert service["spec"]["ports"] == [{"port": 8080, "targetPort": "https", "name": "https"}]
 
@@ -201,31 +261,29 @@ def _workload(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any
 
 
 def test_k8s_gateway_and_ledger_use_separate_database_roles() -> None:
-    docs = manifests()
-
-    def container(d: dict[str, Any]) -> dict[str, Any]:
-        first: dict[str, Any] = d["spec"]["template"]["spec"]["containers"][0]
-        return first
-
-    guardian = container(_workload(docs, "StatefulSet", "guardian"))
-    gateway = container(_workload(docs, "Deployment", "gateway"))
-    postgres = _workload(docs, "StatefulSet", "postgres")
-    assert _secrets(guardian) == {"ledger-db"} and _secrets(gateway) == {"gateway-db"}
-    # The superuser's password reaches PostgreSQL only.
-    for d in docs:
-        if d["kind"] in ("Deployment", "StatefulSet") and d is not postgres:
-            assert "postgres-admin" not in _secrets(container(d)), d["metadata"]["name"]
-    pg = container(postgres)
-    env = {e["name"]: e for e in pg["env"]}
+    """postgres/postgres.yaml, the PostgreSQL option: the superuser's password reaches PostgreSQL
+    only, and the guardian's and the gateway's URLs come from Secrets of their own."""
+    docs = postgres()
+    pg = _workload(docs, "StatefulSet", "postgres")
+    container = pg["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
     assert env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "postgres-admin"
     assert env["LEDGER_DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "ledger-db"
     assert env["GATEWAY_DB_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "gateway-db"
-    mounts = {m["name"]: m["mountPath"] for m in pg["volumeMounts"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["init"] == "/docker-entrypoint-initdb.d"
-    volumes = {v["name"]: v for v in postgres["spec"]["template"]["spec"]["volumes"]}
+    volumes = {v["name"]: v for v in pg["spec"]["template"]["spec"]["volumes"]}
     config = _workload(docs, "ConfigMap", volumes["init"]["configMap"]["name"])
     script = (ROOT / "deploy" / "postgres-init.sh").read_text()
     assert list(config["data"].values()) == [script], "the ConfigMap is deploy/postgres-init.sh"
+    # What the file tells the operator to give each workload: its own secret's URL only.
+    text = _k8s("postgres/postgres")
+    assert "{name: LEDGER_URL, valueFrom: {secretKeyRef: {name: ledger-db, key: url}}}" in text
+    assert "{name: TOKEN_DB_URL, valueFrom: {secretKeyRef: {name: gateway-db, key: url}}}" in text
+    # As shipped, no workload reads a database secret (their ledgers are SQLite files).
+    for d in manifests():
+        if d["kind"] == "Deployment":
+            assert _secrets(d["spec"]["template"]["spec"]["containers"][0]) == set()
 
 
 def test_the_init_script_makes_two_roles_that_cannot_reach_each_other() -> None:
@@ -273,9 +331,8 @@ def test_every_hospital_sets_its_own_cap_and_keeps_its_own_ledger() -> None:
     docs = manifests()
     for h in HOSPITALS:
         ns = f"capc-{h}"
-        deploy = next(
-            d for d in docs if d["kind"] == "Deployment" and d["metadata"].get("namespace") == ns
-        )
+        deploy = _workload(docs, "Deployment", h)
+        assert deploy["metadata"]["namespace"] == ns
         spec = deploy["spec"]["template"]["spec"]
         args = spec["containers"][0]["args"]
         assert float(_flag(args, "--epsilon-cap")) > 0

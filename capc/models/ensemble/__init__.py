@@ -23,27 +23,63 @@ the party's privacy cost per query is that of one teacher.
 Fitting an ensemble is learning: :mod:`capc.learning.teachers`.
 """
 
-from capc.models.ensemble.files import (
-    CHECKPOINTS_KIND,
-    ENSEMBLE_KIND,
-    Member,
-    load_checkpoint,
-    load_checkpoints,
-    load_ensemble,
-    load_members,
-    save_checkpoints,
-    save_ensemble,
-)
-from capc.models.ensemble.shared_body import (
-    TeacherEnsemble,
-    check_queries,
-    ensemble_outputs,
-    hard_predictions,
-    head_outputs,
-    head_predictions,
-    statistics_of,
-)
-from capc.models.ensemble.voters import Voters
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from capc.models.ensemble.files import (
+        CHECKPOINTS_KIND,
+        ENSEMBLE_KIND,
+        Member,
+        load_checkpoint,
+        load_checkpoints,
+        load_ensemble,
+        load_members,
+        save_checkpoints,
+        save_ensemble,
+    )
+    from capc.models.ensemble.shared_body import (
+        TeacherEnsemble,
+        check_queries,
+        ensemble_outputs,
+        hard_predictions,
+        head_outputs,
+        head_predictions,
+        statistics_of,
+    )
+    from capc.models.ensemble.voters import Voters
+
+#: Each public name and the module that defines it: imported on first use (PEP 562), so
+#: that :class:`Voters` of ONNX teachers alone never imports torch (capc.models says why).
+_HOMES = {
+    "CHECKPOINTS_KIND": "capc.models.ensemble.files",
+    "ENSEMBLE_KIND": "capc.models.ensemble.files",
+    "Member": "capc.models.ensemble.files",
+    "TeacherEnsemble": "capc.models.ensemble.shared_body",
+    "Voters": "capc.models.ensemble.voters",
+    "check_queries": "capc.models.ensemble.shared_body",
+    "ensemble_outputs": "capc.models.ensemble.shared_body",
+    "hard_predictions": "capc.models.ensemble.shared_body",
+    "head_outputs": "capc.models.ensemble.shared_body",
+    "head_predictions": "capc.models.ensemble.shared_body",
+    "load_checkpoint": "capc.models.ensemble.files",
+    "load_checkpoints": "capc.models.ensemble.files",
+    "load_ensemble": "capc.models.ensemble.files",
+    "load_members": "capc.models.ensemble.files",
+    "save_checkpoints": "capc.models.ensemble.files",
+    "save_ensemble": "capc.models.ensemble.files",
+    "statistics_of": "capc.models.ensemble.shared_body",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'capc.models.ensemble' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
 
 __all__ = [
     "CHECKPOINTS_KIND",

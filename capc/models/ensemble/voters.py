@@ -5,14 +5,47 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeGuard
 
 import numpy as np
 from numpy.typing import NDArray
 
-from capc.models.checkpoint import Teacher
-from capc.models.ensemble.files import Member, load_members
-from capc.models.ensemble.shared_body import TeacherEnsemble
-from capc.models.foreign import Interface, shape_text
+from capc.models.foreign import ForeignTeacher, Interface, load_foreign, shape_text
+
+if TYPE_CHECKING:
+    from capc.models.checkpoint import Teacher
+    from capc.models.ensemble.files import Member
+    from capc.models.ensemble.shared_body import TeacherEnsemble
+
+
+# capc's own teachers and ensembles are torch modules: their modules are imported only
+# when a member is not a foreign model (then torch is loaded already), so a party of
+# ONNX teachers alone never imports torch (the torch-free answerer image).
+def is_ensemble(member: Member) -> TypeGuard[TeacherEnsemble]:
+    """Whether ``member`` is a :class:`TeacherEnsemble` (several teachers on one body)."""
+    if isinstance(member, ForeignTeacher):
+        return False
+    from capc.models.ensemble.shared_body import TeacherEnsemble
+
+    return isinstance(member, TeacherEnsemble)
+
+
+def is_teacher(member: Member) -> TypeGuard[Teacher]:
+    """Whether ``member`` is one capc teacher (:class:`capc.models.checkpoint.Teacher`)."""
+    if isinstance(member, ForeignTeacher):
+        return False
+    from capc.models.checkpoint import Teacher
+
+    return isinstance(member, Teacher)
+
+
+def model_hashes(member: Member) -> list[str]:
+    """The model hash of every teacher of ``member``, in voting order."""
+    if is_ensemble(member):
+        return list(member.model_hashes)
+    if isinstance(member, ForeignTeacher) or is_teacher(member):
+        return [member.model_hash]
+    raise TypeError(f"a party's member is a model, not a {type(member).__name__}")
 
 
 def _kind(m: Member) -> str:
@@ -75,7 +108,14 @@ class Voters:
         sources: list[str] = []
         origins: list[str] = []
         for spec in specs:
-            loaded = load_members(spec, want, trust_code=trust_code)
+            foreign = load_foreign(spec, want, trust_code=trust_code)
+            loaded: Member | list[Teacher]
+            if foreign is not None:
+                loaded = foreign
+            else:  # a capc checkpoint file (files.load_members, without torch for ONNX)
+                from capc.models.ensemble.files import load_checkpoint
+
+                loaded = load_checkpoint(Path(spec))
             if isinstance(loaded, list):
                 members += loaded
                 sources += [f"{spec} (teacher {i + 1})" for i in range(len(loaded))]
@@ -120,13 +160,13 @@ class Voters:
             raise ValueError(why)
 
     def __len__(self) -> int:
-        return sum(len(m) if isinstance(m, TeacherEnsemble) else 1 for m in self.members)
+        return sum(len(model_hashes(m)) for m in self.members)
 
     @property
     def single(self) -> Teacher | None:
         """The party's one capc teacher, when it has exactly one (encrypted rounds need that)."""
         only = self.members[0]
-        return only if len(self.members) == 1 and isinstance(only, Teacher) else None
+        return only if len(self.members) == 1 and is_teacher(only) else None
 
     @property
     def architecture(self) -> str:
@@ -140,10 +180,7 @@ class Voters:
         """(architecture, model hash) of every teacher, in voting order."""
         out: list[tuple[str, str]] = []
         for m in self.members:
-            if isinstance(m, TeacherEnsemble):
-                out += [(m.architecture, h) for h in m.model_hashes]
-            else:
-                out.append((m.architecture, m.model_hash))
+            out += [(m.architecture, h) for h in model_hashes(m)]
         return out
 
     def predict(
@@ -156,5 +193,5 @@ class Voters:
         parts = []
         for m in self.members:
             p = m.predict(queries, current_statistics=current_statistics)
-            parts.append(p if isinstance(m, TeacherEnsemble) else p[:, None])
+            parts.append(p if is_ensemble(m) else p[:, None])
         return np.concatenate(parts, axis=1)
