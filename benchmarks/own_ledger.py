@@ -33,12 +33,12 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from capc.mechanisms.registry import from_config
+from capc.task_config import canonical_json, config_hash
 from services import tasks
 from services.answerer.budget import OwnBudget
 from services.common import serde
 from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
-from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

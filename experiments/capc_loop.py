@@ -1,6 +1,6 @@
 """The CaPC loop's gain through the networked services, at the demo's privacy budget.
 
-The demo's consortium (services/demo.py): the shipped body, 5 hospitals x 50 DIET
+The demo's consortium (services/commands/demo.py): the shipped body, 5 hospitals x 50 DIET
 teachers on their shares of animal-mnist, GNMax sigma 40 (services/tasks/demo.json),
 each hospital's cap eps 10 at delta 1e-5; the guardian, the hospitals, hospital 0's
 querier student party and its gateway run as separate processes over mutual TLS.
@@ -49,7 +49,7 @@ from capc_client import Client
 from numpy.typing import NDArray
 
 from experiments.report import save
-from services.demo import DEMO_VOTERS, demo_task, shipped_body
+from services.commands.demo import DEMO_VOTERS, demo_task, shipped_body
 from services.gateway.tokens import TokenStore
 from services.harness import stop_all
 from services.local import LocalConsortium, free_port

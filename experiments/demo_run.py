@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from experiments.report import save
-from services.demo import SHIPPED_BODY
+from services.commands.demo import SHIPPED_BODY
 
 #: The demo as ``make demo`` runs it, ending with its JSON object and not serving on.
-DEMO_CMD = (sys.executable, "-m", "services.cli", "demo", "--json", "--no-serve")
+DEMO_CMD = (sys.executable, "-m", "services.commands.cli", "demo", "--json", "--no-serve")
 
 
 def run(directory: Path, timeout: float) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from capc.learning.simclr import PretrainConfig
 from capc.models import load_teacher
 from capc.models.checkpoint import weights_sha256
 from experiments.report import save
-from services.demo import DEMO_BATCH, DEMO_TEST, SHIPPED_BODY, demo_task
+from services.commands.demo import DEMO_BATCH, DEMO_TEST, SHIPPED_BODY, demo_task
 from services.local import LocalConsortium
 
 DELTA = 1e-5

@@ -37,7 +37,7 @@ from capc.models.inference import features
 from capc.privacy import dp_training
 from capc.privacy.randomness import SecureRandom
 from experiments.side_by_side.data import split
-from services.teacher_cli import SHIPPED_BODY
+from services.commands.teacher_cli import SHIPPED_BODY
 
 EPSILONS = (2.0, 10.0)
 #: (clip, steps, lr / clip): Opacus averages the clipped gradients, so lr / clip keeps

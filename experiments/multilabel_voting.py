@@ -17,7 +17,7 @@ noise on the held-out pool:
   of the released 0/1 labels, averaged over labels) and exact-match rate,
   at the sigma that fits ``--queries`` queries.
 
-The advisor's choice (capc.privacy.advisor) from the label statistics of the
+The advisor's choice (capc.planning.advisor) from the label statistics of the
 teachers' own training labels is reported beside the measured best.
 
 Run: python -m experiments.multilabel_voting [--teachers 50] [--out FILE]
@@ -40,9 +40,9 @@ from capc.data.offline import partition
 from capc.learning.teachers import fit_scratch_teachers
 from capc.mechanisms import Mechanism, from_config
 from capc.models.ensemble import Voters
+from capc.planning.advisor import TAU_MARGIN, LabelStatistics, recommend
 from capc.privacy import planning
 from capc.privacy.accountants import RenyiDp
-from capc.privacy.advisor import TAU_MARGIN, LabelStatistics, recommend
 from capc.privacy.conversion import DEFAULT_ORDERS
 from experiments.report import save
 

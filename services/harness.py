@@ -18,7 +18,7 @@ exit code and signals; it re-seeds every random generator that the server's impo
 seeded, and takes its thread counts from its own environment. The server is started
 on the first spawn, ends when this process does, and stops any of its children still
 running then. ``CAPC_SPAWN=exec`` starts each process from a fresh interpreter
-(``python -m services.cli``), as does a spawn with a ``prefix`` (it runs a command),
+(``python -m services.commands.cli``), as does a spawn with a ``prefix`` (it runs a command),
 and so does any spawn once the fork server could not start or fork (said once, as a
 warning on the ``services.harness`` logger).
 """
@@ -243,7 +243,7 @@ def spawn(name: str, *args: str, prefix: Sequence[str] = (), ready: Probe | None
     child: Child | None = None if prefix else _fork(args)
     if child is None:
         child = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "services.cli", *args],
+            [*prefix, sys.executable, "-m", "services.commands.cli", *args],
             cwd=ROOT,
             env=child_environment(),
             stdout=subprocess.PIPE,

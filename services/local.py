@@ -6,7 +6,7 @@ multi-label task) unless checkpoints exist or a hospital brings its own,
 registers a task in a SQLite ledger, and starts the guardian and N answering
 parties (and on request the student party and the gateway) as separate
 processes over mutual TLS, each started, waited for (until its health check
-answers) and stopped through services.harness. ``capc up`` (services/up.py), the
+answers) and stopped through services.harness. ``capc up`` (services/commands/up.py), the
 e2e tests, the consortium benchmark and the demo use it.
 """
 
@@ -32,10 +32,10 @@ from capc.learning.last_layer import finetune_teacher
 from capc.learning.teachers import fit_head_ensemble, fit_scratch_teachers
 from capc.models import Teacher, load_teacher, save_teacher
 from capc.models.ensemble import save_ensemble
+from capc.task_config import TaskConfig, config_hash
 from services import tasks
 from services.common import pki, tls
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
 from services.gateway.tokens import TokenStore
 from services.harness import (
     ROOT,
@@ -71,7 +71,7 @@ __all__ = [
 TASK_NAME = "images"
 #: The task a LocalConsortium built in code runs unless given another: one teacher per
 #: hospital under robust Confident-GNMax, what the e2e tests exercise. It covers only a
-#: couple of queries at eps 10; `capc up` runs the DIET task instead (services/up.py).
+#: couple of queries at eps 10; `capc up` runs the DIET task instead (services/commands/up.py).
 DEFAULT_TASK: dict[str, Any] = tasks.load("one-teacher")
 #: Held out from every hospital: the student's queries and test set.
 HELD_OUT = 400

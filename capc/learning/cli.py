@@ -1,6 +1,6 @@
 """``capc diet``: pretrain a shared body on synthetic images, run the central-mode experiment.
 
-Pure: no services, no network. The ``capc`` dispatcher in ``services.cli``
+Pure: no services, no network. The ``capc`` dispatcher in ``services.commands.cli``
 mounts it.
 """
 

@@ -56,7 +56,7 @@ def laplace_noisy_max(histograms: ArrayLike, scale: float, rng: SecureRandom) ->
     already (2 s / t)-DP, and (2 s / t) <= 2 / scale; the argmax is post-processing (ties
     to the lowest class). A float Laplace sampler has no such guarantee: its outputs are
     bounded (about 37.4 scales) and sparse. A library function for central analyses (no
-    service runs pure-DP noisy max; ``capc.privacy.cli --mechanism laplace`` prices it)."""
+    service runs pure-DP noisy max; ``capc.planning.cli --mechanism laplace`` prices it)."""
     h = check.histograms(histograms)
     b = check.positive(scale, "scale")
     s = LAPLACE_RESOLUTION

@@ -1,4 +1,4 @@
-"""What the round core needs to know of a task (``services.common.task.TaskConfig`` has it)."""
+"""What the round core needs to know of a task (``capc.task_config.TaskConfig`` has it)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ its querier party with its own gateway). Three methods run in it, each through t
 Budgets. Every round is the same GNMax mechanism, so a method's labels cost what
 their count costs: the labels a row reports at eps ``e`` are the first
 ``queries_fit(task, e)`` of that method, by the guardian's own accountant at
-delta 1e-5 (``services.up.queries_fit``). That is what a consortium running that
+delta 1e-5 (``services.commands.up.queries_fit``). That is what a consortium running that
 method alone under a cap of ``e`` would release. The three methods share one
 consortium to save its start-up (each hospital's cap covers all three; the
 guardian's totals are saved beside the rows), so they are three independent
@@ -38,7 +38,7 @@ first job carry it. Rows made before the relay get fitted bytes
 The grid's hyperparameters follow the shipped tasks: teachers per hospital
 by :func:`teachers_per_hospital`, and GNMax's sigma the same share of the vote as
 the shipped task's (the demo's 40 for 250 teachers; breast-cancer's 23 for 24), as
-``services.demo.demo_task`` scales it. (``capc up``'s planner also raises sigma
+``services.commands.demo.demo_task`` scales it. (``capc up``'s planner also raises sigma
 until 1,000 queries fit eps 10; with few teachers that drowns every vote, so it is
 not used here.) That is the grid's rule; ``capc_tuning`` tunes capc on the tuning
 records as the baselines are tuned, and :mod:`.tuned` reruns the cells where it
@@ -69,11 +69,11 @@ from capc.models.checkpoint import Teacher
 from capc.models.ensemble import TeacherEnsemble, save_checkpoints, save_ensemble
 from experiments.side_by_side.data import Split, task
 from experiments.side_by_side.wire import MEASURED, SETUP, count_guardian, settled
+from services.commands.demo import SHIPPED_BODY, demo_task
+from services.commands.up import queries_fit
 from services.common.limits import MAX_OWN_WEIGHT
-from services.demo import SHIPPED_BODY, demo_task
 from services.local import LocalConsortium, free_port
 from services.testbed.proxy import LinkProxy
-from services.up import queries_fit
 
 DELTA = 1e-5
 QUERIER, HOSPITAL = "hospital-0-querier", "hospital-0"
@@ -317,7 +317,7 @@ class Cell:
             "delta": DELTA,
             "seed": self.split.seed,
             "bytes_sent": None,
-            "accountant": "the guardian's ledger accountant (services.up.queries_fit)",
+            "accountant": "the guardian's ledger accountant (services.commands.up.queries_fit)",
             **fields,
         }
 

@@ -56,7 +56,7 @@ No services run: this is central mode on the library pieces the services use.
 
 Pricing (every eps is a prefix of one run per configuration). The guardian's
 ledger and each hospital's own charge the guardian's accountant (``gdp``, exact
-Gaussian DP, ``services.up.accountant``) at delta 1e-5; before a round runs its
+Gaussian DP, ``services.commands.up.accountant``) at delta 1e-5; before a round runs its
 worst case (every query answered) must fit the cap on top of what earlier rounds
 were actually charged, and afterwards the round is charged what happened: the
 threshold test of every query, GNMax on the answered ones. Under ``gdp`` that is a
@@ -123,10 +123,10 @@ from experiments.side_by_side.capc_runs import (
 )
 from experiments.side_by_side.data import DATASETS, TUNING_SEED, Split, split
 from experiments.side_by_side.tuned import OWN_WEIGHT
+from services.commands.demo import DEMO_TASK, DEMO_VOTERS, SHIPPED_BODY
+from services.commands.up import accountant, queries_fit
 from services.common.limits import MAX_REFERENCE_RECORDS
-from services.demo import DEMO_TASK, DEMO_VOTERS, SHIPPED_BODY
 from services.student.training import OWN_BATCH, STUDENT_L2
-from services.up import accountant, queries_fit
 
 DATASET = "animal-mnist"
 #: Datasets of table rows (no body: MLP teachers, students and loop models).
@@ -741,7 +741,7 @@ def _write(path: Path, rows: list[dict[str, Any]], commands: list[str], seconds:
         "datasets": sorted({r["dataset"] for r in rows}),
         "seed": TUNING_SEED,
         "scored_on": "split.tuning",
-        "accountant": "gdp (services.up.accountant), delta 1e-5, rounds admitted by worst case",
+        "accountant": "gdp (services.commands.up.accountant), delta 1e-5, rounds admitted by worst case",
         "rows": rows,
         "chosen": chosen(rows),
         "seconds": seconds,

@@ -57,7 +57,7 @@ from experiments.side_by_side.training import (
     inputs,
     predict,
 )
-from services.teacher_cli import SHIPPED_BODY
+from services.commands.teacher_cli import SHIPPED_BODY
 
 DELTA = 1e-5
 MAX_GRID = 8

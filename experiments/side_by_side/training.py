@@ -37,7 +37,7 @@ from capc.learning.supervised import fit
 from capc.models import build, load_teacher
 from capc.models.inference import features, logits, recalibrate
 from experiments.side_by_side.data import Split
-from services.teacher_cli import SHIPPED_BODY
+from services.commands.teacher_cli import SHIPPED_BODY
 
 #: Architectures per dataset kind. ``diet-linear``: a linear head on the shipped body's
 #: frozen features; ``linear``: a linear model on the table rows.

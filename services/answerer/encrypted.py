@@ -34,8 +34,8 @@ from capc.models import Teacher
 from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
+from capc.task_config import Encryption
 from services.common.relay import CHUNK, RelayChannel, relay_session_id
-from services.common.task import Encryption
 from services.proto.capc.v1 import guardian_pb2
 
 #: Public contexts kept per party (each can be tens of MB).

@@ -26,8 +26,8 @@ from capc.privacy.events import DpEvent
 from capc.round import errors as core
 from capc.round.ledger import Held, KeptSetting, RoundRecord, RoundState
 from capc.round.training import OWN_FIX, Attestation, TrainingCharge
+from capc.task_config import config_hash
 from services.common.ledger import Ledger
-from services.common.task import config_hash
 
 #: Who settles a round in this ledger: the guardian's word, checked by the party.
 ACTOR = "guardian"

@@ -15,13 +15,13 @@ from pathlib import Path
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from capc.round.errors import LedgerRefusedError
+from capc.task_config import TaskConfig, read_task
 from services.answerer.attestation import attestation
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty, answer_pool
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, read_task
 
 STATUS_EVERY_S = 5.0
 

@@ -40,12 +40,12 @@ from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from capc.round.errors import LedgerRefusedError, VoteRefusedError
 from capc.round.messages import PartyShares, RoundWork
+from capc.task_config import TaskConfig, config_hash
 from services.answerer.budget import OwnBudget
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
 from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
 from services.common.relay import RelayChannel
-from services.common.task import TaskConfig, config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
 if TYPE_CHECKING:

@@ -25,9 +25,10 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from capc.planning.sizing import recheck
 from capc.privacy.randomness import SecureRandom
-from capc.privacy.sizing import recheck
 from capc.round.training import TrainingCharge
+from capc.task_config import TaskConfig
 from services.common import protocol, serde, tls
 from services.common.ledger import Ledger
 from services.common.limits import (
@@ -36,7 +37,6 @@ from services.common.limits import (
     ROUND_TIMEOUT_S,
 )
 from services.common.protocol import WHO_MAY_RECORD, RequestError, check_version
-from services.common.task import TaskConfig
 from services.guardian import budgets
 from services.guardian.loop import bound_queriers, hospital_of
 from services.guardian.notes import PartyNotes

@@ -14,12 +14,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from capc.privacy.randomness import SecureRandom
 from capc.round.errors import LedgerRefusedError
+from capc.task_config import TaskConfig, TaskError, config_hash
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.db import normalise_url
 from services.common.ledger import Ledger, audit
 from services.common.limits import MAX_TEACHERS_PER_PARTY
-from services.common.task import TaskConfig, TaskError, config_hash
 from services.guardian.hub import serve
 from services.guardian.loop import bind_querier, declare_outside, keep_clear_policy, parse_querier
 

@@ -8,10 +8,10 @@ import threading
 
 from capc.round import GuardianCore, GuardianRound
 from capc.round.errors import RoundInputError
+from capc.task_config import TaskConfig
 from services.common import protocol
 from services.common.buffers import BoundedBuffer
 from services.common.limits import MAX_RELAY_FRAME_BYTES, RELAY_BUFFER_FRAMES
-from services.common.task import TaskConfig
 from services.guardian.links import Links
 from services.proto.capc.v1 import guardian_pb2
 

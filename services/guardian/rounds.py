@@ -31,12 +31,12 @@ from capc.privacy.randomness import SecureRandom
 from capc.round import GuardianCore, GuardianRound
 from capc.round.admission import check_task
 from capc.round.errors import RoundInputError
+from capc.task_config import TaskConfig, TaskError, canonical_json
 from services.common import protocol, serde
 from services.common.buffers import BoundedBuffer, Signal
 from services.common.ledger import Ledger
 from services.common.limits import MAX_OPEN_ROUNDS_PER_QUERIER, ROUND_TIMEOUT_S
 from services.common.protocol import RequestError, check_version
-from services.common.task import TaskConfig, TaskError, canonical_json
 from services.guardian import budgets
 from services.guardian.compute import GarbleQueue
 from services.guardian.ledger_port import SqlRoundLedger

@@ -21,8 +21,8 @@ from capc.round.errors import (
     UnknownPartyError,
     UnknownTaskError,
 )
+from capc.task_config import TaskError
 from services.common.protocol import RequestError
-from services.common.task import TaskError
 
 #: First match wins (subclasses before their bases).
 STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (

@@ -25,11 +25,11 @@ from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import PartyInputError
 from capc.round.messages import QueryBatch, Retry
 from capc.round.student import StudentCore, StudentRound
+from capc.task_config import TaskConfig
 from services.common import protocol, serde, tls
 from services.common.limits import DEFAULT_BATCH
 from services.common.mpc_stream import StreamChannel
 from services.common.serde import overrides_to_proto
-from services.common.task import TaskConfig
 from services.proto.capc.v1 import common_pb2, guardian_pb2_grpc
 from services.student.encrypted import RelayRouter, StudentCrypto
 

@@ -31,10 +31,10 @@ from capc.models.registry import build
 from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import EvaluatorSession
 from capc.mpc.votes import PartyInputError
+from capc.task_config import Encryption
 from services.common.buffers import BoundedBuffer
 from services.common.limits import RELAY_BUFFER_FRAMES
 from services.common.relay import CHUNK, RelayChannel, RelayError, relay_session_id
-from services.common.task import Encryption
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 log = logging.getLogger("capc.student.encrypted")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.common.task import TaskConfig
+from capc.task_config import TaskConfig
 from services.proto.capc.v1 import student_pb2
 from services.student.store import JobStore, StudentModel
 

@@ -13,10 +13,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.models import load_teacher
+from capc.task_config import TaskError, read_task
 from services.common import pki, tls
 from services.common.cli_args import setup_logging
 from services.common.limits import MAX_REFERENCE_RECORDS
-from services.common.task import TaskError, read_task
 from services.proto.capc.v1 import student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.loop import LoopIdentity

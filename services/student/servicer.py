@@ -19,6 +19,7 @@ from capc.data.schema import RecordSchema
 from capc.data.table_queries import default_generator
 from capc.mpc.channel import ProtocolError
 from capc.mpc.votes import PartyInputError
+from capc.task_config import TaskConfig, TaskError
 from services.common import serde
 from services.common.limits import (
     DEFAULT_BATCH,
@@ -32,7 +33,6 @@ from services.common.limits import (
 )
 from services.common.protocol import RequestError, check_version
 from services.common.serde import overrides_from_proto
-from services.common.task import TaskConfig, TaskError
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.loop import MAX_REVEALED_BY, LoopIdentity, clear_records_refusal

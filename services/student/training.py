@@ -63,8 +63,8 @@ from capc.learning.supervised import accuracy, fit
 from capc.models import ARCHITECTURES, Teacher, build, save_teacher
 from capc.models.inference import features, reference_statistics
 from capc.models.registry import Classifier
+from capc.task_config import TaskConfig
 from services.common.limits import MAX_EPOCHS, MAX_OWN_WEIGHT, MAX_REFERENCE_RECORDS
-from services.common.task import TaskConfig
 from services.student.store import TERMINAL, JobStore
 
 log = logging.getLogger("capc.student")

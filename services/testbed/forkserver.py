@@ -78,7 +78,7 @@ MAX_MESSAGE = 1 << 20
 #: Seconds the server gives its children to stop after SIGTERM when it ends.
 STOP_GRACE_S = 15.0
 #: What a child runs by default: ``capc ARGV...``.
-CLI_MAIN = "services.cli:main"
+CLI_MAIN = "services.commands.cli:main"
 #: Thread-pool sizes set to 1 in the server's environment: OpenBLAS (numpy's, torch's)
 #: starts its pool when it is loaded, i.e. in the server; a child sets its own count.
 ONE_THREAD = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

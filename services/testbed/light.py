@@ -27,10 +27,10 @@ import grpc
 import numpy as np
 
 from capc.models import Teacher, build, save_teacher
+from capc.task_config import TaskConfig, config_hash
 from services import tasks
 from services.common import pki, protocol, serde, tls
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
 from services.harness import (
     Process,
     StatusFiles,

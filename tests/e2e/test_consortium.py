@@ -22,10 +22,10 @@ from capc.models import load_teacher
 from capc.privacy.randomness import SecureRandom
 from capc.round.ledger import RoundState
 from capc.round.messages import QueryBatch
+from capc.task_config import TaskConfig
 from services.common import tls
 from services.common.ledger import Ledger
 from services.common.serde import recipe_to_proto
-from services.common.task import TaskConfig
 from services.local import LocalConsortium
 from services.proto.capc.v1 import common_pb2, student_pb2
 from services.student.client import StudentClient

@@ -24,7 +24,7 @@ from capc.models.heads import BatchStandardiser
 
 def demo(tmp_path: Path, *args: str, timeout: float) -> tuple[str, dict[str, Any]]:
     exe = shutil.which("capc")
-    cmd = [exe, "demo"] if exe else [sys.executable, "-m", "services.cli", "demo"]
+    cmd = [exe, "demo"] if exe else [sys.executable, "-m", "services.commands.cli", "demo"]
     out = subprocess.run(
         [*cmd, "--dir", str(tmp_path), "--no-serve", "--json", *args],
         capture_output=True,

@@ -194,7 +194,7 @@ def test_a_training_past_the_hospitals_own_cap_is_refused_at_start(
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "services.commands.cli",
             "answerer",
             "--model",
             str(c.model_paths(0)[0]),

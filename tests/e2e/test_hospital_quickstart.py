@@ -68,7 +68,7 @@ def write_folders(root: Path) -> None:
 def capc(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     words = shlex.split(line)
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", *words[1:]],
+        [sys.executable, "-m", "services.commands.cli", *words[1:]],
         cwd=cwd,
         capture_output=True,
         text=True,

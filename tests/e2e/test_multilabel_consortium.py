@@ -33,10 +33,10 @@ from capc.models.ensemble import Voters
 from capc.mpc.mechanism_circuits import round_noise
 from capc.privacy.randomness import SecureRandom
 from capc.round.ledger import RoundState
+from capc.task_config import TaskConfig, config_hash
 from services.common import tls
 from services.common.ledger import Ledger
 from services.common.protocol import header
-from services.common.task import TaskConfig, config_hash
 from services.local import LocalConsortium
 from services.proto.capc.v1 import guardian_pb2, guardian_pb2_grpc
 from services.student.client import StudentClient

@@ -86,7 +86,7 @@ def test_the_stand_in_really_makes_torch_unimportable(tmp_path: Path) -> None:
             *prefix,
             sys.executable,
             "-c",
-            "import sys, services.cli, services.answerer.main; "
+            "import sys, services.commands.cli, services.answerer.main; "
             "assert 'torch' not in sys.modules, 'torch imported'",
         ],
         capture_output=True,

@@ -224,7 +224,16 @@ def verify(c: LocalConsortium, ledger: str) -> subprocess.CompletedProcess[str]:
         a for i in range(c.parties) for a in ("--party-ledger", f"hospital-{i}={c.party_ledger(i)}")
     ]
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", "audit", "verify", "--ledger", ledger, *hospitals],
+        [
+            sys.executable,
+            "-m",
+            "services.commands.cli",
+            "audit",
+            "verify",
+            "--ledger",
+            ledger,
+            *hospitals,
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -45,7 +45,7 @@ def read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> list
 def test_audit_run_shows_claimed_against_empirical_epsilon(tmp_path: Path) -> None:
     directory = tmp_path / "audit"
     cmd = [
-        sys.executable, "-m", "services.cli", "audit", "run", "--dir", str(directory),
+        sys.executable, "-m", "services.commands.cli", "audit", "run", "--dir", str(directory),
         "--parties", "3", "--canaries", "40", "--queries", "60", "--batch", "50",
         "--teacher-epochs", "3", "--student-epochs", "2", "--json", "--serve",
     ]  # fmt: skip

@@ -28,7 +28,7 @@ class Up:
     def __init__(self, directory: Path | None, *args: str, cwd: Path = ROOT) -> None:
         where = () if directory is None else ("--dir", str(directory))
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", *where, *args],
+            [sys.executable, "-m", "services.commands.cli", "up", *where, *args],
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

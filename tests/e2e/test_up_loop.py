@@ -48,7 +48,7 @@ class Up:
     def __init__(self, argv: list[str], log: Path) -> None:
         self.log = log.open("w")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "up", *argv],
+            [sys.executable, "-m", "services.commands.cli", "up", *argv],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -221,8 +221,9 @@ def table_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     MLPs, and hospital-0's and the student's NPZ files, rows encoded by the task."""
     from capc.data.offline import breast_cancer_records
     from capc.data.schema import TableSchema
-    from services import cli, tasks
-    from services.common.task import TaskConfig, config_hash
+    from capc.task_config import TaskConfig, config_hash
+    from services import tasks
+    from services.commands import cli
 
     root = tmp_path_factory.mktemp("up-loop-table")
     config = tasks.load("breast-cancer")
@@ -282,7 +283,7 @@ def test_up_refuses_an_image_body_for_a_table_task(
     body = ROOT / "services" / "assets" / "demo-body.pt"
     argv = table_up(table_files, "--body", str(body), "--dir", str(tmp_path / "consortium"))
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", *argv],
+        [sys.executable, "-m", "services.commands.cli", "up", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,

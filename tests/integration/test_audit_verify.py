@@ -13,13 +13,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 
 from capc.mechanisms.registry import from_config
+from capc.task_config import canonical_json, config_hash
 from services.answerer.budget import OwnBudget
 from services.audit.verify import verify
-from services.cli import main
+from services.commands.cli import main
 from services.common import serde
 from services.common.ledger import Ledger
 from services.common.ledger.audit import public_hex
-from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 from tests.e2e import tamper

@@ -13,10 +13,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from capc.mpc.validity import VoteRelation
 from capc.mpc.votes import one_hot_votes, share_proven_votes
 from capc.round.errors import RoundInputError
+from capc.task_config import config_hash
 from services.common import serde
 from services.common.ledger import Ledger
 from services.common.limits import MAX_RELAY_FRAME_BYTES, PARTY_OUTBOX_MESSAGES
-from services.common.task import config_hash
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

@@ -14,14 +14,14 @@ import pytest
 from PIL import Image
 
 from capc.data.readers import read_records
-from services import cli
-from services.common.task import TaskConfig, config_hash
+from capc.task_config import TaskConfig, config_hash
+from services.commands import cli
 from tests.hospital_files import ANIMAL_CLASSES, animal_split, breast_cancer_frame, write_png_folder
 
 
 def capc(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *map(str, args)],
+        [sys.executable, "-m", "services.commands.cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=600,

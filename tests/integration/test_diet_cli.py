@@ -26,7 +26,16 @@ SMALL = ["--dataset", "digits"]
 @pytest.mark.slow
 def test_diet_run_quick_writes_the_whole_table(tmp_path: Path) -> None:
     out = tmp_path / "diet.json"
-    cmd = [sys.executable, "-m", "services.cli", "diet", "run", "--quick", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.commands.cli",
+        "diet",
+        "run",
+        "--quick",
+        "--out",
+        str(out),
+    ]
     cmd += ["--cache", str(tmp_path / "cache"), *SMALL]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

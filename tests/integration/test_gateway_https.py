@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 from capc_client import ApiError, Client
 
-from services.cli import main
+from services.commands.cli import main
 from services.common import pki
 from services.gateway.main import INSECURE_HTTP_WARNING
 
@@ -112,7 +112,7 @@ def start_gateway(d: Path) -> tuple[subprocess.Popen[str], int, list[str]]:
     is listening once uvicorn says it runs (after the application's start-up)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", *serve_argv(d, port)],
+        [sys.executable, "-m", "services.commands.cli", *serve_argv(d, port)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

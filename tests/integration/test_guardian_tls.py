@@ -18,13 +18,13 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from capc.models import Teacher, build
+from capc.task_config import TaskConfig, config_hash
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty
-from services.cli import main
+from services.commands.cli import main
 from services.common import pki, tls
 from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
-from services.common.task import TaskConfig, config_hash
 from services.gateway.backends import BackendError, Backends
 from services.guardian import streams
 from services.guardian.hub import RunningServer, serve

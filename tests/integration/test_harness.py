@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import main
+from services.commands.cli import main
 from services.common import pki, protocol, tls
 from services.harness import (
     NotReadyError,

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from capc.task_config import TaskConfig, config_hash
 from services.common import protocol
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
 from services.gateway.app import create_app
 from services.gateway.backends import BackendError, Backends
 from services.gateway.coverage import Coverage, coverage, shortfall

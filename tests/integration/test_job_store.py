@@ -50,7 +50,7 @@ def test_query_pages_are_read_in_place(ledger_url: str) -> None:
 def test_semi_supervised_student_learns_from_unanswered_queries(tmp_path: Path) -> None:
     """FixMatch through the student party's trainer: the request survives in the store,
     the unanswered queries are its unlabelled data, and it beats guessing."""
-    from services.common.task import TaskConfig, config_hash
+    from capc.task_config import TaskConfig, config_hash
     from services.student.training import ModelTrainer, TrainingError, TrainingOptions
 
     spec = {

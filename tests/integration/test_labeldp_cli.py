@@ -12,13 +12,21 @@ from typing import Any
 import pytest
 
 from capc.privacy import gaussian_dp
-from services import cli
+from services.commands import cli
 
 QUICK = ["--dataset", "digits", "--canaries", "20", "--body-steps", "20", "--noise-seed", "t"]
 
 
 def labeldp(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "services.cli", "labeldp", *args, "--cache", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "services.commands.cli",
+        "labeldp",
+        *args,
+        "--cache",
+        str(tmp_path),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 

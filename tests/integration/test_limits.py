@@ -16,12 +16,12 @@ from fastapi.testclient import TestClient
 
 from capc.data.generators import Recipe
 from capc.round.errors import QuorumError
+from capc.task_config import TaskConfig, config_hash
 from services.common import serde
 from services.common.ledger import Ledger
 from services.common.limits import MAX_BATCH, batch_refusal
 from services.common.protocol import RequestError
 from services.common.serde import recipe_to_proto
-from services.common.task import TaskConfig, config_hash
 from services.gateway.app import create_app
 from services.gateway.backends import BackendError, Backends
 from services.gateway.tokens import TokenStore

@@ -31,6 +31,7 @@ from capc.round.errors import BatchBrokenError, LedgerRefusedError
 from capc.round.ledger import RoundState
 from capc.round.messages import Settlement, SettlementKind
 from capc.round.party import pack_mask
+from capc.task_config import canonical_json, config_hash
 from services.answerer.budget import GUARDIAN_HEAD, OwnBudget, VoteRefusedError
 from services.common import serde
 from services.common.ledger import Ledger
@@ -38,7 +39,6 @@ from services.common.ledger.audit import AuditHead, sign_head
 from services.common.ledger.records import KeptSetting
 from services.common.ledger.tables import INSERT_SETTING
 from services.common.protocol import PROTOCOL_VERSION
-from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

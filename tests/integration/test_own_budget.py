@@ -24,12 +24,12 @@ from sqlalchemy import event
 
 from capc.mechanisms.registry import from_config
 from capc.round.ledger import RoundState
+from capc.task_config import canonical_json, config_hash
 from services.answerer.budget import GUARDIAN_HEAD, GUARDIAN_KEY, OwnBudget, VoteRefusedError
 from services.common import pki, serde, tls
 from services.common.ledger import Ledger
 from services.common.ledger.audit import public_hex, sign_head
 from services.common.protocol import PROTOCOL_VERSION, RequestError
-from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
 from services.guardian.hub import RunningServer, serve
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc

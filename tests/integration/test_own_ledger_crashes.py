@@ -29,6 +29,7 @@ from sqlalchemy import Engine, event
 from sqlalchemy.exc import OperationalError
 
 from capc.mechanisms.registry import from_config
+from capc.task_config import canonical_json, config_hash
 from services.answerer.budget import OwnBudget, VoteRefusedError
 from services.answerer.party import HEARTBEAT_S, Beat
 from services.audit.verify import verify
@@ -36,7 +37,6 @@ from services.common import serde
 from services.common.buffers import BoundedBuffer
 from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
-from services.common.task import canonical_json, config_hash
 from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

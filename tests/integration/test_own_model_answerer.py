@@ -24,7 +24,7 @@ def answerer(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "services.commands.cli",
             "answerer",
             *args,
             "--guardian",

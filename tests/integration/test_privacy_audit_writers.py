@@ -18,7 +18,7 @@ import grpc
 import pytest
 from fastapi.testclient import TestClient
 
-from services.cli import main
+from services.commands.cli import main
 from services.common import pki, tls
 from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION

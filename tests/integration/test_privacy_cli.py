@@ -27,7 +27,10 @@ CONFIDENT = [
 
 def capc(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "services.commands.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -31,9 +31,9 @@ from capc.mpc.votes import (
 )
 from capc.round.errors import RoundRefusedError
 from capc.round.ledger import RoundState
+from capc.task_config import TaskConfig, config_hash
 from services.common import serde
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
 from services.guardian.links import PartyLink
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2

@@ -14,7 +14,7 @@ from capc.learning.last_layer import fit_batch_standardised, fit_linear
 from capc.learning.supervised import fit
 from capc.models import Teacher, build
 from capc.models.inference import features
-from services.common.task import TaskConfig, config_hash
+from capc.task_config import TaskConfig, config_hash
 from services.student.predictor import load_teacher_bytes
 from services.student.store import JobStore
 from services.student.training import ModelTrainer, TrainingError, TrainingOptions

@@ -18,8 +18,8 @@ from capc.data.schema import TableSchema
 from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
 from capc.privacy import accountants
-from services import cli
-from services.common.task import TaskConfig, config_hash
+from capc.task_config import TaskConfig, config_hash
+from services.commands import cli
 from tests.hospital_files import (
     ANIMAL_CLASSES,
     DIGIT_CLASSES,
@@ -35,7 +35,7 @@ CONSORTIUM = ["--hospitals", "5", "--teachers-per-hospital", "50"]
 
 def capc(*args: str | Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli", *map(str, args)],
+        [sys.executable, "-m", "services.commands.cli", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -18,7 +18,7 @@ from capc.learning import dp_teacher, hospital
 from capc.models.checkpoint import load_teacher, save_teacher
 from capc.models.ensemble import TeacherEnsemble, Voters, load_members, statistics_of
 from capc.privacy.dp_training import CARD_KEY, DpTraining
-from services import cli, teacher_cli
+from services.commands import cli, teacher_cli
 from tests.hospital_files import DIGIT_CLASSES, breast_cancer_frame, digits_npz
 
 CONSORTIUM = ["--hospitals", "5", "--teachers-per-hospital", "50"]

@@ -10,9 +10,9 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from capc.round.errors import UnknownTaskError
+from capc.task_config import config_hash
 from services import tasks
 from services.common.ledger import Ledger
-from services.common.task import config_hash
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

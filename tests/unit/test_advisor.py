@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from capc.data.multilabel import ATTRIBUTE_TABLE
+from capc.planning.advisor import LabelStatistics, recommend
 from capc.privacy import planning, rdp
-from capc.privacy.advisor import LabelStatistics, recommend
 from capc.privacy.conversion import DEFAULT_ORDERS
 
 
@@ -92,7 +92,7 @@ def test_cli_reads_a_label_file(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "services.commands.cli",
             "privacy",
             "advise",
             "--labels-file",
@@ -119,7 +119,7 @@ def test_cli_reads_a_label_file(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "services.commands.cli",
             "privacy",
             "advise",
             "--labels",

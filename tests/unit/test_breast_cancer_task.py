@@ -7,8 +7,8 @@ import numpy as np
 from capc.data.offline import breast_cancer_records
 from capc.data.schema import NumericFeature, TableSchema
 from capc.privacy.accountants import DEFAULT_ACCOUNTANT, make
+from capc.task_config import TaskConfig, config_hash
 from services import tasks
-from services.common.task import TaskConfig, config_hash
 
 #: Each hospital's cap and the ledger's delta (docs/usage.md: the tabular task).
 EPSILON, DELTA = 10.0, 1e-5

@@ -11,8 +11,8 @@ import pytest
 
 from capc.privacy.events import GaussianEvent
 from capc.round.errors import RoundRequestError
+from capc.task_config import TaskConfig, config_hash
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
 from services.gateway.replies import loop_out
 from services.guardian.loop import (
     ALLOW,

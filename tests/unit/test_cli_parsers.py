@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services import cli
+from services.commands import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients"))
@@ -21,9 +21,9 @@ HEAVY = ("torch", "grpc", "tenseal", "sklearn")
 
 
 def _imported(argv: list[str]) -> set[str]:
-    """Top-level packages ``python -X importtime -m services.cli ARGV`` imports."""
+    """Top-level packages ``python -X importtime -m services.commands.cli ARGV`` imports."""
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "services.cli", *argv],
+        [sys.executable, "-X", "importtime", "-m", "services.commands.cli", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -46,7 +46,7 @@ def test_top_level_help_imports_nothing_heavy(argv: list[str]) -> None:
 
 def test_building_one_subcommand_imports_only_its_module() -> None:
     code = (
-        "import sys; from services.cli import build_parser; build_parser(only='');"
+        "import sys; from services.commands.cli import build_parser; build_parser(only='');"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
     )
     out = subprocess.run(
@@ -116,7 +116,7 @@ def test_light_subcommand_help_imports_nothing_heavy(name: str) -> None:
 
 def test_light_registrations_agree_with_the_modules() -> None:
     from capc.mechanisms import MECHANISMS
-    from capc.privacy import args as privacy_args
+    from capc.planning import args as privacy_args
     from capc.privacy.accountants import ACCOUNTANTS, DEFAULT_ACCOUNTANT
     from capc.privacy.conversion import Conversion
     from services.common import cli_args, limits, pki, pki_args

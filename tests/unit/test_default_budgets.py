@@ -20,15 +20,15 @@ import pytest
 import yaml
 
 from capc.mechanisms import from_config
+from capc.task_config import TaskConfig, config_hash
 from services import tasks
-from services.cli import build_parser
+from services.commands.cli import build_parser
+from services.commands.demo import demo_task
+from services.commands.demo_args import DEMO_HOSPITALS, DEMO_TEACHERS
+from services.commands.up import planned_task
+from services.commands.up_args import PLANNED_QUERIES, TEACHERS_PER_HOSPITAL
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
-from services.demo import demo_task
-from services.demo_args import DEMO_HOSPITALS, DEMO_TEACHERS
 from services.guardian.main import parse_register
-from services.up import planned_task
-from services.up_args import PLANNED_QUERIES, TEACHERS_PER_HOSPITAL
 
 ROOT = Path(__file__).resolve().parents[2]
 CAP = 10.0

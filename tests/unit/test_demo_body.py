@@ -17,8 +17,8 @@ from capc.learning.cli import add_parser
 from capc.learning.diet import BodyConfig
 from capc.models import load_teacher
 from capc.models.checkpoint import weights_sha256
-from services import demo
-from services.demo import SHIPPED_BODY, SHIPPED_RECORD
+from services.commands import demo
+from services.commands.demo import SHIPPED_BODY, SHIPPED_RECORD
 
 
 def pretrain(argv: list[str]) -> int:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from services import demo
-from services.cli import build_parser
+from services.commands import demo
+from services.commands.cli import build_parser
 
 
 def _args(directory: Path, *extra: str) -> argparse.Namespace:

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from services.cli import build_parser
-from services.common.task import TaskConfig, config_hash
+from capc.task_config import TaskConfig, config_hash
+from services.commands.cli import build_parser
 from services.guardian.main import parse_register
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from services.cli import build_parser
+from services.commands.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients"))

@@ -132,10 +132,10 @@ def test_an_attested_party_reads_every_query_with_its_stored_statistics(tmp_path
 
     from capc.data.generators import Recipe
     from capc.mechanisms import from_config
+    from capc.task_config import canonical_json, config_hash
     from services.answerer.budget import OwnBudget
     from services.answerer.party import AnsweringParty
     from services.common.serde.recipes import recipe_to_proto
-    from services.common.task import canonical_json, config_hash
     from services.proto.capc.v1 import common_pb2
 
     model = build("small-cnn", (1, 28, 28), 10, seed=0)

@@ -34,12 +34,12 @@ from capc.models.registry import build
 from capc.privacy import accountants
 from capc.privacy.dp_training import CARD_KEY, DpTraining, plan_training
 from capc.round.training import Attestation, file_digest
+from capc.task_config import TaskConfig, TaskError, config_hash
 from services.answerer.attestation import attestation
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common import serde
 from services.common.ledger import Ledger
 from services.common.protocol import RequestError
-from services.common.task import TaskConfig, TaskError, config_hash
 
 DELTA = 1e-5
 NAME = "hospital-a"

@@ -25,9 +25,9 @@ from capc.round.memory_party_ledger import MemoryPartyLedger
 from capc.round.messages import Settlement
 from capc.round.party import PartyCore
 from capc.round.training import Attestation, TrainingCharge, TrainingRefusedError, file_digest
+from capc.task_config import TaskConfig, TaskError, config_hash
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, TaskError, config_hash
 from tests.unit.test_mechanisms_objects import check_round, make_round
 from tests.unit.test_mechanisms_objects import pair as pair  # the fixture
 

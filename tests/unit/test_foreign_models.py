@@ -18,7 +18,7 @@ from torch import nn
 
 from capc.models.ensemble import Voters, load_members
 from capc.models.foreign import CodeModelRefusedError, ForeignTeacher, Interface, sniff
-from services.cli import build_parser
+from services.commands.cli import build_parser
 from tests.e2e.own_models import OwnNet, export_onnx, export_thief, export_torchscript, own_net
 
 SHAPE, CLASSES = (4,), 3
@@ -288,12 +288,12 @@ def test_without_task_the_round_says_what_does_not_fit(
     model: nn.Module, tmp_path: Path, shape: tuple[int, ...], classes: int, reason: str
 ) -> None:
     from capc.mechanisms import from_config
+    from capc.task_config import canonical_json, config_hash
     from services.answerer.budget import OwnBudget
     from services.answerer.party import AnsweringParty
     from services.common import serde
     from services.common.buffers import BoundedBuffer
     from services.common.ledger import Ledger
-    from services.common.task import canonical_json, config_hash
     from services.proto.capc.v1 import common_pb2, guardian_pb2
 
     onnx = export_onnx(model, SHAPE, tmp_path / "model.onnx")
@@ -324,8 +324,8 @@ def test_without_task_the_round_says_what_does_not_fit(
 def test_an_encrypted_task_refuses_a_foreign_model_at_start(
     model: nn.Module, tmp_path: Path
 ) -> None:
+    from capc.task_config import TaskConfig
     from services.answerer.main import check_encryption
-    from services.common.task import TaskConfig
 
     config: dict[str, object] = {
         "num_classes": 3,

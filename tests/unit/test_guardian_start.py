@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import build_parser, main
+from services.commands.cli import build_parser, main
 from services.common import tls
 from services.guardian import main as guardian_main
 

@@ -16,8 +16,8 @@ from capc.mechanisms import from_config
 from capc.models import build
 from capc.models.checkpoint import Teacher
 from capc.models.ensemble import Voters, save_checkpoints
+from capc.planning.sizing import NoUsefulSigmaError, labelling_margin, plan_gnmax
 from capc.privacy import accountants
-from capc.privacy.sizing import NoUsefulSigmaError, labelling_margin, plan_gnmax
 from tests.hospital_files import (
     ANIMAL_CLASSES,
     DIGIT_CLASSES,
@@ -62,7 +62,7 @@ def test_sigma_fits_the_target_queries_in_the_ledgers_accountant() -> None:
 
 
 def test_the_demo_configuration_is_reproduced() -> None:
-    # services/demo.py: sigma 40 lets 3,072 queries fit eps 9.75 per hospital.
+    # services/commands/demo.py: sigma 40 lets 3,072 queries fit eps 9.75 per hospital.
     plan = plan_gnmax(
         classes=10,
         hospitals=5,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import build_parser
+from services.commands.cli import build_parser
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "hospital.md"
 

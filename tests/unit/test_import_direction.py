@@ -126,3 +126,35 @@ def test_the_role_check_sees_a_type_only_import(tmp_path: Path) -> None:
         "import services.guardian.rounds\n"
     )
     assert sorted(role_imports(bad)) == [(3, "student"), (4, "guardian")]
+
+
+#: Inside capc: a package -> the capc packages it may never import (the accounting is
+#: below the mechanisms; planning, which needs both, is its own package).
+INNER_FORBIDDEN: dict[str, tuple[str, ...]] = {
+    "capc/privacy": ("capc.mechanisms", "capc.planning", "capc.round"),
+    "capc/mechanisms": ("capc.planning", "capc.round"),
+}
+
+
+def inner_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in ``path``, full dotted names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(INNER_FORBIDDEN))
+def test_a_capc_package_imports_no_package_above_it(package: str) -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, module in inner_imports(path)
+        if any(module == f or module.startswith(f + ".") for f in INNER_FORBIDDEN[package])
+    ]
+    assert bad == []

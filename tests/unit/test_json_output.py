@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services import cli
+from services.commands import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients"))

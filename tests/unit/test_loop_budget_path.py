@@ -140,7 +140,7 @@ def test_predictions_on_a_labelled_file_are_scored(tmp_path: Path) -> None:
 
 
 def test_a_demo_without_a_terminal_prints_no_address_of_a_stopped_consortium() -> None:
-    from services.demo import dashboard_line, will_serve
+    from services.commands.demo import dashboard_line, will_serve
 
     def args(**kw: bool) -> argparse.Namespace:
         return argparse.Namespace(**{"serve": False, "no_serve": False, "json": False, **kw})

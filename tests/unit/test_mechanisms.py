@@ -14,7 +14,7 @@ from capc.mechanisms import Mechanism, MechanismError, Personalization, from_con
 from capc.mechanisms.argmax import LAPLACE_RESOLUTION, laplace_noisy_max, noisy_argmax
 from capc.mechanisms.base import NOT_ANSWERED, gaussian_noise
 from capc.mechanisms.powerset import MAX_POWERSET_LABELS, subset_bits
-from capc.privacy import advisor
+from capc.planning import advisor
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.randomness import SecureRandom
 

@@ -23,7 +23,7 @@ from capc.mechanisms.base import Mechanism
 from capc.mechanisms.registry import from_config
 from capc.mpc.mechanism_circuits import HistogramViolationError
 from capc.privacy.randomness import SecureRandom
-from services.common.task import TaskConfig, config_hash
+from capc.task_config import TaskConfig, config_hash
 
 QUERIES = 4000
 PARTIES = 20

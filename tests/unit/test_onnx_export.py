@@ -13,12 +13,12 @@ import pytest
 from capc.models import Teacher, build, save_teacher
 from capc.models.ensemble import load_members, save_ensemble
 from capc.models.foreign import ForeignTeacher
-from services.teacher_cli import export_teachers
+from services.commands.teacher_cli import export_teachers
 from tests.e2e.own_models import export_torchscript, own_net
 from tests.unit.test_ensembles import _data, _ensemble
 
 ROOT = Path(__file__).resolve().parents[2]
-CAPC = [sys.executable, "-m", "services.cli"]
+CAPC = [sys.executable, "-m", "services.commands.cli"]
 
 
 def test_every_teacher_of_an_ensemble_votes_as_it_did(tmp_path: Path) -> None:

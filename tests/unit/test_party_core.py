@@ -34,9 +34,9 @@ from capc.round.ledger import KeptSetting, PartyLedger
 from capc.round.memory_party_ledger import MemoryPartyLedger
 from capc.round.party import PartyCore, Terms, pack_mask, terms_of
 from capc.round.settlement import outcome
+from capc.task_config import TaskConfig, config_hash
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
 
 NAME, CLASSES = "hospital-a", 3
 TASK: dict[str, object] = {

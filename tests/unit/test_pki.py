@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from services.cli import main
+from services.commands.cli import main
 from services.common import pki
 
 

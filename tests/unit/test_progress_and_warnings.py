@@ -129,7 +129,7 @@ def test_the_fork_server_scan_raises_no_library_warning() -> None:
 def test_a_library_future_warning_stays_off_the_terminal() -> None:
     code = (
         "import warnings, sys\n"
-        "from services.cli import quiet_library_warnings\n"
+        "from services.commands.cli import quiet_library_warnings\n"
         "quiet_library_warnings()\n"
         "warnings.warn_explicit('torch says: this changes', FutureWarning, 'torch/x.py', 1,"
         " module='torch.x')\n"

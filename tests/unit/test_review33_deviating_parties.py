@@ -24,9 +24,9 @@ from capc.mpc.votes import (
     share_proven_votes,
 )
 from capc.round.errors import RoundInputError, RoundRequestError
+from capc.task_config import config_hash
 from services.common import serde
 from services.common.ledger import Ledger
-from services.common.task import config_hash
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

@@ -44,8 +44,8 @@ from capc.round import (
     RoundWork,
 )
 from capc.round.state import Phase, PhaseError
+from capc.task_config import TaskConfig, config_hash
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
 from services.guardian.ledger_port import SqlRoundLedger
 
 CLASSES, BATCH, TIMEOUT = 3, 4, 100.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from services.demo import DEMO_CAP, SHIPPED_BODY
+from services.commands.demo import DEMO_CAP, SHIPPED_BODY
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVED = ROOT / "experiments" / "results" / "demo.json"

@@ -16,7 +16,7 @@ import pytest
 
 from capc.privacy import gaussian_dp
 from experiments.diet_services import format_table, summarise
-from services.demo import DEMO_TASK, DEMO_VOTERS
+from services.commands.demo import DEMO_TASK, DEMO_VOTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "experiments" / "results" / "diet-services.json"

@@ -14,7 +14,7 @@ from capc.data.schema import (
     parse_classes,
     parse_records,
 )
-from services.common.task import TaskConfig, TaskError, config_hash
+from capc.task_config import TaskConfig, TaskError, config_hash
 
 TABLE = {
     "kind": "table",

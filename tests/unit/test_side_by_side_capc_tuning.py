@@ -24,9 +24,9 @@ from experiments.side_by_side.baselines import MAX_GRID
 from experiments.side_by_side.capc_runs import CapcConfig, scaled_task, teachers_per_hospital
 from experiments.side_by_side.data import LAYOUTS, TUNING_SEED, Split, split
 from experiments.side_by_side.table_tuning import TableTuner
-from services.demo import SHIPPED_BODY
+from services.commands.demo import SHIPPED_BODY
+from services.commands.up import queries_fit
 from services.student.training import OWN_BATCH, STUDENT_L2
-from services.up import queries_fit
 
 
 def test_the_grids_are_as_small_as_the_baselines_and_start_with_the_shipped_rule() -> None:

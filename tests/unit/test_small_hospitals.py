@@ -13,15 +13,15 @@ import pandas as pd
 import pytest
 
 from capc.data.schema import NumericFeature, SchemaError, TableSchema
-from capc.privacy.sizing import (
+from capc.planning.sizing import (
     DP_TEACHER_COMMAND,
     MIN_RECORDS_PER_TEACHER,
     NoUsefulSigmaError,
     plan_gnmax,
     recheck,
 )
-from services import cli
-from services.task_cli import public_ranges, shared_table, widened
+from services.commands import cli
+from services.commands.task_cli import public_ranges, shared_table, widened
 from tests.hospital_files import breast_cancer_frame
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import build_parser
+from services.commands.cli import build_parser
 from services.student import main as student_main
 
 

@@ -16,20 +16,20 @@ from capc.mpc.mechanism_circuits import ConfidentGNMaxCircuit, MultiLabelCircuit
 from capc.privacy.accountants import RenyiDp
 from capc.round.messages import QueryBatch, RoundWork
 from capc.round.party import ensemble_votes
-from services.common.protocol import RequestError
-from services.common.serde import (
-    mechanism_to_proto,
-    overrides_from_proto,
-    queries_to_proto,
-    round_work_from_proto,
-)
-from services.common.task import (
+from capc.task_config import (
     EncryptionSpec,
     MechanismSpec,
     TaskConfig,
     TaskError,
     TaskSpec,
     config_hash,
+)
+from services.common.protocol import RequestError
+from services.common.serde import (
+    mechanism_to_proto,
+    overrides_from_proto,
+    queries_to_proto,
+    round_work_from_proto,
 )
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 

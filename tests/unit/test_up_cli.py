@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from capc_client.cli import build_parser as capcctl_parser
 
-from services.cli import build_parser
-from services.demo import shipped_body
-from services.up import Access, first_command, loop_plan, own_teachers
+from services.commands.cli import build_parser
+from services.commands.demo import shipped_body
+from services.commands.up import Access, first_command, loop_plan, own_teachers
 
 
 def test_capc_up_options() -> None:
@@ -74,7 +74,7 @@ def _up(*argv: str) -> argparse.Namespace:
 
 
 def test_loop_options_are_refused_unless_complete(tmp_path: Path) -> None:
-    from services.up import config_of, planned_task
+    from services.commands.up import config_of, planned_task
 
     task = config_of(planned_task(30, 10.0, 256))
     own, test = tmp_path / "own.npz", tmp_path / "test.npz"
@@ -111,7 +111,7 @@ def test_loop_options_are_refused_unless_complete(tmp_path: Path) -> None:
 
 
 def test_a_task_on_other_inputs_needs_its_own_data_and_teachers() -> None:
-    from services.up import config_of, student_data
+    from services.commands.up import config_of, student_data
 
     config = {
         "num_classes": 2,
@@ -124,7 +124,7 @@ def test_a_task_on_other_inputs_needs_its_own_data_and_teachers() -> None:
 
 def test_a_table_task_runs_without_a_body_or_reference_batch() -> None:
     from services import tasks
-    from services.up import body_for, config_of, student_data
+    from services.commands.up import body_for, config_of, student_data
 
     table = config_of(tasks.load("breast-cancer"))
     # A table's student is an MLP from scratch: no reference batch is asked for.
@@ -155,7 +155,7 @@ def test_a_table_task_runs_without_a_body_or_reference_batch() -> None:
 def test_the_loop_block_prints_after_the_consortium_lines(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from services.up import LOOP_COMMAND, LoopAccess, report
+    from services.commands.up import LOOP_COMMAND, LoopAccess, report
 
     access = Access("https://127.0.0.1:9", "capc_a_b", "capc_c_d", Path("/pki/ca.pem"))
     loop = LoopAccess(
@@ -193,7 +193,7 @@ def test_the_loop_block_prints_after_the_consortium_lines(
 def test_a_checkpoints_file_of_several_teachers_is_counted_as_them(tmp_path: Path) -> None:
     from capc.models import Teacher, build
     from capc.models.ensemble import save_checkpoints
-    from services.up import teacher_counts
+    from services.commands.up import teacher_counts
 
     teachers = [Teacher("mlp", (30,), 2, build("mlp", (30,), 2, None)) for _ in range(3)]
     path = tmp_path / "hospital.pt"
@@ -203,7 +203,7 @@ def test_a_checkpoints_file_of_several_teachers_is_counted_as_them(tmp_path: Pat
 
 def test_a_code_model_is_refused_before_it_runs(tmp_path: Path) -> None:
     """capc up runs every hospital with its own rights: a TorchScript file is code."""
-    from services.up import teacher_counts
+    from services.commands.up import teacher_counts
     from tests.e2e.own_models import export_thief
 
     secret, target = tmp_path / "ca.key", tmp_path / "planted"
@@ -216,7 +216,7 @@ def test_a_code_model_is_refused_before_it_runs(tmp_path: Path) -> None:
 
 
 def test_the_loop_lowers_the_planned_quorum_and_refuses_a_task_files() -> None:
-    from services.up import loop_quorum
+    from services.commands.up import loop_quorum
 
     task = {"quorum": 3, "num_classes": 10}
     assert loop_quorum(task, _up("--loop", "hospital-0"))["quorum"] == 2
@@ -236,7 +236,7 @@ def test_with_a_loop_the_first_command_leaves_most_of_the_caps_for_it() -> None:
 def test_a_table_task_is_named_by_its_file_not_the_wire_name_images() -> None:
     import json
 
-    from services.up import describe, task_label
+    from services.commands.up import describe, task_label
 
     path = Path(__file__).parents[2] / "services" / "tasks" / "breast-cancer.json"
     task = json.loads(path.read_text())
@@ -253,7 +253,7 @@ def test_a_torchscript_teacher_takes_the_given_task_instead_of_a_traceback(
     # ValueError telling the user to pass --task, which was given.
     import torch
 
-    from services.up import interface_of, teacher_counts
+    from services.commands.up import interface_of, teacher_counts
     from tests.e2e.own_models import export_torchscript
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
@@ -276,7 +276,7 @@ def test_a_torchscript_teacher_takes_the_given_task_instead_of_a_traceback(
 
 
 def test_json_keeps_the_progress_lines_quiet(tmp_path: Path) -> None:
-    from services.up import consortium
+    from services.commands.up import consortium
 
     quiet = consortium(_up("--json", "--dir", str(tmp_path / "a")))[0]
     talking = consortium(_up("--dir", str(tmp_path / "b")))[0]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from sqlalchemy.orm import Session
 
 from capc.round.errors import LedgerRefusedError, TeacherCountError, UnknownPartyError
+from capc.task_config import config_hash
 from services.common.db import iso_utc
 from services.common.ledger.base import (
     MAX_CAP_REASON,
@@ -34,7 +35,6 @@ from services.common.ledger.models import (
 )
 from services.common.ledger.records import KeptSetting
 from services.common.ledger.tables import SET_PARTY_REPORT, SETTING, TOUCH_PARTY
-from services.common.task import config_hash
 
 
 class Registry(LedgerBase):

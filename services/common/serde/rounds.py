@@ -17,6 +17,7 @@ from capc.round.messages import (
     ShareLayout,
     VoteVerdict,
 )
+from capc.task_config import TaskConfig, config_hash
 from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
 from services.common.protocol import RequestError
 from services.common.serde.mechanisms import mechanism_from_proto, mechanism_to_proto
@@ -29,7 +30,6 @@ from services.common.serde.shares import (
     shares_to_proto,
 )
 from services.common.serde.tensors import queries_from_proto
-from services.common.task import TaskConfig, config_hash
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
 #: Ciphertext layouts an encrypted batch may name.

@@ -174,7 +174,7 @@ def test_each_token_is_held_to_its_rate_with_retry_after(
 
 
 def test_the_rate_limit_is_a_serve_option() -> None:
-    from services.cli import build_parser
+    from services.commands.cli import build_parser
 
     args = build_parser().parse_args(
         ["gateway", "serve", "--student", "s:1", "--guardian", "g:1", "--rate-limit", "120"]

@@ -107,7 +107,7 @@ def test_a_round_drawing_more_noise_than_the_bound_is_refused() -> None:
     """What keeps every round's cut-off failure within MAX_CUTOFF_FAILURE."""
     from capc.round.admission import check_noise_values, noise_values
     from capc.round.errors import RoundRequestError
-    from services.common.task import TaskConfig, config_hash
+    from capc.task_config import TaskConfig, config_hash
 
     config = {
         "num_classes": 10,

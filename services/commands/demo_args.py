@@ -1,5 +1,5 @@
 """``capc demo``'s options: only the standard library is imported here, so ``capc demo
---help`` answers at once (``services.demo`` runs it)."""
+--help`` answers at once (``services.commands.demo`` runs it)."""
 
 from __future__ import annotations
 
@@ -65,4 +65,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--serve", action="store_true", help="keep the consortium up afterwards (Ctrl-C stops)"
     )
     serve.add_argument("--no-serve", action="store_true", help="stop as soon as it has reported")
-    p.set_defaults(handler=lazy("services.demo", "run"))
+    p.set_defaults(handler=lazy("services.commands.demo", "run"))

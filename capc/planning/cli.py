@@ -1,7 +1,7 @@
 """``capc privacy``: plan a labelling job and report its cost, from the command line.
 
 Pure: reads ``.npy`` vote histograms, prints text or JSON. The ``capc``
-dispatcher in ``services.cli`` mounts it.
+dispatcher in ``services.commands.cli`` mounts it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from capc.mechanisms import Mechanism, MechanismError, mechanism_class
+from capc.planning.advisor import LabelStatistics, recommend
+from capc.planning.args import LAPLACE
 from capc.privacy import accountants, planning
 from capc.privacy.accountant import Accountant
 from capc.privacy.accountants import RenyiDp
-from capc.privacy.advisor import LabelStatistics, recommend
-from capc.privacy.args import LAPLACE
 from capc.privacy.conversion import DEFAULT_ORDERS, PATE_ORDERS, Conversion
 from capc.privacy.events import DpEvent, PureDpEvent, RdpCurveEvent
 from capc.privacy.randomness import SecureRandom
@@ -242,7 +242,7 @@ def _text(result: dict[str, Any], indent: int = 0) -> str:
 
 
 def advise(args: argparse.Namespace) -> dict[str, Any]:
-    """The advisor's recommendation (capc.privacy.advisor) from a label file or its statistics."""
+    """The advisor's recommendation (capc.planning.advisor) from a label file or its statistics."""
     if args.labels_file is not None:
         try:
             labels = np.load(args.labels_file, allow_pickle=False)

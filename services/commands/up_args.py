@@ -1,5 +1,5 @@
 """``capc up``'s options: only the standard library is imported here, so ``capc up --help``
-answers at once (``services.up`` runs it)."""
+answers at once (``services.commands.up`` runs it)."""
 
 from __future__ import annotations
 
@@ -103,4 +103,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout (progress on stderr)"
     )
-    p.set_defaults(handler=lazy("services.up", "run"))
+    p.set_defaults(handler=lazy("services.commands.up", "run"))

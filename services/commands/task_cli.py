@@ -4,7 +4,7 @@ The records and classes come from a folder of images in class subfolders,
 a CSV/Parquet sample with ``--label``, or ``--image CxHxW --classes ...``.
 The mechanism is GNMax with the smallest sigma for which ``--queries``
 queries fit each hospital's cap, solved by the ledger's own accountant at
-its delta (:mod:`capc.privacy.sizing`); a sigma that leaves labels mostly
+its delta (:mod:`capc.planning.sizing`); a sigma that leaves labels mostly
 noise is refused with what to change. The file is checked by
 :meth:`TaskConfig.parse` before it is written, and written atomically.
 """
@@ -227,8 +227,8 @@ def _records(args: argparse.Namespace) -> tuple[Any, tuple[str, ...], list[str]]
 
 def build_task(args: argparse.Namespace) -> tuple[dict[str, Any], list[str], list[str]]:
     """(task configuration, notes for the user, the plan's explanation)."""
-    from capc.privacy.sizing import plan_gnmax
-    from services.common.task import TaskConfig, config_hash
+    from capc.planning.sizing import plan_gnmax
+    from capc.task_config import TaskConfig, config_hash
 
     schema, classes, notes = _records(args)
     quorum = args.hospitals if args.quorum is None else args.quorum
@@ -278,8 +278,8 @@ def _describe(records: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from capc.data.schema import SchemaError
+    from capc.task_config import TaskError
     from services.common.files import write_atomically
-    from services.common.task import TaskError
 
     if args.out is None and not args.json:
         print("error: --out FILE is required (or --json to print the task)", file=sys.stderr)

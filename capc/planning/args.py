@@ -1,5 +1,5 @@
 """``capc privacy``'s options: only the standard library is imported here, so ``capc
-privacy --help`` answers at once (``capc.privacy.cli`` runs it)."""
+privacy --help`` answers at once (``capc.planning.cli`` runs it)."""
 
 from __future__ import annotations
 
@@ -107,4 +107,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     a.add_argument("--epsilon", type=float, required=True, help="each party's epsilon")
     a.add_argument("--delta", type=float, default=1e-5, help="target delta (default 1e-5)")
     a.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(handler=lazy("capc.privacy.cli", "run"))
+    p.set_defaults(handler=lazy("capc.planning.cli", "run"))

@@ -47,7 +47,7 @@ from capc.learning.simclr import PretrainConfig
 from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
 from services import tasks
-from services.demo_args import DEMO_CAP as DEMO_CAP
+from services.commands.demo_args import DEMO_CAP as DEMO_CAP
 from services.local import LocalConsortium
 
 #: GNMax for 250 teachers; other consortium sizes keep sigma at the same share of the vote.

@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def load_task(path: Path) -> Any:
     """The task file as a TaskConfig; TaskError if unreadable or not single-label."""
-    from services.common.task import TaskError, read_task
+    from capc.task_config import TaskError, read_task
 
     task = read_task(path)
     if task.multi_label:
@@ -134,7 +134,7 @@ def _print(report: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     """``capc data pack``; exit status 2 on a bad record or option."""
     from capc.data.schema import SchemaError
-    from services.common.task import TaskError
+    from capc.task_config import TaskError
 
     try:
         report = pack(args)

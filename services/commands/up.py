@@ -38,13 +38,13 @@ from capc.data.schema import SchemaError
 from capc.mechanisms import from_config
 from capc.models.ensemble import Voters
 from capc.models.foreign import CodeModelRefusedError, Interface
+from capc.planning.sizing import recheck
 from capc.privacy.accountants import DEFAULT_ACCOUNTANT, Accounting, make
-from capc.privacy.sizing import recheck
 from capc.round.errors import LedgerRefusedError
+from capc.task_config import TaskConfig, config_hash
 from services import tasks
+from services.commands.demo import DEMO_TEST, DEMO_VOTERS, shipped_body
 from services.common.ledger import Ledger
-from services.common.task import TaskConfig, config_hash
-from services.demo import DEMO_TEST, DEMO_VOTERS, shipped_body
 from services.gateway.tokens import TokenStore
 from services.local import TASK_NAME, LocalConsortium, free_port
 

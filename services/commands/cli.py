@@ -34,19 +34,23 @@ class Command(NamedTuple):
 #: Every ``capc`` subcommand, in ``capc --help``'s order.
 COMMANDS: tuple[Command, ...] = (
     Command(
-        "privacy", "capc.privacy.args", "plan queries and report privacy cost (no services needed)"
+        "privacy", "capc.planning.args", "plan queries and report privacy cost (no services needed)"
     ),
     Command("diet", "capc.learning.cli", "data-free learning: pretraining and the DIET experiment"),
     Command(
         "labeldp", "capc.labeldp.cli", "label-DP training (ALIBI, randomized response, PATE-FM)"
     ),
-    Command("demo", "services.demo_args", "run a local DIET-CaPC consortium end to end and report"),
+    Command(
+        "demo",
+        "services.commands.demo_args",
+        "run a local DIET-CaPC consortium end to end and report",
+    ),
     Command("pki", "services.common.pki_args", "consortium certificate authority"),
     Command("guardian", "services.guardian.args", "run the privacy guardian hub"),
     Command("answerer", "services.answerer.args", "run a hospital's answering party"),
     Command(
         "up",
-        "services.up_args",
+        "services.commands.up_args",
         "run a local consortium (guardian, hospitals, student party, gateway) until "
         "interrupted, and print how to reach it with capcctl",
     ),
@@ -55,9 +59,9 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "health", "services.common.health_args", "container healthcheck (gRPC, status file or HTTP)"
     ),
-    Command("task", "services.task_cli", "write task files"),
-    Command("teacher", "services.teacher_cli", "fit a hospital's teachers"),
-    Command("data", "services.data_cli", "pack a hospital's records into an NPZ"),
+    Command("task", "services.commands.task_cli", "write task files"),
+    Command("teacher", "services.commands.teacher_cli", "fit a hospital's teachers"),
+    Command("data", "services.commands.data_cli", "pack a hospital's records into an NPZ"),
     Command(
         "audit",
         "services.audit.cli",

@@ -165,7 +165,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _load_task(path: Path) -> Any:
-    from services.common.task import TaskError, read_task
+    from capc.task_config import TaskError, read_task
 
     task = read_task(path)
     if task.multi_label or task.encryption is not None:
@@ -306,7 +306,7 @@ def _print(report: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from capc.data.schema import SchemaError
-    from services.common.task import TaskError
+    from capc.task_config import TaskError
 
     def log(text: str) -> None:
         if not args.json:

@@ -1,0 +1,1 @@
+"""The ``capc`` command and its subcommands: every entry point a user runs."""
