@@ -59,7 +59,7 @@ DEMO_BATCH = 512
 DEMO_TEST = 1000
 #: The results a finished demo leaves in its directory (what --json prints).
 RESULT = "result.json"
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 #: The shipped body and its record (the command that made it, its digests).
 SHIPPED_BODY = ASSETS / "demo-body.pt"
 SHIPPED_RECORD = ASSETS / "demo-body.json"

@@ -28,7 +28,7 @@ from typing import Any
 #: Exit status of refused data or options.
 REFUSED = 2
 #: The shipped body (services/assets): the default for 1x28x28 image tasks.
-SHIPPED_BODY = Path(__file__).resolve().parent / "assets" / "demo-body.pt"
+SHIPPED_BODY = Path(__file__).resolve().parents[1] / "assets" / "demo-body.pt"
 #: capc.learning.dp_teacher's defaults, repeated here so that --help needs no torch import
 #: (a unit test keeps them equal).
 DP_DEFAULTS: dict[str, float] = {"delta": 1e-5, "steps": 300, "clip": 1.0, "lr": 0.5}

@@ -85,7 +85,7 @@ def test_no_mechanism_is_named_in_services_or_clients() -> None:
     names = frozenset(MECHANISMS)
     assert {"gnmax", "confident-gnmax", "binary", "tau", "powerset"} <= names
     files = python_files()
-    assert any(p.name == "task.py" for p in files) and any("clients" in p.parts for p in files)
+    assert any(p.name == "hub.py" for p in files) and any("clients" in p.parts for p in files)
     hits = [
         f"{path.relative_to(ROOT)}:{line}: {name!r}"
         for path in files
