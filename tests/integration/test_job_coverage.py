@@ -206,3 +206,23 @@ def test_coverage_rules() -> None:
     assert "fewer than the task's quorum of 4" in (shortfall(1, few) or "")
     reply.quorum = 0  # no task in the request: a round needs one party
     assert coverage(reply).queries is None
+
+
+def test_a_querier_allowance_below_the_caps_bounds_what_a_loop_job_may_ask(
+    loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
+) -> None:
+    """A querier's allowance on each party (capc guardian --allowance) stops its rounds
+    before the caps do: the pre-check read the caps alone, so a job the allowance cannot
+    finish passed it, ran part way and left the answering hospitals charged."""
+    c, runner, auth = loop
+    fit = projected(ledger)["hospital-2"]
+    ledger.set_allowance("hospital-0-querier", 0.5, actor="test")
+    # What the allowance lets this querier's rounds buy of each party, as the ledger admits.
+    task = TaskConfig.parse("t", TASK, config_hash(TASK))
+    allowed = ledger.queries_fit(task.mechanism.worst_case(1, 1.0), 0.5)
+    assert 0 < allowed < fit, (allowed, fit)
+    r = recipe(c, auth, allowed + 1)
+    assert r.status_code == 409, r.text
+    assert f"Submit at most {allowed} queries" in r.json()["detail"]
+    assert recipe(c, auth, allowed).status_code == 201
+    assert len(runner.submitted) == 1
