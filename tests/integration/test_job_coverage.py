@@ -11,6 +11,8 @@ what it would run); nothing is spent either way.
 from __future__ import annotations
 
 import io
+import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, cast
@@ -132,12 +134,20 @@ def projected(ledger: Ledger) -> dict[str, int]:
     return {p.name: int(p.queries_left) for p in reply.parties}
 
 
-def upload(c: TestClient, auth: dict[str, str], n: int, partial: bool = False) -> Any:
+def upload(
+    c: TestClient,
+    auth: dict[str, str],
+    n: int,
+    partial: bool = False,
+    mechanism: dict[str, float] | None = None,
+) -> Any:
     buf = io.BytesIO()
     np.save(buf, np.zeros((n, *SHAPE), np.float32))
     data = {"reveal_records_to_answerers": "true"}
     if partial:
         data["allow_partial"] = "true"
+    if mechanism is not None:
+        data["mechanism"] = json.dumps(mechanism)
     return c.post(
         "/v1/jobs/upload", headers=auth, files={"file": ("own.npy", buf.getvalue())}, data=data
     )
@@ -170,8 +180,8 @@ def test_a_loop_upload_the_caps_cannot_finish_is_refused_before_it_spends(
     assert upload(c, auth, fit).status_code == 201
     assert upload(c, auth, fit + 1, partial=True).status_code == 201
     assert recipe(c, auth, fit + 1, allow_partial=True).status_code == 201
-    # A job with mechanism overrides (more noise: cheaper per query) is left to the
-    # guardian's per-round refusal, not refused on the task's projection.
+    # A job with mechanism overrides (more noise: cheaper per query) is checked at them,
+    # not refused on the task's projection.
     assert recipe(c, auth, fit + 1, mechanism={"sigma": 80.0}).status_code == 201
     assert len(runner.submitted) == 4
 
@@ -228,20 +238,21 @@ def test_a_querier_allowance_below_the_caps_bounds_what_a_loop_job_may_ask(
     assert len(runner.submitted) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a job with mechanism overrides skips the pre-check (refuse_uncovered): an "
-    "override of the task's own sigma, or a hair more, runs a job twice what the caps "
-    "cover part way. Needs the guardian's projection at the overridden mechanism "
-    "(ListPartiesRequest carrying the overrides); left for the lead",
-)
 def test_a_mechanism_override_that_costs_about_as_much_is_still_checked(
     loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
 ) -> None:
+    """A job with mechanism overrides skipped the pre-check: an override of a hair more
+    noise ran a job twice what the caps cover, part way, with the hospitals charged. It
+    is checked at the overridden mechanism."""
     c, runner, auth = loop
     fit = projected(ledger)["hospital-2"]
     # sigma 40.5 for the task's 40: each query costs (40 / 40.5)**2, about 0.975 of the
     # task's, so the caps cover about 2.5% more queries, never twice as many.
     r = recipe(c, auth, 2 * fit, mechanism={"sigma": 40.5})
     assert r.status_code == 409, r.text
+    said = re.search(r"Submit at most (\d+) queries", r.json()["detail"])
+    assert said is not None and fit < int(said.group(1)) < fit * 1.1, (fit, r.text)
+    assert upload(c, auth, 2 * fit, mechanism={"sigma": 40.5}).status_code == 409
     assert runner.submitted == []
+    # Twice the noise: a query costs a quarter, so twice the queries fit.
+    assert recipe(c, auth, 2 * fit, mechanism={"sigma": 80.0}).status_code == 201
