@@ -87,6 +87,8 @@ class InProcess(Backends):
                 return cast(T, self.party.CreateJob(request, ctx))
             if isinstance(request, student_pb2.GetLoopRequest):
                 return cast(T, self.party.GetLoop(request, ctx))
+            if isinstance(request, student_pb2.ListJobsRequest):
+                return cast(T, self.party.ListJobs(request, ctx))
             if isinstance(request, guardian_pb2.ListPartiesRequest):
                 return cast(T, self.hub_servicer.ListParties(request, ctx))
         except AbortedError as err:
@@ -256,3 +258,24 @@ def test_a_mechanism_override_that_costs_about_as_much_is_still_checked(
     assert runner.submitted == []
     # Twice the noise: a query costs a quarter, so twice the queries fit.
     assert recipe(c, auth, 2 * fit, mechanism={"sigma": 80.0}).status_code == 201
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the pre-check reads what the caps cover now, not what jobs queued or "
+    "running will still spend: two jobs that each fit alone both pass, and the second "
+    "stops part way with the hospitals charged. Needs the unfinished jobs' remaining "
+    "queries counted (at what mechanism, when their overrides differ, is the lead's "
+    "call); left for the lead",
+)
+def test_jobs_queued_together_are_checked_together(
+    loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
+) -> None:
+    c, runner, auth = loop
+    fit = projected(ledger)["hospital-2"]
+    assert recipe(c, auth, fit // 2).status_code == 201
+    # The first job has spent nothing yet (queued): the caps still cover `fit` alone, but
+    # after the first job's half the second would run half way and stop, charged.
+    r = recipe(c, auth, fit)
+    assert r.status_code == 409, r.text
+    assert len(runner.submitted) == 1
