@@ -96,7 +96,16 @@ def decide(
         excluded[p] = max(0.0, left)
     if len(included) < quorum:
         message = quorum_refusal(
-            accounting, delta, len(included), names, quorum, queries, excluded, costs, standing
+            accounting,
+            delta,
+            len(included),
+            names,
+            quorum,
+            queries,
+            excluded,
+            costs,
+            standing,
+            allowance,
         )
         raise QuorumError(message, excluded)
     return Admission(tuple(included), excluded)
@@ -112,10 +121,12 @@ def quorum_refusal(
     excluded: Mapping[str, float],
     costs: Mapping[str, FloatArray],
     standing: Mapping[str, Standing],
+    allowance: float | None = None,
 ) -> str:
     """Why a round of ``queries`` queries is refused: per excluded party, the epsilon it
     has left, what this round alone costs it (epsilon at ``delta``) and how many more
-    queries its cap covers; and where to see more."""
+    queries its cap (and the querier's ``allowance`` on it, if any) covers; and where to
+    see more."""
     fits: dict[str, int] = {}
     parts = []
     for p, left in excluded.items():
@@ -129,6 +140,10 @@ def quorum_refusal(
             if left > 0 and s.active and unit.any()
             else 0
         )
+        if allowance is not None and fits[p] > 0:
+            # The count the reservation admits: the allowance's rest binds as the cap does.
+            held = accounting.zero() if s.querier_loss is None else s.querier_loss
+            fits[p] = min(fits[p], accounting.max_count_of(unit, allowance, delta, held))
         parts.append(
             f"{p}: {left:.4g} eps left, this round of {queries} queries costs it "
             f"{alone:.4g} eps, {fits[p]} more queries fit"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -125,15 +125,22 @@ class Backends:
         )
         return reply
 
-    def querier_spends(self, querier: str) -> guardian_pb2.ListPartiesReply:
-        """Parties with what ``querier``'s rounds charged each (the CaPC loop)."""
+    def querier_spends(
+        self, querier: str, overrides: Mapping[str, float] | None = None
+    ) -> guardian_pb2.ListPartiesReply:
+        """Parties with what ``querier``'s rounds charged each (the CaPC loop); queries
+        left projected at the task's mechanism raised by ``overrides`` (a job's)."""
         reply: guardian_pb2.ListPartiesReply = self.guardian_call(
             self.hub.ListParties,
-            guardian_pb2.ListPartiesRequest(header=self.header, querier=querier),
+            guardian_pb2.ListPartiesRequest(
+                header=self.header, querier=querier, overrides=dict(overrides or {})
+            ),
         )
         return reply
 
-    def job_spends(self) -> guardian_pb2.ListPartiesReply:
+    def job_spends(
+        self, overrides: Mapping[str, float] | None = None
+    ) -> guardian_pb2.ListPartiesReply:
         """ListParties for the student party's querier: each party's projection at the
         task, the task's quorum, and the hospital a CaPC loop's querier is bound to (its
         teachers never answer the loop's queries)."""
@@ -144,7 +151,7 @@ class Backends:
                 student_pb2.GetLoopRequest(header=self.header),
             )
             self._querier = report.querier
-        return self.querier_spends(self._querier)
+        return self.querier_spends(self._querier, overrides)
 
     def list_jobs(self, limit: int, offset: int) -> student_pb2.ListJobsReply:
         reply: student_pb2.ListJobsReply = self.student_call(

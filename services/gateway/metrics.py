@@ -2,7 +2,8 @@
 consortium's state (rounds, queries answered and not answered, epsilon per
 party), read from the backends when Prometheus scrapes, at most once per
 METRICS_CACHE_SECONDS. /metrics needs a ``metrics`` (or admin) token: the
-per-party caps and spend are the admin API's data."""
+per-party caps and spend are the admin API's data, so a hospital's own gateway
+(:mod:`services.gateway.scope`) gives that hospital's alone."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from services.gateway.backends import BackendError, Backends
+from services.gateway.scope import shown
 
 log = logging.getLogger("capc.gateway")
 #: Jobs read per scrape (newest first); totals cover these.
@@ -88,6 +90,8 @@ class ConsortiumCollector(Collector):
         except BackendError as err:
             log.warning("metrics: guardian unavailable: %s", err)
             return None
+        # A hospital's own gateway scrapes what its admin views show: that hospital alone.
+        mine = shown(self.backends, reply)
         return tuple(
             _Party(
                 p.name,
@@ -99,6 +103,7 @@ class ConsortiumCollector(Collector):
                 p.ledgers == "diverged",
             )
             for p in reply.parties
+            if mine is None or p.name in mine
         )
 
     def _jobs(self) -> _Jobs | None:

@@ -116,7 +116,12 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         online = self.engine.teachers()
         if request.header.task:
             try:
-                projections = self._projections(request.header.task)
+                projections = self._projections(
+                    request.header.task,
+                    request.querier,
+                    # Zero means the task's own, as in a job's request.
+                    {k: v for k, v in request.overrides.items() if v != 0.0},
+                )
                 config, digest = self.ledger.task(request.header.task)
                 task = TaskConfig.parse(request.header.task, config, digest)
                 quorum = task.quorum
@@ -175,12 +180,19 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
             loss = loss - acct.filter_cost(t.attestation.event())
         return acct.spent(np.maximum(loss, 0.0), self.ledger.delta).epsilon
 
-    def _projections(self, task_name: str) -> dict[str, tuple[float, float, int]]:
+    def _projections(
+        self, task_name: str, querier: str = "", overrides: dict[str, float] | None = None
+    ) -> dict[str, tuple[float, float, int]]:
         """Per answering party: (vote weight, participation rate, queries its remaining
-        budget covers at ``task_name``'s worst case, in expectation under vanishing)."""
+        budget covers at ``task_name``'s worst case, in expectation under vanishing).
+        With ``querier``: no more than its allowance's rest on the party covers, as the
+        ledger's reservation admits; with a job's ``overrides``, at the mechanism so
+        raised (a job's pre-check reads this). TaskError for overrides the task refuses."""
         config, digest = self.ledger.task(task_name)
-        task = TaskConfig.parse(task_name, config, digest)
+        task = TaskConfig.parse(task_name, config, digest).overridden(overrides or None)
         caps = {b.name: b.cap for b in self.ledger.budgets()}
+        allowance, held = self.ledger.allowance_left(querier) if querier else (None, {})
+        accounting, delta = self.ledger.accounting, self.ledger.delta
         out = {}
         for name, (weight, rate) in self.engine.rates(task).items():
             fit = 0
@@ -189,7 +201,10 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                 fit = -1
             elif rate > 0 and weight > 0:
                 unit = task.mechanism.worst_case(1, weight)
-                fit = int(self.ledger.queries_fit(unit, caps[name], name) / rate)
+                count = self.ledger.queries_fit(unit, caps[name], name)
+                if allowance is not None:
+                    count = min(count, accounting.max_count(unit, allowance, delta, held.get(name)))
+                fit = int(count / rate)
             out[name] = (weight, rate, fit)
         return out
 

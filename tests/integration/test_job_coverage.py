@@ -11,6 +11,8 @@ what it would run); nothing is spent either way.
 from __future__ import annotations
 
 import io
+import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar, cast
@@ -85,6 +87,8 @@ class InProcess(Backends):
                 return cast(T, self.party.CreateJob(request, ctx))
             if isinstance(request, student_pb2.GetLoopRequest):
                 return cast(T, self.party.GetLoop(request, ctx))
+            if isinstance(request, student_pb2.ListJobsRequest):
+                return cast(T, self.party.ListJobs(request, ctx))
             if isinstance(request, guardian_pb2.ListPartiesRequest):
                 return cast(T, self.hub_servicer.ListParties(request, ctx))
         except AbortedError as err:
@@ -132,12 +136,20 @@ def projected(ledger: Ledger) -> dict[str, int]:
     return {p.name: int(p.queries_left) for p in reply.parties}
 
 
-def upload(c: TestClient, auth: dict[str, str], n: int, partial: bool = False) -> Any:
+def upload(
+    c: TestClient,
+    auth: dict[str, str],
+    n: int,
+    partial: bool = False,
+    mechanism: dict[str, float] | None = None,
+) -> Any:
     buf = io.BytesIO()
     np.save(buf, np.zeros((n, *SHAPE), np.float32))
     data = {"reveal_records_to_answerers": "true"}
     if partial:
         data["allow_partial"] = "true"
+    if mechanism is not None:
+        data["mechanism"] = json.dumps(mechanism)
     return c.post(
         "/v1/jobs/upload", headers=auth, files={"file": ("own.npy", buf.getvalue())}, data=data
     )
@@ -170,8 +182,8 @@ def test_a_loop_upload_the_caps_cannot_finish_is_refused_before_it_spends(
     assert upload(c, auth, fit).status_code == 201
     assert upload(c, auth, fit + 1, partial=True).status_code == 201
     assert recipe(c, auth, fit + 1, allow_partial=True).status_code == 201
-    # A job with mechanism overrides (more noise: cheaper per query) is left to the
-    # guardian's per-round refusal, not refused on the task's projection.
+    # A job with mechanism overrides (more noise: cheaper per query) is checked at them,
+    # not refused on the task's projection.
     assert recipe(c, auth, fit + 1, mechanism={"sigma": 80.0}).status_code == 201
     assert len(runner.submitted) == 4
 
@@ -206,3 +218,64 @@ def test_coverage_rules() -> None:
     assert "fewer than the task's quorum of 4" in (shortfall(1, few) or "")
     reply.quorum = 0  # no task in the request: a round needs one party
     assert coverage(reply).queries is None
+
+
+def test_a_querier_allowance_below_the_caps_bounds_what_a_loop_job_may_ask(
+    loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
+) -> None:
+    """A querier's allowance on each party (capc guardian --allowance) stops its rounds
+    before the caps do: the pre-check read the caps alone, so a job the allowance cannot
+    finish passed it, ran part way and left the answering hospitals charged."""
+    c, runner, auth = loop
+    fit = projected(ledger)["hospital-2"]
+    ledger.set_allowance("hospital-0-querier", 0.5, actor="test")
+    # What the allowance lets this querier's rounds buy of each party, as the ledger admits.
+    task = TaskConfig.parse("t", TASK, config_hash(TASK))
+    allowed = ledger.queries_fit(task.mechanism.worst_case(1, 1.0), 0.5)
+    assert 0 < allowed < fit, (allowed, fit)
+    r = recipe(c, auth, allowed + 1)
+    assert r.status_code == 409, r.text
+    assert f"Submit at most {allowed} queries" in r.json()["detail"]
+    assert recipe(c, auth, allowed).status_code == 201
+    assert len(runner.submitted) == 1
+
+
+def test_a_mechanism_override_that_costs_about_as_much_is_still_checked(
+    loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
+) -> None:
+    """A job with mechanism overrides skipped the pre-check: an override of a hair more
+    noise ran a job twice what the caps cover, part way, with the hospitals charged. It
+    is checked at the overridden mechanism."""
+    c, runner, auth = loop
+    fit = projected(ledger)["hospital-2"]
+    # sigma 40.5 for the task's 40: each query costs (40 / 40.5)**2, about 0.975 of the
+    # task's, so the caps cover about 2.5% more queries, never twice as many.
+    r = recipe(c, auth, 2 * fit, mechanism={"sigma": 40.5})
+    assert r.status_code == 409, r.text
+    said = re.search(r"Submit at most (\d+) queries", r.json()["detail"])
+    assert said is not None and fit < int(said.group(1)) < fit * 1.1, (fit, r.text)
+    assert upload(c, auth, 2 * fit, mechanism={"sigma": 40.5}).status_code == 409
+    assert runner.submitted == []
+    # Twice the noise: a query costs a quarter, so twice the queries fit.
+    assert recipe(c, auth, 2 * fit, mechanism={"sigma": 80.0}).status_code == 201
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the pre-check reads what the caps cover now, not what jobs queued or "
+    "running will still spend: two jobs that each fit alone both pass, and the second "
+    "stops part way with the hospitals charged. Needs the unfinished jobs' remaining "
+    "queries counted (at what mechanism, when their overrides differ, is the lead's "
+    "call); left for the lead",
+)
+def test_jobs_queued_together_are_checked_together(
+    loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
+) -> None:
+    c, runner, auth = loop
+    fit = projected(ledger)["hospital-2"]
+    assert recipe(c, auth, fit // 2).status_code == 201
+    # The first job has spent nothing yet (queued): the caps still cover `fit` alone, but
+    # after the first job's half the second would run half way and stop, charged.
+    r = recipe(c, auth, fit)
+    assert r.status_code == 409, r.text
+    assert len(runner.submitted) == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,6 +76,27 @@ def test_below_quorum_the_refusal_names_each_excluded_party_and_what_fits() -> N
     standing = {"a": Standing(0.5, True, GDP.zero()), "b": Standing(10.0, True, GDP.zero())}
     with pytest.raises(core.QuorumError, match=r"only 1 of 2 parties .* quorum is 2.*a: "):
         decide(GDP, DELTA, costs, standing, allowance=None, quorum=2, queries=8)
+
+
+def test_the_refusals_count_of_queries_that_fit_counts_the_allowance_too() -> None:
+    """A party left out on the querier's allowance (its cap has room) was said to fit as
+    many more queries as its cap covers: the student, told to ask for at most that many
+    per round, was refused again. The count is what the reservation would admit."""
+    unit = _loss(4.0)  # one query's worst case
+    held = unit * 3  # this querier's rounds hold three queries' worth of the party
+    standing = {"a": Standing(50.0, True, held, held)}
+    allowance = GDP.spent(unit * 5, DELTA).epsilon  # room for two more queries, not ten
+    with pytest.raises(core.QuorumError) as refused:
+        decide(GDP, DELTA, {"a": unit * 10}, standing, allowance=allowance, quorum=1, queries=10)
+    said = re.search(r"at most (\d+) more queries fit", str(refused.value))
+    assert said is not None, str(refused.value)
+    told = int(said.group(1))
+    assert 0 < told < 10, str(refused.value)
+    # What the refusal said fits, fits.
+    got = decide(
+        GDP, DELTA, {"a": unit * told}, standing, allowance=allowance, quorum=1, queries=told
+    )
+    assert got.included == ("a",)
 
 
 @pytest.mark.parametrize(("queries", "quorum"), [(0, 1), (1, 0), (-3, 2)])

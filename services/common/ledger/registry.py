@@ -10,6 +10,7 @@ import datetime as dt
 import math
 from collections.abc import Mapping
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from capc.round.errors import LedgerRefusedError, TeacherCountError, UnknownPartyError
@@ -17,6 +18,7 @@ from capc.task_config import config_hash
 from services.common.db import iso_utc
 from services.common.ledger.base import (
     MAX_CAP_REASON,
+    FloatArray,
     LedgerBase,
     check_setting,
     enforced,
@@ -241,6 +243,17 @@ class Registry(LedgerBase):
             self._audit(
                 s, actor, "set_allowance", {"querier": querier, "old": old, "new": epsilon_cap}
             )
+
+    def allowance_left(self, querier: str) -> tuple[float | None, dict[str, FloatArray]]:
+        """``querier``'s allowance (epsilon each party may spend on its rounds; None: no
+        allowance) and the loss vector its rounds hold of each party they charged."""
+        with Session(self.engine) as s:
+            row = s.get(AllowanceRow, querier)
+            held = {
+                r.party: np.asarray(r.loss, dtype=np.float64)
+                for r in s.query(QuerierSpendRow).filter(QuerierSpendRow.querier == querier)
+            }
+        return (None if row is None else float(row.epsilon_cap)), held
 
     def querier_spent(self, querier: str, party: str) -> float:
         """Epsilon ``querier``'s rounds have charged or reserved on ``party``."""

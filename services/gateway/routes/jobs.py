@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 import numpy as np
@@ -56,20 +57,22 @@ router = APIRouter()
 log = logging.getLogger(__name__)
 
 
-def refuse_uncovered(backends: Backends, count: int, overridden: bool, partial: bool) -> None:
+def refuse_uncovered(
+    backends: Backends, count: int, overrides: Mapping[str, float] | None, partial: bool
+) -> None:
     """409 when the answering hospitals' caps cannot cover a job of ``count`` queries
     (:mod:`services.gateway.coverage`), before it spends anything; nothing with
-    ``partial``. A job with mechanism overrides (``overridden``: only more noise or a
-    higher threshold) costs less per query than the guardian's projection at the task's
-    mechanism, which would refuse jobs that fit: the guardian's refusal of each round a
-    party cannot afford stays its check."""
-    if partial or overridden:
+    ``partial``. A job's mechanism ``overrides`` (only more noise or a higher threshold:
+    cheaper per query) are projected at, so a job that fits at them is not refused and
+    one that does not is, however little they raise."""
+    if partial:
         return
     try:
-        spends = backends.job_spends()
+        spends = backends.job_spends(overrides)
     except BackendError as err:
         # Without the projection the job runs as far as the caps let it: the guardian
-        # still refuses every round a party cannot afford, so nothing is overspent.
+        # still refuses every round a party cannot afford, so nothing is overspent (and
+        # overrides the task refuses are refused by the student party as well).
         log.warning("job not checked against the caps: %s", err)
         return
     why = shortfall(count, coverage(spends))
@@ -147,7 +150,7 @@ def _create(
     summary="Label programmatic queries",
 )
 def create_job(body: schemas.JobCreate, _: Analyst, backends: Backend) -> schemas.JobOut:
-    refuse_uncovered(backends, body.count, body.mechanism is not None, body.allow_partial)
+    refuse_uncovered(backends, body.count, body.mechanism, body.allow_partial)
     recipe = common_pb2.Recipe(
         generator=body.recipe.generator or "",
         params_json=json.dumps(body.recipe.params, sort_keys=True),
@@ -241,7 +244,7 @@ async def upload_job(
         queries = [await run_in_threadpool(parse_dataset, data, MAX_TENSOR_BYTES, reserve)]
         del data
         await run_in_threadpool(
-            refuse_uncovered, backends, len(queries[0]), overrides is not None, allow_partial
+            refuse_uncovered, backends, len(queries[0]), overrides, allow_partial
         )
         request = await run_in_threadpool(
             upload_request,

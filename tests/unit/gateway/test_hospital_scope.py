@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from services.common.ledger import Ledger
 from services.gateway.app import create_app
-from services.gateway.backends import Backends
+from services.gateway.backends import BackendError, Backends
 from services.gateway.tokens import TokenStore
 from services.guardian.hub import GuardianHub
 from services.guardian.loop import bind_querier
@@ -40,7 +40,9 @@ class ToTheHub(Backends):
 
     def call(self, service: str, fn: Callable[..., T], request: object) -> T:
         self.asked.append(request)
-        method = getattr(self.servicer, type(request).__name__.removesuffix("Request"))
+        method = getattr(self.servicer, type(request).__name__.removesuffix("Request"), None)
+        if method is None:  # the student party's: none runs here
+            raise BackendError(service, grpc.StatusCode.UNAVAILABLE, "no student party here")
         return cast(T, method(request, cast(grpc.ServicerContext, Context())))
 
 
@@ -121,3 +123,19 @@ def test_capc_gateway_serve_takes_the_hospital() -> None:
     base = ["gateway", "serve", "--student", "s:1", "--guardian", "g:1"]
     assert parser.parse_args([*base, "--hospital", "hospital-0"]).hospital == "hospital-0"
     assert parser.parse_args(base).hospital == ""
+
+
+def test_a_hospitals_own_gateway_scrapes_that_hospitals_budget_alone(
+    tmp_path: Path, own: tuple[TestClient, ToTheHub, Any]
+) -> None:
+    """/metrics takes an admin (or metrics) token and carries every party's cap and spend,
+    the admin API's data: on a hospital's own gateway the other hospitals' stayed in it."""
+    c, _, auth = own
+    r = c.get("/metrics", headers=auth)
+    assert r.status_code == 200, r.text
+    named = {
+        line.split('party="', 1)[1].split('"', 1)[0]
+        for line in r.text.splitlines()
+        if line.startswith("capc_party_") and 'party="' in line
+    }
+    assert named == {"hospital-0"}, named

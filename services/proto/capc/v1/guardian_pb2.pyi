@@ -432,12 +432,21 @@ class TrainingCharge(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., sha256: _Optional[str] = ..., described: _Optional[str] = ..., records_json: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListPartiesRequest(_message.Message):
-    __slots__ = ("header", "querier")
+    __slots__ = ("header", "querier", "overrides")
+    class OverridesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     HEADER_FIELD_NUMBER: _ClassVar[int]
     QUERIER_FIELD_NUMBER: _ClassVar[int]
+    OVERRIDES_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     querier: str
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., querier: _Optional[str] = ...) -> None: ...
+    overrides: _containers.ScalarMap[str, float]
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., querier: _Optional[str] = ..., overrides: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ListPartiesReply(_message.Message):
     __slots__ = ("parties", "delta", "accounting", "querier_epsilon", "querier_hospital", "bound_queriers", "quorum", "plan_warnings")
