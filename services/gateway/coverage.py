@@ -45,27 +45,33 @@ def coverage(spends: guardian_pb2.ListPartiesReply) -> Coverage:
     return Coverage(ranked[quorum - 1], quorum, parties)
 
 
-def shortfall(count: int, cover: Coverage) -> str | None:
-    """Why a job of ``count`` queries would stop part way, or None when the caps cover
-    it (or no limit is known)."""
-    if cover.queries is None or count <= cover.queries:
+def shortfall(count: int, cover: Coverage, *, pending: int = 0) -> str | None:
+    """Why a job of ``count`` queries would stop part way after the ``pending`` queries
+    unfinished jobs still have to label, or None when the caps cover both (or no limit
+    is known)."""
+    if cover.queries is None or pending + count <= cover.queries:
         return None
     each = ", ".join(
         f"{name} {'no limit' if left is None else left}"
         for name, left in sorted(cover.parties.items())
     )
-    fit = cover.queries
+    fit = max(0, cover.queries - pending)
     what = (
         f"only {len(cover.parties)} hospital(s) answer it, fewer than the task's quorum "
         f"of {cover.quorum}"
         if len(cover.parties) < cover.quorum
         else f"its rounds need {cover.quorum} answering hospital(s) whose caps afford them, "
-        f"and beyond {fit} queries fewer than {cover.quorum} do (queries each cap covers "
-        f"at the task's worst case: {each or 'none'})"
+        f"and beyond {cover.queries} queries fewer than {cover.quorum} do (queries each cap "
+        f"covers at the task's worst case: {each or 'none'})"
+    )
+    queued = (
+        f"; unfinished jobs will label {pending} of those first (`capcctl jobs list`)"
+        if pending
+        else ""
     )
     return (
-        f"the job asks for {count} queries, but {what}: it would stop part way, with "
-        f"the answering hospitals charged for the rest of the way. Nothing was spent. "
+        f"the job asks for {count} queries, but {what}{queued}: it would stop part way, "
+        f"with the answering hospitals charged for the rest of the way. Nothing was spent. "
         f"Submit at most {fit} queries, or ask to label only as many as the caps cover "
         "(allow_partial=true; capcctl: --allow-partial), whose answered labels then train "
         "a model as any job's do (capcctl models train JOB)"

@@ -178,14 +178,17 @@ def test_a_loop_upload_the_caps_cannot_finish_is_refused_before_it_spends(
     assert r.status_code == 409 and f"at most {fit} queries" in r.json()["detail"]
     assert runner.submitted == []  # nothing was queued, so nothing was spent
     assert all(b.spent == 0 for b in ledger.budgets())
-    # What the caps cover runs; so does a larger job that asks to stop where they end.
-    assert upload(c, auth, fit).status_code == 201
-    assert upload(c, auth, fit + 1, partial=True).status_code == 201
-    assert recipe(c, auth, fit + 1, allow_partial=True).status_code == 201
     # A job with mechanism overrides (more noise: cheaper per query) is checked at them,
     # not refused on the task's projection.
     assert recipe(c, auth, fit + 1, mechanism={"sigma": 80.0}).status_code == 201
-    assert len(runner.submitted) == 4
+    # That job is queued, still to spend: what the caps cover alone no longer fits beside
+    # it (counted at the task's own, dearest mechanism), and the refusal says why.
+    r = upload(c, auth, fit)
+    assert r.status_code == 409 and "unfinished jobs will label" in r.json()["detail"]
+    # A job that asks to stop where the caps end always runs.
+    assert upload(c, auth, fit + 1, partial=True).status_code == 201
+    assert recipe(c, auth, fit + 1, allow_partial=True).status_code == 201
+    assert len(runner.submitted) == 3
 
 
 def test_a_consortium_job_needs_a_quorum_not_every_hospital(tmp_path: Path, ledger: Ledger) -> None:
@@ -260,14 +263,6 @@ def test_a_mechanism_override_that_costs_about_as_much_is_still_checked(
     assert recipe(c, auth, 2 * fit, mechanism={"sigma": 80.0}).status_code == 201
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the pre-check reads what the caps cover now, not what jobs queued or "
-    "running will still spend: two jobs that each fit alone both pass, and the second "
-    "stops part way with the hospitals charged. Needs the unfinished jobs' remaining "
-    "queries counted (at what mechanism, when their overrides differ, is the lead's "
-    "call); left for the lead",
-)
 def test_jobs_queued_together_are_checked_together(
     loop: tuple[TestClient, Runner, dict[str, str]], ledger: Ledger
 ) -> None:

@@ -57,18 +57,43 @@ router = APIRouter()
 log = logging.getLogger(__name__)
 
 
+#: Jobs still to spend: their remaining queries are counted before a new job's.
+UNFINISHED = ("queued", "running")
+
+
+def pending_queries(backends: Backends) -> int:
+    """Queries the student party's unfinished jobs have still to label (pages of the
+    jobs list until a page comes back short)."""
+    pending, offset = 0, 0
+    while True:
+        page = backends.list_jobs(MAX_LIST_PAGE, offset).jobs
+        pending += sum(
+            max(0, int(j.requested) - int(j.processed)) for j in page if j.state in UNFINISHED
+        )
+        if len(page) < MAX_LIST_PAGE:
+            return pending
+        offset += len(page)
+
+
 def refuse_uncovered(
     backends: Backends, count: int, overrides: Mapping[str, float] | None, partial: bool
 ) -> None:
     """409 when the answering hospitals' caps cannot cover a job of ``count`` queries
-    (:mod:`services.gateway.coverage`), before it spends anything; nothing with
-    ``partial``. A job's mechanism ``overrides`` (only more noise or a higher threshold:
-    cheaper per query) are projected at, so a job that fits at them is not refused and
-    one that does not is, however little they raise."""
+    (:mod:`services.gateway.coverage`) beside what the unfinished jobs still have to
+    label, before it spends anything; nothing with ``partial``.
+
+    The new job is projected at its mechanism ``overrides`` (only more noise or a higher
+    threshold: cheaper per query), so one that fits at them is not refused. Unfinished
+    jobs may run at the task's own mechanism, the dearest per query; so with any
+    pending, the new job and the pending queries together must also fit at the task's
+    mechanism (an upper bound on what they spend together: it may refuse a job that
+    would just fit, never pass one that stops part way for want of cap)."""
     if partial:
         return
     try:
         spends = backends.job_spends(overrides)
+        pending = pending_queries(backends)
+        dearest = spends if not overrides or not pending else backends.job_spends(None)
     except BackendError as err:
         # Without the projection the job runs as far as the caps let it: the guardian
         # still refuses every round a party cannot afford, so nothing is overspent (and
@@ -76,6 +101,8 @@ def refuse_uncovered(
         log.warning("job not checked against the caps: %s", err)
         return
     why = shortfall(count, coverage(spends))
+    if why is None and pending:
+        why = shortfall(count, coverage(dearest), pending=pending)
     if why is not None:
         raise HTTPException(409, why)
 
