@@ -265,7 +265,7 @@ def test_body_of_another_shape_is_refused(
         str(tmp_path / "o.pt"),
     ]
     _refused(fit, capsys, "no shipped body takes 1x16x16", "--body")
-    body = Path(cli.__file__).parent / "assets" / "demo-body.pt"
+    body = Path(cli.__file__).parents[1] / "assets" / "demo-body.pt"
     _refused([*fit, "--body", str(body)], capsys, "[1, 28, 28]", "[1, 16, 16]")
 
 
