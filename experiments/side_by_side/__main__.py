@@ -33,6 +33,14 @@ After the tuning file changes, ``--mark-only`` re-marks the saved rows by its pi
         --datasets animal-mnist --methods capc --add-to --mark-only \
         --tuned-from experiments/results/side-by-side-capc-tuning.json
 
+Issue 52's consortia (``--scenario``; .scenarios), e.g. mixed models per hospital
+(.mixed; animal-mnist at n = all) and breast-cancer's DP-trained teachers (.dp_tables):
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --add-to --datasets animal-mnist --scenario mixed-models --methods baselines capc-dp \
+        --epsilons 10
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --add-to --datasets breast-cancer --methods capc-dp --epsilons 10 1 5 2
+
 Every command is recorded as it ran (``commands``) and mapped, in ``documented_as``,
 to the docs/results.md commands that make its rows: itself without ``--work`` (a
 scratch folder) where it ran so; a part run into a scratch file is mapped by hand
