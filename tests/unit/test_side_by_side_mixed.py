@@ -177,3 +177,18 @@ def test_every_mixed_models_row_is_in_the_docs_table() -> None:
         if ln.startswith(f"| {summary.METHODS[e['method']]} |") and summary._cell(e) in ln
     )
     assert missing_from_tables(table, text.replace(line + "\n", "", 1)) != []
+
+
+def test_the_headline_offers_the_student_to_a_hospital_that_cannot_retrain() -> None:
+    saved = json.loads((ROOT / "experiments/results/side-by-side.json").read_text())
+    standing = {
+        s["hospital"]: s
+        for s in summary.standings(summary.table(saved["rows"]))
+        if s["scenario"] == summary.MIXED
+    }
+    closed = mixed.hospital_name(MIXED_ARCHITECTURES.index(mixed.CLOSED))
+    # Its only capc option is the student that names no hospital; the headline still
+    # weighs it against the closed hospital's own model.
+    assert standing[closed]["capc"]["method"] == "capc-dp-pate-public"
+    assert standing[closed]["architecture"] == mixed.CLOSED
+    assert set(standing) == {mixed.hospital_name(i) for i in range(5)}
