@@ -77,7 +77,7 @@ def test_mixed_models_rows_name_hospitals_and_keep_the_closed_one_out_of_fedavg(
         "diet-linear": Config("diet-linear", lr=0.05, epochs=1, batch=32, clip=1.0, rounds=1),
         "small-cnn": Config("small-cnn", lr=2e-3, epochs=1, batch=32, clip=1.0, rounds=1),
     }
-    monkeypatch.setattr(mixed.baselines, "grid", lambda dataset, method, archs: (fed[archs[0]],))
+    monkeypatch.setattr(baselines, "grid", lambda dataset, method, archs: (fed[archs[0]],))
     rows: list[dict[str, Any]] = []
     mixed.run(
         lambda seed: transform(_tiny(seed), "mixed-models", None),
