@@ -76,7 +76,7 @@ from experiments.side_by_side.training import (
     inputs,
     predict,
 )
-from services.teacher_cli import SHIPPED_BODY
+from services.commands.teacher_cli import SHIPPED_BODY
 
 SCENARIO = "mixed-models"
 CLOSED = "onnx"
