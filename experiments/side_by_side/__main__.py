@@ -33,6 +33,14 @@ After the tuning file changes, ``--mark-only`` re-marks the saved rows by its pi
         --datasets animal-mnist --methods capc --add-to --mark-only \
         --tuned-from experiments/results/side-by-side-capc-tuning.json
 
+Issue 52's consortia (``--scenario``; .scenarios), e.g. mixed models per hospital
+(.mixed; animal-mnist at n = all) and breast-cancer's DP-trained teachers (.dp_tables):
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --add-to --datasets animal-mnist --scenario mixed-models --methods baselines capc-dp \
+        --epsilons 10
+    python -m experiments.side_by_side --out experiments/results/side-by-side.json \
+        --add-to --datasets breast-cancer --methods capc-dp --epsilons 10 1 5 2
+
 Every command is recorded as it ran (``commands``) and mapped, in ``documented_as``,
 to the docs/results.md commands that make its rows: itself without ``--work`` (a
 scratch folder) where it ran so; a part run into a scratch file is mapped by hand
@@ -64,9 +72,12 @@ SCENARIO_SIZES: dict[str, tuple[int | None, ...]] = {
     "small-querier": (50, 200),
     "skew-0.1": (None,),
     "skew-0.5": (None,),
+    "mixed-models": (None,),
 }
 
 METHOD_GROUPS = ("capc", "baselines", "capc-dp")
+#: Datasets of table rows: their DP-teacher methods are .dp_tables's.
+TABLE_DATASETS = ("breast-cancer",)
 
 
 def key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -341,6 +352,8 @@ def _scenario(
 
     epsilons = args.epsilons or list(CapcConfig().epsilons)
     scenario = args.scenario
+    if scenario == "mixed-models":
+        return _mixed(args, dataset, sizes, work, rows, commands, saved, epsilons)
     # The same partial search as the grid's animal-mnist baselines (diet-linear points).
     archs = ("diet-linear",) if dataset == "animal-mnist" else None
     contexts: dict[tuple[str, int], dp_capc.Context] = {}
@@ -371,7 +384,12 @@ def _scenario(
                     if r["epsilon"] in epsilons
                 ]
                 rows = save(new)
-        if "capc-dp" in args.methods:
+        if "capc-dp" in args.methods and dataset in TABLE_DATASETS:
+            from experiments.side_by_side import dp_tables
+
+            for e in epsilons:
+                rows = save(dp_tables.cell(by_seed, tuning, n, e, args.seeds, work, log))
+        elif "capc-dp" in args.methods:
             methods = dp_capc.METHODS if scenario != "small-querier" else ("capc-dp-loop",)
             for e in epsilons:
                 new = dp_capc.cell(
@@ -379,6 +397,46 @@ def _scenario(
                 )
                 rows = save(new)
     return rows
+
+
+def _mixed(
+    args: argparse.Namespace,
+    dataset: str,
+    sizes: Sequence[int | None],
+    work: Path,
+    rows: list[dict[str, Any]],
+    commands: list[str],
+    saved: dict[str, Any],
+    epsilons: Sequence[float],
+) -> list[dict[str, Any]]:
+    """Mixed models' rows (.mixed): animal-mnist at n = all only."""
+    from experiments.side_by_side import mixed
+    from experiments.side_by_side.data import TUNING_SEED
+    from experiments.side_by_side.scenarios import transform, tuning_split
+
+    if dataset != "animal-mnist" or list(sizes) != [None]:
+        raise SystemExit(
+            "mixed-models runs on animal-mnist at n = all only (--datasets animal-mnist, "
+            "no --sizes): its architectures are image models"
+        )
+    out = rows
+
+    def save(new: list[dict[str, Any]]) -> None:
+        nonlocal out
+        out = merged(out, new)
+        write(args.out, out, commands, kept(saved))
+
+    mixed.run(
+        lambda seed: transform(split(dataset, seed), mixed.SCENARIO, None),
+        tuning_split(split(dataset, TUNING_SEED), mixed.SCENARIO, None),
+        epsilons,
+        args.seeds,
+        work,
+        log,
+        save,
+        [m for m in args.methods if m in ("baselines", "capc-dp")],
+    )
+    return out
 
 
 def _sizes(items: Sequence[str]) -> list[int | None]:

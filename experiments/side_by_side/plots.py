@@ -182,6 +182,8 @@ def _panel_title(scenario: str, hospital: str | None, n: int, arch: str) -> str:
         return f"{hospital}" + (f" ({arch})" if arch else "") + f", n = {n}"
     if scenario == "small-querier":
         return f"querier: n = {n} labelled\n(the others: all of their records)"
+    if scenario == "mixed-models":
+        return f"a student any hospital may receive, n = {n}"
     return f"n = {n} labelled records per hospital"
 
 

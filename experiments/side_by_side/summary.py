@@ -602,18 +602,23 @@ def standings(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             for hospital in hospitals(summary, dataset, scenario):
                 for n in ns:
                     where = (scenario, hospital)
+                    # Mixed models: a student that names no hospital is open to each.
+                    offered = [hospital]
+                    if scenario == MIXED and hospital is not None:
+                        offered.append(None)
                     budgets = [
                         e["epsilon"]
                         for e in summary
-                        if (e["dataset"], e["scenario"], e["hospital"], e["n"])
-                        == (dataset, scenario, hospital, n)
+                        if (e["dataset"], e["scenario"], e["n"]) == (dataset, scenario, n)
+                        and e["hospital"] in offered
                         and e["method"] in capc
                         and e["epsilon"]
                     ]
                     if not budgets:
                         continue
                     eps = max(budgets)
-                    mine = best(summary, dataset, capc, n, eps, *where)
+                    found = [best(summary, dataset, capc, n, eps, scenario, h) for h in offered]
+                    mine = max((e for e in found if e), key=lambda e: e["accuracy"], default=None)
                     # Each alternative at capc's eps, or non-private (alone).
                     alts = [
                         lookup(summary, dataset, m, n, eps, *where)
@@ -632,7 +637,7 @@ def standings(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                             "dataset": dataset,
                             "scenario": scenario,
                             "hospital": hospital,
-                            "architecture": mine.get("architecture", ""),
+                            "architecture": alt.get("architecture") or mine.get("architecture", ""),
                             "n": n,
                             "epsilon": eps,
                             "capc": mine,
