@@ -191,7 +191,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         config, digest = self.ledger.task(task_name)
         task = TaskConfig.parse(task_name, config, digest)
         # A projection of a job not yet created: its overrides resolved as its creation will.
-        task = task.running(task.mechanism_for(overrides))
+        task = task.tightened(overrides)
         caps = {b.name: b.cap for b in self.ledger.budgets()}
         allowance, held = self.ledger.allowance_left(querier) if querier else (None, {})
         accounting, delta = self.ledger.accounting, self.ledger.delta

@@ -21,7 +21,6 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from capc.data.generators import FloatImages, Recipe
-from capc.mechanisms import Mechanism
 from capc.mpc.session import EvaluatorSession, new_session_id
 from capc.mpc.votes import PartyInputError
 from capc.round.messages import QueryBatch, Retry
@@ -128,7 +127,7 @@ class StudentClient:
     def label_encrypted(
         self,
         queries: ArrayLike,
-        mechanism: Mechanism | None = None,
+        job: TaskConfig | None = None,
         layout: str | None = None,
     ) -> RoundResult:
         """Label one batch whose queries leave the student only as CKKS ciphertexts.
@@ -143,7 +142,7 @@ class StudentClient:
             return self._round(
                 crypto.message(batch),
                 QueryBatch("encrypted", batch.batch, batch.ciphertext_hash),
-                mechanism,
+                job,
                 # Every party's share, in the guardian's order: the circuit checks each
                 # party's one-hot vote on its own (no proof can: a party never sees its vote).
                 shares=lambda round_id, parties: np.stack(
@@ -157,22 +156,23 @@ class StudentClient:
     def label_batch(
         self,
         queries: NDArray[np.float32],
-        mechanism: Mechanism | None = None,
+        job: TaskConfig | None = None,
         reveal: bool = False,
         revealed_by: str = "",
     ) -> RoundResult:
         """Label one batch (B, *input_shape) through one round; -1 where not answered.
 
         Labels are (B,) classes, or (B, k) 0/1 vectors for a multi-label task
-        with -1 on each label not answered. ``mechanism``: the job's (the task's or a
-        tightening of it, see :meth:`TaskConfig.running`; None: the task's). ``reveal``: the
+        with -1 on each label not answered. ``job``: this client's task running the job's
+        mechanism (:meth:`TaskConfig.running`, checked once a job by its caller; None: the
+        task's own). ``reveal``: the
         queries are the querier's own records, shown to the answering parties by an
         explicit choice (the guardian audits it, naming ``revealed_by``: who chose)."""
         tensor = serde.queries_to_proto(queries)
         return self._round(
             common_pb2.QueryBatch(tensor=tensor),
             QueryBatch("tensor", tensor.shape[0]),
-            mechanism,
+            job,
             reveal=reveal,
             revealed_by=revealed_by,
         )
@@ -180,7 +180,7 @@ class StudentClient:
     def label_recipe(
         self,
         recipe: Recipe,
-        mechanism: Mechanism | None = None,
+        job: TaskConfig | None = None,
         images: FloatImages | None = None,
     ) -> RoundResult:
         """Label a batch of programmatic queries: every party regenerates it from the recipe.
@@ -191,14 +191,14 @@ class StudentClient:
         return self._round(
             common_pb2.QueryBatch(recipe=msg),
             QueryBatch("recipe", recipe.count, bytes(msg.batch_hash)),
-            mechanism,
+            job,
         )
 
     def _round(
         self,
         batch_msg: common_pb2.QueryBatch,
         queries: QueryBatch,
-        mechanism: Mechanism | None = None,
+        job: TaskConfig | None = None,
         shares: Callable[[int, list[str]], NDArray[np.uint64]] | None = None,
         reveal: bool = False,
         retry: Retry | None = None,
@@ -207,7 +207,10 @@ class StudentClient:
         """One round; a round where one party's sealed seed does not open is abandoned
         before its 2PC and retried once without that party (``retry``: the retry)."""
         # The circuit's noise and thresholds follow the job's mechanism, as the guardian's do.
-        task = self.task if mechanism is None else self.task.running(mechanism)
+        task = self.task if job is None else job
+        if task.config_hash != self.task.config_hash:
+            raise ValueError(f"this client labels task {self.task.name}, not {task.name}")
+        mechanism = None if task.mechanism == self.task.mechanism else task.mechanism
         session = self._ensure_session()
         start = time.perf_counter()
         request = self.core.request(queries, retry)
@@ -245,7 +248,7 @@ class StudentClient:
                 raise
             log.warning("round %d: retrying once without %s: %s", reply.round_id, err.party, err)
             result = self._round(
-                batch_msg, queries, mechanism, reveal=reveal, retry=again, revealed_by=revealed_by
+                batch_msg, queries, job, reveal=reveal, retry=again, revealed_by=revealed_by
             )
             return dataclasses.replace(
                 result, left_out={err.party: str(err)}, retried=reply.round_id

@@ -64,17 +64,17 @@ POLICY: dict[str, tuple[str, ...]] = {
 def job_mechanism(job: Job, task: TaskConfig) -> Mechanism:
     """The mechanism ``job`` runs, as it was resolved and stored at its creation (a row
     from before issue 55 stored the overrides only: resolved now, as its creation would
-    have). TaskError when it is not ``task``'s or a tightening of it."""
+    have). Not checked against ``task``'s policy: :meth:`JobRunner._run` does that, once
+    a job. TaskError for a stored configuration that is no mechanism of ``task``'s."""
     stored = job.mechanism
     if not stored:
         return task.mechanism
     if "name" not in stored:
-        return task.mechanism_for({str(k): float(str(v)) for k, v in stored.items()})
+        return task.tightened({str(k): float(str(v)) for k, v in stored.items()}).mechanism
     try:
-        mech = from_config(stored, task.outputs)
+        return from_config(stored, task.outputs)
     except MechanismError as err:
         raise TaskError(f"job {job.id}: {err}") from err
-    return task.running(mech).mechanism
 
 
 def job_reply(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
@@ -126,7 +126,7 @@ class JobRunner:
         if base is not None and start == 0:
             self.store.set_queries(job_id, base.generate(self._task_records))
         queries = self.store.queries(job_id)
-        mechanism: Mechanism | None = None
+        running: TaskConfig | None = None
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
             lo, hi = index * job.batch_size, min(len(queries), (index + 1) * job.batch_size)
@@ -135,18 +135,20 @@ class JobRunner:
                 try:
                     if self._client is None:
                         self._client = self._make_client()
-                    if mechanism is None:
-                        mechanism = job_mechanism(job, self._client.task)
+                    if running is None:
+                        # The stored mechanism checked against the task's policy, once a job.
+                        task = self._client.task
+                        running = task.running(job_mechanism(job, task))
                     if base is not None:
                         part = dataclasses.replace(base, start=base.start + lo, count=hi - lo)
                         # The batch is already generated: it only needs hashing.
-                        result = self._client.label_recipe(part, mechanism, images=batch)
+                        result = self._client.label_recipe(part, running, images=batch)
                     elif self._client.task.encryption is not None:
                         # an encrypted-query task: uploaded records leave only as ciphertexts
-                        result = self._client.label_encrypted(batch, mechanism)
+                        result = self._client.label_encrypted(batch, running)
                     else:
                         result = self._client.label_batch(
-                            batch, mechanism, job.revealed, job.revealed_by
+                            batch, running, job.revealed, job.revealed_by
                         )
                     self.store.record_batch(
                         job_id,
@@ -261,7 +263,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             if refusal is not None:
                 raise RequestError(f"batch_size: {refusal}")
             # Resolved once, here: the job stores and every round carries this mechanism.
-            mechanism = self.task.mechanism_for(dict(request.mechanism_overrides))
+            mechanism = self.task.tightened(dict(request.mechanism_overrides)).mechanism
         except (RequestError, TaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         # Only uploaded records in a plaintext task travel in the clear.

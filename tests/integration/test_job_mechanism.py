@@ -60,7 +60,7 @@ def test_a_job_stores_its_resolved_mechanism_and_refuses_a_looser_one(tmp_path: 
     raised = {"name": "confident-gnmax", "sigma": 5.0, "threshold": 3.0, "sigma1": 4.0}
     job = store.get(reply.id)
     assert job is not None and job.mechanism == raised and submitted == [reply.id]
-    assert job_mechanism(job, TASK) == TASK.mechanism_for({"sigma": 5.0})
+    assert job_mechanism(job, TASK) == TASK.tightened({"sigma": 5.0}).mechanism
     assert dict(reply.mechanism.params) == {k: v for k, v in raised.items() if k != "name"}
     # No overrides: the task's own, spelled out in full.
     plain = store.get(create(party).id)
@@ -83,7 +83,7 @@ def test_stored_rows_of_either_form_are_read_and_checked(tmp_path: Path) -> None
     none = store.get(store.create("t", x, 4).id)
     assert none is not None and job_mechanism(none, TASK) is TASK.mechanism
     # A stored mechanism the task does not allow (a row written for another task, or
-    # changed by hand) is refused, not run.
+    # changed by hand) is refused, not run (the runner checks it once a job).
     for stored in (
         {"name": "confident-gnmax", "sigma": 1.0, "threshold": 3.0, "sigma1": 4.0},
         {"name": "gnmax", "sigma": 9.0},
@@ -92,4 +92,4 @@ def test_stored_rows_of_either_form_are_read_and_checked(tmp_path: Path) -> None
         row = store.get(store.create("t", x, 4, None, stored).id)
         assert row is not None
         with pytest.raises(TaskError):
-            job_mechanism(row, TASK)
+            TASK.running(job_mechanism(row, TASK))

@@ -59,13 +59,13 @@ def attested(rec: DpTraining, file: bytes = b"\x01" * 32) -> Attestation:
 def test_a_job_cannot_switch_a_mechanisms_noise_off_or_on() -> None:
     gnmax = task({"name": "gnmax", "sigma": 4.0})
     # 0 means "keep the task's": the round stays noisy.
-    kept = gnmax.mechanism_for({"sigma": 0.0})
+    kept = gnmax.tightened({"sigma": 0.0}).mechanism
     assert kept.params.model_dump()["sigma"] == 4.0
     with pytest.raises(TaskError, match="below the task's"):
-        gnmax.mechanism_for({"sigma": 1e-300})
+        gnmax.tightened({"sigma": 1e-300})
     free = task({"name": "dp-trained"})
     with pytest.raises(TaskError):
-        free.mechanism_for({"sigma": 1.0})
+        free.tightened({"sigma": 1.0})
     # A job's mechanism is the task's: neither dp-trained for a noisy task nor the reverse.
     with pytest.raises(TaskError, match="cannot run dp-trained"):
         gnmax.running(free.mechanism)

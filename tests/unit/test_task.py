@@ -219,10 +219,10 @@ def test_job_overrides_may_only_add_privacy() -> None:
             "mechanism": {"name": "confident-gnmax", "sigma": 2.0, "threshold": 3.0, "sigma1": 4.0},
         }
     )
-    assert task.mechanism_for(None) is task.mechanism and task.mechanism_for({}) is task.mechanism
-    assert task.mechanism_for({"sigma": 0.0}) is task.mechanism  # 0 keeps the task's value
-    mech = task.mechanism_for({"sigma": 5.0, "threshold": 6.0})
-    more = task.running(mech)
+    assert task.tightened(None) is task and task.tightened({}) is task
+    assert task.tightened({"sigma": 0.0}) is task  # 0 keeps the task's value
+    more = task.tightened({"sigma": 5.0, "threshold": 6.0})
+    assert task.running(more.mechanism) == more
     assert more.mechanism.to_config() == {
         "name": "confident-gnmax",
         "sigma": 5.0,
@@ -245,7 +245,7 @@ def test_job_overrides_may_only_add_privacy() -> None:
     }
     for text, overrides in refused.items():
         with pytest.raises(TaskError, match=text):
-            task.mechanism_for(overrides)
+            task.tightened(overrides)
     # A resolved mechanism (what a job stores and a round carries) is held to the same
     # rule: the task's mechanism and label space, each parameter the task's or raised.
     looser = {"name": "confident-gnmax", "sigma": 1.0, "threshold": 3.0, "sigma1": 4.0}
@@ -265,7 +265,7 @@ def test_job_overrides_may_only_add_privacy() -> None:
         }
     )
     with pytest.raises(TaskError, match="gnmax has no parameter 'sigma1'"):
-        gnmax.mechanism_for({"sigma1": 9.0})
+        gnmax.tightened({"sigma1": 9.0})
 
 
 def test_encrypted_tasks() -> None:
