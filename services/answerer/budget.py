@@ -109,8 +109,9 @@ class OwnBudget:
         #: The DP-SGD training of its teachers, once charged (:meth:`attest`).
         self.attestation: Attestation | None = None
         # The tasks the guardian defined (:meth:`define`), and their configurations, by
-        # config hash: a round names its task by name and hash only.
-        self._tasks: dict[str, tuple[TaskConfig, dict[str, object]]] = {}
+        # name and config hash (two names may share a configuration): a round names its
+        # task by these only.
+        self._tasks: dict[tuple[str, str], tuple[TaskConfig, dict[str, object]]] = {}
 
     def attest(self, attestation: Attestation) -> TrainingCharge:
         """Charge the teachers' DP-SGD training in this ledger (once per digest), durably,
@@ -198,8 +199,8 @@ class OwnBudget:
 
     # -- rounds -------------------------------------------------------------------
     def define(self, msg: guardian_pb2.TaskDefinition, header: common_pb2.Header) -> None:
-        """Keep a task the guardian's stream defines, by its config hash (rounds name it by
-        name and hash only); a definition that does not check is logged and dropped (the
+        """Keep a task the guardian's stream defines, by its name and config hash (rounds
+        name it by those only); a definition that does not check is logged and dropped (the
         rounds naming it are then refused)."""
         try:
             task, config = serde.task_definition_from_proto(msg, header)
@@ -208,14 +209,14 @@ class OwnBudget:
                 "%s: the guardian sent a task definition that does not check: %s", self.name, err
             )
             return
-        self._tasks[task.config_hash] = (task, config)
+        self._tasks[task.name, task.config_hash] = (task, config)
 
     def decode(self, msg: guardian_pb2.RoundWork, header: common_pb2.Header) -> serde.PartyWork:
         """The round's work, decoded once, against the task its stream defined: the job's
         mechanism checked against the task's policy, the queries by kind. VoteRefusedError
         when it cannot be accounted."""
         self.core.willing()
-        known = self._tasks.get(header.config_hash)
+        known = self._tasks.get((header.task, header.config_hash))
         try:
             if known is None:
                 raise RequestError(

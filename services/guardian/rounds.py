@@ -261,11 +261,11 @@ class RoundEngine:
             link = sent[w.party]
             msg = serde.round_work_to_proto(w, request.queries)
             try:
-                if task.config_hash not in link.tasks:
+                if (task.name, task.config_hash) not in link.tasks:
                     # Once per stream, before the first work naming the task (one outbox,
                     # in order); a race between two rounds sends it twice, harmlessly.
                     link.outbox.put_nowait(guardian_pb2.HubMessage(header=header, task=definition))
-                    link.tasks.add(task.config_hash)
+                    link.tasks.add((task.name, task.config_hash))
                 link.outbox.put_nowait(guardian_pb2.HubMessage(header=header, work=msg))
             except queue.Full:
                 log.warning(

@@ -213,6 +213,14 @@ def test_bad_rounds_are_refused_with_reasons(pair: Pair) -> None:
     pair.own.define(guardian_pb2.TaskDefinition(config_json="{}"), lying)
     with pytest.raises(VoteRefusedError, match="defined no task 'single'"):
         own_admit(pair.own, work, lying)
+    # Two tasks may share a configuration (so its hash): each is known by its name too.
+    twin = common_pb2.Header(
+        protocol_version=PROTOCOL_VERSION, task="twin", config_hash=header.config_hash
+    )
+    with pytest.raises(VoteRefusedError, match="defined no task 'twin'"):
+        own_admit(pair.own, work, twin)
+    assert own_admit(pair.own, work, twin, TASKS["single"]).task == "twin"
+    work, header, _ = pair.work("single", 8)
     # The same task name with another configuration is refused, not silently accounted.
     other = dict(TASKS["single"], quorum=2)
     with pytest.raises(VoteRefusedError, match="another configuration"):

@@ -87,7 +87,7 @@ def test_duplicates_strangers_and_bad_shapes_are_refused(engine: RoundEngine) ->
     assert config_hash(json.loads(first.task.config_json)) == first.header.config_hash
     work = next_work(links["a"].outbox)
     assert work.header.config_hash == first.header.config_hash
-    assert links["a"].tasks == {first.header.config_hash}
+    assert links["a"].tasks == {("t", first.header.config_hash)}
     rid = work.work.round_id
     engine.receive_shares("a", shares(rid, "a"))
     with pytest.raises(RoundInputError, match="duplicate"):
