@@ -251,12 +251,18 @@ def test_job_overrides_may_only_add_privacy() -> None:
     looser = {"name": "confident-gnmax", "sigma": 1.0, "threshold": 3.0, "sigma1": 4.0}
     for config, outputs, text in (
         (looser, 10, "is below the task's"),
-        ({**looser, "sigma": 2.0, "sigma1": 0.0}, 10, "or a tightening of it"),
+        ({**looser, "sigma": 2.0, "threshold": 2.0}, 10, "is below the task's"),
         ({"name": "gnmax", "sigma": 9.0}, 10, "cannot run gnmax"),
         ({**looser, "sigma": 5.0}, 5, "over 5"),
     ):
         with pytest.raises(TaskError, match=text):
             task.running(from_config(config, outputs))
+    # A zero means "keep the task's" in overrides, never in a resolved mechanism: one that
+    # switches the task's threshold test off is refused.
+    binary = parse(ml({"name": "binary", "sigma": 2.0, "threshold": 1.0, "sigma1": 3.0}))
+    off = from_config({"name": "binary", "sigma": 2.0, "threshold": 1.0, "sigma1": 0.0}, 5)
+    with pytest.raises(TaskError, match="or a tightening of it"):
+        binary.running(off)
     gnmax = parse(
         {
             "num_classes": 10,
