@@ -64,7 +64,9 @@ def run(
     header = common_pb2.Header(
         protocol_version=PROTOCOL_VERSION, task=TASK, config_hash=config_hash(config)
     )
+    own.define(guardian_pb2.TaskDefinition(config_json=canonical_json(config)), header)
     shape = [batch, *config["input_shape"]]
+    queries = common_pb2.QueryBatch(tensor=serde.queries_to_proto(np.zeros(shape, np.float32)))
     rng = np.random.default_rng(0)
     spent = {"admit": 0.0, "settle": 0.0, "report": 0.0}
 
@@ -84,12 +86,11 @@ def run(
         )  # fmt: skip
         work = guardian_pb2.RoundWork(
             round_id=res.round_id,
-            queries=common_pb2.QueryBatch(tensor=common_pb2.Tensor(shape=shape, dtype="float32")),
+            queries=queries,
             mechanism=serde.mechanism_to_proto(mech),
             vote_weight=1.0,
-            task_json=canonical_json(config),
         )
-        timed("admit", own.admit, work, header)
+        timed("admit", lambda w, h: own.admit(own.decode(w, h).work), work, header)
         # A mechanism without a threshold answers every query.
         answered = rng.random(batch) < 0.5 if mech.confident else np.ones(batch, bool)
         guardian.release(res.round_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,18 +285,39 @@ class TaskConfig:
     def max_weight(self) -> float:
         return self.personalization.max_weight if self.weighting and self.personalization else 1.0
 
-    def overridden(self, overrides: dict[str, float] | None) -> TaskConfig:
-        """This task with a job's mechanism overrides, checked by the mechanism's own rule
-        (only more noise or a higher threshold). Raises TaskError saying which field broke it."""
-        if not overrides:
-            return self
+    def tightened(self, overrides: Mapping[str, float] | None) -> TaskConfig:
+        """This task running the mechanism a job with ``overrides`` (parameter -> value, as
+        a job request names them; 0 or absent keeps the task's) runs: the task's,
+        tightened by the mechanism's own rule (only more noise or a higher threshold),
+        with a vote statement for plaintext queries. Resolved once, when the job is
+        created. Raises TaskError saying which field broke it."""
         try:
-            mech = self.mechanism.tightened(overrides)
-            if self.encryption is None:  # a raised parameter must keep its statement
-                mech.require_vote_statement()
+            mechanism = self.mechanism.tightened(overrides or {})
         except MechanismError as err:
             raise TaskError(f"task {self.name!r}: {err}") from err
-        return self if mech is self.mechanism else dataclasses.replace(self, mechanism=mech)
+        return self._running(mechanism)
+
+    def running(self, mechanism: Mechanism) -> TaskConfig:
+        """This task running a job's resolved ``mechanism``, which must be the task's own or
+        a tightening of it (:meth:`Mechanism.admits`) and, for plaintext queries, keep a
+        vote statement: what each party that runs a job checks, once (the student's
+        runner a job, the guardian and each hospital a round). Raises TaskError saying
+        what is wrong."""
+        try:
+            self.mechanism.admits(mechanism)
+        except MechanismError as err:
+            raise TaskError(f"task {self.name!r}: {err}") from err
+        return self._running(mechanism)
+
+    def _running(self, mechanism: Mechanism) -> TaskConfig:
+        if mechanism == self.mechanism:
+            return self
+        if self.encryption is None:  # a raised parameter must keep its statement
+            try:
+                mechanism.require_vote_statement()
+            except MechanismError as err:
+                raise TaskError(f"task {self.name!r}: {err}") from err
+        return dataclasses.replace(self, mechanism=mechanism)
 
     def circuit_spec(
         self, voters: int, vote_total: float | None = None, vote_parties: int = 0

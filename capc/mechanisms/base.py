@@ -204,6 +204,21 @@ class Mechanism(ABC):
             return self
         return type(self).from_params(self.outputs, {**current, **changes})
 
+    def admits(self, other: Mechanism) -> None:
+        """Check that ``other`` is this mechanism or a tightening of it by :meth:`tightened`'s
+        rule (the same name and outputs; only raisable parameters, only upwards): what a
+        job may run under this task's policy. Raises MechanismError saying what differs."""
+        if other.name != self.name or other.outputs != self.outputs:
+            raise MechanismError(
+                f"the task runs {self.name} over {self.outputs} outputs; a job cannot run "
+                f"{other.name} over {other.outputs}"
+            )
+        if self.tightened(other.params.model_dump()) != other:
+            raise MechanismError(
+                f"{other.params.model_dump()} is not the task's {self.name} "
+                f"{self.params.model_dump()} or a tightening of it"
+            )
+
     # -- votes ---------------------------------------------------------------
     @property
     def vote_width(self) -> int:

@@ -52,10 +52,9 @@ class Retry:
 class RoundRequest:
     """A student's request for a round, checked for form by the service.
 
-    ``mechanism``: the task's, with the job's overrides applied; ``exclude``: the
-    parties the student leaves out; ``left_out``: those the guardian leaves out
-    whatever the student says (a querier's own hospital); ``disclosure``: the
-    audit detail of the querier's own records sent in the clear, None if none.
+    ``exclude``: the parties the student leaves out; ``left_out``: those the guardian
+    leaves out whatever the student says (a querier's own hospital); ``disclosure``:
+    the audit detail of the querier's own records sent in the clear, None if none.
     """
 
     round_key: str
@@ -79,10 +78,12 @@ class RoundWork:
     ``teachers`` teachers, at ``vote_weight``, encoded with ``frac_bits`` fractional
     bits, on the queries ``participation`` marks ((B,) bool; None: every query).
 
-    ``queries``: the round's batch as its rules need it; ``task`` and ``task_config``: the
-    task's name and configuration (JSON, its hash checked against the round's header),
-    which a party's own ledger registers before it reserves. The guardian's core leaves
-    the configuration to its service, which sends the task's canonical JSON.
+    ``mechanism``: the job's, resolved when the job was created (the task's or a tightening
+    of it: the guardian checks it before the round opens, each party as it decodes the
+    work). ``queries``: the round's batch as its rules need it; ``task`` and
+    ``task_config``: the task's name and configuration (JSON), which a party's own ledger
+    registers before it reserves. The guardian's core leaves the configuration out: its
+    service sends it once a party's stream (the work names the task by name and hash).
     ``proven``: whether the round takes the vote with its validity proof.
     """
 

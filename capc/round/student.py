@@ -51,7 +51,7 @@ MAX_REASON = 1000
 class StudentRound:
     """One round at the student between the guardian's reply and the 2PC.
 
-    ``task``: the round's task, with the job's overrides applied; ``included`` and
+    ``task``: the round's task, running the job's mechanism; ``included`` and
     ``teachers``: the parties whose votes count and their teachers (after the vote
     check, the valid ones); ``invalid``: parties whose vote failed its check, with the
     guardian's reason.

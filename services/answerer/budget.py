@@ -44,6 +44,7 @@ from capc.round.ledger import KeptSetting
 from capc.round.messages import RoundWork
 from capc.round.party import PartyCore
 from capc.round.training import Attestation, TrainingCharge
+from capc.task_config import TaskConfig
 from services.answerer.ledger_port import SqlPartyLedger
 from services.common import serde
 from services.common.ledger import Ledger
@@ -107,6 +108,10 @@ class OwnBudget:
         self.core = PartyCore(name, self.port)
         #: The DP-SGD training of its teachers, once charged (:meth:`attest`).
         self.attestation: Attestation | None = None
+        # The tasks the guardian defined (:meth:`define`), and their configurations, by
+        # name and config hash (two names may share a configuration): a round names its
+        # task by these only.
+        self._tasks: dict[tuple[str, str], tuple[TaskConfig, dict[str, object]]] = {}
 
     def attest(self, attestation: Attestation) -> TrainingCharge:
         """Charge the teachers' DP-SGD training in this ledger (once per digest), durably,
@@ -193,17 +198,40 @@ class OwnBudget:
         )
 
     # -- rounds -------------------------------------------------------------------
-    def admit(self, work: guardian_pb2.RoundWork, header: common_pb2.Header) -> RoundWork:
-        """Reserve the round's worst case in this party's ledger before it votes; the work
-        as the party's role takes it. VoteRefusedError if it must not vote (``budget``
-        when its own cap would be exceeded)."""
-        self.core.willing()
+    def define(self, msg: guardian_pb2.TaskDefinition, header: common_pb2.Header) -> None:
+        """Keep a task the guardian's stream defines, by its name and config hash (rounds
+        name it by those only); a definition that does not check is logged and dropped (the
+        rounds naming it are then refused)."""
         try:
-            core_work = serde.round_work_from_proto(work, self.name, header)
+            task, config = serde.task_definition_from_proto(msg, header)
+        except RequestError as err:
+            log.error(
+                "%s: the guardian sent a task definition that does not check: %s", self.name, err
+            )
+            return
+        self._tasks[task.name, task.config_hash] = (task, config)
+
+    def decode(self, msg: guardian_pb2.RoundWork, header: common_pb2.Header) -> serde.PartyWork:
+        """The round's work, decoded once, against the task its stream defined: the job's
+        mechanism checked against the task's policy, the queries by kind. VoteRefusedError
+        when it cannot be accounted."""
+        self.core.willing()
+        known = self._tasks.get((header.task, header.config_hash))
+        try:
+            if known is None:
+                raise RequestError(
+                    f"the guardian defined no task {header.task!r} with config hash "
+                    f"{header.config_hash} on this stream"
+                )
+            return serde.round_work_from_proto(msg, self.name, header, *known)
         except (RequestError, ValueError) as err:
-            raise VoteRefusedError(f"round {work.round_id} cannot be accounted: {err}") from None
-        self.core.admit(core_work)
-        return core_work
+            raise VoteRefusedError(f"round {msg.round_id} cannot be accounted: {err}") from None
+
+    def admit(self, work: RoundWork) -> None:
+        """Reserve the round's worst case in this party's ledger before it votes.
+        VoteRefusedError if it must not vote (``budget`` when its own cap would be
+        exceeded)."""
+        self.core.admit(work)
 
     def settle(self, msg: guardian_pb2.RoundSettled) -> bool:
         """Charge a round as the guardian says it ended; False when there was nothing to do

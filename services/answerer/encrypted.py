@@ -29,14 +29,14 @@ from capc.he.ckks import MAX_CIPHERTEXT_BYTES, MAX_CONTEXT_BYTES, PublicContext,
 from capc.he.masking import mask_batched, mask_single
 from capc.he.plan import Plan, compile_model
 from capc.he.single import SingleEvaluator
-from capc.mechanisms import Mechanism
 from capc.models import Teacher
 from capc.mpc.mechanism_circuits import LogitsToSharesCircuit
 from capc.mpc.session import GarblerSession
 from capc.privacy.randomness import SecureRandom
+from capc.round.messages import RoundWork
 from capc.task_config import Encryption
 from services.common.relay import CHUNK, RelayChannel, relay_session_id
-from services.proto.capc.v1 import guardian_pb2
+from services.proto.capc.v1 import common_pb2
 
 #: Public contexts kept per party (each can be tens of MB).
 CACHED_CONTEXTS = 2
@@ -106,17 +106,22 @@ class EncryptedAnswerer:
 
     def answer(
         self,
-        work: guardian_pb2.RoundWork,
-        mech: Mechanism,
+        work: RoundWork,
+        batch: common_pb2.EncryptedBatch,
         channel: RelayChannel,
         hello: bytes,
         send_hello: Callable[[bytes], None],
     ) -> Answer:
-        """Run the whole exchange for one round whose mechanism (decoded once, by the
-        caller) is ``mech``; raises ValueError with what was wrong."""
-        batch = work.queries.encrypted
+        """Run the whole exchange for one round (decoded once, by the caller) whose
+        ciphertexts ``batch`` names; raises ValueError with what was wrong."""
+        mech = work.mechanism
         settings = Encryption.parse(json.loads(batch.settings_json))
-        if mech.multi_label or work.participation or work.frac_bits or work.vote_weight != 1.0:
+        if (
+            mech.multi_label
+            or work.participation is not None
+            or work.frac_bits
+            or work.vote_weight != 1.0
+        ):
             raise ValueError("encrypted rounds carry single-label votes of weight 1")
         plan = self.plan(settings)
         if mech.outputs != plan.num_classes:

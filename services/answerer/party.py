@@ -35,16 +35,15 @@ import grpc
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
-from capc.data.schema import RecordSchema
 from capc.models.ensemble import Voters
 from capc.models.foreign import Interface
 from capc.round.errors import LedgerRefusedError, VoteRefusedError
 from capc.round.messages import PartyShares, RoundWork
-from capc.task_config import TaskConfig, config_hash
+from capc.task_config import TaskConfig
 from services.answerer.budget import OwnBudget
 from services.common import pki, protocol, serde, tls
 from services.common.buffers import BoundedBuffer
-from services.common.limits import MAX_BATCH, PARTY_OUTGOING_MESSAGES
+from services.common.limits import PARTY_OUTGOING_MESSAGES
 from services.common.relay import RelayChannel
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
 
@@ -265,8 +264,17 @@ class AnsweringParty:
             self.connected.set()
             threading.Thread(target=beating, daemon=True).start()
 
+        def task(msg: guardian_pb2.HubMessage) -> None:
+            self.budget.define(msg.task, msg.header)
+
         def work(msg: guardian_pb2.HubMessage) -> None:
-            self._pool_for(msg.work).submit(self._answer, msg.work, msg.header, outgoing)
+            # Decoded once, here; answered on the pool its kind of queries runs on.
+            try:
+                decoded = self.budget.decode(msg.work, msg.header)
+            except VoteRefusedError as refusal:
+                self._refuse(outgoing, msg.header.task, msg.work.round_id, refusal)
+                return
+            self._pool_for(decoded.work).submit(self._answer, decoded, outgoing)
 
         def settled(msg: guardian_pb2.HubMessage) -> None:
             if self.budget.settle(msg.settled):
@@ -293,6 +301,7 @@ class AnsweringParty:
         # ignored: a newer guardian may send more).
         handlers: dict[str, Callable[[guardian_pb2.HubMessage], None]] = {
             "registered": registered,
+            "task": task,
             "work": work,
             "settled": settled,
             "relay": relay,
@@ -309,8 +318,8 @@ class AnsweringParty:
             channel.close()
             self._flush()
 
-    def _pool_for(self, work: guardian_pb2.RoundWork) -> ThreadPoolExecutor:
-        if work.queries.WhichOneof("source") != "encrypted":
+    def _pool_for(self, work: RoundWork) -> ThreadPoolExecutor:
+        if work.queries is None or not work.queries.encrypted:
             return self._pool
         if self._encrypted_pool is None:
             self._encrypted_pool = ThreadPoolExecutor(
@@ -351,40 +360,50 @@ class AnsweringParty:
         except (LedgerRefusedError, SQLAlchemyError) as err:
             log.error("%s could not write its settlements: %s", self.name, err)
 
-    def _answer(
+    def _refuse(
         self,
-        msg: guardian_pb2.RoundWork,
-        header: common_pb2.Header,
         outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
+        task: str,
+        round_id: int,
+        refusal: VoteRefusedError,
     ) -> None:
-        task = header.task
+        log.warning("%s", refusal)
+        self._send(
+            outgoing,
+            guardian_pb2.PartyMessage(
+                header=self._header(task),
+                failure=guardian_pb2.RoundFailure(
+                    round_id=round_id, reason=str(refusal), budget_refused=refusal.budget
+                ),
+            ),
+        )
+
+    def _answer(
+        self, decoded: serde.PartyWork, outgoing: BoundedBuffer[guardian_pb2.PartyMessage]
+    ) -> None:
+        work, task = decoded.work, decoded.task
         try:
             # Reserved durably before anything derived from the data leaves this party.
-            work = self.budget.admit(msg, header)
+            self.budget.admit(work)
         except VoteRefusedError as refusal:
-            log.warning("%s", refusal)
-            self._send(
-                outgoing,
-                guardian_pb2.PartyMessage(
-                    header=self._header(task),
-                    failure=guardian_pb2.RoundFailure(
-                        round_id=msg.round_id, reason=str(refusal), budget_refused=refusal.budget
-                    ),
-                ),
-            )
+            self._refuse(outgoing, task.name, work.round_id, refusal)
             return
         core = self.budget.core
         try:
-            source = msg.queries.WhichOneof("source")
-            if source == "encrypted":
-                shares = self._answer_encrypted(msg, work, task, outgoing)
-            else:
-                core.check_teachers(work, len(self.voters))
-                shares = core.vote(work, self._predict(msg, work, task), self.voters.num_classes)
+            # The one branch on the queries' kind.
+            match decoded.queries:
+                case serde.EncryptedQueries(batch):
+                    shares = self._answer_encrypted(work, batch, task.name, outgoing)
+                case serde.RecipeQueries(recipe):
+                    # Synthetic queries: regenerate, check the hash.
+                    x = serde.regenerate(recipe, task.records)
+                    shares = self._vote(work, self._predict(task, x, self._synthetic(x)))
+                case serde.TensorQueries(x):
+                    shares = self._vote(work, self._predict(task, x, False))
             self._send(
                 outgoing,
                 guardian_pb2.PartyMessage(
-                    header=self._header(task), shares=serde.party_shares_to_proto(shares)
+                    header=self._header(task.name), shares=serde.party_shares_to_proto(shares)
                 ),
             )
             self.rounds_answered += 1
@@ -394,28 +413,28 @@ class AnsweringParty:
             self._send(
                 outgoing,
                 guardian_pb2.PartyMessage(
-                    header=self._header(task),
+                    header=self._header(task.name),
                     failure=guardian_pb2.RoundFailure(round_id=work.round_id, reason=str(err)),
                 ),
             )
 
-    def _predict(self, msg: guardian_pb2.RoundWork, work: RoundWork, task: str) -> np.ndarray:
-        """Every teacher's predictions on the round's queries: (B, m) or (B, m, k)."""
-        source = msg.queries.WhichOneof("source")
-        if source == "recipe":
-            # Synthetic queries: regenerate, check the hash. Images are normalised with
-            # their own statistics (DIET); table rows are encoded like real records, so
-            # the teachers read them with the statistics of their own data.
-            x = serde.regenerate(msg.queries.recipe, task_records(work, task))
-            self._check_fits(work, task, tuple(x.shape[1:]))
-            table = len(x.shape) == 2
-            return self.voters.predict(x, current_statistics=not table and not self._trained)
-        if source == "tensor":
-            self._check_fits(work, task, tuple(int(n) for n in msg.queries.tensor.shape[1:]))
-            # The guardian checks the batch too; this party checks it against its own teachers.
-            x = serde.queries_from_proto(msg.queries.tensor, self.voters.input_shape, MAX_BATCH)
-            return self.voters.predict(x)
-        raise ValueError("this party answers float32 tensors and recipes")
+    def _vote(self, work: RoundWork, predictions: np.ndarray) -> PartyShares:
+        """The shares of the teachers' ``predictions`` on the round's queries."""
+        core = self.budget.core
+        core.check_teachers(work, len(self.voters))
+        return core.vote(work, predictions, self.voters.num_classes)
+
+    def _predict(self, task: TaskConfig, x: np.ndarray, own_statistics: bool) -> np.ndarray:
+        """Every teacher's predictions on queries ``x`` (B, *input_shape): (B, m) or
+        (B, m, k); ``own_statistics``: normalised with the batch's own statistics."""
+        self._check_fits(task, tuple(x.shape[1:]))
+        return self.voters.predict(x, current_statistics=own_statistics)
+
+    def _synthetic(self, x: np.ndarray) -> bool:
+        """Whether a recipe's batch ``x`` is read with its own statistics: images are
+        (DIET), unless the teachers are DP-trained; table rows are encoded like real
+        records, so the teachers read them with their own data's statistics."""
+        return len(x.shape) > 2 and not self._trained
 
     @property
     def _trained(self) -> bool:
@@ -423,11 +442,10 @@ class AnsweringParty:
         trained on (the pretrained body's, public: docs/privacy.md), recipes too."""
         return self.budget.attestation is not None
 
-    def _check_fits(self, work: RoundWork, task: str, input_shape: tuple[int, ...]) -> None:
+    def _check_fits(self, task: TaskConfig, input_shape: tuple[int, ...]) -> None:
         """ValueError saying which model does not fit the round's task and how (the same
         check ``capc answerer --task`` makes at start, here from the round itself)."""
-        mech = work.mechanism
-        want = Interface(task or "(unnamed)", input_shape, mech.outputs, mech.multi_label)
+        want = Interface(task.name or "(unnamed)", input_shape, task.outputs, task.multi_label)
         why = self.voters.misfit(self.name, want)
         if why is not None:
             log.error("%s", why)
@@ -435,8 +453,8 @@ class AnsweringParty:
 
     def _answer_encrypted(
         self,
-        msg: guardian_pb2.RoundWork,
         work: RoundWork,
+        batch: common_pb2.EncryptedBatch,
         task: str,
         outgoing: BoundedBuffer[guardian_pb2.PartyMessage],
     ) -> PartyShares:
@@ -459,20 +477,9 @@ class AnsweringParty:
         self._relays[work.round_id] = channel
         try:
             answer = self._encrypted.answer(
-                msg, work.mechanism, channel, key, lambda p: send(p, hello=True)
+                work, batch, channel, key, lambda p: send(p, hello=True)
             )
         finally:
             self._relays.pop(work.round_id, None)
             channel.close()
         return self.budget.core.encrypted_vote(work, answer.share, answer.ciphertext_hash)
-
-
-def task_records(work: RoundWork, task: str) -> RecordSchema | None:
-    """The schema of the round's task ``task``, from the configuration the round carries
-    (checked against the header's config hash when the round was admitted), parsed as every
-    party parses a task; None if it declares none. Raises TaskError (a ValueError) for a
-    malformed configuration."""
-    config = work.task_config
-    if config is None:
-        return None
-    return TaskConfig.parse(task, dict(config), config_hash(dict(config))).records

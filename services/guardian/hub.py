@@ -120,7 +120,7 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
                     request.header.task,
                     request.querier,
                     # Zero means the task's own, as in a job's request.
-                    {k: v for k, v in request.overrides.items() if v != 0.0},
+                    dict(request.overrides),
                 )
                 config, digest = self.ledger.task(request.header.task)
                 task = TaskConfig.parse(request.header.task, config, digest)
@@ -189,7 +189,9 @@ class GuardianHub(guardian_pb2_grpc.GuardianHubServicer):
         ledger's reservation admits; with a job's ``overrides``, at the mechanism so
         raised (a job's pre-check reads this). TaskError for overrides the task refuses."""
         config, digest = self.ledger.task(task_name)
-        task = TaskConfig.parse(task_name, config, digest).overridden(overrides or None)
+        task = TaskConfig.parse(task_name, config, digest)
+        # A projection of a job not yet created: its overrides resolved as its creation will.
+        task = task.tightened(overrides)
         caps = {b.name: b.cap for b in self.ledger.budgets()}
         allowance, held = self.ledger.allowance_left(querier) if querier else (None, {})
         accounting, delta = self.ledger.accounting, self.ledger.delta

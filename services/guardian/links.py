@@ -55,6 +55,9 @@ class PartyLink:
     #: The DP-SGD training of every teacher it votes with, attested in its Register and
     #: charged in the guardian's ledger; None: ordinary teachers.
     trained: Attestation | None = None
+    #: The tasks (name, config hash: two names may share a configuration) whose
+    #: definition this stream has been sent.
+    tasks: set[tuple[str, str]] = field(default_factory=set)
 
     def heard(self) -> None:
         """The party sent something on this stream."""

@@ -210,7 +210,9 @@ class RoundEngine:
         return self.finish_round(rnd)
 
     def _task(self, request: guardian_pb2.OpenRoundRequest) -> tuple[TaskConfig, str]:
-        """The request's task with its overrides, and the task's canonical JSON."""
+        """The request's task running the job's mechanism, and the task's canonical JSON.
+        The job's mechanism arrives resolved (the student's, at job creation) and is
+        checked here once: the task's own or a tightening of it, or the round is refused."""
         header = request.header
         check_version(header, "guardian")
         config, digest = self.ledger.task(header.task)
@@ -220,11 +222,11 @@ class RoundEngine:
                 f"task {task.name} has config hash {digest}, the request "
                 f"{header.config_hash or 'none'}; fetch the task again"
             )
-        overrides = request.mechanism if request.HasField("mechanism") else None
-        try:
-            task = task.overridden(serde.overrides_from_proto(overrides))
-        except TaskError as err:
-            raise RequestError(str(err)) from err
+        if request.HasField("mechanism"):
+            try:
+                task = task.running(serde.mechanism_from_proto(request.mechanism))
+            except TaskError as err:
+                raise RequestError(str(err)) from err
         check_task(task)
         return task, canonical_json(config)
 
@@ -254,10 +256,16 @@ class RoundEngine:
             sent = {p: link for p, link in links.items() if link is not None}
             live = self._live[rnd.round_id] = LiveRound(rnd, Signal(), sent)
         header = protocol.header(task.name, task.config_hash)
+        definition = serde.task_definition_to_proto(task_json)
         for w in work:
             link = sent[w.party]
-            msg = serde.round_work_to_proto(w, request.queries, task_json)
+            msg = serde.round_work_to_proto(w, request.queries)
             try:
+                if (task.name, task.config_hash) not in link.tasks:
+                    # Once per stream, before the first work naming the task (one outbox,
+                    # in order); a race between two rounds sends it twice, harmlessly.
+                    link.outbox.put_nowait(guardian_pb2.HubMessage(header=header, task=definition))
+                    link.tasks.add((task.name, task.config_hash))
                 link.outbox.put_nowait(guardian_pb2.HubMessage(header=header, work=msg))
             except queue.Full:
                 log.warning(

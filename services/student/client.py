@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +29,6 @@ from capc.task_config import TaskConfig
 from services.common import protocol, serde, tls
 from services.common.limits import DEFAULT_BATCH
 from services.common.mpc_stream import StreamChannel
-from services.common.serde import overrides_to_proto
 from services.proto.capc.v1 import common_pb2, guardian_pb2_grpc
 from services.student.encrypted import RelayRouter, StudentCrypto
 
@@ -128,7 +127,7 @@ class StudentClient:
     def label_encrypted(
         self,
         queries: ArrayLike,
-        overrides: Mapping[str, float] | None = None,
+        job: TaskConfig | None = None,
         layout: str | None = None,
     ) -> RoundResult:
         """Label one batch whose queries leave the student only as CKKS ciphertexts.
@@ -143,7 +142,7 @@ class StudentClient:
             return self._round(
                 crypto.message(batch),
                 QueryBatch("encrypted", batch.batch, batch.ciphertext_hash),
-                overrides,
+                job,
                 # Every party's share, in the guardian's order: the circuit checks each
                 # party's one-hot vote on its own (no proof can: a party never sees its vote).
                 shares=lambda round_id, parties: np.stack(
@@ -157,22 +156,23 @@ class StudentClient:
     def label_batch(
         self,
         queries: NDArray[np.float32],
-        overrides: Mapping[str, float] | None = None,
+        job: TaskConfig | None = None,
         reveal: bool = False,
         revealed_by: str = "",
     ) -> RoundResult:
         """Label one batch (B, *input_shape) through one round; -1 where not answered.
 
         Labels are (B,) classes, or (B, k) 0/1 vectors for a multi-label task
-        with -1 on each label not answered. ``overrides``: mechanism parameters to raise,
-        within the task's policy (see :meth:`TaskConfig.overridden`). ``reveal``: the
+        with -1 on each label not answered. ``job``: this client's task running the job's
+        mechanism (:meth:`TaskConfig.running`, checked once a job by its caller; None: the
+        task's own). ``reveal``: the
         queries are the querier's own records, shown to the answering parties by an
         explicit choice (the guardian audits it, naming ``revealed_by``: who chose)."""
         tensor = serde.queries_to_proto(queries)
         return self._round(
             common_pb2.QueryBatch(tensor=tensor),
             QueryBatch("tensor", tensor.shape[0]),
-            overrides,
+            job,
             reveal=reveal,
             revealed_by=revealed_by,
         )
@@ -180,7 +180,7 @@ class StudentClient:
     def label_recipe(
         self,
         recipe: Recipe,
-        overrides: Mapping[str, float] | None = None,
+        job: TaskConfig | None = None,
         images: FloatImages | None = None,
     ) -> RoundResult:
         """Label a batch of programmatic queries: every party regenerates it from the recipe.
@@ -191,14 +191,14 @@ class StudentClient:
         return self._round(
             common_pb2.QueryBatch(recipe=msg),
             QueryBatch("recipe", recipe.count, bytes(msg.batch_hash)),
-            overrides,
+            job,
         )
 
     def _round(
         self,
         batch_msg: common_pb2.QueryBatch,
         queries: QueryBatch,
-        overrides: Mapping[str, float] | None = None,
+        job: TaskConfig | None = None,
         shares: Callable[[int, list[str]], NDArray[np.uint64]] | None = None,
         reveal: bool = False,
         retry: Retry | None = None,
@@ -206,8 +206,11 @@ class StudentClient:
     ) -> RoundResult:
         """One round; a round where one party's sealed seed does not open is abandoned
         before its 2PC and retried once without that party (``retry``: the retry)."""
-        # The circuit's noise and thresholds follow the overrides, as the guardian's do.
-        task = self.task.overridden(dict(overrides) if overrides else None)
+        # The circuit's noise and thresholds follow the job's mechanism, as the guardian's do.
+        task = self.task if job is None else job
+        if task.config_hash != self.task.config_hash:
+            raise ValueError(f"this client labels task {self.task.name}, not {task.name}")
+        mechanism = None if task.mechanism == self.task.mechanism else task.mechanism
         session = self._ensure_session()
         start = time.perf_counter()
         request = self.core.request(queries, retry)
@@ -216,7 +219,7 @@ class StudentClient:
                 request,
                 self.header,
                 batch_msg,
-                overrides_to_proto(overrides),
+                mechanism,
                 self.hospital,
                 reveal,
                 revealed_by,
@@ -245,7 +248,7 @@ class StudentClient:
                 raise
             log.warning("round %d: retrying once without %s: %s", reply.round_id, err.party, err)
             result = self._round(
-                batch_msg, queries, overrides, reveal=reveal, retry=again, revealed_by=revealed_by
+                batch_msg, queries, job, reveal=reveal, retry=again, revealed_by=revealed_by
             )
             return dataclasses.replace(
                 result, left_out={err.party: str(err)}, retried=reply.round_id

@@ -17,6 +17,7 @@ import numpy as np
 from capc.data.generators import Recipe
 from capc.data.schema import RecordSchema
 from capc.data.table_queries import default_generator
+from capc.mechanisms import Mechanism, MechanismError, from_config
 from capc.mpc.channel import ProtocolError
 from capc.mpc.votes import PartyInputError
 from capc.task_config import TaskConfig, TaskError
@@ -32,7 +33,6 @@ from services.common.limits import (
     batch_refusal,
 )
 from services.common.protocol import RequestError, check_version
-from services.common.serde import overrides_from_proto
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 from services.student.client import StudentClient
 from services.student.loop import MAX_REVEALED_BY, LoopIdentity, clear_records_refusal
@@ -61,17 +61,25 @@ POLICY: dict[str, tuple[str, ...]] = {
 }
 
 
-def stored_overrides(job: Job) -> dict[str, float] | None:
-    """A job's stored mechanism overrides, parameter -> value (None: the task's own)."""
-    if not job.mechanism:
-        return None
-    return {str(k): float(str(v)) for k, v in job.mechanism.items()}
+def job_mechanism(job: Job, task: TaskConfig) -> Mechanism:
+    """The mechanism ``job`` runs, as it was resolved and stored at its creation (a row
+    from before issue 55 stored the overrides only: resolved now, as its creation would
+    have). Not checked against ``task``'s policy: :meth:`JobRunner._run` does that, once
+    a job. TaskError for a stored configuration that is no mechanism of ``task``'s."""
+    stored = job.mechanism
+    if not stored:
+        return task.mechanism
+    if "name" not in stored:
+        return task.tightened({str(k): float(str(v)) for k, v in stored.items()}).mechanism
+    try:
+        return from_config(stored, task.outputs)
+    except MechanismError as err:
+        raise TaskError(f"job {job.id}: {err}") from err
 
 
 def job_reply(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
-    """A job as the jobs API returns it; with ``task``, the mechanism its rounds run (the
-    task's, with the job's stored overrides)."""
-    mech = None if task is None else task.overridden(stored_overrides(job)).mechanism
+    """A job as the jobs API returns it; with ``task``, the mechanism its rounds run."""
+    mech = None if task is None else job_mechanism(job, task)
     return serde.job_to_proto(job, mech)
 
 
@@ -118,7 +126,7 @@ class JobRunner:
         if base is not None and start == 0:
             self.store.set_queries(job_id, base.generate(self._task_records))
         queries = self.store.queries(job_id)
-        mechanism = stored_overrides(job)
+        running: TaskConfig | None = None
         batches = range(start, -(-len(queries) // job.batch_size))
         for index in batches:
             lo, hi = index * job.batch_size, min(len(queries), (index + 1) * job.batch_size)
@@ -127,16 +135,20 @@ class JobRunner:
                 try:
                     if self._client is None:
                         self._client = self._make_client()
+                    if running is None:
+                        # The stored mechanism checked against the task's policy, once a job.
+                        task = self._client.task
+                        running = task.running(job_mechanism(job, task))
                     if base is not None:
                         part = dataclasses.replace(base, start=base.start + lo, count=hi - lo)
                         # The batch is already generated: it only needs hashing.
-                        result = self._client.label_recipe(part, mechanism, images=batch)
+                        result = self._client.label_recipe(part, running, images=batch)
                     elif self._client.task.encryption is not None:
                         # an encrypted-query task: uploaded records leave only as ciphertexts
-                        result = self._client.label_encrypted(batch, mechanism)
+                        result = self._client.label_encrypted(batch, running)
                     else:
                         result = self._client.label_batch(
-                            batch, mechanism, job.revealed, job.revealed_by
+                            batch, running, job.revealed, job.revealed_by
                         )
                     self.store.record_batch(
                         job_id,
@@ -161,6 +173,10 @@ class JobRunner:
                         self.store.finish(job_id, f"guardian unavailable: {details}")
                         return
                     time.sleep(1.0 + attempt)
+                except TaskError as err:
+                    # A stored mechanism the task (changed since?) no longer allows.
+                    self.store.finish(job_id, f"mechanism: {err}")
+                    return
                 except PartyInputError as err:
                     # One party's bad input: the round was abandoned (the guardian aborted
                     # it, charging nothing); a bad seed was retried once without its party
@@ -246,10 +262,8 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             refusal = batch_refusal(batch)
             if refusal is not None:
                 raise RequestError(f"batch_size: {refusal}")
-            overrides = overrides_from_proto(
-                request.mechanism if request.HasField("mechanism") else None
-            )
-            self.task.overridden(overrides)
+            # Resolved once, here: the job stores and every round carries this mechanism.
+            mechanism = self.task.tightened(dict(request.mechanism_overrides)).mechanism
         except (RequestError, TaskError) as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         # Only uploaded records in a plaintext task travel in the clear.
@@ -259,7 +273,7 @@ class StudentParty(student_pb2_grpc.StudentPartyServicer):
             x.astype(np.float32),
             batch,
             recipe_json,
-            overrides,
+            mechanism.to_config(),
             revealed,
             request.revealed_by[:MAX_REVEALED_BY],
         )

@@ -50,7 +50,9 @@ class JobRow(Base):
     queries: Mapped[bytes] = mapped_column(LargeBinary)
     #: For programmatic queries: the recipe (JSON) the rounds are sent as.
     recipe: Mapped[str | None] = mapped_column(Text, nullable=True)
-    #: Mechanism overrides within the task's policy (JSON of the non-zero fields), or none.
+    #: The job's mechanism, resolved at creation: its configuration ({"name": ...,
+    #: every parameter}; the task's or a tightening of it). Rows from before issue 55
+    #: hold the overrides only (no "name"), which the servicer resolves on reading.
     mechanism: Mapped[dict[str, object] | None] = mapped_column(JSON, nullable=True)
     round_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
@@ -216,11 +218,12 @@ class JobStore:
         queries: NDArray[np.float32],
         batch_size: int,
         recipe: str | None = None,
-        mechanism: Mapping[str, float] | None = None,
+        mechanism: Mapping[str, object] | None = None,
         revealed: bool = False,
         revealed_by: str = "",
     ) -> Job:
-        """A queued job of ``queries`` (N, *input_shape); ``revealed``: they are the querying
+        """A queued job of ``queries`` (N, *input_shape) running ``mechanism`` (its resolved
+        configuration; None: the task's own); ``revealed``: they are the querying
         hospital's own records, to be sent in the clear by its explicit choice, made by
         ``revealed_by`` (the gateway's token holder)."""
         with Session(self.engine) as s, s.begin():

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 
 from capc.mechanisms.registry import from_config
-from capc.task_config import canonical_json, config_hash
+from capc.task_config import config_hash
 from services.answerer.budget import OwnBudget
 from services.audit.verify import verify
 from services.commands.cli import main
@@ -23,6 +23,7 @@ from services.common.ledger.audit import public_hex
 from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 from tests.e2e import tamper
+from tests.own_rounds import admit
 
 TASK: dict[str, Any] = {
     "num_classes": 10,
@@ -56,11 +57,10 @@ def history(tmp_path: Path) -> tuple[Path, Ed25519PrivateKey]:
             queries=common_pb2.QueryBatch(recipe=common_pb2.Recipe(count=8)),
             mechanism=serde.mechanism_to_proto(mech),
             vote_weight=1.0,
-            task_json=canonical_json(TASK),
         )
         header = common_pb2.Header(task="t", config_hash=config_hash(TASK))
         for budget in own.values():
-            budget.admit(work, header)
+            admit(budget, work, header, TASK)
         answered = rng.random(8) < 0.5
         guardian.release(res.round_id)
         guardian.commit(

@@ -39,6 +39,7 @@ from services.common.ledger import Ledger
 from services.guardian.links import PartyLink
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
+from tests.hub_messages import next_work
 
 TASK = {
     "num_classes": 3,
@@ -77,9 +78,7 @@ class Watched(SecureRandom):
 def answer(engine: RoundEngine, links: dict[str, PartyLink], key: X25519PrivateKey) -> None:
     """Every party answers the round it was just sent (every vote for class 0)."""
     for name, link in links.items():
-        msg = link.outbox.get(timeout=10)
-        while msg is not None and not msg.HasField("work"):  # earlier rounds' settlements
-            msg = link.outbox.get(timeout=10)
+        msg = next_work(link.outbox, timeout=10)  # past earlier rounds' settlements
         assert msg is not None
         rid = msg.work.round_id
         bits, proof, sealed = share_proven_votes(

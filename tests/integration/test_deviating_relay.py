@@ -37,6 +37,7 @@ from services.common.ledger import Ledger
 from services.guardian.links import PartyLink
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
+from tests.hub_messages import next_work
 
 ENC_TASK: dict[str, object] = {
     "num_classes": 2,
@@ -261,7 +262,7 @@ def proven_round(
     opener.start()
     votes = one_hot_votes(np.zeros(BATCH, dtype=np.int64), 3).astype(np.int64)
     for p, link in links.items():
-        work = link.outbox.get(timeout=5)
+        work = next_work(link.outbox)
         assert work is not None
         rid = work.work.round_id
         bits, proof, sealed = share_proven_votes(

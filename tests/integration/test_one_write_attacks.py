@@ -31,7 +31,7 @@ from capc.round.errors import BatchBrokenError, LedgerRefusedError
 from capc.round.ledger import RoundState
 from capc.round.messages import Settlement, SettlementKind
 from capc.round.party import pack_mask
-from capc.task_config import canonical_json, config_hash
+from capc.task_config import config_hash
 from services.answerer.budget import GUARDIAN_HEAD, OwnBudget, VoteRefusedError
 from services.common import serde
 from services.common.ledger import Ledger
@@ -41,6 +41,7 @@ from services.common.ledger.tables import INSERT_SETTING
 from services.common.protocol import PROTOCOL_VERSION
 from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
+from tests.own_rounds import admit, define
 
 NAME = "hospital-a"
 TASK = "t"
@@ -57,6 +58,11 @@ MECH = from_config(CONFIG["mechanism"], CONFIG["num_classes"])
 NONE_ANSWERED = np.zeros(BATCH, dtype=bool)
 
 
+HEADER = common_pb2.Header(
+    protocol_version=PROTOCOL_VERSION, task=TASK, config_hash=config_hash(CONFIG)
+)
+
+
 class World:
     """The guardian's ledger (signed) and one hospital's own at ``url``."""
 
@@ -68,11 +74,13 @@ class World:
         self.url = url
         self.own = OwnBudget(NAME, Ledger(url), cap)
         self.own.welcome(budgets.registered(self.guardian, NAME))
+        define(self.own, CONFIG, HEADER)
 
     def restart(self, cap: float) -> None:
         """The hospital restarted with another cap (its held settlements are gone)."""
         self.own = OwnBudget(NAME, self.own.ledger, cap, cap_reason="a test sets it")
         self.own.welcome(budgets.registered(self.guardian, NAME))
+        define(self.own, CONFIG, HEADER)
 
     def open(
         self, others: tuple[str, ...] = ()
@@ -91,17 +99,13 @@ class World:
             ),
             mechanism=serde.mechanism_to_proto(MECH),
             vote_weight=1.0,
-            task_json=canonical_json(CONFIG),
         )
-        header = common_pb2.Header(
-            protocol_version=PROTOCOL_VERSION, task=TASK, config_hash=config_hash(CONFIG)
-        )
-        return res.round_id, work, header
+        return res.round_id, work, HEADER
 
     def admitted(self) -> int:
         """A round the hospital admitted (reserved in its own ledger)."""
         rid, work, header = self.open()
-        self.own.admit(work, header)
+        admit(self.own, work, header)
         return rid
 
     def commit(self, rid: int, answered: np.ndarray = NONE_ANSWERED) -> guardian_pb2.RoundSettled:
@@ -182,7 +186,7 @@ def test_a_party_that_dropped_out_reports_what_the_guardian_holds(world: World) 
     in which its vote was not used (another party's was) must leave them agreeing."""
     world.guardian.register_party("hospital-b", 1e6, actor="guardian-cli")
     rid, work, header = world.open(("hospital-b",))
-    world.own.admit(work, header)
+    admit(world.own, work, header)
     world.guardian.release(rid)
     world.guardian.commit(rid, {"hospital-b": MECH.event(NONE_ANSWERED)})
     settled = budgets.settlement_of(world.guardian, NAME, rid)
@@ -231,7 +235,7 @@ def test_held_settlements_are_written_with_a_reservation_the_cap_refuses(world: 
     # settlement, held until now, is written all the same.
     r3, work, header = world.open()
     with pytest.raises(VoteRefusedError) as refused:
-        world.own.admit(work, header)
+        admit(world.own, work, header)
     assert refused.value.budget
     assert db.round_charges(r3) is None
     assert db.round_state(r2) == RoundState.COMMITTED
@@ -241,10 +245,10 @@ def test_held_settlements_are_written_with_a_reservation_the_cap_refuses(world: 
 
 def test_held_settlements_are_written_with_a_replayed_round(world: World) -> None:
     rid, work, header = world.open()
-    world.own.admit(work, header)
+    admit(world.own, work, header)
     assert world.own.settle(world.commit(rid))
     with pytest.raises(VoteRefusedError):
-        world.own.admit(work, header)  # replayed: a round is voted in once
+        admit(world.own, work, header)  # replayed: a round is voted in once
     db = world.own.ledger
     assert db.round_state(rid) == RoundState.COMMITTED
     np.testing.assert_allclose(db.spent_loss(NAME), world.loss(NONE_ANSWERED), rtol=1e-9)
@@ -342,7 +346,7 @@ def test_a_batch_that_fails_forgets_the_task_it_wrote(world: World) -> None:
 
     _, work, header = world.open()
     with pytest.raises(RuntimeError):
-        world.own.admit(work, header)
+        admit(world.own, work, header)
     assert db.open_rounds() == []
     rid = world.admitted()
     assert db.open_rounds() == [rid]
@@ -368,7 +372,7 @@ def test_a_write_that_fails_part_way_breaks_its_batch(world: World) -> None:
 
     r2, work, header = world.open()
     with pytest.raises(VoteRefusedError, match="cannot be accounted"):
-        world.own.admit(work, header)
+        admit(world.own, work, header)
     assert db.round_state(r1) == RoundState.RESERVED
     assert db.round_charges(r2) is None
     np.testing.assert_allclose(db.spent_loss(NAME), world.loss(None), rtol=1e-9)
@@ -472,7 +476,7 @@ def test_a_batch_opens_no_second_connection_on_its_thread(world: World) -> None:
 
     worst, actual = world.loss(None), world.loss(NONE_ANSWERED)
     r1, first, header = world.open()
-    world.own.admit(first, header)
+    admit(world.own, first, header)
     r2, r3 = world.admitted(), world.admitted()
     world.commit(r1)
     world.commit(r2)
@@ -485,9 +489,9 @@ def test_a_batch_opens_no_second_connection_on_its_thread(world: World) -> None:
     world.restart(world.cap_between(actual + 2 * worst, actual + 3 * worst))
     _, work, header = world.open()
     with pytest.raises(VoteRefusedError):
-        world.own.admit(work, header)
+        admit(world.own, work, header)
     with pytest.raises(VoteRefusedError):
-        world.own.admit(first, header)  # replayed
+        admit(world.own, first, header)  # replayed
     world.own.flush()
     world.own.report()
     assert strays == []
@@ -516,7 +520,7 @@ def test_admitting_settling_and_reporting_on_three_threads_never_under_counts(
         try:
             for rid, work, header in works:
                 try:
-                    world.own.admit(work, header)
+                    admit(world.own, work, header)
                 except VoteRefusedError:
                     world.guardian.abort(rid, reason="refused")
                     continue
@@ -632,7 +636,7 @@ def _hospital(url: str, cap: float, registered: bytes, rounds: list[bytes], wher
         for i in range(0, len(rounds), 3)
     ]
     for work, header, _ in msgs[:2]:
-        own.admit(work, header)
+        admit(own, work, header, CONFIG)
     for _, _, settled in msgs[:2]:
         if not own.settle(settled):
             os._exit(1)
@@ -652,7 +656,7 @@ def _hospital(url: str, cap: float, registered: bytes, rounds: list[bytes], wher
             os._exit(CRASHED)
 
     try:
-        own.admit(*msgs[2][:2])
+        admit(own, *msgs[2][:2])
     except VoteRefusedError:
         os._exit(2)  # refused, yet its batch committed without dying
     os._exit(3)

@@ -24,7 +24,7 @@ from sqlalchemy import event
 
 from capc.mechanisms.registry import from_config
 from capc.round.ledger import RoundState
-from capc.task_config import canonical_json, config_hash
+from capc.task_config import config_hash
 from services.answerer.budget import GUARDIAN_HEAD, GUARDIAN_KEY, OwnBudget, VoteRefusedError
 from services.common import pki, serde, tls
 from services.common.ledger import Ledger
@@ -33,6 +33,8 @@ from services.common.protocol import PROTOCOL_VERSION, RequestError
 from services.guardian import budgets
 from services.guardian.hub import RunningServer, serve
 from services.proto.capc.v1 import common_pb2, guardian_pb2, guardian_pb2_grpc
+from tests.own_rounds import admit as own_admit
+from tests.own_rounds import define
 
 NAME = "hospital-a"
 TASKS: dict[str, dict[str, Any]] = {
@@ -48,12 +50,17 @@ TASKS: dict[str, dict[str, Any]] = {
         "quorum": 1,
     },
     "labels": {
-        "num_classes": 5,
+        "num_labels": 5,
         "input_shape": [1, 28, 28],
         "mechanism": {"name": "binary", "sigma": 2.0, "threshold": 2.0, "sigma1": 3.0},
         "quorum": 1,
     },
 }
+
+
+def outputs(config: dict[str, Any]) -> int:
+    """The task's classes or labels."""
+    return int(config.get("num_classes") or config["num_labels"])
 
 
 class Pair:
@@ -79,7 +86,7 @@ class Pair:
         """Reserve a round at the guardian as the round engine does; the work it sends."""
         config = TASKS[task]
         self.guardian.create_task(task, config)
-        mech = from_config(config["mechanism"], config["num_classes"])
+        mech = from_config(config["mechanism"], outputs(config))
         count = batch if voting is None else int(voting.sum())
         self.keys += 1
         res = self.guardian.reserve(
@@ -94,11 +101,11 @@ class Pair:
             mechanism=serde.mechanism_to_proto(mech),
             vote_weight=weight,
             participation=serde.participation_to_bytes(voting),
-            task_json=canonical_json(config),
         )
         header = common_pb2.Header(
             protocol_version=PROTOCOL_VERSION, task=task, config_hash=config_hash(config)
         )
+        define(self.own, config, header)
         return work, header, res.round_id
 
     def commit(
@@ -106,7 +113,7 @@ class Pair:
     ) -> guardian_pb2.RoundSettled:
         """The guardian's release and commit of what ``answered`` released; its settlement."""
         config = TASKS[task]
-        mech = from_config(config["mechanism"], config["num_classes"])
+        mech = from_config(config["mechanism"], outputs(config))
         mask = np.ones(len(answered), dtype=bool) if voting is None else voting
         self.guardian.release(round_id)
         self.guardian.commit(
@@ -137,17 +144,17 @@ def test_each_round_is_charged_the_same_on_both_sides(
     pair: Pair, task: str, weight: float, vanishing: bool
 ) -> None:
     rng = np.random.default_rng(3)
-    outputs = TASKS[task]["num_classes"]
+    k = outputs(TASKS[task])
     for batch in (16, 5, 33):
         voting = rng.random(batch) < 0.6 if vanishing else None
         work, header, rid = pair.work(task, batch, weight, voting)
-        pair.own.admit(work, header)
+        own_admit(pair.own, work, header)
         # Reserved in the hospital's own ledger before it votes, under the guardian's id.
         assert pair.own.open_rounds() == [rid]
         np.testing.assert_array_equal(
             pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME)
         )
-        shape = (batch, outputs) if task == "labels" else (batch,)
+        shape = (batch, k) if task == "labels" else (batch,)
         answered = rng.random(shape) < 0.5
         assert pair.own.settle(pair.commit(task, rid, answered, weight, voting))
         assert not pair.own.settle(budgets.settlement_of(pair.guardian, NAME, rid))  # type: ignore[arg-type]
@@ -176,7 +183,7 @@ def test_the_hospital_refuses_past_its_own_cap_whatever_the_guardian_says(tmp_pa
     # The guardian's ledger would admit far more (its cap for the party is 1e6 here).
     work, header, _ = pair.work("single", 64)
     with pytest.raises(VoteRefusedError) as refusal:
-        pair.own.admit(work, header)
+        own_admit(pair.own, work, header)
     assert refusal.value.budget and "its cap of 20 eps" in str(refusal.value)
     assert pair.own.open_rounds() == [] and pair.own.ledger.spent_loss(NAME)[0] == 0.0
     # A round that fits is admitted; the next that would not is refused, on the worst case.
@@ -184,31 +191,58 @@ def test_the_hospital_refuses_past_its_own_cap_whatever_the_guardian_says(tmp_pa
         pair.own.ledger.accounting.cost(from_config(TASKS["single"]["mechanism"], 10).worst_case(b)),
         20.0, pair.own.ledger.delta))  # fmt: skip
     work, header, _ = pair.work("single", fits)
-    pair.own.admit(work, header)
+    own_admit(pair.own, work, header)
     work, header, _ = pair.work("single", 1)
     with pytest.raises(VoteRefusedError, match="past its cap"):
-        pair.own.admit(work, header)
+        own_admit(pair.own, work, header)
     eps = pair.own.ledger.budget(NAME).spent
     assert 0 < eps <= 20.0
 
 
 def test_bad_rounds_are_refused_with_reasons(pair: Pair) -> None:
     work, header, _ = pair.work("single", 8)
-    pair.own.admit(work, header)
+    own_admit(pair.own, work, header)
     with pytest.raises(VoteRefusedError, match="already voted"):
-        pair.own.admit(work, header)
+        own_admit(pair.own, work, header)
     work, header, _ = pair.work("single", 8)
+    # A round names its task by name and hash: one the stream never defined is refused,
+    # and so is a definition that does not hash to its header.
     lying = common_pb2.Header(protocol_version=1, task="single", config_hash="0" * 64)
-    with pytest.raises(VoteRefusedError, match="does not hash"):
-        pair.own.admit(work, lying)
+    with pytest.raises(VoteRefusedError, match="defined no task 'single'"):
+        own_admit(pair.own, work, lying)
+    pair.own.define(guardian_pb2.TaskDefinition(config_json="{}"), lying)
+    with pytest.raises(VoteRefusedError, match="defined no task 'single'"):
+        own_admit(pair.own, work, lying)
+    # Two tasks may share a configuration (so its hash): each is known by its name too.
+    twin = common_pb2.Header(
+        protocol_version=PROTOCOL_VERSION, task="twin", config_hash=header.config_hash
+    )
+    with pytest.raises(VoteRefusedError, match="defined no task 'twin'"):
+        own_admit(pair.own, work, twin)
+    assert own_admit(pair.own, work, twin, TASKS["single"]).task == "twin"
+    work, header, _ = pair.work("single", 8)
     # The same task name with another configuration is refused, not silently accounted.
     other = dict(TASKS["single"], quorum=2)
-    work.task_json = canonical_json(other)
     with pytest.raises(VoteRefusedError, match="another configuration"):
-        pair.own.admit(work, common_pb2.Header(task="single", config_hash=config_hash(other)))
-    empty = guardian_pb2.RoundWork(round_id=999, mechanism=work.mechanism)
-    with pytest.raises(VoteRefusedError, match="1 to"):
-        pair.own.admit(empty, header)
+        own_admit(
+            pair.own,
+            work,
+            common_pb2.Header(task="single", config_hash=config_hash(other)),
+            other,
+        )
+    # A looser mechanism than the task's is refused whatever the guardian sends: the
+    # party would reserve (and charge itself) less than the round spends.
+    mech = from_config(TASKS["single"]["mechanism"], 10)
+    looser = dict(
+        mech.params.model_dump(), name=mech.name, sigma=mech.params.model_dump()["sigma"] / 2
+    )
+    work.mechanism.CopyFrom(serde.mechanism_to_proto(from_config(looser, 10)))
+    with pytest.raises(VoteRefusedError, match="below the task's"):
+        own_admit(pair.own, work, header)
+    assert work.round_id not in pair.own.open_rounds()
+    empty = guardian_pb2.RoundWork(round_id=999, mechanism=serde.mechanism_to_proto(mech))
+    with pytest.raises(VoteRefusedError, match="queries must be"):
+        own_admit(pair.own, empty, header)
 
 
 def test_settlements_never_undercount(pair: Pair) -> None:
@@ -217,7 +251,7 @@ def test_settlements_never_undercount(pair: Pair) -> None:
     w3, h3, r3 = pair.work("single", 10)
     w4, h4, r4 = pair.work("single", 10)
     for w, h in ((w1, h1), (w2, h2), (w3, h3), (w4, h4)):
-        pair.own.admit(w, h)
+        own_admit(pair.own, w, h)
     worst = pair.own.ledger.spent_loss(NAME) / 4
     # Aborted at the guardian: nothing.
     pair.guardian.abort(r1)
@@ -266,7 +300,7 @@ def test_the_guardian_is_checked_on_every_welcome(tmp_path: Path) -> None:
     assert pair.own.refusing is not None and "--guardian-audit-key" in pair.own.refusing
     work, header, _ = pair.work("single", 4)
     with pytest.raises(VoteRefusedError, match="audit key changed"):
-        pair.own.admit(work, header)
+        own_admit(pair.own, work, header)
     # Another accountant or delta: the two ledgers could not be compared.
     rdp = Ledger(str(tmp_path / "rdp.db"), accountant="rdp", signer=pair.key)
     rdp.register_party(NAME, 5.0)
@@ -475,10 +509,10 @@ def test_an_encrypted_round_is_charged_the_full_vote_it_casts(pair: Pair) -> Non
         work.queries.CopyFrom(common_pb2.QueryBatch(encrypted=encrypted))
         work.vote_weight, work.participation = weight, participation
         with pytest.raises(VoteRefusedError, match="weight 1"):
-            pair.own.admit(work, header)
+            own_admit(pair.own, work, header)
         assert pair.own.open_rounds() == []
     work.vote_weight, work.participation = 1.0, b""
-    pair.own.admit(work, header)
+    own_admit(pair.own, work, header)
     assert pair.own.open_rounds() == [rid]
     np.testing.assert_array_equal(pair.own.ledger.spent_loss(NAME), pair.guardian.spent_loss(NAME))
 
@@ -553,7 +587,7 @@ def _race(
     def admit(work: guardian_pb2.RoundWork, header: common_pb2.Header, rid: int) -> None:
         start.wait()
         try:
-            pair.own.admit(work, header)
+            own_admit(pair.own, work, header)
         except VoteRefusedError as err:
             with lock:
                 (refused.append(rid) if err.budget else errors.append(err))
@@ -596,21 +630,21 @@ def test_a_refused_round_is_followed_by_a_vote_once_a_reservation_settles(tmp_pa
     pair.own = OwnBudget(NAME, pair.own.ledger, cap)
     pair.welcome()
     first, h1, r1 = pair.work("single", 8)
-    pair.own.admit(first, h1)
+    own_admit(pair.own, first, h1)
     second, h2, r2 = pair.work("single", 8)
     with pytest.raises(VoteRefusedError, match="past its cap") as refusal:
-        pair.own.admit(second, h2)  # the first round's worst case is still held
+        own_admit(pair.own, second, h2)  # the first round's worst case is still held
     assert refusal.value.budget
     assert pair.own.settle(pair.commit("single", r1, np.zeros(8, dtype=bool), 1.0, None))
     third, h3, r3 = pair.work("single", 8)
-    pair.own.admit(third, h3)  # the late vote: it fits again
+    own_admit(pair.own, third, h3)  # the late vote: it fits again
     assert pair.own.open_rounds() == [r3] and r2 not in pair.own.open_rounds()
     np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), actual + worst, rtol=1e-12)
     assert pair.own.ledger.budget(NAME).spent <= cap
     # And no further worst case fits now.
     fourth, h4, _ = pair.work("single", 8)
     with pytest.raises(VoteRefusedError, match="past its cap"):
-        pair.own.admit(fourth, h4)
+        own_admit(pair.own, fourth, h4)
 
 
 def test_its_own_spend_never_passes_its_cap_under_concurrent_rounds(tmp_path: Path) -> None:
@@ -660,11 +694,11 @@ def test_its_own_spend_never_passes_its_cap_under_concurrent_rounds(tmp_path: Pa
     spent = (fit + len(later)) * actual
     last, header, rid = pair.work("single", 8)
     if acct.fits(spent + worst, cap, delta):
-        pair.own.admit(last, header)
+        own_admit(pair.own, last, header)
         spent = spent + worst
     else:
         with pytest.raises(VoteRefusedError, match="past its cap"):
-            pair.own.admit(last, header)
+            own_admit(pair.own, last, header)
     np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), spent, rtol=1e-9)
     within_cap()
 
@@ -693,7 +727,7 @@ def test_one_durable_write_a_round_and_never_an_under_count(tmp_path: Path) -> N
 
     for k in range(5):
         work, header, rid = pair.work("single", 8)
-        pair.own.admit(work, header)
+        own_admit(pair.own, work, header)
         assert commits == k + 1
         settled = pair.commit("single", rid, np.zeros(8, dtype=bool), 1.0, None)
         assert pair.own.settle(settled)
@@ -706,7 +740,7 @@ def test_one_durable_write_a_round_and_never_an_under_count(tmp_path: Path) -> N
     # and the fifth settlement, held before it, is written all the same.
     work, header, _ = pair.work("single", 8)
     with pytest.raises(VoteRefusedError, match="past its cap"):
-        pair.own.admit(work, header)
+        own_admit(pair.own, work, header)
     assert commits == 6
     np.testing.assert_allclose(pair.own.ledger.spent_loss(NAME), 5 * actual, rtol=1e-9)
     assert pair.own.ledger.open_rounds() == []

@@ -15,6 +15,7 @@ No sleeps: the child's death is synchronous with the point it dies at.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -39,6 +40,7 @@ from services.common.ledger import Ledger
 from services.common.protocol import PROTOCOL_VERSION
 from services.guardian import budgets
 from services.proto.capc.v1 import common_pb2, guardian_pb2
+from tests.own_rounds import admit
 
 NAME = "hospital-a"
 #: The exit status of a child that died at its crash point.
@@ -68,6 +70,8 @@ class Round:
     work: bytes
     header: bytes
     settled: bytes
+    #: The task's configuration (JSON), as the guardian defines it on the stream.
+    config: str
 
 
 def _die_at(engine: Engine, step: str, where: str) -> None:
@@ -106,9 +110,11 @@ def _hospital(
         if point is not None and point.startswith("reserve"):
             _die_at(own.ledger.engine, "reserve", point.split("-")[1])
         try:
-            own.admit(
+            admit(
+                own,
                 guardian_pb2.RoundWork.FromString(rnd.work),
                 common_pb2.Header.FromString(rnd.header),
+                json.loads(rnd.config),
             )
         except VoteRefusedError:
             continue
@@ -178,7 +184,6 @@ class Guardian:
             ),
             mechanism=serde.mechanism_to_proto(self.mech),
             vote_weight=1.0,
-            task_json=canonical_json(self.config),
         )
         header = common_pb2.Header(
             protocol_version=PROTOCOL_VERSION, task="t", config_hash=config_hash(self.config)
@@ -197,6 +202,7 @@ class Guardian:
             work.SerializeToString(),
             header.SerializeToString(),
             settled.SerializeToString(),
+            canonical_json(self.config),
         )
 
 
@@ -304,9 +310,11 @@ def test_a_hospital_past_its_cap_never_votes_across_crashes(
     np.testing.assert_allclose(own.ledger.spent_loss(NAME), 2 * worst, rtol=1e-9)
     # Settled at their worst case, the two rounds still leave no room for a third.
     with pytest.raises(VoteRefusedError) as refused:
-        own.admit(
+        admit(
+            own,
             guardian_pb2.RoundWork.FromString(rounds[3].work),
             common_pb2.Header.FromString(rounds[3].header),
+            json.loads(rounds[3].config),
         )
     assert refused.value.budget
     _verified(guardian.ledger, own.ledger)
@@ -324,7 +332,12 @@ def test_the_beat_survives_a_ledger_error_and_the_round_is_settled_again(
     rnd = guardian.round()
     own = OwnBudget(NAME, Ledger(str(tmp_path / "own.db")), 1e6)
     own.welcome(guardian_pb2.Registered.FromString(guardian.registered()))
-    own.admit(guardian_pb2.RoundWork.FromString(rnd.work), common_pb2.Header.FromString(rnd.header))
+    admit(
+        own,
+        guardian_pb2.RoundWork.FromString(rnd.work),
+        common_pb2.Header.FromString(rnd.header),
+        json.loads(rnd.config),
+    )
     assert own.settle(guardian_pb2.RoundSettled.FromString(rnd.settled))
     out: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(16)
     beat = Beat(NAME, own, out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from capc.mechanisms import from_config
 from capc.mpc import ring, validity
 from capc.mpc.sealing import seal, seed_context
 from capc.mpc.validity import VoteRelation
@@ -25,9 +27,11 @@ from capc.round.ledger import RoundState
 from capc.task_config import TaskConfig, config_hash
 from services.common import serde
 from services.common.ledger import Ledger
+from services.common.protocol import RequestError
 from services.guardian.round_errors import DuplicateLinkError
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
+from tests.hub_messages import next_work
 
 TASK = {
     "num_classes": 3,
@@ -76,8 +80,14 @@ def test_duplicates_strangers_and_bad_shapes_are_refused(engine: RoundEngine) ->
         target=lambda: box.update(reply=engine.open_round("student", request(), SID))
     )
     t.start()
-    work = links["a"].outbox.get(timeout=5)
-    assert work is not None
+    # The stream is sent the task's definition once, before the first work naming it:
+    # the work names the task by name and hash only, and carries the mechanism once.
+    first = links["a"].outbox.get(timeout=5)
+    assert first is not None and first.WhichOneof("body") == "task"
+    assert config_hash(json.loads(first.task.config_json)) == first.header.config_hash
+    work = next_work(links["a"].outbox)
+    assert work.header.config_hash == first.header.config_hash
+    assert links["a"].tasks == {("t", first.header.config_hash)}
     rid = work.work.round_id
     engine.receive_shares("a", shares(rid, "a"))
     with pytest.raises(RoundInputError, match="duplicate"):
@@ -125,7 +135,7 @@ def test_below_quorum_after_dropouts_aborts_and_charges_nothing(engine: RoundEng
 
     t = threading.Thread(target=run)
     t.start()
-    work = links["a"].outbox.get(timeout=5)
+    work = next_work(links["a"].outbox)
     assert work is not None
     engine.receive_shares("a", shares(work.work.round_id, "a"))
     engine.detach(links["b"])  # b drops mid-round
@@ -166,7 +176,7 @@ def test_personalized_rounds_send_each_party_its_weight_or_mask_and_reserve_its_
     thread.start()
     works: dict[str, guardian_pb2.HubMessage] = {}
     for p, link in links.items():
-        msg = link.outbox.get(timeout=5)
+        msg = next_work(link.outbox)
         assert msg is not None
         works[p] = msg
     rid = works["a"].work.round_id
@@ -252,6 +262,39 @@ def test_a_test_noise_shared_by_every_class_is_refused_before_anything_is_reserv
     assert ledger.count_rounds() == 0
 
 
+@pytest.mark.parametrize(
+    ("mechanism", "why"),
+    [
+        # A deviating student's looser job: less noise than the task's policy ...
+        ({"name": "gnmax", "sigma": 1.0}, "is below the task's"),
+        # ... no noise at all, under a mechanism that charges nothing per answer ...
+        ({"name": "dp-trained"}, "cannot run dp-trained"),
+        # ... or the task's mechanism over another label space.
+        ({"name": "gnmax", "sigma": 9.0, "outputs": 4}, "over 4"),
+    ],
+)
+def test_a_students_looser_mechanism_is_refused_before_anything_is_reserved(
+    engine: RoundEngine, mechanism: dict[str, object], why: str
+) -> None:
+    """The job's mechanism arrives resolved; the guardian checks it once against the
+    task's policy (the task's own or a tightening of it) and refuses anything else."""
+    for p in ("a", "b", "c"):
+        engine.attach(p)
+    config = dict(mechanism)
+    outputs = int(str(config.pop("outputs", TASK["num_classes"])))
+    req = request()
+    req.mechanism.CopyFrom(serde.mechanism_to_proto(from_config(config, outputs)))
+    with pytest.raises(RequestError, match=why):
+        engine.open_round("student", req, SID)
+    assert engine.ledger.count_rounds() == 0
+    # The task's own, or a tightening of it, is taken.
+    req.mechanism.CopyFrom(
+        serde.mechanism_to_proto(from_config({"name": "gnmax", "sigma": 7.5}, 3))
+    )
+    task, _ = engine._task(req)
+    assert task.mechanism.params.model_dump() == {"sigma": 7.5}
+
+
 def test_the_vote_check_excludes_an_invalid_vote_and_an_unprovable_party(tmp_path: Path) -> None:
     """Over 100 classes a 32-teacher party's statement (600 bits a query) is too large for
     a proof: it is never asked to vote; of two proven parties, the invalid one is left out."""
@@ -273,7 +316,7 @@ def test_the_vote_check_excludes_an_invalid_vote_and_an_unprovable_party(tmp_pat
     t.start()
     rid = 0
     for name in ("a", "mallory"):
-        msg = links[name].outbox.get(timeout=5)
+        msg = next_work(links[name].outbox)
         assert msg is not None
         rid = msg.work.round_id
     assert links["big"].outbox.empty()

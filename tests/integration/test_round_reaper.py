@@ -37,6 +37,7 @@ from services.common.ledger import Ledger
 from services.guardian.links import PartyLink
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
+from tests.hub_messages import next_work
 
 TASK = {
     "num_classes": 3,
@@ -83,7 +84,7 @@ def open_answered_round(
     )
     opener.start()
     for name, link in links.items():
-        work = link.outbox.get(timeout=5)
+        work = next_work(link.outbox)
         assert work is not None
         rid = work.work.round_id
         bits, proof, sealed = share_proven_votes(

@@ -8,13 +8,23 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from capc.models import Teacher, build
+from capc.round.messages import QueryBatch, QueryKind, RoundWork
+from capc.task_config import TaskConfig, config_hash
 from services.answerer.budget import OwnBudget
 from services.answerer.party import AnsweringParty, answer_pool
 from services.common.buffers import BoundedBuffer
 from services.common.ledger import Ledger
-from services.proto.capc.v1 import common_pb2, guardian_pb2
+from services.common.serde import PartyWork, TensorQueries
+from services.proto.capc.v1 import guardian_pb2
 
+CONFIG: dict[str, object] = {
+    "num_classes": 3,
+    "input_shape": [4],
+    "mechanism": {"name": "gnmax", "sigma": 4.0},
+}
 #: Seconds a job that must not be held up is given: generous, for a loaded machine.
 WITHIN_S = 120.0
 
@@ -26,13 +36,13 @@ def party(name: str, tmp_path: Path, pool: ThreadPoolExecutor | None) -> Answeri
     return AnsweringParty(name, teacher, "127.0.0.1:9", None, own, pool=pool)
 
 
-def work(source: str) -> guardian_pb2.RoundWork:
-    batch = (
-        common_pb2.QueryBatch(encrypted=common_pb2.EncryptedBatch())
-        if source == "encrypted"
-        else common_pb2.QueryBatch(tensor=common_pb2.Tensor(shape=[1, 4]))
+TASK = TaskConfig.parse("t", CONFIG, config_hash(CONFIG))
+
+
+def work(source: QueryKind, party: str = "hospital-a") -> RoundWork:
+    return RoundWork(
+        1, party, TASK.mechanism, b"", 1.0, 0, 1, queries=QueryBatch(source, 1), task="t"
     )
-    return guardian_pb2.RoundWork(round_id=1, queries=batch)
 
 
 def test_parties_share_the_plain_pool_and_each_has_its_own_encrypted_thread(
@@ -78,12 +88,13 @@ def test_a_party_whose_stream_is_full_does_not_hold_up_the_others(tmp_path: Path
     stalled: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(1)
     stalled.put(guardian_pb2.PartyMessage())  # full, and nobody reads it
     flowing: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(4)
-    header = common_pb2.Header()
+    x = TensorQueries(np.zeros((1, 4), np.float32))
     try:
-        # A round that names no queries is refused: a's refusal waits for room ...
-        a._pool_for(work("tensor")).submit(a._answer, guardian_pb2.RoundWork(), header, stalled)
+        # A round for another party is refused: a's refusal waits for room ...
+        refused = PartyWork(work("tensor", "someone-else"), TASK, x)
+        a._pool_for(work("tensor")).submit(a._answer, refused, stalled)
         # ... and b's round, queued behind it on the shared thread, is still answered.
-        b._pool_for(work("tensor")).submit(b._answer, guardian_pb2.RoundWork(), header, flowing)
+        b._pool_for(work("tensor")).submit(b._answer, refused, flowing)
         reply = flowing.get(WITHIN_S)
         assert reply is not None and reply.WhichOneof("body") == "failure"
     finally:

@@ -132,7 +132,7 @@ def test_an_attested_party_reads_every_query_with_its_stored_statistics(tmp_path
 
     from capc.data.generators import Recipe
     from capc.mechanisms import from_config
-    from capc.task_config import canonical_json, config_hash
+    from capc.task_config import TaskConfig, config_hash
     from services.answerer.budget import OwnBudget
     from services.answerer.party import AnsweringParty
     from services.common.serde.recipes import recipe_to_proto
@@ -173,13 +173,18 @@ def test_an_attested_party_reads_every_query_with_its_stored_statistics(tmp_path
         if kind == "attested":
             own.attest(att)
         party = AnsweringParty("h", Voters([cnn]), "127.0.0.1:9", None, own)
+        task = TaskConfig.parse("t", config, config_hash(config))
         for source, batch in batches.items():
             msg = guardian_pb2.RoundWork(
                 round_id=1,
                 queries=batch,
                 mechanism=serde.mechanism_to_proto(from_config(mechanism, 10)),
-                task_json=canonical_json(config),
             )
-            work = serde.round_work_from_proto(msg, "h", header)
-            got = party._predict(msg, work, "t")[:, 0]
+            queries = serde.round_work_from_proto(msg, "h", header, task, config).queries
+            if isinstance(queries, serde.RecipeQueries):
+                x = serde.regenerate(queries.recipe, task.records)
+                got = party._predict(task, x, party._synthetic(x))[:, 0]
+            else:
+                assert isinstance(queries, serde.TensorQueries)
+                got = party._predict(task, queries.x, False)[:, 0]
             np.testing.assert_array_equal(got, want[kind, source], err_msg=f"{kind} {source}")

@@ -37,9 +37,7 @@ from capc.round.training import Attestation, file_digest
 from capc.task_config import TaskConfig, TaskError, config_hash
 from services.answerer.attestation import attestation
 from services.answerer.ledger_port import SqlPartyLedger
-from services.common import serde
 from services.common.ledger import Ledger
-from services.common.protocol import RequestError
 
 DELTA = 1e-5
 NAME = "hospital-a"
@@ -61,19 +59,18 @@ def attested(rec: DpTraining, file: bytes = b"\x01" * 32) -> Attestation:
 def test_a_job_cannot_switch_a_mechanisms_noise_off_or_on() -> None:
     gnmax = task({"name": "gnmax", "sigma": 4.0})
     # 0 means "keep the task's": the round stays noisy.
-    kept = gnmax.overridden({"sigma": 0.0})
-    assert kept.mechanism.params.model_dump()["sigma"] == 4.0
+    kept = gnmax.tightened({"sigma": 0.0}).mechanism
+    assert kept.params.model_dump()["sigma"] == 4.0
     with pytest.raises(TaskError, match="below the task's"):
-        gnmax.overridden({"sigma": 1e-300})
+        gnmax.tightened({"sigma": 1e-300})
     free = task({"name": "dp-trained"})
     with pytest.raises(TaskError):
-        free.overridden({"sigma": 1.0})
-    # A job names no mechanism: neither dp-trained for a noisy task nor the reverse.
-    msg = serde.overrides_to_proto({"sigma": 4.0})
-    assert msg is not None
-    msg.name = "dp-trained"
-    with pytest.raises(RequestError, match="mechanism and its label space are the task's"):
-        serde.overrides_from_proto(msg)
+        free.tightened({"sigma": 1.0})
+    # A job's mechanism is the task's: neither dp-trained for a noisy task nor the reverse.
+    with pytest.raises(TaskError, match="cannot run dp-trained"):
+        gnmax.running(free.mechanism)
+    with pytest.raises(TaskError, match="cannot run gnmax"):
+        free.running(gnmax.mechanism)
 
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))

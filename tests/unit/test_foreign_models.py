@@ -309,11 +309,11 @@ def test_without_task_the_round_says_what_does_not_fit(
             tensor=serde.queries_to_proto(np.zeros((2, *shape), np.float32))
         ),
         mechanism=serde.mechanism_to_proto(from_config(mechanism, classes)),
-        task_json=canonical_json(config),
     )
     out: BoundedBuffer[guardian_pb2.PartyMessage] = BoundedBuffer(4)
     header = common_pb2.Header(task="images", config_hash=config_hash(config))
-    party._answer(work, header, out)
+    own.define(guardian_pb2.TaskDefinition(config_json=canonical_json(config)), header)
+    party._answer(own.decode(work, header), out)
     msg = out.get(timeout=5)
     assert msg is not None and msg.WhichOneof("body") == "failure"
     assert msg.failure.round_id == 7

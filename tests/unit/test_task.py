@@ -24,10 +24,8 @@ from capc.task_config import (
     TaskSpec,
     config_hash,
 )
-from services.common.protocol import RequestError
 from services.common.serde import (
     mechanism_to_proto,
-    overrides_from_proto,
     queries_to_proto,
     round_work_from_proto,
 )
@@ -185,16 +183,23 @@ def test_answering_party_votes_follow_the_round() -> None:
     with pytest.raises(ValueError, match=r"\(B, m, k\) labels"):
         ensemble_votes(work, preds, 3)
     # As the party reads the round: no mechanism, or a mask of another size, is refused.
-    header = common_pb2.Header(task="t")
+    header = common_pb2.Header(task="t", config_hash=task.config_hash)
+    config = ml({"name": "binary", "sigma": 2.0}, k=3)
     with pytest.raises(ValueError, match="names no mechanism"):
-        round_work_from_proto(guardian_pb2.RoundWork(vote_weight=1.0), "a", header)
+        round_work_from_proto(guardian_pb2.RoundWork(vote_weight=1.0), "a", header, task, config)
     wire = guardian_pb2.RoundWork(
         mechanism=mechanism_to_proto(task.mechanism),
-        queries=common_pb2.QueryBatch(tensor=queries_to_proto(np.zeros((3, 2), np.float32))),
+        queries=common_pb2.QueryBatch(
+            tensor=queries_to_proto(np.zeros((3, 1, 28, 28), np.float32))
+        ),
         participation=b"\x01\x00",
     )
     with pytest.raises(ValueError, match="3 bits"):
-        round_work_from_proto(wire, "a", header)
+        round_work_from_proto(wire, "a", header, task, config)
+    # The task travels by name and hash: work naming another is refused.
+    elsewhere = common_pb2.Header(task="t", config_hash="0" * 64)
+    with pytest.raises(ValueError, match="names task 't'"):
+        round_work_from_proto(wire, "a", elsewhere, task, config)
 
 
 def test_animal_attributes_are_a_fixed_function_of_the_class() -> None:
@@ -207,12 +212,6 @@ def test_animal_attributes_are_a_fixed_function_of_the_class() -> None:
 
 
 def test_job_overrides_may_only_add_privacy() -> None:
-    from services.proto.capc.v1 import common_pb2
-
-    def overrides(**params: float) -> dict[str, float] | None:
-        # Through the proto a job request carries, as the guardian reads it.
-        return overrides_from_proto(common_pb2.Mechanism(params=params))
-
     task = parse(
         {
             "num_classes": 10,
@@ -220,15 +219,17 @@ def test_job_overrides_may_only_add_privacy() -> None:
             "mechanism": {"name": "confident-gnmax", "sigma": 2.0, "threshold": 3.0, "sigma1": 4.0},
         }
     )
-    assert task.overridden(None) is task and task.overridden(overrides()) is task
-    assert task.overridden(overrides(sigma=0.0)) is task  # 0 keeps the task's value
-    more = task.overridden(overrides(sigma=5.0, threshold=6.0))
+    assert task.tightened(None) is task and task.tightened({}) is task
+    assert task.tightened({"sigma": 0.0}) is task  # 0 keeps the task's value
+    more = task.tightened({"sigma": 5.0, "threshold": 6.0})
+    assert task.running(more.mechanism) == more
     assert more.mechanism.to_config() == {
         "name": "confident-gnmax",
         "sigma": 5.0,
         "threshold": 6.0,
         "sigma1": 4.0,
     }
+    assert task.running(task.mechanism) is task
     # Same config hash (the task did not change), and a cheaper worst case.
     assert more.config_hash == task.config_hash
     orders = RenyiDp(np.array([2.0, 8.0, 32.0]))
@@ -236,19 +237,32 @@ def test_job_overrides_may_only_add_privacy() -> None:
         orders.cost(more.mechanism.worst_case(10)) < orders.cost(task.mechanism.worst_case(10))
     ).all()
     refused = {
-        "is below the task's": overrides(sigma=1.0),
-        "sigma1 = 3": overrides(sigma1=3.0),
+        "is below the task's": {"sigma": 1.0},
+        "sigma1 = 3": {"sigma1": 3.0},
         "finite": {"sigma": float("nan")},
-        "at most": overrides(threshold=1e9),
-        "no parameter 'confidence_threshold'": overrides(confidence_threshold=9.0),
+        "at most": {"threshold": 1e9},
+        "no parameter 'confidence_threshold'": {"confidence_threshold": 9.0},
     }
-    for text, msg in refused.items():
+    for text, overrides in refused.items():
         with pytest.raises(TaskError, match=text):
-            task.overridden(msg)
-    # The mechanism and its label space are the task's: a request naming them is refused.
-    for fixed in (common_pb2.Mechanism(name="gnmax"), common_pb2.Mechanism(outputs=5)):
-        with pytest.raises(RequestError, match="the mechanism and its label space are the task's"):
-            overrides_from_proto(fixed)
+            task.tightened(overrides)
+    # A resolved mechanism (what a job stores and a round carries) is held to the same
+    # rule: the task's mechanism and label space, each parameter the task's or raised.
+    looser = {"name": "confident-gnmax", "sigma": 1.0, "threshold": 3.0, "sigma1": 4.0}
+    for config, outputs, text in (
+        (looser, 10, "is below the task's"),
+        ({**looser, "sigma": 2.0, "threshold": 2.0}, 10, "is below the task's"),
+        ({"name": "gnmax", "sigma": 9.0}, 10, "cannot run gnmax"),
+        ({**looser, "sigma": 5.0}, 5, "over 5"),
+    ):
+        with pytest.raises(TaskError, match=text):
+            task.running(from_config(config, outputs))
+    # A zero means "keep the task's" in overrides, never in a resolved mechanism: one that
+    # switches the task's threshold test off is refused.
+    binary = parse(ml({"name": "binary", "sigma": 2.0, "threshold": 1.0, "sigma1": 3.0}))
+    off = from_config({"name": "binary", "sigma": 2.0, "threshold": 1.0, "sigma1": 0.0}, 5)
+    with pytest.raises(TaskError, match="or a tightening of it"):
+        binary.running(off)
     gnmax = parse(
         {
             "num_classes": 10,
@@ -257,7 +271,7 @@ def test_job_overrides_may_only_add_privacy() -> None:
         }
     )
     with pytest.raises(TaskError, match="gnmax has no parameter 'sigma1'"):
-        gnmax.overridden(overrides(sigma1=9.0))
+        gnmax.tightened({"sigma1": 9.0})
 
 
 def test_encrypted_tasks() -> None:

@@ -37,8 +37,6 @@ from services.common.serde.ledger import (
 from services.common.serde.mechanisms import (
     mechanism_from_proto,
     mechanism_to_proto,
-    overrides_from_proto,
-    overrides_to_proto,
 )
 from services.common.serde.recipes import (
     RecipeError,
@@ -49,6 +47,11 @@ from services.common.serde.recipes import (
 )
 from services.common.serde.rounds import (
     LAYOUTS,
+    EncryptedQueries,
+    PartyWork,
+    RecipeQueries,
+    TensorQueries,
+    WorkQueries,
     opened_from_proto,
     opened_to_proto,
     party_shares_from_proto,
@@ -60,6 +63,8 @@ from services.common.serde.rounds import (
     round_work_to_proto,
     settlement_from_proto,
     settlement_to_proto,
+    task_definition_from_proto,
+    task_definition_to_proto,
     vote_verdict_from_proto,
     vote_verdict_to_proto,
 )
@@ -96,8 +101,13 @@ __all__ = [
     "NO_PROJECTION",
     "SHARE_DTYPE",
     "WIRE_DTYPES",
+    "EncryptedQueries",
+    "PartyWork",
     "RecipeError",
+    "RecipeQueries",
     "TensorDtype",
+    "TensorQueries",
+    "WorkQueries",
     "attestation_from_proto",
     "attestation_to_proto",
     "audit_head_from_proto",
@@ -112,8 +122,6 @@ __all__ = [
     "model_to_proto",
     "opened_from_proto",
     "opened_to_proto",
-    "overrides_from_proto",
-    "overrides_to_proto",
     "participation_from_bytes",
     "participation_to_bytes",
     "party_shares_from_proto",
@@ -142,6 +150,8 @@ __all__ = [
     "shares_to_proto",
     "spend_report_from_proto",
     "spend_report_to_proto",
+    "task_definition_from_proto",
+    "task_definition_to_proto",
     "tensor_from_proto",
     "tensor_to_proto",
     "training_to_proto",

@@ -1,8 +1,6 @@
-"""A mechanism and a job's overrides on the wire (name, outputs, parameters)."""
+"""A mechanism on the wire (name, outputs, every parameter)."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 from capc.mechanisms import Mechanism, MechanismError, mechanism_class
 from services.common.protocol import RequestError
@@ -10,7 +8,7 @@ from services.proto.capc.v1 import common_pb2
 
 
 def mechanism_to_proto(mechanism: Mechanism) -> common_pb2.Mechanism:
-    """A round's mechanism, as the answering parties and the jobs API receive it."""
+    """A job's mechanism, as its rounds, the answering parties and the jobs API carry it."""
     return common_pb2.Mechanism(
         name=mechanism.name,
         outputs=mechanism.outputs,
@@ -19,29 +17,14 @@ def mechanism_to_proto(mechanism: Mechanism) -> common_pb2.Mechanism:
 
 
 def mechanism_from_proto(msg: common_pb2.Mechanism) -> Mechanism:
-    """The mechanism a round names; RequestError if the message is not a valid one."""
+    """The mechanism a message names; RequestError if the message is not a valid one
+    (whether a task allows it is :meth:`capc.task_config.TaskConfig.running`'s to say)."""
     if not msg.name or not msg.outputs:
-        raise RequestError("the round names no mechanism or label space; is the guardian current?")
+        raise RequestError(
+            "the message names no mechanism or label space (a sender from before the job's "
+            "mechanism travelled in full?)"
+        )
     try:
         return mechanism_class(msg.name).from_params(msg.outputs, dict(msg.params))
     except MechanismError as err:
         raise RequestError(str(err)) from err
-
-
-def overrides_to_proto(overrides: Mapping[str, float] | None) -> common_pb2.Mechanism | None:
-    """A job's overrides (parameter -> value) as a request carries them; None when empty."""
-    if not overrides:
-        return None
-    return common_pb2.Mechanism(params={k: float(v) for k, v in overrides.items()})
-
-
-def overrides_from_proto(msg: common_pb2.Mechanism | None) -> dict[str, float] | None:
-    """A request's overrides; name, outputs and zero values mean 'keep the task's'."""
-    if msg is None:
-        return None
-    if msg.name or msg.outputs:
-        raise RequestError(
-            "a job may only raise mechanism parameters; the mechanism and its label space are the task's"
-        )
-    out = {k: float(v) for k, v in msg.params.items() if v != 0.0}
-    return out or None

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
+from capc.mechanisms import Mechanism
 from capc.round.messages import (
     Opened,
     PartyShares,
@@ -17,7 +22,7 @@ from capc.round.messages import (
     ShareLayout,
     VoteVerdict,
 )
-from capc.task_config import TaskConfig, config_hash
+from capc.task_config import TaskConfig, TaskError, config_hash
 from services.common.limits import MAX_BATCH, MAX_CIPHERTEXTS, count_refusal
 from services.common.protocol import RequestError
 from services.common.serde.mechanisms import mechanism_from_proto, mechanism_to_proto
@@ -117,11 +122,9 @@ def round_request_from_proto(
     )
 
 
-def round_work_to_proto(
-    work: RoundWork, queries: common_pb2.QueryBatch, task_json: str
-) -> guardian_pb2.RoundWork:
-    """What one party is sent for a round: the core's work, with the request's queries and
-    the task's canonical JSON."""
+def round_work_to_proto(work: RoundWork, queries: common_pb2.QueryBatch) -> guardian_pb2.RoundWork:
+    """What one party is sent for a round: the core's work (the job's mechanism, once) with
+    the request's queries; the task travels by name and hash in the message's header."""
     return guardian_pb2.RoundWork(
         round_id=work.round_id,
         queries=queries,
@@ -131,49 +134,119 @@ def round_work_to_proto(
         frac_bits=work.frac_bits,
         participation=participation_to_bytes(work.participation),
         teachers=work.teachers,
-        task_json=task_json,
     )
 
 
-def _work_queries(msg: common_pb2.QueryBatch) -> QueryBatch:
-    """A round's queries as the party's rules need them: kind, count (1 to MAX_BATCH) and
-    the digest it checks (a recipe's batch hash, the ciphertexts' hash)."""
-    source = msg.WhichOneof("source")
-    if source == "recipe":
-        batch = QueryBatch("recipe", int(msg.recipe.count), bytes(msg.recipe.batch_hash))
-    elif source == "tensor":
-        count = int(msg.tensor.shape[0]) if msg.tensor.shape else 0
-        batch = QueryBatch("tensor", count)
-    elif source == "encrypted":
-        batch = QueryBatch(
-            "encrypted", int(msg.encrypted.batch), bytes(msg.encrypted.ciphertext_hash)
-        )
-    else:
-        batch = QueryBatch("tensor", 0)
-    if not 1 <= batch.count <= MAX_BATCH:
-        raise RequestError(f"a round holds 1 to {MAX_BATCH} queries, this one {batch.count}")
-    return batch
+def task_definition_to_proto(task_json: str) -> guardian_pb2.TaskDefinition:
+    """A task's canonical JSON, as a party's stream carries it once, before the first work
+    that names it."""
+    return guardian_pb2.TaskDefinition(config_json=task_json)
 
 
-def round_work_from_proto(
-    msg: guardian_pb2.RoundWork, party: str, header: common_pb2.Header
-) -> RoundWork:
-    """The work a party got, as its role takes it: the mechanism decoded once for the round,
-    the batch's size and participation mask checked, and the task's configuration, which
-    must hash to the header's config hash. RequestError saying what is wrong."""
-    mechanism = mechanism_from_proto(msg.mechanism)
-    queries = _work_queries(msg.queries)
-    participation = participation_from_bytes(msg.participation, queries.count)
+def task_definition_from_proto(
+    msg: guardian_pb2.TaskDefinition, header: common_pb2.Header
+) -> tuple[TaskConfig, dict[str, object]]:
+    """The task a stream defines (parsed as every party parses it) and its configuration,
+    which must hash to the header's config hash. RequestError saying what is wrong."""
     try:
-        config = json.loads(msg.task_json or "null")
+        config = json.loads(msg.config_json or "null")
     except ValueError:
         config = None
     if not isinstance(config, dict) or config_hash(config) != header.config_hash:
         raise RequestError(
-            f"round {msg.round_id} names task {header.task!r} with config hash "
-            f"{header.config_hash}, but carries a configuration that does not hash to it"
+            f"the definition of task {header.task!r} does not hash to its config hash "
+            f"{header.config_hash}"
         )
-    return RoundWork(
+    try:
+        return TaskConfig.parse(header.task, config, header.config_hash), config
+    except TaskError as err:
+        raise RequestError(str(err)) from err
+
+
+@dataclass(frozen=True)
+class TensorQueries:
+    """A round's queries in the clear: (B, *input_shape) float32, checked for the task."""
+
+    x: NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class RecipeQueries:
+    """Programmatic queries: the party regenerates the batch (:func:`.regenerate`) and
+    checks it against the SHA-256 the student sent with it."""
+
+    recipe: common_pb2.Recipe
+
+
+@dataclass(frozen=True)
+class EncryptedQueries:
+    """CKKS ciphertexts the party evaluates with the student over the relay (their
+    settings, context id, layout, count and hash)."""
+
+    batch: common_pb2.EncryptedBatch
+
+
+#: The closed set of what a round's queries may be; a party answers each kind its way.
+WorkQueries = TensorQueries | RecipeQueries | EncryptedQueries
+
+
+@dataclass(frozen=True)
+class PartyWork:
+    """A round's work as a party decodes it, once: the core's work (the job's mechanism,
+    checked against the task's policy), the task it names, and its queries by kind."""
+
+    work: RoundWork
+    task: TaskConfig
+    queries: WorkQueries
+
+
+def _work_queries(msg: common_pb2.QueryBatch, task: TaskConfig) -> tuple[QueryBatch, WorkQueries]:
+    """A round's queries as the party's rules need them (kind, count from 1 to MAX_BATCH,
+    the digest it checks) and as it answers them."""
+    source = msg.WhichOneof("source")
+    queries: WorkQueries
+    if source == "recipe":
+        batch = QueryBatch("recipe", int(msg.recipe.count), bytes(msg.recipe.batch_hash))
+        queries = RecipeQueries(msg.recipe)
+    elif source == "encrypted":
+        enc = msg.encrypted
+        batch = QueryBatch("encrypted", int(enc.batch), bytes(enc.ciphertext_hash))
+        queries = EncryptedQueries(enc)
+    elif source == "tensor":
+        x = queries_from_proto(msg.tensor, task.input_shape, MAX_BATCH)
+        batch, queries = QueryBatch("tensor", len(x)), TensorQueries(x)
+    else:
+        raise RequestError("queries must be a float32 tensor, a recipe or an encrypted batch")
+    if not 1 <= batch.count <= MAX_BATCH:
+        raise RequestError(f"a round holds 1 to {MAX_BATCH} queries, this one {batch.count}")
+    return batch, queries
+
+
+def round_work_from_proto(
+    msg: guardian_pb2.RoundWork,
+    party: str,
+    header: common_pb2.Header,
+    task: TaskConfig,
+    config: Mapping[str, object],
+) -> PartyWork:
+    """The work a party got, decoded once: the mechanism checked against ``task``'s policy
+    (the task's own or a tightening of it: an honest party votes at nothing looser,
+    whatever a guardian sends), the batch's size and participation mask checked, and
+    the queries by kind. ``task`` and ``config``: the task the header names, as the
+    stream defined it. RequestError saying what is wrong."""
+    if task.name != header.task or task.config_hash != header.config_hash:
+        raise RequestError(
+            f"round {msg.round_id} names task {header.task!r} ({header.config_hash}), not "
+            f"{task.name!r} ({task.config_hash})"
+        )
+    mechanism = mechanism_from_proto(msg.mechanism)
+    try:
+        task = task.running(mechanism)
+    except TaskError as err:
+        raise RequestError(f"round {msg.round_id}: {err}") from err
+    batch, queries = _work_queries(msg.queries, task)
+    participation = participation_from_bytes(msg.participation, batch.count)
+    work = RoundWork(
         int(msg.round_id),
         party,
         mechanism,
@@ -182,12 +255,13 @@ def round_work_from_proto(
         int(msg.frac_bits),
         int(msg.teachers),
         participation,
-        queries,
-        header.task,
+        batch,
+        task.name,
         config,
         # A networked guardian takes every plaintext vote with its validity proof.
-        proven=not queries.encrypted,
+        proven=not batch.encrypted,
     )
+    return PartyWork(work, task, queries)
 
 
 def party_shares_to_proto(shares: PartyShares) -> guardian_pb2.Shares:
@@ -220,13 +294,13 @@ def round_request_to_proto(
     request: RoundRequest,
     header: common_pb2.Header,
     queries: common_pb2.QueryBatch,
-    overrides: common_pb2.Mechanism | None = None,
+    mechanism: Mechanism | None = None,
     hospital: str = "",
     reveal: bool = False,
     revealed_by: str = "",
 ) -> guardian_pb2.OpenRoundRequest:
     """The student's OpenRound: the core's request with the queries themselves, the job's
-    mechanism overrides, the hospital it says it belongs to and whether its own records
+    mechanism (None: the task's own), the hospital it says it belongs to and whether its own records
     are shown in the clear (and by whose choice: ``revealed_by``)."""
     retry = None
     if request.retry is not None:
@@ -237,7 +311,7 @@ def round_request_to_proto(
         round_key=request.round_key,
         queries=queries,
         student_public_key=request.student_public_key,
-        mechanism=overrides,
+        mechanism=None if mechanism is None else mechanism_to_proto(mechanism),
         exclude=sorted(request.exclude),
         hospital=hospital,
         reveal_records=reveal,

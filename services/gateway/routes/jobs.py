@@ -111,7 +111,7 @@ def upload_request(
     backends: Backends,
     queries: list[np.ndarray],
     batch: int,
-    mech: Any,
+    overrides: Mapping[str, float] | None,
     reveal: bool,
     revealed_by: str,
 ) -> student_pb2.CreateJobRequest:
@@ -123,9 +123,8 @@ def upload_request(
         batch_size=batch,
         reveal_records_to_answerers=reveal,
         revealed_by=revealed_by if reveal else "",
+        mechanism_overrides=dict(overrides or {}),
     )
-    if mech is not None:
-        request.mechanism.CopyFrom(mech)
     x = np.ascontiguousarray(queries.pop(), dtype=np.float32)
     request.count = len(x)
     tensor = request.queries.tensor
@@ -151,7 +150,7 @@ def _create(
     queries: common_pb2.QueryBatch,
     count: int,
     batch: int,
-    mech: Any,
+    overrides: Mapping[str, float] | None,
     reveal: bool = False,
     revealed_by: str = "",
 ) -> Any:
@@ -162,9 +161,9 @@ def _create(
         batch_size=batch,
         reveal_records_to_answerers=reveal,
         revealed_by=revealed_by if reveal else "",
+        # The student party resolves them once, into the job's mechanism.
+        mechanism_overrides=dict(overrides or {}),
     )
-    if mech is not None:
-        request.mechanism.CopyFrom(mech)
     return job_out(backends.student_call(backends.jobs.CreateJob, request))
 
 
@@ -191,7 +190,7 @@ def create_job(body: schemas.JobCreate, _: Analyst, backends: Backend) -> schema
         common_pb2.QueryBatch(recipe=recipe),
         body.count,
         body.batch_size,
-        serde.overrides_to_proto(body.mechanism),
+        body.mechanism,
     )
     return result
 
@@ -278,7 +277,7 @@ async def upload_job(
             backends,
             queries,
             batch_size,
-            serde.overrides_to_proto(overrides),
+            overrides,
             reveal_records_to_answerers,
             holder(who),
         )

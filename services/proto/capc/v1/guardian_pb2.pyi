@@ -156,20 +156,28 @@ class AuditHead(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., hash: _Optional[str] = ..., signature: _Optional[str] = ...) -> None: ...
 
 class HubMessage(_message.Message):
-    __slots__ = ("header", "registered", "work", "cancelled", "relay", "settled")
+    __slots__ = ("header", "registered", "work", "cancelled", "relay", "settled", "task")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     WORK_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
     SETTLED_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     registered: Registered
     work: RoundWork
     cancelled: RoundCancelled
     relay: RelayFrame
     settled: RoundSettled
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., work: _Optional[_Union[RoundWork, _Mapping]] = ..., cancelled: _Optional[_Union[RoundCancelled, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ..., settled: _Optional[_Union[RoundSettled, _Mapping]] = ...) -> None: ...
+    task: TaskDefinition
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., registered: _Optional[_Union[Registered, _Mapping]] = ..., work: _Optional[_Union[RoundWork, _Mapping]] = ..., cancelled: _Optional[_Union[RoundCancelled, _Mapping]] = ..., relay: _Optional[_Union[RelayFrame, _Mapping]] = ..., settled: _Optional[_Union[RoundSettled, _Mapping]] = ..., task: _Optional[_Union[TaskDefinition, _Mapping]] = ...) -> None: ...
+
+class TaskDefinition(_message.Message):
+    __slots__ = ("config_json",)
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    config_json: str
+    def __init__(self, config_json: _Optional[str] = ...) -> None: ...
 
 class Registered(_message.Message):
     __slots__ = ("party", "epsilon_cap", "accounting_json", "audit_public_key", "head")
@@ -198,7 +206,7 @@ class RoundSettled(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., settlement: _Optional[_Union[Settlement, str]] = ..., answered: _Optional[bytes] = ..., head: _Optional[_Union[AuditHead, _Mapping]] = ...) -> None: ...
 
 class RoundWork(_message.Message):
-    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits", "participation", "teachers", "task_json")
+    __slots__ = ("round_id", "queries", "mechanism", "student_public_key", "vote_weight", "frac_bits", "participation", "teachers")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -207,7 +215,6 @@ class RoundWork(_message.Message):
     FRAC_BITS_FIELD_NUMBER: _ClassVar[int]
     PARTICIPATION_FIELD_NUMBER: _ClassVar[int]
     TEACHERS_FIELD_NUMBER: _ClassVar[int]
-    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     queries: _common_pb2.QueryBatch
     mechanism: _common_pb2.Mechanism
@@ -216,8 +223,7 @@ class RoundWork(_message.Message):
     frac_bits: int
     participation: bytes
     teachers: int
-    task_json: str
-    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ..., participation: _Optional[bytes] = ..., teachers: _Optional[int] = ..., task_json: _Optional[str] = ...) -> None: ...
+    def __init__(self, round_id: _Optional[int] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., student_public_key: _Optional[bytes] = ..., vote_weight: _Optional[float] = ..., frac_bits: _Optional[int] = ..., participation: _Optional[bytes] = ..., teachers: _Optional[int] = ...) -> None: ...
 
 class RoundCancelled(_message.Message):
     __slots__ = ("round_id", "reason")

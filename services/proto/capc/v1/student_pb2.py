@@ -25,47 +25,51 @@ _sym_db = _symbol_database.Default()
 from services.proto.capc.v1 import common_pb2 as capc_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61pc/v1/student.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"1\n\x0eGetLoopRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\"\xbb\x01\n\nLoopReport\x12\x10\n\x08hospital\x18\x01 \x01(\t\x12\x0f\n\x07querier\x18\x02 \x01(\t\x12%\n\x06\x62\x65\x66ore\x18\x03 \x01(\x0b\x32\x15.capc.v1.StudentModel\x12$\n\x05\x61\x66ter\x18\x04 \x01(\x0b\x32\x15.capc.v1.StudentModel\x12\x15\n\rlabels_bought\x18\x05 \x01(\r\x12\x18\n\x10records_revealed\x18\x06 \x01(\r\x12\x0c\n\x04jobs\x18\x07 \x01(\r\"\xdd\x01\n\x10\x43reateJobRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12$\n\x07queries\x18\x02 \x01(\x0b\x32\x13.capc.v1.QueryBatch\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12%\n\tmechanism\x18\x05 \x01(\x0b\x32\x12.capc.v1.Mechanism\x12#\n\x1breveal_records_to_answerers\x18\x06 \x01(\x08\x12\x13\n\x0brevealed_by\x18\x07 \x01(\t\"\x81\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\trequested\x18\x03 \x01(\r\x12\x11\n\tprocessed\x18\x04 \x01(\r\x12\x10\n\x08\x61nswered\x18\x05 \x01(\r\x12\x0e\n\x06rounds\x18\x06 \x01(\r\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12\x0e\n\x06source\x18\t \x01(\t\x12\x12\n\ncreated_at\x18\n \x01(\t\x12%\n\tmechanism\x18\x0b \x01(\x0b\x32\x12.capc.v1.Mechanism\x12\x15\n\rround_seconds\x18\x0c \x01(\x01\x12\x18\n\x10records_revealed\x18\r \x01(\x08\">\n\x0fWatchJobRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\"_\n\x11GetResultsRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\r\x12\r\n\x05limit\x18\x04 \x01(\r\"y\n\nJobResults\x12\x19\n\x03job\x18\x01 \x01(\x0b\x32\x0c.capc.v1.Job\x12\x1f\n\x06labels\x18\x02 \x01(\x0b\x32\x0f.capc.v1.Tensor\x12 \n\x07queries\x18\x03 \x01(\x0b\x32\x0f.capc.v1.Tensor\x12\r\n\x05total\x18\x04 \x01(\r\"Q\n\x0fListJobsRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\r\"+\n\rListJobsReply\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.capc.v1.Job\"\xb2\x01\n\x11TrainModelRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\x0f\n\x07job_ids\x18\x02 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x0e\n\x06\x65pochs\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\n\n\x02l2\x18\x06 \x01(\x01\x12\x17\n\x0fsemi_supervised\x18\x07 \x01(\t\x12\x12\n\nown_weight\x18\x08 \x01(\r\"\x87\x02\n\x0cStudentModel\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x0e\n\x06\x65pochs\x18\x05 \x01(\r\x12\x10\n\x08\x65xamples\x18\x06 \x01(\r\x12\x14\n\x0cmetrics_json\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x12\n\ncreated_at\x18\t \x01(\t\x12\x14\n\x0coptions_json\x18\n \x01(\t\x12\x15\n\rprogress_done\x18\x0b \x01(\r\x12\x16\n\x0eprogress_total\x18\x0c \x01(\r\x12\x15\n\rprogress_unit\x18\r \x01(\t\">\n\x0fGetModelRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\"4\n\x11ListModelsRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\"8\n\x0fListModelsReply\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.capc.v1.StudentModel\"X\n\tModelFile\x12$\n\x05model\x18\x01 \x01(\x0b\x32\x15.capc.v1.StudentModel\x12\x12\n\ncheckpoint\x18\x02 \x01(\x0c\x12\x11\n\tcard_json\x18\x03 \x01(\t\"_\n\x0ePredictRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\x12 \n\x07records\x18\x03 \x01(\x0b\x32\x0f.capc.v1.Tensor\"\\\n\x0cPredictReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1f\n\x06labels\x18\x02 \x01(\x0b\x32\x0f.capc.v1.Tensor\x12\x1f\n\x06scores\x18\x03 \x01(\x0b\x32\x0f.capc.v1.Tensor2\x9e\x05\n\x0cStudentParty\x12\x34\n\tCreateJob\x12\x19.capc.v1.CreateJobRequest\x1a\x0c.capc.v1.Job\x12\x34\n\x08WatchJob\x12\x18.capc.v1.WatchJobRequest\x1a\x0c.capc.v1.Job0\x01\x12\x30\n\x06GetJob\x12\x18.capc.v1.WatchJobRequest\x1a\x0c.capc.v1.Job\x12=\n\nGetResults\x12\x1a.capc.v1.GetResultsRequest\x1a\x13.capc.v1.JobResults\x12<\n\x08ListJobs\x12\x18.capc.v1.ListJobsRequest\x1a\x16.capc.v1.ListJobsReply\x12?\n\nTrainModel\x12\x1a.capc.v1.TrainModelRequest\x1a\x15.capc.v1.StudentModel\x12;\n\x08GetModel\x12\x18.capc.v1.GetModelRequest\x1a\x15.capc.v1.StudentModel\x12\x42\n\nListModels\x12\x1a.capc.v1.ListModelsRequest\x1a\x18.capc.v1.ListModelsReply\x12=\n\rDownloadModel\x12\x18.capc.v1.GetModelRequest\x1a\x12.capc.v1.ModelFile\x12\x39\n\x07Predict\x12\x17.capc.v1.PredictRequest\x1a\x15.capc.v1.PredictReply\x12\x37\n\x07GetLoop\x12\x17.capc.v1.GetLoopRequest\x1a\x13.capc.v1.LoopReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x63\x61pc/v1/student.proto\x12\x07\x63\x61pc.v1\x1a\x14\x63\x61pc/v1/common.proto\"1\n\x0eGetLoopRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\"\xbb\x01\n\nLoopReport\x12\x10\n\x08hospital\x18\x01 \x01(\t\x12\x0f\n\x07querier\x18\x02 \x01(\t\x12%\n\x06\x62\x65\x66ore\x18\x03 \x01(\x0b\x32\x15.capc.v1.StudentModel\x12$\n\x05\x61\x66ter\x18\x04 \x01(\x0b\x32\x15.capc.v1.StudentModel\x12\x15\n\rlabels_bought\x18\x05 \x01(\r\x12\x18\n\x10records_revealed\x18\x06 \x01(\r\x12\x0c\n\x04jobs\x18\x07 \x01(\r\"\xd2\x02\n\x10\x43reateJobRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12$\n\x07queries\x18\x02 \x01(\x0b\x32\x13.capc.v1.QueryBatch\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x12\n\nbatch_size\x18\x04 \x01(\r\x12N\n\x13mechanism_overrides\x18\x08 \x03(\x0b\x32\x31.capc.v1.CreateJobRequest.MechanismOverridesEntry\x12#\n\x1breveal_records_to_answerers\x18\x06 \x01(\x08\x12\x13\n\x0brevealed_by\x18\x07 \x01(\t\x1a\x39\n\x17MechanismOverridesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01J\x04\x08\x05\x10\x06R\tmechanism\"\x81\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x11\n\trequested\x18\x03 \x01(\r\x12\x11\n\tprocessed\x18\x04 \x01(\r\x12\x10\n\x08\x61nswered\x18\x05 \x01(\r\x12\x0e\n\x06rounds\x18\x06 \x01(\r\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x0c\n\x04task\x18\x08 \x01(\t\x12\x0e\n\x06source\x18\t \x01(\t\x12\x12\n\ncreated_at\x18\n \x01(\t\x12%\n\tmechanism\x18\x0b \x01(\x0b\x32\x12.capc.v1.Mechanism\x12\x15\n\rround_seconds\x18\x0c \x01(\x01\x12\x18\n\x10records_revealed\x18\r \x01(\x08\">\n\x0fWatchJobRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\"_\n\x11GetResultsRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\r\x12\r\n\x05limit\x18\x04 \x01(\r\"y\n\nJobResults\x12\x19\n\x03job\x18\x01 \x01(\x0b\x32\x0c.capc.v1.Job\x12\x1f\n\x06labels\x18\x02 \x01(\x0b\x32\x0f.capc.v1.Tensor\x12 \n\x07queries\x18\x03 \x01(\x0b\x32\x0f.capc.v1.Tensor\x12\r\n\x05total\x18\x04 \x01(\r\"Q\n\x0fListJobsRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\r\"+\n\rListJobsReply\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.capc.v1.Job\"\xb2\x01\n\x11TrainModelRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\x0f\n\x07job_ids\x18\x02 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x0e\n\x06\x65pochs\x18\x04 \x01(\r\x12\x0c\n\x04seed\x18\x05 \x01(\x04\x12\n\n\x02l2\x18\x06 \x01(\x01\x12\x17\n\x0fsemi_supervised\x18\x07 \x01(\t\x12\x12\n\nown_weight\x18\x08 \x01(\r\"\x87\x02\n\x0cStudentModel\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07job_ids\x18\x03 \x03(\t\x12\x14\n\x0c\x61rchitecture\x18\x04 \x01(\t\x12\x0e\n\x06\x65pochs\x18\x05 \x01(\r\x12\x10\n\x08\x65xamples\x18\x06 \x01(\r\x12\x14\n\x0cmetrics_json\x18\x07 \x01(\t\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x12\n\ncreated_at\x18\t \x01(\t\x12\x14\n\x0coptions_json\x18\n \x01(\t\x12\x15\n\rprogress_done\x18\x0b \x01(\r\x12\x16\n\x0eprogress_total\x18\x0c \x01(\r\x12\x15\n\rprogress_unit\x18\r \x01(\t\">\n\x0fGetModelRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\"4\n\x11ListModelsRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\"8\n\x0fListModelsReply\x12%\n\x06models\x18\x01 \x03(\x0b\x32\x15.capc.v1.StudentModel\"X\n\tModelFile\x12$\n\x05model\x18\x01 \x01(\x0b\x32\x15.capc.v1.StudentModel\x12\x12\n\ncheckpoint\x18\x02 \x01(\x0c\x12\x11\n\tcard_json\x18\x03 \x01(\t\"_\n\x0ePredictRequest\x12\x1f\n\x06header\x18\x01 \x01(\x0b\x32\x0f.capc.v1.Header\x12\n\n\x02id\x18\x02 \x01(\t\x12 \n\x07records\x18\x03 \x01(\x0b\x32\x0f.capc.v1.Tensor\"\\\n\x0cPredictReply\x12\n\n\x02id\x18\x01 \x01(\t\x12\x1f\n\x06labels\x18\x02 \x01(\x0b\x32\x0f.capc.v1.Tensor\x12\x1f\n\x06scores\x18\x03 \x01(\x0b\x32\x0f.capc.v1.Tensor2\x9e\x05\n\x0cStudentParty\x12\x34\n\tCreateJob\x12\x19.capc.v1.CreateJobRequest\x1a\x0c.capc.v1.Job\x12\x34\n\x08WatchJob\x12\x18.capc.v1.WatchJobRequest\x1a\x0c.capc.v1.Job0\x01\x12\x30\n\x06GetJob\x12\x18.capc.v1.WatchJobRequest\x1a\x0c.capc.v1.Job\x12=\n\nGetResults\x12\x1a.capc.v1.GetResultsRequest\x1a\x13.capc.v1.JobResults\x12<\n\x08ListJobs\x12\x18.capc.v1.ListJobsRequest\x1a\x16.capc.v1.ListJobsReply\x12?\n\nTrainModel\x12\x1a.capc.v1.TrainModelRequest\x1a\x15.capc.v1.StudentModel\x12;\n\x08GetModel\x12\x18.capc.v1.GetModelRequest\x1a\x15.capc.v1.StudentModel\x12\x42\n\nListModels\x12\x1a.capc.v1.ListModelsRequest\x1a\x18.capc.v1.ListModelsReply\x12=\n\rDownloadModel\x12\x18.capc.v1.GetModelRequest\x1a\x12.capc.v1.ModelFile\x12\x39\n\x07Predict\x12\x17.capc.v1.PredictRequest\x1a\x15.capc.v1.PredictReply\x12\x37\n\x07GetLoop\x12\x17.capc.v1.GetLoopRequest\x1a\x13.capc.v1.LoopReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'capc.v1.student_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_CREATEJOBREQUEST_MECHANISMOVERRIDESENTRY']._loaded_options = None
+  _globals['_CREATEJOBREQUEST_MECHANISMOVERRIDESENTRY']._serialized_options = b'8\001'
   _globals['_GETLOOPREQUEST']._serialized_start=56
   _globals['_GETLOOPREQUEST']._serialized_end=105
   _globals['_LOOPREPORT']._serialized_start=108
   _globals['_LOOPREPORT']._serialized_end=295
   _globals['_CREATEJOBREQUEST']._serialized_start=298
-  _globals['_CREATEJOBREQUEST']._serialized_end=519
-  _globals['_JOB']._serialized_start=522
-  _globals['_JOB']._serialized_end=779
-  _globals['_WATCHJOBREQUEST']._serialized_start=781
-  _globals['_WATCHJOBREQUEST']._serialized_end=843
-  _globals['_GETRESULTSREQUEST']._serialized_start=845
-  _globals['_GETRESULTSREQUEST']._serialized_end=940
-  _globals['_JOBRESULTS']._serialized_start=942
-  _globals['_JOBRESULTS']._serialized_end=1063
-  _globals['_LISTJOBSREQUEST']._serialized_start=1065
-  _globals['_LISTJOBSREQUEST']._serialized_end=1146
-  _globals['_LISTJOBSREPLY']._serialized_start=1148
-  _globals['_LISTJOBSREPLY']._serialized_end=1191
-  _globals['_TRAINMODELREQUEST']._serialized_start=1194
-  _globals['_TRAINMODELREQUEST']._serialized_end=1372
-  _globals['_STUDENTMODEL']._serialized_start=1375
-  _globals['_STUDENTMODEL']._serialized_end=1638
-  _globals['_GETMODELREQUEST']._serialized_start=1640
-  _globals['_GETMODELREQUEST']._serialized_end=1702
-  _globals['_LISTMODELSREQUEST']._serialized_start=1704
-  _globals['_LISTMODELSREQUEST']._serialized_end=1756
-  _globals['_LISTMODELSREPLY']._serialized_start=1758
-  _globals['_LISTMODELSREPLY']._serialized_end=1814
-  _globals['_MODELFILE']._serialized_start=1816
-  _globals['_MODELFILE']._serialized_end=1904
-  _globals['_PREDICTREQUEST']._serialized_start=1906
-  _globals['_PREDICTREQUEST']._serialized_end=2001
-  _globals['_PREDICTREPLY']._serialized_start=2003
-  _globals['_PREDICTREPLY']._serialized_end=2095
-  _globals['_STUDENTPARTY']._serialized_start=2098
-  _globals['_STUDENTPARTY']._serialized_end=2768
+  _globals['_CREATEJOBREQUEST']._serialized_end=636
+  _globals['_CREATEJOBREQUEST_MECHANISMOVERRIDESENTRY']._serialized_start=562
+  _globals['_CREATEJOBREQUEST_MECHANISMOVERRIDESENTRY']._serialized_end=619
+  _globals['_JOB']._serialized_start=639
+  _globals['_JOB']._serialized_end=896
+  _globals['_WATCHJOBREQUEST']._serialized_start=898
+  _globals['_WATCHJOBREQUEST']._serialized_end=960
+  _globals['_GETRESULTSREQUEST']._serialized_start=962
+  _globals['_GETRESULTSREQUEST']._serialized_end=1057
+  _globals['_JOBRESULTS']._serialized_start=1059
+  _globals['_JOBRESULTS']._serialized_end=1180
+  _globals['_LISTJOBSREQUEST']._serialized_start=1182
+  _globals['_LISTJOBSREQUEST']._serialized_end=1263
+  _globals['_LISTJOBSREPLY']._serialized_start=1265
+  _globals['_LISTJOBSREPLY']._serialized_end=1308
+  _globals['_TRAINMODELREQUEST']._serialized_start=1311
+  _globals['_TRAINMODELREQUEST']._serialized_end=1489
+  _globals['_STUDENTMODEL']._serialized_start=1492
+  _globals['_STUDENTMODEL']._serialized_end=1755
+  _globals['_GETMODELREQUEST']._serialized_start=1757
+  _globals['_GETMODELREQUEST']._serialized_end=1819
+  _globals['_LISTMODELSREQUEST']._serialized_start=1821
+  _globals['_LISTMODELSREQUEST']._serialized_end=1873
+  _globals['_LISTMODELSREPLY']._serialized_start=1875
+  _globals['_LISTMODELSREPLY']._serialized_end=1931
+  _globals['_MODELFILE']._serialized_start=1933
+  _globals['_MODELFILE']._serialized_end=2021
+  _globals['_PREDICTREQUEST']._serialized_start=2023
+  _globals['_PREDICTREQUEST']._serialized_end=2118
+  _globals['_PREDICTREPLY']._serialized_start=2120
+  _globals['_PREDICTREPLY']._serialized_end=2212
+  _globals['_STUDENTPARTY']._serialized_start=2215
+  _globals['_STUDENTPARTY']._serialized_end=2885
 # @@protoc_insertion_point(module_scope)

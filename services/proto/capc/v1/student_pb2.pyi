@@ -32,22 +32,29 @@ class LoopReport(_message.Message):
     def __init__(self, hospital: _Optional[str] = ..., querier: _Optional[str] = ..., before: _Optional[_Union[StudentModel, _Mapping]] = ..., after: _Optional[_Union[StudentModel, _Mapping]] = ..., labels_bought: _Optional[int] = ..., records_revealed: _Optional[int] = ..., jobs: _Optional[int] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
-    __slots__ = ("header", "queries", "count", "batch_size", "mechanism", "reveal_records_to_answerers", "revealed_by")
+    __slots__ = ("header", "queries", "count", "batch_size", "mechanism_overrides", "reveal_records_to_answerers", "revealed_by")
+    class MechanismOverridesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     HEADER_FIELD_NUMBER: _ClassVar[int]
     QUERIES_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
-    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_OVERRIDES_FIELD_NUMBER: _ClassVar[int]
     REVEAL_RECORDS_TO_ANSWERERS_FIELD_NUMBER: _ClassVar[int]
     REVEALED_BY_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     queries: _common_pb2.QueryBatch
     count: int
     batch_size: int
-    mechanism: _common_pb2.Mechanism
+    mechanism_overrides: _containers.ScalarMap[str, float]
     reveal_records_to_answerers: bool
     revealed_by: str
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., count: _Optional[int] = ..., batch_size: _Optional[int] = ..., mechanism: _Optional[_Union[_common_pb2.Mechanism, _Mapping]] = ..., reveal_records_to_answerers: _Optional[bool] = ..., revealed_by: _Optional[str] = ...) -> None: ...
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., queries: _Optional[_Union[_common_pb2.QueryBatch, _Mapping]] = ..., count: _Optional[int] = ..., batch_size: _Optional[int] = ..., mechanism_overrides: _Optional[_Mapping[str, float]] = ..., reveal_records_to_answerers: _Optional[bool] = ..., revealed_by: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "state", "requested", "processed", "answered", "rounds", "error", "task", "source", "created_at", "mechanism", "round_seconds", "records_revealed")
