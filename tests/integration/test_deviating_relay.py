@@ -307,7 +307,7 @@ def test_a_malformed_vote_check_is_refused_without_using_up_the_check(
     key = X25519PrivateKey.generate()
     reply = proven_round(engine, key, "kv", ("a", "b"))
     rid = reply.round_id
-    rnd = engine._rounds[rid]
+    rnd = engine.core._rounds[rid]
     mine, _ = student_side(key, reply)
     w, c = mine.wire, mine.combined
     held = {p: ledger.budget(p).spent for p in ("a", "b")}
@@ -360,7 +360,8 @@ def test_a_malformed_vote_check_is_refused_without_using_up_the_check(
         engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], w2, c))
     assert not rnd.invalid and rnd.used == ("a", "b")
     assert ledger.round_state(rid) == RoundState.RESERVED
-    engine.abandon_round(rnd, "test over")
+    with engine.step() as core:
+        core.settle(rid, "test over")
 
 
 def guardian_side(
@@ -368,7 +369,7 @@ def guardian_side(
 ) -> validity.VerifierShare:
     """The guardian's own verifier shares (P, B), (P,) of the round, as check_votes
     computes them (its one-teacher parties vote on every query)."""
-    rnd = engine._rounds[reply.round_id]
+    rnd = engine.core._rounds[reply.round_id]
     parties = list(reply.included)
     challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
     ones = {p: np.ones(BATCH, dtype=np.uint64) for p in parties}
@@ -581,7 +582,7 @@ def test_a_retry_settles_a_round_the_ending_session_has_not_settled_yet(
     reply = proven_round(engine, key, "k-window", ("a", "b"))
     old = reply.round_id
     with engine._lock:  # what _end_session does first, under the lock
-        rnd = engine._rounds.pop(old)
+        rnd = engine.core._rounds.pop(old)
     assert ledger.round_state(old) == RoundState.RESERVED
     req = plain_request("k-retry", key.public_key().public_bytes_raw())
     req.exclude.append("b")
@@ -589,6 +590,7 @@ def test_a_retry_settles_a_round_the_ending_session_has_not_settled_yet(
     again = engine.begin_round("alice", req, SID_A)
     assert again.included == ("a",)
     assert ledger.round_state(old) == RoundState.ABORTED
-    engine.abandon_round(rnd, "the student's 2PC session ended")  # finds it settled: no error
+    with engine.step() as core:  # the ending session's own settling finds it settled
+        core.settle(rnd.round_id, "the student's 2PC session ended")
     assert ledger.round_state(old) == RoundState.ABORTED
     engine.abandon_round(again, "test over")

@@ -316,7 +316,7 @@ def test_the_vote_check_excludes_an_invalid_vote_and_an_unprovable_party(tmp_pat
     with pytest.raises(RoundInputError, match="checked already"):
         engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, proven, mine))
     student = proven_vote_sum({"a": rel}, s_bits, dict(check.vote_weights), student=True)
-    rnd = engine._rounds[rid]
+    rnd = engine.core._rounds[rid]
     assert rnd.guardian_sum is not None and rnd.used == ("a",)
     np.testing.assert_array_equal(rnd.guardian_sum + student, counts["a"])
     # A dispute between the student and mallory, recorded by the guardian that saw it fail.
