@@ -65,15 +65,9 @@ RELATION = VoteRelation(3, 1)  # one teacher's one-hot vote over the plain task'
 PARTIES = ("a", "b", "c", "x", "late")
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> RoundEngine:
-    ledger = Ledger(str(tmp_path / "l.db"))
-    ledger.create_task("enc", ENC_TASK)
-    ledger.create_task("plain", PLAIN_TASK)
-    for p in PARTIES:
-        ledger.register_party(p, 100.0)
-    ledger.register_party("poor", 1e-9)
-    return RoundEngine(ledger, share_timeout=3.0)
+#: What the engine fixture (tests/integration/conftest.py) puts in its ledger.
+ENGINE_TASKS = {"enc": ENC_TASK, "plain": PLAIN_TASK}
+ENGINE_PARTIES = {**dict.fromkeys(PARTIES, 100.0), "poor": 1e-9}
 
 
 def _public_key() -> bytes:

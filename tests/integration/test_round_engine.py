@@ -38,13 +38,9 @@ TASK = {
 SID = b"s" * 16
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> RoundEngine:
-    ledger = Ledger(str(tmp_path / "l.db"))
-    ledger.create_task("t", TASK)
-    for p in ("a", "b", "c"):
-        ledger.register_party(p, 100.0)
-    return RoundEngine(ledger, share_timeout=3.0)
+#: What the engine fixture (tests/integration/conftest.py) puts in its ledger.
+ENGINE_TASKS = {"t": TASK}
+ENGINE_PARTIES = dict.fromkeys(("a", "b", "c"), 100.0)
 
 
 def request(batch: int = 4) -> guardian_pb2.OpenRoundRequest:
