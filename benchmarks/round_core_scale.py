@@ -127,8 +127,8 @@ def simulate(parties: int, rounds: int, batch: int, teachers: int) -> dict[str, 
                 raise RuntimeError("the vote check left no share sum")
             hist = histogram(ready.guardian_sum + student_sum, task.frac_bits)
             _, answered = mech.oracle(hist, noise, plan.spec.frac_bits, plan.theta)
-            guardian.release(ready)
-            guardian.charge(ready, answered)
+            guardian.release(ready.round_id)
+            guardian.charge(ready.round_id, answered)
         record = ledger.round_record(rnd.round_id)
         for p in rnd.included:
             settled = settlement(record, p)

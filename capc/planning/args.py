@@ -4,9 +4,9 @@ privacy --help`` answers at once (``capc.planning.cli`` runs it)."""
 from __future__ import annotations
 
 import argparse
-import importlib
-from collections.abc import Callable
 from pathlib import Path
+
+from capc.cli_handlers import lazy
 
 #: capc.mechanisms.MECHANISMS' names and capc.privacy.conversion.Conversion's values,
 #: kept here so that registering imports no numerical library (a test checks they agree).
@@ -22,19 +22,6 @@ MECHANISM_NAMES = (
 CONVERSIONS = ("basic", "improved")
 #: The Laplace mechanism, planned here beside the aggregation mechanisms.
 LAPLACE = "laplace"
-
-
-def lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
-    """A handler that imports ``module`` only when it runs, then calls its ``function``."""
-
-    def handler(args: argparse.Namespace) -> int:
-        run: Callable[[argparse.Namespace], int] = getattr(
-            importlib.import_module(module), function
-        )
-        return int(run(args))
-
-    handler.__qualname__ = f"{module}.{function}"
-    return handler
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

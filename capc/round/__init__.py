@@ -28,7 +28,7 @@ from capc.round.errors import (
     RoundStateError,
     VoteRefusedError,
 )
-from capc.round.guardian import GuardianCore, GuardianRound
+from capc.round.guardian import GuardianCore, RoundView
 from capc.round.ledger import KeptSetting, PartyLedger, Reservation, RoundLedger, RoundState
 from capc.round.memory_ledger import MemoryLedger
 from capc.round.memory_party_ledger import MemoryPartyLedger
@@ -50,7 +50,6 @@ from capc.round.task import MechanismTask
 __all__ = [
     "DuplicateRoundError",
     "GuardianCore",
-    "GuardianRound",
     "KeptSetting",
     "LedgerRefusedError",
     "LimitError",
@@ -73,6 +72,7 @@ __all__ = [
     "RoundRequestError",
     "RoundState",
     "RoundStateError",
+    "RoundView",
     "RoundWork",
     "Settlement",
     "ShareLayout",

@@ -48,7 +48,7 @@ from capc.round.memory_party_ledger import MemoryPartyLedger
 from capc.round.messages import Computed, PartyShares, QueryBatch, RoundWork
 from capc.round.party import PartyCore
 from capc.round.settlement import settlement
-from capc.round.state import GuardianRound, TaskT
+from capc.round.state import RoundView, TaskT
 from capc.round.student import StudentCore, StudentRound
 from capc.round.task import MechanismTask
 
@@ -205,7 +205,7 @@ class CentralDriver(Generic[TaskT]):
         except Exception as err:
             # A round that will not finish: aborted before its release (charged its
             # reservation after), and every party's own ledger told so.
-            self.guardian.settle_id(rnd.round_id, f"the central driver stopped: {err}")
+            self.guardian.settle(rnd.round_id, f"the central driver stopped: {err}")
             for p in rnd.included:
                 self.parties[p].forget(rnd.round_id)
             self._settle_parties(rnd.round_id, rnd.included)
@@ -222,22 +222,22 @@ class CentralDriver(Generic[TaskT]):
         )
 
     def _two_party(
-        self, rnd: GuardianRound[TaskT], mine: StudentRound, student_sum: NDArray[np.uint64]
+        self, rnd: RoundView[TaskT], mine: StudentRound, student_sum: NDArray[np.uint64]
     ) -> tuple[NDArray[np.int64], NDArray[np.bool_], Computed]:
         """The round's garbled circuit between the guardian and the student."""
         spec, garbler = self.guardian.garbler_inputs(rnd)
         # Released before the first garbled input leaves, as over the network.
-        self.guardian.release(rnd)
+        self.guardian.release(rnd.round_id)
         student_spec, evaluator = self.student.evaluator_inputs(mine, student_sum)
         if self._pair is None:
             self._pair = LocalPair(timeout=self.timeout)
         out = self._pair.run(spec.circuit(), garbler, evaluator, rnd.batch)
-        computed = self.guardian.computed(rnd, spec, out.garbler)
+        computed = self.guardian.computed(rnd.round_id, spec, out.garbler)
         answered = self.task.mechanism.answered(spec, out.garbler, rnd.batch)
         return self.student.labels(mine, student_spec, out.evaluator), answered, computed
 
     def _oracle(
-        self, rnd: GuardianRound[TaskT], student_sum: NDArray[np.uint64]
+        self, rnd: RoundView[TaskT], student_sum: NDArray[np.uint64]
     ) -> tuple[NDArray[np.int64], NDArray[np.bool_], Computed]:
         """The mechanism's oracle on the reconstructed histogram, with the noise the
         guardian would fold into its circuit inputs."""
@@ -247,8 +247,8 @@ class CentralDriver(Generic[TaskT]):
         noise = circuit.draw_noise(rnd, self.guardian.rng)
         hist = histogram(rnd.guardian_sum + student_sum, self.task.frac_bits)
         labels, answered = self.task.mechanism.oracle(hist, noise, plan.spec.frac_bits, plan.theta)
-        self.guardian.release(rnd)
-        return labels, answered, self.guardian.charge(rnd, answered)
+        self.guardian.release(rnd.round_id)
+        return labels, answered, self.guardian.charge(rnd.round_id, answered)
 
     def _settle_parties(self, round_id: int, parties: tuple[str, ...]) -> None:
         """Each party settles its own ledger from the guardian's word on the round."""

@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from capc.mechanisms.base import CircuitSpec, Noise
 from capc.privacy.randomness import SecureRandom
 from capc.round.errors import RoundRefusedError
-from capc.round.state import GuardianRound, TaskT
+from capc.round.state import RoundView, TaskT
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class RoundCircuit:
     vote_total: NDArray[np.float64]
 
 
-def round_circuit(rnd: GuardianRound[TaskT]) -> RoundCircuit:
+def round_circuit(rnd: RoundView[TaskT]) -> RoundCircuit:
     """The circuit for ``rnd``'s parties (public sizes and weights only)."""
     task, mech = rnd.task, rnd.task.mechanism
     # A party with m teachers adds m votes (times its weight) to every query.
@@ -41,13 +41,13 @@ def round_circuit(rnd: GuardianRound[TaskT]) -> RoundCircuit:
     return RoundCircuit(spec, theta, vote_total)
 
 
-def draw_noise(rnd: GuardianRound[TaskT], rng: SecureRandom) -> Noise:
+def draw_noise(rnd: RoundView[TaskT], rng: SecureRandom) -> Noise:
     """The guardian's fresh noise for ``rnd``, from ``rng`` (the mechanism's order)."""
     return rnd.task.mechanism.draw_noise(rnd.batch, rng)
 
 
 def garbler_inputs(
-    rnd: GuardianRound[TaskT], rng: SecureRandom, noise: Noise | None = None
+    rnd: RoundView[TaskT], rng: SecureRandom, noise: Noise | None = None
 ) -> tuple[CircuitSpec, dict[str, NDArray[np.uint64]]]:
     """The circuit for ``rnd``'s parties and the guardian's inputs: its share sum, fresh noise
     (``noise``, drawn for this round alone, or drawn now from ``rng``), and every query's

@@ -71,7 +71,7 @@ from capc.round.messages import (
     VoteVerdict,
 )
 from capc.round.settlement import outcome
-from capc.round.state import GuardianRound, Phase, TaskT
+from capc.round.state import GuardianRound, Phase, RoundView, TaskT
 from capc.round.task import RoundTask
 
 log = logging.getLogger("capc.round.guardian")
@@ -121,7 +121,7 @@ class GuardianCore(Generic[TaskT]):
         self.rng = rng or SecureRandom()
         self._entropy = entropy
         self.central = central
-        self.rounds: dict[int, GuardianRound[TaskT]] = {}
+        self._rounds: dict[int, GuardianRound[TaskT]] = {}
         self.recent: OrderedDict[int, _Recent] = OrderedDict()
 
     # -- personalized budgets ----------------------------------------------------
@@ -143,9 +143,9 @@ class GuardianCore(Generic[TaskT]):
         teachers: Mapping[str, int],
         now: float,
         trained: Collection[str] = (),
-    ) -> tuple[GuardianRound[TaskT], list[RoundWork]]:
+    ) -> tuple[RoundView[TaskT], list[RoundWork]]:
         """Admit, reserve and open a round over ``candidates`` (the reachable parties),
-        voting with ``teachers`` each; returns it and the work for every party asked.
+        voting with ``teachers`` each; returns its view and the work for every party asked.
         ``trained``: the parties that registered an attestation of DP-trained teachers,
         the only ones a mechanism for DP-trained teachers asks.
 
@@ -156,7 +156,7 @@ class GuardianCore(Generic[TaskT]):
             check_task(task)
         excluded = check_excluded(request.exclude) | request.left_out
         querier, batch, encrypted = request.querier, request.batch, request.queries.encrypted
-        held = sum(1 for r in self.rounds.values() if r.querier == querier)
+        held = sum(1 for r in self._rounds.values() if r.querier == querier)
         if held >= self.max_open:
             raise LimitError(
                 f"{querier} holds {held} rounds opened but not yet computed, the most one "
@@ -206,7 +206,7 @@ class GuardianCore(Generic[TaskT]):
             votes_on=votes_on,
             teachers={p: teachers[p] for p in reservation.included if p in teachers},
         )
-        self.rounds[rnd.round_id] = rnd
+        self._rounds[rnd.round_id] = rnd
         work = []
         for p in rnd.included:
             if p not in rnd.teachers:  # its stream went away meanwhile
@@ -235,7 +235,28 @@ class GuardianCore(Generic[TaskT]):
                     proven=proven,
                 )
             )
-        return rnd, work
+        return rnd.view(), work
+
+    # -- what adapters may see ---------------------------------------------------------
+    def view(self, round_id: int) -> RoundView[TaskT] | None:
+        """Round ``round_id`` as it stands now, or None when it is not open (never
+        opened, or ended: committed, aborted, settled)."""
+        rnd = self._rounds.get(round_id)
+        return None if rnd is None else rnd.view()
+
+    def is_open(self, round_id: int) -> bool:
+        """Whether round ``round_id`` is open here (a lookup, no copy)."""
+        return round_id in self._rounds
+
+    def collected(self, round_id: int) -> bool:
+        """Whether every included party of open round ``round_id`` answered or failed
+        (False when it is not open)."""
+        rnd = self._rounds.get(round_id)
+        return rnd is not None and rnd.collected
+
+    def open_ids(self) -> list[int]:
+        """The ids of the rounds open here."""
+        return list(self._rounds)
 
     def _trained_only(
         self, task: TaskT, candidates: Sequence[str], trained: Collection[str]
@@ -302,7 +323,7 @@ class GuardianCore(Generic[TaskT]):
             )
         if seen.retried:
             raise RoundRequestError(f"round {old} was retried already; a round is retried once")
-        rnd = self.rounds.get(old)
+        rnd = self._rounds.get(old)
         if rnd is not None and rnd.released:
             raise RoundRequestError(
                 f"round {old} was computed: its seeds opened, so it cannot be retried"
@@ -310,7 +331,7 @@ class GuardianCore(Generic[TaskT]):
         seen.retried = True
         why = f"the student retries it without {party}"
         if rnd is not None:
-            self.settle(rnd, why)
+            self._settle(rnd, why)
         else:
             # Out of the open rounds but maybe not settled yet (an ending session settles
             # it a moment later): nobody can release it any more, so settle it here.
@@ -331,7 +352,7 @@ class GuardianCore(Generic[TaskT]):
     # -- collecting shares ---------------------------------------------------------
     def party_failed(self, round_id: int, party: str) -> bool:
         """``party`` cannot answer round ``round_id``; False when the round did not ask it."""
-        rnd = self.rounds.get(round_id)
+        rnd = self._rounds.get(round_id)
         if rnd is None or party not in rnd.included:
             return False
         rnd.failed.add(party)
@@ -340,7 +361,7 @@ class GuardianCore(Generic[TaskT]):
     def layout(self, round_id: int, party: str) -> ShareLayout:
         """The shares round ``round_id`` takes from ``party``; RoundInputError when it takes
         none (not asked, left out, or a plain share where a proof is due)."""
-        rnd = self.rounds.get(round_id)
+        rnd = self._rounds.get(round_id)
         if rnd is None or party not in rnd.included:
             raise RoundInputError(f"round {round_id} did not ask {party} for shares")
         if rnd.left_out(party):  # unproven shares would count
@@ -360,7 +381,7 @@ class GuardianCore(Generic[TaskT]):
         """Accept one party's shares (of :meth:`layout`); returns whether every included
         party has now answered or failed. RoundInputError for replays and mismatches."""
         layout = self.layout(msg.round_id, msg.party)
-        rnd = self.rounds[msg.round_id]
+        rnd = self._rounds[msg.round_id]
         proven = layout.proof_width is not None
         if msg.share.shape != (layout.batch, layout.width) or (
             proven and (msg.proof is None or msg.proof.shape != (layout.batch, layout.proof_width))
@@ -392,7 +413,7 @@ class GuardianCore(Generic[TaskT]):
         """The shares are in, or the caller stopped waiting: abort below quorum
         (RoundRefusedError, nothing charged); else draw the proofs' challenge or sum the
         guardian shares (then the round is :attr:`~GuardianRound.ready`)."""
-        rnd = self.rounds.get(round_id)
+        rnd = self._rounds.get(round_id)
         if rnd is None:
             raise RoundRefusedError(
                 f"round {round_id} is no longer open: it was aborted; nothing was charged"
@@ -445,7 +466,7 @@ class GuardianCore(Generic[TaskT]):
     ) -> int:
         """Check that a vote check for ``parties`` may be taken for round ``round_id`` from
         this student session; returns the round's batch, for reading the check."""
-        rnd = self.rounds.get(round_id)
+        rnd = self._rounds.get(round_id)
         if rnd is None or (rnd.querier, rnd.session_id) != (querier, session_id):
             raise RoundRefusedError(
                 f"round {round_id} is not open for this student session: it was never "
@@ -468,7 +489,7 @@ class GuardianCore(Generic[TaskT]):
         shares (P, B) and (P,), once (after :meth:`vote_check_batch`). An invalid vote
         is left out and charged nothing; below quorum the round is aborted
         (RoundRefusedError); otherwise the valid votes' sum is ready for the 2PC."""
-        rnd = self.rounds[round_id]
+        rnd = self._rounds[round_id]
         challenge = rnd.challenge
         rnd.expect(Phase.CHECKING, why=f"round {round_id} was checked already")
         if challenge is None:
@@ -478,8 +499,20 @@ class GuardianCore(Generic[TaskT]):
         parties = [p for p in rnd.used if p in rnd.relations]
         plain = [p for p in rnd.used if p not in rnd.relations]
         constants = {p: rnd.voters(p) * rnd.voting(p).astype(np.uint64) for p in parties}
-        mine = verifier_shares(rnd.relations, challenge, parties, rnd.shares, rnd.proofs, constants)
-        valid = accepted(rnd.relations, challenge, parties, mine, student)
+        try:
+            mine = verifier_shares(
+                rnd.relations, challenge, parties, rnd.shares, rnd.proofs, constants
+            )
+            valid = accepted(rnd.relations, challenge, parties, mine, student)
+        except Exception as err:
+            # The round already left CHECKING (one check only); a check that cannot be
+            # verified must not leave it READY without a share sum for the reaper: it is
+            # aborted now, before anything was released.
+            self._abort(rnd, f"its vote check could not be verified: {err}")
+            raise RoundRefusedError(
+                f"round {round_id} aborted: the student's vote check could not be verified "
+                f"({err}); nothing was charged. Open a new round"
+            ) from None
         for p in parties:
             if not valid[p]:
                 self._exclude_vote(rnd, p)
@@ -532,91 +565,115 @@ class GuardianCore(Generic[TaskT]):
         log.warning("round %d: %s %s", rnd.round_id, party, rnd.invalid[party])
 
     # -- the 2PC -----------------------------------------------------------------------
-    def to_compute(self, round_id: int) -> GuardianRound[TaskT]:
-        """The round to garble next; RoundRefusedError when it is gone (reaped)."""
-        rnd = self.rounds.get(round_id)
+    def to_compute(self, round_id: int) -> RoundView[TaskT]:
+        """The round to garble next, as a snapshot holding its share sum (read-only);
+        RoundRefusedError when it is gone (reaped)."""
+        rnd = self._rounds.get(round_id)
         if rnd is None or not rnd.ready or rnd.guardian_sum is None:
             raise RoundRefusedError(
                 f"round {round_id} is no longer open: it was not computed within "
                 f"{self.round_timeout:g} s of opening and was aborted; nothing was charged. "
                 "Open a new round"
             )
-        return rnd
+        return rnd.view()
 
-    def draw_noise(self, rnd: GuardianRound[TaskT]) -> Noise:
+    def draw_noise(self, rnd: RoundView[TaskT]) -> Noise:
         """``rnd``'s fresh noise from :attr:`rng`. Call it under the caller's lock on this
         core, as every other use of :attr:`rng`: the source is shared by every session."""
         return circuit.draw_noise(rnd, self.rng)
 
     def garbler_inputs(
-        self, rnd: GuardianRound[TaskT], noise: Noise | None = None
+        self, rnd: RoundView[TaskT], noise: Noise | None = None
     ) -> tuple[CircuitSpec, dict[str, NDArray[np.uint64]]]:
         """The circuit and the guardian's inputs for ``rnd`` (:func:`circuit.garbler_inputs`)
-        with ``noise`` (:meth:`draw_noise`; None: drawn now, under the caller's lock)."""
+        with ``noise`` (:meth:`draw_noise`; None: drawn now, under the caller's lock). Reads
+        only the snapshot: it may run outside the caller's lock."""
         return circuit.garbler_inputs(rnd, self.rng, noise)
 
-    def release(self, rnd: GuardianRound[TaskT]) -> None:
-        """Record ``rnd`` released, before the first garbled input leaves; RoundRefusedError
-        when it was aborted first (the reaper): nothing may leave for it. PhaseError
-        unless it is READY (released once, and only with its share sum)."""
-        rnd.expect(Phase.READY, why=f"round {rnd.round_id} is {rnd.phase.value}, not ready")
+    def _open_round(self, round_id: int, why: str) -> GuardianRound[TaskT]:
+        rnd = self._rounds.get(round_id)
+        if rnd is None:
+            raise RoundRefusedError(f"round {round_id} is no longer open: {why}")
+        return rnd
+
+    def release(self, round_id: int) -> None:
+        """Record round ``round_id`` released, before the first garbled input leaves;
+        RoundRefusedError when it was aborted first (the reaper): nothing may leave for
+        it. PhaseError unless it is READY (released once, and only with its share sum)."""
+        aborted = (
+            f"round {round_id} was aborted before its 2PC: it was not computed within "
+            f"{self.round_timeout:g} s of opening; nothing was charged. Open a new round"
+        )
+        rnd = self._open_round(round_id, aborted)
+        rnd.expect(Phase.READY, why=f"round {round_id} is {rnd.phase.value}, not ready")
         try:
-            self.ledger.release(rnd.round_id)
+            self.ledger.release(round_id)
         except RoundStateError as err:
-            raise RoundRefusedError(
-                f"round {rnd.round_id} was aborted before its 2PC ({err}): it was not computed "
-                f"within {self.round_timeout:g} s of opening; nothing was charged. "
-                "Open a new round"
-            ) from None
+            raise RoundRefusedError(f"{aborted} ({err})") from None
         rnd.advance(Phase.RELEASED)
 
     def computed(
-        self, rnd: GuardianRound[TaskT], spec: CircuitSpec, out: Mapping[str, NDArray[np.uint64]]
+        self, round_id: int, spec: CircuitSpec, out: Mapping[str, NDArray[np.uint64]]
     ) -> Computed:
-        """Settle ``rnd`` from the guardian's circuit outputs: each party is charged what the
-        queries it voted on released, at its weight; a histogram that broke the vote total
-        charges every party its reservation (the worst case, never less)."""
-        self.rounds.pop(rnd.round_id, None)
+        """Settle released round ``round_id`` from the guardian's circuit outputs: each
+        party is charged what the queries it voted on released, at its weight; a histogram
+        that broke the vote total charges every party its reservation (the worst case,
+        never less)."""
+        rnd = self._released(round_id)
         b, mech = rnd.batch, rnd.task.mechanism
         bad = violations(dict(out))
         if bad.size:
-            self.ledger.commit_at_reservation(rnd.round_id)
+            self.ledger.commit_at_reservation(round_id)
+            self._rounds.pop(round_id, None)
             self.ledger.record(
                 "guardian",
                 "histogram_violation",
                 {
-                    "round": rnd.round_id,
+                    "round": round_id,
                     "queries": [int(q) for q in bad[:20]],
                     "violations": int(bad.size),
                     "parties": list(rnd.used),
                 },
             )
-            log.warning("round %d: %d histograms broke their vote total", rnd.round_id, bad.size)
-            return Computed(rnd.round_id, 0, b, rnd.used, tuple(int(q) for q in bad))
-        return self.charge(rnd, mech.answered(spec, dict(out), b))
+            log.warning("round %d: %d histograms broke their vote total", round_id, bad.size)
+            return Computed(round_id, 0, b, rnd.used, tuple(int(q) for q in bad))
+        return self.charge(round_id, mech.answered(spec, dict(out), b))
 
-    def charge(self, rnd: GuardianRound[TaskT], answered: NDArray[np.bool_]) -> Computed:
-        """Settle released ``rnd`` from what it released, ``answered`` (the mechanism's
-        answer shape): each party is charged the queries it voted on, at its weight. The
-        circuit's outputs give ``answered`` (:meth:`computed`); a central driver running
-        the mechanism's oracle gives it directly."""
-        self.rounds.pop(rnd.round_id, None)
+    def _released(self, round_id: int) -> GuardianRound[TaskT]:
+        rnd = self._open_round(round_id, "it was settled before its outputs were counted")
+        rnd.expect(Phase.RELEASED, why=f"round {round_id} is {rnd.phase.value}, not released")
+        return rnd
+
+    def charge(self, round_id: int, answered: NDArray[np.bool_]) -> Computed:
+        """Settle released round ``round_id`` from what it released, ``answered`` (the
+        mechanism's answer shape): each party is charged the queries it voted on, at its
+        weight. The circuit's outputs give ``answered`` (:meth:`computed`); a central
+        driver running the mechanism's oracle gives it directly. The round stays open
+        until the ledger took the charge, so a failed write is still settled (at its
+        reservation) by :meth:`settle`."""
+        rnd = self._released(round_id)
         b, mech = rnd.batch, rnd.task.mechanism
         charges = {p: mech.event(answered[rnd.voting(p)], rnd.weight(p)) for p in rnd.used}
-        self.ledger.commit(rnd.round_id, charges, outcome=outcome(answered))
+        self.ledger.commit(round_id, charges, outcome=outcome(answered))
+        self._rounds.pop(round_id, None)
         count = int(answered.reshape(b, -1).any(axis=1).sum())
-        return Computed(rnd.round_id, count, b, rnd.used)
+        return Computed(round_id, count, b, rnd.used)
 
     # -- ending ------------------------------------------------------------------------
     def _abort(self, rnd: GuardianRound[TaskT], why: str) -> None:
-        self.rounds.pop(rnd.round_id, None)
+        self._rounds.pop(rnd.round_id, None)
         with contextlib.suppress(RoundStateError):  # the reaper may have been first
             self.ledger.abort(rnd.round_id, reason=why)
 
-    def settle(self, rnd: GuardianRound[TaskT], why: str) -> None:
-        """A round that will not finish: aborted before its release, charged its reservation
-        after. A round settled meanwhile (committed, reaped) is left as it is."""
-        self.rounds.pop(rnd.round_id, None)
+    def settle(self, round_id: int, why: str) -> None:
+        """Open round ``round_id`` will not finish: aborted before its release, charged its
+        reservation after. A round no longer open (committed, reaped) is left as it is."""
+        rnd = self._rounds.get(round_id)
+        if rnd is not None:
+            self._settle(rnd, why)
+
+    def _settle(self, rnd: GuardianRound[TaskT], why: str) -> None:
+        self._rounds.pop(rnd.round_id, None)
         try:
             if rnd.released:
                 self.ledger.commit_at_reservation(rnd.round_id)
@@ -627,24 +684,18 @@ class GuardianCore(Generic[TaskT]):
         except RoundStateError:
             pass
 
-    def settle_id(self, round_id: int, why: str) -> None:
-        """:meth:`settle` the open round ``round_id``, if it is still open."""
-        rnd = self.rounds.get(round_id)
-        if rnd is not None:
-            self.settle(rnd, why)
-
     def end_session(self, querier: str, session_id: bytes, why: str) -> list[int]:
         """The student's 2PC session ended: its rounds awaiting their vote check can never
         run; settle them. Returns their ids."""
         unchecked = [
             r
-            for r in self.rounds.values()
+            for r in self._rounds.values()
             if (r.querier, r.session_id) == (querier, session_id)
             and r.challenge is not None
             and not r.checked
         ]
         for r in unchecked:
-            self.settle(r, f"{why}, before the round's vote check")
+            self._settle(r, f"{why}, before the round's vote check")
         return [r.round_id for r in unchecked]
 
     def reap(self, now: float) -> list[int]:
@@ -652,7 +703,7 @@ class GuardianCore(Generic[TaskT]):
         caller's clock ``now``); returns their ids. A round released meanwhile stays."""
         stale = [
             r
-            for r in self.rounds.values()
+            for r in self._rounds.values()
             if not r.released and now - r.opened_at > self.round_timeout
         ]
         reaped = []
@@ -665,7 +716,7 @@ class GuardianCore(Generic[TaskT]):
                 )
             except RoundStateError:
                 continue  # settled meanwhile: whoever holds it finishes it
-            self.rounds.pop(rnd.round_id, None)
+            self._rounds.pop(rnd.round_id, None)
             log.warning(
                 "round %d of %s aborted: not computed within %g s; reservations returned",
                 rnd.round_id,
@@ -680,7 +731,7 @@ __all__ = [
     "DISPUTE",
     "MAX_EXCLUDED",
     "GuardianCore",
-    "GuardianRound",
+    "RoundView",
     "check_conversion",
     "check_excluded",
     "check_task",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -52,8 +54,62 @@ class PhaseError(RoundInputError):
         self.wanted = wanted
 
 
+class _Votes:
+    """Who votes how much in a round: a party's teachers, weight and (with vanishing) the
+    queries it votes on. Shared by the core's round and the snapshot adapters get."""
+
+    batch: int
+    teachers: Mapping[str, int]
+    weights: Mapping[str, float]
+    votes_on: Mapping[str, NDArray[np.bool_]]
+
+    def weight(self, party: str) -> float:
+        return self.weights.get(party, 1.0)
+
+    def voters(self, party: str) -> int:
+        return self.teachers.get(party, 1)
+
+    def voting(self, party: str) -> NDArray[np.bool_]:
+        """(batch,) mask of the queries ``party`` votes on."""
+        mask = self.votes_on.get(party)
+        return np.ones(self.batch, dtype=bool) if mask is None else mask
+
+
+@dataclass(frozen=True)
+class RoundView(_Votes, Generic[TaskT]):
+    """One round as the core shows it to an adapter: a copy taken at one moment that the
+    adapter cannot change, so every change to a round goes through the core's methods.
+
+    ``used``: the parties whose votes count (set at closing, narrowed by the vote check);
+    ``left_out``: those that failed or whose vote was refused; ``collected``: every
+    included party answered or failed; ``guardian_sum`` (batch, width) uint64, read-only,
+    once the round is READY."""
+
+    round_id: int
+    task: TaskT
+    querier: str
+    session_id: bytes
+    batch: int
+    included: tuple[str, ...]
+    excluded: Mapping[str, float]
+    teachers: Mapping[str, int]
+    weights: Mapping[str, float]
+    votes_on: Mapping[str, NDArray[np.bool_]]
+    ciphertext_hash: bytes | None
+    phase: Phase
+    used: tuple[str, ...]
+    left_out: frozenset[str]
+    collected: bool
+    guardian_sum: NDArray[np.uint64] | None
+
+    @property
+    def ready(self) -> bool:
+        """The guardian's share sum is there: the round waits for its 2PC (or ran it)."""
+        return self.phase in (Phase.READY, Phase.RELEASED)
+
+
 @dataclass
-class GuardianRound(Generic[TaskT]):
+class GuardianRound(_Votes, Generic[TaskT]):
     """One round in flight at the guardian: what it asked, received and decided.
 
     Shares are (batch, width) uint64; ``votes_on`` masks (batch,) bool; ``opened_at``
@@ -118,17 +174,6 @@ class GuardianRound(Generic[TaskT]):
     def released(self) -> bool:
         return self.phase is Phase.RELEASED
 
-    def weight(self, party: str) -> float:
-        return self.weights.get(party, 1.0)
-
-    def voters(self, party: str) -> int:
-        return self.teachers.get(party, 1)
-
-    def voting(self, party: str) -> NDArray[np.bool_]:
-        """(batch,) mask of the queries ``party`` votes on."""
-        mask = self.votes_on.get(party)
-        return np.ones(self.batch, dtype=bool) if mask is None else mask
-
     def left_out(self, party: str) -> bool:
         """The party failed, or its vote did: it takes no further part in the round."""
         return party in self.failed or party in self.invalid
@@ -147,10 +192,35 @@ class GuardianRound(Generic[TaskT]):
         """The guardian's share sum is there: the round waits for its 2PC (or ran it)."""
         return self.phase in (Phase.READY, Phase.RELEASED)
 
+    def view(self) -> RoundView[TaskT]:
+        """This round as it stands now, for an adapter (:class:`RoundView`)."""
+        total = self.guardian_sum
+        if total is not None:
+            total = total.view()
+            total.flags.writeable = False
+        return RoundView(
+            self.round_id,
+            self.task,
+            self.querier,
+            self.session_id,
+            self.batch,
+            self.included,
+            MappingProxyType(dict(self.excluded)),
+            MappingProxyType(dict(self.teachers)),
+            MappingProxyType(dict(self.weights)),
+            MappingProxyType(dict(self.votes_on)),
+            self.ciphertext_hash,
+            self.phase,
+            self.used,
+            frozenset(self.failed) | frozenset(self.invalid),
+            self.collected,
+            total,
+        )
+
     def weight_on_grid(self, party: str) -> int:
         """``party``'s vote weight on the shares' fixed-point grid, rounded down as the
         party rounds its own votes."""
         return int(np.floor(self.weight(party) * (1 << self.task.weight_bits)))
 
 
-__all__ = ["NEXT", "GuardianRound", "Phase", "PhaseError", "TaskT"]
+__all__ = ["NEXT", "GuardianRound", "Phase", "PhaseError", "RoundView", "TaskT"]

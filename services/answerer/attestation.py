@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from capc.models.ensemble.voters import Voters, is_ensemble, is_teacher, model_hashes
-from capc.models.foreign import FACTORY_SPEC, is_factory_spec
+from capc.models.foreign import FACTORY_SPEC, file_sha256, is_factory_spec
 from capc.privacy.dp_training import CARD_KEY, DpTraining, DpTrainingError
 from capc.round.training import Attestation, file_digest
 
@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 log = logging.getLogger("capc.answerer.attestation")
-
-#: Bytes read at a time while hashing a teacher file.
-CHUNK = 1 << 20
 
 
 def model_file(spec: str) -> Path:
@@ -45,15 +42,6 @@ def model_file(spec: str) -> Path:
         if m is not None:
             return Path(m["weights"])
     return Path(spec)
-
-
-def file_sha256(path: Path) -> bytes:
-    """SHA-256 of a file's bytes (32 bytes)."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.digest()
 
 
 def read_record(path: Path) -> DpTraining:
@@ -200,7 +188,7 @@ def attestation(
     files = []
     for spec in specs:
         try:
-            on_disk = file_sha256(model_file(str(spec)))
+            on_disk = bytes.fromhex(file_sha256(model_file(str(spec))))
         except OSError as err:
             raise ValueError(f"--model {spec}: cannot read it to hash it: {err}") from None
         files.append(loaded_sha256(voters, str(spec), on_disk))
@@ -224,7 +212,6 @@ def loaded_sha256(voters: Voters, spec: str, on_disk: bytes) -> bytes:
 __all__ = [
     "attestation",
     "carried",
-    "file_sha256",
     "loaded_sha256",
     "model_file",
     "read_record",

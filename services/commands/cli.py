@@ -8,7 +8,7 @@ and the one-line help ``capc --help`` shows (the same text as that ``add_parser`
 
 So that ``capc NAME --help`` answers at once too, that module should import only the
 standard library, its handler given as ``lazy("services.x.main", "run")``
-(:func:`services.common.cli_args.lazy`): see ``services/guardian/args.py``.
+(:func:`capc.cli_handlers.lazy`): see ``services/guardian/args.py``.
 """
 
 from __future__ import annotations

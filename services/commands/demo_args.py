@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.cli_args import lazy
+from capc.cli_handlers import lazy
 
 #: Each hospital's cap (epsilon at the ledger's delta, 1e-5).
 DEMO_CAP = 10.0

@@ -145,7 +145,7 @@ def teacher_counts(
 def interface_of(args: argparse.Namespace) -> Interface:
     """What the task asks of a teacher, read before the teachers are counted: the task
     file's (--task), else the default task's (the planned task only changes its noise)."""
-    config = config_of(tasks.load(TASK_NAME) if args.task is None else read_task(args.task))
+    config = config_of(tasks.load(TASK_NAME) if args.task is None else read_task_file(args.task))
     return Interface(task_label(args), config.input_shape, config.outputs, config.multi_label)
 
 
@@ -404,7 +404,7 @@ def records_text(task: dict[str, Any]) -> str:
     return f"{'x'.join(map(str, shape))} images"
 
 
-def report(
+def print_report(
     args: argparse.Namespace,
     c: LocalConsortium,
     access: Access,
@@ -459,7 +459,7 @@ def _check(args: argparse.Namespace) -> None:
         raise SystemExit("capc up: --epsilon must be positive and --queries at least 1")
 
 
-def read_task(path: Path) -> dict[str, Any]:
+def read_task_file(path: Path) -> dict[str, Any]:
     """A task file's configuration; a clear refusal when it cannot be read."""
     try:
         config: dict[str, Any] = json.loads(Path(path).read_text())
@@ -472,10 +472,10 @@ def task_for(args: argparse.Namespace, counts: list[int]) -> dict[str, Any]:
     """The task file's configuration, or the planned default for these voters."""
     if args.task is None:
         return planned_task(sum(counts), args.epsilon, args.queries)
-    return read_task(args.task)
+    return read_task_file(args.task)
 
 
-def body_for(args: argparse.Namespace, task: TaskConfig) -> Path | None:
+def body_path(args: argparse.Namespace, task: TaskConfig) -> Path | None:
     """The pretrained body the consortium's and a loop's students fit their last layer on:
     ``--body``, else the shipped one; None for a table task, whose students are MLPs
     trained from scratch (as its teachers are)."""
@@ -512,7 +512,7 @@ def consortium(
         task = loop_quorum(task, args)
     # Read and checked now, so a bad file is refused before minutes of fitting.
     data = student_data(args, config_of(task), own)
-    body = body_for(args, config_of(task))
+    body = body_path(args, config_of(task))
     c = LocalConsortium(
         Path(args.dir).resolve(),
         parties=args.parties,
@@ -643,7 +643,7 @@ def run(args: argparse.Namespace) -> int:
         }
         if loop is not None:
             summary["loop"] = loop.summary()
-        report(args, c, access, summary)
+        print_report(args, c, access, summary)
         note(f"consortium is up after {summary['seconds']:.0f}s; Ctrl-C stops it")
         threading.Event().wait()
     except StopRequestedError as why:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.cli_args import lazy
+from capc.cli_handlers import lazy
 
 #: Queries the default task's sigma must let every hospital's cap cover.
 PLANNED_QUERIES = 1024

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 
@@ -32,17 +30,3 @@ ACCOUNTANT_NAMES = ("gdp", "rdp")
 DEFAULT_ACCOUNTANT_NAME = "gdp"
 #: Certificate roles (services.common.pki.ROLES), likewise.
 ROLE_NAMES = ("guardian", "answerer", "student", "gateway")
-
-
-def lazy(module: str, function: str) -> Callable[[argparse.Namespace], int]:
-    """A subcommand handler that imports ``module`` (torch, gRPC, ...) only when it runs,
-    then calls its ``function`` with the parsed arguments."""
-
-    def handler(args: argparse.Namespace) -> int:
-        run: Callable[[argparse.Namespace], int] = getattr(
-            importlib.import_module(module), function
-        )
-        return int(run(args))
-
-    handler.__qualname__ = f"{module}.{function}"
-    return handler

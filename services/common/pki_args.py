@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.cli_args import ROLE_NAMES, lazy
+from capc.cli_handlers import lazy
+from services.common.cli_args import ROLE_NAMES
 
 #: services.common.pki.REASONS' names (a test checks they agree).
 REVOKE_REASONS = (

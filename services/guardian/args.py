@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.cli_args import ACCOUNTANT_NAMES, DEFAULT_ACCOUNTANT_NAME, lazy
+from capc.cli_handlers import lazy
+from services.common.cli_args import ACCOUNTANT_NAMES, DEFAULT_ACCOUNTANT_NAME
 
 #: services.common.limits.ROUND_TIMEOUT_S (a test checks they agree).
 ROUND_TIMEOUT_S = 600.0

@@ -84,17 +84,17 @@ class GarbleQueue:
 
         def release() -> None:
             with engine.step() as core:
-                core.release(rnd)
+                core.release(round_id)
 
         start = time.perf_counter()
         try:
             spec, inputs = engine.core.garbler_inputs(rnd, noise)
             out = session.run_round(round_id, spec.circuit(), inputs, rnd.batch, on_release=release)
             with engine.step() as core:
-                done = core.computed(rnd, spec, out)
+                done = core.computed(round_id, spec, out)
         except BaseException as err:
             with engine.step() as core:
-                core.settle(rnd, f"the 2PC broke: {err}")
+                core.settle(round_id, f"the 2PC broke: {err}")
             raise
         log.info(
             "round %d: %d of %d answered by %d parties in %.2f s",
@@ -114,7 +114,7 @@ class GarbleQueue:
             core.end_session(querier, session_id, farewell or "the student's 2PC session ended")
             while ready is not None and not ready.empty():
                 why = "the student's 2PC session ended before the round was computed"
-                core.settle_id(ready.get_nowait(), why)
+                core.settle(ready.get_nowait(), why)
 
 
 __all__ = ["GarbleQueue"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from capc.round import GuardianCore, GuardianRound
+from capc.round import GuardianCore, RoundView
 from capc.round.errors import RoundInputError
 from capc.task_config import TaskConfig
 from services.common import protocol
@@ -57,10 +57,10 @@ class Relays:
                 del self._boxes[(querier, session_id)]
         box.close()
 
-    def _round(self, round_id: int, party: str) -> GuardianRound[TaskConfig]:
+    def _round(self, round_id: int, party: str) -> RoundView[TaskConfig]:
         with self._lock:
-            rnd = self._core.rounds.get(round_id)
-            left_out = rnd is not None and rnd.left_out(party)
+            rnd = self._core.view(round_id)
+        left_out = rnd is not None and party in rnd.left_out
         if rnd is None or rnd.ciphertext_hash is None or party not in rnd.included or left_out:
             raise RoundInputError(
                 f"round {round_id} is not an open encrypted round with {party or 'no party'}"

@@ -23,12 +23,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from capc.mpc.channel import Channel
 from capc.privacy.randomness import SecureRandom
-from capc.round import GuardianCore, GuardianRound
+from capc.round import GuardianCore, RoundView
 from capc.round.admission import check_task
 from capc.round.errors import RoundInputError
 from capc.task_config import TaskConfig, TaskError, canonical_json
@@ -55,7 +55,7 @@ class LiveRound:
     on (every included party answered or failed, or the round ended) and the stream
     each party's work went out on (only that stream's end fails the party)."""
 
-    state: GuardianRound[TaskConfig]
+    state: RoundView[TaskConfig]
     complete: Signal
     sent: dict[str, PartyLink]
 
@@ -68,7 +68,7 @@ class LiveRound:
         return self.state.included
 
     @property
-    def excluded(self) -> dict[str, float]:
+    def excluded(self) -> Mapping[str, float]:
         return self.state.excluded
 
     @property
@@ -113,10 +113,6 @@ class RoundEngine:
     def silent_after(self) -> float:
         return self.links.silent_after
 
-    @property
-    def _rounds(self) -> dict[int, GuardianRound[TaskConfig]]:
-        return self.core.rounds
-
     @contextlib.contextmanager
     def step(self) -> Iterator[GuardianCore[TaskConfig]]:
         """One call into the core, under the lock, its refusals as the service's; the
@@ -126,7 +122,7 @@ class RoundEngine:
                 yield self.core
         finally:
             with self._lock:
-                gone = [rid for rid in self._live if rid not in self.core.rounds]
+                gone = [rid for rid in self._live if not self.core.is_open(rid)]
                 ended = [self._live.pop(rid) for rid in gone]
             for live in ended:
                 live.complete.set()
@@ -175,7 +171,7 @@ class RoundEngine:
         with self.step() as core:
             asked = core.party_failed(round_id, name)
             live = self._live.get(round_id)
-            done = asked and core.rounds[round_id].collected
+            done = asked and core.collected(round_id)
         if done and live is not None:
             live.complete.set()
         return asked
@@ -285,7 +281,8 @@ class RoundEngine:
         round for its vote check or 2PC and reply with the sealed seeds."""
         with self.step() as core:
             opened = core.close(rnd.round_id)
-            ready = rnd.state.ready
+            now = core.view(rnd.round_id)
+            ready = now is not None and now.ready
         rnd.complete.set()  # late shares are refused from here on
         if ready:
             self.garbler.ready(rnd.state.querier, rnd.state.session_id, rnd.round_id)
@@ -341,11 +338,11 @@ class RoundEngine:
         """
         return self.garbler.serve(querier, channel, session_id, ended, idle_timeout)
 
-    def abandon_round(self, rnd: LiveRound | GuardianRound[TaskConfig], why: str) -> None:
+    def abandon_round(self, rnd: LiveRound, why: str) -> None:
         """Nobody will compute ``rnd`` (its opener went away): settle it now, not at the
         timeout (aborted before its release, charged its reservation after)."""
         with self.step() as core:
-            core.settle(rnd.state if isinstance(rnd, LiveRound) else rnd, why)
+            core.settle(rnd.round_id, why)
 
     def reap(self) -> list[int]:
         """Abort every round not released within ``round_timeout`` s of opening; returns their ids."""
@@ -385,7 +382,7 @@ class RoundEngine:
         heartbeat names the round in flight, which needs no read of the ledger). Read
         without the lock, which a round's ledger steps hold: a lookup each, and a round
         that ends meanwhile is told to its parties as it ends, and at the next heartbeat."""
-        return [r for r in round_ids if r not in self.core.rounds]
+        return [r for r in round_ids if not self.core.is_open(r)]
 
 
 __all__ = ["LiveRound", "RoundEngine"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.common.cli_args import add_tls_args, lazy
+from capc.cli_handlers import lazy
+from services.common.cli_args import add_tls_args
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -4,7 +4,6 @@ out rather than buffered for, and oversized relayed frames are refused."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ from capc.mpc.votes import one_hot_votes, share_proven_votes
 from capc.round.errors import RoundInputError
 from capc.task_config import config_hash
 from services.common import serde
-from services.common.ledger import Ledger
 from services.common.limits import MAX_RELAY_FRAME_BYTES, PARTY_OUTBOX_MESSAGES
 from services.guardian.rounds import RoundEngine
 from services.proto.capc.v1 import common_pb2, guardian_pb2
@@ -29,13 +27,9 @@ TASK = {
 }
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> RoundEngine:
-    ledger = Ledger(str(tmp_path / "l.db"))
-    ledger.create_task("t", TASK)
-    for p in ("a", "b", "c"):
-        ledger.register_party(p, 100.0)
-    return RoundEngine(ledger, share_timeout=3.0)
+#: What the engine fixture (tests/integration/conftest.py) puts in its ledger.
+ENGINE_TASKS = {"t": TASK}
+ENGINE_PARTIES = dict.fromkeys(("a", "b", "c"), 100.0)
 
 
 def test_a_party_that_stops_reading_is_left_out_not_buffered_for(engine: RoundEngine) -> None:

@@ -32,7 +32,7 @@ from capc.mpc.votes import (
 from capc.privacy.randomness import SecureRandom
 from capc.round import circuit
 from capc.round.ledger import RoundState
-from capc.round.state import GuardianRound
+from capc.round.state import RoundView
 from capc.task_config import TaskConfig, config_hash
 from services.common import serde
 from services.common.ledger import Ledger
@@ -131,7 +131,7 @@ def test_several_students_at_once_get_their_own_noise_and_no_failures(
     drawn: dict[int, Noise] = {}
     real_draw = circuit.draw_noise
 
-    def recording(rnd: GuardianRound[TaskConfig], source: SecureRandom) -> Noise:
+    def recording(rnd: RoundView[TaskConfig], source: SecureRandom) -> Noise:
         noise = real_draw(rnd, source)
         drawn[rnd.round_id] = {k: v.copy() for k, v in noise.items()}
         return noise

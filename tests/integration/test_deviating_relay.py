@@ -66,15 +66,9 @@ RELATION = VoteRelation(3, 1)  # one teacher's one-hot vote over the plain task'
 PARTIES = ("a", "b", "c", "x", "late")
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> RoundEngine:
-    ledger = Ledger(str(tmp_path / "l.db"))
-    ledger.create_task("enc", ENC_TASK)
-    ledger.create_task("plain", PLAIN_TASK)
-    for p in PARTIES:
-        ledger.register_party(p, 100.0)
-    ledger.register_party("poor", 1e-9)
-    return RoundEngine(ledger, share_timeout=3.0)
+#: What the engine fixture (tests/integration/conftest.py) puts in its ledger.
+ENGINE_TASKS = {"enc": ENC_TASK, "plain": PLAIN_TASK}
+ENGINE_PARTIES = {**dict.fromkeys(PARTIES, 100.0), "poor": 1e-9}
 
 
 def _public_key() -> bytes:
@@ -308,7 +302,7 @@ def test_a_malformed_vote_check_is_refused_without_using_up_the_check(
     key = X25519PrivateKey.generate()
     reply = proven_round(engine, key, "kv", ("a", "b"))
     rid = reply.round_id
-    rnd = engine._rounds[rid]
+    rnd = engine.core._rounds[rid]
     mine, _ = student_side(key, reply)
     w, c = mine.wire, mine.combined
     held = {p: ledger.budget(p).spent for p in ("a", "b")}
@@ -361,7 +355,8 @@ def test_a_malformed_vote_check_is_refused_without_using_up_the_check(
         engine.check_votes("alice", SID_A, vote_check(rid, ["a", "b"], w2, c))
     assert not rnd.invalid and rnd.used == ("a", "b")
     assert ledger.round_state(rid) == RoundState.RESERVED
-    engine.abandon_round(rnd, "test over")
+    with engine.step() as core:
+        core.settle(rid, "test over")
 
 
 def guardian_side(
@@ -369,7 +364,7 @@ def guardian_side(
 ) -> validity.VerifierShare:
     """The guardian's own verifier shares (P, B), (P,) of the round, as check_votes
     computes them (its one-teacher parties vote on every query)."""
-    rnd = engine._rounds[reply.round_id]
+    rnd = engine.core._rounds[reply.round_id]
     parties = list(reply.included)
     challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
     ones = {p: np.ones(BATCH, dtype=np.uint64) for p in parties}
@@ -582,7 +577,7 @@ def test_a_retry_settles_a_round_the_ending_session_has_not_settled_yet(
     reply = proven_round(engine, key, "k-window", ("a", "b"))
     old = reply.round_id
     with engine._lock:  # what _end_session does first, under the lock
-        rnd = engine._rounds.pop(old)
+        rnd = engine.core._rounds.pop(old)
     assert ledger.round_state(old) == RoundState.RESERVED
     req = plain_request("k-retry", key.public_key().public_bytes_raw())
     req.exclude.append("b")
@@ -590,6 +585,7 @@ def test_a_retry_settles_a_round_the_ending_session_has_not_settled_yet(
     again = engine.begin_round("alice", req, SID_A)
     assert again.included == ("a",)
     assert ledger.round_state(old) == RoundState.ABORTED
-    engine.abandon_round(rnd, "the student's 2PC session ended")  # finds it settled: no error
+    with engine.step() as core:  # the ending session's own settling finds it settled
+        core.settle(rnd.round_id, "the student's 2PC session ended")
     assert ledger.round_state(old) == RoundState.ABORTED
     engine.abandon_round(again, "test over")

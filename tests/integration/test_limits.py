@@ -18,7 +18,6 @@ from capc.data.generators import Recipe
 from capc.round.errors import QuorumError
 from capc.task_config import TaskConfig, config_hash
 from services.common import serde
-from services.common.ledger import Ledger
 from services.common.limits import MAX_BATCH, batch_refusal
 from services.common.protocol import RequestError
 from services.common.serde import recipe_to_proto
@@ -49,11 +48,9 @@ def test_the_refusal_names_the_limit() -> None:
 
 
 # -- guardian -----------------------------------------------------------------------
-@pytest.fixture
-def engine(tmp_path: Path) -> RoundEngine:
-    ledger = Ledger(str(tmp_path / "ledger.db"))
-    ledger.create_task("t", TASK)
-    return RoundEngine(ledger, share_timeout=1.0)
+#: What the engine fixture (tests/integration/conftest.py) puts in its ledger.
+ENGINE_TASKS = {"t": TASK}
+ENGINE_SHARE_TIMEOUT = 1.0
 
 
 def open_round(engine: RoundEngine, queries: common_pb2.QueryBatch) -> None:

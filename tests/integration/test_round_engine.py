@@ -42,13 +42,9 @@ TASK = {
 SID = b"s" * 16
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> RoundEngine:
-    ledger = Ledger(str(tmp_path / "l.db"))
-    ledger.create_task("t", TASK)
-    for p in ("a", "b", "c"):
-        ledger.register_party(p, 100.0)
-    return RoundEngine(ledger, share_timeout=3.0)
+#: What the engine fixture (tests/integration/conftest.py) puts in its ledger.
+ENGINE_TASKS = {"t": TASK}
+ENGINE_PARTIES = dict.fromkeys(("a", "b", "c"), 100.0)
 
 
 def request(batch: int = 4) -> guardian_pb2.OpenRoundRequest:
@@ -359,7 +355,7 @@ def test_the_vote_check_excludes_an_invalid_vote_and_an_unprovable_party(tmp_pat
     with pytest.raises(RoundInputError, match="checked already"):
         engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, proven, mine))
     student = proven_vote_sum({"a": rel}, s_bits, dict(check.vote_weights), student=True)
-    rnd = engine._rounds[rid]
+    rnd = engine.core._rounds[rid]
     assert rnd.guardian_sum is not None and rnd.used == ("a",)
     np.testing.assert_array_equal(rnd.guardian_sum + student, counts["a"])
     # A dispute between the student and mallory, recorded by the guardian that saw it fail.

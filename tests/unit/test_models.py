@@ -11,7 +11,7 @@ import torch
 from capc.learning.last_layer import fit_batch_standardised
 from capc.learning.supervised import accuracy, fit
 from capc.models import Teacher, build, load_teacher, save_teacher
-from capc.models.inference import features, logits
+from capc.models.inference import EVAL_CHUNK, features, logits
 
 
 def trained(tmp_path: Path) -> Teacher:
@@ -114,3 +114,23 @@ def test_current_statistics_normalise_the_whole_query_batch_at_once(tmp_path: Pa
     split = logits(t.model, x, current_statistics=True, batch=16).argmax(dim=1).numpy()
     assert (whole != split).any(), "the check needs a batch where chunking changes labels"
     np.testing.assert_array_equal(t.predict(x, current_statistics=True, chunk=16), whole)
+
+
+def test_a_pass_with_stored_statistics_goes_in_chunks_with_the_same_outputs(
+    tmp_path: Path,
+) -> None:
+    """With stored statistics each input's output is its own: the pass runs in chunks of
+    EVAL_CHUNK (faster on the CPU) and gives what one input at a time gives; with the
+    batch's own statistics the batch is never cut."""
+    torch.manual_seed(0)
+    t = Teacher("small-cnn", (1, 8, 8), 10, build("small-cnn", (1, 8, 8), 10), {"data": "none"})
+    x = np.random.default_rng(4).random((EVAL_CHUNK + 40, 1, 8, 8)).astype(np.float32)
+    x[:EVAL_CHUNK] = x[:EVAL_CHUNK] * 4 + 2  # the first chunk's statistics differ
+    seen: list[int] = []
+    stored = features(t.model, x, batch=1024, on_batch=seen.append)
+    assert seen == [EVAL_CHUNK, len(x)]
+    alone = torch.cat([features(t.model, x[i : i + 1]) for i in range(0, len(x), 37)])
+    torch.testing.assert_close(stored[::37], alone, rtol=1e-5, atol=1e-5)
+    whole = logits(t.model, x, current_statistics=True, batch=1024)
+    first = logits(t.model, x[:EVAL_CHUNK], current_statistics=True)
+    assert not torch.allclose(whole[:EVAL_CHUNK], first, atol=1e-4), "one batch, one set"

@@ -136,7 +136,7 @@ def test_a_hospital_cannot_escape_its_proof_by_registering_more_teachers(
     assert links["mallory"].outbox.empty()
     flagged = [e for e in ledger.audit_entries(20) if e.action == "unprovable_vote"]
     assert [(e.actor, e.detail["teachers"]) for e in flagged] == [("mallory", 32)]
-    assert "register fewer teachers" in engine._rounds[rid].invalid["mallory"]
+    assert "register fewer teachers" in engine.core._rounds[rid].invalid["mallory"]
 
 
 def test_the_ring_conversion_is_taken_before_the_weighting() -> None:

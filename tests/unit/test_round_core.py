@@ -8,6 +8,7 @@ so a broken rule, or an in-memory ledger that strays from the SQL one, fails.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+import capc.round.guardian as guardian_module
 from capc.mpc import ring, validity
 from capc.mpc.sealing import seal, seed_context
 from capc.mpc.votes import (
@@ -28,7 +30,6 @@ from capc.mpc.votes import (
 from capc.privacy.randomness import SecureRandom
 from capc.round import (
     GuardianCore,
-    GuardianRound,
     LimitError,
     MemoryLedger,
     Opened,
@@ -41,9 +42,10 @@ from capc.round import (
     RoundRequest,
     RoundRequestError,
     RoundState,
+    RoundView,
     RoundWork,
 )
-from capc.round.state import Phase, PhaseError
+from capc.round.state import GuardianRound, Phase, PhaseError
 from capc.task_config import TaskConfig, config_hash
 from services.common.ledger import Ledger
 from services.guardian.ledger_port import SqlRoundLedger
@@ -108,7 +110,7 @@ def request(key: str, *, exclude: tuple[str, ...] = (), retry: Retry | None = No
 
 def open_round(
     c: Consortium, key: str, parties: tuple[str, ...] = ("a", "b", "c"), now: float = 0.0
-) -> tuple[GuardianRound[TaskConfig], list[RoundWork]]:
+) -> tuple[RoundView[TaskConfig], list[RoundWork]]:
     """Open a round of BATCH plain queries over ``parties`` (one teacher each) at ``now``."""
     return c.core.open(CONFIG, request(key), parties, dict.fromkeys(parties, 1), now)
 
@@ -148,7 +150,7 @@ def worst(c: Consortium, weight: float = 1.0) -> float:
     return c.ledger.accounting.spent(loss, c.ledger.delta).epsilon
 
 
-def run_to_release(c: Consortium, key: str) -> GuardianRound[TaskConfig]:
+def run_to_release(c: Consortium, key: str) -> RoundView[TaskConfig]:
     """Open, answer, check and release a round of a, b and c."""
     rnd, work = open_round(c, key)
     for w in work:
@@ -156,7 +158,7 @@ def run_to_release(c: Consortium, key: str) -> GuardianRound[TaskConfig]:
     opened = c.core.close(rnd.round_id)
     c.core.vote_check_batch(rnd.round_id, "student", b"s" * 16, list(opened.included))
     c.core.check_votes(rnd.round_id, student_check(opened))
-    c.core.release(rnd)
+    c.core.release(rnd.round_id)
     return rnd
 
 
@@ -178,7 +180,7 @@ def test_below_quorum_the_round_is_refused_and_nothing_is_spent(consortium: Cons
     with pytest.raises(QuorumError) as err:
         open_round(c, "k1", ("a", "poor"))
     assert set(err.value.remaining) == {"poor"}
-    assert not c.core.rounds
+    assert not c.core.open_ids()
     assert all(c.spent(p) == 0.0 for p in ("a", "b", "c", "poor"))
     # Quorum lost while collecting: the round is aborted, its reservations come back.
     rnd, work = open_round(c, "k2")
@@ -188,7 +190,7 @@ def test_below_quorum_the_round_is_refused_and_nothing_is_spent(consortium: Cons
         c.core.close(rnd.round_id)
     assert c.ledger.round_state(rnd.round_id) == RoundState.ABORTED
     assert all(c.spent(p) == 0.0 for p in ("a", "b", "c"))
-    assert rnd.round_id not in c.core.rounds
+    assert not c.core.is_open(rnd.round_id)
 
 
 def test_an_abandoned_round_is_aborted_before_its_release_and_charged_its_worst_case_after(
@@ -199,19 +201,19 @@ def test_an_abandoned_round_is_aborted_before_its_release_and_charged_its_worst_
     for w in work:
         answer(c, w)
     c.core.close(before.round_id)
-    c.core.settle(before, "the student went away")
+    c.core.settle(before.round_id, "the student went away")
     assert c.ledger.round_state(before.round_id) == RoundState.ABORTED
     assert all(c.spent(p) == 0.0 for p in ("a", "b", "c"))
 
     after = run_to_release(c, "k2")
-    c.core.settle(after, "the 2PC broke after the release")
+    c.core.settle(after.round_id, "the 2PC broke after the release")
     assert c.ledger.round_state(after.round_id) == RoundState.COMMITTED
     for p in ("a", "b", "c"):
         assert c.spent(p) == pytest.approx(worst(c), rel=1e-9), "over-count, never under"
     record = c.ledger.round_record(after.round_id)
     assert record is not None and record.outcome is None  # what it released is unknown
     # Settling again (a reaper or an ending session late) changes nothing.
-    c.core.settle(after, "again")
+    c.core.settle(after.round_id, "again")
     assert c.spent("a") == pytest.approx(worst(c), rel=1e-9)
 
 
@@ -243,7 +245,9 @@ def test_a_failed_vote_check_leaves_that_party_out_and_the_others_are_charged_wh
     c.core.vote_check_batch(rnd.round_id, "student", b"s" * 16, list(opened.included))
     verdict = c.core.check_votes(rnd.round_id, student_check(opened))
     assert verdict.included == ("a", "b") and set(verdict.excluded) == {"c"}
-    assert rnd.ready and rnd.guardian_sum is not None
+    now = c.core.view(rnd.round_id)
+    assert now is not None and now.ready and now.guardian_sum is not None
+    assert rnd.phase is Phase.COLLECTING, "a view is a snapshot: a later step never changes it"
     # The guardian's sum counts the valid votes only: 2 votes for class 0 on every query.
     seeds = open_seeds(KEY, dict(opened.seeds), rnd.round_id)
     student = proven_vote_sum(
@@ -252,18 +256,18 @@ def test_a_failed_vote_check_leaves_that_party_out_and_the_others_are_charged_wh
         dict(verdict.vote_weights),
         student=True,
     )
-    np.testing.assert_array_equal(rnd.guardian_sum + student, np.tile([2, 0, 0], (BATCH, 1)))
+    np.testing.assert_array_equal(now.guardian_sum + student, np.tile([2, 0, 0], (BATCH, 1)))
     assert [e for e in _audit(c) if e[0] == "dispute"] == [("dispute", "c")]
 
-    c.core.release(rnd)
+    c.core.release(rnd.round_id)
     spec = CONFIG.circuit_spec(2, 2.0)
-    done = c.core.computed(rnd, spec, {})  # gnmax answers every query: no garbler output
+    done = c.core.computed(rnd.round_id, spec, {})  # gnmax answers every query: no garbler output
     assert done.parties == ("a", "b") and done.answered == BATCH
     assert c.ledger.round_state(rnd.round_id) == RoundState.COMMITTED
     assert c.spent("c") == 0.0, "the party whose vote was left out pays nothing"
     for p in ("a", "b"):
         assert c.spent(p) == pytest.approx(worst(c), rel=1e-9)  # every query answered
-    assert rnd.round_id not in c.core.rounds
+    assert not c.core.is_open(rnd.round_id)
 
 
 def _audit(c: Consortium) -> list[tuple[str, object]]:
@@ -301,11 +305,11 @@ def test_a_round_is_retried_without_a_party_once_and_never_after_it_was_computed
     opened = c.core.close(again.round_id)
     c.core.vote_check_batch(again.round_id, "student", b"s" * 16, list(opened.included))
     c.core.check_votes(again.round_id, student_check(opened))
-    c.core.release(again)
+    c.core.release(again.round_id)
     spent = c.spent("a")
     with pytest.raises(RoundRequestError, match="was computed"):
         c.core.retry_without(request("k4", exclude=("b",), retry=Retry(again.round_id, "b")))
-    c.core.computed(again, CONFIG.circuit_spec(2, 2.0), {})
+    c.core.computed(again.round_id, CONFIG.circuit_spec(2, 2.0), {})
     with pytest.raises(RoundRequestError, match="was computed"):
         c.core.retry_without(request("k5", exclude=("b",), retry=Retry(again.round_id, "b")))
     assert c.spent("a") == pytest.approx(spent, rel=1e-9)
@@ -324,7 +328,7 @@ def test_the_reaper_aborts_exactly_the_rounds_past_their_deadline(
     assert c.ledger.round_state(old.round_id) == RoundState.ABORTED
     assert c.ledger.round_state(young.round_id) == RoundState.RESERVED
     assert c.ledger.round_state(released.round_id) == RoundState.RELEASED
-    assert set(c.core.rounds) == {young.round_id, released.round_id}
+    assert set(c.core.open_ids()) == {young.round_id, released.round_id}
     assert c.core.reap(now=TIMEOUT + 51.0) == [young.round_id]
     assert c.core.reap(now=10 * TIMEOUT) == [], "a released round is never reaped"
     # A reaped round releases nothing: its 2PC is refused.
@@ -345,9 +349,11 @@ def test_a_querier_holds_at_most_its_open_rounds_and_is_refused_before_reserving
     assert c.spent("a") == spent
 
 
-def _phase(rnd: GuardianRound[TaskConfig]) -> Phase:
-    """The round's phase, read afresh (a step moves it on)."""
-    return rnd.phase
+def _phase(c: Consortium, rnd: RoundView[TaskConfig]) -> Phase:
+    """The round's phase, read afresh from the core (a view is a snapshot)."""
+    now = c.core.view(rnd.round_id)
+    assert now is not None
+    return now.phase
 
 
 def test_a_round_moves_only_forward_through_its_phases_and_says_where_it_stands(
@@ -358,31 +364,65 @@ def test_a_round_moves_only_forward_through_its_phases_and_says_where_it_stands(
     round's phase, and nothing about the round changes."""
     c = consortium
     rnd, work = open_round(c, "k-phase")
-    assert _phase(rnd) is Phase.COLLECTING and not rnd.closed
+    rid = rnd.round_id
+    assert _phase(c, rnd) is Phase.COLLECTING
     with pytest.raises(PhaseError) as early:
-        c.core.release(rnd)  # nothing to release yet: the ledger is not asked
+        c.core.release(rid)  # nothing to release yet: the ledger is not asked
     assert early.value.found is Phase.COLLECTING and early.value.wanted == {Phase.READY}
-    assert c.ledger.round_state(rnd.round_id) == RoundState.RESERVED
+    assert c.ledger.round_state(rid) == RoundState.RESERVED
     for w in work[:2]:
         answer(c, w)
-    opened = c.core.close(rnd.round_id)
-    assert _phase(rnd) is Phase.CHECKING and rnd.closed and not rnd.checked
+    opened = c.core.close(rid)
+    assert _phase(c, rnd) is Phase.CHECKING
     with pytest.raises(PhaseError, match="late shares"):
         answer(c, work[2])
     with pytest.raises(PhaseError, match="closed already"):
-        c.core.close(rnd.round_id)
+        c.core.close(rid)
     with pytest.raises(PhaseError):
-        c.core.release(rnd)
+        c.core.release(rid)
+    c.core.vote_check_batch(rid, "student", b"s" * 16, list(opened.included))
+    c.core.check_votes(rid, student_check(opened))
+    assert _phase(c, rnd) is Phase.READY
+    with pytest.raises(PhaseError, match="checked already"):
+        c.core.vote_check_batch(rid, "student", b"s" * 16, list(opened.included))
+    with pytest.raises(PhaseError, match="checked already"):
+        c.core.check_votes(rid, student_check(opened))
+    c.core.release(rid)
+    released = c.core.view(rid)
+    assert released is not None and released.phase is Phase.RELEASED
+    with pytest.raises(PhaseError):
+        c.core.release(rid)  # released once: a second release would be a second output
+    # An adapter holds snapshots only: it cannot move a round, nor change what it holds.
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        released.phase = Phase.COLLECTING  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        released.excluded["a"] = 0.0  # type: ignore[index]
+    assert released.guardian_sum is not None and not released.guardian_sum.flags.writeable
+    state = GuardianRound(rid, CONFIG, "student", BATCH, ("a",), {}, 0.0)
+    state.advance(Phase.READY)
+    with pytest.raises(PhaseError):
+        state.advance(Phase.COLLECTING)
+
+
+def test_a_vote_check_that_cannot_be_verified_aborts_the_round_at_once(
+    consortium: Consortium, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check that parses but breaks the verification (here: the verifier raising) ends
+    the round there and then, nothing released or charged, rather than leaving it
+    half-checked for the reaper."""
+    c = consortium
+    rnd, work = open_round(c, "k-broken-check")
+    for w in work:
+        answer(c, w)
+    opened = c.core.close(rnd.round_id)
     c.core.vote_check_batch(rnd.round_id, "student", b"s" * 16, list(opened.included))
-    c.core.check_votes(rnd.round_id, student_check(opened))
-    assert _phase(rnd) is Phase.READY and rnd.checked and rnd.ready
-    with pytest.raises(PhaseError, match="checked already"):
-        c.core.vote_check_batch(rnd.round_id, "student", b"s" * 16, list(opened.included))
-    with pytest.raises(PhaseError, match="checked already"):
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise ValueError("a share of the wrong length")
+
+    monkeypatch.setattr(guardian_module, "verifier_shares", broken)
+    with pytest.raises(RoundRefusedError, match="could not be verified"):
         c.core.check_votes(rnd.round_id, student_check(opened))
-    c.core.release(rnd)
-    assert _phase(rnd) is Phase.RELEASED and rnd.released
-    with pytest.raises(PhaseError):
-        c.core.release(rnd)  # released once: a second release would be a second output
-    with pytest.raises(PhaseError):
-        rnd.advance(Phase.COLLECTING)
+    assert not c.core.is_open(rnd.round_id)
+    assert c.ledger.round_state(rnd.round_id) == RoundState.ABORTED
+    assert all(c.spent(p) == 0.0 for p in ("a", "b", "c"))

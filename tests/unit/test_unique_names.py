@@ -28,13 +28,8 @@ DELIBERATE = {
 KNOWN = {
     "Report",
     "audit",
-    "body_for",
-    "file_sha256",
-    "lazy",
     "load",
     "query_recipe",
-    "read_task",
-    "report",
     "serve",
     "verify",
 }

@@ -124,15 +124,15 @@ def test_a_task_on_other_inputs_needs_its_own_data_and_teachers() -> None:
 
 def test_a_table_task_runs_without_a_body_or_reference_batch() -> None:
     from services import tasks
-    from services.commands.up import body_for, config_of, student_data
+    from services.commands.up import body_path, config_of, student_data
 
     table = config_of(tasks.load("breast-cancer"))
     # A table's student is an MLP from scratch: no reference batch is asked for.
     with pytest.raises(SystemExit, match=r"give --test-data, --teachers hospital-0"):
         student_data(_up(), table, {})
-    assert body_for(_up(), table) is None
+    assert body_path(_up(), table) is None
     with pytest.raises(SystemExit, match=r"image body.*table rows of 30 features.*without --body"):
-        body_for(_up("--body", "body.pt"), table)
+        body_path(_up("--body", "body.pt"), table)
     # An image task keeps the shipped body unless given one.
     images = config_of(
         {
@@ -141,21 +141,21 @@ def test_a_table_task_runs_without_a_body_or_reference_batch() -> None:
             "mechanism": {"name": "gnmax", "sigma": 4.0},
         }
     )
-    assert body_for(_up(), images) == shipped_body()[0]
-    assert body_for(_up("--body", "body.pt"), images) == Path("body.pt")
+    assert body_path(_up(), images) == shipped_body()[0]
+    assert body_path(_up("--body", "body.pt"), images) == Path("body.pt")
     # Images of another shape: the shipped body cannot read them.
     other = config_of(
         {"num_classes": 2, "input_shape": [3, 32, 32], "mechanism": {"name": "gnmax", "sigma": 4.0}}
     )
     with pytest.raises(SystemExit, match=r"takes 1x28x28 images, the task's are 3x32x32"):
-        body_for(_up(), other)
-    assert body_for(_up("--body", "body.pt"), other) == Path("body.pt")
+        body_path(_up(), other)
+    assert body_path(_up("--body", "body.pt"), other) == Path("body.pt")
 
 
 def test_the_loop_block_prints_after_the_consortium_lines(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from services.commands.up import LOOP_COMMAND, LoopAccess, report
+    from services.commands.up import LOOP_COMMAND, LoopAccess, print_report
 
     access = Access("https://127.0.0.1:9", "capc_a_b", "capc_c_d", Path("/pki/ca.pem"))
     loop = LoopAccess(
@@ -167,7 +167,7 @@ def test_the_loop_block_prints_after_the_consortium_lines(
         "command": "capcctl jobs submit --count 5 --wait",
         "loop": loop.summary(),
     }
-    report(_up(), None, access, summary)  # type: ignore[arg-type]
+    print_report(_up(), None, access, summary)  # type: ignore[arg-type]
     lines = capsys.readouterr().out.splitlines()
     assert lines[-4].startswith("# hospital-0's CaPC loop: its own gateway; the other ")
     assert "cover 300 more queries" in lines[-4]
