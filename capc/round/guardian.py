@@ -175,6 +175,10 @@ class GuardianCore(Generic[TaskT]):
         weights, votes_on = personalization.draw(
             task, self.rates(task, candidates), batch, self.rng
         )
+        for mask in votes_on.values():
+            # What each party is charged for: shared read-only with the views and the work
+            # adapters get, so none of them can narrow it after the reservation.
+            mask.flags.writeable = False
         # Each party's own worst case: every query it votes on answered, at its weight.
         worst = {
             p: task.mechanism.worst_case(

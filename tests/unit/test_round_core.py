@@ -426,3 +426,35 @@ def test_a_vote_check_that_cannot_be_verified_aborts_the_round_at_once(
     assert not c.core.is_open(rnd.round_id)
     assert c.ledger.round_state(rnd.round_id) == RoundState.ABORTED
     assert all(c.spent(p) == 0.0 for p in ("a", "b", "c"))
+
+
+def test_who_votes_on_what_cannot_be_changed_through_a_view_or_a_work() -> None:
+    """With vanishing, each party's (B,) mask decides what it is charged: the masks an
+    adapter holds (a round's view, a party's work) are read-only, so no adapter can
+    narrow the queries a party is charged for after its reservation."""
+    task = {
+        "num_labels": 2,
+        "input_shape": [2],
+        "mechanism": {"name": "powerset", "sigma": 100.0},
+        "quorum": 2,
+        "personalization": {"mode": "vanishing", "planned_queries": 100},
+    }
+    config = TaskConfig.parse("v", task, config_hash(task))
+    mem = MemoryLedger()
+    for name in ("a", "b", "c"):
+        mem.register(name, RICH)
+    core = _core(mem)
+    rnd, work = core.open(config, request("k-masks"), ("a", "b", "c"), dict.fromkeys("abc", 1), 0)
+    masks = [w.participation for w in work if w.participation is not None]
+    masks += [m for m in rnd.votes_on.values()]
+    assert masks
+    for mask in masks:
+        before = mask.copy()
+        with pytest.raises(ValueError, match="read-only"):
+            mask[:] = False
+        assert np.array_equal(mask, before)
+    live = core.view(rnd.round_id)
+    assert live is not None
+    assert {p: m.tolist() for p, m in live.votes_on.items()} == {
+        p: m.tolist() for p, m in rnd.votes_on.items()
+    }
