@@ -180,3 +180,13 @@ def test_only_uint64_matrices_are_sent_as_shares(share: np.ndarray) -> None:
 def test_participation_of_another_length_is_refused(data: bytes) -> None:
     with pytest.raises(RequestError, match=f"participation must carry 9 bits, got {8 * len(data)}"):
         serde.participation_from_bytes(data, 9)
+
+
+@pytest.mark.parametrize("body", ["[" * 100_000, '{"a":' * 100_000, "NaN", "[]", "{"])
+def test_a_task_definition_that_is_no_configuration_is_refused_not_raised(body: str) -> None:
+    """A hospital drops a definition that does not check (its rounds are then refused):
+    however it is malformed, even nested past the parser's depth, it is a RequestError,
+    never an exception that would end the party's stream."""
+    header = common_pb2.Header(task="t", config_hash="0" * 64)
+    with pytest.raises(RequestError, match="does not hash"):
+        serde.task_definition_from_proto(guardian_pb2.TaskDefinition(config_json=body), header)

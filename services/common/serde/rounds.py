@@ -150,9 +150,10 @@ def task_definition_from_proto(
     which must hash to the header's config hash. RequestError saying what is wrong."""
     try:
         config = json.loads(msg.config_json or "null")
-    except ValueError:
-        config = None
-    if not isinstance(config, dict) or config_hash(config) != header.config_hash:
+        digest = config_hash(config) if isinstance(config, dict) else None
+    except (ValueError, RecursionError):  # nested past the parser's depth: no configuration
+        digest = None
+    if digest is None or digest != header.config_hash:
         raise RequestError(
             f"the definition of task {header.task!r} does not hash to its config hash "
             f"{header.config_hash}"
