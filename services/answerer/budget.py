@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 
 from capc.round import trust
 from capc.round.errors import LedgerRefusedError
@@ -49,6 +50,7 @@ from services.answerer.ledger_port import SqlPartyLedger
 from services.common import serde
 from services.common.ledger import Ledger
 from services.common.ledger.audit import AuditHead, head_signed
+from services.common.limits import MAX_DEFINED_TASKS
 from services.common.protocol import RequestError
 from services.proto.capc.v1 import common_pb2, guardian_pb2
 
@@ -110,8 +112,10 @@ class OwnBudget:
         self.attestation: Attestation | None = None
         # The tasks the guardian defined (:meth:`define`), and their configurations, by
         # name and config hash (two names may share a configuration): a round names its
-        # task by these only.
-        self._tasks: dict[tuple[str, str], tuple[TaskConfig, dict[str, object]]] = {}
+        # task by these only. Oldest first, at most MAX_DEFINED_TASKS.
+        self._tasks: OrderedDict[tuple[str, str], tuple[TaskConfig, dict[str, object]]] = (
+            OrderedDict()
+        )
 
     def attest(self, attestation: Attestation) -> TrainingCharge:
         """Charge the teachers' DP-SGD training in this ledger (once per digest), durably,
@@ -209,7 +213,11 @@ class OwnBudget:
                 "%s: the guardian sent a task definition that does not check: %s", self.name, err
             )
             return
-        self._tasks[task.name, task.config_hash] = (task, config)
+        key = (task.name, task.config_hash)
+        self._tasks[key] = (task, config)
+        self._tasks.move_to_end(key)
+        while len(self._tasks) > MAX_DEFINED_TASKS:
+            self._tasks.popitem(last=False)
 
     def decode(self, msg: guardian_pb2.RoundWork, header: common_pb2.Header) -> serde.PartyWork:
         """The round's work, decoded once, against the task its stream defined: the job's

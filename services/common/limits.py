@@ -61,6 +61,12 @@ MAX_PREDICT_RECORDS = 4096
 #: body in one batch, so it is bounded like a round.
 MAX_REFERENCE_RECORDS = 1024
 
+#: Task definitions an answering party keeps (a guardian's stream defines each task,
+#: by name and config hash, before its first round): a consortium runs a handful of
+#: tasks; a guardian defining more has the oldest forgotten, and rounds naming it
+#: are refused until it is defined again.
+MAX_DEFINED_TASKS = 64
+
 #: Student models whose weights the student party keeps loaded for predictions.
 PREDICT_CACHE_MODELS = 4
 

@@ -29,6 +29,7 @@ from services.answerer.budget import GUARDIAN_HEAD, GUARDIAN_KEY, OwnBudget, Vot
 from services.common import pki, serde, tls
 from services.common.ledger import Ledger
 from services.common.ledger.audit import public_hex, sign_head
+from services.common.limits import MAX_DEFINED_TASKS
 from services.common.protocol import PROTOCOL_VERSION, RequestError
 from services.guardian import budgets
 from services.guardian.hub import RunningServer, serve
@@ -243,6 +244,32 @@ def test_bad_rounds_are_refused_with_reasons(pair: Pair) -> None:
     empty = guardian_pb2.RoundWork(round_id=999, mechanism=serde.mechanism_to_proto(mech))
     with pytest.raises(VoteRefusedError, match="queries must be"):
         own_admit(pair.own, empty, header)
+
+
+def test_a_party_keeps_a_bounded_number_of_task_definitions(pair: Pair) -> None:
+    """A guardian defining task after task cannot grow a party's memory without bound:
+    past MAX_DEFINED_TASKS the oldest definition is forgotten (its rounds are refused,
+    nothing reserved, until a stream defines it again); the newest still decode."""
+    work, header, _ = pair.work("single", 4)
+    headers = []
+    for quorum in range(1, MAX_DEFINED_TASKS + 2):
+        config = dict(TASKS["single"], quorum=quorum)
+        h = common_pb2.Header(
+            protocol_version=PROTOCOL_VERSION, task="single", config_hash=config_hash(config)
+        )
+        define(pair.own, config, h)
+        headers.append(h)
+    assert headers[0].config_hash == header.config_hash
+    with pytest.raises(VoteRefusedError, match="defined no task 'single'"):
+        pair.own.decode(work, headers[0])
+    assert pair.own.decode(work, headers[-1]).task.quorum == MAX_DEFINED_TASKS + 1
+    # A definition sent again is the newest: it outlives those defined before it.
+    define(pair.own, TASKS["single"], headers[0])
+    newer = dict(TASKS["single"], quorum=MAX_DEFINED_TASKS + 2)
+    define(pair.own, newer, common_pb2.Header(task="single", config_hash=config_hash(newer)))
+    assert pair.own.decode(work, headers[0]).task.quorum == 1
+    with pytest.raises(VoteRefusedError, match="defined no task 'single'"):
+        pair.own.decode(work, headers[2])
 
 
 def test_settlements_never_undercount(pair: Pair) -> None:
