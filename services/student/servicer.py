@@ -78,8 +78,14 @@ def job_mechanism(job: Job, task: TaskConfig) -> Mechanism:
 
 
 def job_reply(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
-    """A job as the jobs API returns it; with ``task``, the mechanism its rounds run."""
-    mech = None if task is None else job_mechanism(job, task)
+    """A job as the jobs API returns it; with ``task``, the mechanism its rounds run, or
+    none for a stored one the task does not allow (a row from before the task's policy
+    was raised, or changed by hand): its runner fails that job, and the API still lists
+    it and every other."""
+    mech = None
+    if task is not None:
+        with contextlib.suppress(TaskError):
+            mech = task.running(job_mechanism(job, task)).mechanism
     return serde.job_to_proto(job, mech)
 
 

@@ -93,3 +93,26 @@ def test_stored_rows_of_either_form_are_read_and_checked(tmp_path: Path) -> None
         assert row is not None
         with pytest.raises(TaskError):
             TASK.running(job_mechanism(row, TASK))
+
+
+def test_a_row_whose_mechanism_does_not_resolve_is_listed_without_one(tmp_path: Path) -> None:
+    """A row the task no longer allows (a job made before the task's policy was raised, or
+    written by hand) fails its own job when it runs; the jobs API still lists it, and
+    every other job, rather than failing every listing on that one row."""
+    store = JobStore(str(tmp_path / "jobs.db"))
+    runner = cast(JobRunner, SimpleNamespace(submit=lambda _: None))
+    party = StudentParty(store, runner, TASK, cast(ModelTrainer, None))
+    good = create(party, sigma=5.0)
+    x = np.zeros((4, 2), np.float32)
+    bad = [
+        store.create("t", x, 4, None, {"sigma": 1.0}).id,  # below the task's: refused
+        store.create("t", x, 4, None, {"name": "binary", "sigma": 2.0}).id,  # no such outputs
+    ]
+    header = common_pb2.Header(protocol_version=PROTOCOL_VERSION, task="t")
+    listed = party.ListJobs(
+        student_pb2.ListJobsRequest(header=header), cast(grpc.ServicerContext, Context())
+    )
+    by_id = {j.id: j for j in listed.jobs}
+    assert set(by_id) == {good.id, *bad}
+    assert by_id[good.id].mechanism.params["sigma"] == 5.0
+    assert all(not by_id[b].HasField("mechanism") for b in bad)

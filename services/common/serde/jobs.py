@@ -88,7 +88,7 @@ class ModelRecord(Protocol):
 
 def job_to_proto(job: JobRecord, mechanism: Mechanism | None = None) -> student_pb2.Job:
     """A job as the jobs API returns it; with ``mechanism``, the one its rounds run (the
-    task's, with the job's overrides applied by the caller)."""
+    job's, resolved at its creation)."""
     msg = student_pb2.Job(
         id=job.id,
         state=job.state,
