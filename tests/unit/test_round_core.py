@@ -458,3 +458,30 @@ def test_who_votes_on_what_cannot_be_changed_through_a_view_or_a_work() -> None:
     assert {p: m.tolist() for p, m in live.votes_on.items()} == {
         p: m.tolist() for p, m in rnd.votes_on.items()
     }
+
+
+def test_a_charge_the_ledger_fails_to_take_leaves_the_round_to_settle_at_its_reservation(
+    consortium: Consortium, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's write of a released round's charge fails: the round stays open and
+    released (the reaper leaves it, nothing is released again), and the settle that
+    follows charges every party its reservation, never less."""
+    c = consortium
+    rnd = run_to_release(c, "k-failed-write")
+    rid = rnd.round_id
+
+    def down(*args: object, **kwargs: object) -> None:
+        raise OSError("the ledger's disk is gone")
+
+    monkeypatch.setattr(c.ledger, "commit", down)
+    with pytest.raises(OSError):
+        c.core.charge(rid, np.ones(BATCH, dtype=bool))
+    monkeypatch.undo()
+    assert c.core.is_open(rid) and c.ledger.round_state(rid) == RoundState.RELEASED
+    assert c.core.reap(now=10 * TIMEOUT) == []
+    with pytest.raises(PhaseError):
+        c.core.release(rid)
+    c.core.settle(rid, "its charge was not written")
+    assert not c.core.is_open(rid) and c.ledger.round_state(rid) == RoundState.COMMITTED
+    for p in ("a", "b", "c"):
+        assert c.spent(p) == pytest.approx(worst(c), rel=1e-9)
