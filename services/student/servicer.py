@@ -79,13 +79,13 @@ def job_mechanism(job: Job, task: TaskConfig) -> Mechanism:
 
 def job_reply(job: Job, task: TaskConfig | None = None) -> student_pb2.Job:
     """A job as the jobs API returns it; with ``task``, the mechanism its rounds run, or
-    none for a stored one the task does not allow (a row from before the task's policy
+    none for a stored one that does not resolve (a row from before the task's policy
     was raised, or changed by hand): its runner fails that job, and the API still lists
-    it and every other."""
+    it and every other. Not checked against the policy here: the runner does, once."""
     mech = None
     if task is not None:
         with contextlib.suppress(TaskError):
-            mech = task.running(job_mechanism(job, task)).mechanism
+            mech = job_mechanism(job, task)
     return serde.job_to_proto(job, mech)
 
 

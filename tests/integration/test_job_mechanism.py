@@ -106,7 +106,7 @@ def test_a_row_whose_mechanism_does_not_resolve_is_listed_without_one(tmp_path: 
     x = np.zeros((4, 2), np.float32)
     bad = [
         store.create("t", x, 4, None, {"sigma": 1.0}).id,  # below the task's: refused
-        store.create("t", x, 4, None, {"name": "binary", "sigma": 2.0}).id,  # no such outputs
+        store.create("t", x, 4, None, {"name": "gnmax", "sigma": -2.0}).id,  # no mechanism
     ]
     header = common_pb2.Header(protocol_version=PROTOCOL_VERSION, task="t")
     listed = party.ListJobs(
