@@ -272,7 +272,7 @@ class RoundEngine:
                 )
                 self._failed(rnd.round_id, w.party)
         with self._lock:
-            if rnd.collected:  # every party failed already
+            if self.core.collected(rnd.round_id):  # every party failed already
                 live.complete.set()
         return live
 

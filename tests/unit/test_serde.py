@@ -190,3 +190,15 @@ def test_a_task_definition_that_is_no_configuration_is_refused_not_raised(body: 
     header = common_pb2.Header(task="t", config_hash="0" * 64)
     with pytest.raises(RequestError, match="does not hash"):
         serde.task_definition_from_proto(guardian_pb2.TaskDefinition(config_json=body), header)
+
+
+def test_a_recipe_nested_past_the_parsers_depth_is_a_bad_recipe_not_a_crash() -> None:
+    """JSON nested past the parser's depth raises RecursionError, not ValueError: it is
+    refused as a bad recipe like any other malformed parameters."""
+    from services.common.serde.recipes import RecipeError, recipe_from_proto
+
+    deep = "[" * 100_000 + "]" * 100_000
+    msg = common_pb2.Recipe(generator="fractal", seed=1, count=2, shape=[1, 8, 8])
+    msg.params_json = '{"a": ' + deep + "}"
+    with pytest.raises(RecipeError, match="bad recipe"):
+        recipe_from_proto(msg)

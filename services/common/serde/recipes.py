@@ -24,8 +24,9 @@ def recipe_from_proto(msg: common_pb2.Recipe) -> Recipe:
         # Recipe checks the shape: (C, H, W) for images, (width,) for table rows.
         shape = tuple(int(x) for x in msg.shape)
         return Recipe(msg.generator, int(msg.seed), int(msg.start), int(msg.count), shape, params)
-    except (ValueError, TypeError) as err:
-        raise RecipeError(f"bad recipe: {err}") from err
+    except (ValueError, TypeError, RecursionError) as err:
+        # RecursionError: JSON nested past the parser's depth is malformed input too.
+        raise RecipeError(f"bad recipe: {err}") from None
 
 
 def recipe_to_proto(
