@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from capc.mechanisms import from_config
+from capc.privacy.randomness import SecureRandom
 from experiments import diet_services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ def test_personalized_budget_streams_stop_whatever_the_votes() -> None:
         neighbour[:, 0] = (preds[:, 0] + 1) % 10
         for votes in (preds, neighbour):
             for w, v in ((weights, np.ones((q, n), dtype=bool)), (np.ones(n), voting)):
-                out = run_stream(votes, truth, caps, w, v, gnmax, np.random.default_rng(1))
+                out = run_stream(votes, truth, caps, w, v, gnmax, SecureRandom.from_seed(1))
                 runs.append(out)
     # unanimous or split, a teacher moved or not: the same stop per rule
     assert {r["labels"] for r in runs[0::2]} == {runs[0]["labels"]}
