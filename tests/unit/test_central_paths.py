@@ -6,6 +6,7 @@ noise: a label's noise is the mechanism's own draw (``draw_noise``, exact sample
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def sources() -> list[tuple[str, ast.AST]]:
     ]
 
 
-def oracle_callers(files: list[tuple[str, ast.AST]]) -> list[str]:
+def oracle_callers(files: Sequence[tuple[str, ast.AST]]) -> list[str]:
     return [
         f"{name}:{line} calls .{attr}("
         for name, tree in files
@@ -64,7 +65,7 @@ def oracle_callers(files: list[tuple[str, ast.AST]]) -> list[str]:
     ]
 
 
-def float_noise(files: list[tuple[str, ast.AST]]) -> list[str]:
+def float_noise(files: Sequence[tuple[str, ast.AST]]) -> list[str]:
     return [
         f"{name}:{line} draws .{attr}( in a labelling module"
         for name, tree in files
