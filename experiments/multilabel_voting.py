@@ -90,12 +90,18 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=10.0, help="common sigma for label counts")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds averaged")
+    ap.add_argument(
+        "--held-out", type=int, default=2000, help="records held out and labelled (queries)"
+    )
     ap.add_argument("--out", type=Path, default=Path("experiments/results/multilabel_voting.json"))
     args = ap.parse_args()
+    if not 1 <= args.held_out <= 2000:
+        ap.error(f"--held-out takes 1 to 2000 records, not {args.held_out}")
     start = time.perf_counter()
     x, y = animal_attributes()
     order = np.random.default_rng(0).permutation(len(x))
-    held, train = order[:2000], order[2000:]
+    # The teachers always train on the same records, whatever --held-out labels.
+    held, train = order[: args.held_out], order[2000:]
     parts = [train[p] for p in partition(len(train), args.teachers, seed=0)]
     teachers = fit_scratch_teachers(
         x, y, parts, architecture="small-cnn", outputs=int(y.shape[1]), epochs=args.epochs

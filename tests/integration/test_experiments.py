@@ -43,9 +43,14 @@ def test_multilabel_voting_experiment(tmp_path: Path) -> None:
         "1",
         "--seeds",
         "1",
+        # Each query draws 42 exact noise values (5 + 5 + 32 for Powerset): 400 of them
+        # keep the run short and every comparison below meaningful.
+        "--held-out",
+        "400",
     )
     rows = result["results"]
     assert isinstance(rows, dict) and set(rows) == {"eps=2", "eps=5", "eps=10"}
+    assert result["held_out_queries"] == 400
     for row in rows.values():
         # Same epsilon, same planned queries: Powerset's smaller sensitivity needs less noise.
         assert row["powerset"]["sigma_for_queries"] < row["binary"]["sigma_for_queries"]
