@@ -7,7 +7,9 @@ one that lets a target number of queries fit the budget with the
 data-independent charges the guardian uses (capc.privacy.planning), so every
 mechanism spends the same epsilon; we then report how many labels that
 budget answers at a common noise, and the label quality at the planned
-noise on the held-out pool:
+noise on the held-out pool, labelled as a consortium would: one central round
+(capc.round.central, oracle mode) in which one party holds the ensemble and
+the guardian draws the mechanism's own noise (seeded streams):
 
 - ``labels_at_equal_sigma``: k labels per query times the queries that fit
   the budget when every mechanism uses the same sigma (Powerset's sqrt(2)
@@ -44,9 +46,14 @@ from capc.planning.advisor import TAU_MARGIN, LabelStatistics, recommend
 from capc.privacy import planning
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS
+from capc.privacy.randomness import SecureRandom
+from capc.round.central import UNCAPPED, CentralDriver
+from capc.round.task import MechanismTask
 from experiments.report import save
 
 DELTA = 1e-5
+#: The guardian's noise streams: this, the mechanism and the seed's number.
+SEED = "multilabel-voting"
 
 
 def quality(pred: NDArray[np.int8], truth: NDArray[np.int8]) -> dict[str, float]:
@@ -68,18 +75,12 @@ def quality(pred: NDArray[np.int8], truth: NDArray[np.int8]) -> dict[str, float]
     }
 
 
-def decide(
-    mech: Mechanism, votes: NDArray[np.float64], sigma: float, rng: np.random.Generator
-) -> NDArray[np.int8]:
-    """(B, teachers, k) votes -> (B, k) labels under ``mech`` with noise ``sigma`` (votes),
-    drawn from ``rng`` (a simulation, not the guardian's secure source)."""
-    counts = mech.summed_votes(votes)
-    # The mechanisms' noise names: the argmax's (Powerset) or the per-label decisions'.
-    key = "eta2" if mech.name == "powerset" else "noise"
-    labels, _ = mech.decide(
-        counts, {key: rng.normal(0.0, sigma, counts.shape)}, votes.shape[1] / 2.0
-    )
-    return labels.astype(np.int8)
+def decide(mech: Mechanism, votes: NDArray[np.int64], rng: SecureRandom) -> NDArray[np.int8]:
+    """(B, teachers, k) votes -> (B, k) labels under ``mech``: one central round (oracle
+    mode) whose one party holds the ensemble, the guardian's noise from ``rng``."""
+    task = MechanismTask("multilabel-voting", mech)
+    driver = CentralDriver(task, {"ensemble": UNCAPPED}, rng=rng, mode="oracle")
+    return driver.label({"ensemble": votes}).labels.astype(np.int8)
 
 
 def main() -> None:
@@ -89,17 +90,23 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=10.0, help="common sigma for label counts")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--seeds", type=int, default=3, help="noise seeds averaged")
+    ap.add_argument(
+        "--held-out", type=int, default=2000, help="records held out and labelled (queries)"
+    )
     ap.add_argument("--out", type=Path, default=Path("experiments/results/multilabel_voting.json"))
     args = ap.parse_args()
+    if not 1 <= args.held_out <= 2000:
+        ap.error(f"--held-out takes 1 to 2000 records, not {args.held_out}")
     start = time.perf_counter()
     x, y = animal_attributes()
     order = np.random.default_rng(0).permutation(len(x))
-    held, train = order[:2000], order[2000:]
+    # The teachers always train on the same records, whatever --held-out labels.
+    held, train = order[: args.held_out], order[2000:]
     parts = [train[p] for p in partition(len(train), args.teachers, seed=0)]
     teachers = fit_scratch_teachers(
         x, y, parts, architecture="small-cnn", outputs=int(y.shape[1]), epochs=args.epochs
     )
-    votes = Voters(teachers).predict(x[held]).astype(np.float64)
+    votes = Voters(teachers).predict(x[held]).astype(np.int64)
     truth = y[held].astype(np.int8)
     k, n = y.shape[1], args.teachers
     stats = LabelStatistics.from_labels(y[train])
@@ -118,8 +125,9 @@ def main() -> None:
             unit = RenyiDp(DEFAULT_ORDERS).cost(spec.worst_case(1))
             sigma = planning.noise_scale_for(unit, DEFAULT_ORDERS, args.queries, eps, DELTA)
             fit_common = planning.max_queries(unit / args.sigma**2, DEFAULT_ORDERS, eps, DELTA)
+            mech = from_config({**spec.to_config(), "sigma": sigma}, k)
             runs = [
-                quality(decide(spec, votes, sigma, np.random.default_rng(s)), truth)
+                quality(decide(mech, votes, SecureRandom.from_seed(f"{SEED}-{name}-{s}")), truth)
                 for s in range(args.seeds)
             ]
             row[name] = {

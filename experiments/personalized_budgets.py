@@ -7,7 +7,11 @@ personalized runs use the guardian's own rules (capc.mechanisms.Personalization:
 ``weights`` and ``rates`` from the caps, by the ledger's RDP accountant). Queries stream
 from held-out images (cycled with fresh noise) until the next query would
 take some teacher past its cap; we report the labels produced, their
-accuracy and the ratio to the baseline.
+accuracy and the ratio to the baseline. The labels are a central round's
+release on the weighted histogram (capc.round.central.oracle_release: the
+mechanism's own noise from a seeded stream, the circuit's grid), and each
+teacher's stop is central mode's budget filter
+(capc.round.central_budget.budget_filter) at its cap, weight and participation.
 
 Where a stream stops is decided by data-independent charges only, as the
 distributed guardian charges them: alpha w**2 / sigma**2 per query for a
@@ -42,25 +46,13 @@ from capc.models.ensemble import Voters
 from capc.privacy import rdp
 from capc.privacy.accountants import RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
+from capc.privacy.randomness import SecureRandom
+from capc.round.central import oracle_release
+from capc.round.central_budget import budget_filter
 from experiments.report import save
 
 DELTA = 1e-5
 ORDERS = DEFAULT_ORDERS
-
-
-def stop_index(cumulative: NDArray[np.float64], cap: float) -> int:
-    """How many queries fit: the first prefix whose epsilon (nats, at ``DELTA``) exceeds
-    ``cap`` (binary search over the (queries, orders) cumulative RDP)."""
-    lo, hi = 0, int(cumulative.shape[0])
-    if convert(cumulative[-1], ORDERS, DELTA).epsilon <= cap:
-        return hi
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if convert(cumulative[mid], ORDERS, DELTA).epsilon <= cap:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 def run_stream(
@@ -70,14 +62,18 @@ def run_stream(
     weights: NDArray[np.float64],
     voting: NDArray[np.bool_],
     gnmax: Mechanism,
-    rng: np.random.Generator,
+    rng: SecureRandom,
 ) -> dict[str, Any]:
     """Labels answered before any teacher would exceed its cap (epsilon in nats at ``DELTA``).
 
     ``preds`` (Q, n): each teacher's vote; ``voting`` (Q, n): participation;
     ``weights`` (n,): vote weights on the 1/256 grid; ``gnmax``: the mechanism, whose
-    votes, decision and per-teacher events the guardian's are; its noise is drawn from
-    ``rng`` (a simulation). The stop depends on ``caps``, ``weights``, ``voting`` and the
+    votes, decision and per-teacher events the guardian's are. The labels are the
+    central round's release on the weighted histogram
+    (:func:`capc.round.central.oracle_release`: the guardian's noise from ``rng``, the
+    circuit's grid); each teacher's stop is
+    :func:`capc.round.central_budget.budget_filter`'s at its cap, weight and
+    participation, so the stop depends on ``caps``, ``weights``, ``voting`` and the
     mechanism only, never on ``preds``.
     """
     q, n = voting.shape
@@ -88,15 +84,25 @@ def run_stream(
         )
         hist += votes / 256.0
     sigma = float(gnmax.params.model_dump()["sigma"])
-    labels, _ = gnmax.decide(hist, {"eta2": rng.normal(0.0, sigma, hist.shape)})
-    acct = RenyiDp(ORDERS)
-    fits = q
+    labels, _ = oracle_release(hist, gnmax, rng)
+    acct, answered = RenyiDp(ORDERS), np.ones(q, dtype=bool)
+    stops: dict[object, int] = {}
     for i in range(n):
         if weights[i] == 0:
             continue
-        per = acct.cost(gnmax.event(np.ones(1, dtype=bool), float(weights[i])))
-        charged = np.cumsum(voting[:, i : i + 1] * per, axis=0)
-        fits = min(fits, stop_index(charged, float(caps[i])))
+        # Teachers of one cap and weight that vote on every query stop alike.
+        key = (float(caps[i]), float(weights[i])) if voting[:, i].all() else i
+        if key not in stops:
+            stops[key] = budget_filter(
+                answered,
+                gnmax,
+                float(caps[i]),
+                DELTA,
+                acct,
+                weight=float(weights[i]),
+                voting=voting[:, i],
+            ).processed
+    fits = min(stops.values(), default=q)
     return {
         "labels": int(fits),
         "accuracy": float((labels[:fits] == truth[:fits]).mean()) if fits else None,
@@ -164,6 +170,8 @@ def main() -> None:
     teacher_accuracy = float((pool == y[held][:, None]).mean())
     rng = np.random.default_rng(args.seed + 1)
     idx = rng.integers(0, len(held), args.stream)
+    # The guardian's noise, one stream for every run (participation stays rng's draw).
+    noise = SecureRandom.from_seed(f"personalized-budgets-{args.seed}")
     preds, truth = pool[idx], y[held][idx]
     n = args.teachers
     gnmax = from_config({"name": "gnmax", "sigma": args.sigma}, 10)
@@ -179,12 +187,12 @@ def main() -> None:
     for high in (math.log(4), math.log(8)):
         caps = np.where(np.arange(n) < n // 2, math.log(2), high)
         every = np.ones((args.stream, n), dtype=bool)
-        base = run_stream(preds, truth, np.full(n, caps.min()), np.ones(n), every, gnmax, rng)
+        base = run_stream(preds, truth, np.full(n, caps.min()), np.ones(n), every, gnmax, noise)
         w = plan("weighting").weights(caps.tolist(), gnmax, acct, DELTA, frac_bits=8)
-        weighted = run_stream(preds, truth, caps, w, every, gnmax, rng)
+        weighted = run_stream(preds, truth, caps, w, every, gnmax, noise)
         p = plan("vanishing").rates(caps.tolist(), gnmax, acct, DELTA)
         voting = rng.random((args.stream, n)) < p
-        vanishing = run_stream(preds, truth, caps, np.ones(n), voting, gnmax, rng)
+        vanishing = run_stream(preds, truth, caps, np.ones(n), voting, gnmax, noise)
         results[f"half_log2_half_log{round(math.exp(high))}"] = {
             "baseline_all_at_log2": base,
             "weighting": {**weighted, "weights": sorted({float(v) for v in w})},

@@ -5,8 +5,10 @@ training set itself without its labels. Teachers are trained on disjoint
 partitions of the labelled records, each with the whole pool unlabelled;
 the student sends a number of pool images, fixed in advance, to the
 ensemble; a mechanism from :mod:`capc.mechanisms` (Confident-GNMax by
-default) aggregates the votes; the student learns from the answered
-queries and the pool, again by FixMatch.
+default) aggregates the votes, in one central round
+(:func:`capc.round.central.label_histograms`, oracle mode: what the circuit
+releases); the student learns from the answered queries and the pool, again
+by FixMatch.
 
 Privacy. One record's label taints one teacher, so each query is the
 mechanism's event for one teacher (its threshold test and, where
@@ -42,6 +44,7 @@ from capc.privacy import accountants
 from capc.privacy.accountants import Accounting
 from capc.privacy.events import DpEvent
 from capc.privacy.randomness import SecureRandom
+from capc.round.central import label_histograms
 
 #: How queries are picked from the pool (public features only).
 SELECTIONS = ("prototypes", "random")
@@ -201,7 +204,7 @@ def label_pool(
     queries = select_queries(bank, count, config.selection, config.seed)
     votes = head_predictions(bank.clean[torch.from_numpy(queries)], w, b)
     hist = mech.summed_votes(votes)
-    released, answered = mech.decide(hist, mech.draw_noise(len(queries), rng))
+    released, answered = label_histograms(hist, mech, config.teachers, rng, mode="oracle")
     event = mech.event(answered)
     spent = acct.spent(acct.cost(event), config.delta)
     keep = np.asarray(answered, dtype=bool)

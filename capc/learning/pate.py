@@ -17,7 +17,7 @@ outputs that are themselves differentially private (the noisy threshold
 tests). Each query is charged the mechanism's event for one query: its
 threshold test (none for plain GNMax) and, when the noisy test answers it,
 its answer; a mechanism runs only if its charge keeps the total within the
-budget.
+budget (:func:`capc.round.central_budget.budget_filter`, central mode's one filter).
 
 - ``rdp``: Renyi DP, minimised over orders. Sound as a filter because every
   charge is linear in the order (docs/privacy.md, "The budget filter").
@@ -36,11 +36,11 @@ One noise draw serves every budget and accountant, so the runs at eps 5, 10
 and 20 are prefixes of one run, and the accountants' runs differ only in
 where they stop.
 
-The labels come from the mechanism's oracle (``labels_by="oracle"``, the default and
-the fastest), or from the protocol itself run in one process
-(``labels_by="2pc"``: :func:`capc.round.central.label_histograms`, the guardian, one
-party holding the ensemble and the student, with the real garbled circuit), bit for
-bit the same labels for the same noise.
+The labels come from the protocol itself run in one process
+(:func:`capc.round.central.label_histograms`: the guardian, one party holding the
+ensemble and the student), computed by the mechanism's oracle (``labels_by="oracle"``,
+the default and the fastest) or by the real garbled circuit (``labels_by="2pc"``), bit
+for bit the same labels for the same noise.
 """
 
 from __future__ import annotations
@@ -56,13 +56,13 @@ from capc.mechanisms import Mechanism, MechanismError, from_config
 from capc.mechanisms.base import NOT_ANSWERED
 from capc.mechanisms.confident_gnmax import ConfidentGNMax
 from capc.mechanisms.gnmax import GNMax
-from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
 from capc.privacy import accountants as kinds
 from capc.privacy.accountants import Accounting, RenyiDp
 from capc.privacy.conversion import DEFAULT_ORDERS
 from capc.privacy.randomness import SecureRandom
 from capc.privacy.smooth_sensitivity import sanitise
-from capc.round.central import label_histograms
+from capc.round.central import Mode, label_histograms
+from capc.round.central_budget import budget_filter
 
 #: The accountants :func:`label_within_budgets` knows (see the module's docstring).
 ACCOUNTANTS = tuple(kinds.ACCOUNTANTS)
@@ -149,60 +149,6 @@ class Labelled:
         return np.asarray(self.labels != NOT_ANSWERED, dtype=bool)
 
 
-@dataclass(frozen=True)
-class Filtered:
-    """Where the ``rdp`` filter stopped: ``processed`` queries, total RDP ``spent`` (nats,
-    one per order) of every mechanism that ran."""
-
-    processed: int
-    spent: NDArray[np.float64]
-
-
-def budget_filter(
-    answered: NDArray[np.bool_],
-    mechanism: Mechanism,
-    budget: float,
-    delta: float,
-    accounting: Accounting | None = None,
-) -> Filtered:
-    """Run the privacy filter over queries whose test outcomes are ``answered`` (N,).
-
-    In order, each query's threshold test (unless the mechanism has none) and then,
-    if answered, its answer run only if the epsilon (nats, at ``delta``) of
-    everything charged so far stays within ``budget``, by ``accounting`` (default
-    Renyi DP on the default orders). The charges are ``mechanism``'s own events for
-    one query, the ledger's. ``spent`` is the accountant's loss vector. The votes
-    are not an argument: they cannot move the stop.
-    """
-    acct = accounting if accounting is not None else RenyiDp()
-    # One query's cost, as the ledger charges it: the test alone when it declined, the
-    # test and the answer when it answered.
-    declined = (
-        acct.filter_cost(mechanism.event(np.zeros(1, dtype=bool)))
-        if mechanism.confident
-        else acct.zero()
-    )
-    answer = acct.filter_cost(mechanism.event(np.ones(1, dtype=bool))) - declined
-
-    def fits(total: NDArray[np.float64]) -> bool:
-        return acct.fits(total, budget, delta)
-
-    spent = acct.zero()
-    for i, was_answered in enumerate(answered):
-        after_test = spent + declined
-        if not fits(after_test):
-            return Filtered(i, spent)
-        if was_answered:
-            after_answer = after_test + answer
-            if not fits(after_answer):
-                # The test ran (it fitted) and the stop here reveals that it passed.
-                return Filtered(i, after_test)
-            spent = after_answer
-        else:
-            spent = after_test
-    return Filtered(len(answered), spent)
-
-
 def label_within_budgets(
     histograms: NDArray[np.float64],
     mechanism: Mechanism,
@@ -213,19 +159,19 @@ def label_within_budgets(
     num_teachers: int,
     orders: NDArray[np.float64] = DEFAULT_ORDERS,
     accountants: Sequence[str] = ("rdp",),
-    frac_bits: int = CIRCUIT_FRAC_BITS,
     labels_by: str = "oracle",
 ) -> list[Labelled]:
     """Label (N, K) vote ``histograms`` in order, for each accountant in ``accountants`` and
     each epsilon in ``budgets`` (nats) at ``delta`` (that order: accountant, then budget).
 
     One noise draw serves them all: ``mechanism.draw_noise(N, rng)``, the guardian's
-    draw, and the labels are ``mechanism.oracle`` on it with ``frac_bits`` fractional
-    bits (the circuit's grid), what a networked round releases for the same votes and
-    noise. ``labels_by="2pc"``: the same labels from the protocol's roles in one process
-    with the real garbled circuit (integer histograms whose rows total ``num_teachers``,
-    on the circuit's grid only). ``orders``: the Renyi orders of the ``rdp`` accountant.
-    The budget filter is the same either way: it sees only which queries were answered.
+    draw, in one round of :func:`capc.round.central.label_histograms` (integer
+    histograms whose rows total ``num_teachers``): with ``labels_by="oracle"`` the
+    mechanism's oracle on the circuit's grid, with ``"2pc"`` the real garbled circuit,
+    bit for bit the same labels, what a networked round releases for the same votes and
+    noise. ``orders``: the Renyi orders of the ``rdp`` accountant. Each budget's stop is
+    :func:`capc.round.central_budget.budget_filter`'s per-query rule: it sees only which
+    queries were answered.
     """
     if mechanism.name not in CENTRAL_MECHANISMS:
         raise MechanismError(
@@ -242,12 +188,8 @@ def label_within_budgets(
     if labels_by not in LABELS_BY:
         raise ValueError(f"labels_by must be one of {', '.join(LABELS_BY)}, got {labels_by!r}")
     h = np.asarray(histograms, dtype=np.float64)
-    if labels_by == "oracle":
-        labels, answered = mechanism.oracle(h, mechanism.draw_noise(len(h), rng), frac_bits)
-    elif frac_bits != CIRCUIT_FRAC_BITS:
-        raise ValueError(f"the garbled circuit's grid has {CIRCUIT_FRAC_BITS} fractional bits")
-    else:
-        labels, answered = label_histograms(h, mechanism, num_teachers, rng, mode="2pc")
+    mode: Mode = "2pc" if labels_by == "2pc" else "oracle"
+    labels, answered = label_histograms(h, mechanism, num_teachers, rng, mode=mode)
     out: list[Labelled] = []
     for name in accountants:
         acct = RenyiDp(orders) if name == RenyiDp.name else kinds.make(name)

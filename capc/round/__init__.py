@@ -13,7 +13,8 @@ participation), :mod:`~capc.round.circuit` (the guardian's circuit inputs) and
 :mod:`~capc.round.party`: an answering party's state machine, over its own ledger
 (:class:`~capc.round.ledger.PartyLedger`, in memory:
 :mod:`~capc.round.memory_party_ledger`); :mod:`~capc.round.student`: the student's;
-:mod:`~capc.round.central`: the three roles driven in one process (central mode).
+:mod:`~capc.round.central`: the three roles driven in one process (central mode), the
+only central labelling path, and :mod:`~capc.round.central_budget` its one budget filter.
 """
 
 from capc.round.errors import (

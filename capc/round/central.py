@@ -20,7 +20,11 @@ travel unproven (``GuardianCore(central=True)``) and any mechanism runs.
 
 :func:`label_histograms` labels a whole ensemble's vote histograms in one round, with
 the guardian's noise from the caller's stream: central labelling
-(:mod:`capc.learning.pate`) run through the protocol itself.
+(:mod:`capc.learning.pate`, PATE-FM, the experiments) run through the protocol itself.
+:func:`oracle_release` is the oracle mode's release on a histogram alone. This module is
+the only caller of a mechanism's ``oracle`` or ``decide`` outside the mechanisms
+(tests/unit/test_central_paths.py), and where a run stops is
+:func:`capc.round.central_budget.budget_filter`'s to say.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from numpy.typing import ArrayLike, NDArray
 
 from capc.mechanisms import Mechanism
+from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
 from capc.mpc.session import LocalPair
 from capc.privacy import accountants
 from capc.privacy.accountants import Accounting
@@ -244,9 +249,14 @@ class CentralDriver(Generic[TaskT]):
         if rnd.guardian_sum is None:
             raise RoundRefusedError(f"round {rnd.round_id} has no share sum to compute on")
         plan = circuit.round_circuit(rnd)
-        noise = circuit.draw_noise(rnd, self.guardian.rng)
         hist = histogram(rnd.guardian_sum + student_sum, self.task.frac_bits)
-        labels, answered = self.task.mechanism.oracle(hist, noise, plan.spec.frac_bits, plan.theta)
+        theta = plan.theta
+        if theta is None and self.task.mechanism.per_label:
+            # The circuit's own: half the voters' total weight (every query's here).
+            theta = plan.vote_total / 2.0
+        labels, answered = oracle_release(
+            hist, self.task.mechanism, self.guardian.rng, plan.spec.frac_bits, theta
+        )
         self.guardian.release(rnd.round_id)
         return labels, answered, self.guardian.charge(rnd.round_id, answered)
 
@@ -257,6 +267,31 @@ class CentralDriver(Generic[TaskT]):
             settled = settlement(record, p)
             if settled is not None:
                 self.parties[p].settle(settled)
+
+
+def oracle_release(
+    histograms: ArrayLike,
+    mechanism: Mechanism,
+    rng: SecureRandom,
+    frac_bits: int = CIRCUIT_FRAC_BITS,
+    decision_threshold: ArrayLike | None = None,
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """What a round releases on (N, width) ``histograms`` (votes): the guardian's noise
+    for N queries from ``rng`` (``mechanism.draw_noise``, its order, nothing else) and
+    the mechanism's oracle on the circuit's grid of ``frac_bits`` fractional bits,
+    ``decision_threshold`` (votes; one, or (N,)) for a per-label mechanism. Returns
+    (labels, answered).
+
+    The driver's oracle mode computes with it; so does a caller whose histogram no
+    party's plain counts can carry (votes weighted per teacher, :mod:`experiments`'
+    personalized budgets)."""
+    h = np.asarray(histograms, dtype=np.float64)
+    if h.ndim != 2 or h.shape[1] != mechanism.vote_width:
+        raise ValueError(
+            f"histograms must be (N, {mechanism.vote_width}) for {mechanism.name}, got {h.shape}"
+        )
+    noise = mechanism.draw_noise(len(h), rng)
+    return mechanism.oracle(h, noise, frac_bits, decision_threshold)
 
 
 def label_histograms(
@@ -270,20 +305,24 @@ def label_histograms(
     """Label (N, width) vote ``histograms`` of an ensemble of ``teachers`` teachers in one
     round through the three roles: one party holds the ensemble, the guardian draws its
     noise from ``rng`` (``mechanism.draw_noise(N, rng)``, nothing else), and no ledger
-    caps the round (the caller keeps its own budget filter). Returns (labels, answered),
-    those of ``mechanism.oracle`` on the same noise at the circuit's grid.
+    caps the round (the caller keeps its budget filter, :mod:`capc.round.central_budget`).
+    Returns (labels, answered), those of :func:`oracle_release` on the same noise (the
+    circuit's grid; a per-label mechanism decides at half the teachers).
 
-    Every count is an integer in [0, teachers]; for a single-label mechanism each row
-    totals ``teachers`` (every teacher votes once), as the circuit checks.
+    Every count lies in [0, teachers] on the mechanism's vote grid (integers, or
+    multiples of 2**-vote_grid_bits for tau voting); for a single-label mechanism each
+    row totals ``teachers`` (every teacher votes once), as the circuit checks.
     """
     h = np.asarray(histograms, dtype=np.float64)
-    counts = np.rint(h)
     if h.ndim != 2 or h.shape[0] < 1 or h.shape[1] != mechanism.vote_width:
         raise ValueError(
             f"histograms must be (N, {mechanism.vote_width}) for {mechanism.name}, got {h.shape}"
         )
-    if not np.array_equal(counts, h) or (h < 0).any() or (h > teachers).any():
-        raise ValueError(f"vote counts are integers in [0, {teachers}]")
+    grid = float(1 << mechanism.vote_grid_bits)
+    counts = np.rint(h * grid)
+    if not np.array_equal(counts, h * grid) or (h < 0).any() or (h > teachers).any():
+        on = f" on the grid of 2**-{mechanism.vote_grid_bits}" if mechanism.vote_grid_bits else ""
+        raise ValueError(f"vote counts are integers{on} in [0, {teachers}]")
     if not mechanism.per_label and not (h.sum(axis=1) == teachers).all():
         raise ValueError(f"every query's votes total the {teachers} teachers")
     task = MechanismTask("central", mechanism)
@@ -304,4 +343,5 @@ __all__ = [
     "Mode",
     "histogram",
     "label_histograms",
+    "oracle_release",
 ]

@@ -14,7 +14,7 @@ as the secure circuit's argmax).
 * ``capc-dp-student``: the DIET student (no data of its own) labels :data:`QUERIES`
   synthetic queries (the Gaussian recipe with the split's seed, as ``capc_tuning``) by
   every hospital's teacher and trains the student service's pretrained head on them
-  (:meth:`.capc_tuning.Tuner._accuracy`, the central-mode student of the grid's tuning).
+  (:meth:`.tuner.Tuner._accuracy`, the central-mode student of the grid's tuning).
 * ``capc-dp-loop``: the querier (hospital 0 unless named) has its unlabelled records
   labelled by the OTHER hospitals' teachers and fits its own model (a ``diet-linear``
   head, :func:`.training.fit_nonprivate`, l2 tuned) on its labelled records plus those.
@@ -45,7 +45,6 @@ from capc.models.inference import features, recalibrate
 from capc.privacy.dp_training import plan_training
 from capc.privacy.randomness import SecureRandom
 from experiments.side_by_side import baselines
-from experiments.side_by_side.capc_tuning import Tuner
 from experiments.side_by_side.data import Split
 from experiments.side_by_side.scenarios import TUNED_ON, ScenarioSplit
 from experiments.side_by_side.training import (
@@ -57,6 +56,7 @@ from experiments.side_by_side.training import (
     inputs,
     predict,
 )
+from experiments.side_by_side.tuner import Tuner
 from services.commands.teacher_cli import SHIPPED_BODY
 
 DELTA = 1e-5
@@ -90,7 +90,7 @@ LOOP_L2 = (1e-3, 1e-1)
 
 class QueryInputs:
     """The teachers' view of synthetic queries: the shipped body's features of each batch
-    of :data:`.capc_tuning.BATCH` queries read with the batch's own BatchNorm statistics
+    of :data:`.tuner.BATCH` queries read with the batch's own BatchNorm statistics
     (as DIET teachers and the student read them), standardised by the mean and spread
     of the public records' features (as the teachers' training inputs,
     :func:`.training.body_features`). Read with the public records' statistics
@@ -397,13 +397,14 @@ def baseline_cell(
 
 # -- today's CaPC loop (partitioned teachers, GNMax) in a scenario -----------------------------
 def partitioned_loop(s: ScenarioSplit, n: int | None, log: Log) -> list[Row]:
-    """Today's ``capc-loop`` for querier 0 in central mode (:meth:`.capc_tuning.Tuner.loop`
+    """Today's ``capc-loop`` for querier 0 in central mode (:meth:`.tuner.Tuner.loop`
     at the grid's shipped rule, not tuned): each other hospital's
     ``teachers_per_hospital`` heads on disjoint parts of all its labelled records vote
     through GNMax with sigma the shipped share of every hospital's teachers; priced by
     the guardian's accountant at every eps. Rows scored on ``s.test``."""
     from experiments.side_by_side.capc_runs import teachers_per_hospital
-    from experiments.side_by_side.capc_tuning import SIGMA_SHARES, Candidate, gnmax
+    from experiments.side_by_side.capc_tuning import SIGMA_SHARES, gnmax
+    from experiments.side_by_side.tuner import Candidate
 
     t0 = time.perf_counter()
     m = teachers_per_hospital(s.dataset, min(s.counts[1:]))

@@ -35,17 +35,11 @@ from capc.data.schema import parse_records
 from capc.learning.supervised import accuracy, fit
 from capc.models import build
 from capc.models.ensemble.voters import Voters
-from capc.mpc.mechanism_circuits import CIRCUIT_FRAC_BITS
 from capc.privacy.randomness import SecureRandom
+from capc.round.central import label_histograms
 from experiments.side_by_side.capc_runs import CapcConfig, table_teachers
-from experiments.side_by_side.capc_tuning import (
-    EPSILONS,
-    Candidate,
-    Tuner,
-    _agreement,
-    bought,
-)
 from experiments.side_by_side.data import task
+from experiments.side_by_side.tuner import EPSILONS, Candidate, Tuner, agreement, bought
 
 #: The DIET student's generated rows (``capc_runs.submit_diet`` for a table task).
 GENERATOR, PARAMS = "beta", {"a": 1.0, "b": 3.0}
@@ -53,7 +47,7 @@ GENERATOR, PARAMS = "beta", {"a": 1.0, "b": 3.0}
 
 @dataclass
 class TableTuner(Tuner):
-    """:class:`.capc_tuning.Tuner` for a table split: its rows stand for features (no
+    """:class:`.tuner.Tuner` for a table split: its rows stand for features (no
     body), its teachers are MLPs, its student an MLP trained from scratch."""
 
     config: CapcConfig = field(default_factory=CapcConfig)
@@ -156,9 +150,8 @@ class TableTuner(Tuner):
                 np.zeros((len(unlabelled), mech.outputs)),
             )
             seed = f"side-by-side-capc-tuning-loop-{n}-{c.mechanism}-{s.dataset}"
-            labels, answered = mech.oracle(
-                votes, mech.draw_noise(len(votes), SecureRandom.from_seed(seed)), CIRCUIT_FRAC_BITS
-            )
+            rng, voters = SecureRandom.from_seed(seed), (s.hospitals - 1) * c.teachers
+            labels, answered = label_histograms(votes, mech, voters, rng, mode="oracle")
             for e in EPSILONS:
                 done, use, copies = bought(c, mech, answered, labels, own_view, e)
                 x = np.concatenate([*[own_x] * copies, unlabelled[use]])
@@ -166,7 +159,7 @@ class TableTuner(Tuner):
                 acc = float(accuracy(self._mlp(x, y, epochs), *self.score))
                 row = self._row("capc-loop", n, c, e, acc, done, len(use))
                 row["accuracy_alone"], row["gain"] = alone, acc - alone
-                row["label_agreement"] = _agreement(votes[use], labels[use])
+                row["label_agreement"] = agreement(votes[use], labels[use])
                 row["label_accuracy"] = (
                     float((labels[use] == truth[use]).mean()) if len(use) else None
                 )

@@ -31,7 +31,7 @@ from experiments.side_by_side.capc_runs import METHODS, CapcConfig
 
 #: Every name of a shipped rule's configuration starts so (``capc_tuning``'s grids).
 SHIPPED = "shipped"
-#: What the services' loop does with its labels (``capc_tuning.Candidate.labels``).
+#: What the services' loop does with its labels (``tuner.Candidate.labels``).
 SERVICE_LABELS = "retrain"
 #: The loop's label handlings the services run: {``Candidate.labels``: the student
 #: service's ``own_weight``, how many times hospital 0's own records enter its fit}.

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from capc.mechanisms import from_config
+from capc.privacy.randomness import SecureRandom
 from experiments import diet_services
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,9 +43,14 @@ def test_multilabel_voting_experiment(tmp_path: Path) -> None:
         "1",
         "--seeds",
         "1",
+        # Each query draws 42 exact noise values (5 + 5 + 32 for Powerset): 400 of them
+        # keep the run short and every comparison below meaningful.
+        "--held-out",
+        "400",
     )
     rows = result["results"]
     assert isinstance(rows, dict) and set(rows) == {"eps=2", "eps=5", "eps=10"}
+    assert result["held_out_queries"] == 400
     for row in rows.values():
         # Same epsilon, same planned queries: Powerset's smaller sensitivity needs less noise.
         assert row["powerset"]["sigma_for_queries"] < row["binary"]["sigma_for_queries"]
@@ -96,7 +102,7 @@ def test_personalized_budget_streams_stop_whatever_the_votes() -> None:
         neighbour[:, 0] = (preds[:, 0] + 1) % 10
         for votes in (preds, neighbour):
             for w, v in ((weights, np.ones((q, n), dtype=bool)), (np.ones(n), voting)):
-                out = run_stream(votes, truth, caps, w, v, gnmax, np.random.default_rng(1))
+                out = run_stream(votes, truth, caps, w, v, gnmax, SecureRandom.from_seed(1))
                 runs.append(out)
     # unanimous or split, a teacher moved or not: the same stop per rule
     assert {r["labels"] for r in runs[0::2]} == {runs[0]["labels"]}

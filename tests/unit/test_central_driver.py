@@ -14,7 +14,7 @@ import pytest
 from capc.learning.pate import ConfidentParams, label_within_budgets
 from capc.mechanisms import from_config
 from capc.privacy.randomness import SecureRandom
-from capc.round.central import MODES, CentralDriver, Mode, label_histograms
+from capc.round.central import MODES, CentralDriver, Mode, label_histograms, oracle_release
 from capc.round.errors import QuorumError, RoundRefusedError
 from capc.round.memory_party_ledger import MemoryPartyLedger
 from capc.round.task import MechanismTask
@@ -192,3 +192,41 @@ def test_label_histograms_takes_whole_votes_of_its_teachers_only() -> None:
         label_histograms(h[:, :9], mech, 50, rng)
     with pytest.raises(ValueError, match="labels_by"):
         label_within_budgets(h, mech, [1.0], 1e-5, rng, num_teachers=50, labels_by="guess")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"name": "binary", "sigma": 1.0, "threshold": 1.0, "sigma1": 0.5},
+        {"name": "tau", "sigma": 1.0, "tau": 1.2},
+        {"name": "powerset", "sigma": 1.0},
+    ],
+    ids=["binary", "tau", "powerset"],
+)
+def test_multi_label_votes_label_as_the_circuit_at_half_the_teachers(
+    config: dict[str, object],
+) -> None:
+    """Multi-label ensembles (the multi-label experiment's path): the oracle mode decides
+    per label at half the teachers, as the circuit does, bit for bit, on the vote grid
+    (tau's fractional votes included)."""
+    mech = from_config(config, 3)
+    preds = np.random.default_rng(2).integers(0, 2, (6, 5, 3))
+    runs = {}
+    for mode in MODES:
+        driver = CentralDriver(
+            MechanismTask("m", mech), {"e": 1e6}, rng=SecureRandom.from_seed("ml"), mode=mode
+        )
+        runs[mode] = driver.label({"e": preds})
+    np.testing.assert_array_equal(runs["2pc"].labels, runs["oracle"].labels)
+    np.testing.assert_array_equal(runs["2pc"].answered, runs["oracle"].answered)
+    grid = 1 << mech.vote_grid_bits
+    counts = mech.encode_ensemble_votes(preds, frac_bits=mech.vote_grid_bits) / grid
+    theta = None if mech.name == "powerset" else 5 / 2.0
+    want = oracle_release(counts, mech, SecureRandom.from_seed("ml"), decision_threshold=theta)
+    np.testing.assert_array_equal(runs["oracle"].labels, want[0])
+    # The same histogram as counts of the ensemble: the same round.
+    labels, _ = label_histograms(counts, mech, 5, SecureRandom.from_seed("ml"), mode="oracle")
+    np.testing.assert_array_equal(labels, want[0])
+    if mech.vote_grid_bits:
+        with pytest.raises(ValueError, match="on the grid"):
+            label_histograms(counts + 2.0**-20, mech, 5, SecureRandom.from_seed("ml"))

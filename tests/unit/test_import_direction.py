@@ -158,3 +158,57 @@ def test_a_capc_package_imports_no_package_above_it(package: str) -> None:
         if any(module == f or module.startswith(f + ".") for f in INNER_FORBIDDEN[package])
     ]
     assert bad == []
+
+
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` (a top-level folder) it imports, at any depth
+    (lazy imports inside functions included: they close a circle all the same)."""
+    names = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in sorted((ROOT / package).rglob("*.py"))
+    }
+    return {
+        name: {m for _, m in inner_imports(path) if m in names and m != name}
+        for name, path in names.items()
+    }
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than
+    one module (Tarjan's algorithm), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part: list[str] = []
+            while not part or part[-1] != node:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("package", ["experiments"])
+def test_no_import_circle_in_a_package(package: str) -> None:
+    assert circles(module_graph(package)) == []
+
+
+def test_the_circle_check_sees_a_lazy_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from capc.learning.pate import ConfidentParams, budget_filter, label_within_budgets
+from capc.learning.pate import ConfidentParams, label_within_budgets
 from capc.mechanisms import MechanismError, from_config
 from capc.mpc.session import LocalPair
 from capc.privacy import events, gaussian_dp, planning, rdp
@@ -15,6 +15,7 @@ from capc.privacy.accountant import Accountant, Budget
 from capc.privacy.accountants import GaussianDp
 from capc.privacy.conversion import DEFAULT_ORDERS, convert
 from capc.privacy.randomness import SecureRandom
+from capc.round.central_budget import budget_filter
 
 THRESHOLD = 30.0
 PARAMS = ConfidentParams(threshold=THRESHOLD, sigma1=20.0, sigma2=6.0)

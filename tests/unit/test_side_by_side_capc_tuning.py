@@ -20,6 +20,7 @@ from capc.mechanisms import from_config
 from capc.models import load_teacher
 from capc.models.inference import features, logits, reference_statistics
 from experiments.side_by_side import capc_tuning as tuning
+from experiments.side_by_side import tuner as tuner_core
 from experiments.side_by_side.baselines import MAX_GRID
 from experiments.side_by_side.capc_runs import CapcConfig, scaled_task, teachers_per_hospital
 from experiments.side_by_side.data import LAYOUTS, TUNING_SEED, Split, split
@@ -52,7 +53,7 @@ def test_gnmax_rounds_buy_what_capc_runs_prices_a_row_at(epsilon: float) -> None
     c = tuning.student_grid(1348, 5)[0]
     mech = c.build()
     want = queries_fit(c.task(), epsilon)
-    assert tuning.admitted(np.ones(want + 1000, dtype=bool), mech, epsilon) == want
+    assert tuner_core.admitted(np.ones(want + 1000, dtype=bool), mech, epsilon) == want
 
 
 def test_a_confident_filter_buys_more_where_fewer_are_answered() -> None:
@@ -60,11 +61,11 @@ def test_a_confident_filter_buys_more_where_fewer_are_answered() -> None:
     task = {**scaled_task("animal-mnist", 250), "mechanism": mech.to_config()}
     worst = queries_fit(task, 10.0)
     pool = 20 * worst
-    every = tuning.admitted(np.ones(pool, dtype=bool), mech, 10.0)
+    every = tuner_core.admitted(np.ones(pool, dtype=bool), mech, 10.0)
     assert every == worst
     rng = np.random.default_rng(0)
-    some = tuning.admitted(rng.random(pool) < 0.2, mech, 10.0)
-    none = tuning.admitted(np.zeros(pool, dtype=bool), mech, 10.0)
+    some = tuner_core.admitted(rng.random(pool) < 0.2, mech, 10.0)
+    none = tuner_core.admitted(np.zeros(pool, dtype=bool), mech, 10.0)
     assert worst < some < none < pool
     # A declined query costs its test alone (mu**2 = 2 / 50**2), an answered one the
     # answer too (2 / 40**2): tests alone buy 1 + (50 / 40)**2 times as many.
@@ -79,8 +80,8 @@ def _poisoned(s: Split) -> Split:
     return dataclasses.replace(s, x=x, y=y)
 
 
-def _tiny(n: int, hospitals: int) -> list[tuning.Candidate]:
-    return [tuning.Candidate("shipped: tiny", 1, tuning.gnmax(hospitals, 8.0))]
+def _tiny(n: int, hospitals: int) -> list[tuner_core.Candidate]:
+    return [tuner_core.Candidate("shipped: tiny", 1, tuning.gnmax(hospitals, 8.0))]
 
 
 @pytest.mark.slow
@@ -111,10 +112,10 @@ def test_tuning_never_reads_the_test_records() -> None:
 
 def test_pate_public_buys_labels_for_the_public_records_at_most_all_of_them() -> None:
     s = split("animal-mnist", TUNING_SEED)
-    tuner = tuning.Tuner(s, 256, lambda _: None)
+    tuner = tuner_core.Tuner(s, 256, lambda _: None)
     c = _tiny(50, s.hospitals)[0]
     rows = tuner.pate_public(50, c)
-    assert [r["epsilon"] for r in rows] == list(tuning.EPSILONS)
+    assert [r["epsilon"] for r in rows] == list(tuner_core.EPSILONS)
     for r in rows:
         assert r["method"] == "capc-pate-public" and r["config"]["name"] == c.name
         # GNMax answers every query: the count the services' rows are priced at.
@@ -140,9 +141,9 @@ def test_breast_cancers_grid_is_the_same_grid_at_its_own_shipped_share() -> None
     assert tuning.student_grid(100, hospitals, "breast-cancer")[0].mechanism["sigma"] == 23.0
 
 
-def _tiny_table(n: int, hospitals: int) -> list[tuning.Candidate]:
+def _tiny_table(n: int, hospitals: int) -> list[tuner_core.Candidate]:
     share = tuning.SIGMA_SHARES["breast-cancer"]
-    return [tuning.Candidate("shipped: tiny", 2, tuning.gnmax(hospitals * 2, 1.0, share))]
+    return [tuner_core.Candidate("shipped: tiny", 2, tuning.gnmax(hospitals * 2, 1.0, share))]
 
 
 #: Fewer epochs than the shipped 100 for the table teachers and the loop's MLPs: the
@@ -242,11 +243,11 @@ def test_a_scorer_scores_a_head_as_accuracy_scores_the_whole_student() -> None:
     fit_on, reference, scored, other = np.split(order[:392], [96, 128, 328])
     # The same batches: the Scorer reads records in those ``accuracy`` reads them in
     # (a few hundred records here, one batch, keep the test fast).
-    assert inspect.signature(accuracy).parameters["batch"].default == tuning.SCORE_BATCH
+    assert inspect.signature(accuracy).parameters["batch"].default == tuner_core.SCORE_BATCH
     # The fit's features as the trainer's queries give them: current statistics.
     feats = features(body, x[fit_on], current_statistics=True, batch=OWN_BATCH)
     labels = y[fit_on]
-    scorer = tuning.Scorer(body, x[reference], (x[scored], y[scored]))
+    scorer = tuner_core.Scorer(body, x[reference], (x[scored], y[scored]))
     head = scorer.head(feats, labels)
 
     # What ModelTrainer._fit_pretrained does with a head fitted to those features.
@@ -266,7 +267,7 @@ def test_a_scorer_scores_a_head_as_accuracy_scores_the_whole_student() -> None:
     assert scorer.accuracy(head) == accuracy(model, x[scored], y[scored])
     # The same passes: the features the whole model's head reads in ``accuracy``'s
     # batches, bit for bit (a pass in other batches can differ in the last bits).
-    assert torch.equal(scorer.features, features(model, x[scored], batch=tuning.SCORE_BATCH))
+    assert torch.equal(scorer.features, features(model, x[scored], batch=tuner_core.SCORE_BATCH))
     want = logits(model, x[scored]).argmax(1).numpy()
     np.testing.assert_array_equal(scorer.predict(head), want)
     # Records other than the scored ones (the loop's own view of its unlabelled records).
