@@ -1,14 +1,14 @@
 """One thread for torch's operations in every test process and in the services they
 start (the harness passes ``OMP_NUM_THREADS`` on to its children).
 
-``make test`` runs two pytest workers on two cores, and each starts service
+``make test`` runs three pytest workers on two cores, and each starts service
 processes: torch's default of one thread per core oversubscribes the cores, and
 its threads then spin against each other. One epoch of a small CNN on 2,700
 images took 1.6 s of CPU with one thread and 13 s with two on the loaded 2-core
 machine; a consortium fixture that trains three hospitals' teachers took 372 s
 before and 22 s after.
 
-The two workers are dealt whole files, longest first (tests/file_seconds.py).
+The workers are dealt whole files, longest first (tests/file_seconds.py).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The order in which ``make test`` deals test files to its workers: longest first.
 
-``make test`` runs ``pytest -n 2 --dist loadfile --no-loadscope-reorder``: xdist hands
-whole files to two workers in collection order. Its own order (most tests first) left
+``make test`` runs ``pytest -n 3 --dist loadfile --no-loadscope-reorder``: xdist hands
+whole files to three workers in collection order. Its own order (most tests first) left
 the end-to-end files, which hold few tests and take the longest, for last, and one
-worker then waited alone on them. Dealt longest first, the two finish together.
+worker then waited alone on them. Dealt longest first, the workers finish together.
 
 ``FILE_SECONDS`` holds what each file took in a full run; ``make durations`` measures
 it again (``python -m tests.file_seconds REPORT.xml`` reads a JUnit report). A stale
