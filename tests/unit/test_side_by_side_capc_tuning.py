@@ -110,6 +110,7 @@ def test_tuning_never_reads_the_test_records() -> None:
     assert [r["tuning_accuracy"] for r in good] != [r["tuning_accuracy"] for r in worse]
 
 
+@pytest.mark.slow  # 21 s: its tuning run labels every public record; in `make test`
 def test_pate_public_buys_labels_for_the_public_records_at_most_all_of_them() -> None:
     s = split("animal-mnist", TUNING_SEED)
     tuner = tuner_core.Tuner(s, 256, lambda _: None)
