@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from services.proto.capc.v1 import common_pb2
 
-PROTOCOL_VERSION = 1
+#: 2 (2026-11-29): a round's work names its task by name and config hash, the task's
+#: definition goes once per stream (HubMessage.task), and OpenRoundRequest.mechanism is
+#: the job's whole resolved mechanism, not overrides. A party or student of version 1
+#: would misread both, so it is refused by its version instead.
+PROTOCOL_VERSION = 2
 
 
 class RequestError(ValueError):
@@ -51,5 +55,6 @@ def session_id(metadata: object) -> bytes:
 def check_version(h: common_pb2.Header, who: str) -> None:
     if h.protocol_version != PROTOCOL_VERSION:
         raise RequestError(
-            f"protocol version {h.protocol_version} is not supported; this {who} speaks {PROTOCOL_VERSION}"
+            f"protocol version {h.protocol_version} is not supported; this {who} speaks "
+            f"{PROTOCOL_VERSION}: run the same capc release on every party"
         )

@@ -8,7 +8,7 @@ from services.common import tls
 from services.local import TASK_NAME, LocalConsortium
 from services.proto.capc.v1 import common_pb2, student_pb2, student_pb2_grpc
 
-HEADER = common_pb2.Header(protocol_version=1, task=TASK_NAME)
+HEADER = common_pb2.Header(protocol_version=2, task=TASK_NAME)
 
 
 def jobs_stub(

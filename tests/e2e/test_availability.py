@@ -94,7 +94,7 @@ def test_a_round_with_an_unopenable_seed_is_retried_once_without_that_party(
         mallory = DeviatingParty(c, "hospital-2")
         c.start_student()
         jobs = c.jobs()
-        header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
+        header = common_pb2.Header(protocol_version=2, task=TASK_NAME)
 
         def job(n: int, seed: int) -> student_pb2.Job:
             created = jobs.CreateJob(
@@ -174,7 +174,7 @@ def test_the_job_runner_survives_a_party_whose_seed_does_not_open(tmp_path: Path
         eve = DeviatingParty(c, "hospital-2")
         c.start_student()
         jobs = c.jobs()
-        header = common_pb2.Header(protocol_version=1, task=TASK_NAME)
+        header = common_pb2.Header(protocol_version=2, task=TASK_NAME)
 
         def job(n: int) -> student_pb2.Job:
             created = jobs.CreateJob(

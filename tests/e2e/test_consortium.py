@@ -319,7 +319,7 @@ def test_bad_rounds_and_exhausted_budgets_are_refused_with_reasons(
         open_round(
             tensor,
             "x",
-            common_pb2.Header(protocol_version=1, task=header.task, config_hash="0" * 64),
+            common_pb2.Header(protocol_version=2, task=header.task, config_hash="0" * 64),
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "config hash" in str(
         err.value.details()

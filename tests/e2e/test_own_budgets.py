@@ -78,7 +78,7 @@ def admin_stub(c: LocalConsortium) -> guardian_pb2_grpc.GuardianHubStub:
 
 def parties(c: LocalConsortium) -> dict[str, guardian_pb2.PartyStatus]:
     reply = admin_stub(c).ListParties(
-        guardian_pb2.ListPartiesRequest(header=common_pb2.Header(protocol_version=1)), timeout=30
+        guardian_pb2.ListPartiesRequest(header=common_pb2.Header(protocol_version=2)), timeout=30
     )
     return {p.name: p for p in reply.parties}
 
@@ -89,7 +89,7 @@ def test_the_guardian_holds_each_hospitals_own_cap(consortium: LocalConsortium) 
         p = seen[f"hospital-{i}"]
         assert (p.epsilon_cap, p.declared_cap, p.registered_cap) == (cap, cap, CEILING)
     audit = admin_stub(consortium).ListAudit(
-        guardian_pb2.ListAuditRequest(header=common_pb2.Header(protocol_version=1), limit=200),
+        guardian_pb2.ListAuditRequest(header=common_pb2.Header(protocol_version=2), limit=200),
         timeout=30,
     )
     declared = {e.actor for e in audit.entries if e.action == "declare_cap"}

@@ -40,7 +40,7 @@ def test_a_party_that_stops_reading_is_left_out_not_buffered_for(engine: RoundEn
     key = X25519PrivateKey.generate().public_key().public_bytes_raw()
     x = np.zeros((4, 2), dtype="<f4")
     request = guardian_pb2.OpenRoundRequest(
-        header=common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(TASK)),
+        header=common_pb2.Header(protocol_version=2, task="t", config_hash=config_hash(TASK)),
         round_key="k",
         queries=common_pb2.QueryBatch(
             tensor=common_pb2.Tensor(shape=[4, 2], dtype="float32", data=x.tobytes())

@@ -48,7 +48,7 @@ TASK = {
     "quorum": 2,
 }
 CONFIG = TaskConfig.parse("t", TASK, config_hash(TASK))
-HEADER = common_pb2.Header(protocol_version=1, task="t", config_hash=CONFIG.config_hash)
+HEADER = common_pb2.Header(protocol_version=2, task="t", config_hash=CONFIG.config_hash)
 PARTIES = ("a", "b")
 STUDENTS, ROUNDS, BATCH = 3, 3, 64
 RELATION = VoteRelation(3, 1)

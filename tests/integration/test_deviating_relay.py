@@ -79,7 +79,7 @@ def encrypted_request(round_key: str, exclude: Iterable[str] = ()) -> guardian_p
     """A round of BATCH queries named as CKKS ciphertexts the student relays itself."""
     assert ENC.encryption is not None
     return guardian_pb2.OpenRoundRequest(
-        header=common_pb2.Header(protocol_version=1, task="enc", config_hash=ENC.config_hash),
+        header=common_pb2.Header(protocol_version=2, task="enc", config_hash=ENC.config_hash),
         round_key=round_key,
         queries=common_pb2.QueryBatch(
             encrypted=common_pb2.EncryptedBatch(
@@ -101,7 +101,7 @@ def plain_request(
 ) -> guardian_pb2.OpenRoundRequest:
     x = np.zeros((BATCH, 2), dtype="<f4")
     return guardian_pb2.OpenRoundRequest(
-        header=common_pb2.Header(protocol_version=1, task="plain", config_hash=config_hash(task)),
+        header=common_pb2.Header(protocol_version=2, task="plain", config_hash=config_hash(task)),
         round_key=round_key,
         queries=common_pb2.QueryBatch(
             tensor=common_pb2.Tensor(shape=[BATCH, 2], dtype="float32", data=x.tobytes())
@@ -286,7 +286,7 @@ def student_side(
 def vote_check(
     round_id: int, parties: list[str], wire: np.ndarray, combined: np.ndarray
 ) -> guardian_pb2.VoteCheck:
-    header = common_pb2.Header(protocol_version=1, task="plain")
+    header = common_pb2.Header(protocol_version=2, task="plain")
     return serde.vote_check_to_proto(
         header, round_id, parties, validity.VerifierShare(wire, combined)
     )

@@ -149,6 +149,14 @@ def test_other_protocol_versions_and_bad_pages_are_invalid(
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "protocol version 99" in str(
         err.value.details()
     )
+    # A student or party of the release before (version 1: overrides, not the job's
+    # mechanism; the task inside every round's work) is told what to do.
+    with pytest.raises(grpc.RpcError) as err:
+        s.ListParties(
+            guardian_pb2.ListPartiesRequest(header=common_pb2.Header(protocol_version=1)),
+            timeout=10,
+        )
+    assert "run the same capc release on every party" in str(err.value.details())
     with pytest.raises(grpc.RpcError) as err:
         s.ListLedger(guardian_pb2.ListLedgerRequest(header=HEADER, limit=100_000), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -57,7 +57,7 @@ def open_round(engine: RoundEngine, queries: common_pb2.QueryBatch) -> None:
     engine.open_round(
         "student",
         guardian_pb2.OpenRoundRequest(
-            header=common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(TASK)),
+            header=common_pb2.Header(protocol_version=2, task="t", config_hash=config_hash(TASK)),
             round_key="k",
             queries=queries,
             student_public_key=X25519PrivateKey.generate().public_key().public_bytes_raw(),
@@ -119,7 +119,7 @@ def party(tmp_path: Path) -> StudentParty:
 
 def create_job(party: StudentParty, batch_size: int) -> student_pb2.Job:
     request = student_pb2.CreateJobRequest(
-        header=common_pb2.Header(protocol_version=1, task="t"),
+        header=common_pb2.Header(protocol_version=2, task="t"),
         queries=common_pb2.QueryBatch(tensor=serde.queries_to_proto(zeros(2))),
         batch_size=batch_size,
     )

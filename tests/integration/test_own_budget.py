@@ -208,7 +208,7 @@ def test_bad_rounds_are_refused_with_reasons(pair: Pair) -> None:
     work, header, _ = pair.work("single", 8)
     # A round names its task by name and hash: one the stream never defined is refused,
     # and so is a definition that does not hash to its header.
-    lying = common_pb2.Header(protocol_version=1, task="single", config_hash="0" * 64)
+    lying = common_pb2.Header(protocol_version=2, task="single", config_hash="0" * 64)
     with pytest.raises(VoteRefusedError, match="defined no task 'single'"):
         own_admit(pair.own, work, lying)
     pair.own.define(guardian_pb2.TaskDefinition(config_json="{}"), lying)

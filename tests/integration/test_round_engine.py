@@ -50,7 +50,7 @@ ENGINE_PARTIES = dict.fromkeys(("a", "b", "c"), 100.0)
 def request(batch: int = 4) -> guardian_pb2.OpenRoundRequest:
     x = np.zeros((batch, 2), dtype="<f4")
     return guardian_pb2.OpenRoundRequest(
-        header=common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(TASK)),
+        header=common_pb2.Header(protocol_version=2, task="t", config_hash=config_hash(TASK)),
         round_key=f"k{batch}",
         queries=common_pb2.QueryBatch(
             tensor=common_pb2.Tensor(shape=[batch, 2], dtype="float32", data=x.tobytes())
@@ -345,7 +345,7 @@ def test_the_vote_check_excludes_an_invalid_vote_and_an_unprovable_party(tmp_pat
     for p in proven:
         s_bits[p], s_proof[p] = validity.student_shares(seeds[p], rel, batch)
     mine = verifier_shares(dict.fromkeys(proven, rel), challenge, proven, s_bits, s_proof)
-    header = common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(task))
+    header = common_pb2.Header(protocol_version=2, task="t", config_hash=config_hash(task))
     with pytest.raises(RoundInputError, match="proven parties"):
         engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, ["a"], mine))
     check = engine.check_votes("student", SID, serde.vote_check_to_proto(header, rid, proven, mine))

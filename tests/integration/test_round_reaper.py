@@ -71,7 +71,7 @@ def open_answered_round(
     LINKS[id(engine)] = links
     x = np.zeros((BATCH, 2), dtype="<f4")
     request = guardian_pb2.OpenRoundRequest(
-        header=common_pb2.Header(protocol_version=1, task="t", config_hash=CONFIG.config_hash),
+        header=common_pb2.Header(protocol_version=2, task="t", config_hash=CONFIG.config_hash),
         round_key=round_key,
         queries=common_pb2.QueryBatch(
             tensor=common_pb2.Tensor(shape=[BATCH, 2], dtype="float32", data=x.tobytes())
@@ -114,7 +114,7 @@ def student_check(
         bits[p], proofs[p] = validity.student_shares(seeds[p], RELATION, BATCH)
     challenge = validity.Challenge.from_bytes(bytes(reply.challenge))
     mine = verifier_shares(dict.fromkeys(parties, RELATION), challenge, parties, bits, proofs)
-    header = common_pb2.Header(protocol_version=1, task="t", config_hash=CONFIG.config_hash)
+    header = common_pb2.Header(protocol_version=2, task="t", config_hash=CONFIG.config_hash)
     check = engine.check_votes(
         "student", SID, serde.vote_check_to_proto(header, rid, parties, mine)
     )

@@ -50,7 +50,7 @@ def test_a_round_for_an_unknown_task_names_the_known_ones(ledger: Ledger) -> Non
     """The guardian answers INVALID_ARGUMENT with this message; the student's job fails
     with it as its error (services.student.servicer.JobRunner)."""
     request = guardian_pb2.OpenRoundRequest(
-        header=common_pb2.Header(protocol_version=1, task="imgs", config_hash=config_hash(TASK)),
+        header=common_pb2.Header(protocol_version=2, task="imgs", config_hash=config_hash(TASK)),
         round_key="k",
         queries=common_pb2.QueryBatch(
             tensor=common_pb2.Tensor(shape=[1, 2], dtype="float32", data=b"\0" * 8)

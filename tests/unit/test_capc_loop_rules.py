@@ -201,7 +201,7 @@ def test_the_admin_sees_every_loop_the_guardian_bound(ledger: Ledger) -> None:
     ledger.keep_setting("querier-hospitalX", "h2", actor="test", action="test", detail={})
     assert bound_queriers(ledger) == {"h0-querier": "h0", "h1_q%": "h1"}
     hub = GuardianHub(ledger)
-    header = common_pb2.Header(protocol_version=1)
+    header = common_pb2.Header(protocol_version=2)
 
     class ToTheHub:
         """The gateway's two guardian reads, answered by the real hub in process."""

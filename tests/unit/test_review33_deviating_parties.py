@@ -48,7 +48,7 @@ def _request(
 ) -> guardian_pb2.OpenRoundRequest:
     x = np.zeros((batch, 2), dtype="<f4")
     return guardian_pb2.OpenRoundRequest(
-        header=common_pb2.Header(protocol_version=1, task="t", config_hash=config_hash(task)),
+        header=common_pb2.Header(protocol_version=2, task="t", config_hash=config_hash(task)),
         round_key=f"k{batch}",
         queries=common_pb2.QueryBatch(
             tensor=common_pb2.Tensor(shape=[batch, 2], dtype="float32", data=x.tobytes())

@@ -99,7 +99,7 @@ def test_an_admins_choice_names_the_token_holder_down_to_the_guardians_audit(
     # ... sends it with each round it opens ...
     request = serde.round_request_to_proto(
         RoundRequest("k", "h0-querier", QueryBatch("tensor", 4), b"\x00" * 32),
-        common_pb2.Header(protocol_version=1),
+        common_pb2.Header(protocol_version=2),
         common_pb2.QueryBatch(tensor=common_pb2.Tensor(shape=[4, 2])),
         hospital="h0",
         reveal=True,
