@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from capc.mechanisms import Mechanism
+from capc.privacy import validation as check
 from capc.privacy.accountants import Accounting, RenyiDp
 
 #: Queries whose running charge one search step sums at once (memory: 2 x this x the
@@ -67,6 +68,9 @@ def budget_filter(
     argument: they cannot move the stop.
     """
     acct = accounting if accounting is not None else RenyiDp()
+    # Checked here, not by the accountant: Renyi DP's ``fits`` would let an infinite cap
+    # admit every query, and an empty run would never look at delta.
+    budget, delta = check.non_negative(budget, "budget"), check.delta(delta)
     if rounds is not None:
         if voting is not None or weight != 1.0:
             raise ValueError("the guardian's rounds filter one party of weight 1 voting on all")

@@ -109,3 +109,26 @@ def test_the_filter_refuses_what_it_cannot_filter() -> None:
         budget_filter(np.ones(4, dtype=bool), GNMAX, 1.0, 1e-5, voting=np.ones(3, dtype=bool))
     with pytest.raises(ValueError, match=r"\(N,\)"):
         budget_filter(np.ones((4, 2), dtype=bool), GNMAX, 1.0, 1e-5)
+
+
+@pytest.mark.parametrize("acct", [RenyiDp(), GaussianDp()], ids=["rdp", "gdp"])
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), -1.0])
+def test_a_cap_that_is_no_number_is_refused_by_every_accountant(
+    acct: Accounting, budget: float
+) -> None:
+    # Renyi DP's fits alone let an infinite cap admit everything and a NaN one nothing.
+    with pytest.raises(ValueError, match="budget"):
+        budget_filter(np.ones(4, dtype=bool), GNMAX, budget, 1e-5, acct)
+    with pytest.raises(ValueError, match="delta"):
+        budget_filter(np.ones(0, dtype=bool), GNMAX, 1.0, 0.0, acct)
+
+
+def test_a_cap_met_exactly_admits_the_query_that_meets_it() -> None:
+    acct = RenyiDp()
+    answered = np.ones(2000, dtype=bool)
+    want = walked(answered, GNMAX, 3.0, acct)
+    exact = acct.spent(want.spent, 1e-5).epsilon
+    # A cap equal to what k queries spend admits those k and no more.
+    assert budget_filter(answered, GNMAX, exact, 1e-5, acct).processed == want.processed
+    zero = budget_filter(answered, GNMAX, 0.0, 1e-5, acct)
+    assert zero.processed == 0 and not zero.spent.any()
