@@ -116,6 +116,30 @@ def test_personalized_budget_streams_stop_whatever_the_votes() -> None:
     assert sides[0] != sides[4]
 
 
+def test_personalized_budget_reports_nothing_past_the_stop() -> None:
+    """The guardian's noise covers the whole stream, but votes and truths past the stop
+    feed no reported number (labels, accuracy, side figure)."""
+    from experiments.personalized_budgets import run_stream
+
+    gnmax = from_config({"name": "gnmax", "sigma": 20.0}, 10)
+    q, n = 400, 20
+    rng = np.random.default_rng(2)
+    truth = rng.integers(0, 10, q)
+    preds = np.where(rng.random((q, n)) < 0.7, truth[:, None], rng.integers(0, 10, (q, n)))
+    caps = np.where(np.arange(n) < n // 2, math.log(2), math.log(4))
+    voting = rng.random((q, n)) < 0.6
+    out = run_stream(preds, truth, caps, np.ones(n), voting, gnmax, SecureRandom.from_seed(3))
+    stop = out["labels"]
+    assert 0 < stop < q
+    tail_preds, tail_truth = preds.copy(), truth.copy()
+    tail_preds[stop:] = (preds[stop:] + 3) % 10
+    tail_truth[stop:] = (truth[stop:] + 5) % 10
+    again = run_stream(
+        tail_preds, tail_truth, caps, np.ones(n), voting, gnmax, SecureRandom.from_seed(3)
+    )
+    assert again == out
+
+
 def test_diet_label_noise_experiment_draw_zero_is_the_diet_run(tmp_path: Path) -> None:
     cache, common = tmp_path / "cache", ["--quick", "--seeds", "1", "--first-seed", "2"]
     result = run(
