@@ -10,6 +10,7 @@ job's status) with generous bounds, never on a sleep.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -249,6 +250,15 @@ def own_ledger(container: str, hospital: str) -> tuple[float, int]:
     out = run("podman", "exec", container, "python", "-c", code).stdout
     spent, rounds = out.split()[-2:]
     return float(spent), int(rounds)
+
+
+def unchanged(now: tuple[float, int], before: tuple[float, int]) -> bool:
+    """Whether an own ledger's (epsilon spent, rounds) is ``before`` again: the rounds
+    exactly, the spend to float rounding. A round whose settlement arrives after a restart
+    swaps its reservation for an equal charge (total - r + c with c = r), which moves the
+    running total in its last bits (9.165976827341972 against ...964 seen); a round
+    charged twice would add a whole round's epsilon."""
+    return now[1] == before[1] and math.isclose(now[0], before[0], rel_tol=1e-12, abs_tol=0.0)
 
 
 #: Admin tokens as ``capc gateway token create`` prints them.
